@@ -1,0 +1,1 @@
+/* in progress */ typedef int gguf_writer_placeholder;

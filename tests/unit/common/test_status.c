@@ -1,0 +1,32 @@
+#include "common/status.h"
+#include "test_util.h"
+
+#include <string.h>
+
+static void test_fail_sets_message(void)
+{
+    bt_clear_error();
+    CHECK(strcmp(bt_last_error(), "") == 0);
+    bt_status st = bt_fail(BT_ERR_FORMAT, "bad %s at %d", "magic", 4);
+    CHECK(st == BT_ERR_FORMAT);
+    CHECK(strcmp(bt_last_error(), "bad magic at 4") == 0);
+    CHECK(strcmp(bt_status_str(BT_ERR_TIMEOUT), "timed out") == 0);
+    CHECK(strcmp(bt_status_str((bt_status)-999), "unknown status") == 0);
+}
+
+static void test_long_message_truncated(void)
+{
+    char big[2000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    bt_fail(BT_ERR_INVALID, "%s", big);
+    CHECK(strlen(bt_last_error()) < sizeof big);
+    CHECK(strlen(bt_last_error()) > 100);
+}
+
+int main(void)
+{
+    RUN(test_fail_sets_message);
+    RUN(test_long_message_truncated);
+    return test_summary();
+}

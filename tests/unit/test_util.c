@@ -1,0 +1,70 @@
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int test_failures;
+int test_checks;
+
+static char tmpdir_path[256];
+
+int test_summary(void)
+{
+    fprintf(stderr, "%d checks, %d failures\n", test_checks, test_failures);
+    if (test_failures == 0) test_tmpdir_cleanup();
+    return test_failures ? 1 : 0;
+}
+
+const char *test_tmpdir(void)
+{
+    if (!tmpdir_path[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tmpdir_path, sizeof tmpdir_path, "%s/baton-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmpdir_path)) {
+            perror("mkdtemp");
+            exit(2);
+        }
+    }
+    return tmpdir_path;
+}
+
+void test_tmpdir_cleanup(void)
+{
+    if (!tmpdir_path[0]) return;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir_path);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir_path);
+    tmpdir_path[0] = '\0';
+}
+
+int test_write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t n = fwrite(data, 1, len, f);
+    int rc = fclose(f);
+    return (n == len && rc == 0) ? 0 : -1;
+}
+
+uint64_t test_rand_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+const char *test_default_model(void)
+{
+    static char path[1024];
+    const char *env = getenv("BATON_MODEL");
+    if (env && *env) return access(env, R_OK) == 0 ? env : NULL;
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(path, sizeof path, "%s/baton/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
+    else
+        snprintf(path, sizeof path, "%s/.cache/baton/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/root");
+    return access(path, R_OK) == 0 ? path : NULL;
+}

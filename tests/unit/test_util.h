@@ -1,0 +1,68 @@
+/* Minimal unit-test helpers shared by every tests/unit executable.
+ * CHECK records a failure and continues; REQUIRE stops the current test function.
+ * A test binary's main() calls RUN(fn) for each test and returns test_summary(). */
+#ifndef BATON_TEST_UTIL_H
+#define BATON_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int test_failures;
+extern int test_checks;
+
+#define CHECK(cond)                                                                         \
+    do {                                                                                    \
+        test_checks++;                                                                      \
+        if (!(cond)) {                                                                      \
+            test_failures++;                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);        \
+        }                                                                                   \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                                \
+    do {                                                                                    \
+        test_checks++;                                                                      \
+        if (!(cond)) {                                                                      \
+            test_failures++;                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);        \
+            fprintf(stderr, __VA_ARGS__);                                                   \
+            fputc('\n', stderr);                                                            \
+        }                                                                                   \
+    } while (0)
+
+#define REQUIRE(cond)                                                                       \
+    do {                                                                                    \
+        test_checks++;                                                                      \
+        if (!(cond)) {                                                                      \
+            test_failures++;                                                                \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond);      \
+            return;                                                                         \
+        }                                                                                   \
+    } while (0)
+
+#define RUN(fn)                                                                             \
+    do {                                                                                    \
+        int before_ = test_failures;                                                        \
+        fn();                                                                               \
+        fprintf(stderr, "%s %s\n", test_failures == before_ ? "ok  " : "FAIL", #fn);        \
+    } while (0)
+
+/* Prints the totals; returns the process exit code (0 when nothing failed). */
+int test_summary(void);
+
+/* Creates a fresh temporary directory (removed by test_tmpdir_cleanup or left for inspection on failure).
+ * Returns its path in a static buffer. */
+const char *test_tmpdir(void);
+void test_tmpdir_cleanup(void);
+
+/* Writes len bytes to path; returns 0 on success. */
+int test_write_file(const char *path, const void *data, size_t len);
+
+/* splitmix64: deterministic test randomness from a seed. */
+uint64_t test_rand_next(uint64_t *state);
+
+/* Path of the default model if it is cached (BATON_MODEL env, else the cache location), or NULL. */
+const char *test_default_model(void);
+
+#endif
