@@ -46,8 +46,8 @@ typedef struct gguf_kv {
     gguf_str str;         /* type == STRING */
     gguf_vtype arr_type;  /* type == ARRAY: element type (never ARRAY: nested arrays are refused) */
     uint64_t arr_len;     /* type == ARRAY: element count */
-    const uint8_t *arr_data;     /* type == ARRAY of numbers: raw little-endian elements, possibly unaligned */
-    const uint64_t *arr_str_off; /* type == ARRAY of STRING: offset of each element's u64 length prefix */
+    const uint8_t *arr_data;     /* type == ARRAY: raw little-endian elements (possibly unaligned) in the mapping */
+    const uint64_t *arr_str_off; /* type == ARRAY of STRING: offset from arr_data of each element's length prefix */
 } gguf_kv;
 
 typedef struct gguf_tensor {

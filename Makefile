@@ -1,0 +1,53 @@
+# Thin wrapper over deploy/setup.sh, CMake, ctest and pytest. The README's two commands: `make run`, `make test`.
+BUILD    ?= build
+ASAN     ?= build-asan
+FUZZ     ?= build-fuzz
+JOBS     ?= $(shell nproc)
+VENV     := .venv
+PYTEST   := $(VENV)/bin/python -m pytest
+
+.PHONY: all setup build build-asan build-fuzz run test test-unit test-asan test-fuzz test-integration bench clean
+
+all: build
+
+setup:
+	@deploy/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: setup
+	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DBATON_SANITIZE=address,undefined >/dev/null
+	@cmake --build $(ASAN) -j $(JOBS)
+
+build-fuzz: setup
+	@cmake -S . -B $(FUZZ) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DBATON_FUZZ=ON -DBATON_TESTS=OFF >/dev/null
+	@cmake --build $(FUZZ) -j $(JOBS)
+
+# Every test: unit tests (release and ASan+UBSan builds), short fuzz runs, then the integration suite.
+test: build build-asan build-fuzz
+	@$(MAKE) --no-print-directory test-unit test-asan test-fuzz test-integration
+	@echo "make test: all suites passed"
+
+test-unit:
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan:
+	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test-fuzz:
+	@cd $(FUZZ) && ctest --output-on-failure -j $(JOBS)
+
+test-integration:
+	@BATON_BUILD_DIR=$(CURDIR)/$(BUILD) $(PYTEST) -q tests/integration
+
+run: build
+	@deploy/local/cluster up
+
+bench: build
+	@$(BUILD)/bin/baton bench
+
+clean:
+	rm -rf $(BUILD) $(ASAN) $(FUZZ)
