@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Thread-local like errno: each thread reports its own last failure. */
 static _Thread_local char tls_msg[512];
@@ -29,10 +30,13 @@ const char *bt_status_str(bt_status st)
 
 bt_status bt_fail(bt_status st, const char *fmt, ...)
 {
+    /* Format into a local buffer first: callers may pass bt_last_error() itself as an argument. */
+    char buf[sizeof tls_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(tls_msg, buf, sizeof buf);
     return st;
 }
 

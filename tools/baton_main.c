@@ -7,7 +7,7 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: baton COMMAND [options]\n\ncommands:\n");
-#define X(name, fn, help) fprintf(out, "  %-12s %s\n", name, help);
+#define X(name, fn, help) fprintf(out, "  %-14s %s\n", name, help);
     BATON_COMMANDS(X)
 #undef X
     fprintf(out, "\nRun `baton COMMAND --help` for a command's options.\n");

@@ -4,7 +4,10 @@
 #define BATON_TOOLS_COMMANDS_H
 
 #define BATON_COMMANDS(X)                                                                 \
-    X("model", cmd_model, "model files: `model fetch`, `model inspect PATH`")
+    X("model", cmd_model, "model files: `model fetch`, `model inspect PATH`")                \
+    X("kvx-bench", cmd_kvx_bench, "KV transfer bandwidth/latency between two processes vs ucx_perftest") \
+    X("tokenize", cmd_tokenize, "text to token ids and back: `tokenize [--model PATH] TEXT`")   \
+    X("chat-template", cmd_chat_template, "render a JSON conversation with the model's chat template")
 
 #define X(name, fn, help) int fn(int argc, char **argv);
 BATON_COMMANDS(X)

@@ -34,3 +34,5 @@ def default_model() -> pathlib.Path:
     if not path.exists():
         pytest.fail(f"default model missing at {path} (run `deploy/fetch-model.sh`)")
     return path
+
+from harness.etcd import etcd_server  # noqa: E402,F401  (fixture: a throwaway etcd per test)

@@ -24,8 +24,16 @@ static void test_long_message_truncated(void)
     CHECK(strlen(bt_last_error()) > 100);
 }
 
+static void test_message_can_wrap_itself(void)
+{
+    bt_fail(BT_ERR_IO, "disk full");
+    bt_fail(BT_ERR_IO, "%s: %s", "model.gguf", bt_last_error());
+    CHECK(strcmp(bt_last_error(), "model.gguf: disk full") == 0);
+}
+
 int main(void)
 {
+    RUN(test_message_can_wrap_itself);
     RUN(test_fail_sets_message);
     RUN(test_long_message_truncated);
     return test_summary();

@@ -1,0 +1,253 @@
+/* kvx_peer: one endpoint (PEER error mode) and one unpacked rkey per remote pool, cached by node id and
+ * rebuilt after a failure or when the remote's descriptor changes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kvtransfer/kvx_internal.h"
+
+static void peer_free(kvx_peer_t *peer)
+{
+    kvx_context_t *ctx = peer->ctx;
+    ctx->stats.live_peers--;
+    free(peer->desc);
+    free(peer);
+}
+
+void kvx_peer_unref(kvx_peer_t *peer)
+{
+    if (--peer->refs == 0) peer_free(peer);
+}
+
+/* Runs inside ucp_worker_progress (mu held). */
+static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvx_peer_t *peer = arg;
+    char why[96];
+    snprintf(why, sizeof why, "UCX endpoint error: %s", ucs_status_string(status));
+    kvx_peer_fail(peer, BT_ERR_PEER, why);
+}
+
+void kvx_peer_fail(kvx_peer_t *peer, bt_status st, const char *why)
+{
+    kvx_context_t *ctx = peer->ctx;
+    if (peer->failed) return;
+    peer->failed = 1;
+    snprintf(peer->err, sizeof peer->err, "peer %llu: %s", (unsigned long long)peer->node_id, why);
+    if (st == BT_ERR_CANCELLED)
+        BT_DEBUG("kvx", "%s: %s", ctx->name, peer->err);
+    else
+        BT_WARN("kvx", "%s: %s", ctx->name, peer->err);
+    if (peer->cached) {
+        for (kvx_peer_t **pp = &ctx->peers; *pp; pp = &(*pp)->next) {
+            if (*pp == peer) {
+                *pp = peer->next;
+                break;
+            }
+        }
+        peer->cached = 0; /* the cache's reference now belongs to the dead list */
+    } else {
+        peer->refs++;
+    }
+    peer->next = ctx->dead;
+    ctx->dead = peer;
+    for (kvx_push_t *p = ctx->pushes; p; p = p->next)
+        if (p->peer == peer && p->state != KVX_PUSH_DONE) kvx_push_finish(p, st, "kvx: %s", peer->err);
+    for (kvx_expect_t *e = ctx->expects; e; e = e->next)
+        if (e->sender == peer && !e->done) kvx_expect_finish(e, st, "kvx: sender %s", peer->err);
+    kvx_kick(ctx);
+}
+
+void kvx_peers_reap(kvx_context_t *ctx)
+{
+    kvx_peer_t *busy = NULL; /* a memcpy into their mapping is still running: next round */
+    while (ctx->dead) {
+        kvx_peer_t *peer = ctx->dead;
+        ctx->dead = peer->next;
+        if (peer->copying) {
+            peer->next = busy;
+            busy = peer;
+            continue;
+        }
+        peer->next = NULL;
+        peer->mapped = NULL;
+        if (peer->rkey) {
+            ucp_rkey_destroy(peer->rkey); /* before the endpoint closes */
+            peer->rkey = NULL;
+            ctx->stats.live_rkeys--;
+        }
+        if (!peer->ep) {
+            kvx_peer_unref(peer);
+            continue;
+        }
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(peer->ep, &rp);
+        peer->ep = NULL;
+        if (req && !UCS_PTR_IS_ERR(req)) {
+            kvx_closing_t *c = malloc(sizeof *c);
+            if (c) {
+                *c = (kvx_closing_t){.next = ctx->closing, .req = req, .peer = peer};
+                ctx->closing = c;
+                continue;
+            }
+            /* No memory to track it: let UCX finish on its own. */
+            ucp_request_free(req);
+        }
+        ctx->stats.live_eps--;
+        kvx_peer_unref(peer);
+    }
+    ctx->dead = busy;
+    for (kvx_closing_t **cp = &ctx->closing; *cp;) {
+        kvx_closing_t *c = *cp;
+        if (ucp_request_check_status(c->req) == UCS_INPROGRESS) {
+            cp = &c->next;
+            continue;
+        }
+        ucp_request_free(c->req);
+        *cp = c->next;
+        ctx->stats.live_eps--;
+        kvx_peer_unref(c->peer);
+        free(c);
+    }
+}
+
+bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, size_t desc_len, kvx_peer_t **out)
+{
+    bt_status st;
+    ucs_status_t us;
+    kvx_desc_t d;
+    if ((st = kvx_desc_parse(desc, desc_len, &d)) != BT_OK) return st;
+
+    pthread_mutex_lock(&ctx->mu);
+    for (kvx_peer_t *peer = ctx->peers; peer; peer = peer->next) {
+        if (peer->node_id != node_id) continue;
+        if (peer->desc_len == desc_len && !memcmp(peer->desc, desc, desc_len)) {
+            peer->refs++;
+            pthread_mutex_unlock(&ctx->mu);
+            *out = peer;
+            return BT_OK;
+        }
+        kvx_peer_fail(peer, BT_ERR_PEER, "descriptor changed (node restarted)");
+        break;
+    }
+
+    kvx_peer_t *peer = calloc(1, sizeof *peer);
+    if (!peer) {
+        st = bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+        goto fail;
+    }
+    peer->ctx = ctx;
+    peer->node_id = node_id;
+    peer->desc_len = desc_len;
+    peer->desc = malloc(desc_len);
+    if (!peer->desc) {
+        st = bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+        goto fail_peer;
+    }
+    memcpy(peer->desc, desc, desc_len);
+    kvx_desc_parse(peer->desc, desc_len, &peer->d); /* re-point into our copy; validated above */
+
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)peer->d.worker_addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = peer_err_cb, .arg = peer},
+    };
+    us = ucp_ep_create(ctx->worker, &ep, &peer->ep);
+    if (us != UCS_OK) {
+        st = bt_fail(BT_ERR_PEER, "kvx: ucp_ep_create to node %llu: %s", (unsigned long long)node_id,
+                     ucs_status_string(us));
+        goto fail_desc;
+    }
+    us = ucp_ep_rkey_unpack(peer->ep, peer->d.rkey, &peer->rkey);
+    if (us != UCS_OK) {
+        st = bt_fail(BT_ERR_PEER, "kvx: ucp_ep_rkey_unpack for node %llu: %s", (unsigned long long)node_id,
+                     ucs_status_string(us));
+        goto fail_ep;
+    }
+    peer->path = ctx->data_path;
+    void *mapped = NULL;
+    if (peer->path == KVX_PATH_AUTO || peer->path == KVX_PATH_MAPPED) {
+        if (ucp_rkey_ptr(peer->rkey, peer->d.base, &mapped) == UCS_OK && mapped) {
+            peer->path = KVX_PATH_MAPPED;
+            peer->mapped = mapped;
+        } else {
+            peer->path = KVX_PATH_AM;
+        }
+    }
+    BT_DEBUG("kvx", "%s: peer %llu connected, data path %s", ctx->name, (unsigned long long)node_id,
+             kvx_data_path_name(peer->path));
+    peer->refs = 2; /* cache + caller */
+    peer->cached = 1;
+    peer->next = ctx->peers;
+    ctx->peers = peer;
+    ctx->stats.live_peers++;
+    ctx->stats.live_eps++;
+    ctx->stats.live_rkeys++;
+    ctx->stats.peers_built++;
+    kvx_kick(ctx);
+    pthread_mutex_unlock(&ctx->mu);
+    *out = peer;
+    return BT_OK;
+
+fail_ep: {
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(peer->ep, &rp);
+    if (req && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(ctx->worker);
+        ucp_request_free(req);
+    }
+}
+fail_desc:
+    free(peer->desc);
+fail_peer:
+    free(peer);
+fail:
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}
+
+void kvx_peer_release(kvx_peer_t *peer)
+{
+    if (!peer) return;
+    kvx_context_t *ctx = peer->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    kvx_peer_unref(peer);
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+bt_status kvx_peer_status(const kvx_peer_t *peer)
+{
+    kvx_context_t *ctx = peer->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    int failed = peer->failed;
+    pthread_mutex_unlock(&ctx->mu);
+    return failed ? BT_ERR_PEER : BT_OK;
+}
+
+const kvx_layout_t *kvx_peer_layout(const kvx_peer_t *peer)
+{
+    return &peer->d.layout;
+}
+
+kvx_data_path_t kvx_peer_data_path(const kvx_peer_t *peer)
+{
+    return peer->path;
+}
+
+bt_status kvx_peer_forget(kvx_context_t *ctx, uint64_t node_id)
+{
+    bt_status st = bt_fail(BT_ERR_NOT_FOUND, "kvx: no cached peer for node %llu", (unsigned long long)node_id);
+    pthread_mutex_lock(&ctx->mu);
+    for (kvx_peer_t *peer = ctx->peers; peer; peer = peer->next) {
+        if (peer->node_id == node_id) {
+            kvx_peer_fail(peer, BT_ERR_CANCELLED, "forgotten (node left)");
+            st = BT_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}

@@ -1,0 +1,819 @@
+/* kvx_push (sender) and kvx_expect (receiver), and the two active messages between them.
+ *
+ * Sender: puts per layer -> ucp_ep_flush_nbx -> DONE message -> waits for the receiver's ACK.
+ * Receiver: DONE for a pending epoch -> checks the block list digest and checksums -> ends the expectation
+ * -> ACK with the verdict. A DONE for an epoch no expectation holds is counted stale and answered
+ * BT_ERR_STALE, so late completions never touch blocks that were re-assigned.
+ *
+ * DONE, little-endian: u32 magic "KXDN", u16 version 1, u16 flags, u64 push id, u64 epoch, u64 fingerprint,
+ *   u32 n_blocks, u32 digest of the destination ids, u32 n_layers, u32 reserved, then u32 crc[n_blocks] when
+ *   flags has KVX_F_CRC. A block's crc is the crc32c of its per-layer crc32c values in layer order.
+ * ACK: u32 magic "KXAK", i32 status, u64 push id, u64 epoch.
+ * DATA (AM path only; the payload is the range's bytes): header u32 magic "KXDT", u32 layer, u64 epoch,
+ *   u64 receiver pool base, u32 first destination block, u32 block count. The receiver writes it only when a
+ *   pending expectation holds the epoch and every named block, so late or stray data never lands. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/crc32c.h"
+#include "common/log.h"
+#include "kvtransfer/kvx_internal.h"
+
+#define DONE_MAGIC 0x4e44584bu /* "KXDN" */
+#define ACK_MAGIC 0x4b41584bu  /* "KXAK" */
+#define DONE_HDR 48u
+#define ACK_LEN 24u
+#define DATA_MAGIC 0x5444584bu /* "KXDT" */
+#define DATA_HDR 32u
+
+uint32_t kvx_blocks_digest(const uint32_t *blocks, size_t n)
+{
+    uint32_t crc = 0;
+    uint8_t buf[256];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvx_put32(buf + k, blocks[i]);
+        k += 4;
+        if (k == sizeof buf) {
+            crc = bt_crc32c(crc, buf, k);
+            k = 0;
+        }
+    }
+    return bt_crc32c(crc, buf, k);
+}
+
+/* Block checksum from its per-layer checksums: crcs is [n_layers][n_blocks]. */
+static uint32_t fold_block_crc(const uint32_t *crcs, uint32_t n_layers, size_t n_blocks, size_t i)
+{
+    uint32_t crc = 0;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        uint8_t b[4];
+        kvx_put32(b, crcs[(size_t)l * n_blocks + i]);
+        crc = bt_crc32c(crc, b, 4);
+    }
+    return crc;
+}
+
+/* ---- push ---------------------------------------------------------------------------------------------- */
+
+static void push_free(kvx_push_t *p)
+{
+    kvx_context_t *ctx = p->ctx;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        ctx->pushes = p->next;
+    if (p->next) p->next->prev = p->prev;
+    ctx->stats.live_pushes--;
+    p->pool->users--;
+    kvx_peer_unref(p->peer);
+    kvx_plan_free(&p->plan);
+    free(p->dst_blocks);
+    free(p->layer_done);
+    free(p->crcs);
+    free(p->am_hdrs);
+    free(p->msg);
+    free(p);
+    pthread_cond_broadcast(&ctx->cv);
+}
+
+void kvx_push_unref(kvx_push_t *p)
+{
+    if (--p->refs == 0) push_free(p);
+}
+
+void kvx_push_finish(kvx_push_t *p, bt_status st, const char *fmt, ...)
+{
+    kvx_context_t *ctx = p->ctx;
+    if (p->state == KVX_PUSH_DONE) return;
+    p->state = KVX_PUSH_DONE;
+    p->status = st;
+    p->end_ns = kvx_now_ns();
+    if (st != BT_OK && fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->err, sizeof p->err, fmt, ap);
+        va_end(ap);
+        BT_DEBUG("kvx", "%s: push %llu: %s", ctx->name, (unsigned long long)p->id, p->err);
+    }
+    if (st == BT_OK) {
+        ctx->stats.pushes_ok++;
+    } else {
+        ctx->stats.pushes_failed++;
+    }
+    if (p->cb && !p->user_gone) {
+        p->refs++;
+        kvx_notify_push(ctx, &p->notify);
+    }
+    pthread_cond_broadcast(&ctx->cv);
+    /* Past its deadline the endpoint closes, so no byte of this push can land after the caller gave up. */
+    if (st == BT_ERR_TIMEOUT) kvx_peer_fail(p->peer, BT_ERR_PEER, "a push to it missed its deadline");
+}
+
+static void push_am_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvx_push_t *p = user_data;
+    ucp_request_free(req);
+    p->ctx->stats.live_requests--;
+    if (status != UCS_OK)
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: completion message failed: %s", ucs_status_string(status));
+    kvx_push_unref(p);
+}
+
+/* A put or data message completed: it no longer reads the pool or its header. */
+static void push_data_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvx_push_t *p = user_data;
+    ucp_request_free(req);
+    p->ctx->stats.live_requests--;
+    if (status != UCS_OK)
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: data transfer failed: %s", ucs_status_string(status));
+    kvx_push_unref(p);
+}
+
+/* Sends DONE after the flush (mu held). */
+static void push_send_done(kvx_push_t *p)
+{
+    kvx_context_t *ctx = p->ctx;
+    if (p->state != KVX_PUSH_FLUSHING) return;
+    if (p->peer->failed || !p->peer->ep) {
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: %s", p->peer->err);
+        return;
+    }
+    size_t n = p->plan.n_blocks;
+    uint32_t n_layers = p->plan.local.n_layers;
+    int crc = (p->flags & KVX_F_CRC) != 0;
+    p->msg_len = DONE_HDR + (crc ? 4 * n : 0);
+    p->msg = malloc(p->msg_len);
+    if (!p->msg) {
+        kvx_push_finish(p, BT_ERR_NOMEM, "kvx: out of memory");
+        return;
+    }
+    uint8_t *m = p->msg;
+    kvx_put32(m, DONE_MAGIC);
+    kvx_put16(m + 4, 1);
+    kvx_put16(m + 6, (uint16_t)((crc ? KVX_F_CRC : 0) | (p->peer->path == KVX_PATH_AM ? KVX_DONE_AM : 0)));
+    kvx_put64(m + 8, p->id);
+    kvx_put64(m + 16, p->epoch);
+    kvx_put64(m + 24, p->plan.local.fingerprint);
+    kvx_put32(m + 32, (uint32_t)n);
+    kvx_put32(m + 36, kvx_blocks_digest(p->dst_blocks, n));
+    kvx_put32(m + 40, n_layers);
+    kvx_put32(m + 44, 0);
+    if (crc)
+        for (size_t i = 0; i < n; i++) kvx_put32(m + DONE_HDR + 4 * i, fold_block_crc(p->crcs, n_layers, n, i));
+    p->state = KVX_PUSH_ACKING;
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = push_am_cb,
+        .user_data = p,
+    };
+    void *req = ucp_am_send_nbx(p->peer->ep, KVX_AM_DONE, NULL, 0, p->msg, p->msg_len, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: completion message: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+    } else if (req) {
+        p->refs++;
+        ctx->stats.live_requests++;
+    }
+}
+
+static void push_flush_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvx_push_t *p = user_data;
+    ucp_request_free(req);
+    p->ctx->stats.live_requests--;
+    if (status != UCS_OK)
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: flush failed: %s", ucs_status_string(status));
+    else
+        push_send_done(p);
+    kvx_push_unref(p);
+}
+
+/* After the last layer (mu held). */
+static void push_flush(kvx_push_t *p)
+{
+    kvx_context_t *ctx = p->ctx;
+    p->state = KVX_PUSH_FLUSHING;
+    if (p->peer->path == KVX_PATH_MAPPED) {
+        /* Our own stores into the mapping: order them before the completion message. */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        push_send_done(p);
+        return;
+    }
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = push_flush_cb,
+        .user_data = p,
+    };
+    void *req = ucp_ep_flush_nbx(p->peer->ep, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: flush: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+    } else if (req) {
+        p->refs++;
+        ctx->stats.live_requests++;
+    } else {
+        push_send_done(p);
+    }
+}
+
+bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_args_t *a, kvx_push_t **out)
+{
+    bt_status st;
+    kvx_context_t *ctx = pool->ctx;
+    if (!a || peer->ctx != ctx) return bt_fail(BT_ERR_INVALID, "kvx: push: pool and peer from different contexts");
+    kvx_push_t *p = calloc(1, sizeof *p);
+    if (!p) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+    /* Layout and block checks happen here, before anything is posted. */
+    if ((st = kvx_plan_build(&pool->layout, &peer->d.layout, a->src_blocks, a->dst_blocks, a->n_blocks,
+                             &p->plan)) != BT_OK)
+        goto fail;
+    size_t n = a->n_blocks;
+    uint32_t n_layers = pool->layout.n_layers;
+    p->dst_blocks = malloc(n * sizeof *p->dst_blocks);
+    p->layer_done = calloc(n_layers, 1);
+    if (a->flags & KVX_F_CRC) p->crcs = calloc((size_t)n_layers * n, sizeof *p->crcs);
+    if (peer->path == KVX_PATH_AM) p->am_hdrs = malloc((size_t)n_layers * p->plan.n_runs * DATA_HDR);
+    if (!p->dst_blocks || !p->layer_done || ((a->flags & KVX_F_CRC) && !p->crcs) ||
+        (peer->path == KVX_PATH_AM && !p->am_hdrs)) {
+        st = bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+        goto fail_plan;
+    }
+    memcpy(p->dst_blocks, a->dst_blocks, n * sizeof *p->dst_blocks);
+    p->ctx = ctx;
+    p->pool = pool;
+    p->peer = peer;
+    p->epoch = a->epoch;
+    p->flags = a->flags;
+    p->cb = a->cb;
+    p->cb_arg = a->cb_arg;
+    p->notify.kind = KVX_OBJ_PUSH;
+    p->refs = 1;
+    p->test_flip_layer = -1;
+    p->start_ns = kvx_now_ns();
+    p->deadline_ms = p->start_ns / 1000000 + (a->timeout_ms ? a->timeout_ms : KVX_DEFAULT_TIMEOUT_MS);
+
+    pthread_mutex_lock(&ctx->mu);
+    if (peer->failed) {
+        st = bt_fail(BT_ERR_PEER, "kvx: %s", peer->err);
+        pthread_mutex_unlock(&ctx->mu);
+        goto fail_plan;
+    }
+    p->id = ctx->next_push_id++;
+    peer->refs++;
+    pool->users++;
+    p->next = ctx->pushes;
+    if (ctx->pushes) ctx->pushes->prev = p;
+    ctx->pushes = p;
+    ctx->stats.live_pushes++;
+    kvx_kick(ctx); /* the deadline sweep must see it */
+    pthread_mutex_unlock(&ctx->mu);
+    *out = p;
+    return BT_OK;
+
+fail_plan:
+    kvx_plan_free(&p->plan);
+fail:
+    free(p->am_hdrs);
+    free(p->dst_blocks);
+    free(p->layer_done);
+    free(p->crcs);
+    free(p);
+    return st;
+}
+
+bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
+{
+    kvx_context_t *ctx = p->ctx;
+    const kvx_plan_t *plan = &p->plan;
+    if (layer >= plan->local.n_layers)
+        return bt_fail(BT_ERR_INVALID, "kvx: layer %u out of range (%u layers)", layer, plan->local.n_layers);
+    if (p->layer_done[layer]) return bt_fail(BT_ERR_INVALID, "kvx: layer %u posted twice", layer);
+    if (p->crcs) {
+        /* The caller owns this layer's bytes now; checksum them outside the lock. */
+        const uint8_t *base = p->pool->base;
+        uint64_t stride = plan->local.block_stride;
+        size_t i = 0;
+        for (size_t r = 0; r < plan->n_runs; r++)
+            for (uint32_t b = 0; b < plan->runs[r].n_blocks; b++, i++)
+                p->crcs[(size_t)layer * plan->n_blocks + i] =
+                    bt_crc32c(0, base + kvx_layout_offset(&plan->local, layer, plan->runs[r].src_block + b), stride);
+        if (p->test_flip_layer == (int64_t)layer)
+            ((uint8_t *)p->pool->base)[kvx_layout_offset(&plan->local, layer, plan->runs[0].src_block)] ^= 1;
+    }
+
+    pthread_mutex_lock(&ctx->mu);
+    if (p->state == KVX_PUSH_DONE) {
+        bt_status st = bt_fail(p->status, "%s", p->err);
+        pthread_mutex_unlock(&ctx->mu);
+        return st;
+    }
+    p->layer_done[layer] = 1;
+    p->layers_posted++;
+    kvx_peer_t *peer = p->peer;
+    const uint8_t *base = p->pool->base;
+    if (peer->failed) {
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: %s", peer->err);
+    } else if (peer->path == KVX_PATH_MAPPED) {
+        /* One-sided copies into the mapped remote pool, without holding mu (the mapping stays while copying). */
+        peer->copying++;
+        pthread_mutex_unlock(&ctx->mu);
+        uint64_t bytes = 0;
+        for (size_t r = 0; r < plan->n_runs; r++) {
+            kvx_range_t rg = kvx_plan_range(plan, layer, r);
+            memcpy(peer->mapped + rg.remote_off, base + rg.local_off, rg.len);
+            bytes += rg.len;
+        }
+        pthread_mutex_lock(&ctx->mu);
+        peer->copying--;
+        p->puts += plan->n_runs;
+        ctx->stats.puts += plan->n_runs;
+        ctx->stats.bytes_pushed += bytes;
+    } else {
+        /* Each in-flight request holds a reference, so the push (its headers) and the pool outlive it. */
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .memh = p->pool->memh,
+            .cb.send = push_data_cb,
+            .user_data = p,
+        };
+        if (peer->path == KVX_PATH_AM) {
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+            rp.flags = UCP_AM_SEND_FLAG_EAGER; /* the receiver never answers data: safe if we die */
+        }
+        for (size_t r = 0; r < plan->n_runs; r++) {
+            kvx_range_t rg = kvx_plan_range(plan, layer, r);
+            void *req;
+            if (peer->path == KVX_PATH_AM) {
+                uint8_t *h = p->am_hdrs + ((size_t)layer * plan->n_runs + r) * DATA_HDR;
+                kvx_put32(h, DATA_MAGIC);
+                kvx_put32(h + 4, layer);
+                kvx_put64(h + 8, p->epoch);
+                kvx_put64(h + 16, peer->d.base);
+                kvx_put32(h + 24, plan->runs[r].dst_block);
+                kvx_put32(h + 28, plan->runs[r].n_blocks);
+                req = ucp_am_send_nbx(peer->ep, KVX_AM_DATA, h, DATA_HDR, base + rg.local_off, rg.len, &rp);
+            } else {
+                req = ucp_put_nbx(peer->ep, base + rg.local_off, rg.len, peer->d.base + rg.remote_off, peer->rkey,
+                                  &rp);
+            }
+            p->puts++;
+            ctx->stats.puts++;
+            if (UCS_PTR_IS_ERR(req)) {
+                kvx_push_finish(p, BT_ERR_PEER, "kvx: put: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+                break;
+            }
+            if (req) {
+                p->refs++;
+                ctx->stats.live_requests++;
+            }
+            ctx->stats.bytes_pushed += rg.len;
+        }
+    }
+    if (p->state == KVX_PUSH_POSTING && p->layers_posted == plan->local.n_layers) push_flush(p);
+    bt_status st = BT_OK;
+    if (p->state == KVX_PUSH_DONE && p->status != BT_OK) st = bt_fail(p->status, "%s", p->err);
+    kvx_kick(ctx);
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}
+
+bt_status kvx_push_all(kvx_push_t *p)
+{
+    for (uint32_t l = 0; l < p->plan.local.n_layers; l++) {
+        if (p->layer_done[l]) continue;
+        bt_status st = kvx_push_layer(p, l);
+        if (st != BT_OK) return st;
+    }
+    return BT_OK;
+}
+
+bt_status kvx_push_wait(kvx_push_t *p)
+{
+    kvx_context_t *ctx = p->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    while (p->state != KVX_PUSH_DONE || p->notify.pending) pthread_cond_wait(&ctx->cv, &ctx->mu);
+    bt_status st = p->status;
+    if (st != BT_OK) bt_fail(st, "%s", p->err);
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}
+
+uint64_t kvx_push_elapsed_ns(const kvx_push_t *p)
+{
+    kvx_context_t *ctx = p->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t end = p->state == KVX_PUSH_DONE ? p->end_ns : kvx_now_ns();
+    pthread_mutex_unlock(&ctx->mu);
+    return end - p->start_ns;
+}
+
+size_t kvx_push_puts(const kvx_push_t *p)
+{
+    return p->puts;
+}
+
+const kvx_plan_t *kvx_push_plan(const kvx_push_t *p)
+{
+    return &p->plan;
+}
+
+const char *kvx_push_error(const kvx_push_t *p)
+{
+    return p->err;
+}
+
+void kvx_push_destroy(kvx_push_t *p)
+{
+    if (!p) return;
+    kvx_context_t *ctx = p->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    if (!pthread_equal(pthread_self(), ctx->thread))
+        while (ctx->cb_running == p) pthread_cond_wait(&ctx->cv, &ctx->mu);
+    p->user_gone = 1;
+    if (p->state != KVX_PUSH_DONE) kvx_push_finish(p, BT_ERR_CANCELLED, "kvx: push destroyed while running");
+    kvx_push_unref(p);
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+/* ---- expectation ---------------------------------------------------------------------------------------- */
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* 1 when blocks first..first+count-1 all belong to e (sorted and distinct, so they sit side by side). */
+static int expect_owns(const kvx_expect_t *e, uint32_t first, uint32_t count)
+{
+    size_t lo = 0, hi = e->n_blocks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->sorted[mid] < first)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo + count > e->n_blocks) return 0;
+    for (uint32_t k = 0; k < count; k++)
+        if (e->sorted[lo + k] != first + k) return 0;
+    return 1;
+}
+
+static void expect_free(kvx_expect_t *e)
+{
+    kvx_context_t *ctx = e->ctx;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        ctx->expects = e->next;
+    if (e->next) e->next->prev = e->prev;
+    ctx->stats.live_expects--;
+    e->pool->users--;
+    if (e->sender) kvx_peer_unref(e->sender);
+    free(e->sorted);
+    free(e->blocks);
+    free(e);
+    pthread_cond_broadcast(&ctx->cv);
+}
+
+void kvx_expect_unref(kvx_expect_t *e)
+{
+    if (--e->refs == 0) expect_free(e);
+}
+
+void kvx_expect_finish(kvx_expect_t *e, bt_status st, const char *fmt, ...)
+{
+    kvx_context_t *ctx = e->ctx;
+    if (e->done) return;
+    e->done = 1;
+    e->status = st;
+    e->pool->pending_blocks -= e->n_blocks; /* the caller may reuse them (after bumping the epoch) */
+    if (st != BT_OK && fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->err, sizeof e->err, fmt, ap);
+        va_end(ap);
+        BT_DEBUG("kvx", "%s: expectation %llu: %s", ctx->name, (unsigned long long)e->epoch, e->err);
+    }
+    if (st == BT_OK)
+        ctx->stats.expects_ok++;
+    else
+        ctx->stats.expects_failed++;
+    if (e->cb) {
+        e->refs++;
+        kvx_notify_push(ctx, &e->notify);
+    }
+    pthread_cond_broadcast(&ctx->cv);
+}
+
+bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_expect_t **out)
+{
+    bt_status st;
+    kvx_context_t *ctx = pool->ctx;
+    if (!a || !a->blocks || a->n_blocks == 0 || a->n_blocks > KVX_MAX_BLOCKS)
+        return bt_fail(BT_ERR_INVALID, "kvx: expectation needs 1..%u blocks", KVX_MAX_BLOCKS);
+    if (a->sender && a->sender->ctx != ctx) return bt_fail(BT_ERR_INVALID, "kvx: sender peer from another context");
+    /* Same checks as a plan into this pool. */
+    kvx_plan_t plan = {0};
+    if ((st = kvx_plan_build(&pool->layout, &pool->layout, a->blocks, a->blocks, a->n_blocks, &plan)) != BT_OK)
+        return st;
+    kvx_plan_free(&plan);
+    kvx_expect_t *e = calloc(1, sizeof *e);
+    if (!e) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+    e->blocks = malloc(a->n_blocks * sizeof *e->blocks);
+    e->sorted = malloc(a->n_blocks * sizeof *e->sorted);
+    if (!e->blocks || !e->sorted) {
+        free(e->sorted);
+        free(e->blocks);
+        free(e);
+        return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+    }
+    memcpy(e->blocks, a->blocks, a->n_blocks * sizeof *e->blocks);
+    memcpy(e->sorted, a->blocks, a->n_blocks * sizeof *e->sorted);
+    qsort(e->sorted, a->n_blocks, sizeof *e->sorted, cmp_u32);
+    e->ctx = ctx;
+    e->pool = pool;
+    e->n_blocks = a->n_blocks;
+    e->blocks_crc = kvx_blocks_digest(a->blocks, a->n_blocks);
+    e->flags = a->flags;
+    e->cb = a->cb;
+    e->cb_arg = a->cb_arg;
+    e->notify.kind = KVX_OBJ_EXPECT;
+    e->refs = 1;
+    e->deadline_ms = kvx_now_ms() + (a->timeout_ms ? a->timeout_ms : KVX_DEFAULT_TIMEOUT_MS);
+
+    pthread_mutex_lock(&ctx->mu);
+    e->epoch = a->epoch ? a->epoch : ctx->next_epoch++;
+    for (kvx_expect_t *o = ctx->expects; o; o = o->next) {
+        if (!o->done && o->epoch == e->epoch) {
+            pthread_mutex_unlock(&ctx->mu);
+            free(e->sorted);
+            free(e->blocks);
+            free(e);
+            return bt_fail(BT_ERR_INVALID, "kvx: epoch %llu already pending", (unsigned long long)a->epoch);
+        }
+    }
+    if (a->sender) {
+        if (a->sender->failed) {
+            st = bt_fail(BT_ERR_PEER, "kvx: sender %s", a->sender->err);
+            pthread_mutex_unlock(&ctx->mu);
+            free(e->sorted);
+            free(e->blocks);
+            free(e);
+            return st;
+        }
+        e->sender = a->sender;
+        e->sender->refs++;
+    }
+    pool->users++;
+    pool->pending_blocks += e->n_blocks;
+    e->next = ctx->expects;
+    if (ctx->expects) ctx->expects->prev = e;
+    ctx->expects = e;
+    ctx->stats.live_expects++;
+    kvx_kick(ctx);
+    pthread_mutex_unlock(&ctx->mu);
+    *out = e;
+    return BT_OK;
+}
+
+uint64_t kvx_expect_epoch(const kvx_expect_t *e)
+{
+    return e->epoch;
+}
+
+bt_status kvx_expect_wait(kvx_expect_t *e)
+{
+    kvx_context_t *ctx = e->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    while (!e->done || e->notify.pending) pthread_cond_wait(&ctx->cv, &ctx->mu);
+    bt_status st = e->status;
+    if (st != BT_OK) bt_fail(st, "%s", e->err);
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}
+
+const char *kvx_expect_error(const kvx_expect_t *e)
+{
+    return e->err;
+}
+
+void kvx_expect_destroy(kvx_expect_t *e)
+{
+    if (!e) return;
+    kvx_context_t *ctx = e->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    if (!pthread_equal(pthread_self(), ctx->thread))
+        while (ctx->cb_running == e) pthread_cond_wait(&ctx->cv, &ctx->mu);
+    e->cb = NULL;
+    if (!e->done) kvx_expect_finish(e, BT_ERR_CANCELLED, "kvx: expectation destroyed");
+    kvx_expect_unref(e);
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+/* ---- deadlines ----------------------------------------------------------------------------------------- */
+
+uint64_t kvx_deadlines(kvx_context_t *ctx, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+    for (kvx_push_t *p = ctx->pushes; p; p = p->next) {
+        if (p->state == KVX_PUSH_DONE) continue;
+        if (now >= p->deadline_ms) {
+            kvx_push_finish(p, BT_ERR_TIMEOUT, "kvx: push %llu to node %llu missed its %llu ms deadline",
+                            (unsigned long long)p->id, (unsigned long long)p->peer->node_id,
+                            (unsigned long long)(p->deadline_ms - p->start_ns / 1000000));
+        } else if (p->deadline_ms - now < next) {
+            next = p->deadline_ms - now;
+        }
+    }
+    for (kvx_expect_t *e = ctx->expects; e; e = e->next) {
+        if (e->done) continue;
+        if (now >= e->deadline_ms)
+            kvx_expect_finish(e, BT_ERR_TIMEOUT, "kvx: expectation for epoch %llu timed out",
+                              (unsigned long long)e->epoch);
+        else if (e->deadline_ms - now < next)
+            next = e->deadline_ms - now;
+    }
+    return next;
+}
+
+/* ---- active messages ------------------------------------------------------------------------------------ */
+
+static void ack_sent_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvx_context_t *ctx = *(kvx_context_t **)user_data;
+    ucp_request_free(req);
+    ctx->stats.live_requests--;
+    free(user_data);
+}
+
+static void send_ack(kvx_context_t *ctx, ucp_ep_h ep, bt_status st, uint64_t push_id, uint64_t epoch)
+{
+    if (!ep) {
+        BT_WARN("kvx", "%s: cannot acknowledge push %llu: no reply endpoint", ctx->name,
+                (unsigned long long)push_id);
+        return;
+    }
+    /* [context pointer][ack bytes]: the pointer lets the completion callback find the counters. */
+    uint8_t *buf = malloc(sizeof(kvx_context_t *) + ACK_LEN);
+    if (!buf) return;
+    memcpy(buf, &ctx, sizeof ctx);
+    uint8_t *m = buf + sizeof(kvx_context_t *);
+    kvx_put32(m, ACK_MAGIC);
+    kvx_put32(m + 4, (uint32_t)(int32_t)st);
+    kvx_put64(m + 8, push_id);
+    kvx_put64(m + 16, epoch);
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = ack_sent_cb,
+        .user_data = buf,
+    };
+    void *req = ucp_am_send_nbx(ep, KVX_AM_ACK, NULL, 0, m, ACK_LEN, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        BT_WARN("kvx", "%s: acknowledgement failed: %s", ctx->name, ucs_status_string(UCS_PTR_STATUS(req)));
+        free(buf);
+    } else if (req) {
+        ctx->stats.live_requests++;
+    } else {
+        free(buf);
+    }
+}
+
+/* Verifies the checksums of e's blocks against the sender's; returns the index of the first bad block or -1. */
+static long verify_crcs(const kvx_expect_t *e, const uint8_t *crcs)
+{
+    const kvx_layout_t *l = &e->pool->layout;
+    const uint8_t *base = e->pool->base;
+    for (size_t i = 0; i < e->n_blocks; i++) {
+        uint32_t crc = 0;
+        for (uint32_t layer = 0; layer < l->n_layers; layer++) {
+            uint8_t b[4];
+            kvx_put32(b, bt_crc32c(0, base + kvx_layout_offset(l, layer, e->blocks[i]), l->block_stride));
+            crc = bt_crc32c(crc, b, 4);
+        }
+        if (crc != kvx_get32(crcs + 4 * i)) return (long)i;
+    }
+    return -1;
+}
+
+ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                            const ucp_am_recv_param_t *param)
+{
+    kvx_context_t *ctx = arg;
+    const uint8_t *m = data;
+    ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < DONE_HDR || kvx_get32(m) != DONE_MAGIC ||
+        kvx_get16(m + 4) != 1) {
+        BT_WARN("kvx", "%s: malformed completion message (%zu bytes) dropped", ctx->name, length);
+        return UCS_OK;
+    }
+    uint16_t flags = kvx_get16(m + 6);
+    uint64_t push_id = kvx_get64(m + 8), epoch = kvx_get64(m + 16), fp = kvx_get64(m + 24);
+    uint32_t n = kvx_get32(m + 32), digest = kvx_get32(m + 36), n_layers = kvx_get32(m + 40);
+    int has_crc = (flags & KVX_F_CRC) != 0;
+
+    kvx_expect_t *e = ctx->expects;
+    while (e && (e->done || e->epoch != epoch)) e = e->next;
+    if (!e) {
+        ctx->stats.stale_completions++;
+        BT_DEBUG("kvx", "%s: completion for stale epoch %llu ignored", ctx->name, (unsigned long long)epoch);
+        send_ack(ctx, reply, BT_ERR_STALE, push_id, epoch);
+        return UCS_OK;
+    }
+    bt_status st = BT_OK;
+    if (fp != e->pool->layout.fingerprint || n_layers != e->pool->layout.n_layers) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: sender layout differs", (unsigned long long)epoch);
+    } else if (n != e->n_blocks || digest != e->blocks_crc) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: sender wrote a different block list", (unsigned long long)epoch);
+    } else if (length != DONE_HDR + (has_crc ? 4ull * n : 0)) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: completion message has %zu bytes", (unsigned long long)epoch,
+                          length);
+    } else if ((flags & KVX_DONE_AM) &&
+               e->bytes_received != (uint64_t)n * n_layers * e->pool->layout.block_stride) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: %llu of %llu bytes arrived", (unsigned long long)epoch,
+                          (unsigned long long)e->bytes_received,
+                          (unsigned long long)((uint64_t)n * n_layers * e->pool->layout.block_stride));
+    } else if ((e->flags & KVX_F_CRC) && !has_crc) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: checksums required but not sent", (unsigned long long)epoch);
+    } else if (has_crc) {
+        long bad = verify_crcs(e, m + DONE_HDR);
+        if (bad >= 0) {
+            ctx->stats.crc_mismatches++;
+            st = BT_ERR_FORMAT;
+            kvx_expect_finish(e, st, "kvx: epoch %llu: block %u failed its crc32c check", (unsigned long long)epoch,
+                              e->blocks[bad]);
+        }
+    }
+    if (st == BT_OK) kvx_expect_finish(e, BT_OK, NULL);
+    send_ack(ctx, reply, st, push_id, epoch);
+    return UCS_OK;
+}
+
+ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                            const ucp_am_recv_param_t *param)
+{
+    kvx_context_t *ctx = arg;
+    const uint8_t *h = header;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != DATA_HDR || kvx_get32(h) != DATA_MAGIC) {
+        ctx->stats.dropped_writes++;
+        BT_WARN("kvx", "%s: malformed data message dropped", ctx->name);
+        return UCS_OK;
+    }
+    uint32_t layer = kvx_get32(h + 4), first = kvx_get32(h + 24), count = kvx_get32(h + 28);
+    uint64_t epoch = kvx_get64(h + 8), base = kvx_get64(h + 16);
+    kvx_expect_t *e = ctx->expects;
+    while (e && (e->done || e->epoch != epoch)) e = e->next;
+    const kvx_layout_t *l = e ? &e->pool->layout : NULL;
+    int ok = e && (uint64_t)(uintptr_t)e->pool->base == base && layer < l->n_layers && count > 0 &&
+             first < l->n_blocks && count <= l->n_blocks - first && length == (uint64_t)count * l->block_stride;
+    ok = ok && expect_owns(e, first, count);
+    if (!ok) {
+        ctx->stats.dropped_writes++;
+        BT_DEBUG("kvx", "%s: data for epoch %llu dropped (stale or outside its blocks)", ctx->name,
+                 (unsigned long long)epoch);
+        return UCS_OK;
+    }
+    memcpy((uint8_t *)e->pool->base + kvx_layout_offset(l, layer, first), data, length);
+    e->bytes_received += length;
+    return UCS_OK;
+}
+
+ucs_status_t kvx_am_ack_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                           const ucp_am_recv_param_t *param)
+{
+    kvx_context_t *ctx = arg;
+    const uint8_t *m = data;
+    if (length != ACK_LEN || kvx_get32(m) != ACK_MAGIC) {
+        BT_WARN("kvx", "%s: malformed acknowledgement dropped", ctx->name);
+        return UCS_OK;
+    }
+    int32_t raw = (int32_t)kvx_get32(m + 4);
+    bt_status st = raw <= 0 && raw >= BT_ERR_INTERNAL ? (bt_status)raw : BT_ERR_PEER;
+    uint64_t push_id = kvx_get64(m + 8), epoch = kvx_get64(m + 16);
+    for (kvx_push_t *p = ctx->pushes; p; p = p->next) {
+        if (p->id != push_id || p->epoch != epoch) continue;
+        if (p->state != KVX_PUSH_ACKING) break;
+        switch (st) {
+        case BT_OK: kvx_push_finish(p, BT_OK, NULL); break;
+        case BT_ERR_STALE:
+            kvx_push_finish(p, st, "kvx: receiver no longer holds epoch %llu", (unsigned long long)epoch);
+            break;
+        case BT_ERR_FORMAT:
+            kvx_push_finish(p, st, "kvx: receiver rejected the transfer (checksum or block list mismatch)");
+            break;
+        default: kvx_push_finish(p, st, "kvx: receiver answered: %s", bt_status_str(st)); break;
+        }
+        break;
+    }
+    return UCS_OK;
+}
