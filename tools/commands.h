@@ -7,7 +7,10 @@
     X("model", cmd_model, "model files: `model fetch`, `model inspect PATH`")                \
     X("kvx-bench", cmd_kvx_bench, "KV transfer bandwidth/latency between two processes vs ucx_perftest") \
     X("tokenize", cmd_tokenize, "text to token ids and back: `tokenize [--model PATH] TEXT`")   \
-    X("chat-template", cmd_chat_template, "render a JSON conversation with the model's chat template")
+    X("chat-template", cmd_chat_template, "render a JSON conversation with the model's chat template")     \
+    X("generate", cmd_generate, "run a prompt through the engine and stream the text")                 \
+    X("logits", cmd_logits, "teacher-forced logits of token ids to a float32 file (for tests)")         \
+    X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")
 
 #define X(name, fn, help) int fn(int argc, char **argv);
 BATON_COMMANDS(X)

@@ -1,0 +1,79 @@
+/* The compute backend interface (DESIGN 4.2): a table of function pointers plus a context. The forward pass
+ * (engine/forward.c) is written once against it; `cpu` is the first implementation, `cuda` follows.
+ * Tensors are plain pointers into memory the backend can address (host memory for cpu); shapes are documented
+ * at each slot. Every op must be batch-invariant: a row's result may not depend on the other rows. */
+#ifndef BATON_ENGINE_BACKEND_H
+#define BATON_ENGINE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+
+typedef struct bt_backend bt_backend;
+
+/* Attention over paged KV for one step (causal: a token at position p sees positions 0..p of its sequence). */
+typedef struct bt_attn_args {
+    const bt_kv_pool *kv;
+    int32_t layer;
+    int32_t n_tokens;
+    int32_t n_head, n_head_kv, head_dim;
+    float scale;                   /* 1 / sqrt(head_dim) */
+    const float *q;                /* [n_tokens][n_head][head_dim], rotated */
+    const int32_t *pos;            /* [n_tokens] */
+    const int32_t *const *tables;  /* [n_tokens] -> that token's sequence block table */
+    float *out;                    /* [n_tokens][n_head][head_dim] */
+} bt_attn_args;
+
+typedef struct bt_backend_ops {
+    const char *name;
+    void (*destroy)(bt_backend *be);
+
+    /* Buffers the ops operate on. alloc returns NULL on failure; set/get copy from/to host memory. */
+    void *(*buf_alloc)(bt_backend *be, size_t bytes);
+    void (*buf_free)(bt_backend *be, void *buf);
+    void (*buf_set)(bt_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*buf_get)(bt_backend *be, void *host_dst, const void *src, size_t bytes);
+
+    /* out[n][w->n_in] = rows tokens[i] of the embedding matrix w, dequantized. */
+    void (*embed)(bt_backend *be, const bt_weight *w, const int32_t *tokens, int32_t n, float *out);
+    /* out[r][n] = x[r][n] / rms(x[r]) * w[n], r < n_rows. out may equal x. */
+    void (*rmsnorm)(bt_backend *be, const float *x, const float *w, int32_t n_rows, int32_t n, float eps, float *out);
+    /* out[r][w->n_out] = x[r][w->n_in] . W^T (+ bias[w->n_out] when bias is non-NULL). */
+    bt_status (*matmul)(bt_backend *be, const bt_weight *w, const float *bias, const float *x, int32_t n_rows,
+                        float *out);
+    /* Rotates x[n_tokens][n_heads][head_dim] in place at positions pos[] (first n_rot dims of each head). */
+    void (*rope)(bt_backend *be, float *x, const int32_t *pos, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                 int32_t n_rot, float base, float freq_scale, int neox);
+    /* Stores k, v [n_tokens][n_head_kv][head_dim] into the pool at slots[i] = block * 16 + offset for layer. */
+    void (*kv_write)(bt_backend *be, bt_kv_pool *kv, int32_t layer, const float *k, const float *v,
+                     int32_t n_tokens, const int32_t *slots);
+    void (*attention)(bt_backend *be, const bt_attn_args *a);
+    /* out[i] = silu(g[i]) * u[i], i < n. out may equal g. */
+    void (*swiglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
+    /* x[i] += y[i], i < n. */
+    void (*add)(bt_backend *be, float *x, const float *y, int64_t n);
+} bt_backend_ops;
+
+struct bt_backend {
+    const bt_backend_ops *ops;
+    void *ctx;
+};
+
+/* Creates the CPU backend with n_threads threads (0 = one per online CPU). The ISA comes from BATON_CPU_ISA or the
+ * best this CPU has. Errors: BT_ERR_INVALID / BT_ERR_UNSUPPORTED (bad BATON_CPU_ISA), BT_ERR_NOMEM. */
+bt_status bt_backend_cpu_create(int n_threads, bt_backend **out);
+
+/* Name of the CPU kernel ISA in use ("avx512", "avx2", "scalar"); be must be a cpu backend. */
+const char *bt_backend_cpu_isa(const bt_backend *be);
+int bt_backend_cpu_threads(const bt_backend *be);
+
+/* Destroys any backend; NULL allowed. */
+static inline void bt_backend_destroy(bt_backend *be)
+{
+    if (be) be->ops->destroy(be);
+}
+
+#endif

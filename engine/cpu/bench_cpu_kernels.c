@@ -1,0 +1,284 @@
+/* bench_cpu_kernels: matmul speed per weight type, ISA, batch and thread count on SmolLM2-sized matrices, and a
+ * plain memory read loop on 1 and 2 threads. Weights rotate through copies totalling >= 128 MB (beyond L3), as in
+ * decode where every token streams all the weights; --hot reuses one copy.
+ * usage: bench_cpu_kernels [--types q4_1,q8_0] [--isa scalar|avx2|avx512|all] [--threads 1,2] [--batch 1,16]
+ *                          [--hot] [--ms MILLISECONDS_PER_CASE] [--memory-only] [--decode-only]
+ * Also times the matmuls of one SmolLM2-135M decode step (batch 1) and prefill chunk (batch 16). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_kernels.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* random bytes, with every fp16 field that is a scale set to a small finite value */
+static void fill_weights(uint32_t t, int64_t n_in, int64_t n_out, uint8_t *w, uint64_t *s)
+{
+    size_t bytes = bt_cpu_row_bytes(t, n_in) * (size_t)n_out;
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        uint64_t v = rng_next(s);
+        memcpy(w + i, &v, 8);
+    }
+    const bt_ggml_type_info *ti = bt_ggml_type_get(t);
+    size_t nb = bytes / ti->block_bytes;
+    uint16_t sc = bt_f32_to_fp16(0.01f);
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = w + b * ti->block_bytes;
+        switch (t) {
+        case BT_TYPE_F32: {
+            float f = (float)(rng_next(s) % 1000) * 1e-3f;
+            memcpy(blk, &f, 4);
+            break;
+        }
+        case BT_TYPE_F16: sc = bt_f32_to_fp16((float)(rng_next(s) % 1000) * 1e-3f); memcpy(blk, &sc, 2); break;
+        case BT_TYPE_BF16: sc = bt_f32_to_bf16((float)(rng_next(s) % 1000) * 1e-3f); memcpy(blk, &sc, 2); break;
+        case BT_TYPE_Q6_K: memcpy(blk + 208, &sc, 2); break;
+        case BT_TYPE_Q4_1:
+        case BT_TYPE_Q5_1:
+        case BT_TYPE_Q4_K:
+        case BT_TYPE_Q5_K: memcpy(blk + 2, &sc, 2); /* fall through */
+        default: memcpy(blk, &sc, 2); break;
+        }
+    }
+}
+
+typedef struct read_ctx {
+    const uint64_t *buf;
+    size_t n;
+    uint64_t sink[64];
+} read_ctx;
+
+static void read_task(void *arg, int ith, int nth)
+{
+    read_ctx *c = arg;
+    size_t lo = c->n * (size_t)ith / (size_t)nth, hi = c->n * (size_t)(ith + 1) / (size_t)nth;
+    uint64_t a = 0, b = 0, d = 0, e = 0;
+    for (size_t i = lo; i + 4 <= hi; i += 4) {
+        a += c->buf[i], b += c->buf[i + 1], d += c->buf[i + 2], e += c->buf[i + 3];
+    }
+    c->sink[ith * 8] = a + b + d + e;
+}
+
+static void bench_memory(void)
+{
+    size_t bytes = (size_t)1 << 30;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) {
+        printf("memory read: cannot allocate 1 GiB\n");
+        return;
+    }
+    memset(buf, 1, bytes);
+    for (int nth = 1; nth <= 2; nth++) {
+        bt_pool *pool = NULL;
+        if (bt_pool_create(nth, &pool) != BT_OK) break;
+        read_ctx c = {.buf = buf, .n = bytes / 8};
+        double best = 1e9;
+        for (int rep = 0; rep < 5; rep++) {
+            double t0 = now_s();
+            bt_pool_run(pool, read_task, &c);
+            double dt = now_s() - t0;
+            best = dt < best ? dt : best;
+        }
+        printf("memory read 1 GiB, %d thread%s: %.1f GB/s (best of 5)\n", nth, nth > 1 ? "s" : "", bytes / best * 1e-9);
+        bt_pool_destroy(pool);
+    }
+    free(buf);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The matmuls of one SmolLM2-135M token: 30 layers of q, k, v, o, gate, up, down in Q4_1 and the tied 49152-row
+ * output matrix in Q8_0, as laid out in the default model (about 100 MB of weights, beyond L3). */
+static void bench_decode_sweep(int max_threads, int n_batches, const int *batches)
+{
+    static const int64_t layer_shapes[7][2] = {{576, 576}, {576, 192}, {576, 192}, {576, 576},
+                                               {576, 1536}, {576, 1536}, {1536, 576}};
+    enum { N_LAYERS = 30 };
+    size_t total = 0, off[N_LAYERS * 7 + 1];
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int k = 0; k < 7; k++) {
+            off[l * 7 + k] = total;
+            total += bt_cpu_row_bytes(BT_TYPE_Q4_1, layer_shapes[k][0]) * (size_t)layer_shapes[k][1];
+        }
+    off[N_LAYERS * 7] = total;
+    size_t out_bytes = bt_cpu_row_bytes(BT_TYPE_Q8_0, 576) * 49152;
+    uint8_t *w = malloc(total), *wout = malloc(out_bytes);
+    float *x = malloc(sizeof(float) * 1536 * 16), *y = malloc(sizeof(float) * 49152 * 16); /* y: 7 x 4096 too */
+    void *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q4_1, 1536) * 16);
+    if (!w || !wout || !x || !y || !xq) return;
+    uint64_t seed = 99;
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int k = 0; k < 7; k++)
+            fill_weights(BT_TYPE_Q4_1, layer_shapes[k][0], layer_shapes[k][1], w + off[l * 7 + k], &seed);
+    fill_weights(BT_TYPE_Q8_0, 576, 49152, wout, &seed);
+    for (int i = 0; i < 1536 * 16; i++) x[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+    printf("\nSmolLM2-135M token matmuls (30 layers Q4_1 + Q8_0 output, %.1f MB of weights), median of 15:\n",
+           (double)(total + out_bytes) * 1e-6);
+    printf("%-7s %3s %5s %6s %12s %14s\n", "isa", "thr", "batch", "fused", "ms/step", "weight GB/s");
+    for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        for (int nth = 1; nth <= max_threads; nth++)
+        for (int fused = 0; fused < 2; fused++) {
+            bt_pool *pool = NULL;
+            if (bt_pool_create(nth, &pool) != BT_OK) return;
+            for (int bi = 0; bi < n_batches; bi++) {
+                double samples[15];
+                for (int rep = 0; rep < 15; rep++) {
+                    double t0 = now_s();
+                    for (int l = 0; l < N_LAYERS; l++) {
+                        bt_cpu_matmul mm[7];
+                        for (int k = 0; k < 7; k++)
+                            mm[k] = (bt_cpu_matmul){.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q4_1,
+                                                    .n_in = layer_shapes[k][0], .n_out = layer_shapes[k][1],
+                                                    .n_rows = batches[bi], .w = w + off[l * 7 + k], .x = x,
+                                                    .xq = xq, .out = y + 4096 * k};
+                        if (fused) { /* q, k, v in one run; gate, up in one run */
+                            bt_cpu_matmul_run_multi(pool, mm, 3);
+                            bt_cpu_matmul_run(pool, &mm[3]);
+                            bt_cpu_matmul_run_multi(pool, mm + 4, 2);
+                            bt_cpu_matmul_run(pool, &mm[6]);
+                        } else {
+                            for (int k = 0; k < 7; k++) bt_cpu_matmul_run(pool, &mm[k]);
+                        }
+                    }
+                    bt_cpu_matmul mo = {.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q8_0, .n_in = 576,
+                                        .n_out = 49152, .n_rows = batches[bi], .w = wout, .x = x, .xq = xq, .out = y};
+                    bt_cpu_matmul_run(pool, &mo);
+                    samples[rep] = now_s() - t0;
+                }
+                qsort(samples, 15, sizeof samples[0], cmp_double);
+                printf("%-7s %3d %5d %6s %12.3f %14.1f\n", bt_cpu_isa_name((bt_cpu_isa)isa), nth, batches[bi],
+                       fused ? "yes" : "no", samples[7] * 1e3, (double)(total + out_bytes) / samples[7] * 1e-9);
+                fflush(stdout);
+            }
+            bt_pool_destroy(pool);
+        }
+    }
+    free(w), free(wout), free(x), free(y), free(xq);
+}
+
+static int parse_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = atoi(s);
+        s = strchr(s, ',');
+        if (!s) break;
+        s++;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k", *isa_arg = "all";
+    int threads[4] = {1, 2}, n_threads = 2, batches[4] = {1, 16}, n_batches = 2, hot = 0, case_ms = 150, only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa_arg = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = parse_list(argv[++i], threads, 4);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 4);
+        else if (!strcmp(argv[i], "--hot")) hot = 1;
+        else if (!strcmp(argv[i], "--ms") && i + 1 < argc) case_ms = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--memory-only")) only = 1;
+        else if (!strcmp(argv[i], "--decode-only")) only = 2;
+        else {
+            fprintf(stderr, "usage: %s [--types LIST] [--isa NAME|all] [--threads LIST] [--batch LIST] [--hot] "
+                            "[--ms N] [--memory-only] [--decode-only]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (only != 2) bench_memory();
+    if (only != 1) bench_decode_sweep(2, n_batches, batches);
+    if (only) return 0;
+    static const int64_t shapes[][2] = {{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}}; /* n_in, n_out */
+    printf("\nmedian and best time per matmul call (activation quantization included); GB/s = weight bytes / median\n");
+    printf("%-5s %-12s %-7s %3s %5s %10s %10s %8s %9s\n", "type", "n_in x n_out", "isa", "thr", "batch", "us median",
+           "us best", "GB/s", "GFLOP/s");
+    char types[256];
+    snprintf(types, sizeof types, "%s", types_arg);
+    uint64_t seed = 1;
+    for (char *save = NULL, *tn = strtok_r(types, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
+        int t = bt_ggml_type_from_name(tn);
+        if (t < 0 || bt_cpu_act_format((uint32_t)t) == BT_ACT_NONE) {
+            fprintf(stderr, "unsupported type %s\n", tn);
+            return 2;
+        }
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            size_t wbytes = bt_cpu_row_bytes((uint32_t)t, n_in) * (size_t)n_out;
+            if (wbytes == 0) continue; /* n_in not a multiple of the block (K-quants need 256) */
+            size_t copies = hot ? 1 : ((size_t)128 << 20) / wbytes + 1;
+            uint8_t *w = malloc(wbytes * copies);
+            int max_batch = 1;
+            for (int b = 0; b < n_batches; b++) max_batch = batches[b] > max_batch ? batches[b] : max_batch;
+            float *x = malloc(sizeof(float) * (size_t)(n_in * max_batch));
+            float *out = malloc(sizeof(float) * (size_t)(n_out * max_batch));
+            void *xq = malloc(bt_cpu_act_row_bytes((uint32_t)t, n_in) * (size_t)max_batch);
+            if (!w || !x || !out || !xq) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
+            }
+            fill_weights((uint32_t)t, n_in, n_out, w, &seed);
+            for (size_t c = 1; c < copies; c++) memcpy(w + c * wbytes, w, wbytes);
+            for (int64_t i = 0; i < n_in * max_batch; i++)
+                x[i] = (float)((int64_t)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+            for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+                if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+                if (strcmp(isa_arg, "all") && strcmp(isa_arg, bt_cpu_isa_name((bt_cpu_isa)isa))) continue;
+                for (int ti = 0; ti < n_threads; ti++) {
+                    bt_pool *pool = NULL;
+                    if (bt_pool_create(threads[ti], &pool) != BT_OK) return 1;
+                    for (int bi = 0; bi < n_batches; bi++) {
+                        bt_cpu_matmul mm = {.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = (uint32_t)t,
+                                            .n_in = n_in, .n_out = n_out, .n_rows = batches[bi], .x = x, .xq = xq,
+                                            .out = out};
+                        double samples[4096];
+                        int ns = 0;
+                        double start = now_s();
+                        size_t c = 0;
+                        while (ns < 4096 && (ns < 3 || now_s() - start < case_ms * 1e-3)) {
+                            mm.w = w + (c++ % copies) * wbytes;
+                            double t0 = now_s();
+                            if (bt_cpu_matmul_run(pool, &mm) != BT_OK) return 1;
+                            samples[ns++] = now_s() - t0;
+                        }
+                        qsort(samples, (size_t)ns, sizeof samples[0], cmp_double);
+                        double med = samples[ns / 2];
+                        char shape[32];
+                        snprintf(shape, sizeof shape, "%lldx%lld", (long long)n_in, (long long)n_out);
+                        printf("%-5s %-12s %-7s %3d %5d %10.1f %10.1f %8.1f %9.1f\n", bt_ggml_type_name((uint32_t)t),
+                               shape, bt_cpu_isa_name((bt_cpu_isa)isa), threads[ti], batches[bi], med * 1e6,
+                               samples[0] * 1e6,
+                               (double)wbytes / med * 1e-9, 2.0 * (double)(n_in * n_out * batches[bi]) / med * 1e-9);
+                        fflush(stdout);
+                    }
+                    bt_pool_destroy(pool);
+                }
+            }
+            free(w), free(x), free(out), free(xq);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,471 @@
+/* AVX2 + FMA + F16C kernels. Compiled with -mavx2 -mfma -mf16c; called only when the CPU has them.
+ * Quantized dots: u8 x s8 pairs with maddubs (no saturation: |w| <= 63 or sign-folded) then madd to int32; the
+ * per-block integer result is exact, then scaled and accumulated in float lanes. Each kernel is written once for a
+ * compile-time row count NR, so every activation row sees the same instruction sequence for any NR. */
+#include <immintrin.h>
+
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+AI float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI int hsum_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+AI float h2f(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* u8 x s8 -> 8 int32 lanes, each the sum of 4 adjacent products */
+AI __m256i dot_u8s8(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* s8 x s8 (w in -128..127, a in -127..127) */
+AI __m256i dot_s8s8(__m256i w, __m256i a)
+{
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+/* 16 packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high nibbles (16..31) */
+AI __m256i unpack_nibbles(const uint8_t *qs)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
+}
+
+/* bit i of the little-endian word at p -> byte i = 0x10 or 0 */
+AI __m256i qh_to_bytes(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x),
+                                    _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll,
+                                                      0x0101010101010101ll, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+#define ACT32(r, i) ((const bt_block_q8_32 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+#define ACT256(r, i) ((const bt_block_q8_256 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+
+/* Dispatches a runtime nr to kernel instances with constant NR. */
+#define NR_DISPATCH(kernel)                                                                                    \
+    switch (nr) {                                                                                              \
+    case 1: kernel(n, w_row, act, act_stride, 1, out, out_stride); break;                                      \
+    case 2: kernel(n, w_row, act, act_stride, 2, out, out_stride); break;                                      \
+    case 3: kernel(n, w_row, act, act_stride, 3, out, out_stride); break;                                      \
+    default: kernel(n, w_row, act, act_stride, 4, out, out_stride); break;                                     \
+    }
+
+#define KERNEL_ARGS int64_t n, const void *w_row, const void *act, size_t act_stride, const int NR, float *out, \
+                    size_t out_stride
+
+/* Legacy 32-element blocks. OFFSET: value subtracted from every unsigned weight code (Q4_0: 8, Q5_0: 16), folded
+ * into the integer dot as -OFFSET * sum(a) in lane 0. HAS_MIN: add m * d_a * sum(a) per block. */
+/* One block i of the weight row against NR activation rows, into the accumulator set acc/accm. */
+AI void legacy_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
+                    __m256 *acc, float *accm)
+{
+    __m256i q;
+    float dw, mw = 0.0f;
+    int offset = 0;
+    switch (type) {
+    case BT_TYPE_Q4_0: {
+        const bt_block_q4_0 *b = (const bt_block_q4_0 *)w_row + i;
+        q = unpack_nibbles(b->qs);
+        dw = h2f(b->d);
+        offset = 8;
+        break;
+    }
+    case BT_TYPE_Q4_1: {
+        const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
+        q = unpack_nibbles(b->qs);
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    case BT_TYPE_Q5_0: {
+        const bt_block_q5_0 *b = (const bt_block_q5_0 *)w_row + i;
+        q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
+        dw = h2f(b->d);
+        offset = 16;
+        break;
+    }
+    case BT_TYPE_Q5_1: {
+        const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
+        q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    default: { /* Q8_0 */
+        const bt_block_q8_0 *b = (const bt_block_q8_0 *)w_row + i;
+        q = _mm256_loadu_si256((const __m256i *)b->qs);
+            dw = h2f(b->d);
+        break;
+    }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const bt_block_q8_32 *a = ACT32(r, i);
+        __m256i av = _mm256_loadu_si256((const __m256i *)a->qs);
+        __m256i p = type == BT_TYPE_Q8_0 ? dot_s8s8(q, av) : dot_u8s8(q, av);
+        if (offset) p = _mm256_sub_epi32(p, _mm256_castsi128_si256(_mm_cvtsi32_si128(offset * a->sum)));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a->d), acc[r]);
+        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) accm[r] += mw * a->ds;
+    }
+}
+
+/* Even blocks go to one accumulator set and odd blocks to another, so two FMA chains overlap; the order depends
+ * only on n, never on NR. */
+AI void legacy_kernel(KERNEL_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    __m256 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    float accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        acc0[r] = acc1[r] = _mm256_setzero_ps();
+        accm0[r] = accm1[r] = 0.0f;
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        legacy_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+        legacy_step(w_row, i + 1, act, act_stride, NR, type, acc1, accm1);
+    }
+    if (i < nb) legacy_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        out[(size_t)r * out_stride] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + (accm0[r] + accm1[r]);
+}
+
+#define LEGACY(ty, TYPE)                                                                                       \
+    AI void kern_##ty(KERNEL_ARGS) { legacy_kernel(n, w_row, act, act_stride, NR, out, out_stride, TYPE); }     \
+    BT_CPU_DOT_ROWS_DECL(avx2, ty) { NR_DISPATCH(kern_##ty) }
+
+LEGACY(q4_0, BT_TYPE_Q4_0)
+LEGACY(q4_1, BT_TYPE_Q4_1)
+LEGACY(q5_0, BT_TYPE_Q5_0)
+LEGACY(q5_1, BT_TYPE_Q5_1)
+LEGACY(q8_0, BT_TYPE_Q8_0)
+
+/* Q4_K / Q5_K: per super-block, sum_j sc_j * dot_j in int32 lanes (maddubs then madd by the scale), mins from the
+ * activation's 16-element sums. */
+AI void qk45_kernel(KERNEL_ARGS, const int has_qh)
+{
+    const int64_t nb = n / BT_QK_K;
+    __m256 acc[BT_CPU_MAX_NR];
+    float accm[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        acc[r] = _mm256_setzero_ps();
+        accm[r] = 0.0f;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one8 = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *scales, *qs, *qhp = NULL;
+        uint16_t d16, dmin16;
+        if (has_qh) {
+            const bt_block_q5_k *b = (const bt_block_q5_k *)w_row + i;
+            scales = b->scales, qs = b->qs, qhp = b->qh, d16 = b->d, dmin16 = b->dmin;
+        } else {
+            const bt_block_q4_k *b = (const bt_block_q4_k *)w_row + i;
+            scales = b->scales, qs = b->qs, d16 = b->d, dmin16 = b->dmin;
+        }
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) bt_q4k_scale_min(scales, j, &sc[j], &mn[j]);
+        const float dw = h2f(d16), dmin = h2f(dmin16);
+        __m256i isum[BT_CPU_MAX_NR];
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+        __m256i qh = has_qh ? _mm256_loadu_si256((const __m256i *)qhp) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (has_qh) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+            }
+            const __m256i sl = _mm256_set1_epi16(sc[2 * c]), sh = _mm256_set1_epi16(sc[2 * c + 1]);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const int8_t *aq = ACT256(r, i)->qs + 64 * c;
+                __m256i a0 = _mm256_loadu_si256((const __m256i *)aq);
+                __m256i a1 = _mm256_loadu_si256((const __m256i *)(aq + 32));
+                __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), sl);
+                __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), sh);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(pl, ph));
+            }
+        }
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const bt_block_q8_256 *a = ACT256(r, i);
+            int summ = 0;
+            for (int j = 0; j < 8; j++) summ += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dw * a->d), acc[r]);
+            accm[r] += dmin * a->d * (float)summ;
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = hsum_ps(acc[r]) - accm[r];
+}
+
+AI void kern_q4_k(KERNEL_ARGS) { qk45_kernel(n, w_row, act, act_stride, NR, out, out_stride, 0); }
+AI void kern_q5_k(KERNEL_ARGS) { qk45_kernel(n, w_row, act, act_stride, NR, out, out_stride, 1); }
+BT_CPU_DOT_ROWS_DECL(avx2, q4_k) { NR_DISPATCH(kern_q4_k) }
+BT_CPU_DOT_ROWS_DECL(avx2, q5_k) { NR_DISPATCH(kern_q5_k) }
+
+/* Q6_K: unsigned 6-bit codes times activations, scaled per 16 elements (the two 128-bit lanes of a 32-byte chunk
+ * carry two scales); the -32 offset is folded in as -32 * sum_k sc_k * bsum_k in lane 0. */
+AI void kern_q6_k(KERNEL_ARGS)
+{
+    const int64_t nb = n / BT_QK_K;
+    __m256 acc[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < nb; i++) {
+        const bt_block_q6_k *b = (const bt_block_q6_k *)w_row + i;
+        const float dw = h2f(b->d);
+        __m256i isum[BT_CPU_MAX_NR];
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                __m256i lo = (s & 1) ? ql1 : ql0;
+                if (s >> 1) lo = _mm256_srli_epi16(lo, 4);
+                __m256i q = _mm256_or_si256(_mm256_and_si256(lo, m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2), 4));
+                int k = 8 * h + 2 * s;
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[k + 1]), _mm_set1_epi16(b->scales[k]));
+                #pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *aq = ACT256(r, i)->qs + 128 * h + 32 * s;
+                    __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)aq));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scv));
+                }
+            }
+        }
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const bt_block_q8_256 *a = ACT256(r, i);
+            int off = 0;
+            for (int k = 0; k < 16; k++) off += b->scales[k] * a->bsums[k];
+            __m256i s = _mm256_sub_epi32(isum[r], _mm256_castsi128_si256(_mm_cvtsi32_si128(32 * off)));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a->d), acc[r]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = hsum_ps(acc[r]);
+}
+BT_CPU_DOT_ROWS_DECL(avx2, q6_k) { NR_DISPATCH(kern_q6_k) }
+
+/* Float weights: two 8-lane accumulators per row (16 elements per step), 8-element step, then a scalar tail. */
+AI __m256 load_w8(const void *w, int64_t i, const int type)
+{
+    if (type == BT_TYPE_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (type == BT_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AI float load_w1(const void *w, int64_t i, const int type)
+{
+    if (type == BT_TYPE_F32) return ((const float *)w)[i];
+    if (type == BT_TYPE_F16) return bt_fp16_to_f32(((const uint16_t *)w)[i]);
+    return bt_bf16_to_f32(((const uint16_t *)w)[i]);
+}
+
+AI void float_kernel(KERNEL_ARGS, const int type)
+{
+    __m256 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = load_w8(w_row, i, type), w1 = load_w8(w_row, i + 8, type);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const float *x = (const float *)((const char *)act + (size_t)r * act_stride);
+            acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), acc1[r]);
+        }
+    }
+    if (i + 8 <= n) {
+        __m256 w0 = load_w8(w_row, i, type);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const float *x = (const float *)((const char *)act + (size_t)r * act_stride);
+            acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc0[r]);
+        }
+        i += 8;
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const float *x = (const float *)((const char *)act + (size_t)r * act_stride);
+        float s = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
+        for (int64_t j = i; j < n; j++) s += load_w1(w_row, j, type) * x[j];
+        out[(size_t)r * out_stride] = s;
+    }
+}
+
+AI void kern_f32(KERNEL_ARGS) { float_kernel(n, w_row, act, act_stride, NR, out, out_stride, BT_TYPE_F32); }
+AI void kern_f16(KERNEL_ARGS) { float_kernel(n, w_row, act, act_stride, NR, out, out_stride, BT_TYPE_F16); }
+AI void kern_bf16(KERNEL_ARGS) { float_kernel(n, w_row, act, act_stride, NR, out, out_stride, BT_TYPE_BF16); }
+BT_CPU_DOT_ROWS_DECL(avx2, f32) { NR_DISPATCH(kern_f32) }
+BT_CPU_DOT_ROWS_DECL(avx2, f16) { NR_DISPATCH(kern_f16) }
+BT_CPU_DOT_ROWS_DECL(avx2, bf16) { NR_DISPATCH(kern_bf16) }
+
+/* ---- activation quantization (same bytes as the scalar reference) ---- */
+
+/* Quantizes 32 floats with the inverse scale id into 32 int8 (round half even); returns their sum. */
+AI int quant32(const float *x, __m256 id, int8_t *q)
+{
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    int s = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+    /* packs interleave 128-bit lanes; the permute restores element order */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    return s;
+}
+
+AI __m256 abs_max8(const float *x, int n, __m256 m)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    return m;
+}
+
+AI float hmax_ps(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+void bt_cpu_avx2_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
+{
+    for (int64_t i = 0; i < n / BT_QK; i++, x += BT_QK) {
+        float amax = hmax_ps(abs_max8(x, BT_QK, _mm256_setzero_ps()));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = d;
+        int s = quant32(x, _mm256_set1_ps(id), y[i].qs);
+        y[i].sum = s;
+        y[i].ds = d * (float)s;
+        y[i].reserved = 0;
+    }
+}
+
+void bt_cpu_avx2_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
+{
+    for (int64_t i = 0; i < n / BT_QK_K; i++, x += BT_QK_K) {
+        float amax = hmax_ps(abs_max8(x, BT_QK_K, _mm256_setzero_ps()));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = d;
+        __m256 idv = _mm256_set1_ps(id);
+        for (int c = 0; c < 8; c++) {
+            quant32(x + 32 * c, idv, y[i].qs + 32 * c);
+            __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 32 * c)));
+            __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 32 * c + 16)));
+            y[i].bsums[2 * c] = (int16_t)hsum_epi32(_mm256_madd_epi16(q, _mm256_set1_epi16(1)));
+            y[i].bsums[2 * c + 1] = (int16_t)hsum_epi32(_mm256_madd_epi16(q2, _mm256_set1_epi16(1)));
+        }
+    }
+}
+
+/* ---- conversions ---- */
+
+void bt_cpu_avx2_fp16_to_f32(int64_t n, const uint16_t *x, float *y)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = bt_fp16_to_f32(x[i]);
+}
+
+void bt_cpu_avx2_f32_to_fp16(int64_t n, const float *x, uint16_t *y)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = bt_f32_to_fp16(x[i]);
+}
+
+void bt_cpu_avx2_bf16_to_f32(int64_t n, const uint16_t *x, float *y)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i))), 16));
+    for (; i < n; i++) y[i] = bt_bf16_to_f32(x[i]);
+}
+
+void bt_cpu_avx2_f32_to_bf16(int64_t n, const float *x, uint16_t *y)
+{
+    int64_t i = 0;
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(x + i));
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(1));
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(0x7fff)), lsb), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, absm), inf);
+        __m256i qn = _mm256_or_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(0x40));
+        r = _mm256_blendv_epi8(r, qn, nan);
+        __m256i p = _mm256_packus_epi32(r, r); /* values < 65536: no saturation */
+        p = _mm256_permute4x64_epi64(p, 0x08);
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_castsi256_si128(p));
+    }
+    for (; i < n; i++) y[i] = bt_f32_to_bf16(x[i]);
+}
+
+const bt_cpu_ops bt_cpu_ops_avx2 = {
+    .isa = BT_CPU_ISA_AVX2,
+    .name = "avx2",
+    .quantize_q8_32 = bt_cpu_avx2_quantize_q8_32,
+    .quantize_q8_256 = bt_cpu_avx2_quantize_q8_256,
+    .fp16_to_f32 = bt_cpu_avx2_fp16_to_f32,
+    .f32_to_fp16 = bt_cpu_avx2_f32_to_fp16,
+    .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,
+    .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,
+    .dot_rows = {
+        [BT_TYPE_F32] = bt_cpu_avx2_dot_rows_f32,
+        [BT_TYPE_F16] = bt_cpu_avx2_dot_rows_f16,
+        [BT_TYPE_BF16] = bt_cpu_avx2_dot_rows_bf16,
+        [BT_TYPE_Q4_0] = bt_cpu_avx2_dot_rows_q4_0,
+        [BT_TYPE_Q4_1] = bt_cpu_avx2_dot_rows_q4_1,
+        [BT_TYPE_Q5_0] = bt_cpu_avx2_dot_rows_q5_0,
+        [BT_TYPE_Q5_1] = bt_cpu_avx2_dot_rows_q5_1,
+        [BT_TYPE_Q8_0] = bt_cpu_avx2_dot_rows_q8_0,
+        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k,
+        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k,
+        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k,
+    },
+};

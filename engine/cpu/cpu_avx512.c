@@ -1,0 +1,371 @@
+/* AVX-512 (F, BW, VL, VNNI) kernels. Compiled with those flags; called only when the CPU has them.
+ * vpdpbusd multiplies u8 weight codes by s8 activations and accumulates int32 without saturation. Q4_1, Q5_1 and
+ * Q8_0 (the default model's types) take two blocks per 512-bit register; Q4_0 and Q5_0 use the 256-bit form with
+ * their offset folded into the integer dot; the fifth bits of Q5_x expand with one masked byte move.
+ * F32/F16/BF16 use 16-lane FMAs; K-quants and activation quantization reuse the AVX2 kernels. */
+#include <immintrin.h>
+
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+AI float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float h2f(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+AI __m256i unpack_nibbles(const uint8_t *qs)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
+}
+
+AI __m256i qh_to_bytes(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return _mm256_maskz_mov_epi8((__mmask32)x, _mm256_set1_epi8(0x10));
+}
+
+#define ACT32(r, i) ((const bt_block_q8_32 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+
+#define NR_DISPATCH(kernel)                                                                                    \
+    switch (nr) {                                                                                              \
+    case 1: kernel(n, w_row, act, act_stride, 1, out, out_stride); break;                                      \
+    case 2: kernel(n, w_row, act, act_stride, 2, out, out_stride); break;                                      \
+    case 3: kernel(n, w_row, act, act_stride, 3, out, out_stride); break;                                      \
+    default: kernel(n, w_row, act, act_stride, 4, out, out_stride); break;                                     \
+    }
+
+#define KERNEL_ARGS int64_t n, const void *w_row, const void *act, size_t act_stride, const int NR, float *out, \
+                    size_t out_stride
+
+/* One block i of the weight row against NR activation rows, into the accumulator set acc/accm. */
+AI void legacy_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
+                    __m256 *acc, float *accm)
+{
+    __m256i q;
+    float dw, mw = 0.0f;
+    int offset = 0;
+    switch (type) {
+    case BT_TYPE_Q4_0: {
+        const bt_block_q4_0 *b = (const bt_block_q4_0 *)w_row + i;
+        q = unpack_nibbles(b->qs);
+        dw = h2f(b->d);
+        offset = 8;
+        break;
+    }
+    case BT_TYPE_Q4_1: {
+        const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
+        q = unpack_nibbles(b->qs);
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    case BT_TYPE_Q5_0: {
+        const bt_block_q5_0 *b = (const bt_block_q5_0 *)w_row + i;
+        q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
+        dw = h2f(b->d);
+        offset = 16;
+        break;
+    }
+    case BT_TYPE_Q5_1: {
+        const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
+        q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    default: { /* Q8_0: codes + 128 as u8 */
+        const bt_block_q8_0 *b = (const bt_block_q8_0 *)w_row + i;
+        q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)b->qs), _mm256_set1_epi8((char)0x80));
+            dw = h2f(b->d);
+            offset = 128;
+        break;
+    }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const bt_block_q8_32 *a = ACT32(r, i);
+        __m256i av = _mm256_loadu_si256((const __m256i *)a->qs);
+        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, av);
+        if (offset) p = _mm256_sub_epi32(p, _mm256_castsi128_si256(_mm_cvtsi32_si128(offset * a->sum)));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a->d), acc[r]);
+        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) accm[r] += mw * a->ds;
+    }
+}
+
+/* Even blocks go to one accumulator set and odd blocks to another, so two FMA chains overlap; the order depends
+ * only on n, never on NR. */
+AI void legacy_kernel(KERNEL_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    __m256 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    float accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        acc0[r] = acc1[r] = _mm256_setzero_ps();
+        accm0[r] = accm1[r] = 0.0f;
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        legacy_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+        legacy_step(w_row, i + 1, act, act_stride, NR, type, acc1, accm1);
+    }
+    if (i < nb) legacy_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        out[(size_t)r * out_stride] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + (accm0[r] + accm1[r]);
+}
+
+#define LEGACY(ty, TYPE)                                                                                       \
+    AI void kern_##ty(KERNEL_ARGS) { legacy_kernel(n, w_row, act, act_stride, NR, out, out_stride, TYPE); }     \
+    BT_CPU_DOT_ROWS_DECL(avx512, ty) { NR_DISPATCH(kern_##ty) }
+
+LEGACY(q4_0, BT_TYPE_Q4_0)
+LEGACY(q5_0, BT_TYPE_Q5_0)
+
+/* [lo, the 32 bytes at p]: a masked load fills the upper half without a shuffle (the masked-off lower half of
+ * the 64-byte window below p is not accessed) */
+AI __m512i load_upper(__m256i lo, const void *p)
+{
+    return _mm512_mask_loadu_epi64(_mm512_castsi256_si512(lo), 0xf0, (const char *)p - 32);
+}
+
+/* Q4_1, Q5_1, Q8_0 two blocks per 512-bit register. Lanes 0..7 belong to block i, lanes 8..15 to block i + 1.
+ * Per pair the weight scales [d0, m0, d1, m1] (m = 0 for Q8_0) times the activation's [d0, ds0, d1, ds1] give
+ * both block scales and both min terms in one multiply. Q8_0 stays exact in integers: activations are negated
+ * where the weight is negative and the weight's absolute value goes in as the u8 operand. */
+AI __m512i pair_codes(const void *w_row, int64_t i, const int type, const int second)
+{
+    if (type == BT_TYPE_Q8_0) {
+        const bt_block_q8_0 *b = (const bt_block_q8_0 *)w_row + i;
+        __m256i q0 = _mm256_loadu_si256((const __m256i *)b[0].qs);
+        return second ? _mm512_inserti64x4(_mm512_castsi256_si512(q0), _mm256_loadu_si256((const __m256i *)b[1].qs), 1)
+                      : _mm512_zextsi256_si512(q0);
+    }
+    const uint8_t *qs0, *qs1;
+    uint32_t h0 = 0, h1 = 0;
+    if (type == BT_TYPE_Q4_1) {
+        const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
+        qs0 = b[0].qs, qs1 = second ? b[1].qs : b[0].qs;
+    } else {
+        const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
+        qs0 = b[0].qs, qs1 = second ? b[1].qs : b[0].qs;
+        memcpy(&h0, b[0].qh, 4);
+        if (second) memcpy(&h1, b[1].qh, 4);
+    }
+    __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qs0)),
+                                        _mm_loadu_si128((const __m128i *)qs1), 1); /* [x0, x1] */
+    __m512i u = _mm512_permutex2var_epi64(_mm512_castsi256_si512(t), _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                                          _mm512_castsi256_si512(_mm256_srli_epi16(t, 4))); /* [x0, x0>>4, x1, x1>>4] */
+    u = _mm512_and_si512(u, _mm512_set1_epi8(0x0f));
+    if (type == BT_TYPE_Q5_1)
+        u = _mm512_or_si512(u, _mm512_maskz_mov_epi8((__mmask64)h0 | (__mmask64)h1 << 32, _mm512_set1_epi8(0x10)));
+    if (!second) u = _mm512_zextsi256_si512(_mm512_castsi512_si256(u));
+    return u;
+}
+
+/* [d0, m0, d1, m1] of blocks i and i + 1 (zeros for the absent second block) */
+AI __m128 pair_wscales(const void *w_row, int64_t i, const int type, const int second)
+{
+    __m128i h;
+    if (type == BT_TYPE_Q8_0) {
+        const bt_block_q8_0 *b = (const bt_block_q8_0 *)w_row + i;
+        h = _mm_cvtsi32_si128(b[0].d);
+        if (second) h = _mm_insert_epi16(h, b[1].d, 2);
+    } else {
+        int32_t dm0, dm1; /* d and m are the first 4 bytes of Q4_1 and Q5_1 blocks */
+        size_t bb = type == BT_TYPE_Q4_1 ? sizeof(bt_block_q4_1) : sizeof(bt_block_q5_1);
+        const uint8_t *p = (const uint8_t *)w_row + (size_t)i * bb;
+        memcpy(&dm0, p, 4);
+        h = _mm_cvtsi32_si128(dm0);
+        if (second) {
+            memcpy(&dm1, p + bb, 4);
+            h = _mm_insert_epi32(h, dm1, 1);
+        }
+    }
+    return _mm_cvtph_ps(h);
+}
+
+AI __m128 pair_ascales(const bt_block_q8_32 *a, const int second)
+{
+    __m128d v = _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)&a[0].d)); /* [d0, ds0] */
+    if (second) v = _mm_loadh_pd(v, (const double *)&a[1].d);
+    return _mm_castpd_ps(v);
+}
+
+AI __m512i pair_act(const bt_block_q8_32 *a, const int second)
+{
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)a[0].qs);
+    return second ? load_upper(a0, a[1].qs) : _mm512_zextsi256_si512(a0);
+}
+
+AI void pair_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
+                  const int second, __m512 *acc, __m128 *accm)
+{
+    const __m512i q = pair_codes(w_row, i, type, second);
+    const __m512i qa = type == BT_TYPE_Q8_0 ? _mm512_abs_epi8(q) : q;
+    const __mmask64 neg = type == BT_TYPE_Q8_0 ? _mm512_movepi8_mask(q) : 0;
+    const __m128 ws = pair_wscales(w_row, i, type, second);
+    const __m512i lane_idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const bt_block_q8_32 *a = ACT32(r, i);
+        __m512i av = pair_act(a, second);
+        if (type == BT_TYPE_Q8_0) av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, av);
+        __m128 sc = _mm_mul_ps(ws, pair_ascales(a, second)); /* [s0, min0, s1, min1] */
+        __m512 scv = _mm512_permutexvar_ps(lane_idx, _mm512_castps128_ps512(sc));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc[r]);
+        if (type != BT_TYPE_Q8_0) accm[r] = _mm_add_ps(accm[r], sc);
+    }
+}
+
+/* Pairs alternate between two accumulator sets (two FMA chains in flight); an odd last block goes alone into the
+ * second set. The sequence depends on n only. */
+AI void pair_kernel(KERNEL_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    __m512 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    __m128 accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        acc0[r] = acc1[r] = _mm512_setzero_ps();
+        accm0[r] = accm1[r] = _mm_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        pair_step(w_row, i, act, act_stride, NR, type, 1, acc0, accm0);
+        pair_step(w_row, i + 2, act, act_stride, NR, type, 1, acc1, accm1);
+    }
+    if (i + 2 <= nb) {
+        pair_step(w_row, i, act, act_stride, NR, type, 1, acc0, accm0);
+        i += 2;
+    }
+    if (i < nb) pair_step(w_row, i, act, act_stride, NR, type, 0, acc1, accm1);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        __m512 s16 = _mm512_add_ps(acc0[r], acc1[r]);
+        float s = hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(s16),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1))));
+        __m128 m = _mm_add_ps(accm0[r], accm1[r]);
+        float mins = _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1)) + _mm_cvtss_f32(_mm_shuffle_ps(m, m, 3));
+        out[(size_t)r * out_stride] = s + mins;
+    }
+}
+
+#define PAIRED(ty, TYPE)                                                                                       \
+    AI void kern_##ty(KERNEL_ARGS) { pair_kernel(n, w_row, act, act_stride, NR, out, out_stride, TYPE); }       \
+    BT_CPU_DOT_ROWS_DECL(avx512, ty) { NR_DISPATCH(kern_##ty) }
+
+PAIRED(q4_1, BT_TYPE_Q4_1)
+PAIRED(q5_1, BT_TYPE_Q5_1)
+PAIRED(q8_0, BT_TYPE_Q8_0)
+
+/* Float weights: two 16-lane accumulators per row (32 elements per step), a 16-element step, then scalar. */
+AI __m512 load_w16(const void *w, int64_t i, const int type)
+{
+    if (type == BT_TYPE_F32) return _mm512_loadu_ps((const float *)w + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (type == BT_TYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AI float load_w1(const void *w, int64_t i, const int type)
+{
+    if (type == BT_TYPE_F32) return ((const float *)w)[i];
+    if (type == BT_TYPE_F16) return bt_fp16_to_f32(((const uint16_t *)w)[i]);
+    return bt_bf16_to_f32(((const uint16_t *)w)[i]);
+}
+
+AI void float_kernel(KERNEL_ARGS, const int type)
+{
+    __m512 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = load_w16(w_row, i, type), w1 = load_w16(w_row, i + 16, type);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const float *x = (const float *)((const char *)act + (size_t)r * act_stride);
+            acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), acc1[r]);
+        }
+    }
+    if (i + 16 <= n) {
+        __m512 w0 = load_w16(w_row, i, type);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const float *x = (const float *)((const char *)act + (size_t)r * act_stride);
+            acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), acc0[r]);
+        }
+        i += 16;
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const float *x = (const float *)((const char *)act + (size_t)r * act_stride);
+        __m512 s16 = _mm512_add_ps(acc0[r], acc1[r]);
+        float s = hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(s16),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1))));
+        for (int64_t j = i; j < n; j++) s += load_w1(w_row, j, type) * x[j];
+        out[(size_t)r * out_stride] = s;
+    }
+}
+
+AI void kern_f32(KERNEL_ARGS) { float_kernel(n, w_row, act, act_stride, NR, out, out_stride, BT_TYPE_F32); }
+AI void kern_f16(KERNEL_ARGS) { float_kernel(n, w_row, act, act_stride, NR, out, out_stride, BT_TYPE_F16); }
+AI void kern_bf16(KERNEL_ARGS) { float_kernel(n, w_row, act, act_stride, NR, out, out_stride, BT_TYPE_BF16); }
+BT_CPU_DOT_ROWS_DECL(avx512, f32) { NR_DISPATCH(kern_f32) }
+BT_CPU_DOT_ROWS_DECL(avx512, f16) { NR_DISPATCH(kern_f16) }
+BT_CPU_DOT_ROWS_DECL(avx512, bf16) { NR_DISPATCH(kern_bf16) }
+
+void bt_cpu_avx512_fp16_to_f32(int64_t n, const uint16_t *x, float *y)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    for (; i < n; i++) y[i] = bt_fp16_to_f32(x[i]);
+}
+
+void bt_cpu_avx512_f32_to_fp16(int64_t n, const float *x, uint16_t *y)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = bt_f32_to_fp16(x[i]);
+}
+
+const bt_cpu_ops bt_cpu_ops_avx512 = {
+    .isa = BT_CPU_ISA_AVX512,
+    .name = "avx512",
+    .quantize_q8_32 = bt_cpu_avx2_quantize_q8_32,
+    .quantize_q8_256 = bt_cpu_avx2_quantize_q8_256,
+    .fp16_to_f32 = bt_cpu_avx512_fp16_to_f32,
+    .f32_to_fp16 = bt_cpu_avx512_f32_to_fp16,
+    .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,
+    .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,
+    .dot_rows = {
+        [BT_TYPE_F32] = bt_cpu_avx512_dot_rows_f32,
+        [BT_TYPE_F16] = bt_cpu_avx512_dot_rows_f16,
+        [BT_TYPE_BF16] = bt_cpu_avx512_dot_rows_bf16,
+        [BT_TYPE_Q4_0] = bt_cpu_avx512_dot_rows_q4_0,
+        [BT_TYPE_Q4_1] = bt_cpu_avx512_dot_rows_q4_1,
+        [BT_TYPE_Q5_0] = bt_cpu_avx512_dot_rows_q5_0,
+        [BT_TYPE_Q5_1] = bt_cpu_avx512_dot_rows_q5_1,
+        [BT_TYPE_Q8_0] = bt_cpu_avx512_dot_rows_q8_0,
+        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k,
+        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k,
+        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k,
+    },
+};

@@ -1,0 +1,300 @@
+/* ISA selection, the scalar op table, and the matmul driver. */
+#include "engine/cpu/cpu_kernels.h"
+
+#include <cpuid.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_impl.h"
+
+#define SCALAR_DOT_ROWS(ty, TYPE)                                                                              \
+    BT_CPU_DOT_ROWS_DECL(scalar, ty)                                                                           \
+    {                                                                                                          \
+        for (int r = 0; r < nr; r++)                                                                           \
+            out[(size_t)r * out_stride] =                                                                      \
+                bt_cpu_vec_dot_ref(TYPE, n, w_row, (const char *)act + (size_t)r * act_stride);                \
+    }
+
+SCALAR_DOT_ROWS(f32, BT_TYPE_F32)
+SCALAR_DOT_ROWS(f16, BT_TYPE_F16)
+SCALAR_DOT_ROWS(bf16, BT_TYPE_BF16)
+SCALAR_DOT_ROWS(q4_0, BT_TYPE_Q4_0)
+SCALAR_DOT_ROWS(q4_1, BT_TYPE_Q4_1)
+SCALAR_DOT_ROWS(q5_0, BT_TYPE_Q5_0)
+SCALAR_DOT_ROWS(q5_1, BT_TYPE_Q5_1)
+SCALAR_DOT_ROWS(q8_0, BT_TYPE_Q8_0)
+SCALAR_DOT_ROWS(q4_k, BT_TYPE_Q4_K)
+SCALAR_DOT_ROWS(q5_k, BT_TYPE_Q5_K)
+SCALAR_DOT_ROWS(q6_k, BT_TYPE_Q6_K)
+
+void bt_cpu_scalar_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
+{
+    bt_cpu_quantize_q8_32_ref(n, x, y);
+}
+
+void bt_cpu_scalar_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
+{
+    bt_cpu_quantize_q8_256_ref(n, x, y);
+}
+
+void bt_cpu_scalar_fp16_to_f32(int64_t n, const uint16_t *x, float *y)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = bt_fp16_to_f32(x[i]);
+}
+
+void bt_cpu_scalar_f32_to_fp16(int64_t n, const float *x, uint16_t *y)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = bt_f32_to_fp16(x[i]);
+}
+
+void bt_cpu_scalar_bf16_to_f32(int64_t n, const uint16_t *x, float *y)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = bt_bf16_to_f32(x[i]);
+}
+
+void bt_cpu_scalar_f32_to_bf16(int64_t n, const float *x, uint16_t *y)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = bt_f32_to_bf16(x[i]);
+}
+
+const bt_cpu_ops bt_cpu_ops_scalar = {
+    .isa = BT_CPU_ISA_SCALAR,
+    .name = "scalar",
+    .quantize_q8_32 = bt_cpu_scalar_quantize_q8_32,
+    .quantize_q8_256 = bt_cpu_scalar_quantize_q8_256,
+    .fp16_to_f32 = bt_cpu_scalar_fp16_to_f32,
+    .f32_to_fp16 = bt_cpu_scalar_f32_to_fp16,
+    .bf16_to_f32 = bt_cpu_scalar_bf16_to_f32,
+    .f32_to_bf16 = bt_cpu_scalar_f32_to_bf16,
+    .dot_rows = {
+        [BT_TYPE_F32] = bt_cpu_scalar_dot_rows_f32,
+        [BT_TYPE_F16] = bt_cpu_scalar_dot_rows_f16,
+        [BT_TYPE_BF16] = bt_cpu_scalar_dot_rows_bf16,
+        [BT_TYPE_Q4_0] = bt_cpu_scalar_dot_rows_q4_0,
+        [BT_TYPE_Q4_1] = bt_cpu_scalar_dot_rows_q4_1,
+        [BT_TYPE_Q5_0] = bt_cpu_scalar_dot_rows_q5_0,
+        [BT_TYPE_Q5_1] = bt_cpu_scalar_dot_rows_q5_1,
+        [BT_TYPE_Q8_0] = bt_cpu_scalar_dot_rows_q8_0,
+        [BT_TYPE_Q4_K] = bt_cpu_scalar_dot_rows_q4_k,
+        [BT_TYPE_Q5_K] = bt_cpu_scalar_dot_rows_q5_k,
+        [BT_TYPE_Q6_K] = bt_cpu_scalar_dot_rows_q6_k,
+    },
+};
+
+const char *bt_cpu_isa_name(bt_cpu_isa isa)
+{
+    switch (isa) {
+    case BT_CPU_ISA_SCALAR: return "scalar";
+    case BT_CPU_ISA_AVX2: return "avx2";
+    case BT_CPU_ISA_AVX512: return "avx512";
+    default: return "unknown";
+    }
+}
+
+/* F16C from CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c"); the OS side of the
+ * YMM state is covered by the avx2 check. */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29) & 1;
+}
+
+int bt_cpu_isa_supported(bt_cpu_isa isa)
+{
+    __builtin_cpu_init();
+    switch (isa) {
+    case BT_CPU_ISA_SCALAR: return 1;
+    case BT_CPU_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+    case BT_CPU_ISA_AVX512:
+        return bt_cpu_isa_supported(BT_CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512vnni");
+    default: return 0;
+    }
+}
+
+bt_status bt_cpu_isa_select(bt_cpu_isa *out)
+{
+    const char *env = getenv("BATON_CPU_ISA");
+    if (env && *env) {
+        for (int i = 0; i < BT_CPU_ISA_COUNT; i++) {
+            if (strcmp(env, bt_cpu_isa_name((bt_cpu_isa)i)) != 0) continue;
+            if (!bt_cpu_isa_supported((bt_cpu_isa)i))
+                return bt_fail(BT_ERR_UNSUPPORTED, "BATON_CPU_ISA=%s: this CPU lacks the instructions", env);
+            *out = (bt_cpu_isa)i;
+            return BT_OK;
+        }
+        return bt_fail(BT_ERR_INVALID, "BATON_CPU_ISA=%s: expected scalar, avx2 or avx512", env);
+    }
+    for (int i = BT_CPU_ISA_COUNT - 1; i > 0; i--) {
+        if (bt_cpu_isa_supported((bt_cpu_isa)i)) {
+            *out = (bt_cpu_isa)i;
+            return BT_OK;
+        }
+    }
+    *out = BT_CPU_ISA_SCALAR;
+    return BT_OK;
+}
+
+const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa)
+{
+    switch (isa) {
+    case BT_CPU_ISA_SCALAR: return &bt_cpu_ops_scalar;
+    case BT_CPU_ISA_AVX2: return &bt_cpu_ops_avx2;
+    case BT_CPU_ISA_AVX512: return &bt_cpu_ops_avx512;
+    default: return NULL;
+    }
+}
+
+float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int64_t n, const void *w_row, const void *act_row)
+{
+    if (t >= BT_TYPE_COUNT || !ops->dot_rows[t]) return 0.0f;
+    float r;
+    ops->dot_rows[t](n, w_row, act_row, 0, 1, &r, 0);
+    return r;
+}
+
+void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int64_t n, const float *x, void *dst)
+{
+    switch (bt_cpu_act_format(t)) {
+    case BT_ACT_F32: memcpy(dst, x, (size_t)n * sizeof(float)); break;
+    case BT_ACT_Q8_32: ops->quantize_q8_32(n, x, dst); break;
+    case BT_ACT_Q8_256: ops->quantize_q8_256(n, x, dst); break;
+    default: break;
+    }
+}
+
+bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm)
+{
+    if (!mm || !mm->ops) return bt_fail(BT_ERR_INVALID, "matmul: no op table");
+    bt_cpu_act_fmt fmt = bt_cpu_act_format(mm->wtype);
+    if (fmt == BT_ACT_NONE || mm->wtype >= BT_TYPE_COUNT || !mm->ops->dot_rows[mm->wtype])
+        return bt_fail(BT_ERR_UNSUPPORTED, "matmul: weight type %s has no CPU kernel", bt_ggml_type_name(mm->wtype));
+    int be = bt_cpu_block_elems(mm->wtype);
+    if (mm->n_in <= 0 || mm->n_in % be || mm->n_out < 0 || mm->n_rows < 0)
+        return bt_fail(BT_ERR_INVALID, "matmul: bad shape n_in=%lld n_out=%lld n_rows=%lld for %s (block %d)",
+                       (long long)mm->n_in, (long long)mm->n_out, (long long)mm->n_rows,
+                       bt_ggml_type_name(mm->wtype), be);
+    if (mm->out_stride != 0 && mm->out_stride < mm->n_out)
+        return bt_fail(BT_ERR_INVALID, "matmul: out_stride %lld < n_out %lld", (long long)mm->out_stride,
+                       (long long)mm->n_out);
+    if ((mm->n_out && !mm->w) || (mm->n_rows && (!mm->x || !mm->out)) ||
+        (fmt != BT_ACT_F32 && mm->n_rows && !mm->xq))
+        return bt_fail(BT_ERR_INVALID, "matmul: missing buffer");
+    return BT_OK;
+}
+
+void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth)
+{
+    if (bt_cpu_act_format(mm->wtype) == BT_ACT_F32) return;
+    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->n_in);
+    for (int64_t r = ith; r < mm->n_rows; r += nth)
+        bt_cpu_prepare_act_row(mm->ops, mm->wtype, mm->n_in, mm->x + r * mm->n_in, (char *)mm->xq + (size_t)r * ab);
+}
+
+/* Activation rows per cache block: their quantized copies stay in L1/L2 while a thread's weight rows stream. */
+#define ROW_CHUNK 32
+
+void bt_cpu_matmul_compute(const bt_cpu_matmul *mm, int ith, int nth)
+{
+    int64_t lo = mm->n_out * ith / nth, hi = mm->n_out * (ith + 1) / nth;
+    if (lo >= hi || mm->n_rows == 0) return;
+    bt_cpu_dot_rows_fn dot = mm->ops->dot_rows[mm->wtype];
+    size_t wb = bt_cpu_row_bytes(mm->wtype, mm->n_in);
+    size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
+    const char *act = bt_cpu_act_format(mm->wtype) == BT_ACT_F32 ? (const char *)mm->x : (const char *)mm->xq;
+    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->n_in);
+    for (int64_t r0 = 0; r0 < mm->n_rows; r0 += ROW_CHUNK) {
+        int64_t r1 = r0 + ROW_CHUNK < mm->n_rows ? r0 + ROW_CHUNK : mm->n_rows;
+        for (int64_t o = lo; o < hi; o++) {
+            const char *w = (const char *)mm->w + (size_t)o * wb;
+            for (int64_t r = r0; r < r1; r += BT_CPU_MAX_NR) {
+                int nr = (int)(r1 - r < BT_CPU_MAX_NR ? r1 - r : BT_CPU_MAX_NR);
+                dot(mm->n_in, w, act + (size_t)r * ab, ab, nr, mm->out + (size_t)r * os + o, os);
+            }
+        }
+    }
+}
+
+static void matmul_quantize_task(void *ctx, int ith, int nth)
+{
+    bt_cpu_matmul_quantize(ctx, ith, nth);
+}
+
+static void matmul_compute_task(void *ctx, int ith, int nth)
+{
+    bt_cpu_matmul_compute(ctx, ith, nth);
+}
+
+bt_status bt_cpu_matmul_run(bt_pool *pool, const bt_cpu_matmul *mm)
+{
+    bt_status st = bt_cpu_matmul_check(mm);
+    if (st != BT_OK) return st;
+    int nth = pool ? bt_pool_size(pool) : 1;
+    /* a few rows quantize faster on one thread than a pool wake-up costs; the bytes are the same either way */
+    if (nth == 1 || mm->n_rows * mm->n_in < 8192)
+        bt_cpu_matmul_quantize(mm, 0, 1);
+    else
+        bt_pool_run_tasks(pool, matmul_quantize_task, (void *)mm, (int)(mm->n_rows < 4 * nth ? mm->n_rows : 4 * nth));
+    if (nth == 1) {
+        bt_cpu_matmul_compute(mm, 0, 1);
+    } else {
+        /* 4 slices per thread, at least 16 output rows each: a descheduled thread's share is picked up by the
+         * others. The split never changes how an output element is computed. */
+        int64_t tasks = mm->n_out / 16 < 4 * nth ? mm->n_out / 16 : 4 * nth;
+        bt_pool_run_tasks(pool, matmul_compute_task, (void *)mm, tasks < 1 ? 1 : (int)tasks);
+    }
+    return BT_OK;
+}
+
+#define MAX_MULTI 16
+
+typedef struct multi_ctx {
+    const bt_cpu_matmul *mms;
+    int n_mm;
+    int slices[MAX_MULTI]; /* tasks given to each matmul */
+} multi_ctx;
+
+static void multi_compute_task(void *arg, int ith, int nth)
+{
+    const multi_ctx *c = arg;
+    for (int m = 0; m < c->n_mm; m++) {
+        if (ith < c->slices[m]) {
+            bt_cpu_matmul_compute(&c->mms[m], ith, c->slices[m]);
+            return;
+        }
+        ith -= c->slices[m];
+    }
+}
+
+bt_status bt_cpu_matmul_run_multi(bt_pool *pool, const bt_cpu_matmul *mms, int n_mm)
+{
+    if (n_mm < 1 || n_mm > MAX_MULTI) return bt_fail(BT_ERR_INVALID, "matmul: %d matmuls in one run (1..16)", n_mm);
+    for (int m = 0; m < n_mm; m++) {
+        bt_status st = bt_cpu_matmul_check(&mms[m]);
+        if (st != BT_OK) return st;
+        if (mms[m].ops != mms[0].ops || mms[m].wtype != mms[0].wtype || mms[m].n_in != mms[0].n_in ||
+            mms[m].n_rows != mms[0].n_rows || mms[m].x != mms[0].x || mms[m].xq != mms[0].xq)
+            return bt_fail(BT_ERR_INVALID, "matmul: matmul %d of a multi run does not share the activations", m);
+    }
+    const bt_cpu_matmul *mm = &mms[0];
+    int nth = pool ? bt_pool_size(pool) : 1;
+    if (nth == 1 || mm->n_rows * mm->n_in < 8192)
+        bt_cpu_matmul_quantize(mm, 0, 1);
+    else
+        bt_pool_run_tasks(pool, matmul_quantize_task, (void *)mm, (int)(mm->n_rows < 4 * nth ? mm->n_rows : 4 * nth));
+    multi_ctx c = {.mms = mms, .n_mm = n_mm};
+    int total = 0;
+    for (int m = 0; m < n_mm; m++) {
+        int64_t k = mms[m].n_out / 16 < 4 * nth ? mms[m].n_out / 16 : 4 * nth;
+        c.slices[m] = nth == 1 || k < 1 ? 1 : (int)k;
+        total += c.slices[m];
+    }
+    if (nth == 1)
+        for (int t = 0; t < total; t++) multi_compute_task(&c, t, total);
+    else
+        bt_pool_run_tasks(pool, multi_compute_task, &c, total);
+    return BT_OK;
+}

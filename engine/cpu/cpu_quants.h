@@ -1,0 +1,90 @@
+/* GGUF weight block formats, 8-bit activation blocks, and the scalar reference kernels on them.
+ * These references are the oracle every SIMD kernel is tested against; they favour plainness over speed.
+ * Little-endian layouts as stored in GGUF files (fp16 scales kept as raw uint16 bits). Sizes match
+ * bt_ggml_type_get(t)->block_bytes (static-asserted in cpu_quants.c). A row of n elements holds n / QK blocks;
+ * every function here requires n to be a multiple of the type's block size (checked by callers such as
+ * bt_cpu_matmul_check), and none of them can fail. */
+#ifndef BATON_ENGINE_CPU_QUANTS_H
+#define BATON_ENGINE_CPU_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/ggml_type.h"
+
+#define BT_QK 32   /* elements per legacy block (Q4_0..Q8_0) and per Q8_32 activation block */
+#define BT_QK_K 256 /* elements per K-quant super-block and per Q8_256 activation block */
+
+/* w[i] = d * (q[i] - 8); element j in the low nibble of qs[j], element j+16 in the high nibble */
+typedef struct { uint16_t d; uint8_t qs[16]; } bt_block_q4_0;
+/* w[i] = d * q[i] + m; nibble order as Q4_0 */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } bt_block_q4_1;
+/* w[i] = d * (q[i] - 16); low 4 bits as Q4_0, bit 4 of element i is bit i of the little-endian qh word */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } bt_block_q5_0;
+/* w[i] = d * q[i] + m; bits as Q5_0 */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } bt_block_q5_1;
+/* w[i] = d * q[i] */
+typedef struct { uint16_t d; int8_t qs[32]; } bt_block_q8_0;
+/* 8 sub-blocks of 32: w = (d * sc[j]) * q - (dmin * m[j]), 6-bit sc/m packed in scales[12] (see
+ * bt_q4k_scale_min); qs[32*c + l] holds element 64c + l (low nibble) and 64c + 32 + l (high nibble). */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } bt_block_q4_k;
+/* as Q4_K plus a fifth bit: bit j of qh[l] is bit 4 of element 32j + l */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } bt_block_q5_k;
+/* 16 sub-blocks of 16: w = (d * scales[e/16]) * (q - 32), q 6-bit. For half h (128 elements) and l < 32, shift
+ * s < 4: element 128h + 32s + l takes low bits from ql[64h + l + 32(s&1)] (nibble s>>1) and high bits
+ * (qh[32h + l] >> 2s) & 3. */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } bt_block_q6_k;
+
+/* Activations quantized for legacy weight types: x[i] ~= d * qs[i], |qs| <= 127, sum = sum of qs, ds = d * sum
+ * (the factor of a weight block's min; d and ds adjacent so a kernel loads both at once). */
+typedef struct { float d, ds; int32_t sum, reserved; int8_t qs[BT_QK]; } bt_block_q8_32;
+/* Activations quantized for K-quant weight types: bsums[k] = sum of qs[16k .. 16k+15]. */
+typedef struct { float d; int16_t bsums[16]; int8_t qs[BT_QK_K]; } bt_block_q8_256;
+
+/* Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */
+static inline void bt_q4k_scale_min(const uint8_t *scales, int j, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((scales[j + 4] & 0x0f) | ((scales[j - 4] >> 2) & 0x30));
+        *m = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 2) & 0x30));
+    }
+}
+
+/* Activation formats a weight type's dot product consumes. */
+typedef enum bt_cpu_act_fmt {
+    BT_ACT_NONE = -1, /* weight type not supported by these kernels */
+    BT_ACT_F32 = 0,   /* plain floats (F32, F16, BF16 weights) */
+    BT_ACT_Q8_32 = 1, /* bt_block_q8_32 per 32 elements (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) */
+    BT_ACT_Q8_256 = 2, /* bt_block_q8_256 per 256 elements (Q4_K, Q5_K, Q6_K) */
+} bt_cpu_act_fmt;
+
+/* Activation format for weight type t, BT_ACT_NONE if these kernels do not handle t. */
+bt_cpu_act_fmt bt_cpu_act_format(uint32_t t);
+
+/* Elements per weight block of t (1 for float types), 0 when unsupported. */
+int bt_cpu_block_elems(uint32_t t);
+
+/* Bytes of a weight row of n elements of type t; 0 when t is unknown or n is not a multiple of its block. */
+size_t bt_cpu_row_bytes(uint32_t t, int64_t n);
+
+/* Bytes of an activation row of n elements prepared for weight type t (n * 4 for float weight types). */
+size_t bt_cpu_act_row_bytes(uint32_t t, int64_t n);
+
+/* Scalar reference dequantization of one row: y[n] from n elements of type t at x. Bit-identical to gguf-py's
+ * gguf.quants.dequantize. Returns 0, or -1 when t is not one of the supported types. */
+int bt_cpu_dequantize_row_ref(uint32_t t, int64_t n, const void *x, float *y);
+
+/* Scalar reference activation quantizers: d = max|x| / 127, qs = round-half-even(x * (1 / d)). x must be finite
+ * (a NaN or infinity gives unspecified codes, and different ISAs may then disagree). */
+void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y);   /* y[n/32] */
+void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y); /* y[n/256] */
+
+/* Scalar reference dot product of one weight row (n elements of type t) with one activation row in the format
+ * bt_cpu_act_format(t). Per block: an exact integer dot, then float accumulation in block order.
+ * Returns 0 for unsupported types. */
+float bt_cpu_vec_dot_ref(uint32_t t, int64_t n, const void *w_row, const void *act_row);
+
+#endif

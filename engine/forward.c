@@ -1,0 +1,151 @@
+#include "engine/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct bt_forward {
+    const bt_model *m;
+    bt_backend *be;
+    int32_t max_tokens;
+    float *x;       /* [T][n_embd] residual stream */
+    float *h;       /* [T][n_embd] normed input of a sub-layer */
+    float *q;       /* [T][n_head][head_dim] */
+    float *k, *v;   /* [T][n_head_kv][head_dim] */
+    float *att;     /* [T][n_head][head_dim] */
+    float *g, *u;   /* [T][n_ff] */
+    float *tmp;     /* [T][n_embd] sub-layer output */
+    int32_t *slots; /* [T] */
+    const int32_t **tables; /* [T] */
+};
+
+static void *balloc(bt_forward *fw, size_t n)
+{
+    return fw->be->ops->buf_alloc(fw->be, n);
+}
+
+void bt_forward_destroy(bt_forward *fw)
+{
+    if (!fw) return;
+    float *bufs[] = {fw->x, fw->h, fw->q, fw->k, fw->v, fw->att, fw->g, fw->u, fw->tmp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) fw->be->ops->buf_free(fw->be, bufs[i]);
+    free(fw->slots);
+    free(fw->tables);
+    free(fw);
+}
+
+bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, bt_forward **out)
+{
+    if (max_tokens < 1) return bt_fail(BT_ERR_INVALID, "forward: max_tokens must be >= 1");
+    bt_forward *fw = calloc(1, sizeof *fw);
+    if (!fw) return bt_fail(BT_ERR_NOMEM, "out of memory for forward scratch");
+    fw->m = m;
+    fw->be = be;
+    fw->max_tokens = max_tokens;
+    const bt_hparams *hp = &m->hp;
+    size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd;
+    size_t Q = (size_t)hp->n_head * (size_t)hp->head_dim, KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    size_t F = (size_t)hp->n_ff;
+    fw->x = balloc(fw, T * E * 4);
+    fw->h = balloc(fw, T * (E > Q ? E : Q) * 4);
+    fw->q = balloc(fw, T * Q * 4);
+    fw->k = balloc(fw, T * KV * 4);
+    fw->v = balloc(fw, T * KV * 4);
+    fw->att = balloc(fw, T * Q * 4);
+    fw->g = balloc(fw, T * F * 4);
+    fw->u = balloc(fw, T * F * 4);
+    fw->tmp = balloc(fw, T * E * 4);
+    fw->slots = malloc(T * sizeof *fw->slots);
+    fw->tables = malloc(T * sizeof *fw->tables);
+    if (!fw->x || !fw->h || !fw->q || !fw->k || !fw->v || !fw->att || !fw->g || !fw->u || !fw->tmp || !fw->slots ||
+        !fw->tables) {
+        bt_forward_destroy(fw);
+        return bt_fail(BT_ERR_NOMEM, "out of memory for forward scratch of %d tokens", max_tokens);
+    }
+    *out = fw;
+    return BT_OK;
+}
+
+int32_t bt_forward_max_tokens(const bt_forward *fw)
+{
+    return fw->max_tokens;
+}
+
+static bt_status check_batch(const bt_forward *fw, const bt_kv_pool *kv, const bt_batch *b)
+{
+    const bt_hparams *hp = &fw->m->hp;
+    if (b->n_tokens < 1 || b->n_tokens > fw->max_tokens)
+        return bt_fail(BT_ERR_INVALID, "batch of %d tokens (1..%d allowed)", b->n_tokens, fw->max_tokens);
+    if (kv->n_layer != hp->n_layer || kv->n_head_kv != hp->n_head_kv || kv->head_dim != hp->head_dim)
+        return bt_fail(BT_ERR_INVALID, "KV pool layout does not match the model");
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+            return bt_fail(BT_ERR_INVALID, "token id %d out of range (vocabulary %d)", b->tokens[i], hp->n_vocab);
+        if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
+            return bt_fail(BT_ERR_INVALID, "token %d names sequence %d of %d", i, b->seq[i], b->n_seqs);
+        const bt_seq_view *s = &b->seqs[b->seq[i]];
+        int32_t p = b->pos[i];
+        if (p < 0 || p / BT_KV_BLOCK >= s->n_blocks)
+            return bt_fail(BT_ERR_INVALID, "position %d is outside its sequence's %d KV blocks", p, s->n_blocks);
+        for (int32_t j = 0; j <= p / BT_KV_BLOCK; j++)
+            if (s->block_table[j] < 0 || s->block_table[j] >= kv->n_blocks)
+                return bt_fail(BT_ERR_INVALID, "KV block id %d outside the pool (%d blocks)", s->block_table[j],
+                               kv->n_blocks);
+    }
+    for (int32_t i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
+            return bt_fail(BT_ERR_INVALID, "logit row %d outside the batch", b->logit_rows[i]);
+    return BT_OK;
+}
+
+bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits)
+{
+    bt_status st = check_batch(fw, kv, b);
+    if (st) return st;
+    const bt_model *m = fw->m;
+    const bt_hparams *hp = &m->hp;
+    const bt_backend_ops *op = fw->be->ops;
+    bt_backend *be = fw->be;
+    int32_t T = b->n_tokens, E = hp->n_embd;
+
+    for (int32_t i = 0; i < T; i++) {
+        const bt_seq_view *s = &b->seqs[b->seq[i]];
+        fw->slots[i] = s->block_table[b->pos[i] / BT_KV_BLOCK] * BT_KV_BLOCK + b->pos[i] % BT_KV_BLOCK;
+        fw->tables[i] = s->block_table;
+    }
+    op->embed(be, &m->tok_embd, b->tokens, T, fw->x);
+    bt_attn_args aa = {
+        .kv = kv, .n_tokens = T, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+        .scale = 1.0f / sqrtf((float)hp->head_dim), .q = fw->q, .pos = b->pos, .tables = fw->tables, .out = fw->att,
+    };
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const bt_layer *L = &m->layers[l];
+        op->rmsnorm(be, fw->x, L->attn_norm.data, T, E, hp->rms_eps, fw->h);
+        if ((st = op->matmul(be, &L->wq, L->bq.data, fw->h, T, fw->q))) return st;
+        if ((st = op->matmul(be, &L->wk, L->bk.data, fw->h, T, fw->k))) return st;
+        if ((st = op->matmul(be, &L->wv, L->bv.data, fw->h, T, fw->v))) return st;
+        op->rope(be, fw->q, b->pos, T, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
+                 hp->rope_neox);
+        op->rope(be, fw->k, b->pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
+                 hp->rope_neox);
+        op->kv_write(be, kv, l, fw->k, fw->v, T, fw->slots);
+        aa.layer = l;
+        op->attention(be, &aa);
+        if ((st = op->matmul(be, &L->wo, NULL, fw->att, T, fw->tmp))) return st;
+        op->add(be, fw->x, fw->tmp, (int64_t)T * E);
+
+        op->rmsnorm(be, fw->x, L->ffn_norm.data, T, E, hp->rms_eps, fw->h);
+        if ((st = op->matmul(be, &L->w_gate, NULL, fw->h, T, fw->g))) return st;
+        if ((st = op->matmul(be, &L->w_up, NULL, fw->h, T, fw->u))) return st;
+        op->swiglu(be, fw->g, fw->u, (int64_t)T * hp->n_ff, fw->g);
+        if ((st = op->matmul(be, &L->w_down, NULL, fw->g, T, fw->tmp))) return st;
+        op->add(be, fw->x, fw->tmp, (int64_t)T * E);
+    }
+    if (b->n_logits == 0) return BT_OK;
+    /* Only the rows that need logits go through the final norm and the (large) output matrix. */
+    for (int32_t i = 0; i < b->n_logits; i++)
+        memcpy(fw->tmp + (size_t)i * (size_t)E, fw->x + (size_t)b->logit_rows[i] * (size_t)E, (size_t)E * 4);
+    op->rmsnorm(be, fw->tmp, m->output_norm.data, b->n_logits, E, hp->rms_eps, fw->h);
+    return op->matmul(be, &m->output, NULL, fw->h, b->n_logits, logits);
+}

@@ -1,0 +1,44 @@
+/* The llama-family forward pass over one ragged batch (DESIGN 4.3), written once against bt_backend.
+ * A batch concatenates the new tokens of several sequences; each token names its position and its sequence,
+ * each sequence brings its block table, and logits are computed only for the rows asked for. A sequence's logits
+ * are bit-identical whatever else is in the batch and however its prompt was chunked. */
+#ifndef BATON_ENGINE_FORWARD_H
+#define BATON_ENGINE_FORWARD_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+
+typedef struct bt_seq_view {
+    const int32_t *block_table; /* [n_blocks] KV block ids; slot of position p = table[p / 16] * 16 + p % 16 */
+    int32_t n_blocks;
+} bt_seq_view;
+
+typedef struct bt_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;      /* [n_tokens] */
+    const int32_t *pos;         /* [n_tokens] position of each token in its sequence */
+    const int32_t *seq;         /* [n_tokens] index into seqs */
+    const bt_seq_view *seqs;    /* [n_seqs] */
+    int32_t n_seqs;
+    const int32_t *logit_rows;  /* [n_logits] token indices whose logits are wanted */
+    int32_t n_logits;
+} bt_batch;
+
+typedef struct bt_forward bt_forward;
+
+/* Scratch for batches of up to max_tokens tokens. The model and backend must outlive it. BT_ERR_NOMEM. */
+bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, bt_forward **out);
+void bt_forward_destroy(bt_forward *fw);
+int32_t bt_forward_max_tokens(const bt_forward *fw);
+
+/* Runs the batch: writes each token's K/V into kv at its slot, and logits[n_logits][n_vocab] for logit_rows.
+ * Every position before a token's own (in its sequence) must already be in kv or earlier in this batch.
+ * Errors: BT_ERR_INVALID (too many tokens, token id or position out of range, block table too short, block id
+ * outside the pool; nothing is written), BT_ERR_NOMEM, or the backend's error. */
+bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits);
+
+#endif

@@ -1,0 +1,71 @@
+/* A llama-family model loaded from GGUF: hyper-parameters and references to the weight tensors in the mapping.
+ * Immutable after bt_model_load; shared read-only by every thread. Per-request state lives elsewhere. */
+#ifndef BATON_ENGINE_MODEL_H
+#define BATON_ENGINE_MODEL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/gguf.h"
+
+typedef struct bt_hparams {
+    char arch[32];         /* "llama", "mistral", "qwen2" ... */
+    int32_t n_layer;
+    int32_t n_embd;        /* d_model */
+    int32_t n_head;        /* query heads */
+    int32_t n_head_kv;     /* key/value heads (GQA when < n_head) */
+    int32_t head_dim;      /* key_length, else n_embd / n_head */
+    int32_t n_ff;          /* SwiGLU hidden size */
+    int32_t n_vocab;
+    int32_t n_ctx_train;   /* context length the model was trained for */
+    int32_t n_rot;         /* rotated dims per head (rope.dimension_count, default head_dim) */
+    float rope_base;       /* rope.freq_base (default 10000) */
+    float rope_freq_scale; /* 1 / rope.scaling.factor for linear scaling, else 1 */
+    int rope_neox;         /* 1: rotate pairs (i, i + n_rot/2) (qwen2 ...); 0: adjacent pairs (llama GGUF) */
+    float rms_eps;
+    int has_qkv_bias;      /* qwen2-style q/k/v biases */
+} bt_hparams;
+
+/* One tensor of weights: type and shape from the file, data in the mapping. */
+typedef struct bt_weight {
+    uint32_t type;   /* bt_ggml_type */
+    int64_t n_in;    /* ne[0]: row length */
+    int64_t n_out;   /* ne[1]: rows (1 for vectors) */
+    const void *data;
+} bt_weight;
+
+typedef struct bt_layer {
+    bt_weight attn_norm;          /* [n_embd] */
+    bt_weight wq, wk, wv, wo;     /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
+    bt_weight bq, bk, bv;         /* optional biases (data NULL when absent) */
+    bt_weight ffn_norm;           /* [n_embd] */
+    bt_weight w_gate, w_up;       /* [n_ff][n_embd] */
+    bt_weight w_down;             /* [n_embd][n_ff] */
+} bt_layer;
+
+typedef struct bt_model {
+    gguf_file *file;       /* owns the mapping every bt_weight points into */
+    bt_hparams hp;
+    bt_weight tok_embd;    /* [n_vocab][n_embd] */
+    bt_weight output_norm; /* [n_embd] */
+    bt_weight output;      /* [n_vocab][n_embd]; the same data as tok_embd when tied */
+    bt_layer *layers;      /* [n_layer] */
+    char name[128];        /* general.name, else the file's base name */
+    uint64_t fingerprint;  /* hash of the hyper-parameters and tensor table: identifies the model in KV layouts */
+} bt_model;
+
+/* Loads and validates the model at path: architecture in the llama family, every tensor present with the expected
+ * shape and a supported type. Errors: those of gguf_open, BT_ERR_UNSUPPORTED (architecture or weight type, named),
+ * BT_ERR_FORMAT (missing tensor or key, wrong shape, named), BT_ERR_NOMEM. *out only set on success. */
+bt_status bt_model_load(const char *path, bt_model **out);
+
+/* Same from an already opened file; takes ownership of f on success only. */
+bt_status bt_model_from_gguf(gguf_file *f, const char *path, bt_model **out);
+
+/* NULL allowed. */
+void bt_model_free(bt_model *m);
+
+/* Bytes of weights read per decoded token (all matrices and the output matrix): the decode roofline's numerator. */
+uint64_t bt_model_weight_bytes(const bt_model *m);
+
+#endif

@@ -1,0 +1,317 @@
+/* engine/cpu/cpu_quants.c references and the SIMD dot products / activation quantizers of every ISA.
+ * Byte-for-byte agreement of dequantization with gguf-py is in tests/integration/test_dequant_oracle.py. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/cpu/cpu_kernels.h"
+#include "test_cpu_util.h"
+
+static void test_geometry(void)
+{
+    for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+        uint32_t t = cpu_test_types[k];
+        const bt_ggml_type_info *ti = bt_ggml_type_get(t);
+        REQUIRE(ti);
+        CHECK((uint32_t)bt_cpu_block_elems(t) == ti->block_elems);
+        CHECK(bt_cpu_row_bytes(t, 512) == 512 / ti->block_elems * ti->block_bytes);
+        CHECK(bt_cpu_act_format(t) != BT_ACT_NONE);
+    }
+    CHECK(bt_cpu_act_format(BT_TYPE_Q2_K) == BT_ACT_NONE);
+    CHECK(bt_cpu_row_bytes(BT_TYPE_Q4_0, 48) == 0);
+    CHECK(bt_cpu_dequantize_row_ref(BT_TYPE_Q2_K, 256, NULL, NULL) == -1);
+}
+
+/* Hand-built blocks with known values. */
+static void test_dequant_known(void)
+{
+    float y[256];
+    bt_block_q4_1 b41 = {.d = bt_f32_to_fp16(0.5f), .m = bt_f32_to_fp16(-1.0f)};
+    for (int j = 0; j < 16; j++) b41.qs[j] = (uint8_t)(j | (15 - j) << 4);
+    bt_cpu_dequantize_row_ref(BT_TYPE_Q4_1, 32, &b41, y);
+    for (int j = 0; j < 16; j++) {
+        CHECK(y[j] == 0.5f * (float)j - 1.0f);
+        CHECK(y[j + 16] == 0.5f * (float)(15 - j) - 1.0f);
+    }
+    bt_block_q5_0 b50 = {.d = bt_f32_to_fp16(2.0f), .qh = {0x01, 0, 0, 0x80}};
+    memset(b50.qs, 0x00, 16);
+    bt_cpu_dequantize_row_ref(BT_TYPE_Q5_0, 32, &b50, y);
+    CHECK(y[0] == 0.0f && y[1] == -32.0f && y[31] == 0.0f && y[30] == -32.0f);
+    bt_block_q4_k bk = {.d = bt_f32_to_fp16(1.0f), .dmin = bt_f32_to_fp16(1.0f)};
+    /* sub-block 5: sc = low nibble of scales[9] | top bits of scales[1] << 4; m = high nibble of scales[9] | ... */
+    bk.scales[1] = 0xc0 | 3; /* sc1 = 3, top bits of sc5 = 3 */
+    bk.scales[5] = 0x40 | 4; /* m1 = 4, top bits of m5 = 1 */
+    bk.scales[9] = 0x72;     /* sc5 low = 2, m5 low = 7 */
+    uint8_t sc, m;
+    bt_q4k_scale_min(bk.scales, 1, &sc, &m);
+    CHECK(sc == 3 && m == 4);
+    bt_q4k_scale_min(bk.scales, 5, &sc, &m);
+    CHECK(sc == (2 | 3 << 4) && m == (7 | 1 << 4));
+    memset(bk.qs, 0x21, sizeof bk.qs); /* low nibble 1, high nibble 2 */
+    bt_cpu_dequantize_row_ref(BT_TYPE_Q4_K, 256, &bk, y);
+    CHECK(y[32] == 3.0f * 2.0f - 4.0f); /* sub-block 1 = high nibbles of chunk 0 */
+    CHECK(y[160] == 50.0f * 2.0f - 23.0f);
+    bt_block_q6_k b6;
+    memset(&b6, 0, sizeof b6);
+    b6.d = bt_f32_to_fp16(1.0f);
+    for (int k = 0; k < 16; k++) b6.scales[k] = (int8_t)(k - 8);
+    b6.ql[64 + 32 + 5] = 0x90; /* half 1, s = 3 (high nibble of ql[64h + 32 + l]), l = 5 */
+    b6.qh[32 + 5] = 0xc0;      /* s = 3 high bits = 3 */
+    bt_cpu_dequantize_row_ref(BT_TYPE_Q6_K, 256, &b6, y);
+    int e = 128 + 96 + 5;
+    CHECK(y[e] == (float)(e / 16 - 8) * (float)((9 | 3 << 4) - 32));
+    CHECK(y[0] == -8.0f * -32.0f);
+}
+
+static void test_act_quant(void)
+{
+    enum { N = 2048 };
+    float *x = malloc(N * sizeof *x);
+    bt_block_q8_32 *r32 = malloc(N / 32 * sizeof *r32), *s32 = malloc(N / 32 * sizeof *s32);
+    bt_block_q8_256 *r256 = malloc(N / 256 * sizeof *r256), *s256 = malloc(N / 256 * sizeof *s256);
+    REQUIRE(x && r32 && s32 && r256 && s256);
+    uint64_t s = 3;
+    for (int rep = 0; rep < 20; rep++) {
+        test_fill_act(N, x, &s);
+        if (rep == 1) memset(x, 0, 64 * sizeof *x);              /* all-zero blocks */
+        if (rep == 2) for (int i = 0; i < N; i++) x[i] = (float)(i % 255 - 127) * 0.5f; /* exact ties */
+        bt_cpu_quantize_q8_32_ref(N, x, r32);
+        bt_cpu_quantize_q8_256_ref(N, x, r256);
+        int bad = 0;
+        for (int b = 0; b < N / 32; b++) {
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                sum += r32[b].qs[j];
+                float err = fabsf(x[32 * b + j] - r32[b].d * (float)r32[b].qs[j]);
+                if (err > r32[b].d * 0.5001f + 1e-30f) bad++;
+            }
+            if (sum != r32[b].sum || r32[b].ds != r32[b].d * (float)sum) bad++;
+        }
+        for (int b = 0; b < N / 256; b++)
+            for (int k = 0; k < 16; k++) {
+                int sum = 0;
+                for (int j = 0; j < 16; j++) sum += r256[b].qs[16 * k + j];
+                if (sum != r256[b].bsums[k]) bad++;
+            }
+        CHECK_MSG(bad == 0, "reference activation quantization off in %d places", bad);
+        for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            memset(s32, 0xaa, N / 32 * sizeof *s32);
+            memset(s256, 0xaa, N / 256 * sizeof *s256);
+            ops->quantize_q8_32(N, x, s32);
+            ops->quantize_q8_256(N, x, s256);
+            CHECK_MSG(!memcmp(r32, s32, N / 32 * sizeof *s32), "%s q8_32 bytes differ (rep %d)", ops->name, rep);
+            CHECK_MSG(!memcmp(r256, s256, N / 256 * sizeof *s256), "%s q8_256 bytes differ (rep %d)", ops->name, rep);
+        }
+    }
+    free(x), free(r32), free(s32), free(r256), free(s256);
+}
+
+typedef struct dot_case {
+    uint32_t t;
+    int64_t n;
+    void *w;    /* one weight row */
+    float *x;   /* [n] original activations */
+    void *xa;   /* prepared activation row (scalar reference quantizer) */
+    float *wf;  /* [n] dequantized weights */
+    float *xf;  /* [n] dequantized activations (what the integer dot actually sees) */
+} dot_case;
+
+static int make_case(dot_case *c, uint32_t t, int64_t n, uint64_t *s)
+{
+    c->t = t, c->n = n;
+    c->w = malloc(bt_cpu_row_bytes(t, n));
+    c->x = malloc((size_t)n * sizeof(float));
+    c->xa = malloc(bt_cpu_act_row_bytes(t, n));
+    c->wf = malloc((size_t)n * sizeof(float));
+    c->xf = malloc((size_t)n * sizeof(float));
+    if (!c->w || !c->x || !c->xa || !c->wf || !c->xf) return -1;
+    test_fill_row(t, n, c->w, s);
+    test_fill_act(n, c->x, s);
+    bt_cpu_prepare_act_row(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), t, n, c->x, c->xa);
+    bt_cpu_dequantize_row_ref(t, n, c->w, c->wf);
+    switch (bt_cpu_act_format(t)) {
+    case BT_ACT_Q8_32:
+        for (int64_t i = 0; i < n; i++) {
+            const bt_block_q8_32 *b = (const bt_block_q8_32 *)c->xa + i / 32;
+            c->xf[i] = b->d * (float)b->qs[i % 32];
+        }
+        break;
+    case BT_ACT_Q8_256:
+        for (int64_t i = 0; i < n; i++) {
+            const bt_block_q8_256 *b = (const bt_block_q8_256 *)c->xa + i / 256;
+            c->xf[i] = b->d * (float)b->qs[i % 256];
+        }
+        break;
+    default: memcpy(c->xf, c->x, (size_t)n * sizeof(float)); break;
+    }
+    return 0;
+}
+
+static void free_case(dot_case *c)
+{
+    free(c->w), free(c->x), free(c->xa), free(c->wf), free(c->xf);
+}
+
+static int64_t random_n(uint32_t t, uint64_t *s)
+{
+    int be = bt_cpu_block_elems(t);
+    if (be == 1) return 1 + (int64_t)(test_rand_next(s) % 1200);
+    return be * (1 + (int64_t)(test_rand_next(s) % (be == 32 ? 80 : 10)));
+}
+
+/* Scalar reference vs a float64 dot of dequantized weights and the original activations: the difference is
+ * bounded by the activation quantization error, |x - xq| <= d_a / 2 per element, plus float rounding. */
+static void test_ref_vs_dequantized(void)
+{
+    uint64_t s = 17;
+    for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+        uint32_t t = cpu_test_types[k];
+        int bad = 0;
+        for (int rep = 0; rep < 30; rep++) {
+            dot_case c;
+            REQUIRE(make_case(&c, t, random_n(t, &s), &s) == 0);
+            double exact = 0, qerr = 0, mag = 0;
+            for (int64_t i = 0; i < c.n; i++) {
+                exact += (double)c.wf[i] * c.x[i];
+                qerr += fabs((double)c.wf[i]) * fabs((double)c.x[i] - c.xf[i]);
+                mag += fabs((double)c.wf[i] * c.x[i]);
+            }
+            float got = bt_cpu_vec_dot_ref(t, c.n, c.w, c.xa);
+            double tol = qerr * 1.001 + 1e-5 * mag + 1e-30;
+            if (fabs(got - exact) > tol) {
+                if (bad < 3)
+                    fprintf(stderr, "%s n=%lld: ref %.9g, float64 %.9g, tol %.3g\n", bt_ggml_type_name(t),
+                            (long long)c.n, got, exact, tol);
+                bad++;
+            }
+            free_case(&c);
+        }
+        CHECK_MSG(bad == 0, "%s: %d reference dots outside the quantization bound", bt_ggml_type_name(t), bad);
+    }
+}
+
+/* Every ISA vs the scalar reference on random rows: relative to the sum of |terms|, 1e-5 (float accumulation
+ * order differs; the per-block integer dots are exact). */
+static void test_simd_vs_ref(void)
+{
+    uint64_t s = 23;
+    for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+            uint32_t t = cpu_test_types[k];
+            int bad = 0;
+            for (int rep = 0; rep < 60; rep++) {
+                dot_case c;
+                REQUIRE(make_case(&c, t, random_n(t, &s), &s) == 0);
+                double mag = 0;
+                for (int64_t i = 0; i < c.n; i++) mag += fabs((double)c.wf[i] * c.xf[i]);
+                float ref = bt_cpu_vec_dot_ref(t, c.n, c.w, c.xa);
+                float got = bt_cpu_vec_dot(ops, t, c.n, c.w, c.xa);
+                if (fabs((double)got - ref) > 1e-5 * mag + 1e-30) {
+                    if (bad < 3)
+                        fprintf(stderr, "%s %s n=%lld: %.9g vs ref %.9g (mag %.3g)\n", ops->name,
+                                bt_ggml_type_name(t), (long long)c.n, got, ref, mag);
+                    bad++;
+                }
+                free_case(&c);
+            }
+            CHECK_MSG(bad == 0, "%s %s: %d dots differ from the reference", ops->name, bt_ggml_type_name(t), bad);
+        }
+    }
+}
+
+/* With every scale 1 (and activation scale 1) all partial sums are small integers, exact in float in any order:
+ * each ISA must then equal the reference exactly, which checks the integer part of every kernel. */
+static void set_unit_scales(uint32_t t, int64_t n, uint8_t *w)
+{
+    const bt_ggml_type_info *ti = bt_ggml_type_get(t);
+    uint16_t one = 0x3c00;
+    for (int64_t b = 0; b < n / (int64_t)ti->block_elems; b++) {
+        uint8_t *blk = w + b * ti->block_bytes;
+        switch (t) {
+        case BT_TYPE_Q4_1:
+        case BT_TYPE_Q5_1:
+        case BT_TYPE_Q4_K:
+        case BT_TYPE_Q5_K: put16(blk, one), put16(blk + 2, one); break;
+        case BT_TYPE_Q6_K: put16(blk + 208, one); break;
+        default: put16(blk, one); break;
+        }
+    }
+}
+
+static void test_integer_parts_exact(void)
+{
+    uint64_t s = 29;
+    for (size_t k = 3; k < N_CPU_TEST_TYPES; k++) { /* quantized types */
+        uint32_t t = cpu_test_types[k];
+        for (int rep = 0; rep < 20; rep++) {
+            dot_case c;
+            REQUIRE(make_case(&c, t, random_n(t, &s), &s) == 0);
+            set_unit_scales(t, c.n, c.w);
+            /* activation rows with d = 1: integer codes straight from the generator */
+            if (bt_cpu_act_format(t) == BT_ACT_Q8_32) {
+                bt_block_q8_32 *a = c.xa;
+                for (int64_t b = 0; b < c.n / 32; b++) a[b].d = 1.0f, a[b].ds = (float)a[b].sum;
+            } else {
+                bt_block_q8_256 *a = c.xa;
+                for (int64_t b = 0; b < c.n / 256; b++) a[b].d = 1.0f;
+            }
+            float ref = bt_cpu_vec_dot_ref(t, c.n, c.w, c.xa);
+            for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+                if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+                const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+                float got = bt_cpu_vec_dot(ops, t, c.n, c.w, c.xa);
+                CHECK_MSG(got == ref, "%s %s n=%lld: %.1f vs %.1f", ops->name, bt_ggml_type_name(t),
+                          (long long)c.n, got, ref);
+            }
+            free_case(&c);
+        }
+    }
+}
+
+/* dot_rows with nr rows gives each row exactly what nr = 1 gives it (the basis of batch invariance). */
+static void test_dot_rows_invariant(void)
+{
+    uint64_t s = 31;
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+            uint32_t t = cpu_test_types[k];
+            int64_t n = random_n(t, &s);
+            size_t ab = bt_cpu_act_row_bytes(t, n);
+            uint8_t *w = malloc(bt_cpu_row_bytes(t, n)), *xa = malloc(ab * BT_CPU_MAX_NR);
+            float *x = malloc((size_t)n * sizeof *x);
+            REQUIRE(w && xa && x);
+            test_fill_row(t, n, w, &s);
+            for (int r = 0; r < BT_CPU_MAX_NR; r++) {
+                test_fill_act(n, x, &s);
+                bt_cpu_prepare_act_row(ops, t, n, x, xa + r * ab);
+            }
+            for (int nr = 1; nr <= BT_CPU_MAX_NR; nr++) {
+                float outs[2 * BT_CPU_MAX_NR];
+                ops->dot_rows[t](n, w, xa, ab, nr, outs, 2);
+                for (int r = 0; r < nr; r++) {
+                    float one = bt_cpu_vec_dot(ops, t, n, w, xa + r * ab);
+                    CHECK_MSG(bt_f32_bits(one) == bt_f32_bits(outs[2 * r]), "%s %s nr=%d row %d: %.9g vs %.9g",
+                              ops->name, bt_ggml_type_name(t), nr, r, outs[2 * r], one);
+                }
+            }
+            free(w), free(xa), free(x);
+        }
+    }
+}
+
+int main(void)
+{
+    RUN(test_geometry);
+    RUN(test_dequant_known);
+    RUN(test_act_quant);
+    RUN(test_ref_vs_dequantized);
+    RUN(test_simd_vs_ref);
+    RUN(test_integer_parts_exact);
+    RUN(test_dot_rows_invariant);
+    return test_summary();
+}

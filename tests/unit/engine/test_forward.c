@@ -1,0 +1,301 @@
+/* engine/model.c, engine/forward.c, engine/backend_cpu.c, engine/kv_pool.c on tiny random models:
+ * batch invariance (alone vs batched with 7 others, chunks of 1/7/64), ISA agreement, bad input. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/forward.h"
+#include "engine/ggml_type.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+typedef struct env {
+    bt_model *m;
+    bt_backend *be;
+    bt_forward *fw;
+    bt_kv_pool *kv;
+} env;
+
+static int env_open(env *e, const char *path, int threads, int max_tokens)
+{
+    memset(e, 0, sizeof *e);
+    if (bt_model_load(path, &e->m)) return -1;
+    if (bt_backend_cpu_create(threads, &e->be)) return -1;
+    if (bt_forward_create(e->m, e->be, max_tokens, &e->fw)) return -1;
+    size_t per_block = bt_kv_block_stride(&e->m->hp, BT_KV_F16) * (size_t)e->m->hp.n_layer;
+    if (bt_kv_pool_create(&e->m->hp, BT_KV_F16, per_block * 256, NULL, &e->kv)) return -1;
+    return 0;
+}
+
+static void env_close(env *e)
+{
+    bt_kv_pool_destroy(e->kv);
+    bt_forward_destroy(e->fw);
+    bt_backend_destroy(e->be);
+    bt_model_free(e->m);
+}
+
+static const char *tiny_path(const char *name, tiny_model_opts *o)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", test_tmpdir(), name);
+    if (tiny_model_write(path, o) != 0) return NULL;
+    return path;
+}
+
+/* A sequence: tokens, its own blocks, logits of every position. */
+typedef struct seq {
+    int32_t len;
+    int32_t tokens[200];
+    int32_t table[16];
+    int32_t n_blocks;
+    float *logits; /* [len][n_vocab] */
+} seq;
+
+static void seq_make(seq *s, env *e, int32_t len, uint64_t seed)
+{
+    s->len = len;
+    for (int32_t i = 0; i < len; i++) s->tokens[i] = (int32_t)(test_rand_next(&seed) % (uint64_t)e->m->hp.n_vocab);
+    s->n_blocks = (len + BT_KV_BLOCK - 1) / BT_KV_BLOCK;
+    bt_kv_pool_alloc(e->kv, s->n_blocks, s->table);
+    s->logits = calloc((size_t)len * (size_t)e->m->hp.n_vocab, sizeof(float));
+}
+
+static void seq_free(seq *s, env *e)
+{
+    bt_kv_pool_release(e->kv, s->n_blocks, s->table);
+    free(s->logits);
+}
+
+/* Feeds s alone in chunks of `chunk`, logits of every position into s->logits. */
+static int run_alone(env *e, seq *s, int32_t chunk)
+{
+    int32_t V = e->m->hp.n_vocab;
+    bt_seq_view sv = {s->table, s->n_blocks};
+    for (int32_t done = 0; done < s->len; done += chunk) {
+        int32_t n = s->len - done < chunk ? s->len - done : chunk;
+        int32_t pos[256], sq[256], rows[256];
+        for (int32_t i = 0; i < n; i++) {
+            pos[i] = done + i;
+            sq[i] = 0;
+            rows[i] = i;
+        }
+        bt_batch b = {n, s->tokens + done, pos, sq, &sv, 1, rows, n};
+        if (bt_forward_run(e->fw, e->kv, &b, s->logits + (size_t)done * (size_t)V)) return -1;
+    }
+    return 0;
+}
+
+/* Feeds 8 sequences step by step in mixed batches: each step takes up to 5 tokens of each unfinished sequence
+ * (so sequences are at different positions and lengths), in an order that rotates every step. */
+static int run_mixed(env *e, seq *ss, int n)
+{
+    int32_t V = e->m->hp.n_vocab;
+    int32_t done[8] = {0};
+    bt_seq_view sv[8];
+    for (int i = 0; i < n; i++) sv[i] = (bt_seq_view){ss[i].table, ss[i].n_blocks};
+    float *out = malloc(sizeof(float) * 64 * (size_t)V);
+    int rc = 0;
+    for (int step = 0;; step++) {
+        int32_t tok[64], pos[64], sq[64], rows[64], who[64], at[64];
+        int32_t nt = 0;
+        for (int k = 0; k < n; k++) {
+            int i = (k + step) % n;
+            int32_t take = 1 + (i + step) % 5;
+            for (int32_t t = 0; t < take && done[i] < ss[i].len; t++) {
+                tok[nt] = ss[i].tokens[done[i]];
+                pos[nt] = done[i];
+                sq[nt] = i;
+                rows[nt] = nt;
+                who[nt] = i;
+                at[nt] = done[i];
+                done[i]++;
+                nt++;
+            }
+        }
+        if (nt == 0) break;
+        bt_batch b = {nt, tok, pos, sq, sv, n, rows, nt};
+        if (bt_forward_run(e->fw, e->kv, &b, out)) {
+            rc = -1;
+            break;
+        }
+        for (int32_t r = 0; r < nt; r++)
+            memcpy(ss[who[r]].logits + (size_t)at[r] * (size_t)V, out + (size_t)r * (size_t)V, sizeof(float) * (size_t)V);
+    }
+    free(out);
+    return rc;
+}
+
+static void test_batch_invariance(void)
+{
+    tiny_model_opts o = {0};
+    const char *path = tiny_path("inv", &o);
+    REQUIRE(path != NULL);
+    env e;
+    REQUIRE(env_open(&e, path, 2, 64) == 0);
+    int32_t V = e.m->hp.n_vocab;
+    int32_t lens[8] = {100, 37, 5, 64, 1, 90, 17, 33};
+    seq alone[8], mixed[8];
+    for (int i = 0; i < 8; i++) {
+        seq_make(&alone[i], &e, lens[i], 1000 + (uint64_t)i);
+        seq_make(&mixed[i], &e, lens[i], 1000 + (uint64_t)i);
+    }
+    for (int i = 0; i < 8; i++) REQUIRE(run_alone(&e, &alone[i], 64) == 0);
+    REQUIRE(run_mixed(&e, mixed, 8) == 0);
+    for (int i = 0; i < 8; i++)
+        CHECK_MSG(memcmp(alone[i].logits, mixed[i].logits, sizeof(float) * (size_t)lens[i] * (size_t)V) == 0,
+                  "sequence %d: batched logits differ from alone", i);
+    /* chunks of 1, 7 and 64 tokens give the same bits as one 100-token batch */
+    seq ref;
+    seq_make(&ref, &e, 100, 1000);
+    bt_forward_destroy(e.fw);
+    REQUIRE(bt_forward_create(e.m, e.be, 128, &e.fw) == BT_OK);
+    REQUIRE(run_alone(&e, &ref, 100) == 0);
+    int32_t chunks[3] = {1, 7, 64};
+    for (int c = 0; c < 3; c++) {
+        REQUIRE(run_alone(&e, &alone[0], chunks[c]) == 0);
+        CHECK_MSG(memcmp(ref.logits, alone[0].logits, sizeof(float) * 100 * (size_t)V) == 0, "chunk %d differs",
+                  chunks[c]);
+    }
+    /* thread count does not change the bits either */
+    bt_backend *be1;
+    REQUIRE(bt_backend_cpu_create(1, &be1) == BT_OK);
+    bt_forward *fw1;
+    REQUIRE(bt_forward_create(e.m, be1, 64, &fw1) == BT_OK);
+    bt_forward *keep = e.fw;
+    e.fw = fw1;
+    REQUIRE(run_alone(&e, &alone[0], 64) == 0);
+    CHECK(memcmp(ref.logits, alone[0].logits, sizeof(float) * 100 * (size_t)V) == 0);
+    e.fw = keep;
+    bt_forward_destroy(fw1);
+    bt_backend_destroy(be1);
+    seq_free(&ref, &e);
+    for (int i = 0; i < 8; i++) {
+        seq_free(&alone[i], &e);
+        seq_free(&mixed[i], &e);
+    }
+    CHECK(e.kv->n_free == e.kv->n_blocks);
+    env_close(&e);
+}
+
+/* The SIMD paths agree with the scalar reference within quantization-order tolerance, for several weight types. */
+static void test_isa_agreement(void)
+{
+    uint32_t types[] = {BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_0, BT_TYPE_Q5_1, BT_TYPE_Q4_K, BT_TYPE_Q6_K, BT_TYPE_F16};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        tiny_model_opts o = {.matrix_type = types[t], .n_embd = 256, .n_head = 4, .n_ff = 256, .tied = 0};
+        const char *path = tiny_path("isa", &o);
+        REQUIRE(path != NULL);
+        float *res[2] = {0};
+        int32_t V = 0;
+        for (int k = 0; k < 2; k++) {
+            setenv("BATON_CPU_ISA", k == 0 ? "scalar" : "", 1);
+            if (k == 1) unsetenv("BATON_CPU_ISA");
+            env e;
+            REQUIRE(env_open(&e, path, 2, 64) == 0);
+            V = e.m->hp.n_vocab;
+            seq s;
+            seq_make(&s, &e, 40, 7);
+            REQUIRE(run_alone(&e, &s, 64) == 0);
+            res[k] = s.logits;
+            s.logits = NULL;
+            seq_free(&s, &e);
+            env_close(&e);
+        }
+        /* Activations are re-quantized to 8 bits before every matmul, so a last-bit difference in float
+         * accumulation order can flip a rounding and grow through the layers: compare in RMS, not bitwise. */
+        double d2 = 0, v2 = 0;
+        for (size_t i = 0; i < (size_t)40 * (size_t)V; i++) {
+            d2 += ((double)res[0][i] - res[1][i]) * ((double)res[0][i] - res[1][i]);
+            v2 += (double)res[0][i] * res[0][i];
+        }
+        fprintf(stderr, "  %s: simd vs scalar relative RMS difference %.2e\n", bt_ggml_type_name(types[t]), sqrt(d2 / v2));
+        CHECK_MSG(sqrt(d2 / v2) < 3e-2, "%s: simd vs scalar relative RMS difference %g", bt_ggml_type_name(types[t]),
+                  sqrt(d2 / v2));
+        free(res[0]);
+        free(res[1]);
+    }
+}
+
+static void test_bad_batches(void)
+{
+    tiny_model_opts o = {0};
+    const char *path = tiny_path("bad", &o);
+    REQUIRE(path != NULL);
+    env e;
+    REQUIRE(env_open(&e, path, 1, 8) == 0);
+    int32_t table[2] = {0, 1}, bad_table[1] = {100000};
+    bt_seq_view sv = {table, 2}, bsv = {bad_table, 1};
+    int32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, pos[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8}, sq[9] = {0}, rows[1] = {0};
+    float logits[256];
+    bt_batch b = {9, tok, pos, sq, &sv, 1, rows, 1};
+    CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_ERR_INVALID); /* more than max_tokens */
+    b.n_tokens = 1;
+    int32_t big = 256;
+    b.tokens = &big;
+    CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_ERR_INVALID);
+    CHECK(strstr(bt_last_error(), "token id 256") != NULL);
+    b.tokens = tok;
+    int32_t far = 32;
+    b.pos = &far;
+    CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_ERR_INVALID);
+    b.pos = pos;
+    b.seqs = &bsv;
+    CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_ERR_INVALID);
+    CHECK(strstr(bt_last_error(), "outside the pool") != NULL);
+    b.seqs = &sv;
+    int32_t badrow = 3;
+    b.logit_rows = &badrow;
+    CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_ERR_INVALID);
+    b.logit_rows = rows;
+    CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_OK);
+    for (int i = 0; i < 256; i++) CHECK(isfinite(logits[i]));
+    int32_t ids[300];
+    CHECK(bt_kv_pool_alloc(e.kv, e.kv->n_free + 1, ids) == BT_ERR_EXHAUSTED);
+    env_close(&e);
+}
+
+static void test_bad_models(void)
+{
+    bt_model *m = NULL;
+    tiny_model_opts o = {.arch = "gpt2"};
+    const char *path = tiny_path("arch", &o);
+    CHECK(bt_model_load(path, &m) == BT_ERR_UNSUPPORTED && strstr(bt_last_error(), "gpt2"));
+    tiny_model_opts o2 = {.skip_tensor = "blk.1.ffn_up.weight"};
+    path = tiny_path("missing", &o2);
+    CHECK(bt_model_load(path, &m) == BT_ERR_FORMAT && strstr(bt_last_error(), "blk.1.ffn_up.weight"));
+    tiny_model_opts o3 = {.matrix_type = BT_TYPE_Q2_K, .n_embd = 256, .n_ff = 256};
+    path = tiny_path("q2k", &o3);
+    CHECK(bt_model_load(path, &m) == BT_ERR_UNSUPPORTED && strstr(bt_last_error(), "Q2_K"));
+    CHECK(bt_model_load("/nonexistent.gguf", &m) == BT_ERR_IO);
+    CHECK(m == NULL);
+}
+
+static void test_default_model_loads(void)
+{
+    const char *path = test_default_model();
+    if (!path) {
+        fprintf(stderr, "skip: default model not cached\n");
+        return;
+    }
+    bt_model *m;
+    REQUIRE(bt_model_load(path, &m) == BT_OK);
+    CHECK(m->hp.n_layer == 30 && m->hp.n_embd == 576 && m->hp.n_head == 9 && m->hp.n_head_kv == 3);
+    CHECK(m->hp.head_dim == 64 && m->hp.n_vocab == 49152 && m->hp.n_ff == 1536);
+    CHECK(m->output.data == m->tok_embd.data); /* tied */
+    CHECK(bt_kv_block_stride(&m->hp, BT_KV_F16) == 12288); /* DESIGN 5.1 */
+    bt_model_free(m);
+}
+
+int main(void)
+{
+    RUN(test_batch_invariance);
+    RUN(test_isa_agreement);
+    RUN(test_bad_batches);
+    RUN(test_bad_models);
+    RUN(test_default_model_loads);
+    return test_summary();
+}

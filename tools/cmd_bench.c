@@ -1,0 +1,203 @@
+/* `baton bench`: engine throughput on one sequence: prefill tok/s at 128 and 512 prompt tokens, decode tok/s at
+ * batch 1, the machine's memory read bandwidth, and the decode roofline (weight bytes per token / bandwidth).
+ * Each figure is the median of --reps runs. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/paths.h"
+#include "engine/cpu/cpu_pool.h"
+#include "engine/sampler.h"
+#include "tools/commands.h"
+#include "tools/seq_runner.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct bw_job {
+    const uint64_t *buf;
+    size_t n;          /* uint64 words */
+    uint64_t sums[256];
+} bw_job;
+
+static void bw_worker(void *ctx, int ith, int nth)
+{
+    bw_job *j = ctx;
+    size_t lo = j->n * (size_t)ith / (size_t)nth, hi = j->n * (size_t)(ith + 1) / (size_t)nth;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = lo; i + 4 <= hi; i += 4) {
+        s0 += j->buf[i];
+        s1 += j->buf[i + 1];
+        s2 += j->buf[i + 2];
+        s3 += j->buf[i + 3];
+    }
+    j->sums[ith] = s0 + s1 + s2 + s3;
+}
+
+/* Median read bandwidth in bytes/s over a 512 MiB buffer with n_threads threads. */
+static double measure_bandwidth(int n_threads, int reps)
+{
+    size_t bytes = (size_t)512 << 20;
+    uint64_t *buf = malloc(bytes);
+    bt_pool *pool;
+    if (!buf || bt_pool_create(n_threads, &pool)) {
+        free(buf);
+        return 0;
+    }
+    memset(buf, 1, bytes);
+    bw_job j = {.buf = buf, .n = bytes / 8};
+    double t[16];
+    if (reps > 16) reps = 16;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        bt_pool_run(pool, bw_worker, &j);
+        t[r] = bytes / (now_s() - t0);
+    }
+    bt_pool_destroy(pool);
+    free(buf);
+    return median(t, reps);
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *model_path = NULL, *json = NULL;
+    long threads = 0, reps = 5, decode_n = 128;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: baton bench [--model PATH] [--threads N] [--reps N] [--decode-tokens N] [--json FILE]\n"
+                   "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
+                   "decode roofline; every figure is the median of --reps runs (default 5).\n");
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "baton bench: unknown option or missing value: '%s'\n", a);
+            return 2;
+        }
+        i++;
+        char *end;
+        errno = 0;
+        if (!strcmp(a, "--model")) model_path = v;
+        else if (!strcmp(a, "--json")) json = v;
+        else if (!strcmp(a, "--threads")) threads = strtol(v, &end, 10);
+        else if (!strcmp(a, "--reps")) reps = strtol(v, &end, 10);
+        else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
+        else {
+            fprintf(stderr, "baton bench: unknown option '%s'\n", a);
+            return 2;
+        }
+        if (threads < 0 || threads > 256 || reps < 1 || reps > 100 || decode_n < 1 || decode_n > 4096) {
+            fprintf(stderr, "baton bench: value out of range for %s\n", a);
+            return 2;
+        }
+    }
+    char def[4096];
+    if (!model_path) {
+        if (bt_default_model_path(def, sizeof def)) {
+            fprintf(stderr, "baton bench: %s\n", bt_last_error());
+            return 1;
+        }
+        model_path = def;
+    }
+    bt_model *m;
+    if (bt_model_load(model_path, &m)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        return 1;
+    }
+    seq_runner r;
+    int32_t ctx = 512 + (int32_t)decode_n + 16;
+    if (seq_runner_init(&r, m, (int)threads, ctx, 512, BT_KV_F16)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        bt_model_free(m);
+        return 1;
+    }
+    int nth = bt_backend_cpu_threads(r.be);
+    fprintf(stderr, "baton bench: %s, %s kernels, %d threads, %ld reps\n", m->name, bt_backend_cpu_isa(r.be), nth, reps);
+    int32_t *toks = malloc(sizeof(int32_t) * 512);
+    uint64_t seed = 12345;
+    for (int i = 0; i < 512; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)((seed >> 33) % (uint64_t)m->hp.n_vocab);
+    }
+    double pre128[100], pre512[100], dec[100];
+    bt_sampling sp = bt_sampling_default();
+    float *scratch = malloc(sizeof(float) * 2 * (size_t)m->hp.n_vocab);
+    int rc = 0;
+    for (long k = 0; k < reps && !rc; k++) {
+        int lens[2] = {128, 512};
+        for (int p = 0; p < 2; p++) {
+            seq_runner_reset(&r);
+            double t0 = now_s();
+            if (seq_runner_feed(&r, toks, lens[p], 0)) rc = 1;
+            double dt = now_s() - t0;
+            (p == 0 ? pre128 : pre512)[k] = lens[p] / dt;
+        }
+        /* decode after a 128-token prompt */
+        seq_runner_reset(&r);
+        if (seq_runner_feed(&r, toks, 128, 0)) rc = 1;
+        double t0 = now_s();
+        for (long i = 0; i < decode_n && !rc; i++) {
+            int32_t id = bt_sample(&sp, r.logits, m->hp.n_vocab, r.n_past, scratch, NULL);
+            if (seq_runner_feed(&r, &id, 1, 0)) rc = 1;
+        }
+        dec[k] = decode_n / (now_s() - t0);
+        fprintf(stderr, "  rep %ld: prefill128 %.1f tok/s, prefill512 %.1f tok/s, decode %.1f tok/s\n", k + 1,
+                pre128[k], pre512[k], dec[k]);
+    }
+    if (rc) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+    } else {
+        double bw1 = measure_bandwidth(1, 5), bwn = nth > 1 ? measure_bandwidth(nth, 5) : bw1;
+        double wbytes = (double)bt_model_weight_bytes(m);
+        double p128 = median(pre128, (int)reps), p512 = median(pre512, (int)reps), d = median(dec, (int)reps);
+        double roof = bwn / wbytes; /* tokens/s if decode only streamed the weights once per token */
+        printf("model               %s\n", m->name);
+        printf("kernels             %s, %d threads\n", bt_backend_cpu_isa(r.be), nth);
+        printf("prefill 128 tokens  %8.1f tok/s   (median of %ld)\n", p128, reps);
+        printf("prefill 512 tokens  %8.1f tok/s\n", p512);
+        printf("decode batch 1      %8.1f tok/s   (%.2f ms/token, %ld tokens after a 128-token prompt)\n", d,
+               1000.0 / d, decode_n);
+        printf("memory bandwidth    %8.1f GB/s on 1 thread, %.1f GB/s on %d\n", bw1 / 1e9, bwn / 1e9, nth);
+        printf("weights per token   %8.1f MB\n", wbytes / 1e6);
+        printf("decode roofline     %8.1f tok/s   (achieved %.0f%%)\n", roof, 100.0 * d / roof);
+        if (json) {
+            FILE *f = fopen(json, "w");
+            if (!f) {
+                fprintf(stderr, "baton bench: cannot write %s: %s\n", json, strerror(errno));
+                rc = 1;
+            } else {
+                fprintf(f,
+                        "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"reps\": %ld, "
+                        "\"prefill128_tok_s\": %.2f, \"prefill512_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
+                        "\"bandwidth_1t_gb_s\": %.2f, \"bandwidth_gb_s\": %.2f, \"weight_bytes_per_token\": %.0f, "
+                        "\"decode_roofline_tok_s\": %.2f, \"decode_roofline_fraction\": %.4f}\n",
+                        m->name, bt_backend_cpu_isa(r.be), nth, reps, p128, p512, d, bw1 / 1e9, bwn / 1e9, wbytes,
+                        roof, d / roof);
+                fclose(f);
+            }
+        }
+    }
+    free(scratch);
+    free(toks);
+    seq_runner_free(&r);
+    bt_model_free(m);
+    return rc;
+}

@@ -1,0 +1,333 @@
+/* `baton generate`: run one prompt through the engine and stream the text as it is produced.
+ * `baton logits`: teacher-forced logits of a token id list, for oracle tests. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/paths.h"
+#include "engine/chat_template.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "tools/commands.h"
+#include "tools/seq_runner.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void generate_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: baton generate [--model PATH] (--prompt TEXT | --chat TEXT) [options]\n"
+            "  --model PATH          GGUF model (default: the cached default model, see `baton model fetch`)\n"
+            "  --prompt TEXT         raw prompt, tokenized as is\n"
+            "  --chat TEXT           a user message, rendered with the model's chat template\n"
+            "  --system TEXT         system message for --chat\n"
+            "  --chat-template NAME  override the template family (chatml, llama3, mistral, gemma, zephyr)\n"
+            "  --max-tokens N        tokens to generate (default 128)\n"
+            "  --temperature T       0 = greedy (default 0)\n"
+            "  --top-k K             (default 0 = off)\n"
+            "  --top-p P             (default 1 = off)\n"
+            "  --min-p P             (default 0 = off)\n"
+            "  --seed S              sampling seed (default 0)\n"
+            "  --threads N           compute threads (default: all CPUs)\n"
+            "  --ctx N               context length (default: the model's, at most 8192)\n"
+            "  --ids                 print token ids instead of text\n"
+            "  --quiet               no statistics on stderr\n");
+}
+
+/* Parses a number with range checks; prints an error naming the flag. */
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "baton: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float lo, float hi, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "baton: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+typedef struct gen_opts {
+    const char *model, *prompt, *chat, *system, *tmpl;
+    long max_tokens, threads, ctx;
+    bt_sampling sp;
+    int ids, quiet;
+} gen_opts;
+
+static int parse_gen(int argc, char **argv, gen_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 128;
+    o->sp = bt_sampling_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            generate_usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--ids")) { o->ids = 1; continue; }
+        if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+        if (!v) {
+            fprintf(stderr, "baton generate: unknown option or missing value: '%s'\n", a);
+            return -1;
+        }
+        i++;
+        if (!strcmp(a, "--model")) o->model = v;
+        else if (!strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "--chat")) o->chat = v;
+        else if (!strcmp(a, "--system")) o->system = v;
+        else if (!strcmp(a, "--chat-template")) o->tmpl = v;
+        else if (!strcmp(a, "--max-tokens")) { if (parse_long(a, v, 0, 1 << 20, &o->max_tokens)) return -1; }
+        else if (!strcmp(a, "--threads")) { if (parse_long(a, v, 0, 256, &o->threads)) return -1; }
+        else if (!strcmp(a, "--ctx")) { if (parse_long(a, v, 16, 1 << 20, &o->ctx)) return -1; }
+        else if (!strcmp(a, "--top-k")) { if (parse_long(a, v, 0, INT32_MAX, &n)) return -1; o->sp.top_k = (int32_t)n; }
+        else if (!strcmp(a, "--seed")) { if (parse_long(a, v, 0, LONG_MAX, &n)) return -1; o->sp.seed = (uint64_t)n; }
+        else if (!strcmp(a, "--temperature")) { if (parse_float(a, v, 0, 100, &o->sp.temperature)) return -1; }
+        else if (!strcmp(a, "--top-p")) { if (parse_float(a, v, 0, 1, &o->sp.top_p)) return -1; }
+        else if (!strcmp(a, "--min-p")) { if (parse_float(a, v, 0, 1, &o->sp.min_p)) return -1; }
+        else {
+            fprintf(stderr, "baton generate: unknown option '%s'\n", a);
+            return -1;
+        }
+    }
+    if (!o->prompt == !o->chat) {
+        fprintf(stderr, "baton generate: give exactly one of --prompt or --chat\n");
+        return -1;
+    }
+    if (bt_sampling_check(&o->sp)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* Resolves --model (or the default), loads it, and prints one clear line on failure. */
+static bt_model *load_model_or_report(const char *cmd, const char *path)
+{
+    char def[4096];
+    if (!path) {
+        if (bt_default_model_path(def, sizeof def)) {
+            fprintf(stderr, "baton %s: %s\n", cmd, bt_last_error());
+            return NULL;
+        }
+        path = def;
+    }
+    bt_model *m;
+    if (bt_model_load(path, &m)) {
+        fprintf(stderr, "baton %s: %s\n", cmd, bt_last_error());
+        if (path == def) fprintf(stderr, "baton %s: fetch the default model with `baton model fetch`\n", cmd);
+        return NULL;
+    }
+    return m;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    gen_opts o;
+    int pr = parse_gen(argc, argv, &o);
+    if (pr) return pr > 0 ? 0 : 2;
+    bt_model *m = load_model_or_report("generate", o.model);
+    if (!m) return 1;
+    int rc = 1;
+    tok_tokenizer *tok = NULL;
+    chat_tmpl tmpl;
+    int have_tmpl = 0;
+    char *text = NULL;
+    size_t text_len = 0;
+    tok_ids ids = {0};
+    seq_runner r = {0};
+    tok_stream ts;
+    tok_stream_init(&ts, NULL, 0);
+    float *scratch = NULL;
+
+    if (tok_create(m->file, &tok)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        goto out;
+    }
+    if (o.chat) {
+        if (chat_tmpl_init_gguf(&tmpl, m->file, o.tmpl)) {
+            fprintf(stderr, "baton generate: %s\n", bt_last_error());
+            goto out;
+        }
+        have_tmpl = 1;
+        chat_msg msgs[2];
+        size_t n = 0;
+        if (o.system) msgs[n++] = (chat_msg){"system", o.system, strlen(o.system)};
+        msgs[n++] = (chat_msg){"user", o.chat, strlen(o.chat)};
+        if (chat_tmpl_render(&tmpl, msgs, n, 1, &text, &text_len)) {
+            fprintf(stderr, "baton generate: %s\n", bt_last_error());
+            goto out;
+        }
+    } else {
+        text_len = strlen(o.prompt);
+        text = malloc(text_len + 1);
+        if (!text) goto out;
+        memcpy(text, o.prompt, text_len + 1);
+    }
+    /* Chat renderings already carry their special tokens as text; raw prompts get BOS per the file's rule. */
+    if (tok_encode(tok, text, text_len, TOK_PARSE_SPECIAL | (o.chat ? 0u : TOK_ADD_SPECIAL), &ids)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        goto out;
+    }
+    if (ids.n == 0) {
+        fprintf(stderr, "baton generate: the prompt is empty\n");
+        goto out;
+    }
+    long ctx = o.ctx ? o.ctx : (m->hp.n_ctx_train < 8192 ? m->hp.n_ctx_train : 8192);
+    if ((long)ids.n + o.max_tokens > ctx) {
+        fprintf(stderr,
+                "baton generate: prompt of %zu tokens + max_tokens %ld exceeds the context of %ld tokens "
+                "(shorten the prompt, lower --max-tokens or raise --ctx)\n",
+                ids.n, o.max_tokens, ctx);
+        goto out;
+    }
+    if (seq_runner_init(&r, m, (int)o.threads, (int32_t)ctx, 256, BT_KV_F16)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        goto out;
+    }
+    scratch = malloc(2 * (size_t)m->hp.n_vocab * sizeof *scratch);
+    if (!scratch) goto out;
+    tok_stream_init(&ts, tok, TOK_SKIP_SPECIAL);
+
+    double t0 = now_s();
+    if (seq_runner_feed(&r, ids.ids, (int32_t)ids.n, 0)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        goto out;
+    }
+    double t1 = now_s();
+    long produced = 0;
+    const char *finish = "length";
+    for (long i = 0; i < o.max_tokens; i++) {
+        int32_t id = bt_sample(&o.sp, r.logits, m->hp.n_vocab, r.n_past, scratch, NULL);
+        produced++;
+        if (tok_is_eog(tok, id)) {
+            finish = "stop";
+            break;
+        }
+        if (o.ids) {
+            printf("%s%d", i ? " " : "", id);
+        } else {
+            const char *piece;
+            size_t len;
+            if (tok_stream_push(&ts, id, &piece, &len) == BT_OK && len) fwrite(piece, 1, len, stdout);
+        }
+        fflush(stdout);
+        if (i + 1 == o.max_tokens) break;
+        if (seq_runner_feed(&r, &id, 1, 0)) {
+            fprintf(stderr, "\nbaton generate: %s\n", bt_last_error());
+            goto out;
+        }
+    }
+    if (!o.ids) {
+        const char *piece;
+        size_t len;
+        tok_stream_flush(&ts, &piece, &len);
+        if (len) fwrite(piece, 1, len, stdout);
+    }
+    putchar('\n');
+    fflush(stdout);
+    double t2 = now_s();
+    if (!o.quiet)
+        fprintf(stderr,
+                "[%s | %s, %d threads] prompt %zu tokens in %.3f s (%.1f tok/s); generated %ld tokens in %.3f s "
+                "(%.1f tok/s); finish: %s\n",
+                m->name, bt_backend_cpu_isa(r.be), bt_backend_cpu_threads(r.be), ids.n, t1 - t0,
+                ids.n / (t1 - t0), produced, t2 - t1, produced > 0 ? produced / (t2 - t1) : 0.0, finish);
+    rc = 0;
+out:
+    tok_stream_free(&ts);
+    free(scratch);
+    seq_runner_free(&r);
+    tok_ids_free(&ids);
+    free(text);
+    if (have_tmpl) chat_tmpl_free(&tmpl);
+    tok_free(tok);
+    bt_model_free(m);
+    return rc;
+}
+
+/* baton logits [--model PATH] [--chunk N] --out FILE ID...: writes float32 [n][n_vocab] logits of every
+ * position (teacher forcing), feeding the ids in chunks of N. */
+int cmd_logits(int argc, char **argv)
+{
+    const char *model = NULL, *out = NULL;
+    long chunk = 64, threads = 0;
+    int32_t *ids = calloc((size_t)argc, sizeof *ids);
+    int n = 0;
+    if (!ids) return 1;
+    for (int i = 1; i < argc; i++) {
+        long v;
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
+            if (parse_long("--chunk", argv[++i], 1, 4096, &chunk)) goto usage;
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (parse_long("--threads", argv[++i], 0, 256, &threads)) goto usage;
+        } else if (parse_long("token id", argv[i], 0, INT32_MAX, &v) == 0) ids[n++] = (int32_t)v;
+        else goto usage;
+    }
+    if (!out || n == 0) goto usage;
+    bt_model *m = load_model_or_report("logits", model);
+    if (!m) {
+        free(ids);
+        return 1;
+    }
+    int rc = 1;
+    seq_runner r;
+    FILE *f = NULL;
+    if (seq_runner_init(&r, m, (int)threads, n, (int32_t)chunk, BT_KV_F16)) {
+        fprintf(stderr, "baton logits: %s\n", bt_last_error());
+        goto done;
+    }
+    f = fopen(out, "wb");
+    if (!f) {
+        fprintf(stderr, "baton logits: cannot create %s: %s\n", out, strerror(errno));
+        goto done_r;
+    }
+    for (int done = 0; done < n;) {
+        int32_t k = n - done < chunk ? n - done : (int32_t)chunk;
+        if (seq_runner_feed(&r, ids + done, k, 1)) {
+            fprintf(stderr, "baton logits: %s\n", bt_last_error());
+            goto done_r;
+        }
+        fwrite(r.logits, sizeof(float), (size_t)k * (size_t)m->hp.n_vocab, f);
+        done += k;
+    }
+    rc = fclose(f) == 0 ? 0 : 1;
+    f = NULL;
+done_r:
+    if (f) fclose(f);
+    seq_runner_free(&r);
+done:
+    bt_model_free(m);
+    free(ids);
+    return rc;
+usage:
+    fprintf(stderr, "usage: baton logits [--model PATH] [--chunk N] [--threads N] --out FILE ID...\n");
+    free(ids);
+    return 2;
+}
