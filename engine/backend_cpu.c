@@ -13,6 +13,7 @@
 typedef struct cpu_ctx {
     const bt_cpu_ops *ops;
     bt_pool *pool;
+    int act_bits;    /* activation precision of quantized matmuls: 16 (default, near-exact) or 8 (faster) */
     void *xq;        /* activation quantization scratch */
     size_t xq_bytes;
     struct attn_task *attn_tasks;
@@ -69,7 +70,7 @@ static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bia
                             float *out)
 {
     cpu_ctx *c = C(be);
-    size_t need = bt_cpu_act_row_bytes(w->type, w->n_in) * (size_t)n_rows;
+    size_t need = bt_cpu_act_row_bytes(w->type, c->act_bits, w->n_in) * (size_t)n_rows;
     if (need > c->xq_bytes) {
         void *p = realloc(c->xq, need);
         if (!p) return bt_fail(BT_ERR_NOMEM, "out of memory for matmul scratch (%zu bytes)", need);
@@ -78,7 +79,7 @@ static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bia
     }
     bt_cpu_matmul mm = {
         .ops = c->ops, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out, .n_rows = n_rows,
-        .w = w->data, .x = x, .xq = c->xq, .out = out, .out_stride = 0,
+        .w = w->data, .x = x, .xq = c->xq, .out = out, .out_stride = 0, .act_bits = c->act_bits,
     };
     bt_status st = bt_cpu_matmul_run(c->pool, &mm);
     if (st) return st;
@@ -296,6 +297,17 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
         return bt_fail(BT_ERR_NOMEM, "out of memory creating the cpu backend");
     }
     c->ops = bt_cpu_ops_get(isa);
+    /* BATON_ACT_BITS=8 trades accuracy for speed: 8-bit activations flip near-tied greedy tokens on small models */
+    const char *ab = getenv("BATON_ACT_BITS");
+    c->act_bits = 16;
+    if (ab && *ab) {
+        if (strcmp(ab, "8") && strcmp(ab, "16")) {
+            free(be);
+            free(c);
+            return bt_fail(BT_ERR_INVALID, "BATON_ACT_BITS must be 8 or 16, not '%s'", ab);
+        }
+        c->act_bits = atoi(ab);
+    }
     if ((st = bt_pool_create(n_threads, &c->pool))) {
         free(be);
         free(c);
@@ -305,6 +317,11 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
     be->ctx = c;
     *out = be;
     return BT_OK;
+}
+
+int bt_backend_cpu_act_bits(const bt_backend *be)
+{
+    return ((const cpu_ctx *)be->ctx)->act_bits;
 }
 
 const char *bt_backend_cpu_isa(const bt_backend *be)

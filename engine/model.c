@@ -47,7 +47,7 @@ static bt_status weight(const gguf_file *f, const char *name, int64_t n_in, int6
     if (t->ne[0] != (uint64_t)n_in || rows != want_rows)
         return bt_fail(BT_ERR_FORMAT, "model tensor '%s' has shape %llu x %llu, expected %lld x %lld", name,
                        (unsigned long long)t->ne[0], (unsigned long long)rows, (long long)n_in, (long long)n_out);
-    if (bt_cpu_act_format(t->type) == BT_ACT_NONE)
+    if (bt_cpu_act_format(t->type, 16) == BT_ACT_NONE)
         return bt_fail(BT_ERR_UNSUPPORTED, "model tensor '%s' has weight type %s, which baton does not support", name,
                        bt_ggml_type_name(t->type));
     w->type = t->type;

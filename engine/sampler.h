@@ -13,7 +13,23 @@
  *  - bt_sampler_seq: per-sequence state (a copy of the parameters, the prompt's token set, counts of generated
  *    tokens) updated with each accepted token, for penalties, stop ids, max_tokens and n > 1. Per step it costs
  *    O(distinct tokens seen) on top of the vocabulary passes, never O(history).
- * Thread-safety: pure functions; a bt_sampler_seq is owned by one thread at a time; scratch is per caller. */
+ *
+ * How callers use it:
+ *  - HTTP / gRPC layer: fill a bt_sampling from the request (bt_sampling_default() first, then the fields given;
+ *    OpenAI's logit_bias object becomes (id, bias) pairs, chat "logprobs"/"top_logprobs" map 1:1, completions'
+ *    integer "logprobs" = logprobs true + top_logprobs), reject with bt_sampling_check() (400 / INVALID_ARGUMENT,
+ *    bt_last_error() names the field). Without a client seed, pick a random one per request and keep it.
+ *  - Scheduler: on admission create sample 0 with bt_sampler_seq_create(sp, n_vocab, prompt, eos) (this also
+ *    checks token ids against the vocabulary), fork samples 1..n-1 with bt_sampler_seq_fork. Each step, for each
+ *    sequence with a logits row: id = bt_sampler_sample(seq, row, position, scratch, &out), where position is the
+ *    sampled token's position in its sequence (prompt length + tokens generated so far), then
+ *    bt_sampler_seq_accept(seq, id, &finish) and finish the sequence when finish != BT_FINISH_NONE. One scratch
+ *    buffer of 2 * n_vocab floats per sampling thread serves every sequence. Preemption needs nothing: the state
+ *    lives with the request. Speculative decoding: bt_sampler_probs for each draft position, accept the drafts
+ *    tentatively, bt_sampler_seq_rollback the rejected ones.
+ * Thread-safety: pure functions; a bt_sampler_seq is owned by one thread at a time; scratch is per caller.
+ * Cost: greedy is one argmax pass; truncated sampling never sorts the vocabulary (top-k: a size-k heap; top-p: a
+ * weighted quickselect over the candidates that can matter, or a mass histogram when there are many). */
 #ifndef BATON_ENGINE_SAMPLER_H
 #define BATON_ENGINE_SAMPLER_H
 
@@ -34,7 +50,7 @@ typedef struct bt_logit_bias {
 } bt_logit_bias;
 
 typedef struct bt_sampling {
-    float temperature; /* 0 = greedy (argmax of the biased/penalised logits, lowest id on ties) */
+    float temperature; /* < 1e-5 (or top_k 1) = greedy: argmax of the biased/penalised logits, lowest id on ties */
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off */
     float min_p;       /* 0 = off; keeps tokens with p >= min_p * p_max (after temperature) */
@@ -142,10 +158,9 @@ int32_t bt_sampler_seq_remaining(const bt_sampler_seq *s);
 int32_t bt_sampler_sample(const bt_sampler_seq *s, const float *logits, int64_t position, float *scratch,
                           bt_sample_out *out);
 
-/* The distribution bt_sampler_sample draws from: probs[n_vocab] (zeros outside the kept set, one-hot for greedy),
- * for speculative decoding's rejection rule and for tests. s may be NULL (bt_sample's semantics, with sp).
+/* The distribution bt_sampler_sample draws from for logits[n_vocab of s], written to probs[n_vocab] (zeros outside
+ * the kept set, one-hot for greedy): for speculative decoding's rejection rule and for tests.
  * scratch: 2 * n_vocab floats. Can't fail. */
-void bt_sampler_probs(const bt_sampling *sp, const bt_sampler_seq *s, const float *logits, int32_t n_vocab,
-                      float *scratch, float *probs);
+void bt_sampler_probs(const bt_sampler_seq *s, const float *logits, float *scratch, float *probs);
 
 #endif

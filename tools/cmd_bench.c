@@ -10,6 +10,7 @@
 #include "common/paths.h"
 #include "engine/cpu/cpu_pool.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "tools/commands.h"
 #include "tools/seq_runner.h"
 
@@ -76,16 +77,83 @@ static double measure_bandwidth(int n_threads, int reps)
     return median(t, reps);
 }
 
+typedef struct conc_track {
+    int64_t generated;
+    int32_t first_seen;
+    double last_first_token; /* when the last request got its first token */
+} conc_track;
+
+static void conc_emit(void *user, const bt_sched_event *ev)
+{
+    conc_track *t = user;
+    if (ev->token < 0) return;
+    t->generated++;
+    if (ev->index == 0) {
+        t->first_seen++;
+        t->last_first_token = now_s();
+    }
+}
+
+/* Offline continuous batching: n requests of 128 random prompt tokens and `gen` output tokens each, submitted at
+ * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
+static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int gen, const int32_t *toks, double *prefill,
+                             double *decode, double *kv_util)
+{
+    bt_sched_config cfg = {0};
+    cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer *
+                 (size_t)(n * ((128 + gen) / BT_KV_BLOCK + 2));
+    cfg.max_batch_tokens = 512;
+    cfg.disable_prefix_cache = 1; /* distinct work per request, as distinct prompts would be */
+    bt_sched *s;
+    if (bt_sched_create(m, be, &cfg, &s)) return -1;
+    conc_track t = {0};
+    bt_req_params p = bt_req_params_default();
+    p.max_tokens = gen;
+    p.ignore_eos = 1;
+    int32_t prompt[128];
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 128; k++) prompt[k] = toks[(k * 7 + i * 13) % 512];
+        if (bt_sched_submit(s, prompt, 128, &p, conc_emit, &t, NULL)) {
+            bt_sched_destroy(s);
+            return -1;
+        }
+    }
+    double t0 = now_s();
+    double util_sum = 0;
+    int util_n = 0;
+    while (!bt_sched_idle(s)) {
+        if (bt_sched_step(s) < 0) {
+            bt_sched_destroy(s);
+            return -1;
+        }
+        bt_sched_stats st;
+        bt_sched_get_stats(s, &st);
+        if (st.kv_blocks_used > 0) { /* tokens held / slots of the blocks holding them */
+            util_sum += (double)st.kv_tokens_used / ((double)st.kv_blocks_used * BT_KV_BLOCK);
+            util_n++;
+        }
+    }
+    double t1 = now_s();
+    *prefill = 128.0 * n / (t.last_first_token - t0);
+    *decode = (double)(t.generated - n) / (t1 - t.last_first_token);
+    *kv_util = util_n ? util_sum / util_n : 0;
+    bt_sched_destroy(s);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
-    const char *model_path = NULL, *json = NULL;
+    const char *model_path = NULL, *json = NULL, *conc = NULL;
     long threads = 0, reps = 5, decode_n = 128;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: baton bench [--model PATH] [--threads N] [--reps N] [--decode-tokens N] [--json FILE]\n"
+                   "                  [--concurrency N[,N...]]\n"
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
-                   "decode roofline; every figure is the median of --reps runs (default 5).\n");
+                   "decode roofline; every figure is the median of --reps runs (default 5).\n"
+                   "--concurrency 1,4,16,64 instead runs N requests (128 prompt tokens, --decode-tokens output\n"
+                   "tokens each) through the continuous-batching scheduler and reports aggregate tok/s.\n");
             return 0;
         }
         if (!v) {
@@ -100,6 +168,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--threads")) threads = strtol(v, &end, 10);
         else if (!strcmp(a, "--reps")) reps = strtol(v, &end, 10);
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
+        else if (!strcmp(a, "--concurrency")) conc = v;
         else {
             fprintf(stderr, "baton bench: unknown option '%s'\n", a);
             return 2;
@@ -130,6 +199,53 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     int nth = bt_backend_cpu_threads(r.be);
+    if (conc) {
+        int32_t *ctoks = malloc(sizeof(int32_t) * 512);
+        uint64_t cs = 777;
+        for (int i = 0; i < 512; i++) {
+            cs = cs * 6364136223846793005ull + 1442695040888963407ull;
+            ctoks[i] = (int32_t)((cs >> 33) % (uint64_t)m->hp.n_vocab);
+        }
+        printf("%-12s %16s %16s %14s %10s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1", "KV util");
+        double base = 0;
+        int crc = 0;
+        FILE *jf = json ? fopen(json, "w") : NULL;
+        if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"runs\": [", m->name,
+                        bt_backend_cpu_isa(r.be), nth);
+        char *list = strdup(conc), *save = NULL;
+        int first = 1;
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            int n = atoi(tok);
+            if (n < 1 || n > 1024) {
+                fprintf(stderr, "baton bench: bad concurrency '%s'\n", tok);
+                crc = 2;
+                break;
+            }
+            double pre[100], dec[100], util[100];
+            for (long k = 0; k < reps; k++)
+                if (bench_concurrency(m, r.be, n, (int)decode_n, ctoks, &pre[k], &dec[k], &util[k])) {
+                    fprintf(stderr, "baton bench: %s\n", bt_last_error());
+                    crc = 1;
+                    break;
+                }
+            if (crc) break;
+            double p = median(pre, (int)reps), d = median(dec, (int)reps), u = median(util, (int)reps);
+            if (first) base = d;
+            printf("%-12d %16.1f %16.1f %13.2fx %9.1f%%\n", n, p, d, base > 0 ? d / base : 0, 100 * u);
+            if (jf) fprintf(jf, "%s{\"concurrency\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
+                            "\"kv_utilization\": %.4f}", first ? "" : ", ", n, p, d, u);
+            first = 0;
+        }
+        if (jf) {
+            fprintf(jf, "]}\n");
+            fclose(jf);
+        }
+        free(list);
+        free(ctoks);
+        seq_runner_free(&r);
+        bt_model_free(m);
+        return crc;
+    }
     fprintf(stderr, "baton bench: %s, %s kernels, %d threads, %ld reps\n", m->name, bt_backend_cpu_isa(r.be), nth, reps);
     int32_t *toks = malloc(sizeof(int32_t) * 512);
     uint64_t seed = 12345;

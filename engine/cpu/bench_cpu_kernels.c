@@ -2,7 +2,8 @@
  * plain memory read loop on 1 and 2 threads. Weights rotate through copies totalling >= 128 MB (beyond L3), as in
  * decode where every token streams all the weights; --hot reuses one copy.
  * usage: bench_cpu_kernels [--types q4_1,q8_0] [--isa scalar|avx2|avx512|all] [--threads 1,2] [--batch 1,16]
- *                          [--hot] [--ms MILLISECONDS_PER_CASE] [--memory-only] [--decode-only]
+ *                          [--bits 8,16] [--hot] [--ms MILLISECONDS_PER_CASE] [--memory-only] [--decode-only]
+ * --bits: activation precisions of quantized types (both by default; float types run once).
  * Also times the matmuls of one SmolLM2-135M decode step (batch 1) and prefill chunk (batch 16). */
 #include <stdint.h>
 #include <stdio.h>
@@ -110,7 +111,7 @@ static int cmp_double(const void *a, const void *b)
 
 /* The matmuls of one SmolLM2-135M token: 30 layers of q, k, v, o, gate, up, down in Q4_1 and the tied 49152-row
  * output matrix in Q8_0, as laid out in the default model (about 100 MB of weights, beyond L3). */
-static void bench_decode_sweep(int max_threads, int n_batches, const int *batches)
+static void bench_decode_sweep(int max_threads, int n_batches, const int *batches, int n_bits, const int *bits)
 {
     static const int64_t layer_shapes[7][2] = {{576, 576}, {576, 192}, {576, 192}, {576, 576},
                                                {576, 1536}, {576, 1536}, {1536, 576}};
@@ -125,7 +126,7 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
     size_t out_bytes = bt_cpu_row_bytes(BT_TYPE_Q8_0, 576) * 49152;
     uint8_t *w = malloc(total), *wout = malloc(out_bytes);
     float *x = malloc(sizeof(float) * 1536 * 16), *y = malloc(sizeof(float) * 49152 * 16); /* y: 7 x 4096 too */
-    void *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q4_1, 1536) * 16);
+    void *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q4_1, 16, 1536) * 16);
     if (!w || !wout || !x || !y || !xq) return;
     uint64_t seed = 99;
     for (int l = 0; l < N_LAYERS; l++)
@@ -135,9 +136,10 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
     for (int i = 0; i < 1536 * 16; i++) x[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
     printf("\nSmolLM2-135M token matmuls (30 layers Q4_1 + Q8_0 output, %.1f MB of weights), median of 15:\n",
            (double)(total + out_bytes) * 1e-6);
-    printf("%-7s %3s %5s %6s %12s %14s\n", "isa", "thr", "batch", "fused", "ms/step", "weight GB/s");
+    printf("%-7s %4s %3s %5s %6s %12s %14s\n", "isa", "bits", "thr", "batch", "fused", "ms/step", "weight GB/s");
     for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
         if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        for (int bi2 = 0; bi2 < n_bits; bi2++)
         for (int nth = 1; nth <= max_threads; nth++)
         for (int fused = 0; fused < 2; fused++) {
             bt_pool *pool = NULL;
@@ -152,7 +154,7 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                             mm[k] = (bt_cpu_matmul){.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q4_1,
                                                     .n_in = layer_shapes[k][0], .n_out = layer_shapes[k][1],
                                                     .n_rows = batches[bi], .w = w + off[l * 7 + k], .x = x,
-                                                    .xq = xq, .out = y + 4096 * k};
+                                                    .xq = xq, .out = y + 4096 * k, .act_bits = bits[bi2]};
                         if (fused) { /* q, k, v in one run; gate, up in one run */
                             bt_cpu_matmul_run_multi(pool, mm, 3);
                             bt_cpu_matmul_run(pool, &mm[3]);
@@ -163,12 +165,14 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                         }
                     }
                     bt_cpu_matmul mo = {.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q8_0, .n_in = 576,
-                                        .n_out = 49152, .n_rows = batches[bi], .w = wout, .x = x, .xq = xq, .out = y};
+                                        .n_out = 49152, .n_rows = batches[bi], .w = wout, .x = x, .xq = xq, .out = y,
+                                        .act_bits = bits[bi2]};
                     bt_cpu_matmul_run(pool, &mo);
                     samples[rep] = now_s() - t0;
                 }
                 qsort(samples, 15, sizeof samples[0], cmp_double);
-                printf("%-7s %3d %5d %6s %12.3f %14.1f\n", bt_cpu_isa_name((bt_cpu_isa)isa), nth, batches[bi],
+                printf("%-7s %4d %3d %5d %6s %12.3f %14.1f\n", bt_cpu_isa_name((bt_cpu_isa)isa), bits[bi2], nth,
+                       batches[bi],
                        fused ? "yes" : "no", samples[7] * 1e3, (double)(total + out_bytes) / samples[7] * 1e-9);
                 fflush(stdout);
             }
@@ -194,34 +198,38 @@ int main(int argc, char **argv)
 {
     const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k", *isa_arg = "all";
     int threads[4] = {1, 2}, n_threads = 2, batches[4] = {1, 16}, n_batches = 2, hot = 0, case_ms = 150, only = 0;
+    int bits[2] = {8, 16}, n_bits = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa_arg = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = parse_list(argv[++i], threads, 4);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 4);
+        else if (!strcmp(argv[i], "--bits") && i + 1 < argc) n_bits = parse_list(argv[++i], bits, 2);
         else if (!strcmp(argv[i], "--hot")) hot = 1;
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) case_ms = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--memory-only")) only = 1;
         else if (!strcmp(argv[i], "--decode-only")) only = 2;
         else {
-            fprintf(stderr, "usage: %s [--types LIST] [--isa NAME|all] [--threads LIST] [--batch LIST] [--hot] "
-                            "[--ms N] [--memory-only] [--decode-only]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--types LIST] [--isa NAME|all] [--threads LIST] [--batch LIST] [--bits LIST] "
+                            "[--hot] [--ms N] [--memory-only] [--decode-only]\n", argv[0]);
             return 2;
         }
     }
     if (only != 2) bench_memory();
-    if (only != 1) bench_decode_sweep(2, n_batches, batches);
+    for (int b = 0; b < n_bits; b++)
+        if (bits[b] != 8 && bits[b] != 16) return fprintf(stderr, "--bits: 8 or 16\n"), 2;
+    if (only != 1) bench_decode_sweep(2, n_batches, batches, n_bits, bits);
     if (only) return 0;
     static const int64_t shapes[][2] = {{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}}; /* n_in, n_out */
     printf("\nmedian and best time per matmul call (activation quantization included); GB/s = weight bytes / median\n");
-    printf("%-5s %-12s %-7s %3s %5s %10s %10s %8s %9s\n", "type", "n_in x n_out", "isa", "thr", "batch", "us median",
-           "us best", "GB/s", "GFLOP/s");
+    printf("%-5s %-12s %-7s %4s %3s %5s %10s %10s %8s %9s\n", "type", "n_in x n_out", "isa", "bits", "thr", "batch",
+           "us median", "us best", "GB/s", "GFLOP/s");
     char types[256];
     snprintf(types, sizeof types, "%s", types_arg);
     uint64_t seed = 1;
     for (char *save = NULL, *tn = strtok_r(types, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         int t = bt_ggml_type_from_name(tn);
-        if (t < 0 || bt_cpu_act_format((uint32_t)t) == BT_ACT_NONE) {
+        if (t < 0 || bt_cpu_act_format((uint32_t)t, 8) == BT_ACT_NONE) {
             fprintf(stderr, "unsupported type %s\n", tn);
             return 2;
         }
@@ -235,7 +243,7 @@ int main(int argc, char **argv)
             for (int b = 0; b < n_batches; b++) max_batch = batches[b] > max_batch ? batches[b] : max_batch;
             float *x = malloc(sizeof(float) * (size_t)(n_in * max_batch));
             float *out = malloc(sizeof(float) * (size_t)(n_out * max_batch));
-            void *xq = malloc(bt_cpu_act_row_bytes((uint32_t)t, n_in) * (size_t)max_batch);
+            void *xq = malloc(bt_cpu_act_row_bytes((uint32_t)t, 16, n_in) * (size_t)max_batch); /* >= 8-bit size */
             if (!w || !x || !out || !xq) {
                 fprintf(stderr, "out of memory\n");
                 return 1;
@@ -250,10 +258,12 @@ int main(int argc, char **argv)
                 for (int ti = 0; ti < n_threads; ti++) {
                     bt_pool *pool = NULL;
                     if (bt_pool_create(threads[ti], &pool) != BT_OK) return 1;
+                    int nb_bits = bt_cpu_act_format((uint32_t)t, 8) == BT_ACT_F32 ? 1 : n_bits;
+                    for (int bk = 0; bk < nb_bits; bk++)
                     for (int bi = 0; bi < n_batches; bi++) {
                         bt_cpu_matmul mm = {.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = (uint32_t)t,
                                             .n_in = n_in, .n_out = n_out, .n_rows = batches[bi], .x = x, .xq = xq,
-                                            .out = out};
+                                            .out = out, .act_bits = bits[bk]};
                         double samples[4096];
                         int ns = 0;
                         double start = now_s();
@@ -268,8 +278,9 @@ int main(int argc, char **argv)
                         double med = samples[ns / 2];
                         char shape[32];
                         snprintf(shape, sizeof shape, "%lldx%lld", (long long)n_in, (long long)n_out);
-                        printf("%-5s %-12s %-7s %3d %5d %10.1f %10.1f %8.1f %9.1f\n", bt_ggml_type_name((uint32_t)t),
-                               shape, bt_cpu_isa_name((bt_cpu_isa)isa), threads[ti], batches[bi], med * 1e6,
+                        printf("%-5s %-12s %-7s %4d %3d %5d %10.1f %10.1f %8.1f %9.1f\n",
+                               bt_ggml_type_name((uint32_t)t), shape, bt_cpu_isa_name((bt_cpu_isa)isa),
+                               nb_bits == 1 ? 32 : bits[bk], threads[ti], batches[bi], med * 1e6,
                                samples[0] * 1e6,
                                (double)wbytes / med * 1e-9, 2.0 * (double)(n_in * n_out * batches[bi]) / med * 1e-9);
                         fflush(stdout);

@@ -166,6 +166,109 @@ LEGACY(q5_0, BT_TYPE_Q5_0)
 LEGACY(q5_1, BT_TYPE_Q5_1)
 LEGACY(q8_0, BT_TYPE_Q8_0)
 
+/* ---- 16-bit activations, legacy types ----
+ * Weight codes widen to int16 with their offset applied (Q4_0: q - 8, Q5_0: q - 16); madd_epi16 against the
+ * int16 activations gives int32 lanes of 4 products each, |lane| <= 4 * 128 * 32767 < 2^24, so the conversion to
+ * float is exact and only the float accumulation order differs from the scalar reference. */
+
+#define ACT16(r, i) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+
+AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
+                      __m256 *acc, float *accm)
+{
+    __m256i q;
+    float dw, mw = 0.0f;
+    int offset = 0;
+    switch (type) {
+    case BT_TYPE_Q4_0: {
+        const bt_block_q4_0 *b = (const bt_block_q4_0 *)w_row + i;
+        q = unpack_nibbles(b->qs);
+        dw = h2f(b->d);
+        offset = 8;
+        break;
+    }
+    case BT_TYPE_Q4_1: {
+        const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
+        q = unpack_nibbles(b->qs);
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    case BT_TYPE_Q5_0: {
+        const bt_block_q5_0 *b = (const bt_block_q5_0 *)w_row + i;
+        q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
+        dw = h2f(b->d);
+        offset = 16;
+        break;
+    }
+    case BT_TYPE_Q5_1: {
+        const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
+        q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    default: { /* Q8_0 */
+        const bt_block_q8_0 *b = (const bt_block_q8_0 *)w_row + i;
+        q = _mm256_loadu_si256((const __m256i *)b->qs);
+        dw = h2f(b->d);
+        break;
+    }
+    }
+    __m256i lo, hi;
+    if (type == BT_TYPE_Q8_0) {
+        lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+        hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+    } else {
+        lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+        hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+        if (offset) {
+            lo = _mm256_sub_epi16(lo, _mm256_set1_epi16((short)offset));
+            hi = _mm256_sub_epi16(hi, _mm256_set1_epi16((short)offset));
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const bt_block_q16_32 *a = ACT16(r, i);
+        __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)a->qs)),
+                                     _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(a->qs + 16))));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a->d), acc[r]);
+        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) accm[r] += mw * a->ds;
+    }
+}
+
+/* Even and odd blocks in two accumulator sets, as legacy_kernel; the order depends only on n. */
+AI void legacy16_kernel(KERNEL_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    __m256 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    float accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        acc0[r] = acc1[r] = _mm256_setzero_ps();
+        accm0[r] = accm1[r] = 0.0f;
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        legacy16_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+        legacy16_step(w_row, i + 1, act, act_stride, NR, type, acc1, accm1);
+    }
+    if (i < nb) legacy16_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        out[(size_t)r * out_stride] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + (accm0[r] + accm1[r]);
+}
+
+#define LEGACY16(ty, TYPE)                                                                                     \
+    AI void kern16_##ty(KERNEL_ARGS) { legacy16_kernel(n, w_row, act, act_stride, NR, out, out_stride, TYPE); } \
+    BT_CPU_DOT_ROWS_DECL(avx2, ty##_q16) { NR_DISPATCH(kern16_##ty) }
+
+LEGACY16(q4_0, BT_TYPE_Q4_0)
+LEGACY16(q4_1, BT_TYPE_Q4_1)
+LEGACY16(q5_0, BT_TYPE_Q5_0)
+LEGACY16(q5_1, BT_TYPE_Q5_1)
+LEGACY16(q8_0, BT_TYPE_Q8_0)
+
 /* Q4_K / Q5_K: per super-block, sum_j sc_j * dot_j in int32 lanes (maddubs then madd by the scale), mins from the
  * activation's 16-element sums. */
 AI void qk45_kernel(KERNEL_ARGS, const int has_qh)
@@ -281,6 +384,145 @@ AI void kern_q6_k(KERNEL_ARGS)
     for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = hsum_ps(acc[r]);
 }
 BT_CPU_DOT_ROWS_DECL(avx2, q6_k) { NR_DISPATCH(kern_q6_k) }
+
+/* ---- 16-bit activations, K-quants ----
+ * Weight codes widen to int16 and are multiplied by their sub-block scale in int16 (Q4_K/Q5_K: 31 * 63 = 1953,
+ * Q6_K: 32 * 128 = 4096, both < 2^15); madd_epi16 with the activations gives int32 lanes. The lanes are widened to
+ * int64 and summed exactly once per super-block (Q6_K: per 128-element half), so the integer result equals the
+ * reference's int64 and the float step is the reference's own expression: these kernels are bit-identical to
+ * the scalar reference. Lane bounds: Q4_K/Q5_K 32 products per lane per super-block, 32 * 1953 * 32767
+ * = 2047806432 < 2^31; Q6_K 16 products per half, 16 * 4096 * 32767 = 2147418112 < 2^31. */
+
+#define ACT16K(r, i) ((const bt_block_q16_256 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+
+/* exact sum of 8 int32 lanes as int64 lanes, added to acc */
+AI __m256i widen_add_epi64(__m256i acc, __m256i v)
+{
+    return _mm256_add_epi64(acc, _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                                                  _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1))));
+}
+
+AI int64_t hsum_epi64(__m256i v)
+{
+    __m128i s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_cvtsi128_si64(s) + _mm_extract_epi64(s, 1);
+}
+
+AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
+{
+    const int64_t nb = n / BT_QK_K;
+    float acc[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one8 = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *scales, *qs, *qhp = NULL;
+        uint16_t d16, dmin16;
+        if (has_qh) {
+            const bt_block_q5_k *b = (const bt_block_q5_k *)w_row + i;
+            scales = b->scales, qs = b->qs, qhp = b->qh, d16 = b->d, dmin16 = b->dmin;
+        } else {
+            const bt_block_q4_k *b = (const bt_block_q4_k *)w_row + i;
+            scales = b->scales, qs = b->qs, d16 = b->d, dmin16 = b->dmin;
+        }
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) bt_q4k_scale_min(scales, j, &sc[j], &mn[j]);
+        __m256i isum[BT_CPU_MAX_NR];
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+        __m256i qh = has_qh ? _mm256_loadu_si256((const __m256i *)qhp) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (has_qh) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+            }
+            const __m256i sl = _mm256_set1_epi16(sc[2 * c]), sh = _mm256_set1_epi16(sc[2 * c + 1]);
+            /* sub-block 2c = elements 64c + 0..31 (lo), sub-block 2c + 1 = 64c + 32..63 (hi) */
+            const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), sl);
+            const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)), sl);
+            const __m256i w2 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), sh);
+            const __m256i w3 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1)), sh);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const int16_t *aq = ACT16K(r, i)->qs + 64 * c;
+                __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)aq));
+                __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(aq + 16)));
+                __m256i p2 = _mm256_madd_epi16(w2, _mm256_loadu_si256((const __m256i *)(aq + 32)));
+                __m256i p3 = _mm256_madd_epi16(w3, _mm256_loadu_si256((const __m256i *)(aq + 48)));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_add_epi32(p0, p1),
+                                                                     _mm256_add_epi32(p2, p3)));
+            }
+        }
+        const float dw = h2f(d16), dmin = h2f(dmin16);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const bt_block_q16_256 *a = ACT16K(r, i);
+            int64_t sumi = hsum_epi64(widen_add_epi64(_mm256_setzero_si256(), isum[r])), summ = 0;
+            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            acc[r] += dw * a->d * (float)sumi - dmin * a->d * (float)summ;
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = acc[r];
+}
+
+AI void kern16_q4_k(KERNEL_ARGS) { qk45_q16_kernel(n, w_row, act, act_stride, NR, out, out_stride, 0); }
+AI void kern16_q5_k(KERNEL_ARGS) { qk45_q16_kernel(n, w_row, act, act_stride, NR, out, out_stride, 1); }
+BT_CPU_DOT_ROWS_DECL(avx2, q4_k_q16) { NR_DISPATCH(kern16_q4_k) }
+BT_CPU_DOT_ROWS_DECL(avx2, q5_k_q16) { NR_DISPATCH(kern16_q5_k) }
+
+AI void kern16_q6_k(KERNEL_ARGS)
+{
+    const int64_t nb = n / BT_QK_K;
+    float acc[BT_CPU_MAX_NR];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi16(32);
+    for (int64_t i = 0; i < nb; i++) {
+        const bt_block_q6_k *b = (const bt_block_q6_k *)w_row + i;
+        __m256i i64[BT_CPU_MAX_NR];
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) i64[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i isum[BT_CPU_MAX_NR];
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                __m256i lo = (s & 1) ? ql1 : ql0;
+                if (s >> 1) lo = _mm256_srli_epi16(lo, 4);
+                __m256i q = _mm256_or_si256(_mm256_and_si256(lo, m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2), 4));
+                int k = 8 * h + 2 * s; /* elements 128h + 32s + 0..15 use scales[k], + 16..31 scales[k + 1] */
+                __m256i w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), off);
+                __m256i w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), off);
+                w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(b->scales[k]));
+                w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(b->scales[k + 1]));
+                #pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const int16_t *aq = ACT16K(r, i)->qs + 128 * h + 32 * s;
+                    __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)aq));
+                    __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(aq + 16)));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+                }
+            }
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) i64[r] = widen_add_epi64(i64[r], isum[r]);
+        }
+        const float dw = h2f(b->d);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) acc[r] += dw * ACT16K(r, i)->d * (float)hsum_epi64(i64[r]);
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = acc[r];
+}
+BT_CPU_DOT_ROWS_DECL(avx2, q6_k_q16) { NR_DISPATCH(kern16_q6_k) }
 
 /* Float weights: two 8-lane accumulators per row (16 elements per step), 8-element step, then a scalar tail. */
 AI __m256 load_w8(const void *w, int64_t i, const int type)
@@ -402,6 +644,54 @@ void bt_cpu_avx2_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
     }
 }
 
+/* Quantizes 32 floats with the inverse scale id into 32 int16 (round half even; |codes| <= 32767 so packs never
+ * saturates); s[0], s[1] get the sums of elements 0..15 and 16..31. */
+AI void quant16x32(const float *x, __m256 id, int16_t *q, int *s)
+{
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    s[0] = hsum_epi32(_mm256_add_epi32(i0, i1));
+    s[1] = hsum_epi32(_mm256_add_epi32(i2, i3));
+    /* packs interleaves 64-bit quarters [a0-3, b0-3, a4-7, b4-7]; the permute restores element order */
+    _mm256_storeu_si256((__m256i *)q, _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xd8));
+    _mm256_storeu_si256((__m256i *)(q + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xd8));
+}
+
+void bt_cpu_avx2_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y)
+{
+    for (int64_t i = 0; i < n / BT_QK; i++, x += BT_QK) {
+        float amax = hmax_ps(abs_max8(x, BT_QK, _mm256_setzero_ps()));
+        float d = amax / 32767.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int s[2];
+        quant16x32(x, _mm256_set1_ps(id), y[i].qs, s);
+        y[i].d = d;
+        y[i].sum = s[0] + s[1];
+        y[i].ds = d * (float)(s[0] + s[1]);
+        y[i].reserved = 0;
+    }
+}
+
+void bt_cpu_avx2_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y)
+{
+    for (int64_t i = 0; i < n / BT_QK_K; i++, x += BT_QK_K) {
+        float amax = hmax_ps(abs_max8(x, BT_QK_K, _mm256_setzero_ps()));
+        float d = amax / 32767.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 idv = _mm256_set1_ps(id);
+        y[i].d = d;
+        y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
+        for (int c = 0; c < 8; c++) {
+            int s[2];
+            quant16x32(x + 32 * c, idv, y[i].qs + 32 * c, s);
+            y[i].bsums[2 * c] = s[0];
+            y[i].bsums[2 * c + 1] = s[1];
+        }
+    }
+}
+
 /* ---- conversions ---- */
 
 void bt_cpu_avx2_fp16_to_f32(int64_t n, const uint16_t *x, float *y)
@@ -451,6 +741,8 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
     .name = "avx2",
     .quantize_q8_32 = bt_cpu_avx2_quantize_q8_32,
     .quantize_q8_256 = bt_cpu_avx2_quantize_q8_256,
+    .quantize_q16_32 = bt_cpu_avx2_quantize_q16_32,
+    .quantize_q16_256 = bt_cpu_avx2_quantize_q16_256,
     .fp16_to_f32 = bt_cpu_avx2_fp16_to_f32,
     .f32_to_fp16 = bt_cpu_avx2_f32_to_fp16,
     .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,
@@ -467,5 +759,15 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
         [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k,
         [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k,
         [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k,
+    },
+    .dot_rows16 = {
+        [BT_TYPE_Q4_0] = bt_cpu_avx2_dot_rows_q4_0_q16,
+        [BT_TYPE_Q4_1] = bt_cpu_avx2_dot_rows_q4_1_q16,
+        [BT_TYPE_Q5_0] = bt_cpu_avx2_dot_rows_q5_0_q16,
+        [BT_TYPE_Q5_1] = bt_cpu_avx2_dot_rows_q5_1_q16,
+        [BT_TYPE_Q8_0] = bt_cpu_avx2_dot_rows_q8_0_q16,
+        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k_q16,
+        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k_q16,
+        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k_q16,
     },
 };

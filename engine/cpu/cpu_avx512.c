@@ -2,7 +2,9 @@
  * vpdpbusd multiplies u8 weight codes by s8 activations and accumulates int32 without saturation. Q4_1, Q5_1 and
  * Q8_0 (the default model's types) take two blocks per 512-bit register; Q4_0 and Q5_0 use the 256-bit form with
  * their offset folded into the integer dot; the fifth bits of Q5_x expand with one masked byte move.
- * F32/F16/BF16 use 16-lane FMAs; K-quants and activation quantization reuse the AVX2 kernels. */
+ * F32/F16/BF16 use 16-lane FMAs; K-quants and activation quantization reuse the AVX2 kernels.
+ * With 16-bit activations (vpdpwssd) every type has its own kernel: legacy types one block per register, K-quants
+ * one 32-element run per register; the 16-bit activation quantizers are the AVX2 ones. */
 #include <immintrin.h>
 
 #include "engine/cpu/cpu_fp16.h"
@@ -272,6 +274,216 @@ PAIRED(q4_1, BT_TYPE_Q4_1)
 PAIRED(q5_1, BT_TYPE_Q5_1)
 PAIRED(q8_0, BT_TYPE_Q8_0)
 
+/* ---- 16-bit activations, legacy types: one block per 512-bit register ----
+ * The 32 weight codes widen to int16 (offset applied: Q4_0 q - 8, Q5_0 q - 16) and vpdpwssd multiplies them by
+ * the block's 32 int16 activations into 16 int32 lanes of 2 products, |lane| <= 2 * 128 * 32767 < 2^24: the
+ * conversion to float is exact, only the float accumulation order differs from the scalar reference. */
+
+#define ACT16(r, i) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+
+AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
+                      __m512 *acc, float *accm)
+{
+    __m512i q;
+    float dw, mw = 0.0f;
+    switch (type) {
+    case BT_TYPE_Q4_0: {
+        const bt_block_q4_0 *b = (const bt_block_q4_0 *)w_row + i;
+        q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(unpack_nibbles(b->qs)), _mm512_set1_epi16(8));
+        dw = h2f(b->d);
+        break;
+    }
+    case BT_TYPE_Q4_1: {
+        const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
+        q = _mm512_cvtepu8_epi16(unpack_nibbles(b->qs));
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    case BT_TYPE_Q5_0: {
+        const bt_block_q5_0 *b = (const bt_block_q5_0 *)w_row + i;
+        q = _mm512_cvtepu8_epi16(_mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh)));
+        q = _mm512_sub_epi16(q, _mm512_set1_epi16(16));
+        dw = h2f(b->d);
+        break;
+    }
+    case BT_TYPE_Q5_1: {
+        const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
+        q = _mm512_cvtepu8_epi16(_mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh)));
+        dw = h2f(b->d);
+        mw = h2f(b->m);
+        break;
+    }
+    default: { /* Q8_0 */
+        const bt_block_q8_0 *b = (const bt_block_q8_0 *)w_row + i;
+        q = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b->qs));
+        dw = h2f(b->d);
+        break;
+    }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const bt_block_q16_32 *a = ACT16(r, i);
+        __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(a->qs));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(dw * a->d), acc[r]);
+        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) accm[r] += mw * a->ds;
+    }
+}
+
+/* Even and odd blocks in two accumulator sets (two FMA chains); the order depends only on n, never on NR. */
+AI void legacy16_kernel(KERNEL_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    __m512 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
+    float accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        acc0[r] = acc1[r] = _mm512_setzero_ps();
+        accm0[r] = accm1[r] = 0.0f;
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        legacy16_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+        legacy16_step(w_row, i + 1, act, act_stride, NR, type, acc1, accm1);
+    }
+    if (i < nb) legacy16_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        __m512 s16 = _mm512_add_ps(acc0[r], acc1[r]);
+        float s = hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(s16),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1))));
+        out[(size_t)r * out_stride] = s + (accm0[r] + accm1[r]);
+    }
+}
+
+#define LEGACY16(ty, TYPE)                                                                                     \
+    AI void kern16_##ty(KERNEL_ARGS) { legacy16_kernel(n, w_row, act, act_stride, NR, out, out_stride, TYPE); } \
+    BT_CPU_DOT_ROWS_DECL(avx512, ty##_q16) { NR_DISPATCH(kern16_##ty) }
+
+LEGACY16(q4_0, BT_TYPE_Q4_0)
+LEGACY16(q4_1, BT_TYPE_Q4_1)
+LEGACY16(q5_0, BT_TYPE_Q5_0)
+LEGACY16(q5_1, BT_TYPE_Q5_1)
+LEGACY16(q8_0, BT_TYPE_Q8_0)
+
+/* ---- 16-bit activations, K-quants: one 32-element run per 512-bit register ----
+ * As the AVX2 kernels: codes widen to int16 and take their sub-block scale in int16 (<= 1953 for Q4_K/Q5_K, 4096
+ * for Q6_K), vpdpwssd accumulates int32 lanes over the super-block, and the lanes are summed exactly in int64 before
+ * the reference's own float expression, so the result is bit-identical to the scalar reference. Lane bounds per
+ * super-block: Q4_K/Q5_K 16 products, 16 * 1953 * 32767 < 2^30; Q6_K 16 products, 16 * 4096 * 32767 = 2147418112
+ * < 2^31 (every partial sum is bounded by the same figure). */
+
+#define ACT16K(r, i) ((const bt_block_q16_256 *)((const char *)act + (size_t)(r) * act_stride) + (i))
+
+AI int64_t hsum_epi32_exact(__m512i v)
+{
+    __m512i w = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),
+                                 _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1)));
+    return _mm512_reduce_add_epi64(w);
+}
+
+AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
+{
+    const int64_t nb = n / BT_QK_K;
+    float acc[BT_CPU_MAX_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one8 = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *scales, *qs, *qhp = NULL;
+        uint16_t d16, dmin16;
+        if (has_qh) {
+            const bt_block_q5_k *b = (const bt_block_q5_k *)w_row + i;
+            scales = b->scales, qs = b->qs, qhp = b->qh, d16 = b->d, dmin16 = b->dmin;
+        } else {
+            const bt_block_q4_k *b = (const bt_block_q4_k *)w_row + i;
+            scales = b->scales, qs = b->qs, d16 = b->d, dmin16 = b->dmin;
+        }
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) bt_q4k_scale_min(scales, j, &sc[j], &mn[j]);
+        __m512i isum[BT_CPU_MAX_NR];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) isum[r] = _mm512_setzero_si512();
+        __m256i qh = has_qh ? _mm256_loadu_si256((const __m256i *)qhp) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (has_qh) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+            }
+            /* sub-block 2c = elements 64c + 0..31 (lo), sub-block 2c + 1 = 64c + 32..63 (hi) */
+            const __m512i w0 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(sc[2 * c]));
+            const __m512i w1 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * c + 1]));
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const int16_t *aq = ACT16K(r, i)->qs + 64 * c;
+                isum[r] = _mm512_dpwssd_epi32(isum[r], w0, _mm512_loadu_si512(aq));
+                isum[r] = _mm512_dpwssd_epi32(isum[r], w1, _mm512_loadu_si512(aq + 32));
+            }
+        }
+        const float dw = h2f(d16), dmin = h2f(dmin16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const bt_block_q16_256 *a = ACT16K(r, i);
+            int64_t sumi = hsum_epi32_exact(isum[r]), summ = 0;
+            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            acc[r] += dw * a->d * (float)sumi - dmin * a->d * (float)summ;
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = acc[r];
+}
+
+AI void kern16_q4_k(KERNEL_ARGS) { qk45_q16_kernel(n, w_row, act, act_stride, NR, out, out_stride, 0); }
+AI void kern16_q5_k(KERNEL_ARGS) { qk45_q16_kernel(n, w_row, act, act_stride, NR, out, out_stride, 1); }
+BT_CPU_DOT_ROWS_DECL(avx512, q4_k_q16) { NR_DISPATCH(kern16_q4_k) }
+BT_CPU_DOT_ROWS_DECL(avx512, q5_k_q16) { NR_DISPATCH(kern16_q5_k) }
+
+AI void kern16_q6_k(KERNEL_ARGS)
+{
+    const int64_t nb = n / BT_QK_K;
+    float acc[BT_CPU_MAX_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const __m512i off = _mm512_set1_epi16(32);
+    for (int64_t i = 0; i < nb; i++) {
+        const bt_block_q6_k *b = (const bt_block_q6_k *)w_row + i;
+        __m512i isum[BT_CPU_MAX_NR];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) isum[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                __m256i lo = (s & 1) ? ql1 : ql0;
+                if (s >> 1) lo = _mm256_srli_epi16(lo, 4);
+                __m256i q = _mm256_or_si256(_mm256_and_si256(lo, m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2), 4));
+                int k = 8 * h + 2 * s; /* elements 128h + 32s + 0..15 use scales[k], + 16..31 scales[k + 1] */
+                __m512i scv =
+                    _mm512_inserti64x4(_mm512_set1_epi16(b->scales[k]), _mm256_set1_epi16(b->scales[k + 1]), 1);
+                __m512i w = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), off), scv);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const int16_t *aq = ACT16K(r, i)->qs + 128 * h + 32 * s;
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], w, _mm512_loadu_si512(aq));
+                }
+            }
+        }
+        const float dw = h2f(b->d);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) acc[r] += dw * ACT16K(r, i)->d * (float)hsum_epi32_exact(isum[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = acc[r];
+}
+BT_CPU_DOT_ROWS_DECL(avx512, q6_k_q16) { NR_DISPATCH(kern16_q6_k) }
+
 /* Float weights: two 16-lane accumulators per row (32 elements per step), a 16-element step, then scalar. */
 AI __m512 load_w16(const void *w, int64_t i, const int type)
 {
@@ -351,6 +563,8 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     .name = "avx512",
     .quantize_q8_32 = bt_cpu_avx2_quantize_q8_32,
     .quantize_q8_256 = bt_cpu_avx2_quantize_q8_256,
+    .quantize_q16_32 = bt_cpu_avx2_quantize_q16_32,
+    .quantize_q16_256 = bt_cpu_avx2_quantize_q16_256,
     .fp16_to_f32 = bt_cpu_avx512_fp16_to_f32,
     .f32_to_fp16 = bt_cpu_avx512_f32_to_fp16,
     .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,
@@ -367,5 +581,15 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
         [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k,
         [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k,
         [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k,
+    },
+    .dot_rows16 = {
+        [BT_TYPE_Q4_0] = bt_cpu_avx512_dot_rows_q4_0_q16,
+        [BT_TYPE_Q4_1] = bt_cpu_avx512_dot_rows_q4_1_q16,
+        [BT_TYPE_Q5_0] = bt_cpu_avx512_dot_rows_q5_0_q16,
+        [BT_TYPE_Q5_1] = bt_cpu_avx512_dot_rows_q5_1_q16,
+        [BT_TYPE_Q8_0] = bt_cpu_avx512_dot_rows_q8_0_q16,
+        [BT_TYPE_Q4_K] = bt_cpu_avx512_dot_rows_q4_k_q16,
+        [BT_TYPE_Q5_K] = bt_cpu_avx512_dot_rows_q5_k_q16,
+        [BT_TYPE_Q6_K] = bt_cpu_avx512_dot_rows_q6_k_q16,
     },
 };

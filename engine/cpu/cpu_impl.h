@@ -14,8 +14,14 @@
     BT_CPU_DOT_ROWS_DECL(isa, q4_0); BT_CPU_DOT_ROWS_DECL(isa, q4_1); BT_CPU_DOT_ROWS_DECL(isa, q5_0);           \
     BT_CPU_DOT_ROWS_DECL(isa, q5_1); BT_CPU_DOT_ROWS_DECL(isa, q8_0); BT_CPU_DOT_ROWS_DECL(isa, q4_k);           \
     BT_CPU_DOT_ROWS_DECL(isa, q5_k); BT_CPU_DOT_ROWS_DECL(isa, q6_k);                                          \
+    BT_CPU_DOT_ROWS_DECL(isa, q4_0_q16); BT_CPU_DOT_ROWS_DECL(isa, q4_1_q16);                                  \
+    BT_CPU_DOT_ROWS_DECL(isa, q5_0_q16); BT_CPU_DOT_ROWS_DECL(isa, q5_1_q16);                                  \
+    BT_CPU_DOT_ROWS_DECL(isa, q8_0_q16); BT_CPU_DOT_ROWS_DECL(isa, q4_k_q16);                                  \
+    BT_CPU_DOT_ROWS_DECL(isa, q5_k_q16); BT_CPU_DOT_ROWS_DECL(isa, q6_k_q16);                                  \
     void bt_cpu_##isa##_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y);                          \
     void bt_cpu_##isa##_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y);                        \
+    void bt_cpu_##isa##_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y);                        \
+    void bt_cpu_##isa##_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y);                      \
     void bt_cpu_##isa##_fp16_to_f32(int64_t n, const uint16_t *x, float *y);                                   \
     void bt_cpu_##isa##_f32_to_fp16(int64_t n, const float *x, uint16_t *y);                                   \
     void bt_cpu_##isa##_bf16_to_f32(int64_t n, const uint16_t *x, float *y);                                   \

@@ -8,25 +8,33 @@
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_impl.h"
 
-#define SCALAR_DOT_ROWS(ty, TYPE)                                                                              \
+#define SCALAR_DOT_ROWS(ty, TYPE, BITS)                                                                        \
     BT_CPU_DOT_ROWS_DECL(scalar, ty)                                                                           \
     {                                                                                                          \
         for (int r = 0; r < nr; r++)                                                                           \
             out[(size_t)r * out_stride] =                                                                      \
-                bt_cpu_vec_dot_ref(TYPE, n, w_row, (const char *)act + (size_t)r * act_stride);                \
+                bt_cpu_vec_dot_ref(TYPE, BITS, n, w_row, (const char *)act + (size_t)r * act_stride);          \
     }
 
-SCALAR_DOT_ROWS(f32, BT_TYPE_F32)
-SCALAR_DOT_ROWS(f16, BT_TYPE_F16)
-SCALAR_DOT_ROWS(bf16, BT_TYPE_BF16)
-SCALAR_DOT_ROWS(q4_0, BT_TYPE_Q4_0)
-SCALAR_DOT_ROWS(q4_1, BT_TYPE_Q4_1)
-SCALAR_DOT_ROWS(q5_0, BT_TYPE_Q5_0)
-SCALAR_DOT_ROWS(q5_1, BT_TYPE_Q5_1)
-SCALAR_DOT_ROWS(q8_0, BT_TYPE_Q8_0)
-SCALAR_DOT_ROWS(q4_k, BT_TYPE_Q4_K)
-SCALAR_DOT_ROWS(q5_k, BT_TYPE_Q5_K)
-SCALAR_DOT_ROWS(q6_k, BT_TYPE_Q6_K)
+SCALAR_DOT_ROWS(f32, BT_TYPE_F32, 8)
+SCALAR_DOT_ROWS(f16, BT_TYPE_F16, 8)
+SCALAR_DOT_ROWS(bf16, BT_TYPE_BF16, 8)
+SCALAR_DOT_ROWS(q4_0, BT_TYPE_Q4_0, 8)
+SCALAR_DOT_ROWS(q4_1, BT_TYPE_Q4_1, 8)
+SCALAR_DOT_ROWS(q5_0, BT_TYPE_Q5_0, 8)
+SCALAR_DOT_ROWS(q5_1, BT_TYPE_Q5_1, 8)
+SCALAR_DOT_ROWS(q8_0, BT_TYPE_Q8_0, 8)
+SCALAR_DOT_ROWS(q4_k, BT_TYPE_Q4_K, 8)
+SCALAR_DOT_ROWS(q5_k, BT_TYPE_Q5_K, 8)
+SCALAR_DOT_ROWS(q6_k, BT_TYPE_Q6_K, 8)
+SCALAR_DOT_ROWS(q4_0_q16, BT_TYPE_Q4_0, 16)
+SCALAR_DOT_ROWS(q4_1_q16, BT_TYPE_Q4_1, 16)
+SCALAR_DOT_ROWS(q5_0_q16, BT_TYPE_Q5_0, 16)
+SCALAR_DOT_ROWS(q5_1_q16, BT_TYPE_Q5_1, 16)
+SCALAR_DOT_ROWS(q8_0_q16, BT_TYPE_Q8_0, 16)
+SCALAR_DOT_ROWS(q4_k_q16, BT_TYPE_Q4_K, 16)
+SCALAR_DOT_ROWS(q5_k_q16, BT_TYPE_Q5_K, 16)
+SCALAR_DOT_ROWS(q6_k_q16, BT_TYPE_Q6_K, 16)
 
 void bt_cpu_scalar_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
 {
@@ -36,6 +44,16 @@ void bt_cpu_scalar_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
 void bt_cpu_scalar_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
 {
     bt_cpu_quantize_q8_256_ref(n, x, y);
+}
+
+void bt_cpu_scalar_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y)
+{
+    bt_cpu_quantize_q16_32_ref(n, x, y);
+}
+
+void bt_cpu_scalar_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y)
+{
+    bt_cpu_quantize_q16_256_ref(n, x, y);
 }
 
 void bt_cpu_scalar_fp16_to_f32(int64_t n, const uint16_t *x, float *y)
@@ -63,6 +81,8 @@ const bt_cpu_ops bt_cpu_ops_scalar = {
     .name = "scalar",
     .quantize_q8_32 = bt_cpu_scalar_quantize_q8_32,
     .quantize_q8_256 = bt_cpu_scalar_quantize_q8_256,
+    .quantize_q16_32 = bt_cpu_scalar_quantize_q16_32,
+    .quantize_q16_256 = bt_cpu_scalar_quantize_q16_256,
     .fp16_to_f32 = bt_cpu_scalar_fp16_to_f32,
     .f32_to_fp16 = bt_cpu_scalar_f32_to_fp16,
     .bf16_to_f32 = bt_cpu_scalar_bf16_to_f32,
@@ -79,6 +99,16 @@ const bt_cpu_ops bt_cpu_ops_scalar = {
         [BT_TYPE_Q4_K] = bt_cpu_scalar_dot_rows_q4_k,
         [BT_TYPE_Q5_K] = bt_cpu_scalar_dot_rows_q5_k,
         [BT_TYPE_Q6_K] = bt_cpu_scalar_dot_rows_q6_k,
+    },
+    .dot_rows16 = {
+        [BT_TYPE_Q4_0] = bt_cpu_scalar_dot_rows_q4_0_q16,
+        [BT_TYPE_Q4_1] = bt_cpu_scalar_dot_rows_q4_1_q16,
+        [BT_TYPE_Q5_0] = bt_cpu_scalar_dot_rows_q5_0_q16,
+        [BT_TYPE_Q5_1] = bt_cpu_scalar_dot_rows_q5_1_q16,
+        [BT_TYPE_Q8_0] = bt_cpu_scalar_dot_rows_q8_0_q16,
+        [BT_TYPE_Q4_K] = bt_cpu_scalar_dot_rows_q4_k_q16,
+        [BT_TYPE_Q5_K] = bt_cpu_scalar_dot_rows_q5_k_q16,
+        [BT_TYPE_Q6_K] = bt_cpu_scalar_dot_rows_q6_k_q16,
     },
 };
 
@@ -148,20 +178,36 @@ const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa)
     }
 }
 
-float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int64_t n, const void *w_row, const void *act_row)
+bt_cpu_dot_rows_fn bt_cpu_dot_rows_get(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 {
-    if (t >= BT_TYPE_COUNT || !ops->dot_rows[t]) return 0.0f;
+    switch (bt_cpu_act_format(t, act_bits)) {
+    case BT_ACT_F32:
+    case BT_ACT_Q8_32:
+    case BT_ACT_Q8_256: return ops->dot_rows[t];
+    case BT_ACT_Q16_32:
+    case BT_ACT_Q16_256: return ops->dot_rows16[t];
+    default: return NULL;
+    }
+}
+
+float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const void *w_row,
+                     const void *act_row)
+{
+    bt_cpu_dot_rows_fn dot = bt_cpu_dot_rows_get(ops, t, act_bits);
+    if (!dot) return 0.0f;
     float r;
-    ops->dot_rows[t](n, w_row, act_row, 0, 1, &r, 0);
+    dot(n, w_row, act_row, 0, 1, &r, 0);
     return r;
 }
 
-void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int64_t n, const float *x, void *dst)
+void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const float *x, void *dst)
 {
-    switch (bt_cpu_act_format(t)) {
+    switch (bt_cpu_act_format(t, act_bits)) {
     case BT_ACT_F32: memcpy(dst, x, (size_t)n * sizeof(float)); break;
     case BT_ACT_Q8_32: ops->quantize_q8_32(n, x, dst); break;
     case BT_ACT_Q8_256: ops->quantize_q8_256(n, x, dst); break;
+    case BT_ACT_Q16_32: ops->quantize_q16_32(n, x, dst); break;
+    case BT_ACT_Q16_256: ops->quantize_q16_256(n, x, dst); break;
     default: break;
     }
 }
@@ -169,8 +215,10 @@ void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int64_t n, const 
 bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm)
 {
     if (!mm || !mm->ops) return bt_fail(BT_ERR_INVALID, "matmul: no op table");
-    bt_cpu_act_fmt fmt = bt_cpu_act_format(mm->wtype);
-    if (fmt == BT_ACT_NONE || mm->wtype >= BT_TYPE_COUNT || !mm->ops->dot_rows[mm->wtype])
+    if (mm->act_bits != 0 && mm->act_bits != 8 && mm->act_bits != 16)
+        return bt_fail(BT_ERR_INVALID, "matmul: act_bits %d (expected 0, 8 or 16)", mm->act_bits);
+    bt_cpu_act_fmt fmt = bt_cpu_act_format(mm->wtype, mm->act_bits);
+    if (fmt == BT_ACT_NONE || mm->wtype >= BT_TYPE_COUNT || !bt_cpu_dot_rows_get(mm->ops, mm->wtype, mm->act_bits))
         return bt_fail(BT_ERR_UNSUPPORTED, "matmul: weight type %s has no CPU kernel", bt_ggml_type_name(mm->wtype));
     int be = bt_cpu_block_elems(mm->wtype);
     if (mm->n_in <= 0 || mm->n_in % be || mm->n_out < 0 || mm->n_rows < 0)
@@ -188,10 +236,11 @@ bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm)
 
 void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth)
 {
-    if (bt_cpu_act_format(mm->wtype) == BT_ACT_F32) return;
-    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->n_in);
+    if (bt_cpu_act_format(mm->wtype, mm->act_bits) == BT_ACT_F32) return;
+    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
     for (int64_t r = ith; r < mm->n_rows; r += nth)
-        bt_cpu_prepare_act_row(mm->ops, mm->wtype, mm->n_in, mm->x + r * mm->n_in, (char *)mm->xq + (size_t)r * ab);
+        bt_cpu_prepare_act_row(mm->ops, mm->wtype, mm->act_bits, mm->n_in, mm->x + r * mm->n_in,
+                               (char *)mm->xq + (size_t)r * ab);
 }
 
 /* Activation rows per cache block: their quantized copies stay in L1/L2 while a thread's weight rows stream. */
@@ -201,11 +250,12 @@ void bt_cpu_matmul_compute(const bt_cpu_matmul *mm, int ith, int nth)
 {
     int64_t lo = mm->n_out * ith / nth, hi = mm->n_out * (ith + 1) / nth;
     if (lo >= hi || mm->n_rows == 0) return;
-    bt_cpu_dot_rows_fn dot = mm->ops->dot_rows[mm->wtype];
+    bt_cpu_dot_rows_fn dot = bt_cpu_dot_rows_get(mm->ops, mm->wtype, mm->act_bits);
     size_t wb = bt_cpu_row_bytes(mm->wtype, mm->n_in);
     size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
-    const char *act = bt_cpu_act_format(mm->wtype) == BT_ACT_F32 ? (const char *)mm->x : (const char *)mm->xq;
-    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->n_in);
+    const char *act = bt_cpu_act_format(mm->wtype, mm->act_bits) == BT_ACT_F32 ? (const char *)mm->x
+                                                                               : (const char *)mm->xq;
+    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
     for (int64_t r0 = 0; r0 < mm->n_rows; r0 += ROW_CHUNK) {
         int64_t r1 = r0 + ROW_CHUNK < mm->n_rows ? r0 + ROW_CHUNK : mm->n_rows;
         for (int64_t o = lo; o < hi; o++) {
@@ -276,6 +326,7 @@ bt_status bt_cpu_matmul_run_multi(bt_pool *pool, const bt_cpu_matmul *mms, int n
         bt_status st = bt_cpu_matmul_check(&mms[m]);
         if (st != BT_OK) return st;
         if (mms[m].ops != mms[0].ops || mms[m].wtype != mms[0].wtype || mms[m].n_in != mms[0].n_in ||
+            (mms[m].act_bits ? mms[m].act_bits : 16) != (mms[0].act_bits ? mms[0].act_bits : 16) ||
             mms[m].n_rows != mms[0].n_rows || mms[m].x != mms[0].x || mms[m].xq != mms[0].xq)
             return bt_fail(BT_ERR_INVALID, "matmul: matmul %d of a multi run does not share the activations", m);
     }

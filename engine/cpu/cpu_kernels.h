@@ -1,5 +1,7 @@
 /* CPU kernel layer: run-time ISA selection, per-ISA op tables, and the quantized matmul the forward pass calls.
  *
+ * Quantized weight types take activations quantized per block to 16 bits (default: integer dots within ~1e-5 of
+ * the float result) or to 8 bits (faster, ~1e-2 relative noise per dot), chosen per matmul by act_bits.
  * Every op has a scalar reference (cpu_quants.h); the AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) tables
  * fill the same slots with SIMD kernels. Integer parts of quantized dot products are exact in every path; only the
  * float accumulation order differs between ISAs (tests bound the difference by 1e-5 of sum |w * x|; measured
@@ -38,13 +40,17 @@ typedef struct bt_cpu_ops {
     /* activation quantizers: y[n / 32] and y[n / 256]; output bytes equal the scalar reference's */
     void (*quantize_q8_32)(int64_t n, const float *x, bt_block_q8_32 *y);
     void (*quantize_q8_256)(int64_t n, const float *x, bt_block_q8_256 *y);
+    void (*quantize_q16_32)(int64_t n, const float *x, bt_block_q16_32 *y);
+    void (*quantize_q16_256)(int64_t n, const float *x, bt_block_q16_256 *y);
     /* row conversions (bit-identical to the inline scalar functions of cpu_fp16.h) */
     void (*fp16_to_f32)(int64_t n, const uint16_t *x, float *y);
     void (*f32_to_fp16)(int64_t n, const float *x, uint16_t *y);
     void (*bf16_to_f32)(int64_t n, const uint16_t *x, float *y);
     void (*f32_to_bf16)(int64_t n, const float *x, uint16_t *y);
-    /* per weight type; NULL for types without kernels */
+    /* per weight type; NULL for types without kernels. dot_rows: float types and 8-bit activations (Q8_32,
+     * Q8_256); dot_rows16: quantized types with 16-bit activations (Q16_32, Q16_256). */
     bt_cpu_dot_rows_fn dot_rows[BT_TYPE_COUNT];
+    bt_cpu_dot_rows_fn dot_rows16[BT_TYPE_COUNT];
 } bt_cpu_ops;
 
 /* Name of isa ("scalar", "avx2", "avx512"). */
@@ -62,13 +68,18 @@ bt_status bt_cpu_isa_select(bt_cpu_isa *out);
  * kernel for a type hold the next lower ISA's kernel. */
 const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa);
 
-/* Dot of one weight row with one activation row, through ops (see bt_cpu_dot_rows_fn). Returns 0 for types
- * without kernels. */
-float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int64_t n, const void *w_row, const void *act_row);
+/* The dot_rows kernel of ops for weight type t with act_bits-bit activations (0 means 16), NULL if none. */
+bt_cpu_dot_rows_fn bt_cpu_dot_rows_get(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 
-/* Quantizes (or, for float weight types, copies) one activation row x[n] into the format weight type t needs;
- * dst holds bt_cpu_act_row_bytes(t, n) bytes. Can't fail for supported t and n a multiple of the block. */
-void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int64_t n, const float *x, void *dst);
+/* Dot of one weight row with one activation row in the format bt_cpu_act_format(t, act_bits), through ops (see
+ * bt_cpu_dot_rows_fn). Returns 0 for types without kernels. */
+float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const void *w_row,
+                     const void *act_row);
+
+/* Quantizes (or, for float weight types, copies) one activation row x[n] into the format weight type t needs at
+ * precision act_bits (0 means 16); dst holds bt_cpu_act_row_bytes(t, act_bits, n) bytes. Can't fail for
+ * supported t and act_bits and n a multiple of the block. */
+void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const float *x, void *dst);
 
 /* out[n_rows][n_out] = x[n_rows][n_in] * W^T, W = w[n_out][n_in] in GGUF type wtype (rows contiguous). */
 typedef struct bt_cpu_matmul {
@@ -77,13 +88,15 @@ typedef struct bt_cpu_matmul {
     int64_t n_in, n_out, n_rows;
     const void *w;      /* [n_out][bt_cpu_row_bytes(wtype, n_in)] */
     const float *x;     /* [n_rows][n_in] */
-    void *xq;           /* scratch [n_rows][bt_cpu_act_row_bytes(wtype, n_in)]; unused (may be NULL) for F32/F16/BF16 */
+    void *xq;           /* scratch [n_rows][bt_cpu_act_row_bytes(wtype, act_bits, n_in)]; unused (may be NULL) for
+                         * F32/F16/BF16 */
     float *out;         /* [n_rows][out_stride] */
     int64_t out_stride; /* floats between output rows; 0 means n_out */
+    int act_bits;       /* activation precision for quantized weights: 16, 8, or 0 meaning 16 */
 } bt_cpu_matmul;
 
-/* Validates mm (type supported, n_in a multiple of the block, pointers present). BT_ERR_UNSUPPORTED for a weight
- * type without kernels, BT_ERR_INVALID for bad shapes. */
+/* Validates mm (type supported, n_in a multiple of the block, pointers present, act_bits 0, 8 or 16).
+ * BT_ERR_UNSUPPORTED for a weight type without kernels, BT_ERR_INVALID for bad shapes or act_bits. */
 bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm);
 
 /* Phase 1: quantizes activation rows ith, ith + nth, ... into mm->xq. No-op for float weight types. */
@@ -94,7 +107,7 @@ void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth);
 void bt_cpu_matmul_compute(const bt_cpu_matmul *mm, int ith, int nth);
 
 /* Several matmuls reading the same activations (q/k/v or gate/up projections): mms[0..n_mm) must share ops,
- * wtype, n_in, n_rows, x and xq. Quantizes x once and computes every output in a single pool run; each output is
+ * wtype, act_bits, n_in, n_rows, x and xq. Quantizes x once and computes every output in a single pool run; each output is
  * bit-identical to what bt_cpu_matmul_run gives for that matmul alone. BT_ERR_INVALID if they differ. Blocks. */
 bt_status bt_cpu_matmul_run_multi(bt_pool *pool, const bt_cpu_matmul *mms, int n_mm);
 

@@ -3,6 +3,7 @@
 #include "engine/cpu/cpu_quants.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "engine/cpu/cpu_fp16.h"
 
@@ -16,8 +17,10 @@ _Static_assert(sizeof(bt_block_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(bt_block_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(bt_block_q8_32) == 48, "Q8_32 activation block");
 _Static_assert(sizeof(bt_block_q8_256) == 292, "Q8_256 activation block");
+_Static_assert(sizeof(bt_block_q16_32) == 80, "Q16_32 activation block");
+_Static_assert(sizeof(bt_block_q16_256) == 592, "Q16_256 activation block");
 
-bt_cpu_act_fmt bt_cpu_act_format(uint32_t t)
+static bt_cpu_act_fmt act_format8(uint32_t t)
 {
     switch (t) {
     case BT_TYPE_F32:
@@ -35,9 +38,17 @@ bt_cpu_act_fmt bt_cpu_act_format(uint32_t t)
     }
 }
 
+bt_cpu_act_fmt bt_cpu_act_format(uint32_t t, int act_bits)
+{
+    if (act_bits != 0 && act_bits != 8 && act_bits != 16) return BT_ACT_NONE;
+    bt_cpu_act_fmt f = act_format8(t);
+    if (act_bits == 8 || f == BT_ACT_NONE || f == BT_ACT_F32) return f;
+    return f == BT_ACT_Q8_32 ? BT_ACT_Q16_32 : BT_ACT_Q16_256;
+}
+
 int bt_cpu_block_elems(uint32_t t)
 {
-    switch (bt_cpu_act_format(t)) {
+    switch (act_format8(t)) {
     case BT_ACT_F32: return 1;
     case BT_ACT_Q8_32: return BT_QK;
     case BT_ACT_Q8_256: return BT_QK_K;
@@ -53,12 +64,15 @@ size_t bt_cpu_row_bytes(uint32_t t, int64_t n)
     return (size_t)(n / be) * ti->block_bytes;
 }
 
-size_t bt_cpu_act_row_bytes(uint32_t t, int64_t n)
+size_t bt_cpu_act_row_bytes(uint32_t t, int act_bits, int64_t n)
 {
-    switch (bt_cpu_act_format(t)) {
+    if (n < 0) return 0;
+    switch (bt_cpu_act_format(t, act_bits)) {
     case BT_ACT_F32: return (size_t)n * sizeof(float);
     case BT_ACT_Q8_32: return (size_t)(n / BT_QK) * sizeof(bt_block_q8_32);
     case BT_ACT_Q8_256: return (size_t)(n / BT_QK_K) * sizeof(bt_block_q8_256);
+    case BT_ACT_Q16_32: return (size_t)(n / BT_QK) * sizeof(bt_block_q16_32);
+    case BT_ACT_Q16_256: return (size_t)(n / BT_QK_K) * sizeof(bt_block_q16_256);
     default: return 0;
     }
 }
@@ -249,6 +263,45 @@ void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y)
     }
 }
 
+/* d = max|x| / 32767. |x * (1 / d)| <= 32767 * (1 + 2^-22) < 32767.5, so codes stay within +-32767. */
+static float quantize_block16(const float *x, int n, int16_t *q)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    float d = amax / 32767.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (int16_t)round_even(x[i] * id);
+    return d;
+}
+
+void bt_cpu_quantize_q16_32_ref(int64_t n, const float *x, bt_block_q16_32 *y)
+{
+    for (int64_t i = 0; i < n / BT_QK; i++) {
+        y[i].d = quantize_block16(x + i * BT_QK, BT_QK, y[i].qs);
+        int32_t s = 0;
+        for (int j = 0; j < BT_QK; j++) s += y[i].qs[j];
+        y[i].sum = s;
+        y[i].ds = y[i].d * (float)s; /* |s| < 2^21: exact in float */
+        y[i].reserved = 0;
+    }
+}
+
+void bt_cpu_quantize_q16_256_ref(int64_t n, const float *x, bt_block_q16_256 *y)
+{
+    for (int64_t i = 0; i < n / BT_QK_K; i++) {
+        y[i].d = quantize_block16(x + i * BT_QK_K, BT_QK_K, y[i].qs);
+        y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t s = 0;
+            for (int j = 0; j < 16; j++) s += y[i].qs[16 * k + j];
+            y[i].bsums[k] = s;
+        }
+    }
+}
+
 /* ---- dot products ---- */
 
 static float dot_q4_0(int64_t nb, const bt_block_q4_0 *w, const bt_block_q8_32 *a)
@@ -373,8 +426,118 @@ static float dot_q6_k(int64_t nb, const bt_block_q6_k *w, const bt_block_q8_256 
     return acc;
 }
 
-float bt_cpu_vec_dot_ref(uint32_t t, int64_t n, const void *w_row, const void *act_row)
+/* 16-bit activations. Weight code of element e of legacy block b, offset included (Q4_0: q - 8, Q5_0: q - 16). */
+static inline int legacy_code(uint32_t t, const void *w, int64_t b, int e)
 {
+    int j = e & 15, hi = e >> 4;
+    switch (t) {
+    case BT_TYPE_Q4_0: {
+        const bt_block_q4_0 *x = (const bt_block_q4_0 *)w + b;
+        return ((x->qs[j] >> (4 * hi)) & 0x0f) - 8;
+    }
+    case BT_TYPE_Q4_1: {
+        const bt_block_q4_1 *x = (const bt_block_q4_1 *)w + b;
+        return (x->qs[j] >> (4 * hi)) & 0x0f;
+    }
+    case BT_TYPE_Q5_0: {
+        const bt_block_q5_0 *x = (const bt_block_q5_0 *)w + b;
+        return (((x->qs[j] >> (4 * hi)) & 0x0f) | (int)((load_u32le(x->qh) >> e) & 1) << 4) - 16;
+    }
+    case BT_TYPE_Q5_1: {
+        const bt_block_q5_1 *x = (const bt_block_q5_1 *)w + b;
+        return ((x->qs[j] >> (4 * hi)) & 0x0f) | (int)((load_u32le(x->qh) >> e) & 1) << 4;
+    }
+    default: return ((const bt_block_q8_0 *)w + b)->qs[e]; /* Q8_0 */
+    }
+}
+
+/* Legacy types: per block s = sum q_w * q_a in int32 (|q_w| <= 128, |q_a| <= 32767: |s| <= 32 * 128 * 32767
+ * < 2^28), then acc += d_w * d_a * s (+ m_w * d_a * sum q_a for Q4_1/Q5_1), as the 8-bit path. The weight
+ * scales d, m are the first fp16 fields of every legacy block. */
+static float dot16_legacy(uint32_t t, int64_t nb, const void *w, const bt_block_q16_32 *a)
+{
+    const bt_ggml_type_info *ti = bt_ggml_type_get(t);
+    int has_min = t == BT_TYPE_Q4_1 || t == BT_TYPE_Q5_1;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * ti->block_bytes;
+        uint16_t d16, m16;
+        memcpy(&d16, blk, 2);
+        int32_t s = 0;
+        for (int e = 0; e < BT_QK; e++) s += legacy_code(t, w, i, e) * a[i].qs[e];
+        if (has_min) {
+            memcpy(&m16, blk + 2, 2);
+            acc += bt_fp16_to_f32(d16) * a[i].d * (float)s + bt_fp16_to_f32(m16) * a[i].ds;
+        } else {
+            acc += bt_fp16_to_f32(d16) * a[i].d * (float)s;
+        }
+    }
+    return acc;
+}
+
+/* Q4_K / Q5_K: per 32-element sub-block s_j = sum q * q_a in int32 (|s_j| <= 32 * 31 * 32767 < 2^25); the
+ * super-block sum of sc_j * s_j (sc_j <= 63) and of m_j * bsum_j go through int64 (up to 8 * 63 * 2^25 > 2^31),
+ * so the integer part is exact; each becomes a float once per super-block. */
+static float dot16_qk45(int has_qh, int64_t nb, const void *w, const bt_block_q16_256 *a)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *scales, *qs, *qh = NULL;
+        uint16_t d16, dmin16;
+        if (has_qh) {
+            const bt_block_q5_k *b = (const bt_block_q5_k *)w + i;
+            scales = b->scales, qs = b->qs, qh = b->qh, d16 = b->d, dmin16 = b->dmin;
+        } else {
+            const bt_block_q4_k *b = (const bt_block_q4_k *)w + i;
+            scales = b->scales, qs = b->qs, d16 = b->d, dmin16 = b->dmin;
+        }
+        int64_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            bt_q4k_scale_min(scales, j, &sc, &m);
+            const uint8_t *q = qs + 32 * (j / 2);
+            int shift = 4 * (j & 1);
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0x0f;
+                if (has_qh) v |= ((qh[l] >> j) & 1) << 4;
+                s += v * a[i].qs[32 * j + l];
+            }
+            sumi += (int64_t)sc * s;
+            summ += (int64_t)m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+        }
+        acc += bt_fp16_to_f32(d16) * a[i].d * (float)sumi - bt_fp16_to_f32(dmin16) * a[i].d * (float)summ;
+    }
+    return acc;
+}
+
+/* Q6_K: per 16-element sub-block s_k = sum (q - 32) * q_a, |s_k| <= 16 * 32 * 32767 < 2^24; sum of scale_k * s_k
+ * (|scale| <= 128) in int64. */
+static float dot16_q6_k(int64_t nb, const bt_block_q6_k *w, const bt_block_q16_256 *a)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int64_t sumi = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++) s += (q6k_value(&w[i], 16 * k + l) - 32) * a[i].qs[16 * k + l];
+            sumi += (int64_t)w[i].scales[k] * s;
+        }
+        acc += bt_fp16_to_f32(w[i].d) * a[i].d * (float)sumi;
+    }
+    return acc;
+}
+
+float bt_cpu_vec_dot_ref(uint32_t t, int act_bits, int64_t n, const void *w_row, const void *act_row)
+{
+    switch (bt_cpu_act_format(t, act_bits)) {
+    case BT_ACT_Q16_32: return dot16_legacy(t, n / BT_QK, w_row, act_row);
+    case BT_ACT_Q16_256:
+        if (t == BT_TYPE_Q6_K) return dot16_q6_k(n / BT_QK_K, w_row, act_row);
+        return dot16_qk45(t == BT_TYPE_Q5_K, n / BT_QK_K, w_row, act_row);
+    case BT_ACT_NONE: return 0.0f;
+    default: break;
+    }
     const float *xf = act_row;
     float acc = 0.0f;
     switch (t) {

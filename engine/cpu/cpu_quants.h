@@ -1,4 +1,4 @@
-/* GGUF weight block formats, 8-bit activation blocks, and the scalar reference kernels on them.
+/* GGUF weight block formats, 8- and 16-bit activation blocks, and the scalar reference kernels on them.
  * These references are the oracle every SIMD kernel is tested against; they favour plainness over speed.
  * Little-endian layouts as stored in GGUF files (fp16 scales kept as raw uint16 bits). Sizes match
  * bt_ggml_type_get(t)->block_bytes (static-asserted in cpu_quants.c). A row of n elements holds n / QK blocks;
@@ -41,6 +41,11 @@ typedef struct { float d, ds; int32_t sum, reserved; int8_t qs[BT_QK]; } bt_bloc
 /* Activations quantized for K-quant weight types: bsums[k] = sum of qs[16k .. 16k+15]. */
 typedef struct { float d; int16_t bsums[16]; int8_t qs[BT_QK_K]; } bt_block_q8_256;
 
+/* 16-bit activation blocks (the accurate path): as Q8_32 / Q8_256 with |qs| <= 32767. Sums need 32 bits
+ * (32 * 32767 < 2^21); the padding keeps qs 16-byte aligned within a block. */
+typedef struct { float d, ds; int32_t sum, reserved; int16_t qs[BT_QK]; } bt_block_q16_32;
+typedef struct { float d; int32_t reserved[3]; int32_t bsums[16]; int16_t qs[BT_QK_K]; } bt_block_q16_256;
+
 /* Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */
 static inline void bt_q4k_scale_min(const uint8_t *scales, int j, uint8_t *sc, uint8_t *m)
 {
@@ -53,16 +58,23 @@ static inline void bt_q4k_scale_min(const uint8_t *scales, int j, uint8_t *sc, u
     }
 }
 
+/* Activation precision: bits per quantized activation code. 16 (the default, also selected by 0) keeps the
+ * quantized matmul within ~1e-5 of sum |w * x| of the float result; 8 is faster and noisier (~1e-2). */
+#define BT_CPU_ACT_BITS_DEFAULT 16
+
 /* Activation formats a weight type's dot product consumes. */
 typedef enum bt_cpu_act_fmt {
-    BT_ACT_NONE = -1, /* weight type not supported by these kernels */
-    BT_ACT_F32 = 0,   /* plain floats (F32, F16, BF16 weights) */
-    BT_ACT_Q8_32 = 1, /* bt_block_q8_32 per 32 elements (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) */
-    BT_ACT_Q8_256 = 2, /* bt_block_q8_256 per 256 elements (Q4_K, Q5_K, Q6_K) */
+    BT_ACT_NONE = -1,   /* weight type not supported by these kernels, or bad act_bits */
+    BT_ACT_F32 = 0,     /* plain floats (F32, F16, BF16 weights, whatever act_bits says) */
+    BT_ACT_Q8_32 = 1,   /* bt_block_q8_32 per 32 elements (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), act_bits 8 */
+    BT_ACT_Q8_256 = 2,  /* bt_block_q8_256 per 256 elements (Q4_K, Q5_K, Q6_K), act_bits 8 */
+    BT_ACT_Q16_32 = 3,  /* bt_block_q16_32 per 32 elements (legacy types), act_bits 16 */
+    BT_ACT_Q16_256 = 4, /* bt_block_q16_256 per 256 elements (K-quants), act_bits 16 */
 } bt_cpu_act_fmt;
 
-/* Activation format for weight type t, BT_ACT_NONE if these kernels do not handle t. */
-bt_cpu_act_fmt bt_cpu_act_format(uint32_t t);
+/* Activation format for weight type t at precision act_bits (8, 16, or 0 for 16); BT_ACT_NONE if these kernels
+ * do not handle t or act_bits is not 0, 8 or 16. */
+bt_cpu_act_fmt bt_cpu_act_format(uint32_t t, int act_bits);
 
 /* Elements per weight block of t (1 for float types), 0 when unsupported. */
 int bt_cpu_block_elems(uint32_t t);
@@ -70,8 +82,10 @@ int bt_cpu_block_elems(uint32_t t);
 /* Bytes of a weight row of n elements of type t; 0 when t is unknown or n is not a multiple of its block. */
 size_t bt_cpu_row_bytes(uint32_t t, int64_t n);
 
-/* Bytes of an activation row of n elements prepared for weight type t (n * 4 for float weight types). */
-size_t bt_cpu_act_row_bytes(uint32_t t, int64_t n);
+/* Bytes of an activation row of n elements prepared for weight type t at precision act_bits (n * 4 for float
+ * weight types); 0 when unsupported. A 16-bit row is never smaller than an 8-bit one, so scratch sized for 16
+ * serves both. */
+size_t bt_cpu_act_row_bytes(uint32_t t, int act_bits, int64_t n);
 
 /* Scalar reference dequantization of one row: y[n] from n elements of type t at x. Bit-identical to gguf-py's
  * gguf.quants.dequantize. Returns 0, or -1 when t is not one of the supported types. */
@@ -81,10 +95,13 @@ int bt_cpu_dequantize_row_ref(uint32_t t, int64_t n, const void *x, float *y);
  * (a NaN or infinity gives unspecified codes, and different ISAs may then disagree). */
 void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y);   /* y[n/32] */
 void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y); /* y[n/256] */
+/* The same with d = max|x| / 32767 and int16 codes. */
+void bt_cpu_quantize_q16_32_ref(int64_t n, const float *x, bt_block_q16_32 *y);   /* y[n/32] */
+void bt_cpu_quantize_q16_256_ref(int64_t n, const float *x, bt_block_q16_256 *y); /* y[n/256] */
 
 /* Scalar reference dot product of one weight row (n elements of type t) with one activation row in the format
- * bt_cpu_act_format(t). Per block: an exact integer dot, then float accumulation in block order.
+ * bt_cpu_act_format(t, act_bits). Per block: an exact integer dot, then float accumulation in block order.
  * Returns 0 for unsupported types. */
-float bt_cpu_vec_dot_ref(uint32_t t, int64_t n, const void *w_row, const void *act_row);
+float bt_cpu_vec_dot_ref(uint32_t t, int act_bits, int64_t n, const void *w_row, const void *act_row);
 
 #endif

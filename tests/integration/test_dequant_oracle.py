@@ -122,32 +122,38 @@ def test_model_tensors(tmp_path, tensor):
 # ---- activation quantization and matmul against numpy ----
 
 ACT32 = np.dtype([("d", "<f4"), ("ds", "<f4"), ("sum", "<i4"), ("reserved", "<i4"), ("qs", "i1", 32)])
+ACT16_32 = np.dtype([("d", "<f4"), ("ds", "<f4"), ("sum", "<i4"), ("reserved", "<i4"), ("qs", "<i2", 32)])
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-def np_quantize(x: np.ndarray, block: int):
-    """The activation quantizer in float32 numpy: d = max|x| / 127, q = round-half-even(x * (1 / d))."""
+def np_quantize(x: np.ndarray, block: int, bits: int = 8):
+    """The activation quantizer in float32 numpy: d = max|x| / qmax (127 or 32767), q = round-half-even(x * (1 / d))."""
+    qmax, qtype = (127, np.int8) if bits == 8 else (32767, np.int16)
     xb = x.astype(np.float32).reshape(-1, block)
     amax = np.abs(xb).max(axis=1)
-    d = (amax / np.float32(127)).astype(np.float32)
+    d = (amax / np.float32(qmax)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    q = np.rint((xb * inv[:, None]).astype(np.float32)).astype(np.int8)
+    q = np.rint((xb * inv[:, None]).astype(np.float32)).astype(qtype)
     return d, q
 
 
-def test_act_quantizer_matches_numpy(tmp_path):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_act_quantizer_matches_numpy(tmp_path, bits):
     if not TOOL.exists():
         pytest.skip(f"{TOOL} not built (set BATON_BUILD_DIR)")
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(32 * 512) * rng.uniform(0.01, 50, 32 * 512)).astype(np.float32)
     x[:32] = 0
-    x[32:64] = np.arange(32) - 16.0  # exact ties after scaling
+    x[32:64] = np.arange(32) - 16.0  # exact ties after scaling (8-bit)
+    x[64:96] = (np.arange(32) - 16.0) * 0.25
+    x[64] = 16383.5  # d = 0.5: odd multiples of 0.25 are exact ties (16-bit)
     (tmp_path / "x.bin").write_bytes(x.tobytes())
-    subprocess.run([str(TOOL), "quantize", str(x.size), str(tmp_path / "x.bin"), str(tmp_path / "q.bin")], check=True)
-    got = np.fromfile(tmp_path / "q.bin", dtype=ACT32)
-    d, q = np_quantize(x, 32)
+    subprocess.run([str(TOOL), "quantize", str(x.size), str(tmp_path / "x.bin"), str(tmp_path / "q.bin"), str(bits)],
+                   check=True)
+    got = np.fromfile(tmp_path / "q.bin", dtype=ACT32 if bits == 8 else ACT16_32)
+    d, q = np_quantize(x, 32, bits)
     assert np.array_equal(got["d"].view(np.uint32), d.view(np.uint32))
     assert np.array_equal(got["qs"], q)
     s = q.astype(np.int32).sum(axis=1)
@@ -192,11 +198,13 @@ def load_model_tensor(name):
     pytest.skip(f"{name} not in the model")
 
 
+@pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("type_name,source", matmul_cases())
-def test_matmul_vs_numpy(tmp_path, isa, type_name, source):
-    """bt_cpu_matmul (2 threads, forced ISA) vs float64 numpy on the same quantized activations: within 2e-6 of
-    sum |w * xq| per output (float accumulation order only)."""
+def test_matmul_vs_numpy(tmp_path, isa, type_name, source, bits):
+    """bt_cpu_matmul (2 threads, forced ISA, 8- or 16-bit activations) vs float64 numpy on the same quantized
+    activations: within 2e-6 of sum |w * xq| per output (float accumulation order only). With 16-bit activations
+    also vs the unquantized activations: within 5e-5 of sum |w * x| (8-bit is ~1e-2)."""
     if not TOOL.exists():
         pytest.skip(f"{TOOL} not built (set BATON_BUILD_DIR)")
     rng = np.random.default_rng(11)
@@ -227,16 +235,22 @@ def test_matmul_vs_numpy(tmp_path, isa, type_name, source):
     if type_name in FLOAT_TYPES:
         xq = x.astype(np.float64)
     else:
-        d, q = np_quantize(x.reshape(-1), 256 if type_name in K_TYPES else 32)
+        d, q = np_quantize(x.reshape(-1), 256 if type_name in K_TYPES else 32, bits)
         xq = (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(n_rows, n_in)
     (tmp_path / "w.bin").write_bytes(raw.tobytes())
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     env = dict(os.environ, BATON_CPU_ISA=isa)
     subprocess.run([str(TOOL), "matmul", type_name.lower(), str(n_in), str(n_out), str(n_rows),
-                    str(tmp_path / "w.bin"), str(tmp_path / "x.bin"), str(tmp_path / "y.bin")], check=True, env=env)
+                    str(tmp_path / "w.bin"), str(tmp_path / "x.bin"), str(tmp_path / "y.bin"), str(bits)],
+                   check=True, env=env)
     y = np.fromfile(tmp_path / "y.bin", dtype=np.float32).reshape(n_rows, n_out).astype(np.float64)
     want = xq @ wf.T
     mag = np.abs(xq) @ np.abs(wf).T
     err = np.abs(y - want) / (mag + 1e-30)
-    print(f"{type_name} {source} {isa}: max error {err.max():.3g} of sum |w xq|")
-    assert err.max() < 2e-6, f"{type_name} {source} {isa}: max error {err.max():.3g} of sum |w x|"
+    print(f"{type_name} {source} {isa} {bits}-bit: max error {err.max():.3g} of sum |w xq|")
+    assert err.max() < 2e-6, f"{type_name} {source} {isa} {bits}-bit: max error {err.max():.3g} of sum |w x|"
+    if bits == 16:
+        x64 = x.astype(np.float64)
+        err_x = np.abs(y - x64 @ wf.T) / (np.abs(x64) @ np.abs(wf).T + 1e-30)
+        print(f"{type_name} {source} {isa} 16-bit: max error {err_x.max():.3g} of sum |w x| vs float activations")
+        assert err_x.max() < 5e-5, f"{type_name} {source} {isa}: 16-bit error {err_x.max():.3g} of sum |w x|"

@@ -14,9 +14,18 @@ static void test_geometry(void)
         REQUIRE(ti);
         CHECK((uint32_t)bt_cpu_block_elems(t) == ti->block_elems);
         CHECK(bt_cpu_row_bytes(t, 512) == 512 / ti->block_elems * ti->block_bytes);
-        CHECK(bt_cpu_act_format(t) != BT_ACT_NONE);
+        CHECK(bt_cpu_act_format(t, 8) != BT_ACT_NONE);
+        CHECK(bt_cpu_act_format(t, 0) == bt_cpu_act_format(t, 16));
+        CHECK(bt_cpu_act_format(t, 12) == BT_ACT_NONE);
+        CHECK(bt_cpu_act_row_bytes(t, 16, 512) >= bt_cpu_act_row_bytes(t, 8, 512));
     }
-    CHECK(bt_cpu_act_format(BT_TYPE_Q2_K) == BT_ACT_NONE);
+    CHECK(bt_cpu_act_format(BT_TYPE_Q4_1, 16) == BT_ACT_Q16_32);
+    CHECK(bt_cpu_act_format(BT_TYPE_Q4_1, 8) == BT_ACT_Q8_32);
+    CHECK(bt_cpu_act_format(BT_TYPE_Q6_K, 0) == BT_ACT_Q16_256);
+    CHECK(bt_cpu_act_format(BT_TYPE_F16, 16) == BT_ACT_F32);
+    CHECK(bt_cpu_act_row_bytes(BT_TYPE_Q8_0, 0, 64) == 2 * sizeof(bt_block_q16_32));
+    CHECK(bt_cpu_act_format(BT_TYPE_Q2_K, 8) == BT_ACT_NONE);
+    CHECK(bt_cpu_act_format(BT_TYPE_Q2_K, 16) == BT_ACT_NONE);
     CHECK(bt_cpu_row_bytes(BT_TYPE_Q4_0, 48) == 0);
     CHECK(bt_cpu_dequantize_row_ref(BT_TYPE_Q2_K, 256, NULL, NULL) == -1);
 }
@@ -107,8 +116,61 @@ static void test_act_quant(void)
     free(x), free(r32), free(s32), free(r256), free(s256);
 }
 
+static void test_act_quant16(void)
+{
+    enum { N = 2048 };
+    float *x = malloc(N * sizeof *x);
+    bt_block_q16_32 *r32 = malloc(N / 32 * sizeof *r32), *s32 = malloc(N / 32 * sizeof *s32);
+    bt_block_q16_256 *r256 = malloc(N / 256 * sizeof *r256), *s256 = malloc(N / 256 * sizeof *s256);
+    REQUIRE(x && r32 && s32 && r256 && s256);
+    uint64_t s = 5;
+    for (int rep = 0; rep < 20; rep++) {
+        test_fill_act(N, x, &s);
+        if (rep == 1) memset(x, 0, 64 * sizeof *x);
+        if (rep == 2) for (int i = 0; i < N; i++) x[i] = (float)(i % 255 - 127) * 0.5f;
+        if (rep == 3) /* d = 0.5 and odd multiples of 0.25: exact ties */
+            for (int i = 0; i < N; i++) x[i] = i % 32 == 0 ? 16383.5f : (float)(i % 64 - 32) * 0.25f;
+        if (rep == 4) for (int i = 0; i < N; i++) x[i] *= 1e-30f; /* tiny (subnormal-adjacent) scales */
+        bt_cpu_quantize_q16_32_ref(N, x, r32);
+        bt_cpu_quantize_q16_256_ref(N, x, r256);
+        int bad = 0, full = 0;
+        for (int b = 0; b < N / 32; b++) {
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                sum += r32[b].qs[j];
+                full += abs(r32[b].qs[j]) == 32767;
+                if (abs(r32[b].qs[j]) > 32767) bad++;
+                float err = fabsf(x[32 * b + j] - r32[b].d * (float)r32[b].qs[j]);
+                if (err > r32[b].d * 0.51f + 1e-37f) bad++; /* 1 / d rounded: |x * id - x / d| <= 32767 * 2^-23 */
+            }
+            if (sum != r32[b].sum || r32[b].ds != r32[b].d * (float)sum) bad++;
+        }
+        for (int b = 0; b < N / 256; b++)
+            for (int k = 0; k < 16; k++) {
+                int sum = 0;
+                for (int j = 0; j < 16; j++) sum += r256[b].qs[16 * k + j];
+                if (sum != r256[b].bsums[k]) bad++;
+            }
+        CHECK_MSG(bad == 0, "reference 16-bit activation quantization off in %d places", bad);
+        CHECK(rep == 1 || full >= N / 32); /* every non-zero block reaches +-32767 */
+        for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            memset(s32, 0xaa, N / 32 * sizeof *s32);
+            memset(s256, 0xaa, N / 256 * sizeof *s256);
+            ops->quantize_q16_32(N, x, s32);
+            ops->quantize_q16_256(N, x, s256);
+            CHECK_MSG(!memcmp(r32, s32, N / 32 * sizeof *s32), "%s q16_32 bytes differ (rep %d)", ops->name, rep);
+            CHECK_MSG(!memcmp(r256, s256, N / 256 * sizeof *s256), "%s q16_256 bytes differ (rep %d)", ops->name,
+                      rep);
+        }
+    }
+    free(x), free(r32), free(s32), free(r256), free(s256);
+}
+
 typedef struct dot_case {
     uint32_t t;
+    int bits;   /* activation precision, 8 or 16 */
     int64_t n;
     void *w;    /* one weight row */
     float *x;   /* [n] original activations */
@@ -117,20 +179,20 @@ typedef struct dot_case {
     float *xf;  /* [n] dequantized activations (what the integer dot actually sees) */
 } dot_case;
 
-static int make_case(dot_case *c, uint32_t t, int64_t n, uint64_t *s)
+static int make_case(dot_case *c, uint32_t t, int bits, int64_t n, uint64_t *s)
 {
-    c->t = t, c->n = n;
+    c->t = t, c->bits = bits, c->n = n;
     c->w = malloc(bt_cpu_row_bytes(t, n));
     c->x = malloc((size_t)n * sizeof(float));
-    c->xa = malloc(bt_cpu_act_row_bytes(t, n));
+    c->xa = malloc(bt_cpu_act_row_bytes(t, bits, n));
     c->wf = malloc((size_t)n * sizeof(float));
     c->xf = malloc((size_t)n * sizeof(float));
     if (!c->w || !c->x || !c->xa || !c->wf || !c->xf) return -1;
     test_fill_row(t, n, c->w, s);
     test_fill_act(n, c->x, s);
-    bt_cpu_prepare_act_row(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), t, n, c->x, c->xa);
+    bt_cpu_prepare_act_row(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), t, bits, n, c->x, c->xa);
     bt_cpu_dequantize_row_ref(t, n, c->w, c->wf);
-    switch (bt_cpu_act_format(t)) {
+    switch (bt_cpu_act_format(t, bits)) {
     case BT_ACT_Q8_32:
         for (int64_t i = 0; i < n; i++) {
             const bt_block_q8_32 *b = (const bt_block_q8_32 *)c->xa + i / 32;
@@ -140,6 +202,18 @@ static int make_case(dot_case *c, uint32_t t, int64_t n, uint64_t *s)
     case BT_ACT_Q8_256:
         for (int64_t i = 0; i < n; i++) {
             const bt_block_q8_256 *b = (const bt_block_q8_256 *)c->xa + i / 256;
+            c->xf[i] = b->d * (float)b->qs[i % 256];
+        }
+        break;
+    case BT_ACT_Q16_32:
+        for (int64_t i = 0; i < n; i++) {
+            const bt_block_q16_32 *b = (const bt_block_q16_32 *)c->xa + i / 32;
+            c->xf[i] = b->d * (float)b->qs[i % 32];
+        }
+        break;
+    case BT_ACT_Q16_256:
+        for (int64_t i = 0; i < n; i++) {
+            const bt_block_q16_256 *b = (const bt_block_q16_256 *)c->xa + i / 256;
             c->xf[i] = b->d * (float)b->qs[i % 256];
         }
         break;
@@ -160,64 +234,86 @@ static int64_t random_n(uint32_t t, uint64_t *s)
     return be * (1 + (int64_t)(test_rand_next(s) % (be == 32 ? 80 : 10)));
 }
 
+static const int act_bits_list[2] = {8, 16};
+
 /* Scalar reference vs a float64 dot of dequantized weights and the original activations: the difference is
- * bounded by the activation quantization error, |x - xq| <= d_a / 2 per element, plus float rounding. */
+ * bounded by the activation quantization error, |x - xq| <= d_a / 2 per element, plus float rounding. With
+ * 16-bit activations the whole error must also stay under 2e-5 of sum |w * x| (8-bit: ~1e-2); the worst ratio is
+ * printed. */
 static void test_ref_vs_dequantized(void)
 {
     uint64_t s = 17;
-    for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
-        uint32_t t = cpu_test_types[k];
-        int bad = 0;
-        for (int rep = 0; rep < 30; rep++) {
-            dot_case c;
-            REQUIRE(make_case(&c, t, random_n(t, &s), &s) == 0);
-            double exact = 0, qerr = 0, mag = 0;
-            for (int64_t i = 0; i < c.n; i++) {
-                exact += (double)c.wf[i] * c.x[i];
-                qerr += fabs((double)c.wf[i]) * fabs((double)c.x[i] - c.xf[i]);
-                mag += fabs((double)c.wf[i] * c.x[i]);
+    for (int bi = 0; bi < 2; bi++) {
+        int bits = act_bits_list[bi];
+        for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+            uint32_t t = cpu_test_types[k];
+            int bad = 0;
+            double worst = 0;
+            for (int rep = 0; rep < 30; rep++) {
+                dot_case c;
+                REQUIRE(make_case(&c, t, bits, random_n(t, &s), &s) == 0);
+                double exact = 0, qerr = 0, mag = 0;
+                for (int64_t i = 0; i < c.n; i++) {
+                    exact += (double)c.wf[i] * c.x[i];
+                    qerr += fabs((double)c.wf[i]) * fabs((double)c.x[i] - c.xf[i]);
+                    mag += fabs((double)c.wf[i] * c.x[i]);
+                }
+                float got = bt_cpu_vec_dot_ref(t, bits, c.n, c.w, c.xa);
+                double tol = qerr * 1.001 + 1e-5 * mag + 1e-30;
+                double rel = fabs(got - exact) / (mag + 1e-30);
+                worst = rel > worst ? rel : worst;
+                if (fabs(got - exact) > tol || (bits == 16 && rel > 2e-5)) {
+                    if (bad < 3)
+                        fprintf(stderr, "%s/%d n=%lld: ref %.9g, float64 %.9g, tol %.3g\n", bt_ggml_type_name(t),
+                                bits, (long long)c.n, got, exact, tol);
+                    bad++;
+                }
+                free_case(&c);
             }
-            float got = bt_cpu_vec_dot_ref(t, c.n, c.w, c.xa);
-            double tol = qerr * 1.001 + 1e-5 * mag + 1e-30;
-            if (fabs(got - exact) > tol) {
-                if (bad < 3)
-                    fprintf(stderr, "%s n=%lld: ref %.9g, float64 %.9g, tol %.3g\n", bt_ggml_type_name(t),
-                            (long long)c.n, got, exact, tol);
-                bad++;
-            }
-            free_case(&c);
+            if (bt_cpu_act_format(t, 8) != BT_ACT_F32)
+                fprintf(stderr, "  %-5s act %2d bits: worst |ref - float64| = %.2e of sum |w x|\n",
+                        bt_ggml_type_name(t), bits, worst);
+            CHECK_MSG(bad == 0, "%s/%d: %d reference dots outside the quantization bound", bt_ggml_type_name(t),
+                      bits, bad);
         }
-        CHECK_MSG(bad == 0, "%s: %d reference dots outside the quantization bound", bt_ggml_type_name(t), bad);
     }
 }
 
 /* Every ISA vs the scalar reference on random rows: relative to the sum of |terms|, 1e-5 (float accumulation
- * order differs; the per-block integer dots are exact). */
+ * order differs; the per-block integer dots are exact); K-quants with 16-bit activations bit for bit. */
 static void test_simd_vs_ref(void)
 {
     uint64_t s = 23;
     for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
         if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-        for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
-            uint32_t t = cpu_test_types[k];
-            int bad = 0;
-            for (int rep = 0; rep < 60; rep++) {
-                dot_case c;
-                REQUIRE(make_case(&c, t, random_n(t, &s), &s) == 0);
-                double mag = 0;
-                for (int64_t i = 0; i < c.n; i++) mag += fabs((double)c.wf[i] * c.xf[i]);
-                float ref = bt_cpu_vec_dot_ref(t, c.n, c.w, c.xa);
-                float got = bt_cpu_vec_dot(ops, t, c.n, c.w, c.xa);
-                if (fabs((double)got - ref) > 1e-5 * mag + 1e-30) {
-                    if (bad < 3)
-                        fprintf(stderr, "%s %s n=%lld: %.9g vs ref %.9g (mag %.3g)\n", ops->name,
-                                bt_ggml_type_name(t), (long long)c.n, got, ref, mag);
-                    bad++;
+        for (int bi = 0; bi < 2; bi++) {
+            int bits = act_bits_list[bi];
+            for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+                uint32_t t = cpu_test_types[k];
+                int bad = 0;
+                for (int rep = 0; rep < 60; rep++) {
+                    dot_case c;
+                    REQUIRE(make_case(&c, t, bits, random_n(t, &s), &s) == 0);
+                    double mag = 0;
+                    for (int64_t i = 0; i < c.n; i++) mag += fabs((double)c.wf[i] * c.xf[i]);
+                    float ref = bt_cpu_vec_dot_ref(t, bits, c.n, c.w, c.xa);
+                    float got = bt_cpu_vec_dot(ops, t, bits, c.n, c.w, c.xa);
+                    /* K-quants with 16-bit activations sum exactly in int64 and then follow the reference's float
+                     * expression: bit-identical */
+                    int exact = bits == 16 && bt_cpu_block_elems(t) == BT_QK_K;
+                    if (fabs((double)got - ref) > 1e-5 * mag + 1e-30 ||
+                        (exact && bt_f32_bits(got) != bt_f32_bits(ref))) {
+                        if (bad < 3)
+                            fprintf(stderr, "%s %s/%d n=%lld: %.9g vs ref %.9g (mag %.3g)\n", ops->name,
+                                    bt_ggml_type_name(t), bits, (long long)c.n, got, ref, mag);
+                        bad++;
+                    }
+                    free_case(&c);
                 }
-                free_case(&c);
+                CHECK_MSG(bad == 0, "%s %s/%d: %d dots differ from the reference", ops->name, bt_ggml_type_name(t),
+                          bits, bad);
             }
-            CHECK_MSG(bad == 0, "%s %s: %d dots differ from the reference", ops->name, bt_ggml_type_name(t), bad);
         }
     }
 }
@@ -241,33 +337,126 @@ static void set_unit_scales(uint32_t t, int64_t n, uint8_t *w)
     }
 }
 
+/* d = 1 on every activation block. 16-bit codes are cut to |q| <= 127 (sums recomputed) so that every partial sum
+ * stays an integer below 2^24; one code of the first block is the extreme 32767 or -32767 (the widening and
+ * multiply paths see it). */
+static void unit_act_scales(dot_case *c, uint64_t *s)
+{
+    switch (bt_cpu_act_format(c->t, c->bits)) {
+    case BT_ACT_Q8_32: {
+        bt_block_q8_32 *a = c->xa;
+        for (int64_t b = 0; b < c->n / 32; b++) a[b].d = 1.0f, a[b].ds = (float)a[b].sum;
+        break;
+    }
+    case BT_ACT_Q8_256: {
+        bt_block_q8_256 *a = c->xa;
+        for (int64_t b = 0; b < c->n / 256; b++) a[b].d = 1.0f;
+        break;
+    }
+    case BT_ACT_Q16_32: {
+        bt_block_q16_32 *a = c->xa;
+        for (int64_t b = 0; b < c->n / 32; b++) {
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) {
+                a[b].qs[j] = (int16_t)(a[b].qs[j] / 256);
+                if (b == 0 && j == 7) a[b].qs[j] = test_rand_next(s) & 1 ? 32767 : -32767;
+                sum += a[b].qs[j];
+            }
+            a[b].d = 1.0f, a[b].sum = sum, a[b].ds = (float)sum;
+        }
+        break;
+    }
+    default: {
+        bt_block_q16_256 *a = c->xa;
+        for (int64_t b = 0; b < c->n / 256; b++) {
+            a[b].d = 1.0f;
+            for (int k = 0; k < 16; k++) {
+                int32_t sum = 0;
+                for (int j = 0; j < 16; j++) {
+                    int16_t *q = &a[b].qs[16 * k + j];
+                    *q = (int16_t)(*q / 256);
+                    if (b == 0 && k == 3 && j == 5) *q = test_rand_next(s) & 1 ? 32767 : -32767;
+                    sum += *q;
+                }
+                a[b].bsums[k] = sum;
+            }
+        }
+        break;
+    }
+    }
+}
+
 static void test_integer_parts_exact(void)
 {
     uint64_t s = 29;
-    for (size_t k = 3; k < N_CPU_TEST_TYPES; k++) { /* quantized types */
-        uint32_t t = cpu_test_types[k];
-        for (int rep = 0; rep < 20; rep++) {
-            dot_case c;
-            REQUIRE(make_case(&c, t, random_n(t, &s), &s) == 0);
-            set_unit_scales(t, c.n, c.w);
-            /* activation rows with d = 1: integer codes straight from the generator */
-            if (bt_cpu_act_format(t) == BT_ACT_Q8_32) {
-                bt_block_q8_32 *a = c.xa;
-                for (int64_t b = 0; b < c.n / 32; b++) a[b].d = 1.0f, a[b].ds = (float)a[b].sum;
-            } else {
-                bt_block_q8_256 *a = c.xa;
-                for (int64_t b = 0; b < c.n / 256; b++) a[b].d = 1.0f;
+    for (int bi = 0; bi < 2; bi++) {
+        int bits = act_bits_list[bi];
+        for (size_t k = 3; k < N_CPU_TEST_TYPES; k++) { /* quantized types */
+            uint32_t t = cpu_test_types[k];
+            for (int rep = 0; rep < 20; rep++) {
+                dot_case c;
+                REQUIRE(make_case(&c, t, bits, random_n(t, &s), &s) == 0);
+                set_unit_scales(t, c.n, c.w);
+                unit_act_scales(&c, &s);
+                float ref = bt_cpu_vec_dot_ref(t, bits, c.n, c.w, c.xa);
+                for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+                    if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+                    const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+                    float got = bt_cpu_vec_dot(ops, t, bits, c.n, c.w, c.xa);
+                    CHECK_MSG(got == ref, "%s %s/%d n=%lld: %.1f vs %.1f", ops->name, bt_ggml_type_name(t), bits,
+                              (long long)c.n, got, ref);
+                }
+                free_case(&c);
             }
-            float ref = bt_cpu_vec_dot_ref(t, c.n, c.w, c.xa);
-            for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+        }
+    }
+}
+
+/* Worst-case magnitudes: every weight code and activation code at its extreme with equal signs, all scales 1.
+ * The integer sums reach their proven bounds (see cpu_quants.c); the result must be the exact float64 value
+ * rounded, with no wrap-around in any ISA. */
+static void test_q16_extremes(void)
+{
+    for (size_t k = 3; k < N_CPU_TEST_TYPES; k++) {
+        uint32_t t = cpu_test_types[k];
+        int64_t n = bt_cpu_block_elems(t) * 4;
+        const bt_ggml_type_info *ti = bt_ggml_type_get(t);
+        uint8_t *w = malloc(bt_cpu_row_bytes(t, n));
+        float *wf = malloc((size_t)n * sizeof *wf), *x = malloc((size_t)n * sizeof *x);
+        void *xa = malloc(bt_cpu_act_row_bytes(t, 16, n));
+        REQUIRE(w && wf && x && xa);
+        for (int pass = 0; pass < 2; pass++) { /* all bits set (largest codes), then all clear (most negative) */
+            memset(w, pass ? 0x00 : 0xff, bt_cpu_row_bytes(t, n));
+            for (int64_t b = 0; b < n / (int64_t)ti->block_elems; b++) {
+                uint8_t *blk = w + b * ti->block_bytes;
+                if (t == BT_TYPE_Q6_K) {
+                    put16(blk + 208, 0x3c00);
+                    memset(blk + 192, pass ? 0x80 : 0x7f, 16); /* scales -128 / 127 */
+                } else if (t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_K) {
+                    put16(blk, 0x3c00), put16(blk + 2, 0);
+                    memset(blk + 4, 0xff, 12); /* every 6-bit scale 63 */
+                } else {
+                    put16(blk, 0x3c00);
+                    if (t == BT_TYPE_Q4_1 || t == BT_TYPE_Q5_1) put16(blk + 2, 0);
+                    if (t == BT_TYPE_Q8_0) memset(blk + 2, pass ? 0x7f : 0x80, 32); /* codes 127 / -128 */
+                }
+            }
+            bt_cpu_dequantize_row_ref(t, n, w, wf);
+            for (int64_t i = 0; i < n; i++) x[i] = wf[i] < 0 ? -1.0f : 1.0f;
+            bt_cpu_prepare_act_row(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), t, 16, n, x, xa);
+            double want = 0;
+            for (int64_t i = 0; i < n; i++) want += fabs((double)wf[i]) * 32767.0; /* codes +-32767, d folded in */
+            float d = 1.0f / 32767.0f;
+            for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
                 if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
                 const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-                float got = bt_cpu_vec_dot(ops, t, c.n, c.w, c.xa);
-                CHECK_MSG(got == ref, "%s %s n=%lld: %.1f vs %.1f", ops->name, bt_ggml_type_name(t),
-                          (long long)c.n, got, ref);
+                double got = bt_cpu_vec_dot(ops, t, 16, n, w, xa);
+                double exp_ = want * d;
+                CHECK_MSG(fabs(got - exp_) <= 1e-5 * fabs(exp_), "%s %s pass %d: %.9g vs %.9g", ops->name,
+                          bt_ggml_type_name(t), pass, got, exp_);
             }
-            free_case(&c);
         }
+        free(w), free(wf), free(x), free(xa);
     }
 }
 
@@ -278,28 +467,34 @@ static void test_dot_rows_invariant(void)
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
         if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-        for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
-            uint32_t t = cpu_test_types[k];
-            int64_t n = random_n(t, &s);
-            size_t ab = bt_cpu_act_row_bytes(t, n);
-            uint8_t *w = malloc(bt_cpu_row_bytes(t, n)), *xa = malloc(ab * BT_CPU_MAX_NR);
-            float *x = malloc((size_t)n * sizeof *x);
-            REQUIRE(w && xa && x);
-            test_fill_row(t, n, w, &s);
-            for (int r = 0; r < BT_CPU_MAX_NR; r++) {
-                test_fill_act(n, x, &s);
-                bt_cpu_prepare_act_row(ops, t, n, x, xa + r * ab);
-            }
-            for (int nr = 1; nr <= BT_CPU_MAX_NR; nr++) {
-                float outs[2 * BT_CPU_MAX_NR];
-                ops->dot_rows[t](n, w, xa, ab, nr, outs, 2);
-                for (int r = 0; r < nr; r++) {
-                    float one = bt_cpu_vec_dot(ops, t, n, w, xa + r * ab);
-                    CHECK_MSG(bt_f32_bits(one) == bt_f32_bits(outs[2 * r]), "%s %s nr=%d row %d: %.9g vs %.9g",
-                              ops->name, bt_ggml_type_name(t), nr, r, outs[2 * r], one);
+        for (int bi = 0; bi < 2; bi++) {
+            int bits = act_bits_list[bi];
+            for (size_t k = 0; k < N_CPU_TEST_TYPES; k++) {
+                uint32_t t = cpu_test_types[k];
+                int64_t n = random_n(t, &s);
+                size_t ab = bt_cpu_act_row_bytes(t, bits, n);
+                uint8_t *w = malloc(bt_cpu_row_bytes(t, n)), *xa = malloc(ab * BT_CPU_MAX_NR);
+                float *x = malloc((size_t)n * sizeof *x);
+                REQUIRE(w && xa && x);
+                test_fill_row(t, n, w, &s);
+                for (int r = 0; r < BT_CPU_MAX_NR; r++) {
+                    test_fill_act(n, x, &s);
+                    bt_cpu_prepare_act_row(ops, t, bits, n, x, xa + r * ab);
                 }
+                bt_cpu_dot_rows_fn dot = bt_cpu_dot_rows_get(ops, t, bits);
+                REQUIRE(dot);
+                for (int nr = 1; nr <= BT_CPU_MAX_NR; nr++) {
+                    float outs[2 * BT_CPU_MAX_NR];
+                    dot(n, w, xa, ab, nr, outs, 2);
+                    for (int r = 0; r < nr; r++) {
+                        float one = bt_cpu_vec_dot(ops, t, bits, n, w, xa + r * ab);
+                        CHECK_MSG(bt_f32_bits(one) == bt_f32_bits(outs[2 * r]),
+                                  "%s %s/%d nr=%d row %d: %.9g vs %.9g", ops->name, bt_ggml_type_name(t), bits, nr,
+                                  r, outs[2 * r], one);
+                    }
+                }
+                free(w), free(xa), free(x);
             }
-            free(w), free(xa), free(x);
         }
     }
 }
@@ -309,9 +504,11 @@ int main(void)
     RUN(test_geometry);
     RUN(test_dequant_known);
     RUN(test_act_quant);
+    RUN(test_act_quant16);
     RUN(test_ref_vs_dequantized);
     RUN(test_simd_vs_ref);
     RUN(test_integer_parts_exact);
+    RUN(test_q16_extremes);
     RUN(test_dot_rows_invariant);
     return test_summary();
 }

@@ -1,0 +1,631 @@
+#include "engine/scheduler.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "engine/block_manager.h"
+#include "engine/forward.h"
+
+typedef struct sreq {
+    uint64_t id;
+    uint64_t order;          /* arrival order (tie-break after priority) */
+    bt_req_params p;
+    bt_sched_emit_fn emit;
+    void *user;
+    int32_t *tokens;         /* [cap] prompt then generated tokens */
+    int32_t n_tokens, cap;
+    int32_t n_prompt;
+    int32_t n_generated;
+    int32_t n_cached;        /* prompt tokens from the prefix cache at the last admission */
+    int32_t seq;             /* block manager sequence, -1 while waiting */
+    int aborted;
+    /* this step */
+    int32_t feed_from, feed_n;
+    int32_t logit_row;       /* row in the step's logits, -1 when none */
+    struct sreq *next;       /* inbox link */
+} sreq;
+
+typedef struct abort_item {
+    uint64_t id;
+    struct abort_item *next;
+} abort_item;
+
+struct bt_sched {
+    const bt_model *m;
+    bt_backend *be;
+    bt_sched_config cfg;
+    int32_t *eog;
+    bt_kv_pool *kv;
+    bt_bm *bm;
+    bt_forward *fw;
+
+    /* engine-thread state */
+    sreq **waiting;          /* sorted by (priority, order) */
+    int32_t n_waiting, cap_waiting;
+    sreq **running;          /* admission order */
+    int32_t n_running, cap_running;
+    float *logits;           /* [max_batch_tokens][n_vocab] */
+    float *scratch;          /* [2 * n_vocab] sampler scratch */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_rows; /* [max_batch_tokens] */
+    bt_seq_view *b_views;    /* [max_running] */
+    sreq **b_reqs;           /* [max_running] */
+    bt_sched_stats st;       /* engine-thread counters */
+
+    /* shared with other threads */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sreq *inbox, *inbox_tail;
+    abort_item *aborts;
+    uint64_t next_id;
+    bt_sched_stats snap;
+    int thread_running, stop;
+    pthread_t thread;
+};
+
+double bt_sched_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+bt_req_params bt_req_params_default(void)
+{
+    bt_req_params p;
+    memset(&p, 0, sizeof p);
+    p.sampling = bt_sampling_default();
+    p.max_tokens = 16;
+    return p;
+}
+
+static void req_free(sreq *r)
+{
+    if (!r) return;
+    free(r->tokens);
+    free(r);
+}
+
+static int grow(void **arr, int32_t *cap, int32_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    int32_t nc = *cap ? *cap * 2 : 16;
+    while (nc < need) nc *= 2;
+    void *p = realloc(*arr, (size_t)nc * elem);
+    if (!p) return -1;
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
+bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_config *cfg_in, bt_sched **out)
+{
+    bt_sched_config cfg = *cfg_in;
+    if (!cfg.kv_mem) cfg.kv_mem = (size_t)256 << 20;
+    if (!cfg.max_batch_tokens) cfg.max_batch_tokens = 512;
+    if (!cfg.max_running) cfg.max_running = 256;
+    if (!cfg.max_context) cfg.max_context = m->hp.n_ctx_train < 8192 ? m->hp.n_ctx_train : 8192;
+    if (cfg.max_batch_tokens < 1 || cfg.max_running < 1 || cfg.max_context < 1 || cfg.n_eog < 0)
+        return bt_fail(BT_ERR_INVALID, "scheduler: bad configuration");
+    bt_sched *s = calloc(1, sizeof *s);
+    if (!s) return bt_fail(BT_ERR_NOMEM, "out of memory creating the scheduler");
+    s->m = m;
+    s->be = be;
+    s->cfg = cfg;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->next_id = 1;
+    bt_status st;
+    int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
+    s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
+    if (!s->eog) goto nomem;
+    if (cfg.n_eog) memcpy(s->eog, cfg.eog_ids, sizeof(int32_t) * (size_t)cfg.n_eog);
+    s->cfg.eog_ids = s->eog;
+    if ((st = bt_kv_pool_create(&m->hp, cfg.kv_dtype, cfg.kv_mem, NULL, &s->kv))) goto fail;
+    bt_bm_config bc = {.n_blocks = s->kv->n_blocks, .window = 0, .fingerprint = m->fingerprint,
+                       .disable_prefix_cache = cfg.disable_prefix_cache};
+    if ((st = bt_bm_create(&bc, &s->bm))) goto fail;
+    if ((st = bt_forward_create(m, be, B, &s->fw))) goto fail;
+    s->logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
+    s->scratch = malloc(sizeof(float) * 2 * (size_t)V);
+    s->b_tokens = malloc(sizeof(int32_t) * (size_t)B);
+    s->b_pos = malloc(sizeof(int32_t) * (size_t)B);
+    s->b_seq = malloc(sizeof(int32_t) * (size_t)B);
+    s->b_rows = malloc(sizeof(int32_t) * (size_t)B);
+    s->b_views = malloc(sizeof(bt_seq_view) * (size_t)cfg.max_running);
+    s->b_reqs = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
+    if (!s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
+        !s->b_reqs)
+        goto nomem;
+    s->st.kv_blocks_total = s->snap.kv_blocks_total = s->kv->n_blocks;
+    *out = s;
+    return BT_OK;
+nomem:
+    st = bt_fail(BT_ERR_NOMEM, "out of memory creating the scheduler");
+fail:
+    bt_sched_destroy(s);
+    return st;
+}
+
+static void emit_end(sreq *r, bt_end_reason f, bt_status err)
+{
+    bt_sched_event ev = {.req_id = r->id, .token = -1, .logprob = 0, .index = r->n_generated, .finish = f,
+                         .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = err};
+    r->emit(r->user, &ev);
+}
+
+/* Removes r from whichever list holds it, releases its blocks and frees it. */
+static void finish_and_free(bt_sched *s, sreq *r)
+{
+    if (r->seq >= 0) bt_bm_seq_free(s->bm, r->seq);
+    r->seq = -1;
+    for (int32_t i = 0; i < s->n_running; i++)
+        if (s->running[i] == r) {
+            memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
+            s->n_running--;
+            break;
+        }
+    for (int32_t i = 0; i < s->n_waiting; i++)
+        if (s->waiting[i] == r) {
+            memmove(&s->waiting[i], &s->waiting[i + 1], sizeof(sreq *) * (size_t)(s->n_waiting - i - 1));
+            s->n_waiting--;
+            break;
+        }
+    req_free(r);
+}
+
+static int before(const sreq *a, const sreq *b)
+{
+    if (a->p.priority != b->p.priority) return a->p.priority < b->p.priority;
+    return a->order < b->order;
+}
+
+static int waiting_insert(bt_sched *s, sreq *r)
+{
+    if (grow((void **)&s->waiting, &s->cap_waiting, s->n_waiting + 1, sizeof(sreq *))) return -1;
+    int32_t i = s->n_waiting;
+    while (i > 0 && before(r, s->waiting[i - 1])) i--;
+    memmove(&s->waiting[i + 1], &s->waiting[i], sizeof(sreq *) * (size_t)(s->n_waiting - i));
+    s->waiting[i] = r;
+    s->n_waiting++;
+    return 0;
+}
+
+void bt_sched_destroy(bt_sched *s)
+{
+    if (!s) return;
+    bt_sched_stop(s);
+    while (s->n_running) {
+        sreq *r = s->running[0];
+        emit_end(r, BT_END_ABORT, BT_OK);
+        finish_and_free(s, r);
+    }
+    while (s->n_waiting) {
+        sreq *r = s->waiting[0];
+        emit_end(r, BT_END_ABORT, BT_OK);
+        finish_and_free(s, r);
+    }
+    for (sreq *r = s->inbox, *n; r; r = n) {
+        n = r->next;
+        emit_end(r, BT_END_ABORT, BT_OK);
+        req_free(r);
+    }
+    for (abort_item *a = s->aborts, *n; a; a = n) {
+        n = a->next;
+        free(a);
+    }
+    bt_forward_destroy(s->fw);
+    bt_bm_destroy(s->bm);
+    bt_kv_pool_destroy(s->kv);
+    free(s->eog);
+    free(s->waiting);
+    free(s->running);
+    free(s->logits);
+    free(s->scratch);
+    free(s->b_tokens);
+    free(s->b_pos);
+    free(s->b_seq);
+    free(s->b_rows);
+    free(s->b_views);
+    free(s->b_reqs);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, const bt_req_params *p,
+                          bt_sched_emit_fn emit, void *user, uint64_t *req_id)
+{
+    if (n_prompt < 1) return bt_fail(BT_ERR_INVALID, "the prompt is empty");
+    if (p->max_tokens < 1) return bt_fail(BT_ERR_INVALID, "max_tokens must be at least 1");
+    if (p->n_stop_ids < 0 || p->n_stop_ids > BT_SCHED_MAX_STOP_IDS)
+        return bt_fail(BT_ERR_INVALID, "at most %d stop token ids", BT_SCHED_MAX_STOP_IDS);
+    bt_status st = bt_sampling_check(&p->sampling);
+    if (st) return st;
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->m->hp.n_vocab)
+            return bt_fail(BT_ERR_INVALID, "prompt token %d at position %d is outside the vocabulary (%d)", prompt[i],
+                           i, s->m->hp.n_vocab);
+    int64_t total = (int64_t)n_prompt + p->max_tokens;
+    if (total > s->cfg.max_context)
+        return bt_fail(BT_ERR_EXHAUSTED, "prompt (%d tokens) + max_tokens (%d) exceeds the context limit of %d",
+                       n_prompt, p->max_tokens, s->cfg.max_context);
+    if ((total + BT_KV_BLOCK - 1) / BT_KV_BLOCK > s->kv->n_blocks)
+        return bt_fail(BT_ERR_EXHAUSTED, "prompt + max_tokens (%lld tokens) can never fit in the KV pool (%d tokens)",
+                       (long long)total, s->kv->n_blocks * BT_KV_BLOCK);
+    sreq *r = calloc(1, sizeof *r);
+    if (!r) return bt_fail(BT_ERR_NOMEM, "out of memory queueing a request");
+    r->cap = (int32_t)total;
+    r->tokens = malloc(sizeof(int32_t) * (size_t)r->cap);
+    if (!r->tokens) {
+        free(r);
+        return bt_fail(BT_ERR_NOMEM, "out of memory queueing a request");
+    }
+    memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    r->n_tokens = r->n_prompt = n_prompt;
+    r->p = *p;
+    r->emit = emit;
+    r->user = user;
+    r->seq = -1;
+    pthread_mutex_lock(&s->mu);
+    r->id = r->order = s->next_id++;
+    if (s->inbox_tail) s->inbox_tail->next = r;
+    else s->inbox = r;
+    s->inbox_tail = r;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (req_id) *req_id = r->id;
+    return BT_OK;
+}
+
+void bt_sched_abort(bt_sched *s, uint64_t req_id)
+{
+    abort_item *a = malloc(sizeof *a);
+    if (!a) return; /* the request then simply runs to completion */
+    a->id = req_id;
+    pthread_mutex_lock(&s->mu);
+    a->next = s->aborts;
+    s->aborts = a;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static sreq *find_req(bt_sched *s, uint64_t id)
+{
+    for (int32_t i = 0; i < s->n_running; i++)
+        if (s->running[i]->id == id) return s->running[i];
+    for (int32_t i = 0; i < s->n_waiting; i++)
+        if (s->waiting[i]->id == id) return s->waiting[i];
+    return NULL;
+}
+
+/* Moves the inbox into the waiting list and applies aborts. */
+static void drain_inbox(bt_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    sreq *in = s->inbox;
+    abort_item *ab = s->aborts;
+    s->inbox = s->inbox_tail = NULL;
+    s->aborts = NULL;
+    pthread_mutex_unlock(&s->mu);
+    for (sreq *r = in, *n; r; r = n) {
+        n = r->next;
+        r->next = NULL;
+        if (waiting_insert(s, r)) {
+            emit_end(r, BT_END_ERROR, BT_ERR_NOMEM);
+            req_free(r);
+        }
+    }
+    for (abort_item *a = ab, *n; a; a = n) {
+        n = a->next;
+        sreq *r = find_req(s, a->id);
+        if (r) {
+            emit_end(r, BT_END_ABORT, BT_OK);
+            finish_and_free(s, r);
+            s->st.aborted++;
+        }
+        free(a);
+    }
+}
+
+static void expire_deadlines(bt_sched *s)
+{
+    double now = bt_sched_now();
+    for (int pass = 0; pass < 2; pass++) {
+        sreq **list = pass ? s->running : s->waiting;
+        int32_t *n = pass ? &s->n_running : &s->n_waiting;
+        for (int32_t i = 0; i < *n;) {
+            sreq *r = list[i];
+            if (r->p.deadline > 0 && now >= r->p.deadline) {
+                emit_end(r, BT_END_TIMEOUT, BT_OK);
+                finish_and_free(s, r);
+                s->st.timed_out++;
+            } else {
+                i++;
+            }
+        }
+    }
+}
+
+/* Preempts the running request that is served last (lowest priority, latest arrival), other than keep:
+ * releases its blocks and puts it back in the waiting list to be recomputed. Returns 0 when there was none. */
+static int preempt_one(bt_sched *s, const sreq *keep)
+{
+    sreq *victim = NULL;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        if (r == keep || r->feed_n > 0) continue; /* never one already placed in this step's batch */
+        if (!victim || before(victim, r)) victim = r;
+    }
+    if (!victim) return 0;
+    bt_bm_seq_free(s->bm, victim->seq);
+    victim->seq = -1;
+    for (int32_t i = 0; i < s->n_running; i++)
+        if (s->running[i] == victim) {
+            memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
+            s->n_running--;
+            break;
+        }
+    if (waiting_insert(s, victim)) {
+        emit_end(victim, BT_END_ERROR, BT_ERR_NOMEM);
+        req_free(victim);
+    }
+    s->st.preemptions++;
+    BT_DEBUG("sched", "preempted request %llu (%d tokens) for recompute", (unsigned long long)victim->id,
+             victim->n_tokens);
+    return 1;
+}
+
+/* Copies one block (all layers, K and V) for copy-on-write. */
+static void copy_block(bt_sched *s, const bt_bm_copy *c)
+{
+    if (c->src < 0) return;
+    for (int32_t l = 0; l < s->kv->n_layer; l++)
+        memcpy(bt_kv_block_ptr(s->kv, l, c->dst), bt_kv_block_ptr(s->kv, l, c->src), s->kv->block_stride);
+}
+
+/* Reserves KV slots for r's next n tokens, preempting others when the pool is full. Returns 0 on success. */
+static int reserve(bt_sched *s, sreq *r, int32_t n)
+{
+    for (;;) {
+        bt_bm_copy cow = {-1, -1};
+        bt_status st = bt_bm_seq_append(s->bm, r->seq, n, r->tokens + bt_bm_seq_len(s->bm, r->seq), &cow);
+        if (st == BT_OK) {
+            copy_block(s, &cow);
+            return 0;
+        }
+        if (st != BT_ERR_EXHAUSTED || !preempt_one(s, r)) return -1;
+    }
+}
+
+static int is_stop(const bt_sched *s, const sreq *r, int32_t tok)
+{
+    if (!r->p.ignore_eos)
+        for (int32_t i = 0; i < s->cfg.n_eog; i++)
+            if (s->eog[i] == tok) return 1;
+    for (int32_t i = 0; i < r->p.n_stop_ids; i++)
+        if (r->p.stop_ids[i] == tok) return 1;
+    return 0;
+}
+
+/* Admits waiting requests in order while blocks, budget and the running limit allow. */
+static void admit(bt_sched *s, int32_t *budget)
+{
+    while (s->n_waiting > 0 && *budget > 0 && s->n_running < s->cfg.max_running) {
+        sreq *r = s->waiting[0];
+        int32_t evictable = 0;
+        int32_t hits = bt_bm_prefix_probe(s->bm, r->tokens, r->n_tokens, &evictable);
+        int32_t need = (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK - hits + evictable;
+        /* all of the prompt's blocks must fit now, so an admission never forces a preemption by itself */
+        if (!bt_bm_can_allocate(s->bm, need)) break;
+        int32_t seq, cached;
+        if (bt_bm_seq_create(s->bm, &seq)) break;
+        if (bt_bm_seq_match_prefix(s->bm, seq, r->tokens, r->n_tokens, &cached)) {
+            bt_bm_seq_free(s->bm, seq);
+            break;
+        }
+        r->seq = seq;
+        if (r->n_generated == 0) r->n_cached = cached;
+        int32_t n = r->n_tokens - cached;
+        if (n > *budget) n = *budget;
+        if (grow((void **)&s->running, &s->cap_running, s->n_running + 1, sizeof(sreq *))) {
+            bt_bm_seq_free(s->bm, seq);
+            r->seq = -1;
+            break;
+        }
+        memmove(&s->waiting[0], &s->waiting[1], sizeof(sreq *) * (size_t)(s->n_waiting - 1));
+        s->n_waiting--;
+        s->running[s->n_running++] = r;
+        if (reserve(s, r, n)) {
+            /* cannot happen after the can_allocate check; be safe: back to waiting */
+            bt_bm_seq_free(s->bm, r->seq);
+            r->seq = -1;
+            s->n_running--;
+            waiting_insert(s, r);
+            break;
+        }
+        r->feed_from = cached;
+        r->feed_n = n;
+        *budget -= n;
+        s->st.computed_prompt_tokens += (uint64_t)n;
+    }
+}
+
+static void snapshot(bt_sched *s)
+{
+    bt_bm_stats bs;
+    bt_bm_get_stats(s->bm, &bs);
+    s->st.waiting = s->n_waiting;
+    s->st.running = s->n_running;
+    s->st.kv_blocks_used = bs.blocks_used;
+    s->st.kv_blocks_cached = bs.blocks_cached;
+    s->st.kv_tokens_used = 0;
+    for (int32_t i = 0; i < s->n_running; i++) s->st.kv_tokens_used += bt_bm_seq_len(s->bm, s->running[i]->seq);
+    s->st.prefix_query_tokens = bs.prefix_query_tokens;
+    s->st.prefix_hit_tokens = bs.prefix_hit_tokens;
+    pthread_mutex_lock(&s->mu);
+    s->snap = s->st;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int bt_sched_step(bt_sched *s)
+{
+    drain_inbox(s);
+    expire_deadlines(s);
+    int32_t budget = s->cfg.max_batch_tokens;
+    for (int32_t i = 0; i < s->n_running; i++) s->running[i]->feed_n = 0;
+
+    /* 1. running requests continue (decodes need 1 token, unfinished prefills a chunk), in serving order */
+    for (int32_t i = 0; i < s->n_running && budget > 0;) {
+        sreq *r = s->running[i];
+        int32_t done = bt_bm_seq_computed(s->bm, r->seq);
+        int32_t n = r->n_tokens - done;
+        if (n > budget) n = budget;
+        if (n <= 0) {
+            i++;
+            continue;
+        }
+        if (reserve(s, r, n)) {
+            /* nobody left to preempt: r itself waits for blocks */
+            bt_bm_seq_free(s->bm, r->seq);
+            r->seq = -1;
+            memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
+            s->n_running--;
+            waiting_insert(s, r);
+            s->st.preemptions++;
+            continue;
+        }
+        if (done < r->n_prompt) s->st.computed_prompt_tokens += (uint64_t)n;
+        r->feed_from = done;
+        r->feed_n = n;
+        budget -= n;
+        /* preemption may have removed entries before i: find r again */
+        for (i = 0; i < s->n_running && s->running[i] != r; i++) {}
+        i++;
+    }
+    /* 2. admissions */
+    admit(s, &budget);
+
+    /* 3. build the batch */
+    int32_t nt = 0, ns = 0, nl = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        if (r->feed_n <= 0) continue;
+        int32_t nb;
+        const int32_t *table = bt_bm_seq_table(s->bm, r->seq, &nb);
+        s->b_views[ns] = (bt_seq_view){table, nb};
+        s->b_reqs[ns] = r;
+        r->logit_row = -1;
+        for (int32_t k = 0; k < r->feed_n; k++) {
+            s->b_tokens[nt] = r->tokens[r->feed_from + k];
+            s->b_pos[nt] = r->feed_from + k;
+            s->b_seq[nt] = ns;
+            nt++;
+        }
+        if (r->feed_from + r->feed_n == r->n_tokens) {
+            r->logit_row = nl;
+            s->b_rows[nl++] = nt - 1;
+        }
+        ns++;
+    }
+    if (nt == 0) {
+        snapshot(s);
+        return 0;
+    }
+    bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl};
+    bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
+    s->st.steps++;
+    if (st) {
+        BT_ERROR("sched", "forward pass failed: %s", bt_last_error());
+        for (int32_t j = 0; j < ns; j++) {
+            emit_end(s->b_reqs[j], BT_END_ERROR, st);
+            finish_and_free(s, s->b_reqs[j]);
+        }
+        snapshot(s);
+        return st;
+    }
+    /* 4. publish computed KV, sample, emit, finish */
+    int32_t V = s->m->hp.n_vocab;
+    for (int32_t j = 0; j < ns; j++) {
+        sreq *r = s->b_reqs[j];
+        bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
+        if (r->logit_row < 0) continue;
+        float lp;
+        int32_t tok = bt_sample(&r->p.sampling, s->logits + (size_t)r->logit_row * (size_t)V, V, r->n_tokens,
+                                s->scratch, &lp);
+        r->tokens[r->n_tokens++] = tok;
+        r->n_generated++;
+        s->st.generated_tokens++;
+        bt_end_reason f = BT_END_NONE;
+        if (is_stop(s, r, tok)) f = BT_END_STOP;
+        else if (r->n_generated >= r->p.max_tokens || r->n_tokens >= s->cfg.max_context) f = BT_END_LENGTH;
+        bt_sched_event ev = {.req_id = r->id, .token = tok, .logprob = lp, .index = r->n_generated - 1,
+                             .finish = f, .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = BT_OK};
+        r->emit(r->user, &ev);
+        if (f != BT_END_NONE) {
+            s->st.finished++;
+            s->st.prompt_tokens += (uint64_t)r->n_prompt;
+            finish_and_free(s, r);
+        }
+    }
+    snapshot(s);
+    return nt;
+}
+
+int bt_sched_idle(bt_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int empty = !s->inbox && !s->aborts;
+    pthread_mutex_unlock(&s->mu);
+    return empty && s->n_waiting == 0 && s->n_running == 0;
+}
+
+static void *engine_main(void *arg)
+{
+    bt_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->inbox && !s->aborts && s->n_waiting == 0 && s->n_running == 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        int stop = s->stop;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        int n = bt_sched_step(s);
+        if (n == 0 && s->n_waiting > 0 && s->n_running == 0) {
+            /* waiting requests that cannot be admitted with nothing running: only deadlines can change that */
+            struct timespec ts = {0, 5 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+bt_status bt_sched_start(bt_sched *s)
+{
+    if (s->thread_running) return BT_OK;
+    s->stop = 0;
+    if (pthread_create(&s->thread, NULL, engine_main, s) != 0)
+        return bt_fail(BT_ERR_INTERNAL, "cannot start the engine thread");
+    s->thread_running = 1;
+    return BT_OK;
+}
+
+void bt_sched_stop(bt_sched *s)
+{
+    if (!s->thread_running) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    s->thread_running = 0;
+}
+
+void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st)
+{
+    pthread_mutex_lock(&s->mu);
+    *st = s->snap;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,116 @@
+/* Continuous-batching scheduler (DESIGN 5.4): one engine thread runs steps; each step admits waiting requests while
+ * KV blocks and the token budget allow, mixes chunked prefill with the running decodes in one ragged batch, runs
+ * the forward pass, samples, emits tokens, and finishes requests at once. Requests are served by priority, then in
+ * arrival order; deadlines are honoured; abort works at any time. When the KV pool runs out, the most recently
+ * admitted request of the lowest priority is preempted and later recomputed (its output is unaffected: logits are
+ * batch-invariant and sampling is keyed by (seed, position)).
+ *
+ * Threads: bt_sched_submit, bt_sched_abort and bt_sched_get_stats may be called from any thread (they only touch
+ * a mutex-protected inbox or snapshot). Emit callbacks run on the engine thread: they must be quick and must not
+ * call back into the scheduler except bt_sched_abort. bt_sched_step is for callers that drive the scheduler
+ * themselves (tests, offline benchmarks) instead of bt_sched_start. */
+#ifndef BATON_ENGINE_SCHEDULER_H
+#define BATON_ENGINE_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+#define BT_SCHED_MAX_STOP_IDS 16
+
+typedef struct bt_sched_config {
+    size_t kv_mem;             /* bytes for the KV pool (default 256 MiB) */
+    bt_kv_dtype kv_dtype;      /* default f16 */
+    int32_t max_batch_tokens;  /* token budget of one step (default 512) */
+    int32_t max_running;       /* most sequences running at once (default 256) */
+    int32_t max_context;       /* most positions per sequence (default: the model's, at most 8192) */
+    int disable_prefix_cache;
+    const int32_t *eog_ids;    /* [n_eog] tokens that end generation (EOS, EOT ...); copied */
+    int32_t n_eog;
+} bt_sched_config;
+
+typedef struct bt_req_params {
+    bt_sampling sampling;
+    int32_t max_tokens;          /* >= 1 */
+    int32_t stop_ids[BT_SCHED_MAX_STOP_IDS]; /* extra token ids that end generation (the token is emitted) */
+    int32_t n_stop_ids;
+    int ignore_eos;              /* do not stop at the model's end-of-generation tokens */
+    int32_t priority;            /* smaller is served first; default 0 */
+    double deadline;             /* CLOCK_MONOTONIC seconds (bt_sched_now()); 0 = none */
+} bt_req_params;
+
+/* Defaults: greedy, max_tokens 16, priority 0, no deadline. */
+bt_req_params bt_req_params_default(void);
+
+typedef enum bt_end_reason {
+    BT_END_NONE = 0,  /* more tokens follow */
+    BT_END_STOP,      /* an end-of-generation or stop token (it is this event's token) */
+    BT_END_LENGTH,    /* max_tokens or the context limit reached */
+    BT_END_ABORT,     /* bt_sched_abort; no token */
+    BT_END_TIMEOUT,   /* the deadline passed; no token */
+    BT_END_ERROR,     /* the step failed for this request; no token; see the event's error */
+} bt_end_reason;
+
+typedef struct bt_sched_event {
+    uint64_t req_id;
+    int32_t token;     /* the generated token, or -1 when the event carries none */
+    float logprob;     /* log-softmax of the raw logits at token */
+    int32_t index;     /* 0-based index of token among the generated ones */
+    bt_end_reason finish;  /* != BT_END_NONE on the request's last event */
+    int32_t n_prompt;  /* prompt tokens */
+    int32_t n_cached;  /* prompt tokens served from the prefix cache at (last) admission */
+    bt_status error;   /* BT_END_ERROR only */
+} bt_sched_event;
+
+typedef void (*bt_sched_emit_fn)(void *user, const bt_sched_event *ev);
+
+typedef struct bt_sched_stats {
+    int32_t waiting, running;
+    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    int64_t kv_tokens_used;  /* positions held by running sequences (KV utilisation = this / (used * 16)) */
+    uint64_t steps, prompt_tokens, computed_prompt_tokens, generated_tokens, preemptions;
+    uint64_t prefix_query_tokens, prefix_hit_tokens;
+    uint64_t finished, aborted, timed_out;
+} bt_sched_stats;
+
+typedef struct bt_sched bt_sched;
+
+/* Creates a scheduler over model m and backend be (both must outlive it). Zero config fields take defaults.
+ * Errors: BT_ERR_INVALID (config), BT_ERR_NOMEM, and those of the pool, block manager and forward pass. */
+bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_config *cfg, bt_sched **out);
+
+/* Stops the engine thread if running; every request still queued or running gets an ABORT event. NULL allowed. */
+void bt_sched_destroy(bt_sched *s);
+
+/* Queues a request (prompt copied). emit receives every event of it, last one with finish set. Never blocks on
+ * the engine. Errors, with nothing queued: BT_ERR_INVALID (empty prompt, token id out of range, bad params),
+ * BT_ERR_EXHAUSTED (prompt + max_tokens exceed the context limit or could never fit in the KV pool). */
+bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, const bt_req_params *p,
+                          bt_sched_emit_fn emit, void *user, uint64_t *req_id);
+
+/* Asks for req_id to end with an ABORT event (unless it finishes first). Unknown ids are ignored. Can't fail. */
+void bt_sched_abort(bt_sched *s, uint64_t req_id);
+
+/* Runs one step on the calling thread (when no engine thread runs). Returns the number of tokens the step
+ * computed (0 when there was nothing to do), or a negative bt_status when the forward pass failed (the requests
+ * in that step finish with BT_END_ERROR). */
+int bt_sched_step(bt_sched *s);
+
+/* 1 when nothing is waiting or running (nor queued in the inbox). */
+int bt_sched_idle(bt_sched *s);
+
+/* Starts / stops the engine thread, which steps while there is work and sleeps otherwise. */
+bt_status bt_sched_start(bt_sched *s);
+void bt_sched_stop(bt_sched *s);
+
+/* A snapshot taken at the end of the last step. Can't fail. */
+void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st);
+
+/* Seconds on the monotonic clock deadlines use. */
+double bt_sched_now(void);
+
+#endif

@@ -1,0 +1,153 @@
+"""baton's forward pass against an independent numpy llama forward pass over weights dequantized by gguf-py.
+
+Teacher forcing on real prompts (English, code, Chinese, ...): every position's logits from `baton logits` are
+compared with the oracle's. Stated bounds: top-1 agreement >= 99% over >= 1,000 positions and a max relative logit
+error (max |baton - oracle| / max |oracle| per position) below 1%; baton quantizes activations to 16 bits per
+32-element block before each matmul and stores K/V in f16, the oracle computes in float64.
+"""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+PROMPTS = [
+    "The history of the Roman Empire spans many centuries. It began when Augustus became the first emperor in 27 BC "
+    "and, in the West, ended in 476 AD when Romulus Augustulus was deposed. During this long period the empire grew "
+    "to control the entire Mediterranean basin, building roads, aqueducts and cities that still stand today. Latin, "
+    "the language of Rome, became the basis of the Romance languages, and Roman law shaped legal systems across "
+    "Europe. Historians still debate the causes of the decline of the Western Empire: economic troubles, military "
+    "defeats, political instability and the pressure of migrating peoples all played a part.",
+    "def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[len(items) // 2]\n"
+    "    left = [x for x in items if x < pivot]\n    middle = [x for x in items if x == pivot]\n"
+    "    right = [x for x in items if x > pivot]\n    return quicksort(left) + middle + quicksort(right)\n\n\n"
+    "class Stack:\n    def __init__(self):\n        self._items = []\n\n    def push(self, item):\n"
+    "        self._items.append(item)\n\n    def pop(self):\n        if not self._items:\n"
+    "            raise IndexError('pop from empty stack')\n        return self._items.pop()\n",
+    "北京是中华人民共和国的首都，也是全国的政治、文化和国际交往中心。这座城市有着三千多年的建城史和八百多年的建都史，"
+    "拥有故宫、天坛、颐和园和长城等众多名胜古迹。每年都有大量的游客来到这里参观游览，品尝北京烤鸭等地方美食。",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nExplain in three sentences why the sky is blue, and then give one everyday example of the "
+    "same effect.<|im_end|>\n<|im_start|>assistant\nThe sky looks blue because sunlight is scattered by the molecules "
+    "of the air, and shorter blue wavelengths scatter much more strongly than longer red ones. When we look at any "
+    "part of the sky away from the sun, we see this scattered blue light coming toward us from every direction.",
+    "Table of results, 2019-2024: revenue 1,204.5; 1,387.2; 1,512.9; 1,498.0; 1,733.6; 1,902.4 (million EUR). "
+    "Operating margin: 12.1%, 13.4%, 14.0%, 11.8%, 15.2%, 16.0%. Headcount grew from 4,210 to 5,935 employees, "
+    "an increase of 41%. The board proposes a dividend of 0.85 EUR per share for 2024, payable on 14 May 2025.",
+    "#include <stdio.h>\n\nstatic int gcd(int a, int b)\n{\n    while (b != 0) {\n        int t = a % b;\n"
+    "        a = b;\n        b = t;\n    }\n    return a;\n}\n\nint main(int argc, char **argv)\n{\n"
+    "    for (int i = 1; i + 1 < argc; i += 2)\n        printf(\"gcd(%s, %s) = %d\\n\", argv[i], argv[i + 1],\n"
+    "               gcd(atoi(argv[i]), atoi(argv[i + 1])));\n    return 0;\n}\n",
+    "東京は日本の首都であり、世界で最も人口の多い都市圏の一つです。江戸時代には徳川幕府が置かれ、明治維新の後に"
+    "首都となりました。現在では政治、経済、文化の中心として、多くの企業や大学、美術館が集まっています。"
+    "서울은 대한민국의 수도이며 한강을 중심으로 발전한 도시입니다.",
+    "Photosynthesis converts light energy into chemical energy. In the light-dependent reactions, water is split, "
+    "oxygen is released, and ATP and NADPH are produced; in the Calvin cycle, carbon dioxide is fixed into sugars.",
+]
+
+
+def deq(t):
+    """Dequantized float64 weights shaped [rows][row_len] (numpy order: reversed GGUF dims)."""
+    a = dequantize(t.data, t.tensor_type)
+    return np.asarray(a, dtype=np.float64).reshape(tuple(int(d) for d in reversed(t.shape)))
+
+
+class Oracle:
+    def __init__(self, path):
+        r = GGUFReader(str(path))
+        f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.")}
+        self.n_layer = f["llama.block_count"]
+        self.n_head = f["llama.attention.head_count"]
+        self.n_kv = f["llama.attention.head_count_kv"]
+        self.n_embd = f["llama.embedding_length"]
+        self.hd = self.n_embd // self.n_head
+        self.base = f["llama.rope.freq_base"]
+        self.eps = f["llama.attention.layer_norm_rms_epsilon"]
+        self.w = {t.name: deq(t) for t in r.tensors}
+
+    def rmsnorm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, n_heads):
+        # llama GGUF files rotate adjacent pairs (x[2i], x[2i+1]) of each head
+        T = x.shape[0]
+        x = x.reshape(T, n_heads, self.hd // 2, 2)
+        inv = self.base ** (-np.arange(0, self.hd, 2) / self.hd)
+        ang = np.arange(T)[:, None] * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        x0, x1 = x[..., 0], x[..., 1]
+        out = np.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        return out.reshape(T, n_heads * self.hd)
+
+    def logits(self, ids):
+        w = self.w
+        T = len(ids)
+        x = w["token_embd.weight"][ids]
+        mask = np.triu(np.full((T, T), -np.inf), 1)
+        group = self.n_head // self.n_kv
+        for l in range(self.n_layer):
+            p = f"blk.{l}."
+            h = self.rmsnorm(x, w[p + "attn_norm.weight"])
+            q = self.rope(h @ w[p + "attn_q.weight"].T, self.n_head).reshape(T, self.n_head, self.hd)
+            k = self.rope(h @ w[p + "attn_k.weight"].T, self.n_kv).reshape(T, self.n_kv, self.hd)
+            v = (h @ w[p + "attn_v.weight"].T).reshape(T, self.n_kv, self.hd)
+            att = np.empty((T, self.n_head, self.hd))
+            for hh in range(self.n_head):
+                s = q[:, hh, :] @ k[:, hh // group, :].T / np.sqrt(self.hd) + mask
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                att[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, hh // group, :]
+            x = x + att.reshape(T, -1) @ w[p + "attn_output.weight"].T
+            h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
+            g = h @ w[p + "ffn_gate.weight"].T
+            u = h @ w[p + "ffn_up.weight"].T
+            x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+        h = self.rmsnorm(x, w["output_norm.weight"])
+        out = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
+        return h @ out.T
+
+
+def tokenize(baton_bin, model, text):
+    res = subprocess.run([str(baton_bin), "tokenize", "--model", str(model), text], capture_output=True, text=True,
+                         timeout=60, check=True)
+    return [int(t) for t in res.stdout.split()]
+
+
+def baton_logits(baton_bin, model, ids, tmp_path, chunk):
+    out = tmp_path / "logits.f32"
+    subprocess.run([str(baton_bin), "logits", "--model", str(model), "--chunk", str(chunk), "--out", str(out),
+                    *map(str, ids)], check=True, timeout=300)
+    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
+
+
+@pytest.fixture(scope="module")
+def oracle(default_model):
+    return Oracle(default_model)
+
+
+def test_logits_match_numpy_oracle(baton_bin, default_model, oracle, tmp_path):
+    total = agree = 0
+    worst = 0.0
+    for i, text in enumerate(PROMPTS):
+        ids = tokenize(baton_bin, default_model, text)
+        got = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=64)
+        want = oracle.logits(np.array(ids))
+        rel = np.max(np.abs(got - want), axis=1) / np.max(np.abs(want), axis=1)
+        worst = max(worst, float(rel.max()))
+        agree += int(np.sum(np.argmax(got, axis=1) == np.argmax(want, axis=1)))
+        total += len(ids)
+        print(f"prompt {i}: {len(ids)} positions, max rel err {rel.max():.4f}, "
+              f"top-1 agree {np.mean(np.argmax(got, axis=1) == np.argmax(want, axis=1)):.4f}")
+    print(f"overall: {total} positions, top-1 agreement {agree / total:.4f}, max rel err {worst:.4f}")
+    assert total >= 1000
+    assert agree / total >= 0.99
+    assert worst < 0.01
+
+
+def test_logits_chunking_is_bit_identical(baton_bin, default_model, tmp_path):
+    ids = tokenize(baton_bin, default_model, PROMPTS[1])[:150]
+    ref = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=150)
+    for chunk in (1, 7, 64):
+        got = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=chunk)
+        assert np.array_equal(got, ref), f"chunk {chunk} changed the logits"

@@ -1,0 +1,275 @@
+/* engine/scheduler.c on tiny random models: 64 concurrent sequences equal their solo runs (greedy and seeded
+ * sampling), also under preemption; prefix-cache reuse; abort; deadlines; bad requests; blocks all come back. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/scheduler.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#define MAX_OUT 64
+
+typedef struct out {
+    int32_t tokens[MAX_OUT];
+    int32_t n;
+    bt_end_reason finish;
+    int events_after_finish;
+    int32_t n_cached;
+} out;
+
+static void collect(void *user, const bt_sched_event *ev)
+{
+    out *o = user;
+    if (o->finish != BT_END_NONE) o->events_after_finish++;
+    if (ev->token >= 0 && o->n < MAX_OUT) o->tokens[o->n++] = ev->token;
+    o->finish = ev->finish;
+    o->n_cached = ev->n_cached;
+}
+
+static bt_model *model;
+static bt_backend *backend;
+
+static bt_sched *make_sched(size_t kv_blocks, int32_t budget)
+{
+    bt_sched_config cfg = {0};
+    cfg.kv_mem = bt_kv_block_stride(&model->hp, BT_KV_F16) * (size_t)model->hp.n_layer * kv_blocks;
+    cfg.max_batch_tokens = budget;
+    bt_sched *s = NULL;
+    if (bt_sched_create(model, backend, &cfg, &s) != BT_OK) fprintf(stderr, "create: %s\n", bt_last_error());
+    return s;
+}
+
+static void run_until_idle(bt_sched *s)
+{
+    for (int guard = 0; guard < 100000 && !bt_sched_idle(s); guard++)
+        if (bt_sched_step(s) < 0) break;
+}
+
+typedef struct job {
+    int32_t prompt[300];
+    int32_t n_prompt;
+    bt_req_params p;
+} job;
+
+static void make_jobs(job *jobs, int n)
+{
+    uint64_t seed = 99;
+    for (int i = 0; i < n; i++) {
+        job *j = &jobs[i];
+        j->n_prompt = 1 + (int32_t)(test_rand_next(&seed) % 120);
+        for (int32_t k = 0; k < j->n_prompt; k++) j->prompt[k] = (int32_t)(test_rand_next(&seed) % 256);
+        j->p = bt_req_params_default();
+        j->p.max_tokens = 4 + i % 29;
+        j->p.ignore_eos = 1;
+        if (i % 2) { /* half seeded sampling, half greedy */
+            j->p.sampling.temperature = 0.8f;
+            j->p.sampling.top_p = 0.9f;
+            j->p.sampling.seed = 1000 + (uint64_t)i;
+        }
+    }
+}
+
+static void run_alone(const job *jobs, int n, out *outs)
+{
+    for (int i = 0; i < n; i++) {
+        bt_sched *s = make_sched(64, 512);
+        memset(&outs[i], 0, sizeof outs[i]);
+        bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].p, collect, &outs[i], NULL);
+        run_until_idle(s);
+        bt_sched_destroy(s);
+    }
+}
+
+static void check_same(const job *jobs, const out *a, const out *b, int n, const char *what)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (a[i].n != b[i].n || memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].n) != 0 ||
+            b[i].finish != BT_END_LENGTH || b[i].n != jobs[i].p.max_tokens || b[i].events_after_finish) {
+            if (bad++ < 5)
+                fprintf(stderr, "%s: request %d differs (alone %d tokens, together %d, finish %d)\n", what, i, a[i].n,
+                        b[i].n, b[i].finish);
+        }
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d requests differ from their solo runs", what, bad, n);
+}
+
+static void test_64_concurrent_equal_alone(void)
+{
+    enum { N = 64 };
+    static job jobs[N];
+    static out alone[N], together[N], tight[N];
+    make_jobs(jobs, N);
+    run_alone(jobs, N, alone);
+
+    bt_sched *s = make_sched(1024, 256);
+    REQUIRE(s != NULL);
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < N; i++)
+        REQUIRE(bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].p, collect, &together[i], NULL) == BT_OK);
+    run_until_idle(s);
+    check_same(jobs, alone, together, N, "64 concurrent");
+    bt_sched_stats st;
+    bt_sched_get_stats(s, &st);
+    CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0 && st.finished == N);
+    CHECK(st.preemptions == 0);
+    bt_sched_destroy(s);
+
+    /* a pool of 24 blocks (384 tokens) for 64 requests of up to 150 tokens: preemption by recompute */
+    s = make_sched(24, 128);
+    REQUIRE(s != NULL);
+    memset(tight, 0, sizeof tight);
+    for (int i = 0; i < N; i++)
+        REQUIRE(bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].p, collect, &tight[i], NULL) == BT_OK);
+    run_until_idle(s);
+    check_same(jobs, alone, tight, N, "tight pool");
+    bt_sched_get_stats(s, &st);
+    fprintf(stderr, "  tight pool: %llu preemptions over %llu steps\n", (unsigned long long)st.preemptions,
+            (unsigned long long)st.steps);
+    CHECK(st.preemptions > 0);
+    CHECK(st.kv_blocks_used == 0 && st.finished == N);
+    bt_sched_destroy(s);
+}
+
+static void test_prefix_cache_reuse(void)
+{
+    static int32_t a[600], b[600];
+    uint64_t seed = 5;
+    for (int i = 0; i < 512; i++) a[i] = b[i] = (int32_t)(test_rand_next(&seed) % 256);
+    for (int i = 512; i < 540; i++) {
+        a[i] = (int32_t)(test_rand_next(&seed) % 256);
+        b[i] = (int32_t)(test_rand_next(&seed) % 256);
+    }
+    bt_req_params p = bt_req_params_default();
+    p.max_tokens = 12;
+    p.ignore_eos = 1;
+    out cold = {0}, first = {0}, warm = {0};
+    bt_sched *s = make_sched(128, 512);
+    REQUIRE(s != NULL);
+    bt_sched_submit(s, b, 540, &p, collect, &cold, NULL);
+    run_until_idle(s);
+    bt_sched_destroy(s);
+
+    s = make_sched(128, 512);
+    bt_sched_submit(s, a, 540, &p, collect, &first, NULL);
+    run_until_idle(s);
+    bt_sched_stats st0, st1;
+    bt_sched_get_stats(s, &st0);
+    bt_sched_submit(s, b, 540, &p, collect, &warm, NULL);
+    run_until_idle(s);
+    bt_sched_get_stats(s, &st1);
+    uint64_t computed = st1.computed_prompt_tokens - st0.computed_prompt_tokens;
+    fprintf(stderr, "  second request: %d cached prompt tokens, %llu computed\n", warm.n_cached,
+            (unsigned long long)computed);
+    CHECK(warm.n_cached == 512);
+    CHECK(computed == 540 - 512);
+    CHECK(warm.n == cold.n && memcmp(warm.tokens, cold.tokens, sizeof(int32_t) * (size_t)cold.n) == 0);
+    CHECK(st1.kv_blocks_used == 0);
+    bt_sched_destroy(s);
+}
+
+static void test_abort_deadline_and_bad_requests(void)
+{
+    bt_sched *s = make_sched(64, 64);
+    REQUIRE(s != NULL);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = i;
+    bt_req_params p = bt_req_params_default();
+    p.max_tokens = 50;
+    p.ignore_eos = 1;
+    out o1 = {0}, o2 = {0}, o3 = {0};
+    uint64_t id1;
+    REQUIRE(bt_sched_submit(s, prompt, 40, &p, collect, &o1, &id1) == BT_OK);
+    bt_req_params pd = p;
+    pd.deadline = bt_sched_now() - 1; /* already past */
+    REQUIRE(bt_sched_submit(s, prompt, 40, &pd, collect, &o2, NULL) == BT_OK);
+    REQUIRE(bt_sched_submit(s, prompt, 40, &p, collect, &o3, NULL) == BT_OK);
+    for (int i = 0; i < 3; i++) bt_sched_step(s);
+    bt_sched_abort(s, id1);
+    bt_sched_abort(s, 999999); /* unknown: ignored */
+    run_until_idle(s);
+    CHECK(o1.finish == BT_END_ABORT && o1.n < 50);
+    CHECK(o2.finish == BT_END_TIMEOUT && o2.n == 0);
+    CHECK(o3.finish == BT_END_LENGTH && o3.n == 50);
+    bt_sched_stats st;
+    bt_sched_get_stats(s, &st);
+    CHECK(st.kv_blocks_used == 0 && st.aborted == 1 && st.timed_out == 1);
+
+    int32_t bad_tok = 256;
+    CHECK(bt_sched_submit(s, &bad_tok, 1, &p, collect, &o1, NULL) == BT_ERR_INVALID);
+    CHECK(bt_sched_submit(s, prompt, 0, &p, collect, &o1, NULL) == BT_ERR_INVALID);
+    bt_req_params big = p;
+    big.max_tokens = 5000;
+    CHECK(bt_sched_submit(s, prompt, 40, &big, collect, &o1, NULL) == BT_ERR_EXHAUSTED);
+    bt_req_params neg = p;
+    neg.sampling.temperature = -1;
+    CHECK(bt_sched_submit(s, prompt, 40, &neg, collect, &o1, NULL) == BT_ERR_INVALID);
+    bt_sched_destroy(s);
+
+    /* stop token ids end a request with the token included; destroy aborts what is still queued */
+    s = make_sched(64, 64);
+    out first = {0};
+    bt_req_params g = bt_req_params_default();
+    g.max_tokens = 8;
+    g.ignore_eos = 1;
+    bt_sched_submit(s, prompt, 10, &g, collect, &first, NULL);
+    run_until_idle(s);
+    REQUIRE(first.n == 8);
+    out stopped = {0}, pending = {0};
+    g.stop_ids[0] = first.tokens[2];
+    g.n_stop_ids = 1;
+    bt_sched_submit(s, prompt, 10, &g, collect, &stopped, NULL);
+    run_until_idle(s);
+    int first_hit = 0;
+    while (first.tokens[first_hit] != first.tokens[2]) first_hit++;
+    CHECK(stopped.finish == BT_END_STOP && stopped.n == first_hit + 1);
+    bt_sched_submit(s, prompt, 10, &g, collect, &pending, NULL);
+    bt_sched_destroy(s);
+    CHECK(pending.finish == BT_END_ABORT);
+}
+
+static void test_engine_thread(void)
+{
+    bt_sched *s = make_sched(256, 256);
+    REQUIRE(s != NULL);
+    REQUIRE(bt_sched_start(s) == BT_OK);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = 3 * i;
+    bt_req_params p = bt_req_params_default();
+    p.max_tokens = 10;
+    p.ignore_eos = 1;
+    static out outs[16];
+    memset(outs, 0, sizeof outs);
+    for (int i = 0; i < 16; i++) bt_sched_submit(s, prompt, 20, &p, collect, &outs[i], NULL);
+    for (int w = 0; w < 2000; w++) {
+        bt_sched_stats st;
+        bt_sched_get_stats(s, &st);
+        if (st.finished == 16) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    bt_sched_destroy(s);
+    for (int i = 0; i < 16; i++) CHECK(outs[i].finish == BT_END_LENGTH && outs[i].n == 10);
+    for (int i = 1; i < 16; i++) CHECK(memcmp(outs[i].tokens, outs[0].tokens, sizeof(int32_t) * 10) == 0);
+}
+
+int main(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/sched.gguf", test_tmpdir());
+    tiny_model_opts o = {0};
+    if (tiny_model_write(path, &o) || bt_model_load(path, &model) || bt_backend_cpu_create(2, &backend)) {
+        fprintf(stderr, "setup failed: %s\n", bt_last_error());
+        return 1;
+    }
+    RUN(test_64_concurrent_equal_alone);
+    RUN(test_prefix_cache_reuse);
+    RUN(test_abort_deadline_and_bad_requests);
+    RUN(test_engine_thread);
+    bt_backend_destroy(backend);
+    bt_model_free(model);
+    return test_summary();
+}
