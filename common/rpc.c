@@ -231,6 +231,7 @@ struct bt_rpc_call {
     ProtobufCMessage *req;
     int64_t deadline_ms;
     int close_cancelled; /* written by gRPC when RECV_CLOSE_ON_SERVER completes */
+    int accepted;        /* a client call arrived in this slot (counted in srv->n_calls) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -300,7 +301,7 @@ static bt_rpc_call_t *call_alloc(bt_rpc_server_t *srv, rpc_method *m, int cq_idx
 static void call_free(bt_rpc_call_t *c)
 {
     bt_rpc_server_t *srv = c->srv;
-    int was_call = c->call != NULL;
+    int was_call = c->accepted;
     if (c->call) grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);
     if (!c->method) grpc_call_details_destroy(&c->details);
@@ -616,6 +617,7 @@ static void on_new(bt_rpc_call_t *c, int ok)
         return;
     }
     srv->n_calls++;
+    c->accepted = 1;
     if (slot_post_locked(srv, c->method, c->cq_idx) != BT_OK)
         BT_ERROR(RPC_LOG, "cannot re-arm a call slot: %s", bt_last_error());
     pthread_mutex_unlock(&srv->mu);

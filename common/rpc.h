@@ -13,6 +13,20 @@
  * Client: a channel per peer (thread-safe, reconnects by itself); bt_rpc_unary, and bt_rpc_stream_* for
  * server-streaming calls with a blocking receive loop that another thread can cancel.
  *
+ * Server sketch (a streaming method whose tokens come from another thread):
+ *   static void run(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *req) {
+ *       ... hand (call, req fields) to the scheduler; return at once ...
+ *   }
+ *   scheduler thread: for each token: if (bt_rpc_call_send(call, &resp.base) != BT_OK) abort the sequence;
+ *                     at the end:     bt_rpc_call_finish(call, BT_RPC_OK, NULL);
+ *   cancel: bt_rpc_call_on_cancel(call, fn, ud) or poll bt_rpc_call_cancelled(call) once per step.
+ *   bt_rpc_server_create(&cfg, &srv); bt_rpc_server_add_method(srv, "/baton.v1.Decode/Run",
+ *       BT_RPC_SERVER_STREAMING, &baton__v1__decode_run_request__descriptor, run, node); bt_rpc_server_start(srv);
+ *   ... bt_rpc_server_shutdown(srv, grace_ms); bt_rpc_server_destroy(srv);
+ * Client sketch: bt_rpc_stream_open(ch, "/baton.v1.Decode/Run", &req.base, &baton__v1__decode_run_response__descriptor,
+ *   timeout_ms, NULL, &s); while ((st = bt_rpc_stream_next(s, &m)) == BT_OK && m) { use m; free m; }
+ *   bt_rpc_stream_close(s);
+ *
  * Errors: bt_status, with bt_last_error() set. A failed remote call maps its gRPC code (bt_rpc_status_from_code)
  * and, when asked, reports the code and message in a bt_rpc_result_t. */
 #ifndef BATON_COMMON_RPC_H

@@ -305,6 +305,11 @@ bt_status bt_sampler_seq_rollback(bt_sampler_seq *s, int32_t n)
 
 /* ---- the sampling passes ---- */
 
+/* The caller's float scratch is reused as ids and block sums: may_alias keeps that defined even when the scratch
+ * is a declared float array. */
+typedef int32_t alias_i32 __attribute__((may_alias));
+typedef double alias_f64 __attribute__((may_alias));
+
 /* Vector helpers written with GCC vector extensions (no ISA intrinsics): 4 floats per operation, which every
  * 64-bit target has (SSE2, NEON). The scalar tails perform the same IEEE float operations as the vector
  * bodies (baton_engine builds with -ffp-contract=off), so a token's weight does not depend on where it falls. */
@@ -319,7 +324,7 @@ static inline v4f load4(const float *p)
     return v;
 }
 
-/* exp(x) for x <= 0 (Cephes expf: round-to-nearest range reduction by ln 2, degree-5 polynomial, about 1 ulp);
+/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial; within 1.4 ulp on [-87, 0]);
  * 0 below -87 (where 2^n would be denormal) and for NaN. */
 #define EXP_LO (-87.0f)
 #define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer kept in the low mantissa bits */
@@ -392,7 +397,7 @@ static inline void acc_add4(v4f y, v2d acc[2])
 
 /* w[i] = exp((l[i] - m) * inv_t) where that exponent is >= lcut, else 0. w may be NULL (sum only) or alias l.
  * bsum (optional): the sum of each EXP_BLOCK-element block. Returns the total, summed block by block in order. */
-static double exp_fill(const float *l, int32_t n, float m, float inv_t, float lcut, float *w, double *bsum)
+static double exp_fill(const float *l, int32_t n, float m, float inv_t, float lcut, float *w, alias_f64 *bsum)
 {
     double total = 0;
     const v4f zero = {0};
@@ -471,8 +476,8 @@ static const float *patch_logits(const bt_sampling *sp, const bt_sampler_seq *s,
 typedef struct dist {
     int32_t greedy;      /* >= 0: the answer is this id, nothing else is set */
     const float *w;      /* [n] */
-    const double *bsum;  /* dense form: [ceil(n / EXP_BLOCK)] block sums, or NULL */
-    const int32_t *list; /* [n_list] or NULL */
+    const alias_f64 *bsum;  /* dense form: [ceil(n / EXP_BLOCK)] block sums, or NULL */
+    const alias_i32 *list; /* [n_list] or NULL */
     int32_t n_list;
     double total;        /* sum of kept weights, accumulated as the draw accumulates them */
 } dist;
@@ -483,7 +488,7 @@ static inline int key_above(const float *key, int32_t a, int32_t b)
     return key[a] > key[b] || (key[a] == key[b] && a < b);
 }
 
-static inline void swap_id(int32_t *a, int32_t *b)
+static inline void swap_id(alias_i32 *a, alias_i32 *b)
 {
     int32_t t = *a;
     *a = *b;
@@ -491,7 +496,7 @@ static inline void swap_id(int32_t *a, int32_t *b)
 }
 
 /* Min-heap (root = least by key_above) over ids. */
-static void minheap_down(int32_t *h, int32_t n, int32_t i, const float *key)
+static void minheap_down(alias_i32 *h, int32_t n, int32_t i, const float *key)
 {
     for (;;) {
         int32_t l = 2 * i + 1, m = i;
@@ -503,7 +508,7 @@ static void minheap_down(int32_t *h, int32_t n, int32_t i, const float *key)
     }
 }
 
-static void minheap_up(int32_t *h, int32_t i, const float *key)
+static void minheap_up(alias_i32 *h, int32_t i, const float *key)
 {
     while (i > 0) {
         int32_t p = (i - 1) / 2;
@@ -514,7 +519,7 @@ static void minheap_up(int32_t *h, int32_t i, const float *key)
 }
 
 /* Sorts ids[0, n) most likely first (heap sort: O(n log n) whatever the input). */
-static void sort_ids(int32_t *ids, int32_t n, const float *key)
+static void sort_ids(alias_i32 *ids, int32_t n, const float *key)
 {
     for (int32_t i = n / 2 - 1; i >= 0; i--) minheap_down(ids, n, i, key);
     for (int32_t e = n; e > 1; e--) { /* the least goes last */
@@ -526,7 +531,7 @@ static void sort_ids(int32_t *ids, int32_t n, const float *key)
 /* Reorders ids[0, c) so that its prefix is the nucleus: the fewest most likely ids (by key_above on w) whose
  * weights reach `need`. Weighted quickselect, O(c) expected; a range that recurses too deep is sorted instead.
  * Returns the prefix length (c when the candidates fall short by rounding). */
-static int32_t nucleus_select(int32_t *ids, int32_t c, const float *w, double need)
+static int32_t nucleus_select(alias_i32 *ids, int32_t c, const float *w, double need)
 {
     int32_t lo = 0, hi = c; /* ids[0, lo) are in the nucleus; it ends inside ids[lo, hi) */
     double got = 0;
@@ -592,7 +597,7 @@ static void build_dist(const bt_sampling *sp, const float *l, int32_t n, float *
     const float m = l[amax], inv_t = 1.0f / sp->temperature;
     const float lcut = sp->min_p > 0.0f ? logf(sp->min_p) : -INFINITY; /* kept iff (l - m) / T >= log(min_p) */
     float *w = scratch;
-    int32_t *ids = (int32_t *)(scratch + n);
+    alias_i32 *ids = (alias_i32 *)(scratch + n);
     d->w = w;
 
     if (sp->top_k > 0 && sp->top_k < n) {
@@ -651,31 +656,27 @@ static void build_dist(const bt_sampling *sp, const float *l, int32_t n, float *
         if (c > NUC_RADIX_MIN) {
             /* many candidates (a flat distribution): a mass histogram over the weights' top bits finds the bucket
              * where the nucleus ends; ids above it are in, and only that bucket's ids need selecting */
-            double *mass = calloc(NUC_BUCKETS, sizeof *mass);
-            if (mass) {
-                for (int32_t j = 0; j < c; j++) mass[w_bucket(w[ids[j]])] += w[ids[j]];
-                double got = 0;
-                uint32_t b = NUC_BUCKETS - 1;
-                for (; b > 0 && got + mass[b] < need; b--) got += mass[b];
-                free(mass);
-                int32_t above = 0, at;
-                for (int32_t j = 0; j < c; j++) { /* branchless: ids in buckets above b to the front */
-                    int32_t v = ids[j];
-                    ids[j] = ids[above];
-                    ids[above] = v;
-                    above += w_bucket(w[v]) > b;
-                }
-                at = above;
-                for (int32_t j = above; j < c; j++) { /* then bucket b's */
-                    int32_t v = ids[j];
-                    ids[j] = ids[at];
-                    ids[at] = v;
-                    at += w_bucket(w[v]) == b;
-                }
-                k = above + nucleus_select(ids + above, at - above, w, need - got);
-            } else {
-                k = nucleus_select(ids, c, w, need);
+            double mass[NUC_BUCKETS]; /* 16 KiB of stack */
+            memset(mass, 0, sizeof mass);
+            for (int32_t j = 0; j < c; j++) mass[w_bucket(w[ids[j]])] += w[ids[j]];
+            double got = 0;
+            uint32_t b = NUC_BUCKETS - 1;
+            for (; b > 0 && got + mass[b] < need; b--) got += mass[b];
+            int32_t above = 0, at;
+            for (int32_t j = 0; j < c; j++) { /* branchless: ids in buckets above b to the front */
+                int32_t v = ids[j];
+                ids[j] = ids[above];
+                ids[above] = v;
+                above += w_bucket(w[v]) > b;
             }
+            at = above;
+            for (int32_t j = above; j < c; j++) { /* then bucket b's */
+                int32_t v = ids[j];
+                ids[j] = ids[at];
+                ids[at] = v;
+                at += w_bucket(w[v]) == b;
+            }
+            k = above + nucleus_select(ids + above, at - above, w, need - got);
         } else {
             k = nucleus_select(ids, c, w, need);
         }
@@ -688,9 +689,9 @@ static void build_dist(const bt_sampling *sp, const float *l, int32_t n, float *
     }
 
     /* no top-k / top-p: draw in id order over all (min-p: kept) ids, located through block sums */
-    double *bsum = NULL;
+    alias_f64 *bsum = NULL;
     if (n >= 4 * EXP_BLOCK) /* aligned doubles inside scratch[n, 2n) */
-        bsum = (double *)(((uintptr_t)(scratch + n) + sizeof(double) - 1) & ~(uintptr_t)(sizeof(double) - 1));
+        bsum = (alias_f64 *)(((uintptr_t)(scratch + n) + sizeof(double) - 1) & ~(uintptr_t)(sizeof(double) - 1));
     d->bsum = bsum;
     d->total = exp_fill(l, n, m, inv_t, lcut, w, bsum);
 }

@@ -19,8 +19,9 @@
  *    OpenAI's logit_bias object becomes (id, bias) pairs, chat "logprobs"/"top_logprobs" map 1:1, completions'
  *    integer "logprobs" = logprobs true + top_logprobs), reject with bt_sampling_check() (400 / INVALID_ARGUMENT,
  *    bt_last_error() names the field). Without a client seed, pick a random one per request and keep it.
- *  - Scheduler: on admission create sample 0 with bt_sampler_seq_create(sp, n_vocab, prompt, eos) (this also
- *    checks token ids against the vocabulary), fork samples 1..n-1 with bt_sampler_seq_fork. Each step, for each
+ *  - Scheduler: on admission create sample 0 with bt_sampler_seq_create(sp, n_vocab, prompt, n_prompt, eog ids,
+ *    n_eog, 0, &seq) (this also checks token ids against the vocabulary), fork samples 1..n-1 with
+ *    bt_sampler_seq_fork. Each step, for each
  *    sequence with a logits row: id = bt_sampler_sample(seq, row, position, scratch, &out), where position is the
  *    sampled token's position in its sequence (prompt length + tokens generated so far), then
  *    bt_sampler_seq_accept(seq, id, &finish) and finish the sequence when finish != BT_FINISH_NONE. One scratch
@@ -39,7 +40,7 @@
 #include "common/status.h"
 
 #define BT_MAX_TOP_LOGPROBS 20 /* OpenAI's limit for top_logprobs */
-#define BT_MAX_LOGIT_BIAS 300  /* entries in one request's logit_bias */
+#define BT_MAX_LOGIT_BIAS 300  /* entries in one request's logit_bias (baton's limit) */
 #define BT_MAX_STOP_IDS 32     /* stop_token_ids per request */
 #define BT_MAX_EOS 8           /* model end-of-sequence ids given to bt_sampler_seq_create */
 #define BT_MAX_N 128           /* parallel samples per request (OpenAI's limit for n) */

@@ -15,6 +15,7 @@ typedef struct sreq {
     bt_req_params p;
     bt_sched_emit_fn emit;
     void *user;
+    bt_sampler_seq *sampler; /* penalties' history, stop and length rules, RNG stream */
     int32_t *tokens;         /* [cap] prompt then generated tokens */
     int32_t n_tokens, cap;
     int32_t n_prompt;
@@ -77,13 +78,14 @@ bt_req_params bt_req_params_default(void)
     bt_req_params p;
     memset(&p, 0, sizeof p);
     p.sampling = bt_sampling_default();
-    p.max_tokens = 16;
+    p.sampling.max_tokens = 16;
     return p;
 }
 
 static void req_free(sreq *r)
 {
     if (!r) return;
+    bt_sampler_seq_free(r->sampler);
     free(r->tokens);
     free(r);
 }
@@ -239,19 +241,20 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
                           bt_sched_emit_fn emit, void *user, uint64_t *req_id)
 {
     if (n_prompt < 1) return bt_fail(BT_ERR_INVALID, "the prompt is empty");
-    if (p->max_tokens < 1) return bt_fail(BT_ERR_INVALID, "max_tokens must be at least 1");
-    if (p->n_stop_ids < 0 || p->n_stop_ids > BT_SCHED_MAX_STOP_IDS)
-        return bt_fail(BT_ERR_INVALID, "at most %d stop token ids", BT_SCHED_MAX_STOP_IDS);
-    bt_status st = bt_sampling_check(&p->sampling);
+    bt_status st = bt_sampling_check_vocab(&p->sampling, s->m->hp.n_vocab);
     if (st) return st;
+    if (p->sample_index < 0 || p->sample_index >= p->sampling.n)
+        return bt_fail(BT_ERR_INVALID, "sample_index %d outside 0..n-1 (n = %d): submit one request per sample",
+                       p->sample_index, p->sampling.n);
     for (int32_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= s->m->hp.n_vocab)
             return bt_fail(BT_ERR_INVALID, "prompt token %d at position %d is outside the vocabulary (%d)", prompt[i],
                            i, s->m->hp.n_vocab);
-    int64_t total = (int64_t)n_prompt + p->max_tokens;
-    if (total > s->cfg.max_context)
+    int32_t max_tokens = p->sampling.max_tokens > 0 ? p->sampling.max_tokens : s->cfg.max_context - n_prompt;
+    int64_t total = (int64_t)n_prompt + max_tokens;
+    if (max_tokens < 1 || total > s->cfg.max_context)
         return bt_fail(BT_ERR_EXHAUSTED, "prompt (%d tokens) + max_tokens (%d) exceeds the context limit of %d",
-                       n_prompt, p->max_tokens, s->cfg.max_context);
+                       n_prompt, max_tokens, s->cfg.max_context);
     if ((total + BT_KV_BLOCK - 1) / BT_KV_BLOCK > s->kv->n_blocks)
         return bt_fail(BT_ERR_EXHAUSTED, "prompt + max_tokens (%lld tokens) can never fit in the KV pool (%d tokens)",
                        (long long)total, s->kv->n_blocks * BT_KV_BLOCK);
@@ -264,6 +267,13 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
         return bt_fail(BT_ERR_NOMEM, "out of memory queueing a request");
     }
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    st = bt_sampler_seq_create(&p->sampling, s->m->hp.n_vocab, prompt, n_prompt, s->eog, s->cfg.n_eog,
+                               p->sample_index, &r->sampler);
+    if (st) {
+        free(r->tokens);
+        free(r);
+        return st;
+    }
     r->n_tokens = r->n_prompt = n_prompt;
     r->p = *p;
     r->emit = emit;
@@ -398,16 +408,6 @@ static int reserve(bt_sched *s, sreq *r, int32_t n)
         }
         if (st != BT_ERR_EXHAUSTED || !preempt_one(s, r)) return -1;
     }
-}
-
-static int is_stop(const bt_sched *s, const sreq *r, int32_t tok)
-{
-    if (!r->p.ignore_eos)
-        for (int32_t i = 0; i < s->cfg.n_eog; i++)
-            if (s->eog[i] == tok) return 1;
-    for (int32_t i = 0; i < r->p.n_stop_ids; i++)
-        if (r->p.stop_ids[i] == tok) return 1;
-    return 0;
 }
 
 /* Admits waiting requests in order while blocks, budget and the running limit allow. */
@@ -552,17 +552,21 @@ int bt_sched_step(bt_sched *s)
         sreq *r = s->b_reqs[j];
         bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
         if (r->logit_row < 0) continue;
-        float lp;
-        int32_t tok = bt_sample(&r->p.sampling, s->logits + (size_t)r->logit_row * (size_t)V, V, r->n_tokens,
-                                s->scratch, &lp);
+        bt_sample_out so;
+        int32_t tok = bt_sampler_sample(r->sampler, s->logits + (size_t)r->logit_row * (size_t)V, r->n_tokens,
+                                        s->scratch, &so);
+        bt_finish sf = BT_FINISH_NONE;
+        if (bt_sampler_seq_accept(r->sampler, tok, &sf) != BT_OK) sf = BT_FINISH_LENGTH; /* cannot happen */
         r->tokens[r->n_tokens++] = tok;
         r->n_generated++;
         s->st.generated_tokens++;
         bt_end_reason f = BT_END_NONE;
-        if (is_stop(s, r, tok)) f = BT_END_STOP;
-        else if (r->n_generated >= r->p.max_tokens || r->n_tokens >= s->cfg.max_context) f = BT_END_LENGTH;
-        bt_sched_event ev = {.req_id = r->id, .token = tok, .logprob = lp, .index = r->n_generated - 1,
-                             .finish = f, .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = BT_OK};
+        if (sf == BT_FINISH_STOP) f = BT_END_STOP;
+        else if (sf == BT_FINISH_LENGTH || r->n_tokens >= r->cap || r->n_tokens >= s->cfg.max_context)
+            f = BT_END_LENGTH;
+        bt_sched_event ev = {.req_id = r->id, .token = tok, .logprob = so.logprob, .index = r->n_generated - 1,
+                             .finish = f, .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = BT_OK,
+                             .detail = &so};
         r->emit(r->user, &ev);
         if (f != BT_END_NONE) {
             s->st.finished++;

@@ -20,8 +20,6 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 
-#define BT_SCHED_MAX_STOP_IDS 16
-
 typedef struct bt_sched_config {
     size_t kv_mem;             /* bytes for the KV pool (default 256 MiB) */
     bt_kv_dtype kv_dtype;      /* default f16 */
@@ -34,11 +32,10 @@ typedef struct bt_sched_config {
 } bt_sched_config;
 
 typedef struct bt_req_params {
-    bt_sampling sampling;
-    int32_t max_tokens;          /* >= 1 */
-    int32_t stop_ids[BT_SCHED_MAX_STOP_IDS]; /* extra token ids that end generation (the token is emitted) */
-    int32_t n_stop_ids;
-    int ignore_eos;              /* do not stop at the model's end-of-generation tokens */
+    bt_sampling sampling;        /* incl. max_tokens (0 = up to the context limit), stop_ids, ignore_eos, logprobs */
+    int32_t sample_index;        /* this request is sample sample_index of sampling.n: n > 1 samples of one prompt
+                                  * are n requests with indices 0..n-1, each its own RNG stream (their full prompt
+                                  * blocks are shared through the prefix cache) */
     int32_t priority;            /* smaller is served first; default 0 */
     double deadline;             /* CLOCK_MONOTONIC seconds (bt_sched_now()); 0 = none */
 } bt_req_params;
@@ -64,6 +61,7 @@ typedef struct bt_sched_event {
     int32_t n_prompt;  /* prompt tokens */
     int32_t n_cached;  /* prompt tokens served from the prefix cache at (last) admission */
     bt_status error;   /* BT_END_ERROR only */
+    const bt_sample_out *detail; /* token events: rank and top logprobs when sampling.logprobs; valid in the call */
 } bt_sched_event;
 
 typedef void (*bt_sched_emit_fn)(void *user, const bt_sched_event *ev);

@@ -108,8 +108,8 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int gen, 
     if (bt_sched_create(m, be, &cfg, &s)) return -1;
     conc_track t = {0};
     bt_req_params p = bt_req_params_default();
-    p.max_tokens = gen;
-    p.ignore_eos = 1;
+    p.sampling.max_tokens = gen;
+    p.sampling.ignore_eos = 1;
     int32_t prompt[128];
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < 128; k++) prompt[k] = toks[(k * 7 + i * 13) % 512];

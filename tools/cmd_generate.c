@@ -10,6 +10,7 @@
 #include "common/paths.h"
 #include "engine/chat_template.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/seq_runner.h"
@@ -39,6 +40,7 @@ static void generate_usage(FILE *out)
             "  --threads N           compute threads (default: all CPUs)\n"
             "  --ctx N               context length (default: the model's, at most 8192)\n"
             "  --ids                 print token ids instead of text\n"
+            "  --ignore-eos          keep generating past end-of-generation tokens\n"
             "  --quiet               no statistics on stderr\n");
 }
 
@@ -90,6 +92,7 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
             return 1;
         }
         if (!strcmp(a, "--ids")) { o->ids = 1; continue; }
+        if (!strcmp(a, "--ignore-eos")) { o->sp.ignore_eos = true; continue; }
         if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
         if (!v) {
             fprintf(stderr, "baton generate: unknown option or missing value: '%s'\n", a);
@@ -145,6 +148,36 @@ static bt_model *load_model_or_report(const char *cmd, const char *path)
     return m;
 }
 
+typedef struct gen_state {
+    tok_stream *ts;
+    int ids;
+    long produced;
+    double t0, t_first;
+    bt_end_reason end;
+    bt_status error;
+} gen_state;
+
+/* Streams each token as it is sampled (engine thread = this thread: bt_sched_step runs here). */
+static void gen_emit(void *user, const bt_sched_event *ev)
+{
+    gen_state *g = user;
+    if (ev->finish != BT_END_NONE) {
+        g->end = ev->finish;
+        g->error = ev->error;
+    }
+    if (ev->token < 0) return;
+    if (g->produced++ == 0) g->t_first = now_s();
+    if (ev->finish == BT_END_STOP && !g->ids) return; /* the end-of-generation token itself is not text */
+    if (g->ids) {
+        printf("%s%d", ev->index ? " " : "", ev->token);
+    } else {
+        const char *piece;
+        size_t len;
+        if (tok_stream_push(g->ts, ev->token, &piece, &len) == BT_OK && len) fwrite(piece, 1, len, stdout);
+    }
+    fflush(stdout);
+}
+
 int cmd_generate(int argc, char **argv)
 {
     gen_opts o;
@@ -159,10 +192,12 @@ int cmd_generate(int argc, char **argv)
     char *text = NULL;
     size_t text_len = 0;
     tok_ids ids = {0};
-    seq_runner r = {0};
+    bt_backend *be = NULL;
+    bt_sched *sched = NULL;
+    int32_t eog[16];
+    int32_t n_eog = 0;
     tok_stream ts;
     tok_stream_init(&ts, NULL, 0);
-    float *scratch = NULL;
 
     if (tok_create(m->file, &tok)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
@@ -205,43 +240,39 @@ int cmd_generate(int argc, char **argv)
                 ids.n, o.max_tokens, ctx);
         goto out;
     }
-    if (seq_runner_init(&r, m, (int)o.threads, (int32_t)ctx, 256, BT_KV_F16)) {
+    if (bt_backend_cpu_create((int)o.threads, &be)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;
     }
-    scratch = malloc(2 * (size_t)m->hp.n_vocab * sizeof *scratch);
-    if (!scratch) goto out;
+    /* end-of-generation ids of this vocabulary */
+    for (int32_t i = 0; i < tok_n_vocab(tok); i++)
+        if (tok_is_eog(tok, i) && n_eog < (int32_t)(sizeof eog / sizeof eog[0])) eog[n_eog++] = i;
+    bt_sched_config sc = {0};
+    sc.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)((ctx + 15) / 16 + 1);
+    sc.max_context = (int32_t)ctx;
+    sc.eog_ids = eog;
+    sc.n_eog = n_eog;
+    if (bt_sched_create(m, be, &sc, &sched)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        goto out;
+    }
     tok_stream_init(&ts, tok, TOK_SKIP_SPECIAL);
-
-    double t0 = now_s();
-    if (seq_runner_feed(&r, ids.ids, (int32_t)ids.n, 0)) {
+    gen_state gs = {.ts = &ts, .ids = o.ids, .t0 = now_s()};
+    bt_req_params rp = bt_req_params_default();
+    rp.sampling = o.sp;
+    rp.sampling.max_tokens = (int32_t)o.max_tokens;
+    if (o.max_tokens == 0) goto done; /* nothing to generate */
+    if (bt_sched_submit(sched, ids.ids, (int32_t)ids.n, &rp, gen_emit, &gs, NULL)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;
     }
-    double t1 = now_s();
-    long produced = 0;
-    const char *finish = "length";
-    for (long i = 0; i < o.max_tokens; i++) {
-        int32_t id = bt_sample(&o.sp, r.logits, m->hp.n_vocab, r.n_past, scratch, NULL);
-        produced++;
-        if (tok_is_eog(tok, id)) {
-            finish = "stop";
-            break;
-        }
-        if (o.ids) {
-            printf("%s%d", i ? " " : "", id);
-        } else {
-            const char *piece;
-            size_t len;
-            if (tok_stream_push(&ts, id, &piece, &len) == BT_OK && len) fwrite(piece, 1, len, stdout);
-        }
-        fflush(stdout);
-        if (i + 1 == o.max_tokens) break;
-        if (seq_runner_feed(&r, &id, 1, 0)) {
-            fprintf(stderr, "\nbaton generate: %s\n", bt_last_error());
-            goto out;
-        }
+    while (!bt_sched_idle(sched))
+        if (bt_sched_step(sched) < 0) break;
+    if (gs.end == BT_END_ERROR) {
+        fprintf(stderr, "\nbaton generate: %s\n", bt_status_str(gs.error));
+        goto out;
     }
+done:
     if (!o.ids) {
         const char *piece;
         size_t len;
@@ -251,17 +282,21 @@ int cmd_generate(int argc, char **argv)
     putchar('\n');
     fflush(stdout);
     double t2 = now_s();
+    /* the first token comes with the prompt's forward pass: prompt time = until the first token */
+    double t1 = gs.t_first > 0 ? gs.t_first : t2;
+    long decoded = gs.produced > 0 ? gs.produced - 1 : 0;
     if (!o.quiet)
         fprintf(stderr,
-                "[%s | %s, %d threads] prompt %zu tokens in %.3f s (%.1f tok/s); generated %ld tokens in %.3f s "
-                "(%.1f tok/s); finish: %s\n",
-                m->name, bt_backend_cpu_isa(r.be), bt_backend_cpu_threads(r.be), ids.n, t1 - t0,
-                ids.n / (t1 - t0), produced, t2 - t1, produced > 0 ? produced / (t2 - t1) : 0.0, finish);
+                "[%s | %s, %d-bit activations, %d threads] prompt %zu tokens in %.3f s (%.1f tok/s); "
+                "generated %ld tokens, %ld more in %.3f s (%.1f tok/s); finish: %s\n",
+                m->name, bt_backend_cpu_isa(be), bt_backend_cpu_act_bits(be), bt_backend_cpu_threads(be), ids.n,
+                t1 - gs.t0, ids.n / (t1 - gs.t0), gs.produced, decoded, t2 - t1, decoded > 0 ? decoded / (t2 - t1) : 0.0,
+                gs.end == BT_END_STOP ? "stop" : "length");
     rc = 0;
 out:
+    bt_sched_destroy(sched);
+    bt_backend_destroy(be);
     tok_stream_free(&ts);
-    free(scratch);
-    seq_runner_free(&r);
     tok_ids_free(&ids);
     free(text);
     if (have_tmpl) chat_tmpl_free(&tmpl);

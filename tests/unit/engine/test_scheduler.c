@@ -62,8 +62,8 @@ static void make_jobs(job *jobs, int n)
         j->n_prompt = 1 + (int32_t)(test_rand_next(&seed) % 120);
         for (int32_t k = 0; k < j->n_prompt; k++) j->prompt[k] = (int32_t)(test_rand_next(&seed) % 256);
         j->p = bt_req_params_default();
-        j->p.max_tokens = 4 + i % 29;
-        j->p.ignore_eos = 1;
+        j->p.sampling.max_tokens = 4 + i % 29;
+        j->p.sampling.ignore_eos = 1;
         if (i % 2) { /* half seeded sampling, half greedy */
             j->p.sampling.temperature = 0.8f;
             j->p.sampling.top_p = 0.9f;
@@ -88,7 +88,7 @@ static void check_same(const job *jobs, const out *a, const out *b, int n, const
     int bad = 0;
     for (int i = 0; i < n; i++) {
         if (a[i].n != b[i].n || memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].n) != 0 ||
-            b[i].finish != BT_END_LENGTH || b[i].n != jobs[i].p.max_tokens || b[i].events_after_finish) {
+            b[i].finish != BT_END_LENGTH || b[i].n != jobs[i].p.sampling.max_tokens || b[i].events_after_finish) {
             if (bad++ < 5)
                 fprintf(stderr, "%s: request %d differs (alone %d tokens, together %d, finish %d)\n", what, i, a[i].n,
                         b[i].n, b[i].finish);
@@ -144,8 +144,8 @@ static void test_prefix_cache_reuse(void)
         b[i] = (int32_t)(test_rand_next(&seed) % 256);
     }
     bt_req_params p = bt_req_params_default();
-    p.max_tokens = 12;
-    p.ignore_eos = 1;
+    p.sampling.max_tokens = 12;
+    p.sampling.ignore_eos = 1;
     out cold = {0}, first = {0}, warm = {0};
     bt_sched *s = make_sched(128, 512);
     REQUIRE(s != NULL);
@@ -178,8 +178,8 @@ static void test_abort_deadline_and_bad_requests(void)
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = i;
     bt_req_params p = bt_req_params_default();
-    p.max_tokens = 50;
-    p.ignore_eos = 1;
+    p.sampling.max_tokens = 50;
+    p.sampling.ignore_eos = 1;
     out o1 = {0}, o2 = {0}, o3 = {0};
     uint64_t id1;
     REQUIRE(bt_sched_submit(s, prompt, 40, &p, collect, &o1, &id1) == BT_OK);
@@ -202,7 +202,7 @@ static void test_abort_deadline_and_bad_requests(void)
     CHECK(bt_sched_submit(s, &bad_tok, 1, &p, collect, &o1, NULL) == BT_ERR_INVALID);
     CHECK(bt_sched_submit(s, prompt, 0, &p, collect, &o1, NULL) == BT_ERR_INVALID);
     bt_req_params big = p;
-    big.max_tokens = 5000;
+    big.sampling.max_tokens = 5000;
     CHECK(bt_sched_submit(s, prompt, 40, &big, collect, &o1, NULL) == BT_ERR_EXHAUSTED);
     bt_req_params neg = p;
     neg.sampling.temperature = -1;
@@ -213,14 +213,14 @@ static void test_abort_deadline_and_bad_requests(void)
     s = make_sched(64, 64);
     out first = {0};
     bt_req_params g = bt_req_params_default();
-    g.max_tokens = 8;
-    g.ignore_eos = 1;
+    g.sampling.max_tokens = 8;
+    g.sampling.ignore_eos = 1;
     bt_sched_submit(s, prompt, 10, &g, collect, &first, NULL);
     run_until_idle(s);
     REQUIRE(first.n == 8);
     out stopped = {0}, pending = {0};
-    g.stop_ids[0] = first.tokens[2];
-    g.n_stop_ids = 1;
+    g.sampling.stop_ids[0] = first.tokens[2];
+    g.sampling.n_stop_ids = 1;
     bt_sched_submit(s, prompt, 10, &g, collect, &stopped, NULL);
     run_until_idle(s);
     int first_hit = 0;
@@ -231,6 +231,55 @@ static void test_abort_deadline_and_bad_requests(void)
     CHECK(pending.finish == BT_END_ABORT);
 }
 
+/* Sampler state lives in the scheduler: penalties act, sample indices pick RNG streams, logprobs are reported. */
+static void test_sampling_state(void)
+{
+    int32_t prompt[8] = {5, 6, 7, 8, 5, 6, 7, 8};
+    bt_req_params base = bt_req_params_default();
+    base.sampling.max_tokens = 24;
+    base.sampling.ignore_eos = true;
+    out plain = {0}, penalised = {0}, s0 = {0}, s1 = {0}, s0b = {0};
+    bt_req_params pen = base;
+    pen.sampling.frequency_penalty = 2.0f;
+    pen.sampling.presence_penalty = 2.0f;
+    bt_req_params smp = base;
+    smp.sampling.temperature = 1.0f;
+    smp.sampling.seed = 3;
+    smp.sampling.n = 2;
+    bt_req_params smp1 = smp;
+    smp1.sample_index = 1;
+    bt_sched *s = make_sched(64, 64);
+    REQUIRE(s != NULL);
+    bt_sched_submit(s, prompt, 8, &base, collect, &plain, NULL);
+    bt_sched_submit(s, prompt, 8, &pen, collect, &penalised, NULL);
+    bt_sched_submit(s, prompt, 8, &smp, collect, &s0, NULL);
+    bt_sched_submit(s, prompt, 8, &smp1, collect, &s1, NULL);
+    bt_sched_submit(s, prompt, 8, &smp, collect, &s0b, NULL);
+    run_until_idle(s);
+    CHECK_MSG(plain.n == 24 && penalised.n == 24 && s0.n == 24 && s1.n == 24, "%d %d %d %d finish %d %d %d %d", plain.n,
+              penalised.n, s0.n, s1.n, plain.finish, penalised.finish, s0.finish, s1.finish);
+    CHECK(memcmp(plain.tokens, penalised.tokens, sizeof plain.tokens) != 0);
+    int distinct_plain = 0, distinct_pen = 0;
+    for (int i = 0; i < 24; i++) {
+        int seen_a = 0, seen_b = 0;
+        for (int k = 0; k < i; k++) {
+            seen_a |= plain.tokens[k] == plain.tokens[i];
+            seen_b |= penalised.tokens[k] == penalised.tokens[i];
+        }
+        distinct_plain += !seen_a;
+        distinct_pen += !seen_b;
+    }
+    CHECK_MSG(distinct_pen >= distinct_plain, "penalties should not reduce variety (%d vs %d)", distinct_pen,
+              distinct_plain);
+    CHECK(memcmp(s0.tokens, s1.tokens, sizeof s0.tokens) != 0);
+    CHECK(memcmp(s0.tokens, s0b.tokens, sizeof s0.tokens) == 0);
+    bt_req_params two = base;
+    two.sample_index = 2;
+    two.sampling.n = 2;
+    CHECK(bt_sched_submit(s, prompt, 8, &two, collect, &plain, NULL) == BT_ERR_INVALID);
+    bt_sched_destroy(s);
+}
+
 static void test_engine_thread(void)
 {
     bt_sched *s = make_sched(256, 256);
@@ -239,8 +288,8 @@ static void test_engine_thread(void)
     int32_t prompt[20];
     for (int i = 0; i < 20; i++) prompt[i] = 3 * i;
     bt_req_params p = bt_req_params_default();
-    p.max_tokens = 10;
-    p.ignore_eos = 1;
+    p.sampling.max_tokens = 10;
+    p.sampling.ignore_eos = 1;
     static out outs[16];
     memset(outs, 0, sizeof outs);
     for (int i = 0; i < 16; i++) bt_sched_submit(s, prompt, 20, &p, collect, &outs[i], NULL);
@@ -268,6 +317,7 @@ int main(void)
     RUN(test_64_concurrent_equal_alone);
     RUN(test_prefix_cache_reuse);
     RUN(test_abort_deadline_and_bad_requests);
+    RUN(test_sampling_state);
     RUN(test_engine_thread);
     bt_backend_destroy(backend);
     bt_model_free(model);
