@@ -18,24 +18,10 @@ sys.path.insert(0, str(HERE))
 
 import hf_tokenizer_oracle as oracle  # noqa: E402
 
-BUILD = Path(os.environ.get("BATON_BUILD_DIR", REPO / "build"))
-BATON = BUILD / "bin" / "baton"
+from conftest import build_dir, default_model_path  # noqa: E402
 
-
-def default_model():
-    env = os.environ.get("BATON_MODEL")
-    if env:
-        return Path(env)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "baton" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-MODEL = default_model()
-
-pytestmark = [
-    pytest.mark.skipif(not BATON.exists(), reason=f"{BATON} not built"),
-    pytest.mark.skipif(not MODEL.exists(), reason=f"default model {MODEL} not fetched"),
-]
+BATON = build_dir() / "bin" / "baton"
+MODEL = default_model_path()
 
 U, A, S = "user", "assistant", "system"
 
