@@ -174,10 +174,11 @@ LEGACY(q8_0, BT_TYPE_Q8_0)
 #define ACT16(r, i) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (i))
 
 AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
-                      __m256 *acc, float *accm)
+                      __m256 *acc, __m128 *accm)
 {
     __m256i q;
-    float dw, mw = 0.0f;
+    float dw = 0.0f;
+    __m128 wsc = _mm_setzero_ps(); /* [d, m] of Q4_1/Q5_1 blocks */
     int offset = 0;
     switch (type) {
     case BT_TYPE_Q4_0: {
@@ -189,9 +190,10 @@ AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_
     }
     case BT_TYPE_Q4_1: {
         const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
+        int32_t dm;
+        memcpy(&dm, b, 4);
         q = unpack_nibbles(b->qs);
-        dw = h2f(b->d);
-        mw = h2f(b->m);
+        wsc = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
         break;
     }
     case BT_TYPE_Q5_0: {
@@ -203,9 +205,10 @@ AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_
     }
     case BT_TYPE_Q5_1: {
         const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
+        int32_t dm;
+        memcpy(&dm, b, 4);
         q = _mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh));
-        dw = h2f(b->d);
-        mw = h2f(b->m);
+        wsc = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
         break;
     }
     default: { /* Q8_0 */
@@ -232,8 +235,14 @@ AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_
         const bt_block_q16_32 *a = ACT16(r, i);
         __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)a->qs)),
                                      _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(a->qs + 16))));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a->d), acc[r]);
-        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) accm[r] += mw * a->ds;
+        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) {
+            /* [d, m] * [d_a, ds]: block scale and min term in one multiply (the same products as the reference) */
+            __m128 sc = _mm_mul_ps(wsc, _mm_castpd_ps(_mm_load_sd((const double *)&a->d)));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(sc), acc[r]);
+            accm[r] = _mm_add_ps(accm[r], sc); /* lane 1 sums the min terms */
+        } else {
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a->d), acc[r]);
+        }
     }
 }
 
@@ -242,11 +251,11 @@ AI void legacy16_kernel(KERNEL_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     __m256 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
-    float accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+    __m128 accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
     #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         acc0[r] = acc1[r] = _mm256_setzero_ps();
-        accm0[r] = accm1[r] = 0.0f;
+        accm0[r] = accm1[r] = _mm_setzero_ps();
     }
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
@@ -255,8 +264,10 @@ AI void legacy16_kernel(KERNEL_ARGS, const int type)
     }
     if (i < nb) legacy16_step(w_row, i, act, act_stride, NR, type, acc0, accm0);
     #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-        out[(size_t)r * out_stride] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + (accm0[r] + accm1[r]);
+    for (int r = 0; r < NR; r++) {
+        __m128 m = _mm_add_ps(accm0[r], accm1[r]);
+        out[(size_t)r * out_stride] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1));
+    }
 }
 
 #define LEGACY16(ty, TYPE)                                                                                     \

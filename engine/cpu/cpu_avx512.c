@@ -281,37 +281,59 @@ PAIRED(q8_0, BT_TYPE_Q8_0)
 
 #define ACT16(r, i) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (i))
 
+/* 16 packed nibbles -> 32 int16 (low nibbles are elements 0..15, high nibbles 16..31): one widening shuffle of
+ * the broadcast bytes, then a per-half shift */
+AI __m512i unpack_nibbles16(const uint8_t *qs)
+{
+    __m512i b = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs)));
+    b = _mm512_srlv_epi16(b, _mm512_set_epi64(0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll,
+                                              0x0004000400040004ll, 0, 0, 0, 0));
+    return _mm512_and_si512(b, _mm512_set1_epi16(0x0f));
+}
+
+/* bit i of the little-endian word at p -> int16 lane i = 0x10 or 0 */
+AI __m512i qh_to_words(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return _mm512_maskz_mov_epi16((__mmask32)x, _mm512_set1_epi16(0x10));
+}
+
+/* [d, m] of a Q4_1/Q5_1 block times the activation's [d, ds] gives the block scale and min term in one multiply
+ * (the same products as d * d_a and m * ds); lane 1 of the accm vectors sums the min terms. */
 AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_stride, const int NR, const int type,
-                      __m512 *acc, float *accm)
+                      __m512 *acc, __m128 *accm)
 {
     __m512i q;
-    float dw, mw = 0.0f;
+    float dw = 0.0f;
+    __m128 wsc = _mm_setzero_ps();
     switch (type) {
     case BT_TYPE_Q4_0: {
         const bt_block_q4_0 *b = (const bt_block_q4_0 *)w_row + i;
-        q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(unpack_nibbles(b->qs)), _mm512_set1_epi16(8));
+        q = _mm512_sub_epi16(unpack_nibbles16(b->qs), _mm512_set1_epi16(8));
         dw = h2f(b->d);
         break;
     }
     case BT_TYPE_Q4_1: {
         const bt_block_q4_1 *b = (const bt_block_q4_1 *)w_row + i;
-        q = _mm512_cvtepu8_epi16(unpack_nibbles(b->qs));
-        dw = h2f(b->d);
-        mw = h2f(b->m);
+        int32_t dm;
+        memcpy(&dm, b, 4);
+        q = unpack_nibbles16(b->qs);
+        wsc = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
         break;
     }
     case BT_TYPE_Q5_0: {
         const bt_block_q5_0 *b = (const bt_block_q5_0 *)w_row + i;
-        q = _mm512_cvtepu8_epi16(_mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh)));
-        q = _mm512_sub_epi16(q, _mm512_set1_epi16(16));
+        q = _mm512_sub_epi16(_mm512_or_si512(unpack_nibbles16(b->qs), qh_to_words(b->qh)), _mm512_set1_epi16(16));
         dw = h2f(b->d);
         break;
     }
     case BT_TYPE_Q5_1: {
         const bt_block_q5_1 *b = (const bt_block_q5_1 *)w_row + i;
-        q = _mm512_cvtepu8_epi16(_mm256_or_si256(unpack_nibbles(b->qs), qh_to_bytes(b->qh)));
-        dw = h2f(b->d);
-        mw = h2f(b->m);
+        int32_t dm;
+        memcpy(&dm, b, 4);
+        q = _mm512_or_si512(unpack_nibbles16(b->qs), qh_to_words(b->qh));
+        wsc = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
         break;
     }
     default: { /* Q8_0 */
@@ -321,12 +343,18 @@ AI void legacy16_step(const void *w_row, int64_t i, const void *act, size_t act_
         break;
     }
     }
+    const int has_min = type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1;
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         const bt_block_q16_32 *a = ACT16(r, i);
         __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(a->qs));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(dw * a->d), acc[r]);
-        if (type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1) accm[r] += mw * a->ds;
+        if (has_min) {
+            __m128 sc = _mm_mul_ps(wsc, _mm_castpd_ps(_mm_load_sd((const double *)&a->d))); /* [s, min, 0, 0] */
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_broadcastss_ps(sc), acc[r]);
+            accm[r] = _mm_add_ps(accm[r], sc);
+        } else {
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(dw * a->d), acc[r]);
+        }
     }
 }
 
@@ -335,11 +363,11 @@ AI void legacy16_kernel(KERNEL_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     __m512 acc0[BT_CPU_MAX_NR], acc1[BT_CPU_MAX_NR];
-    float accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
+    __m128 accm0[BT_CPU_MAX_NR], accm1[BT_CPU_MAX_NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         acc0[r] = acc1[r] = _mm512_setzero_ps();
-        accm0[r] = accm1[r] = 0.0f;
+        accm0[r] = accm1[r] = _mm_setzero_ps();
     }
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
@@ -352,7 +380,8 @@ AI void legacy16_kernel(KERNEL_ARGS, const int type)
         __m512 s16 = _mm512_add_ps(acc0[r], acc1[r]);
         float s = hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(s16),
                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1))));
-        out[(size_t)r * out_stride] = s + (accm0[r] + accm1[r]);
+        __m128 m = _mm_add_ps(accm0[r], accm1[r]);
+        out[(size_t)r * out_stride] = s + _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1));
     }
 }
 

@@ -309,6 +309,7 @@ typedef struct multi_ctx {
 
 static void multi_compute_task(void *arg, int ith, int nth)
 {
+    (void)nth; /* the task count is the sum of slices, fixed per matmul */
     const multi_ctx *c = arg;
     for (int m = 0; m < c->n_mm; m++) {
         if (ith < c->slices[m]) {

@@ -1,13 +1,14 @@
 /* CPU kernel layer: run-time ISA selection, per-ISA op tables, and the quantized matmul the forward pass calls.
  *
- * Quantized weight types take activations quantized per block to 16 bits (default: integer dots within ~1e-5 of
- * the float result) or to 8 bits (faster, ~1e-2 relative noise per dot), chosen per matmul by act_bits.
+ * Quantized weight types take activations quantized per block to 16 bits (default: integer dots within ~2e-5 of
+ * sum |w * x| of the float result) or to 8 bits (faster, up to ~3e-3), chosen per matmul by act_bits.
  * Every op has a scalar reference (cpu_quants.h); the AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) tables
  * fill the same slots with SIMD kernels. Integer parts of quantized dot products are exact in every path; only the
  * float accumulation order differs between ISAs (tests bound the difference by 1e-5 of sum |w * x|; measured
- * <= 2e-7). Within one ISA, an output element is always computed by the same code with the same reduction order,
- * whatever the batch size, its position in the batch or the thread count (batch invariance, DESIGN 4.3); results
- * of different ISAs differ, so one process (and every node that must agree with it) uses one ISA. */
+ * <= 2e-7; K-quants with 16-bit activations sum exactly in int64 and agree bit for bit). Within one ISA, an
+ * output element is always computed by the same code with the same reduction order, whatever the batch size, its
+ * position in the batch or the thread count (batch invariance, DESIGN 4.3); results of different ISAs differ, so
+ * one process (and every node that must agree with it) uses one ISA. */
 #ifndef BATON_ENGINE_CPU_KERNELS_H
 #define BATON_ENGINE_CPU_KERNELS_H
 
@@ -107,8 +108,9 @@ void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth);
 void bt_cpu_matmul_compute(const bt_cpu_matmul *mm, int ith, int nth);
 
 /* Several matmuls reading the same activations (q/k/v or gate/up projections): mms[0..n_mm) must share ops,
- * wtype, act_bits, n_in, n_rows, x and xq. Quantizes x once and computes every output in a single pool run; each output is
- * bit-identical to what bt_cpu_matmul_run gives for that matmul alone. BT_ERR_INVALID if they differ. Blocks. */
+ * wtype, act_bits (0 and 16 count as equal), n_in, n_rows, x and xq. Quantizes x once and computes every output in
+ * a single pool run; each output is bit-identical to what bt_cpu_matmul_run gives for that matmul alone.
+ * BT_ERR_INVALID if they differ. Blocks. */
 bt_status bt_cpu_matmul_run_multi(bt_pool *pool, const bt_cpu_matmul *mms, int n_mm);
 
 /* Checks mm, then runs both phases on pool (or on the calling thread when pool is NULL), each split into a few

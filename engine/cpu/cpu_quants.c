@@ -40,7 +40,8 @@ static bt_cpu_act_fmt act_format8(uint32_t t)
 
 bt_cpu_act_fmt bt_cpu_act_format(uint32_t t, int act_bits)
 {
-    if (act_bits != 0 && act_bits != 8 && act_bits != 16) return BT_ACT_NONE;
+    if (act_bits == 0) act_bits = BT_CPU_ACT_BITS_DEFAULT;
+    if (act_bits != 8 && act_bits != 16) return BT_ACT_NONE;
     bt_cpu_act_fmt f = act_format8(t);
     if (act_bits == 8 || f == BT_ACT_NONE || f == BT_ACT_F32) return f;
     return f == BT_ACT_Q8_32 ? BT_ACT_Q16_32 : BT_ACT_Q16_256;

@@ -34,7 +34,7 @@ def default_model():
 
 def run_tool(tmp_path, type_name, raw: bytes, n_elems: int) -> np.ndarray:
     if not TOOL.exists():
-        pytest.skip(f"{TOOL} not built (set BATON_BUILD_DIR)")
+        pytest.fail(f"{TOOL} not built (set BATON_BUILD_DIR)")
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
     src.write_bytes(raw)
     subprocess.run([str(TOOL), "dequant", type_name.lower(), str(n_elems), str(src), str(dst)], check=True)
@@ -104,7 +104,7 @@ def model_tensors():
 @pytest.mark.parametrize("tensor", model_tensors() or [None], ids=lambda t: t.name if t is not None else "none")
 def test_model_tensors(tmp_path, tensor):
     if tensor is None:
-        pytest.skip("default model not cached")
+        pytest.fail("default model not cached (run deploy/fetch-model.sh)")
     raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(-1)
     block_elems, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
     max_bytes = 8 << 20  # the 49152-row embedding: its first rows are plenty
@@ -142,7 +142,7 @@ def np_quantize(x: np.ndarray, block: int, bits: int = 8):
 @pytest.mark.parametrize("bits", [8, 16])
 def test_act_quantizer_matches_numpy(tmp_path, bits):
     if not TOOL.exists():
-        pytest.skip(f"{TOOL} not built (set BATON_BUILD_DIR)")
+        pytest.fail(f"{TOOL} not built (set BATON_BUILD_DIR)")
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(32 * 512) * rng.uniform(0.01, 50, 32 * 512)).astype(np.float32)
     x[:32] = 0
@@ -191,7 +191,7 @@ def matmul_cases():
 def load_model_tensor(name):
     reader = model_reader()
     if reader is None:
-        pytest.skip("default model not cached")
+        pytest.fail("default model not cached (run deploy/fetch-model.sh)")
     for t in reader.tensors:
         if t.name == name:
             return t
@@ -206,7 +206,7 @@ def test_matmul_vs_numpy(tmp_path, isa, type_name, source, bits):
     activations: within 2e-6 of sum |w * xq| per output (float accumulation order only). With 16-bit activations
     also vs the unquantized activations: within 5e-5 of sum |w * x| (8-bit is ~1e-2)."""
     if not TOOL.exists():
-        pytest.skip(f"{TOOL} not built (set BATON_BUILD_DIR)")
+        pytest.fail(f"{TOOL} not built (set BATON_BUILD_DIR)")
     rng = np.random.default_rng(11)
     qt = Q[type_name]
     block_elems, block_bytes = GGML_QUANT_SIZES[qt]
