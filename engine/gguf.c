@@ -623,6 +623,19 @@ double gguf_arr_float(const gguf_kv *kv, uint64_t i)
     return (double)tmp.num.u64;
 }
 
+uint64_t gguf_fingerprint(const gguf_file *f)
+{
+    uint64_t h = 1469598103934665603ull;
+    uint64_t head = f->data_off < f->size ? f->data_off : f->size;
+    for (uint64_t i = 0; i < head; i++) h = (h ^ f->base[i]) * 1099511628211ull;
+    for (uint64_t t = 0; t < f->n_tensors; t++) {
+        const gguf_tensor *ts = &f->tensors[t];
+        uint64_t n = ts->n_bytes < 64 ? ts->n_bytes : 64;
+        for (uint64_t i = 0; i < n; i++) h = (h ^ ts->data[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
 char *gguf_str_copy(gguf_str s, char *dst, size_t cap)
 {
     if (!cap) return dst;

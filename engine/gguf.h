@@ -107,6 +107,11 @@ uint64_t gguf_n_tensors(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NULL when absent */
 
+/* A 64-bit identity of the model in this file: FNV-1a over the header (all metadata and the tensor table) and the
+ * first 64 bytes of every tensor. Equal files give equal values on any machine; it is what KV layouts and the
+ * router compare (DESIGN 5.1). Can't fail. */
+uint64_t gguf_fingerprint(const gguf_file *f);
+
 /* Name of a metadata value type ("uint32", "array", ...). */
 const char *gguf_vtype_name(uint32_t t);
 

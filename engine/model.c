@@ -57,13 +57,6 @@ static bt_status weight(const gguf_file *f, const char *name, int64_t n_in, int6
     return BT_OK;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
 static bt_status load_hparams(const gguf_file *f, bt_hparams *hp)
 {
     memset(hp, 0, sizeof *hp);
@@ -172,15 +165,7 @@ bt_status bt_model_from_gguf(gguf_file *f, const char *path, bt_model **out)
         const char *base = path ? strrchr(path, '/') : NULL;
         snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : (path ? path : "model"));
     }
-    uint64_t h = fnv(1469598103934665603ull, hp, sizeof *hp);
-    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        h = fnv(h, t->name.ptr, t->name.len);
-        h = fnv(h, &t->type, sizeof t->type);
-        h = fnv(h, t->ne, sizeof t->ne);
-        h = fnv(h, t->data, t->n_bytes < 64 ? t->n_bytes : 64);
-    }
-    m->fingerprint = h;
+    m->fingerprint = gguf_fingerprint(f);
     m->file = f;
     *out = m;
     return BT_OK;

@@ -51,7 +51,7 @@ typedef struct bt_model {
     bt_weight output;      /* [n_vocab][n_embd]; the same data as tok_embd when tied */
     bt_layer *layers;      /* [n_layer] */
     char name[128];        /* general.name, else the file's base name */
-    uint64_t fingerprint;  /* hash of the hyper-parameters and tensor table: identifies the model in KV layouts */
+    uint64_t fingerprint;  /* gguf_fingerprint of the file: identifies the model in KV layouts and to the router */
 } bt_model;
 
 /* Loads and validates the model at path: architecture in the llama family, every tensor present with the expected

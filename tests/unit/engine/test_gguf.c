@@ -367,6 +367,19 @@ static void test_writer_round_trip(void)
     t = gguf_find_tensor(f, "norm");
     REQUIRE(t != NULL);
     CHECK(t->offset % 64 == 0 && memcmp(t->data, fb, sizeof fb) == 0);
+    /* the fingerprint is a pure function of the bytes: a second open agrees, a changed weight does not */
+    uint64_t fp = gguf_fingerprint(f);
+    gguf_close(f);
+    REQUIRE(gguf_open(path, &f) == BT_OK);
+    CHECK(gguf_fingerprint(f) == fp);
+    gguf_close(f);
+    FILE *fp_file = fopen(path, "r+b");
+    REQUIRE(fp_file != NULL);
+    fseek(fp_file, -1, SEEK_END);
+    fputc(0x7f, fp_file);
+    fclose(fp_file);
+    REQUIRE(gguf_open(path, &f) == BT_OK);
+    CHECK(gguf_fingerprint(f) != fp);
     gguf_close(f);
 }
 
