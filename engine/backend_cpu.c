@@ -108,6 +108,26 @@ static void cpu_rope(bt_backend *be, float *x, const int32_t *pos, int32_t n_tok
     }
 }
 
+/* Asymmetric 8-bit code of one row of n values: x ~= sm[1] + sm[0] * q, q in 0..255 (min and max exact-ish).
+ * Asymmetric codes use the full 256 levels on rows whose values are not centred on zero, as K rows after RoPE
+ * often are: on SmolLM2, top-1 agreement with f16 KV over 1,214 teacher-forced positions rose from 98.9%
+ * (symmetric, scale only) to 99.3%. */
+static void quantize_row_u8(const float *x, int32_t n, uint8_t *q, float *sm)
+{
+    float lo = x[0], hi = x[0];
+    for (int32_t i = 1; i < n; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    float d = (hi - lo) / 255.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        long v = lrintf((x[i] - lo) * inv);
+        q[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+    sm[0] = d;
+    sm[1] = lo;
+}
+
 static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const float *k, const float *v,
                          int32_t n_tokens, const int32_t *slots)
 {
@@ -116,14 +136,17 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
         uint8_t *blk = bt_kv_block_ptr(kv, layer, slots[t] / BT_KV_BLOCK);
         int32_t off = slots[t] % BT_KV_BLOCK;
         for (int32_t h = 0; h < kv->n_head_kv; h++) {
-            size_t e = ((size_t)h * BT_KV_BLOCK + (size_t)off) * hd;
+            size_t row = (size_t)h * BT_KV_BLOCK + (size_t)off, e = row * hd;
             const float *ks = k + ((size_t)t * (size_t)kv->n_head_kv + (size_t)h) * hd;
             const float *vs = v + ((size_t)t * (size_t)kv->n_head_kv + (size_t)h) * hd;
             if (kv->dtype == BT_KV_F32) {
                 memcpy((float *)blk + e, ks, hd * 4);
-                memcpy((float *)(blk + kv->block_stride / 2) + e, vs, hd * 4);
+                memcpy((float *)(blk + kv->v_off) + e, vs, hd * 4);
+            } else if (kv->dtype == BT_KV_INT8) {
+                quantize_row_u8(ks, (int32_t)hd, blk + e, (float *)(blk + kv->ks_off) + 2 * row);
+                quantize_row_u8(vs, (int32_t)hd, blk + kv->v_off + e, (float *)(blk + kv->vs_off) + 2 * row);
             } else {
-                uint16_t *kd = (uint16_t *)blk + e, *vd = (uint16_t *)(blk + kv->block_stride / 2) + e;
+                uint16_t *kd = (uint16_t *)blk + e, *vd = (uint16_t *)(blk + kv->v_off) + e;
                 for (size_t i = 0; i < hd; i++) {
                     kd[i] = bt_f32_to_fp16(ks[i]);
                     vd[i] = bt_f32_to_fp16(vs[i]);
@@ -181,9 +204,20 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
         const float *kp, *vp;
         if (kv->dtype == BT_KV_F32) {
             kp = (const float *)blk + e;
-            vp = (const float *)(blk + kv->block_stride / 2) + e;
+            vp = (const float *)(blk + kv->v_off) + e;
+        } else if (kv->dtype == BT_KV_INT8) {
+            const uint8_t *ks = blk + e, *vs = blk + kv->v_off + e;
+            const float *ksc = (const float *)(blk + kv->ks_off) + 2 * (size_t)tk->g * BT_KV_BLOCK;
+            const float *vsc = (const float *)(blk + kv->vs_off) + 2 * (size_t)tk->g * BT_KV_BLOCK;
+            for (int32_t j = 0; j < nk; j++)
+                for (int32_t i = 0; i < hd; i++) {
+                    kbuf[j * hd + i] = ksc[2 * j + 1] + ksc[2 * j] * (float)ks[j * hd + i];
+                    vbuf[j * hd + i] = vsc[2 * j + 1] + vsc[2 * j] * (float)vs[j * hd + i];
+                }
+            kp = kbuf;
+            vp = vbuf;
         } else {
-            const uint16_t *ks = (const uint16_t *)blk + e, *vs = (const uint16_t *)(blk + kv->block_stride / 2) + e;
+            const uint16_t *ks = (const uint16_t *)blk + e, *vs = (const uint16_t *)(blk + kv->v_off) + e;
             for (int32_t i = 0; i < nk * hd; i++) {
                 kbuf[i] = bt_fp16_to_f32(ks[i]);
                 vbuf[i] = bt_fp16_to_f32(vs[i]);

@@ -3,16 +3,37 @@
 #include <stdlib.h>
 #include <string.h>
 
+static size_t elem_size(bt_kv_dtype d)
+{
+    return d == BT_KV_F32 ? 4 : d == BT_KV_INT8 ? 1 : 2;
+}
+
 size_t bt_kv_block_stride(const bt_hparams *hp, bt_kv_dtype dtype)
 {
-    size_t es = dtype == BT_KV_F32 ? 4 : 2;
-    return 2 * (size_t)hp->n_head_kv * BT_KV_BLOCK * (size_t)hp->head_dim * es;
+    size_t data = 2 * (size_t)hp->n_head_kv * BT_KV_BLOCK * (size_t)hp->head_dim * elem_size(dtype);
+    if (dtype == BT_KV_INT8) data += 2 * (size_t)hp->n_head_kv * BT_KV_BLOCK * 2 * sizeof(float);
+    return data;
+}
+
+const char *bt_kv_dtype_name(bt_kv_dtype d)
+{
+    return d == BT_KV_F32 ? "f32" : d == BT_KV_INT8 ? "int8" : "f16";
+}
+
+int bt_kv_dtype_from_name(const char *name)
+{
+    if (!strcmp(name, "f16")) return BT_KV_F16;
+    if (!strcmp(name, "f32")) return BT_KV_F32;
+    if (!strcmp(name, "int8")) return BT_KV_INT8;
+    return -1;
 }
 
 bt_status bt_kv_pool_create(const bt_hparams *hp, bt_kv_dtype dtype, size_t mem_bytes, void *mem, bt_kv_pool **out)
 {
     size_t stride = bt_kv_block_stride(hp, dtype);
     size_t per_block = stride * (size_t)hp->n_layer;
+    if (dtype != BT_KV_F16 && dtype != BT_KV_F32 && dtype != BT_KV_INT8)
+        return bt_fail(BT_ERR_INVALID, "unknown KV dtype %d", (int)dtype);
     if (!per_block || mem_bytes / per_block < 1)
         return bt_fail(BT_ERR_INVALID, "KV memory of %zu bytes holds no block (one block of 16 tokens needs %zu bytes)",
                        mem_bytes, per_block);
@@ -25,8 +46,13 @@ bt_status bt_kv_pool_create(const bt_hparams *hp, bt_kv_dtype dtype, size_t mem_
     p->n_head_kv = hp->n_head_kv;
     p->head_dim = hp->head_dim;
     p->n_blocks = (int32_t)n;
-    p->elem_size = dtype == BT_KV_F32 ? 4 : 2;
+    p->elem_size = elem_size(dtype);
     p->block_stride = stride;
+    p->v_off = (size_t)hp->n_head_kv * BT_KV_BLOCK * (size_t)hp->head_dim * p->elem_size;
+    if (dtype == BT_KV_INT8) {
+        p->ks_off = 2 * p->v_off;
+        p->vs_off = p->ks_off + (size_t)hp->n_head_kv * BT_KV_BLOCK * 2 * sizeof(float);
+    }
     p->bytes = n * per_block;
     if (mem) {
         p->base = mem;

@@ -39,6 +39,7 @@ static void generate_usage(FILE *out)
             "  --seed S              sampling seed (default 0)\n"
             "  --threads N           compute threads (default: all CPUs)\n"
             "  --ctx N               context length (default: the model's, at most 8192)\n"
+            "  --kv-dtype D          KV cache element type: f16 (default), f32, int8\n"
             "  --ids                 print token ids instead of text\n"
             "  --ignore-eos          keep generating past end-of-generation tokens\n"
             "  --quiet               no statistics on stderr\n");
@@ -74,6 +75,7 @@ static int parse_float(const char *flag, const char *s, float lo, float hi, floa
 typedef struct gen_opts {
     const char *model, *prompt, *chat, *system, *tmpl;
     long max_tokens, threads, ctx;
+    int kv_dtype;
     bt_sampling sp;
     int ids, quiet;
 } gen_opts;
@@ -104,6 +106,12 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
         else if (!strcmp(a, "--chat")) o->chat = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "--chat-template")) o->tmpl = v;
+        else if (!strcmp(a, "--kv-dtype")) {
+            if ((o->kv_dtype = bt_kv_dtype_from_name(v)) < 0) {
+                fprintf(stderr, "baton generate: --kv-dtype expects f16, f32 or int8, got '%s'\n", v);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--max-tokens")) { if (parse_long(a, v, 0, 1 << 20, &o->max_tokens)) return -1; }
         else if (!strcmp(a, "--threads")) { if (parse_long(a, v, 0, 256, &o->threads)) return -1; }
         else if (!strcmp(a, "--ctx")) { if (parse_long(a, v, 16, 1 << 20, &o->ctx)) return -1; }
@@ -248,7 +256,8 @@ int cmd_generate(int argc, char **argv)
     for (int32_t i = 0; i < tok_n_vocab(tok); i++)
         if (tok_is_eog(tok, i) && n_eog < (int32_t)(sizeof eog / sizeof eog[0])) eog[n_eog++] = i;
     bt_sched_config sc = {0};
-    sc.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)((ctx + 15) / 16 + 1);
+    sc.kv_dtype = (bt_kv_dtype)o.kv_dtype;
+    sc.kv_mem = bt_kv_block_stride(&m->hp, sc.kv_dtype) * (size_t)m->hp.n_layer * (size_t)((ctx + 15) / 16 + 1);
     sc.max_context = (int32_t)ctx;
     sc.eog_ids = eog;
     sc.n_eog = n_eog;
@@ -311,6 +320,7 @@ int cmd_logits(int argc, char **argv)
 {
     const char *model = NULL, *out = NULL;
     long chunk = 64, threads = 0;
+    int kv_dtype = BT_KV_F16;
     int32_t *ids = calloc((size_t)argc, sizeof *ids);
     int n = 0;
     if (!ids) return 1;
@@ -320,6 +330,8 @@ int cmd_logits(int argc, char **argv)
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
             if (parse_long("--chunk", argv[++i], 1, 4096, &chunk)) goto usage;
+        } else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
+            if ((kv_dtype = bt_kv_dtype_from_name(argv[++i])) < 0) goto usage;
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             if (parse_long("--threads", argv[++i], 0, 256, &threads)) goto usage;
         } else if (parse_long("token id", argv[i], 0, INT32_MAX, &v) == 0) ids[n++] = (int32_t)v;
@@ -334,7 +346,7 @@ int cmd_logits(int argc, char **argv)
     int rc = 1;
     seq_runner r;
     FILE *f = NULL;
-    if (seq_runner_init(&r, m, (int)threads, n, (int32_t)chunk, BT_KV_F16)) {
+    if (seq_runner_init(&r, m, (int)threads, n, (int32_t)chunk, (bt_kv_dtype)kv_dtype)) {
         fprintf(stderr, "baton logits: %s\n", bt_last_error());
         goto done;
     }
@@ -362,7 +374,8 @@ done:
     free(ids);
     return rc;
 usage:
-    fprintf(stderr, "usage: baton logits [--model PATH] [--chunk N] [--threads N] --out FILE ID...\n");
+    fprintf(stderr, "usage: baton logits [--model PATH] [--chunk N] [--threads N] [--kv-dtype f16|f32|int8] --out FILE "
+                    "ID...\n");
     free(ids);
     return 2;
 }

@@ -274,6 +274,44 @@ static void test_bad_models(void)
     CHECK(m == NULL);
 }
 
+/* int8 KV: half the bytes of f16 (plus scales), batch invariance still holds, logits stay close to f16's. */
+static void test_int8_kv(void)
+{
+    tiny_model_opts o = {0};
+    const char *path = tiny_path("i8", &o);
+    REQUIRE(path != NULL);
+    env e;
+    REQUIRE(env_open(&e, path, 2, 64) == 0);
+    int32_t V = e.m->hp.n_vocab;
+    size_t f16 = bt_kv_block_stride(&e.m->hp, BT_KV_F16), i8 = bt_kv_block_stride(&e.m->hp, BT_KV_INT8);
+    CHECK(i8 * 4 == f16 * 3); /* head_dim 16 here: 2*16 + 16 bytes per token-head vs 2*32 */
+    seq ref;
+    seq_make(&ref, &e, 60, 3);
+    REQUIRE(run_alone(&e, &ref, 64) == 0);
+    bt_kv_pool *i8pool;
+    REQUIRE(bt_kv_pool_create(&e.m->hp, BT_KV_INT8, i8 * (size_t)e.m->hp.n_layer * 64, NULL, &i8pool) == BT_OK);
+    bt_kv_pool *keep = e.kv;
+    e.kv = i8pool;
+    seq a, b;
+    seq_make(&a, &e, 60, 3);
+    seq_make(&b, &e, 60, 3);
+    REQUIRE(run_alone(&e, &a, 64) == 0);
+    REQUIRE(run_alone(&e, &b, 7) == 0);
+    CHECK(memcmp(a.logits, b.logits, sizeof(float) * 60 * (size_t)V) == 0);
+    double d2 = 0, v2 = 0;
+    for (size_t i = 0; i < (size_t)60 * (size_t)V; i++) {
+        d2 += ((double)a.logits[i] - ref.logits[i]) * ((double)a.logits[i] - ref.logits[i]);
+        v2 += (double)ref.logits[i] * ref.logits[i];
+    }
+    CHECK_MSG(sqrt(d2 / v2) < 0.05, "int8 KV vs f16 relative RMS %g", sqrt(d2 / v2));
+    seq_free(&a, &e);
+    seq_free(&b, &e);
+    e.kv = keep;
+    bt_kv_pool_destroy(i8pool);
+    seq_free(&ref, &e);
+    env_close(&e);
+}
+
 static void test_default_model_loads(void)
 {
     const char *path = test_default_model();
@@ -287,6 +325,7 @@ static void test_default_model_loads(void)
     CHECK(m->hp.head_dim == 64 && m->hp.n_vocab == 49152 && m->hp.n_ff == 1536);
     CHECK(m->output.data == m->tok_embd.data); /* tied */
     CHECK(bt_kv_block_stride(&m->hp, BT_KV_F16) == 12288); /* DESIGN 5.1 */
+    CHECK(bt_kv_block_stride(&m->hp, BT_KV_INT8) == 6144 + 768); /* 8-bit codes + f32 scale/min: 56% */
     bt_model_free(m);
 }
 
@@ -296,6 +335,7 @@ int main(void)
     RUN(test_isa_agreement);
     RUN(test_bad_batches);
     RUN(test_bad_models);
+    RUN(test_int8_kv);
     RUN(test_default_model_loads);
     return test_summary();
 }
