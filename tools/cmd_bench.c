@@ -141,10 +141,59 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int gen, 
     return 0;
 }
 
+typedef struct ttft_track {
+    double t_first;
+} ttft_track;
+
+static void ttft_emit(void *user, const bt_sched_event *ev)
+{
+    ttft_track *t = user;
+    if (ev->token >= 0 && ev->index == 0) t->t_first = now_s();
+}
+
+/* Prefix cache: time to first token of a prompt of `shared` + 32 tokens, cold, then of a second prompt that shares
+ * the first `shared` tokens. Returns 0 on success. */
+static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int32_t *toks, double *cold,
+                        double *warm, int32_t *cached)
+{
+    bt_sched_config cfg = {0};
+    cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)(2 * (shared + 64) / 16);
+    cfg.max_batch_tokens = 512;
+    bt_sched *s;
+    if (bt_sched_create(m, be, &cfg, &s)) return -1;
+    int32_t n = shared + 32;
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)n), *b = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        a[i] = toks[i % 512];
+        b[i] = i < shared ? a[i] : toks[(i * 31 + 7) % 512];
+    }
+    bt_req_params p = bt_req_params_default();
+    p.sampling.max_tokens = 1;
+    ttft_track ta = {0}, tb = {0};
+    int rc = 0;
+    double t0 = now_s();
+    if (bt_sched_submit(s, a, n, &p, ttft_emit, &ta, NULL)) rc = -1;
+    while (!rc && !bt_sched_idle(s))
+        if (bt_sched_step(s) < 0) rc = -1;
+    double t1 = now_s();
+    if (!rc && bt_sched_submit(s, b, n, &p, ttft_emit, &tb, NULL)) rc = -1;
+    while (!rc && !bt_sched_idle(s))
+        if (bt_sched_step(s) < 0) rc = -1;
+    bt_sched_stats st;
+    bt_sched_get_stats(s, &st);
+    *cold = ta.t_first - t0;
+    *warm = tb.t_first - t1;
+    *cached = (int32_t)st.prefix_hit_tokens;
+    free(a);
+    free(b);
+    bt_sched_destroy(s);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     const char *model_path = NULL, *json = NULL, *conc = NULL;
-    long threads = 0, reps = 5, decode_n = 128;
+    long threads = 0, reps = 5, decode_n = 128, prefix = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -153,7 +202,9 @@ int cmd_bench(int argc, char **argv)
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
                    "--concurrency 1,4,16,64 instead runs N requests (128 prompt tokens, --decode-tokens output\n"
-                   "tokens each) through the continuous-batching scheduler and reports aggregate tok/s.\n");
+                   "tokens each) through the continuous-batching scheduler and reports aggregate tok/s.\n"
+                   "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
+                   "tokens in the prefix cache.\n");
             return 0;
         }
         if (!v) {
@@ -169,6 +220,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--reps")) reps = strtol(v, &end, 10);
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
         else if (!strcmp(a, "--concurrency")) conc = v;
+        else if (!strcmp(a, "--prefix")) prefix = strtol(v, &end, 10);
         else {
             fprintf(stderr, "baton bench: unknown option '%s'\n", a);
             return 2;
@@ -199,6 +251,27 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     int nth = bt_backend_cpu_threads(r.be);
+    if (prefix > 0) {
+        if (prefix > 4096) prefix = 4096;
+        int32_t *ptoks = malloc(sizeof(int32_t) * 512);
+        for (int i = 0; i < 512; i++) ptoks[i] = (int32_t)((i * 2654435761u) % (uint32_t)m->hp.n_vocab);
+        double cold[100], warm[100];
+        int32_t cached = 0;
+        int prc = 0;
+        for (long k = 0; k < reps && !prc; k++)
+            if (bench_prefix(m, r.be, (int)prefix, ptoks, &cold[k], &warm[k], &cached)) prc = 1;
+        if (prc) {
+            fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        } else {
+            double c = median(cold, (int)reps), w = median(warm, (int)reps);
+            printf("prefix cache: %ld shared + 32 new tokens: TTFT cold %.1f ms, warm %.1f ms (%d tokens cached): "
+                   "%.1fx faster\n", prefix, c * 1e3, w * 1e3, cached, c / w);
+        }
+        free(ptoks);
+        seq_runner_free(&r);
+        bt_model_free(m);
+        return prc;
+    }
     if (conc) {
         int32_t *ctoks = malloc(sizeof(int32_t) * 512);
         uint64_t cs = 777;
