@@ -1,0 +1,54 @@
+/* The decode node's service: baton.v1.Decode/{Run,Abort} over the engine scheduler, with local prefill
+ * (colocated mode, DESIGN 2). Run validates the request (INVALID_ARGUMENT naming the problem), submits it to the
+ * scheduler and streams each token back from the engine thread; the call's deadline becomes the scheduler
+ * deadline; a client cancel (or Decode/Abort by request id) aborts the sequence within one step and its KV blocks
+ * return. Records the DESIGN 10 metrics into the node's registry. */
+#ifndef BATON_DECODE_SERVICE_H
+#define BATON_DECODE_SERVICE_H
+
+#include "common/membership.h"
+#include "common/metrics.h"
+#include "common/rpc.h"
+#include "common/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DECODE_MAX_INFLIGHT 1024 /* Run calls admitted at once (queued + running); beyond: RESOURCE_EXHAUSTED */
+
+typedef struct decode_config {
+    const char *model_path;    /* GGUF file; required */
+    int threads;               /* compute threads, 0 = all CPUs */
+    size_t kv_mem;             /* KV pool bytes, 0 = the scheduler's default */
+    int32_t max_batch_tokens;  /* 0 = the scheduler's default */
+    int32_t max_inflight;      /* 0 = DECODE_MAX_INFLIGHT */
+    const char *node_id;       /* reported in the first message of each stream */
+    metrics_registry_t *metrics; /* must outlive the service */
+    bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
+} decode_config_t;
+
+typedef struct decode_service decode_service_t;
+
+/* Loads the model, creates the CPU backend and the scheduler, starts the engine thread, registers the metrics and
+ * adds /baton.v1.Decode/Run and /baton.v1.Decode/Abort to cfg->rpc. Returns the model loader's errors (message
+ * names the file), BT_ERR_INVALID, BT_ERR_NOMEM; *out set only on success. */
+bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **out);
+
+/* Fills what the service knows of the NodeInfo: model fingerprint (16 hex digits, the format Run compares),
+ * capacity (KV blocks, block tokens, max running, max context). Can't fail. */
+void decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info);
+
+/* One line for the start-up log: model, ISA, threads, KV blocks, batch budget, context. */
+void decode_service_summary(const decode_service_t *s, char *buf, size_t cap);
+
+/* bt_node_load_fn: samples the scheduler's stats into *out and the gauges. Thread-safe. */
+void decode_service_load(void *svc, mbr_load_report_t *out);
+
+/* Calls in flight (submitted, not finished). Can't fail. */
+int32_t decode_service_inflight(const decode_service_t *s);
+
+/* Stops the engine thread (aborting whatever is left) and frees everything. Call after the gRPC server has shut
+ * down (every call finished). NULL is a no-op. */
+void decode_service_destroy(decode_service_t *s);
+
+#endif

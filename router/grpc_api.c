@@ -1,0 +1,318 @@
+/* baton.v1.Generation over gRPC (DESIGN 9): Generate (server-streaming), Tokenize, Detokenize, ListModels.
+ * Limits as over HTTP; errors map to INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED, UNAVAILABLE. */
+#include "router/router.h"
+
+#include "common/log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 1 when the call may proceed: no keys configured, or `authorization: Bearer <key>` names one. */
+static int authorized(rtr_t *r, bt_rpc_call_t *call)
+{
+    if (!r->cfg.n_api_keys) return 1;
+    char buf[512];
+    if (bt_rpc_call_metadata(call, "authorization", buf, sizeof buf) != BT_OK) return 0;
+    const char *k = buf;
+    if (!strncmp(k, "Bearer ", 7) || !strncmp(k, "bearer ", 7)) k += 7;
+    for (size_t i = 0; i < r->cfg.n_api_keys; i++)
+        if (!strcmp(k, r->cfg.api_keys[i])) return 1;
+    return 0;
+}
+
+static int check_auth(rtr_t *r, bt_rpc_call_t *call)
+{
+    if (authorized(r, call)) return 1;
+    bt_rpc_call_finish(call, BT_RPC_UNAUTHENTICATED, "missing or invalid API key");
+    return 0;
+}
+
+static int check_model(rtr_t *r, bt_rpc_call_t *call, const char *model)
+{
+    if (rtr_model_matches(&r->model, model)) return 1;
+    char msg[512];
+    snprintf(msg, sizeof msg, "model '%.100s' is not served here (this server serves '%s')", model, r->model.name);
+    bt_rpc_call_finish(call, BT_RPC_NOT_FOUND, msg);
+    return 0;
+}
+
+static int valid_utf8(const char *s)
+{
+    char *t = rtr_utf8_sanitize(s, strlen(s));
+    int ok = t && !strcmp(t, s);
+    free(t);
+    return ok;
+}
+
+/* Renders a chat (or takes text) and tokenizes it into ids. BT_ERR_INVALID with a message for the client. */
+static bt_status to_ids(rtr_t *r, const char *text, const Baton__V1__ChatMessages *chat, unsigned flags, tok_ids *ids)
+{
+    if (chat) {
+        if (!chat->n_messages) return bt_fail(BT_ERR_INVALID, "'chat.messages' must not be empty");
+        if (!r->model.has_tmpl) return bt_fail(BT_ERR_INVALID, "this model has no chat template");
+        chat_msg *cm = calloc(chat->n_messages, sizeof *cm);
+        if (!cm) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; i < chat->n_messages; i++) {
+            const Baton__V1__ChatMessage *m = chat->messages[i];
+            if (!valid_utf8(m->content) || !valid_utf8(m->role)) {
+                free(cm);
+                return bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
+            }
+            cm[i] = (chat_msg){m->role, m->content, strlen(m->content)};
+        }
+        char *s = NULL;
+        size_t len = 0;
+        bt_status st = chat_tmpl_render(&r->model.tmpl, cm, chat->n_messages, 1, &s, &len);
+        free(cm);
+        if (st) return st;
+        st = tok_encode(r->model.tok, s, len, TOK_PARSE_SPECIAL, ids);
+        free(s);
+        return st;
+    }
+    if (!valid_utf8(text)) return bt_fail(BT_ERR_INVALID, "'text' is not valid UTF-8");
+    return tok_encode(r->model.tok, text, strlen(text), TOK_PARSE_SPECIAL | flags, ids);
+}
+
+static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    rtr_t *r = ud;
+    const Baton__V1__GenerateRequest *q = (const Baton__V1__GenerateRequest *)msg;
+    if (!check_auth(r, call) || !check_model(r, call, q->model)) {
+        rtr_count_request(r, "client_error");
+        return;
+    }
+    rtr_gen_t g;
+    memset(&g, 0, sizeof g);
+    g.api = RTR_API_GRPC;
+    g.n = q->n ? (int)q->n : 1;
+    bt_status st = BT_OK;
+    tok_ids ids = {0};
+    if (q->n > RTR_MAX_N) {
+        st = bt_fail(BT_ERR_INVALID, "'n' must be at most %d", RTR_MAX_N);
+        goto fail;
+    }
+    switch (q->prompt_case) {
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TEXT:
+        st = to_ids(r, q->text, NULL, TOK_ADD_SPECIAL, &ids);
+        break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_CHAT:
+        st = to_ids(r, NULL, q->chat, 0, &ids);
+        break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
+        for (size_t i = 0; i < q->token_ids->n_ids; i++)
+            if (q->token_ids->ids[i] < 0 || q->token_ids->ids[i] >= tok_n_vocab(r->model.tok)) {
+                st = bt_fail(BT_ERR_INVALID, "'token_ids' [%zu] = %d is not in the vocabulary", i,
+                             q->token_ids->ids[i]);
+                break;
+            }
+        if (!st && q->token_ids->n_ids) {
+            ids.ids = malloc(q->token_ids->n_ids * sizeof *ids.ids);
+            if (!ids.ids) st = bt_fail(BT_ERR_NOMEM, "out of memory");
+            else {
+                memcpy(ids.ids, q->token_ids->ids, q->token_ids->n_ids * sizeof *ids.ids);
+                ids.n = ids.cap = q->token_ids->n_ids;
+            }
+        }
+        break;
+    default:
+        st = bt_fail(BT_ERR_INVALID, "'prompt' is required (text, token_ids or chat)");
+    }
+    if (st) goto fail;
+    g.prompt = ids.ids;
+    g.n_prompt = ids.n;
+    ids.ids = NULL;
+    if (q->max_tokens_opt_case == BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS) {
+        if (q->max_tokens == 0) {
+            st = bt_fail(BT_ERR_INVALID, "'max_tokens' must be at least 1");
+            goto fail;
+        }
+        g.max_tokens = q->max_tokens;
+    }
+    if ((st = rtr_gen_check_context(&r->model, &g,
+                                    q->max_tokens_opt_case == BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS)))
+        goto fail;
+    if (q->n_stop > RTR_MAX_STOP) {
+        st = bt_fail(BT_ERR_INVALID, "'stop' may hold at most %d strings", RTR_MAX_STOP);
+        goto fail;
+    }
+    for (size_t i = 0; i < q->n_stop; i++) {
+        if (strlen(q->stop[i]) > RTR_MAX_STOP_LEN) {
+            st = bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
+            goto fail;
+        }
+        if (!*q->stop[i]) continue;
+        if (!(g.stops[g.n_stop] = strdup(q->stop[i]))) {
+            st = bt_fail(BT_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        g.n_stop++;
+    }
+    if (q->n_stop_token_ids > 32) {
+        st = bt_fail(BT_ERR_INVALID, "'stop_token_ids' may hold at most 32 ids");
+        goto fail;
+    }
+    if (q->n_stop_token_ids) {
+        g.stop_ids = malloc(q->n_stop_token_ids * sizeof *g.stop_ids);
+        if (!g.stop_ids) {
+            st = bt_fail(BT_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < q->n_stop_token_ids; i++) {
+            if (q->stop_token_ids[i] < 0 || q->stop_token_ids[i] >= tok_n_vocab(r->model.tok)) {
+                st = bt_fail(BT_ERR_INVALID, "'stop_token_ids' [%zu] is not in the vocabulary", i);
+                goto fail;
+            }
+            g.stop_ids[i] = q->stop_token_ids[i];
+        }
+        g.n_stop_ids = q->n_stop_token_ids;
+    }
+    if (q->top_logprobs > RTR_MAX_TOP_LOGPROBS) {
+        st = bt_fail(BT_ERR_INVALID, "'top_logprobs' must be at most %d", RTR_MAX_TOP_LOGPROBS);
+        goto fail;
+    }
+    g.logprobs = q->logprobs || q->top_logprobs;
+    g.top_logprobs = (int)q->top_logprobs;
+    g.ignore_eos = q->ignore_eos;
+    snprintf(g.request_id, sizeof g.request_id, "%s", q->request_id);
+    const Baton__V1__SamplingParams *sp = q->sampling;
+    if (sp) {
+#define RANGE(has, v, lo, hi, name)                                                                            \
+    if (has) {                                                                                                 \
+        if (!((v) >= (lo) && (v) <= (hi))) {                                                                   \
+            st = bt_fail(BT_ERR_INVALID, "'sampling." name "' must be in [%g, %g]", (double)(lo), (double)(hi)); \
+            goto fail;                                                                                         \
+        }                                                                                                      \
+    }
+        RANGE(sp->temperature_opt_case, sp->temperature, 0, 2, "temperature")
+        RANGE(sp->top_p_opt_case, sp->top_p, 1e-9, 1, "top_p")
+        RANGE(sp->top_k_opt_case, sp->top_k, 0, 1 << 30, "top_k")
+        RANGE(sp->min_p_opt_case, sp->min_p, 0, 1, "min_p")
+        RANGE(sp->repetition_penalty_opt_case, sp->repetition_penalty, 1e-9, 10, "repetition_penalty")
+        RANGE(sp->presence_penalty_opt_case, sp->presence_penalty, -2, 2, "presence_penalty")
+        RANGE(sp->frequency_penalty_opt_case, sp->frequency_penalty, -2, 2, "frequency_penalty")
+#undef RANGE
+        g.has_temperature = sp->temperature_opt_case != 0;
+        g.temperature = sp->temperature;
+        g.has_top_p = sp->top_p_opt_case != 0;
+        g.top_p = sp->top_p;
+        g.has_top_k = sp->top_k_opt_case != 0;
+        g.top_k = sp->top_k;
+        g.has_min_p = sp->min_p_opt_case != 0;
+        g.min_p = sp->min_p;
+        g.has_repetition_penalty = sp->repetition_penalty_opt_case != 0;
+        g.repetition_penalty = sp->repetition_penalty;
+        g.has_presence = sp->presence_penalty_opt_case != 0;
+        g.presence_penalty = sp->presence_penalty;
+        g.has_frequency = sp->frequency_penalty_opt_case != 0;
+        g.frequency_penalty = sp->frequency_penalty;
+        g.has_seed = sp->seed_opt_case != 0;
+        g.seed = sp->seed;
+    }
+    if (!rtr_admit(r)) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "overloaded");
+        bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, "too many requests in progress");
+        return;
+    }
+    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "unavailable");
+        bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE, "no healthy decode node");
+        return;
+    }
+    if ((st = rtr_job_start_grpc(r, &g, call))) {
+        rtr_count_request(r, "server_error");
+        bt_rpc_call_finish_status(call, st);
+    }
+    return;
+fail:
+    tok_ids_free(&ids);
+    rtr_gen_free(&g);
+    rtr_count_request(r, st == BT_ERR_NOMEM ? "server_error" : "client_error");
+    bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
+                       bt_last_error());
+}
+
+static void tokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    rtr_t *r = ud;
+    const Baton__V1__TokenizeRequest *q = (const Baton__V1__TokenizeRequest *)msg;
+    if (!check_auth(r, call) || !check_model(r, call, q->model)) return;
+    tok_ids ids = {0};
+    bt_status st;
+    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) st = to_ids(r, NULL, q->chat, 0, &ids);
+    else st = to_ids(r, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
+                     q->add_special_tokens ? TOK_ADD_SPECIAL : 0, &ids);
+    if (st) {
+        tok_ids_free(&ids);
+        bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
+                           bt_last_error());
+        return;
+    }
+    Baton__V1__TokenizeResponse resp = BATON__V1__TOKENIZE_RESPONSE__INIT;
+    resp.token_ids = ids.ids;
+    resp.n_token_ids = ids.n;
+    resp.max_context = (uint32_t)r->model.n_ctx;
+    st = bt_rpc_call_send(call, &resp.base);
+    tok_ids_free(&ids);
+    bt_rpc_call_finish_status(call, st);
+}
+
+static void detokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    rtr_t *r = ud;
+    const Baton__V1__DetokenizeRequest *q = (const Baton__V1__DetokenizeRequest *)msg;
+    if (!check_auth(r, call) || !check_model(r, call, q->model)) return;
+    char *s = NULL;
+    size_t len = 0;
+    bt_status st = tok_decode(r->model.tok, q->token_ids, q->n_token_ids, q->skip_special_tokens ? TOK_SKIP_SPECIAL : 0,
+                              &s, &len);
+    if (st) {
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, bt_last_error());
+        return;
+    }
+    char *clean = rtr_utf8_sanitize(s, len);
+    free(s);
+    Baton__V1__DetokenizeResponse resp = BATON__V1__DETOKENIZE_RESPONSE__INIT;
+    resp.text = clean ? clean : "";
+    st = bt_rpc_call_send(call, &resp.base);
+    free(clean);
+    bt_rpc_call_finish_status(call, st);
+}
+
+static void list_models(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    (void)msg;
+    rtr_t *r = ud;
+    if (!check_auth(r, call)) return;
+    Baton__V1__ModelInfo mi = BATON__V1__MODEL_INFO__INIT;
+    mi.id = r->model.name;
+    mi.fingerprint = r->model.fingerprint;
+    mi.context_length = (uint32_t)r->model.n_ctx;
+    mi.created = r->model.created;
+    mi.owned_by = "baton";
+    Baton__V1__ModelInfo *list[1] = {&mi};
+    Baton__V1__ListModelsResponse resp = BATON__V1__LIST_MODELS_RESPONSE__INIT;
+    resp.models = list;
+    resp.n_models = 1;
+    bt_status st = bt_rpc_call_send(call, &resp.base);
+    bt_rpc_call_finish_status(call, st);
+}
+
+bt_status rtr_grpc_register(rtr_t *r, bt_rpc_server_t *s)
+{
+    bt_status st;
+    if ((st = bt_rpc_server_add_method(s, "/baton.v1.Generation/Generate", BT_RPC_SERVER_STREAMING,
+                                       &baton__v1__generate_request__descriptor, generate, r)))
+        return st;
+    if ((st = bt_rpc_server_add_method(s, "/baton.v1.Generation/Tokenize", BT_RPC_UNARY,
+                                       &baton__v1__tokenize_request__descriptor, tokenize, r)))
+        return st;
+    if ((st = bt_rpc_server_add_method(s, "/baton.v1.Generation/Detokenize", BT_RPC_UNARY,
+                                       &baton__v1__detokenize_request__descriptor, detokenize, r)))
+        return st;
+    return bt_rpc_server_add_method(s, "/baton.v1.Generation/ListModels", BT_RPC_UNARY,
+                                    &baton__v1__list_models_request__descriptor, list_models, r);
+}

@@ -1,0 +1,124 @@
+/* baton-router: flags and signals; everything else is in router.c. */
+#include "router/router.h"
+
+#include "common/log.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: baton-router --model PATH --etcd URL [options]\n"
+            "  --model PATH              GGUF file (only tokenizer, chat template and metadata are read)\n"
+            "  --etcd URL[,URL]          etcd endpoints\n"
+            "  --http-listen HOST:PORT   OpenAI API, /health, /metrics (default 127.0.0.1:8000)\n"
+            "  --grpc-listen HOST:PORT   baton.v1.Generation and health (default 127.0.0.1:50051)\n"
+            "  --api-key KEY             require this bearer key on public routes (repeatable)\n"
+            "  --cluster NAME            etcd cluster name (default \"default\")\n"
+            "  --max-context N           cap on prompt + output tokens (default 8192)\n"
+            "  --max-migrations N        decode-node failures one stream survives (default 3)\n"
+            "  --http-threads N          HTTP worker threads (default 4)\n"
+            "  --max-inflight N          requests in progress at once, beyond: 429 (default 1024)\n"
+            "  --grpc-tls-cert PEM       certificate chain: TLS on the gRPC listener (with --grpc-tls-key)\n"
+            "  --grpc-tls-key PEM        its private key\n"
+            "  --grpc-tls-client-ca PEM  require client certificates signed by this CA (mTLS)\n"
+            "Environment: BATON_MODEL, BATON_ETCD, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN, BATON_API_KEY,\n"
+            "BATON_CLUSTER (flags win).\n");
+}
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : dflt;
+}
+
+int main(int argc, char **argv)
+{
+    rtr_config_t cfg = {
+        .model_path = env_or("BATON_MODEL", NULL),
+        .etcd = env_or("BATON_ETCD", NULL),
+        .http_listen = env_or("BATON_HTTP_LISTEN", "127.0.0.1:8000"),
+        .grpc_listen = env_or("BATON_GRPC_LISTEN", "127.0.0.1:50051"),
+        .cluster = env_or("BATON_CLUSTER", NULL),
+    };
+    const char *keys[16];
+    size_t n_keys = 0;
+    if (env_or("BATON_API_KEY", NULL)) keys[n_keys++] = getenv("BATON_API_KEY");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "baton-router: %s needs a value (or is unknown)\n", a);
+            usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(a, "--model")) cfg.model_path = v;
+        else if (!strcmp(a, "--etcd")) cfg.etcd = v;
+        else if (!strcmp(a, "--http-listen")) cfg.http_listen = v;
+        else if (!strcmp(a, "--grpc-listen")) cfg.grpc_listen = v;
+        else if (!strcmp(a, "--cluster")) cfg.cluster = v;
+        else if (!strcmp(a, "--grpc-tls-cert")) cfg.grpc_tls_cert = v;
+        else if (!strcmp(a, "--grpc-tls-key")) cfg.grpc_tls_key = v;
+        else if (!strcmp(a, "--grpc-tls-client-ca")) cfg.grpc_tls_client_ca = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (n_keys == 16) {
+                fprintf(stderr, "baton-router: at most 16 --api-key\n");
+                return 2;
+            }
+            keys[n_keys++] = v;
+        } else if (!strcmp(a, "--max-context") || !strcmp(a, "--max-migrations") || !strcmp(a, "--http-threads") ||
+                   !strcmp(a, "--max-inflight")) {
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 0 || n > (1 << 24)) {
+                fprintf(stderr, "baton-router: %s: '%s' is not a valid number\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--max-context")) cfg.max_context = (int32_t)n;
+            else if (!strcmp(a, "--max-migrations")) cfg.max_migrations = (int)n;
+            else if (!strcmp(a, "--max-inflight")) cfg.max_inflight = (int)n;
+            else cfg.http_threads = (unsigned)n;
+        } else {
+            fprintf(stderr, "baton-router: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!cfg.model_path || !cfg.etcd) {
+        fprintf(stderr, "baton-router: --model and --etcd are required\n");
+        usage(stderr);
+        return 2;
+    }
+    cfg.api_keys = keys;
+    cfg.n_api_keys = n_keys;
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread inherits the mask; main waits for them below */
+    signal(SIGPIPE, SIG_IGN);
+
+    rtr_t *r;
+    if (rtr_create(&cfg, &r) != BT_OK) {
+        fprintf(stderr, "baton-router: %s\n", bt_last_error());
+        return 1;
+    }
+    if (rtr_start(r) != BT_OK) {
+        fprintf(stderr, "baton-router: %s\n", bt_last_error());
+        rtr_destroy(r);
+        return 1;
+    }
+    int sig = 0;
+    sigwait(&set, &sig);
+    BT_INFO("router", "signal %d: shutting down", sig);
+    rtr_destroy(r);
+    return 0;
+}

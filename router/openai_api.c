@@ -1,0 +1,490 @@
+/* OpenAI-compatible HTTP API (DESIGN 9): /v1/chat/completions, /v1/completions, /v1/models, /health.
+ * Validation happens here, before anything reaches a node: wrong types are refused naming the field, unknown
+ * fields are ignored, and the prompt plus max_tokens must fit the context. */
+#include "router/router.h"
+
+#include "common/log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A client error: 400 with a message that names the field. */
+#define bad(http_status, ...) (*(http_status) = 400, bt_fail(BT_ERR_INVALID, __VA_ARGS__))
+
+/* A JSON field that is absent or null counts as not given. */
+static const cJSON *field(const cJSON *body, const char *name)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(body, name);
+    return f && !cJSON_IsNull(f) ? f : NULL;
+}
+
+static bt_status get_num(const cJSON *body, const char *name, double lo, double hi, float *out, int *has,
+                         int *http_status)
+{
+    const cJSON *f = field(body, name);
+    if (!f) return BT_OK;
+    if (!cJSON_IsNumber(f)) return bad(http_status, "'%s' must be a number", name);
+    double v = f->valuedouble;
+    if (!(v >= lo && v <= hi)) {
+        *http_status = 400;
+        return bt_fail(BT_ERR_INVALID, "'%s' must be in [%g, %g]", name, lo, hi);
+    }
+    *out = (float)v;
+    if (has) *has = 1;
+    return BT_OK;
+}
+
+static bt_status get_int(const cJSON *body, const char *name, double lo, double hi, int64_t *out, int *has,
+                         int *http_status)
+{
+    const cJSON *f = field(body, name);
+    if (!f) return BT_OK;
+    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || !isfinite(f->valuedouble))
+        return bad(http_status, "'%s' must be an integer", name);
+    double v = f->valuedouble;
+    if (v < lo || v > hi) {
+        *http_status = 400;
+        return bt_fail(BT_ERR_INVALID, "'%s' must be in [%.0f, %.0f]", name, lo, hi);
+    }
+    *out = (int64_t)v;
+    if (has) *has = 1;
+    return BT_OK;
+}
+
+static bt_status get_bool(const cJSON *body, const char *name, int *out, int *http_status)
+{
+    const cJSON *f = field(body, name);
+    if (!f) return BT_OK;
+    if (!cJSON_IsBool(f)) return bad(http_status, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(f);
+    return BT_OK;
+}
+
+static int valid_utf8(const char *s)
+{
+    char *t = rtr_utf8_sanitize(s, strlen(s));
+    int ok = t && !strcmp(t, s);
+    free(t);
+    return ok;
+}
+
+static bt_status parse_stop(const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    const cJSON *f = field(body, "stop");
+    if (!f) return BT_OK;
+    const cJSON *items[RTR_MAX_STOP];
+    int n = 0;
+    if (cJSON_IsString(f)) {
+        items[n++] = f;
+    } else if (cJSON_IsArray(f)) {
+        int k = cJSON_GetArraySize(f);
+        if (k > RTR_MAX_STOP) {
+            *http_status = 400;
+            return bt_fail(BT_ERR_INVALID, "'stop' may hold at most %d strings", RTR_MAX_STOP);
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, f) {
+            if (!cJSON_IsString(e)) return bad(http_status, "'%s' must be a string or an array of strings", "stop");
+            items[n++] = e;
+        }
+    } else {
+        return bad(http_status, "'%s' must be a string or an array of strings", "stop");
+    }
+    for (int i = 0; i < n; i++) {
+        const char *s = items[i]->valuestring;
+        size_t len = strlen(s);
+        if (!len) continue;
+        if (len > RTR_MAX_STOP_LEN) {
+            *http_status = 400;
+            return bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
+        }
+        g->stops[g->n_stop] = strdup(s);
+        if (!g->stops[g->n_stop]) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        g->n_stop++;
+    }
+    return BT_OK;
+}
+
+static bt_status parse_logit_bias(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    const cJSON *f = field(body, "logit_bias");
+    if (!f) return BT_OK;
+    if (!cJSON_IsObject(f)) return bad(http_status, "'%s' must be an object of token id -> bias", "logit_bias");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, f) {
+        if (g->n_logit_bias >= RTR_MAX_LOGIT_BIAS) {
+            *http_status = 400;
+            return bt_fail(BT_ERR_INVALID, "'logit_bias' may hold at most %d entries", RTR_MAX_LOGIT_BIAS);
+        }
+        char *end;
+        long id = strtol(e->string, &end, 10);
+        if (!*e->string || *end || id < 0 || id >= tok_n_vocab(m->tok)) {
+            *http_status = 400;
+            return bt_fail(BT_ERR_INVALID, "'logit_bias' key '%.32s' is not a token id of this model", e->string);
+        }
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= -100 && e->valuedouble <= 100))
+            return bad(http_status, "'%s' values must be numbers in [-100, 100]", "logit_bias");
+        g->logit_bias_ids[g->n_logit_bias] = (int32_t)id;
+        g->logit_bias[g->n_logit_bias] = (float)e->valuedouble;
+        g->n_logit_bias++;
+    }
+    /* validated, but baton.v1.DecodeRunRequest has no field to carry it yet: refuse rather than ignore */
+    if (g->n_logit_bias) return bad(http_status, "'%s' is not supported yet by this server", "logit_bias");
+    return BT_OK;
+}
+
+/* Content of a chat message: a string, or an array of {type: "text", text} parts (concatenated) into *out. */
+static bt_status message_content(const cJSON *c, char **out, int idx, int *http_status)
+{
+    if (!c || cJSON_IsNull(c)) {
+        *out = strdup("");
+        return *out ? BT_OK : BT_ERR_NOMEM;
+    }
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? BT_OK : BT_ERR_NOMEM;
+    }
+    if (!cJSON_IsArray(c)) {
+        *http_status = 400;
+        return bt_fail(BT_ERR_INVALID, "'messages[%d].content' must be a string or an array of text parts", idx);
+    }
+    size_t n = 0;
+    char *s = calloc(1, 1);
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+            free(s);
+            *http_status = 400;
+            return bt_fail(BT_ERR_INVALID, "'messages[%d].content' parts must be {\"type\": \"text\", \"text\": ...}",
+                           idx);
+        }
+        size_t l = strlen(text->valuestring);
+        char *q = realloc(s, n + l + 1);
+        if (!q) {
+            free(s);
+            return bt_fail(BT_ERR_NOMEM, "out of memory");
+        }
+        s = q;
+        memcpy(s + n, text->valuestring, l + 1);
+        n += l;
+    }
+    *out = s;
+    return BT_OK;
+}
+
+static bt_status encode(const rtr_model_t *m, const char *text, size_t len, unsigned flags, rtr_gen_t *g)
+{
+    tok_ids ids = {0};
+    bt_status st = tok_encode(m->tok, text, len, flags, &ids);
+    if (st) {
+        tok_ids_free(&ids);
+        return st;
+    }
+    g->prompt = ids.ids;
+    g->n_prompt = ids.n;
+    return BT_OK;
+}
+
+static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    const cJSON *msgs = field(body, "messages");
+    if (!msgs) return bad(http_status, "'%s' is required", "messages");
+    if (!cJSON_IsArray(msgs)) return bad(http_status, "'%s' must be an array", "messages");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return bad(http_status, "'%s' must not be empty", "messages");
+    if (!m->has_tmpl) {
+        *http_status = 400;
+        return bt_fail(BT_ERR_INVALID, "this model has no chat template: use /v1/completions");
+    }
+    chat_msg *cm = calloc((size_t)n, sizeof *cm);
+    char **contents = calloc((size_t)n, sizeof *contents);
+    bt_status st = BT_OK;
+    if (!cm || !contents) {
+        st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
+        if (!cJSON_IsObject(e)) {
+            *http_status = 400;
+            st = bt_fail(BT_ERR_INVALID, "'messages[%d]' must be an object", i);
+            goto out;
+        }
+        if (!cJSON_IsString(role)) {
+            *http_status = 400;
+            st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be a string", i);
+            goto out;
+        }
+        const char *r = role->valuestring;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
+            strcmp(r, "developer")) {
+            *http_status = 400;
+            st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, user, assistant or tool", i);
+            goto out;
+        }
+        if ((st = message_content(cJSON_GetObjectItemCaseSensitive(e, "content"), &contents[i], i, http_status)))
+            goto out;
+        if (!valid_utf8(contents[i])) {
+            *http_status = 400;
+            st = bt_fail(BT_ERR_INVALID, "'messages[%d].content' is not valid UTF-8", i);
+            goto out;
+        }
+        cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i])};
+        i++;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if ((st = chat_tmpl_render(&m->tmpl, cm, (size_t)n, 1, &text, &len))) {
+        if (st == BT_ERR_INVALID) *http_status = 400;
+        goto out;
+    }
+    st = encode(m, text, len, TOK_PARSE_SPECIAL, g);
+    free(text);
+out:
+    for (int k = 0; contents && k < n; k++) free(contents[k]);
+    free(contents);
+    free(cm);
+    return st;
+}
+
+static bt_status completion_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    const cJSON *p = field(body, "prompt");
+    if (!p) return bad(http_status, "'%s' is required", "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
+        p = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(p)) {
+        if (!valid_utf8(p->valuestring)) return bad(http_status, "'%s' is not valid UTF-8", "prompt");
+        if (!*p->valuestring) return bad(http_status, "'%s' must not be empty", "prompt");
+        return encode(m, p->valuestring, strlen(p->valuestring), TOK_PARSE_SPECIAL | TOK_ADD_SPECIAL, g);
+    }
+    if (!cJSON_IsArray(p))
+        return bad(http_status, "'%s' must be a string or an array of token ids", "prompt");
+    int n = cJSON_GetArraySize(p);
+    g->prompt = calloc(n ? (size_t)n : 1, sizeof *g->prompt);
+    if (!g->prompt) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, p) {
+        if (cJSON_IsString(e))
+            return bad(http_status, "'%s': only one prompt per request is supported", "prompt");
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble >= tok_n_vocab(m->tok))
+            return bad(http_status, "'%s' token ids must be integers in the vocabulary", "prompt");
+        g->prompt[g->n_prompt++] = (int32_t)e->valuedouble;
+    }
+    return BT_OK;
+}
+
+bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given)
+{
+    if (g->n_prompt == 0) return bt_fail(BT_ERR_INVALID, "the prompt is empty");
+    if ((int64_t)g->n_prompt >= m->n_ctx)
+        return bt_fail(BT_ERR_INVALID, "the prompt has %zu tokens; this model's context is %d tokens", g->n_prompt,
+                       m->n_ctx);
+    if (!max_tokens_given) g->max_tokens = (uint32_t)(m->n_ctx - (int32_t)g->n_prompt);
+    if ((int64_t)g->n_prompt + g->max_tokens > m->n_ctx)
+        return bt_fail(BT_ERR_INVALID,
+                       "'max_tokens': the prompt (%zu tokens) plus max_tokens (%u) exceeds the context of %d tokens",
+                       g->n_prompt, g->max_tokens, m->n_ctx);
+    return BT_OK;
+}
+
+bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    memset(g, 0, sizeof *g);
+    g->api = api;
+    g->n = 1;
+    *http_status = 400;
+    bt_status st;
+    const cJSON *model = field(body, "model");
+    if (model && !cJSON_IsString(model)) return bad(http_status, "'%s' must be a string", "model");
+    if (model && !rtr_model_matches(m, model->valuestring)) {
+        *http_status = 404;
+        return bt_fail(BT_ERR_NOT_FOUND, "The model '%.100s' does not exist (this server serves '%s')",
+                       model->valuestring, m->name);
+    }
+    if ((st = get_bool(body, "stream", &g->stream, http_status))) return st;
+    const cJSON *so = field(body, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return bad(http_status, "'%s' must be an object", "stream_options");
+        if ((st = get_bool(so, "include_usage", &g->include_usage, http_status))) return st;
+        if (!g->stream) g->include_usage = 0;
+    }
+    int64_t v = 0;
+    int has_max = 0;
+    const char *max_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if ((st = get_int(body, max_name, 1, 1 << 30, &v, &has_max, http_status))) return st;
+    if (has_max) g->max_tokens = (uint32_t)v;
+    if (!has_max && api == RTR_API_COMPLETION) { /* OpenAI's default for completions */
+        g->max_tokens = 16;
+        has_max = 1;
+    }
+    int has = 0;
+    if ((st = get_int(body, "n", 1, RTR_MAX_N, &v, &has, http_status))) return st;
+    if (has) g->n = (int)v;
+    if ((st = get_num(body, "temperature", 0, 2, &g->temperature, &g->has_temperature, http_status))) return st;
+    if ((st = get_num(body, "top_p", 0, 1, &g->top_p, &g->has_top_p, http_status))) return st;
+    if (g->has_top_p && g->top_p <= 0) return bad(http_status, "'%s' must be in (0, 1]", "top_p");
+    if ((st = get_num(body, "min_p", 0, 1, &g->min_p, &g->has_min_p, http_status))) return st;
+    if ((st = get_num(body, "repetition_penalty", 0, 10, &g->repetition_penalty, &g->has_repetition_penalty,
+                      http_status)))
+        return st;
+    if (g->has_repetition_penalty && g->repetition_penalty <= 0)
+        return bad(http_status, "'%s' must be in (0, 10]", "repetition_penalty");
+    if ((st = get_num(body, "presence_penalty", -2, 2, &g->presence_penalty, &g->has_presence, http_status))) return st;
+    if ((st = get_num(body, "frequency_penalty", -2, 2, &g->frequency_penalty, &g->has_frequency, http_status)))
+        return st;
+    has = 0;
+    if ((st = get_int(body, "top_k", -1, 1 << 30, &v, &has, http_status))) return st;
+    if (has && v > 0) {
+        g->top_k = (int32_t)v;
+        g->has_top_k = 1;
+    }
+    const cJSON *seed = field(body, "seed");
+    if (seed) {
+        if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble))
+            return bad(http_status, "'%s' must be an integer", "seed");
+        g->seed = (uint64_t)(int64_t)seed->valuedouble;
+        g->has_seed = 1;
+    }
+    if ((st = get_bool(body, "ignore_eos", &g->ignore_eos, http_status))) return st;
+    if (api == RTR_API_CHAT) {
+        if ((st = get_bool(body, "logprobs", &g->logprobs, http_status))) return st;
+        has = 0;
+        if ((st = get_int(body, "top_logprobs", 0, RTR_MAX_TOP_LOGPROBS, &v, &has, http_status))) return st;
+        if (has) {
+            if (!g->logprobs && v > 0) return bad(http_status, "'%s' needs logprobs: true", "top_logprobs");
+            g->top_logprobs = (int)v;
+        }
+    } else {
+        has = 0;
+        if ((st = get_int(body, "logprobs", 0, RTR_MAX_TOP_LOGPROBS, &v, &has, http_status))) return st;
+        if (has) {
+            g->logprobs = 1;
+            g->top_logprobs = (int)v;
+        }
+        const cJSON *echo = field(body, "echo");
+        if (echo && !cJSON_IsBool(echo)) return bad(http_status, "'%s' must be a boolean", "echo");
+        if (echo && cJSON_IsTrue(echo)) return bad(http_status, "'%s' is not supported", "echo");
+        const cJSON *best_of = field(body, "best_of");
+        if (best_of && (!cJSON_IsNumber(best_of) || best_of->valuedouble != g->n))
+            return bad(http_status, "'%s' other than n is not supported", "best_of");
+    }
+    if ((st = parse_stop(body, g, http_status))) return st;
+    if ((st = parse_logit_bias(m, body, g, http_status))) return st;
+    const cJSON *user = field(body, "user");
+    if (user && !cJSON_IsString(user)) return bad(http_status, "'%s' must be a string", "user");
+    st = api == RTR_API_CHAT ? chat_prompt(m, body, g, http_status) : completion_prompt(m, body, g, http_status);
+    if (st) return st;
+    if ((st = rtr_gen_check_context(m, g, has_max))) {
+        *http_status = 400;
+        return st;
+    }
+    *http_status = 200;
+    return BT_OK;
+}
+
+static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
+{
+    cJSON *body = NULL;
+    if (http_request_json(req, &body)) {
+        rtr_count_request(r, "client_error");
+        http_respond_error(req, 400, bt_last_error(), NULL, NULL);
+        return;
+    }
+    rtr_gen_t g;
+    int status = 400;
+    bt_status st = rtr_openai_parse(&r->model, api, body, &g, &status);
+    cJSON_Delete(body);
+    if (st) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "client_error");
+        if (st == BT_ERR_NOMEM) http_respond_error(req, 500, bt_last_error(), NULL, NULL);
+        else if (status == 404)
+            http_respond_error(req, 404, bt_last_error(), "invalid_request_error", "model_not_found");
+        else http_respond_error(req, status, bt_last_error(), NULL, NULL);
+        return;
+    }
+    if (!rtr_admit(r)) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "overloaded");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 429, "too many requests in progress", NULL, NULL);
+        return;
+    }
+    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "unavailable");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
+        return;
+    }
+    if ((st = rtr_job_start_http(r, &g, req))) {
+        rtr_count_request(r, "server_error");
+        http_respond_error(req, st == BT_ERR_UNAVAILABLE ? 503 : 500, bt_last_error(), NULL, NULL);
+    }
+}
+
+static void h_chat(http_request_t *req, void *arg) { handle_generate(arg, req, RTR_API_CHAT); }
+static void h_completions(http_request_t *req, void *arg) { handle_generate(arg, req, RTR_API_COMPLETION); }
+
+static cJSON *model_json(const rtr_t *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->model.name);
+    cJSON_AddStringToObject(o, "object", "model");
+    cJSON_AddNumberToObject(o, "created", (double)r->model.created);
+    cJSON_AddStringToObject(o, "owned_by", "baton");
+    cJSON_AddNumberToObject(o, "max_model_len", r->model.n_ctx);
+    return o;
+}
+
+static void h_models(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddItemToArray(data, model_json(r));
+    http_respond_json(req, 200, o);
+    cJSON_Delete(o);
+}
+
+static void h_model_one(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    const char *name = http_request_path(req) + strlen("/v1/models/");
+    if (!rtr_model_matches(&r->model, name) || !*name) {
+        http_respond_error(req, 404, "model not found", "invalid_request_error", "model_not_found");
+        return;
+    }
+    cJSON *o = model_json(r);
+    http_respond_json(req, 200, o);
+    cJSON_Delete(o);
+}
+
+static void h_health(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    int n = rtr_dispatch_n_healthy(r->dispatch);
+    char buf[128];
+    int len = snprintf(buf, sizeof buf, "{\"status\":\"ok\",\"decode_nodes\":%d}", n);
+    http_respond(req, 200, "application/json", buf, (size_t)len);
+}
+
+bt_status rtr_openai_register(rtr_t *r, http_server_t *s)
+{
+    bt_status st;
+    if ((st = http_server_route(s, "POST", "/v1/chat/completions", HTTP_ROUTE_AUTH, h_chat, r))) return st;
+    if ((st = http_server_route(s, "POST", "/v1/completions", HTTP_ROUTE_AUTH, h_completions, r))) return st;
+    if ((st = http_server_route(s, "GET", "/v1/models", HTTP_ROUTE_AUTH, h_models, r))) return st;
+    if ((st = http_server_route(s, "GET", "/v1/models/", HTTP_ROUTE_AUTH | HTTP_ROUTE_PREFIX, h_model_one, r)))
+        return st;
+    return http_server_route(s, "GET", "/health", 0, h_health, r);
+}

@@ -1,0 +1,245 @@
+/* baton-router internals (DESIGN 2, 7, 9): the modules of router/ and the state they share. Nothing here is a
+ * library API: main.c builds an rtr_t from flags, runs it until a signal, and destroys it.
+ *
+ *   rmodel.c      tokenizer, chat template and metadata of the served model (no weights)
+ *   textgen.c     incremental detokenization and stop strings with hold-back (one per choice)
+ *   dispatch.c    choice of a decode node, Decode/Run, migration when a node dies mid-stream
+ *   job.c         one client request: n choices on worker threads, usage, metrics, answering the client
+ *   openai_api.c  HTTP routes (OpenAI shapes) and request validation
+ *   grpc_api.c    baton.v1.Generation over gRPC
+ *   router.c      flags, start-up and shutdown */
+#ifndef BATON_ROUTER_ROUTER_H
+#define BATON_ROUTER_ROUTER_H
+
+#include "common/http.h"
+#include "common/membership.h"
+#include "common/metrics.h"
+#include "common/rpc.h"
+#include "common/status.h"
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+
+#include "baton/v1/generate.pb-c.h"
+#include "baton/v1/node.pb-c.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RTR_MAX_STOP 4           /* stop strings per request (OpenAI's limit) */
+#define RTR_MAX_STOP_LEN 256     /* bytes per stop string */
+#define RTR_MAX_N 128            /* choices per request */
+#define RTR_MAX_TOP_LOGPROBS 20
+#define RTR_MAX_LOGIT_BIAS 300
+#define RTR_DEFAULT_MAX_CONTEXT 8192 /* the nodes' default context cap (baton generate's too) */
+#define RTR_DEFAULT_MIGRATIONS 3
+#define RTR_DEFAULT_MAX_INFLIGHT 1024
+
+/* ---- rmodel.c ---- */
+
+typedef struct rtr_model {
+    tok_tokenizer *tok;
+    chat_tmpl tmpl;
+    int has_tmpl;
+    char name[128];     /* general.name, or the file's base name */
+    char base[128];     /* the file's base name, also accepted as the model name */
+    int32_t n_ctx;      /* prompt + generated tokens allowed */
+    int64_t created;    /* unix seconds: the file's modification time */
+    char fingerprint[17]; /* gguf_fingerprint as 16 lower-case hex digits, as nodes publish it */
+} rtr_model_t;
+
+/* Loads what the router needs from the GGUF at path (tokenizer, chat template, names, context); max_ctx > 0
+ * caps the context. Errors as gguf_open / tok_create; a missing chat template is not an error (chat requests then
+ * get 400). *m is set only on success. */
+bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *m);
+void rtr_model_free(rtr_model_t *m);
+/* 1 when name (NULL or "" = any) names this model. */
+int rtr_model_matches(const rtr_model_t *m, const char *name);
+
+/* ---- textgen.c ---- */
+
+/* Turns one choice's token ids into text: complete UTF-8 only, special tokens skipped, and text that could be the
+ * start of a stop string held back until it is known not to be. */
+typedef struct rtr_textgen {
+    tok_stream ts;
+    const char *stops[RTR_MAX_STOP]; /* borrowed; outlive the textgen */
+    size_t stop_len[RTR_MAX_STOP];
+    int n_stop;
+    char *held;     /* decoded text not yet released */
+    size_t n_held, held_cap;
+    char *out;      /* what the last call released */
+    size_t out_cap;
+    int stopped;    /* a stop string matched: nothing more is released */
+    int stop_index; /* which one (-1 none) */
+} rtr_textgen_t;
+
+void rtr_textgen_init(rtr_textgen_t *tg, const tok_tokenizer *tok, const char *const *stops, int n_stop);
+void rtr_textgen_free(rtr_textgen_t *tg);
+/* Feeds one token. *text and *len receive the text released now (valid until the next call). Returns 1 when a stop
+ * string completed (the released text ends right before it), 0 otherwise; BT_ERR_INVALID (bad id) and
+ * BT_ERR_NOMEM are negative. After a stop every call releases nothing. */
+int rtr_textgen_push(rtr_textgen_t *tg, int32_t id, const char **text, size_t *len);
+/* End of the choice without a stop string: releases everything held (an incomplete character as U+FFFD). */
+void rtr_textgen_finish(rtr_textgen_t *tg, const char **text, size_t *len);
+
+/* Copies s[len] to a malloc'd NUL-terminated string with invalid UTF-8 replaced by U+FFFD (for JSON and proto
+ * strings). NULL on allocation failure. */
+char *rtr_utf8_sanitize(const char *s, size_t len);
+
+/* ---- dispatch.c ---- */
+
+typedef struct rtr_dispatch rtr_dispatch_t;
+
+typedef struct rtr_dispatch_config {
+    etcd_client_t *etcd;
+    const char *cluster;
+    int max_migrations;      /* 0 = RTR_DEFAULT_MIGRATIONS */
+    const char *fingerprint; /* only nodes serving this model (their NodeInfo.model) are used; copied */
+    metrics_counter_t *migrations;
+} rtr_dispatch_config_t;
+
+bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out);
+void rtr_dispatch_destroy(rtr_dispatch_t *d);
+/* Waits for the first read of etcd (up to timeout_ms). */
+bt_status rtr_dispatch_wait_synced(rtr_dispatch_t *d, int timeout_ms);
+/* Decode nodes that could take a request now. */
+int rtr_dispatch_n_healthy(rtr_dispatch_t *d);
+
+/* What a running choice tells dispatch, and asks. All called on the choice's thread. */
+typedef struct rtr_run_ops {
+    /* New tokens in order (never a duplicate, never a gap), with their logprobs when asked (lps may be NULL).
+     * Return nonzero to stop the choice now (a stop string matched): the decode stream is cancelled. */
+    int (*on_tokens)(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLogprob *const *lps, size_t n_lps);
+    /* Nonzero when the client went away: the decode stream is cancelled. Polled about every 50 ms. */
+    int (*cancelled)(void *ud);
+    void *ud;
+} rtr_run_ops_t;
+
+typedef struct rtr_run_result {
+    Baton__V1__FinishReason finish;  /* STOP / LENGTH / ABORT; UNSPECIFIED when stopped by on_tokens */
+    uint32_t cached_prompt_tokens;
+    int migrations;
+    bt_rpc_code code;                /* OK, or the failure that ended it */
+    char message[256];
+} rtr_run_result_t;
+
+/* Runs one choice to its end on some decode node, migrating (prompt + tokens delivered so far) to another node
+ * when one fails mid-stream, up to the migration limit. req is the request to send (generated_token_ids must be
+ * empty; dispatch fills it on migration). Blocks. Returns BT_OK (res->finish says how it ended, or on_tokens
+ * stopped it), BT_ERR_CANCELLED (client gone), BT_ERR_UNAVAILABLE (no healthy node / all attempts failed),
+ * or the mapped status of an error the node answered (res->code and res->message say which). */
+bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest *req, const rtr_run_ops_t *ops,
+                           rtr_run_result_t *res);
+
+/* ---- job.c ---- */
+
+typedef enum rtr_api {
+    RTR_API_CHAT = 0,       /* HTTP /v1/chat/completions */
+    RTR_API_COMPLETION = 1, /* HTTP /v1/completions */
+    RTR_API_GRPC = 2,       /* gRPC Generation/Generate */
+} rtr_api;
+
+typedef struct rtr rtr_t;
+
+/* A validated request, ready to run: what every front end produces. Owned strings and arrays. */
+typedef struct rtr_gen {
+    rtr_api api;
+    int stream;
+    int include_usage;
+    int32_t *prompt;
+    size_t n_prompt;
+    uint32_t max_tokens;
+    int n;
+    int logprobs;
+    int top_logprobs;
+    int ignore_eos;
+    char *stops[RTR_MAX_STOP];
+    int n_stop;
+    int32_t *stop_ids;
+    size_t n_stop_ids;
+    /* sampling (has_* = given by the client) */
+    float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+    int has_temperature, has_top_p, has_min_p, has_repetition_penalty, has_presence, has_frequency;
+    int32_t top_k;
+    int has_top_k;
+    uint64_t seed;
+    int has_seed;
+    int n_logit_bias;
+    int32_t logit_bias_ids[RTR_MAX_LOGIT_BIAS];
+    float logit_bias[RTR_MAX_LOGIT_BIAS];
+    char request_id[64];
+} rtr_gen_t;
+
+void rtr_gen_free(rtr_gen_t *g);
+
+typedef struct rtr_job rtr_job_t;
+
+/* Starts g (ownership moves into the job, even on error) for an HTTP request: streams SSE or defers one JSON
+ * answer. Only in the route handler. On error the caller answers (bt_last_error() says why). */
+bt_status rtr_job_start_http(rtr_t *r, rtr_gen_t *g, http_request_t *req);
+/* Same for a gRPC Generate call: the job answers and finishes the call. */
+bt_status rtr_job_start_grpc(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call);
+
+/* ---- the router ---- */
+
+typedef struct rtr_config {
+    const char *model_path;
+    const char *etcd;
+    const char *http_listen;  /* host:port */
+    const char *grpc_listen;
+    const char *const *api_keys;
+    size_t n_api_keys;
+    const char *cluster;
+    int32_t max_context;      /* 0 = RTR_DEFAULT_MAX_CONTEXT */
+    int max_migrations;
+    unsigned http_threads;
+    int max_inflight;               /* requests in progress at once; beyond: 429 / RESOURCE_EXHAUSTED. 0 = default */
+    const char *grpc_tls_cert;      /* PEM chain + key: TLS on the gRPC listener; NULL = insecure */
+    const char *grpc_tls_key;
+    const char *grpc_tls_client_ca; /* also: mTLS, clients must present a certificate signed by this CA */
+} rtr_config_t;
+
+struct rtr {
+    rtr_config_t cfg;
+    rtr_model_t model;
+    metrics_registry_t *metrics;
+    etcd_client_t *etcd;
+    rtr_dispatch_t *dispatch;
+    http_server_t *http;
+    bt_rpc_server_t *grpc;
+    atomic_int active_jobs;
+    atomic_int stopping;
+    atomic_ullong next_id;
+    /* metrics, looked up once */
+    metrics_histogram_t *ttft, *tpot, *e2e;
+    metrics_family_t *requests;
+    metrics_counter_t *prompt_tokens, *generation_tokens, *migrations;
+};
+
+/* Splits "host:port" into host (cap bytes) and port. BT_ERR_INVALID. */
+bt_status rtr_split_hostport(const char *s, char *host, size_t cap, int *port);
+
+/* 1 when one more request may start (under the in-flight bound). */
+int rtr_admit(rtr_t *r);
+
+/* Counts a finished request by status label ("ok", "client_error", "server_error", "cancelled", ...). */
+void rtr_count_request(rtr_t *r, const char *status);
+
+bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out);
+/* Starts listening (HTTP and gRPC). */
+bt_status rtr_start(rtr_t *r);
+/* Stops the listeners, cancels the jobs and waits for them (up to a few seconds), frees everything. */
+void rtr_destroy(rtr_t *r);
+
+/* Front ends (register routes / methods). */
+bt_status rtr_openai_register(rtr_t *r, http_server_t *s);
+bt_status rtr_grpc_register(rtr_t *r, bt_rpc_server_t *s);
+
+/* Request parsing (openai_api.c), exposed for unit tests: fills g from an OpenAI JSON body. On a client error
+ * returns BT_ERR_INVALID with *http_status (400, 404) and bt_last_error() naming the field. */
+bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status);
+/* Shared final checks: prompt non-empty, prompt + max_tokens within the context (fills max_tokens when 0). */
+bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given);
+
+#endif

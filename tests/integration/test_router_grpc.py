@@ -1,0 +1,183 @@
+"""baton-router's public gRPC API (baton.v1.Generation) with real grpcio stubs generated from proto/ at test time:
+Generate (server-streaming, equal to the HTTP answer and to `baton generate`), Tokenize, Detokenize, ListModels,
+grpc.health.v1 Check, INVALID_ARGUMENT / NOT_FOUND / UNAUTHENTICATED / UNAVAILABLE."""
+from __future__ import annotations
+
+import importlib
+import pathlib
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from harness.baton_procs import start_decode
+from harness.etcd import EtcdServer
+from harness.router_procs import start_router
+from test_router_openai import PROMPT, baton_generate, wait_nodes
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stubs")
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", "baton/v1/generate.proto"], check=True)
+    sys.path.insert(0, str(out))
+    pb2 = importlib.import_module("baton.v1.generate_pb2")
+    pb2_grpc = importlib.import_module("baton.v1.generate_pb2_grpc")
+    return pb2, pb2_grpc
+
+
+@pytest.fixture(scope="module")
+def cluster(default_model):
+    with EtcdServer() as etcd:
+        with start_decode(etcd, default_model, threads=1, node_id="dec-g") as dec:
+            with start_router(etcd, default_model) as rtr:
+                wait_nodes(rtr, 1)
+                yield etcd, dec, rtr
+
+
+@pytest.fixture(scope="module")
+def stub(cluster, pb):
+    _, _, rtr = cluster
+    ch = grpc.insecure_channel(rtr.grpc_addr)
+    yield pb[1].GenerationStub(ch)
+    ch.close()
+
+
+def health(addr):
+    with grpc.insecure_channel(addr) as ch:
+        check = ch.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+        return check(b"", timeout=5)
+
+
+def test_health_serving(cluster):
+    assert health(cluster[2].grpc_addr) == b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+
+
+def test_generate_text_equals_baton_generate(stub, pb, baton_bin, default_model):
+    pb2 = pb[0]
+    req = pb2.GenerateRequest(text=PROMPT, max_tokens=20, sampling=pb2.SamplingParams(temperature=0))
+    msgs = list(stub.Generate(req, timeout=120))
+    text = "".join(m.text for m in msgs)
+    ids = [t for m in msgs for t in m.token_ids]
+    assert len(ids) == 20
+    assert msgs[-1].finish_reason == pb2.FINISH_REASON_LENGTH
+    assert msgs[-1].usage.completion_tokens == 20 and msgs[-1].usage.prompt_tokens > 0
+    assert all(m.request_id == msgs[0].request_id for m in msgs)
+    assert text == baton_generate(baton_bin, default_model, "--prompt", PROMPT, "--max-tokens", "20")
+
+
+def test_generate_chat_logprobs_n_and_stop(stub, pb):
+    pb2 = pb[0]
+    chat = pb2.ChatMessages(messages=[pb2.ChatMessage(role="user", content="Name a colour.")])
+    msgs = list(stub.Generate(pb2.GenerateRequest(chat=chat, max_tokens=8, n=2, logprobs=True, top_logprobs=2,
+                                                  sampling=pb2.SamplingParams(temperature=0)), timeout=120))
+    by = {}
+    for m in msgs:
+        by.setdefault(m.index, []).append(m)
+        assert len(m.logprobs) == len(m.token_ids)
+        for lp in m.logprobs:
+            assert len(lp.top) == 2 and lp.logprob <= 0
+    assert sorted(by) == [0, 1]
+    assert "".join(m.text for m in by[0]) == "".join(m.text for m in by[1])
+    full = "".join(m.text for m in stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=24), timeout=120))
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    msgs = list(stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=24, stop=[stop]), timeout=120))
+    assert "".join(m.text for m in msgs) == full[:full.index(stop)]
+    assert msgs[-1].finish_reason == pb2.FINISH_REASON_STOP and msgs[-1].stop == stop
+
+
+def test_tokenize_detokenize_list_models(stub, pb):
+    pb2 = pb[0]
+    t = stub.Tokenize(pb2.TokenizeRequest(text="Hello world"), timeout=10)
+    assert len(t.token_ids) >= 2 and t.max_context > 0
+    d = stub.Detokenize(pb2.DetokenizeRequest(token_ids=t.token_ids), timeout=10)
+    assert d.text == "Hello world"
+    chat = stub.Tokenize(pb2.TokenizeRequest(chat=pb2.ChatMessages(messages=[pb2.ChatMessage(role="user",
+                                                                                             content="hi")])))
+    assert len(chat.token_ids) > len(t.token_ids)
+    models = stub.ListModels(pb2.ListModelsRequest(), timeout=10).models
+    assert len(models) == 1 and models[0].id and models[0].context_length == t.max_context
+
+
+@pytest.mark.parametrize("kw,code", [
+    (dict(text=PROMPT, max_tokens=10 ** 6), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=""), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, n=1000), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, top_logprobs=50), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, stop=["a", "b", "c", "d", "e"]), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, model="nope"), grpc.StatusCode.NOT_FOUND),
+    (dict(token_ids={"ids": [-5]}), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, sampling={"temperature": 9}), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, sampling={"top_p": 0}), grpc.StatusCode.INVALID_ARGUMENT),
+])
+def test_generate_errors(stub, pb, kw, code):
+    pb2 = pb[0]
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(pb2.GenerateRequest(**kw), timeout=30))
+    assert e.value.code() == code
+
+
+def test_bad_protobuf_and_keeps_serving(cluster, stub, pb):
+    _, _, rtr = cluster
+    with grpc.insecure_channel(rtr.grpc_addr) as ch:
+        raw = ch.unary_stream("/baton.v1.Generation/Generate", request_serializer=lambda b: b,
+                              response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as e:
+            list(raw(b"\xff\xff\xff\xff\x0f", timeout=10))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    pb2 = pb[0]
+    assert len(list(stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=2), timeout=60))) >= 1
+
+
+def test_cancel_frees_kv_blocks(cluster, stub, pb):
+    _, dec, _ = cluster
+    pb2 = pb[0]
+    time.sleep(0.3)
+    base = dec.metric("baton_kv_blocks_used")
+    call = stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=2000, ignore_eos=True), timeout=120)
+    for i, _ in enumerate(call):
+        if i == 5:
+            break
+    call.cancel()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and dec.metric("baton_kv_blocks_used") > base:
+        time.sleep(0.1)
+    assert dec.metric("baton_kv_blocks_used") <= base
+
+
+def test_api_key_and_unavailable(default_model, pb):
+    pb2, pb2_grpc = pb
+    with EtcdServer() as etcd, start_router(etcd, default_model, api_key="k1") as rtr:
+        with grpc.insecure_channel(rtr.grpc_addr) as ch:
+            s = pb2_grpc.GenerationStub(ch)
+            with pytest.raises(grpc.RpcError) as e:
+                s.ListModels(pb2.ListModelsRequest(), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            md = [("authorization", "Bearer k1")]
+            assert len(s.ListModels(pb2.ListModelsRequest(), metadata=md, timeout=10).models) == 1
+            with pytest.raises(grpc.RpcError) as e:
+                list(s.Generate(pb2.GenerateRequest(text="hi", max_tokens=2), metadata=md, timeout=10))
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_grpc_tls(default_model, pb, tmp_path):
+    pb2, pb2_grpc = pb
+    key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    with EtcdServer() as etcd, start_router(etcd, default_model, grpc_tls_cert=crt, grpc_tls_key=key) as rtr:
+        creds = grpc.ssl_channel_credentials(root_certificates=crt.read_bytes())
+        with grpc.secure_channel(rtr.grpc_addr, creds) as ch:
+            models = pb2_grpc.GenerationStub(ch).ListModels(pb2.ListModelsRequest(), timeout=10).models
+            assert len(models) == 1
+        with grpc.insecure_channel(rtr.grpc_addr) as ch:
+            with pytest.raises(grpc.RpcError):
+                pb2_grpc.GenerationStub(ch).ListModels(pb2.ListModelsRequest(), timeout=3)

@@ -1,0 +1,129 @@
+/* router/openai_api.c request parsing: fields, defaults, limits and error messages naming the field. */
+#include "router/router.h"
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static rtr_model_t model;
+
+static bt_status parse(rtr_api api, const char *json, rtr_gen_t *g, int *status)
+{
+    cJSON *body = cJSON_Parse(json);
+    if (!body) return BT_ERR_FORMAT;
+    bt_status st = rtr_openai_parse(&model, api, body, g, status);
+    cJSON_Delete(body);
+    return st;
+}
+
+static void expect_error(rtr_api api, const char *json, int want_status, const char *field)
+{
+    rtr_gen_t g;
+    int status = 0;
+    bt_status st = parse(api, json, &g, &status);
+    CHECK_MSG(st != BT_OK && status == want_status && strstr(bt_last_error(), field),
+              "%s -> st %d status %d '%s' (want %d naming %s)", json, st, status, bt_last_error(), want_status, field);
+    rtr_gen_free(&g);
+}
+
+static void test_chat_ok(void)
+{
+    rtr_gen_t g;
+    int status;
+    REQUIRE(parse(RTR_API_CHAT,
+                  "{\"model\":\"\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":7,"
+                  "\"temperature\":0.5,\"stop\":[\"a\",\"bc\"],\"n\":2,\"seed\":42,\"logprobs\":true,"
+                  "\"top_logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"whatever\":1}",
+                  &g, &status) == BT_OK);
+    CHECK(status == 200 && g.max_tokens == 7 && g.has_temperature && g.temperature == 0.5f && g.n_stop == 2);
+    CHECK(g.n == 2 && g.has_seed && g.seed == 42 && g.logprobs && g.top_logprobs == 3 && g.stream &&
+          g.include_usage);
+    CHECK(g.n_prompt > 5 && g.prompt[0] == 1); /* SmolLM2's template starts with <|im_start|> (id 1) */
+    rtr_gen_free(&g);
+    /* content parts, developer role, max_completion_tokens; default max_tokens = rest of the context */
+    REQUIRE(parse(RTR_API_CHAT,
+                  "{\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"be brief\"}]},"
+                  "{\"role\":\"user\",\"content\":\"hi\"}]}",
+                  &g, &status) == BT_OK);
+    CHECK(g.max_tokens == (uint32_t)(model.n_ctx - (int32_t)g.n_prompt));
+    rtr_gen_free(&g);
+}
+
+static void test_completion_ok(void)
+{
+    rtr_gen_t g;
+    int status;
+    REQUIRE(parse(RTR_API_COMPLETION, "{\"prompt\":\"Hello world\",\"logprobs\":2}", &g, &status) == BT_OK);
+    CHECK(g.max_tokens == 16 && g.logprobs && g.top_logprobs == 2 && g.n_prompt == 2);
+    rtr_gen_free(&g);
+    REQUIRE(parse(RTR_API_COMPLETION, "{\"prompt\":[19556, 905],\"max_tokens\":3}", &g, &status) == BT_OK);
+    CHECK(g.n_prompt == 2 && g.prompt[1] == 905 && g.max_tokens == 3);
+    rtr_gen_free(&g);
+}
+
+static void test_errors(void)
+{
+    const char *msg = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    char buf[512];
+#define BAD(extra, field)                                             \
+    do {                                                              \
+        snprintf(buf, sizeof buf, "{%s,%s}", msg, extra);             \
+        expect_error(RTR_API_CHAT, buf, 400, field);                  \
+    } while (0)
+    BAD("\"max_tokens\":\"5\"", "max_tokens");
+    BAD("\"max_tokens\":-5", "max_tokens");
+    BAD("\"max_tokens\":100000000", "max_tokens");
+    BAD("\"temperature\":3", "temperature");
+    BAD("\"top_p\":0", "top_p");
+    BAD("\"n\":0", "n");
+    BAD("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop");
+    BAD("\"stop\":7", "stop");
+    BAD("\"logprobs\":\"yes\"", "logprobs");
+    BAD("\"top_logprobs\":3", "top_logprobs");
+    BAD("\"seed\":1.5", "seed");
+    BAD("\"stream\":1", "stream");
+    BAD("\"logit_bias\":{\"x\":1}", "logit_bias");
+    BAD("\"presence_penalty\":9", "presence_penalty");
+#undef BAD
+    expect_error(RTR_API_CHAT, "{\"messages\":[]}", 400, "messages");
+    expect_error(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\"}],\"model\":\"other\"}", 404, "other");
+    expect_error(RTR_API_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "role");
+    expect_error(RTR_API_COMPLETION, "{\"prompt\":\"\"}", 400, "prompt");
+    expect_error(RTR_API_COMPLETION, "{\"prompt\":[1,-1]}", 400, "prompt");
+    expect_error(RTR_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs");
+    expect_error(RTR_API_COMPLETION, "{\"prompt\":\"\xff\"}", 400, "prompt");
+}
+
+static void test_model_names(void)
+{
+    CHECK(rtr_model_matches(&model, ""));
+    CHECK(rtr_model_matches(&model, model.name));
+    CHECK(rtr_model_matches(&model, model.base));
+    CHECK(!rtr_model_matches(&model, "gpt-4"));
+    char host[64];
+    int port;
+    CHECK(rtr_split_hostport("127.0.0.1:8000", host, sizeof host, &port) == BT_OK && port == 8000 &&
+          !strcmp(host, "127.0.0.1"));
+    CHECK(rtr_split_hostport("[::1]:0", host, sizeof host, &port) == BT_OK && port == 0 && !strcmp(host, "::1"));
+    CHECK(rtr_split_hostport("nohost", host, sizeof host, &port) != BT_OK);
+    CHECK(rtr_split_hostport("h:99999", host, sizeof host, &port) != BT_OK);
+}
+
+int main(void)
+{
+    const char *path = test_default_model();
+    if (!path) {
+        fprintf(stderr, "  (default model not cached: skipped)\n");
+        return test_summary();
+    }
+    if (rtr_model_load(path, 0, &model) != BT_OK) {
+        fprintf(stderr, "cannot load %s: %s\n", path, bt_last_error());
+        return 1;
+    }
+    RUN(test_chat_ok);
+    RUN(test_completion_ok);
+    RUN(test_errors);
+    RUN(test_model_names);
+    rtr_model_free(&model);
+    return test_summary();
+}
