@@ -23,6 +23,7 @@ typedef struct sreq {
     int32_t n_cached;        /* prompt tokens from the prefix cache at the last admission */
     int32_t seq;             /* block manager sequence, -1 while waiting */
     int aborted;
+    double t_submit, t_admit; /* bt_sched_now() at submit and at the first admission (0 = not yet) */
     /* this step */
     int32_t feed_from, feed_n;
     int32_t logit_row;       /* row in the step's logits, -1 when none */
@@ -154,7 +155,8 @@ fail:
 static void emit_end(sreq *r, bt_end_reason f, bt_status err)
 {
     bt_sched_event ev = {.req_id = r->id, .token = -1, .logprob = 0, .index = r->n_generated, .finish = f,
-                         .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = err};
+                         .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = err,
+                         .queue_s = r->t_admit > 0 ? r->t_admit - r->t_submit : 0};
     r->emit(r->user, &ev);
 }
 
@@ -279,6 +281,7 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     r->emit = emit;
     r->user = user;
     r->seq = -1;
+    r->t_submit = bt_sched_now();
     pthread_mutex_lock(&s->mu);
     r->id = r->order = s->next_id++;
     if (s->inbox_tail) s->inbox_tail->next = r;
@@ -427,6 +430,7 @@ static void admit(bt_sched *s, int32_t *budget)
             break;
         }
         r->seq = seq;
+        if (r->t_admit == 0) r->t_admit = bt_sched_now();
         if (r->n_generated == 0) r->n_cached = cached;
         int32_t n = r->n_tokens - cached;
         if (n > *budget) n = *budget;
@@ -566,7 +570,7 @@ int bt_sched_step(bt_sched *s)
             f = BT_END_LENGTH;
         bt_sched_event ev = {.req_id = r->id, .token = tok, .logprob = so.logprob, .index = r->n_generated - 1,
                              .finish = f, .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = BT_OK,
-                             .detail = &so};
+                             .detail = &so, .queue_s = r->t_admit - r->t_submit};
         r->emit(r->user, &ev);
         if (f != BT_END_NONE) {
             s->st.finished++;

@@ -62,6 +62,7 @@ typedef struct bt_sched_event {
     int32_t n_cached;  /* prompt tokens served from the prefix cache at (last) admission */
     bt_status error;   /* BT_END_ERROR only */
     const bt_sample_out *detail; /* token events: rank and top logprobs when sampling.logprobs; valid in the call */
+    double queue_s;    /* seconds from submit to the first admission (0 while never admitted) */
 } bt_sched_event;
 
 typedef void (*bt_sched_emit_fn)(void *user, const bt_sched_event *ev);

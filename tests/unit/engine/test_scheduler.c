@@ -17,6 +17,7 @@ typedef struct out {
     int32_t n;
     bt_end_reason finish;
     int events_after_finish;
+    double queue_s;
     int32_t n_cached;
 } out;
 
@@ -27,6 +28,7 @@ static void collect(void *user, const bt_sched_event *ev)
     if (ev->token >= 0 && o->n < MAX_OUT) o->tokens[o->n++] = ev->token;
     o->finish = ev->finish;
     o->n_cached = ev->n_cached;
+    if (ev->token >= 0 && ev->index == 0) o->queue_s = ev->queue_s;
 }
 
 static bt_model *model;
@@ -131,6 +133,13 @@ static void test_64_concurrent_equal_alone(void)
             (unsigned long long)st.steps);
     CHECK(st.preemptions > 0);
     CHECK(st.kv_blocks_used == 0 && st.finished == N);
+    /* with 24 blocks most requests wait before admission; the queue time is reported with the first token */
+    double max_queue = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(tight[i].queue_s >= 0);
+        if (tight[i].queue_s > max_queue) max_queue = tight[i].queue_s;
+    }
+    CHECK(max_queue > 0);
     bt_sched_destroy(s);
 }
 
