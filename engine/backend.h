@@ -44,6 +44,10 @@ typedef struct bt_backend_ops {
     /* out[r][w->n_out] = x[r][w->n_in] . W^T (+ bias[w->n_out] when bias is non-NULL). */
     bt_status (*matmul)(bt_backend *be, const bt_weight *w, const float *bias, const float *x, int32_t n_rows,
                         float *out);
+    /* Optional (NULL = call matmul n times): several matmuls of the same input x, e.g. q/k/v or gate/up;
+     * outs[i][r][ws[i]->n_out] (+ biases[i] when non-NULL). Results are identical to separate matmul calls. */
+    bt_status (*matmul_multi)(bt_backend *be, const bt_weight *const *ws, const float *const *biases, int n,
+                              const float *x, int32_t n_rows, float *const *outs);
     /* Rotates x[n_tokens][n_heads][head_dim] in place at positions pos[] (first n_rot dims of each head). */
     void (*rope)(bt_backend *be, float *x, const int32_t *pos, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
                  int32_t n_rot, float base, float freq_scale, int neox);

@@ -89,6 +89,43 @@ static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bia
     return BT_OK;
 }
 
+static bt_status cpu_matmul_multi(bt_backend *be, const bt_weight *const *ws, const float *const *biases, int n,
+                                  const float *x, int32_t n_rows, float *const *outs)
+{
+    cpu_ctx *c = C(be);
+    bt_cpu_matmul mm[4];
+    int same = n >= 1 && n <= 4;
+    for (int i = 1; i < n && same; i++)
+        same = ws[i]->type == ws[0]->type && ws[i]->n_in == ws[0]->n_in;
+    if (!same) {
+        for (int i = 0; i < n; i++) {
+            bt_status st = cpu_matmul(be, ws[i], biases[i], x, n_rows, outs[i]);
+            if (st) return st;
+        }
+        return BT_OK;
+    }
+    size_t need = bt_cpu_act_row_bytes(ws[0]->type, c->act_bits, ws[0]->n_in) * (size_t)n_rows;
+    if (need > c->xq_bytes) {
+        void *p = realloc(c->xq, need);
+        if (!p) return bt_fail(BT_ERR_NOMEM, "out of memory for matmul scratch (%zu bytes)", need);
+        c->xq = p;
+        c->xq_bytes = need;
+    }
+    for (int i = 0; i < n; i++)
+        mm[i] = (bt_cpu_matmul){
+            .ops = c->ops, .wtype = ws[i]->type, .n_in = ws[i]->n_in, .n_out = ws[i]->n_out, .n_rows = n_rows,
+            .w = ws[i]->data, .x = x, .xq = c->xq, .out = outs[i], .out_stride = 0, .act_bits = c->act_bits,
+        };
+    bt_status st = bt_cpu_matmul_run_multi(c->pool, mm, n);
+    if (st) return st;
+    for (int i = 0; i < n; i++)
+        if (biases[i])
+            for (int32_t r = 0; r < n_rows; r++)
+                for (int64_t j = 0; j < ws[i]->n_out; j++)
+                    outs[i][(size_t)r * (size_t)ws[i]->n_out + (size_t)j] += biases[i][j];
+    return BT_OK;
+}
+
 static void cpu_rope(bt_backend *be, float *x, const int32_t *pos, int32_t n_tokens, int32_t n_heads,
                      int32_t head_dim, int32_t n_rot, float base, float freq_scale, int neox)
 {
@@ -307,6 +344,7 @@ static const bt_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -99,6 +99,19 @@ static bt_status check_batch(const bt_forward *fw, const bt_kv_pool *kv, const b
     return BT_OK;
 }
 
+/* Several projections of the same input: fused when the backend offers it (one quantization, one pool run). */
+static bt_status matmuls(bt_forward *fw, const bt_weight *const *ws, const float *const *bs, int n, const float *x,
+                         int32_t n_rows, float *const *outs)
+{
+    bt_backend *be = fw->be;
+    if (be->ops->matmul_multi) return be->ops->matmul_multi(be, ws, bs, n, x, n_rows, outs);
+    for (int i = 0; i < n; i++) {
+        bt_status st = be->ops->matmul(be, ws[i], bs[i], x, n_rows, outs[i]);
+        if (st) return st;
+    }
+    return BT_OK;
+}
+
 bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits)
 {
     bt_status st = check_batch(fw, kv, b);
@@ -122,9 +135,12 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const bt_layer *L = &m->layers[l];
         op->rmsnorm(be, fw->x, L->attn_norm.data, T, E, hp->rms_eps, fw->h);
-        if ((st = op->matmul(be, &L->wq, L->bq.data, fw->h, T, fw->q))) return st;
-        if ((st = op->matmul(be, &L->wk, L->bk.data, fw->h, T, fw->k))) return st;
-        if ((st = op->matmul(be, &L->wv, L->bv.data, fw->h, T, fw->v))) return st;
+        {
+            const bt_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
+            const float *bs[3] = {L->bq.data, L->bk.data, L->bv.data};
+            float *outs[3] = {fw->q, fw->k, fw->v};
+            if ((st = matmuls(fw, ws, bs, 3, fw->h, T, outs))) return st;
+        }
         op->rope(be, fw->q, b->pos, T, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
                  hp->rope_neox);
         op->rope(be, fw->k, b->pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
@@ -136,8 +152,12 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
         op->add(be, fw->x, fw->tmp, (int64_t)T * E);
 
         op->rmsnorm(be, fw->x, L->ffn_norm.data, T, E, hp->rms_eps, fw->h);
-        if ((st = op->matmul(be, &L->w_gate, NULL, fw->h, T, fw->g))) return st;
-        if ((st = op->matmul(be, &L->w_up, NULL, fw->h, T, fw->u))) return st;
+        {
+            const bt_weight *ws[2] = {&L->w_gate, &L->w_up};
+            const float *bs[2] = {NULL, NULL};
+            float *outs[2] = {fw->g, fw->u};
+            if ((st = matmuls(fw, ws, bs, 2, fw->h, T, outs))) return st;
+        }
         op->swiglu(be, fw->g, fw->u, (int64_t)T * hp->n_ff, fw->g);
         if ((st = op->matmul(be, &L->w_down, NULL, fw->g, T, fw->tmp))) return st;
         op->add(be, fw->x, fw->tmp, (int64_t)T * E);
