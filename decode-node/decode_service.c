@@ -139,6 +139,7 @@ static void on_event(void *user, const bt_sched_event *ev)
         if (c->n_out == 0) {
             c->t_first = now;
             metrics_histogram_observe(s->ttft, now - c->t_arrive);
+            metrics_histogram_observe(s->queue_time, ev->queue_s);
             metrics_counter_add(s->prompt_tokens, (uint64_t)ev->n_prompt);
             atomic_fetch_sub(&s->queued_prefill_tokens, c->n_submitted);
         }
@@ -235,11 +236,12 @@ static void on_event(void *user, const bt_sched_event *ev)
                  c->request_id, c->n_prompt, c->n_prev, ev->n_cached, c->n_out, end_name(ev->finish),
                  msg[0] ? ": " : "", msg, c->n_out ? c->t_first - c->t_arrive : 0.0, now - c->t_arrive);
 
+    /* leave the list first: once the client sees the end of the stream, Abort must no longer find the call */
+    list_remove(s, c);
     pthread_mutex_lock(&c->mu);
     c->finished = 1;
     bt_rpc_call_finish(c->call, code, msg[0] ? msg : NULL);
     pthread_mutex_unlock(&c->mu);
-    list_remove(s, c);
     atomic_fetch_sub(&s->inflight, 1);
     call_unref(c);
 }
@@ -294,6 +296,21 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
             sp->presence_penalty = p->presence_penalty;
         if (p->frequency_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__FREQUENCY_PENALTY_OPT_FREQUENCY_PENALTY)
             sp->frequency_penalty = p->frequency_penalty;
+        if (p->n_logit_bias > BT_MAX_LOGIT_BIAS) {
+            snprintf(err, cap, "sampling.logit_bias has %zu entries (at most %d)", p->n_logit_bias,
+                     BT_MAX_LOGIT_BIAS);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        for (size_t i = 0; i < p->n_logit_bias; i++) {
+            const Baton__V1__LogitBias *e = p->logit_bias[i];
+            if (e->token_id < 0 || e->token_id >= s->n_vocab) {
+                snprintf(err, cap, "sampling.logit_bias[%zu].token_id = %d is outside the vocabulary [0, %d)", i,
+                         e->token_id, s->n_vocab);
+                return BT_RPC_INVALID_ARGUMENT;
+            }
+            sp->logit_bias[i] = (bt_logit_bias){.id = e->token_id, .bias = e->bias};
+        }
+        sp->n_logit_bias = (int32_t)p->n_logit_bias;
     }
     sp->seed = p && p->seed_opt_case == BATON__V1__SAMPLING_PARAMS__SEED_OPT_SEED ? p->seed : random_seed(s);
     /* sample i of an n > 1 fan-out: its own RNG stream of the same seed */

@@ -458,7 +458,7 @@ void bt_bm_seq_free(bt_bm *bm, int32_t seq)
 bt_status bt_bm_seq_fork(bt_bm *bm, int32_t parent, int32_t *child_out)
 {
     if (!seq_get(bm, parent)) return bt_fail(BT_ERR_INVALID, "fork of unknown sequence %d", parent);
-    int32_t id;
+    int32_t id = -1;
     bt_status st = seq_new(bm, &id);
     if (st != BT_OK) return st;
     bm_seq *p = &bm->seqs[parent], *c = &bm->seqs[id]; /* after seq_new: it may move the array */

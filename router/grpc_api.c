@@ -75,6 +75,28 @@ static bt_status to_ids(rtr_t *r, const char *text, const Baton__V1__ChatMessage
     return tok_encode(r->model.tok, text, strlen(text), TOK_PARSE_SPECIAL | flags, ids);
 }
 
+/* Copies sampling.logit_bias into g after the checks the HTTP API makes; BT_ERR_INVALID naming the entry. */
+static bt_status copy_logit_bias(const rtr_t *r, const Baton__V1__SamplingParams *sp, rtr_gen_t *g)
+{
+    if (sp->n_logit_bias > RTR_MAX_LOGIT_BIAS)
+        return bt_fail(BT_ERR_INVALID, "'sampling.logit_bias' may hold at most %d entries", RTR_MAX_LOGIT_BIAS);
+    for (size_t i = 0; i < sp->n_logit_bias; i++) {
+        const Baton__V1__LogitBias *e = sp->logit_bias[i];
+        if (e->token_id < 0 || e->token_id >= tok_n_vocab(r->model.tok))
+            return bt_fail(BT_ERR_INVALID, "'sampling.logit_bias' [%zu] token_id %d is not in the vocabulary", i,
+                           e->token_id);
+        if (!(e->bias >= -100 && e->bias <= 100))
+            return bt_fail(BT_ERR_INVALID, "'sampling.logit_bias' [%zu] bias must be in [-100, 100]", i);
+        for (size_t k = 0; k < i; k++)
+            if (sp->logit_bias[k]->token_id == e->token_id)
+                return bt_fail(BT_ERR_INVALID, "'sampling.logit_bias' names token %d twice", e->token_id);
+        g->logit_bias_ids[i] = e->token_id;
+        g->logit_bias[i] = e->bias;
+    }
+    g->n_logit_bias = (int)sp->n_logit_bias;
+    return BT_OK;
+}
+
 static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     rtr_t *r = ud;
@@ -209,6 +231,7 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
         g.frequency_penalty = sp->frequency_penalty;
         g.has_seed = sp->seed_opt_case != 0;
         g.seed = sp->seed;
+        if ((st = copy_logit_bias(r, sp, &g))) goto fail;
     }
     if (!rtr_admit(r)) {
         rtr_gen_free(&g);

@@ -47,6 +47,8 @@ struct rtr_job {
     choice_t *ch;
     char **seq_ids;      /* per choice request id */
     Baton__V1__SamplingParams *sp;  /* per choice (seed differs for n > 1) */
+    Baton__V1__LogitBias *lb;       /* [g.n_logit_bias], shared by every choice's sp */
+    Baton__V1__LogitBias **lb_ptrs; /* [g.n_logit_bias] -> lb */
 };
 
 static double now_s(void)
@@ -75,6 +77,8 @@ static void job_free(rtr_job_t *j)
     free(j->ch);
     free(j->seq_ids);
     free(j->sp);
+    free(j->lb);
+    free(j->lb_ptrs);
     rtr_gen_free(&j->g);
     pthread_mutex_destroy(&j->mu);
     atomic_fetch_sub(&j->r->active_jobs, 1);
@@ -566,6 +570,21 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
         job_free(j);
         return bt_fail(BT_ERR_NOMEM, "out of memory");
     }
+    size_t n_lb = (size_t)j->g.n_logit_bias;
+    if (n_lb) {
+        j->lb = calloc(n_lb, sizeof *j->lb);
+        j->lb_ptrs = calloc(n_lb, sizeof *j->lb_ptrs);
+        if (!j->lb || !j->lb_ptrs) {
+            job_free(j);
+            return bt_fail(BT_ERR_NOMEM, "out of memory");
+        }
+        for (size_t k = 0; k < n_lb; k++) {
+            baton__v1__logit_bias__init(&j->lb[k]);
+            j->lb[k].token_id = j->g.logit_bias_ids[k];
+            j->lb[k].bias = j->g.logit_bias[k];
+            j->lb_ptrs[k] = &j->lb[k];
+        }
+    }
     /* Without a client seed the router picks one, so a migrated stream samples the same tokens. */
     uint64_t seed = j->g.has_seed ? j->g.seed : mix64((uint64_t)(now_s() * 1e9) ^ seq);
     const char *stops[RTR_MAX_STOP];
@@ -612,6 +631,8 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
             sp->frequency_penalty_opt_case = BATON__V1__SAMPLING_PARAMS__FREQUENCY_PENALTY_OPT_FREQUENCY_PENALTY;
             sp->frequency_penalty = q->frequency_penalty;
         }
+        sp->n_logit_bias = n_lb;
+        sp->logit_bias = j->lb_ptrs;
         sp->seed_opt_case = BATON__V1__SAMPLING_PARAMS__SEED_OPT_SEED;
         /* without a sample index in node.proto, choice i > 0 gets a seed of its own instead */
         sp->seed = i == 0 || sample_index_field() ? seed : mix64(seed + (uint64_t)i);

@@ -126,12 +126,16 @@ static bt_status parse_logit_bias(const rtr_model_t *m, const cJSON *body, rtr_g
         }
         if (!cJSON_IsNumber(e) || !(e->valuedouble >= -100 && e->valuedouble <= 100))
             return bad(http_status, "'%s' values must be numbers in [-100, 100]", "logit_bias");
+        /* "7" and "07" name one token: the sampler wants distinct ids */
+        for (int i = 0; i < g->n_logit_bias; i++)
+            if (g->logit_bias_ids[i] == id) {
+                *http_status = 400;
+                return bt_fail(BT_ERR_INVALID, "'logit_bias' names token %ld twice", id);
+            }
         g->logit_bias_ids[g->n_logit_bias] = (int32_t)id;
         g->logit_bias[g->n_logit_bias] = (float)e->valuedouble;
         g->n_logit_bias++;
     }
-    /* validated, but baton.v1.DecodeRunRequest has no field to carry it yet: refuse rather than ignore */
-    if (g->n_logit_bias) return bad(http_status, "'%s' is not supported yet by this server", "logit_bias");
     return BT_OK;
 }
 

@@ -10,7 +10,8 @@
     X("chat-template", cmd_chat_template, "render a JSON conversation with the model's chat template")     \
     X("generate", cmd_generate, "run a prompt through the engine and stream the text")                 \
     X("logits", cmd_logits, "teacher-forced logits of token ids to a float32 file (for tests)")         \
-    X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")
+    X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")           \
+    X("bench-serve", cmd_bench_serve, "open-loop load against a router: TTFT/TPOT/e2e percentiles, goodput")
 
 #define X(name, fn, help) int fn(int argc, char **argv);
 BATON_COMMANDS(X)

@@ -163,6 +163,24 @@ def test_logprobs_and_migration(pb, stub, chat_ids):
     assert msgs2[-1].usage.completion_tokens == 12 and msgs2[-1].usage.prompt_tokens == len(ids)
 
 
+def test_logit_bias(pb, stub, chat_ids):
+    g = pb["baton.v1.generate_pb2"]
+    ids = chat_ids[QUESTION]
+    greedy = g.SamplingParams(temperature=0.0)
+    _, base = run(pb, stub, ids, max_tokens=4, sampling=greedy)
+    forced = 7042 if base[0] != 7042 else 198
+    _, toks = run(pb, stub, ids, max_tokens=4, sampling=g.SamplingParams(
+        temperature=0.0, logit_bias=[g.LogitBias(token_id=forced, bias=100)]))
+    assert toks[0] == forced
+    _, toks = run(pb, stub, ids, max_tokens=4, sampling=g.SamplingParams(
+        temperature=0.0, logit_bias=[g.LogitBias(token_id=base[0], bias=-100)]))
+    assert toks[0] != base[0]
+    # a bias of 0 changes nothing
+    _, toks = run(pb, stub, ids, max_tokens=4, sampling=g.SamplingParams(
+        temperature=0.0, logit_bias=[g.LogitBias(token_id=base[0], bias=0)]))
+    assert toks == base
+
+
 def test_eight_concurrent_streams(pb, stub, node, chat_ids):
     solo = {q: run(pb, stub, chat_ids[q], max_tokens=24, ignore_eos=True)[1] for q in QUESTIONS}
     results, ttft = {}, {}
@@ -248,6 +266,16 @@ def test_bad_requests(pb, stub, node, chat_ids, etcd):
         (dict(prompt_token_ids=ids, stop_token_ids=list(range(33))), "stop_token_ids"),
         (dict(prompt_token_ids=ids, stop_token_ids=[49152]), "stop"),
         (dict(prompt_token_ids=ids, max_tokens=3, generated_token_ids=[5, 6, 7]), "max_tokens"),
+        (dict(prompt_token_ids=ids, sampling=g.SamplingParams(logit_bias=[g.LogitBias(token_id=49152, bias=1)])),
+         "sampling.logit_bias[0].token_id"),
+        (dict(prompt_token_ids=ids, sampling=g.SamplingParams(logit_bias=[g.LogitBias(token_id=-3, bias=1)])),
+         "sampling.logit_bias[0].token_id"),
+        (dict(prompt_token_ids=ids, sampling=g.SamplingParams(
+            logit_bias=[g.LogitBias(token_id=i, bias=1) for i in range(301)])), "sampling.logit_bias"),
+        (dict(prompt_token_ids=ids, sampling=g.SamplingParams(logit_bias=[g.LogitBias(token_id=5, bias=500)])),
+         "logit_bias"),
+        (dict(prompt_token_ids=ids, sampling=g.SamplingParams(
+            logit_bias=[g.LogitBias(token_id=5, bias=1), g.LogitBias(token_id=5, bias=2)])), "logit_bias"),
     ]
     for req, words in bad:
         with pytest.raises(grpc.RpcError) as e:

@@ -116,12 +116,36 @@ def test_tokenize_detokenize_list_models(stub, pb):
     (dict(token_ids={"ids": [-5]}), grpc.StatusCode.INVALID_ARGUMENT),
     (dict(text=PROMPT, sampling={"temperature": 9}), grpc.StatusCode.INVALID_ARGUMENT),
     (dict(text=PROMPT, sampling={"top_p": 0}), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, sampling={"logit_bias": [{"token_id": 10 ** 6, "bias": 1}]}), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, sampling={"logit_bias": [{"token_id": 5, "bias": 101}]}), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, sampling={"logit_bias": [{"token_id": 5, "bias": 1}, {"token_id": 5, "bias": 2}]}),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text=PROMPT, sampling={"logit_bias": [{"token_id": i, "bias": 1} for i in range(301)]}),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 def test_generate_errors(stub, pb, kw, code):
     pb2 = pb[0]
     with pytest.raises(grpc.RpcError) as e:
         list(stub.Generate(pb2.GenerateRequest(**kw), timeout=30))
     assert e.value.code() == code
+
+
+def test_generate_logit_bias(stub, pb):
+    pb2 = pb[0]
+    greedy = [t for m in stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=3,
+                                                          sampling=pb2.SamplingParams(temperature=0)), timeout=60)
+              for t in m.token_ids]
+    (paris,) = stub.Tokenize(pb2.TokenizeRequest(text=" Paris"), timeout=10).token_ids
+    forced = paris if greedy[0] != paris else greedy[0] + 1
+
+    def first(bias):
+        sp = pb2.SamplingParams(temperature=0, logit_bias=[pb2.LogitBias(token_id=t, bias=b) for t, b in bias])
+        msgs = list(stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=3, sampling=sp), timeout=60))
+        return [t for m in msgs for t in m.token_ids][0]
+
+    assert first([(forced, 100)]) == forced
+    assert first([(greedy[0], -100)]) != greedy[0]
+    assert first([(greedy[0], 0)]) == greedy[0]
 
 
 def test_bad_protobuf_and_keeps_serving(cluster, stub, pb):

@@ -1,8 +1,9 @@
 """baton-router's OpenAI-compatible HTTP API with the real `openai` client, a real etcd and real decode nodes.
 
 Checks what a user sees: response shapes, usage, stop strings, n, seed, logprobs, greedy output equal to
-`baton generate`, validation errors naming the field, 413, API keys, 503 without decode nodes, KV blocks returned
-after a client disconnect, and a stream that survives kill -9 of its decode node (no gap, no duplicate)."""
+`baton generate`, logit_bias, validation errors naming the field, 413, API keys, 503 without decode nodes, KV blocks
+returned after client disconnects (one, and 100 at random moments), and a stream that survives kill -9 of its decode
+node (no gap, no duplicate)."""
 from __future__ import annotations
 
 import http.client
@@ -54,6 +55,12 @@ def baton_generate(baton_bin, model, *args):
                          check=True, capture_output=True, timeout=300)
     text = out.stdout.decode()
     return text[:-1] if text.endswith("\n") else text
+
+
+def token_ids(baton_bin, model, text):
+    out = subprocess.run([str(baton_bin), "tokenize", "--model", str(model), "--no-parse-special", text],
+                         check=True, capture_output=True, text=True, timeout=60)
+    return [int(t) for t in out.stdout.split()]
 
 
 def raw_post(rtr, path, body: bytes, headers=None):
@@ -183,6 +190,30 @@ def test_logprobs(client):
     assert "".join(lp.tokens) == c.choices[0].text
 
 
+def test_logit_bias(client, baton_bin, default_model):
+    first = client.completions.create(model="", prompt=PROMPT, max_tokens=1, temperature=0).choices[0].text
+    word = " Paris" if first != " Paris" else " Rome"
+    (forced,) = token_ids(baton_bin, default_model, word)
+    kw = dict(model="", max_tokens=3, temperature=0)
+    r = client.completions.create(prompt=PROMPT, logit_bias={str(forced): 100}, **kw)
+    assert r.choices[0].text.startswith(word), r.choices[0].text
+    msgs = [{"role": "user", "content": CHAT_Q}]
+    r = client.chat.completions.create(messages=msgs, logit_bias={str(forced): 100}, **kw)
+    assert r.choices[0].message.content.startswith(word), r.choices[0].message.content
+    # -100 on the token greedy picks: another first token, streamed or not
+    (greedy,) = token_ids(baton_bin, default_model, first)
+    r = client.completions.create(prompt=PROMPT, logit_bias={str(greedy): -100}, **kw)
+    assert not r.choices[0].text.startswith(first), r.choices[0].text
+    chunks = list(client.completions.create(prompt=PROMPT, logit_bias={str(greedy): -100}, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    # n > 1: every choice is biased
+    r = client.completions.create(prompt=PROMPT, logit_bias={str(forced): 100}, n=2, **kw)
+    assert all(c.text.startswith(word) for c in r.choices)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(prompt=PROMPT, logit_bias={"1000000": 5}, **kw)
+    assert "logit_bias" in str(e.value)
+
+
 BAD = [
     ({"messages": "hi"}, "messages"),
     ({"messages": []}, "messages"),
@@ -220,6 +251,11 @@ BAD = [
     ({"logit_bias": []}, "logit_bias"),
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
     ({"logit_bias": {"1": 500}}, "logit_bias"),
+    ({"logit_bias": {"1000000": 5}}, "logit_bias"),
+    ({"logit_bias": {"-1": 5}}, "logit_bias"),
+    ({"logit_bias": {"7": 1, "07": 2}}, "logit_bias"),
+    ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ({"logit_bias": {"7": "x"}}, "logit_bias"),
     ({"model": 3}, "model"),
     ({"user": 3}, "user"),
     ({"messages": [{"role": "user", "content": "hello world " * 5000}]}, "context"),
@@ -437,7 +473,9 @@ def test_64_concurrent_streams(client):
         assert text == want[p] and n == 8
 
 
-def test_random_disconnects_return_kv_blocks(cluster):
+def test_100_random_disconnects_return_kv_blocks(cluster, client):
+    """100 streaming clients hang up at random moments: before the answer's headers, before the first token,
+    mid-stream, or not at all; every KV block comes back and the router serves the next request."""
     import random
     import threading
     _, dec, rtr = cluster
@@ -446,37 +484,72 @@ def test_random_disconnects_return_kv_blocks(cluster):
         time.sleep(0.1)
     time.sleep(0.3)
     base = dec.metric("baton_kv_blocks_used")
+    cancelled0 = dec.metric("baton_requests_total", 'status="cancelled"')
     host, port = rtr.http_addr.rsplit(":", 1)
     rng = random.Random(5)
+    seen = {"headers": 0, "early": 0, "mid": 0, "done": 0}
+    errors = []
+    lock = threading.Lock()
 
     def one(seed):
         r = random.Random(seed)
+        mode = r.choices(["headers", "early", "mid", "done"], weights=[15, 20, 55, 10])[0]
+        chat = r.random() < 0.5
+        body = {"max_tokens": 24, "stream": True, "ignore_eos": True, "temperature": 0}
+        if chat:
+            body["messages"] = [{"role": "user", "content": f"Tell me a story number {seed}."}]
+        else:
+            body["prompt"] = f"Story number {seed}: once upon a time"
         c = http.client.HTTPConnection(host, int(port), timeout=60)
-        c.request("POST", "/v1/chat/completions", body=json.dumps(
-            {"messages": [{"role": "user", "content": f"Tell me a story number {seed}."}], "max_tokens": 500,
-             "stream": True, "ignore_eos": True}), headers={"Content-Type": "application/json"})
-        resp = c.getresponse()
-        want = r.randint(0, 12)
-        got = b""
-        while got.count(b"data: ") < want:
-            chunk = resp.read1(4096)
-            if not chunk:
-                break
-            got += chunk
-        c.sock.close()
-        c.close()
+        try:
+            c.request("POST", "/v1/chat/completions" if chat else "/v1/completions", body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+            if mode == "headers":
+                time.sleep(r.random() * 0.05)
+            else:
+                resp = c.getresponse()
+                if resp.status != 200:
+                    raise AssertionError(f"status {resp.status}: {resp.read()[:200]!r}")
+                # chat streams open with a role-only chunk: the first token is in data event 2 (1 for completions)
+                first = 2 if chat else 1
+                want = {"early": first - 1, "mid": first + r.randint(0, 16), "done": 10 ** 9}[mode]
+                got = b""
+                while got.count(b"data: ") < want:
+                    chunk = resp.read1(4096)
+                    if not chunk:
+                        break
+                    got += chunk
+                if mode == "done" and b"data: [DONE]" not in got:
+                    raise AssertionError(f"stream ended without [DONE]: {got[-200:]!r}")
+                if mode == "mid":
+                    time.sleep(r.random() * 0.05)
+            with lock:
+                seen[mode] += 1
+        except Exception as e:  # noqa: BLE001 - reported below
+            with lock:
+                errors.append(f"{mode}: {e!r}")
+        finally:
+            if c.sock:
+                c.sock.close()
+            c.close()
 
-    threads = [threading.Thread(target=one, args=(rng.randint(0, 10 ** 6),)) for _ in range(30)]
+    threads = [threading.Thread(target=one, args=(rng.randint(0, 10 ** 6),)) for _ in range(100)]
     for t in threads:
         t.start()
-        time.sleep(rng.random() * 0.05)
+        time.sleep(rng.random() * 0.01)
     for t in threads:
         t.join()
+    assert not errors, errors[:5]
+    assert all(seen[k] > 0 for k in seen), seen
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and dec.metric("baton_kv_blocks_used") > base:
         time.sleep(0.1)
-    assert dec.metric("baton_kv_blocks_used") <= base
+    assert dec.metric("baton_kv_blocks_used") <= base, (base, dec.metric("baton_kv_blocks_used"))
+    # the node saw the hang-ups as cancels (a stream the node finished before the router noticed counts as ok)
+    assert dec.metric("baton_requests_total", 'status="cancelled"') > cancelled0
     assert rtr.health() == 200
+    r = client.completions.create(model="", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert r.choices[0].text and r.usage.completion_tokens == 4
 
 
 def test_overload_429(default_model):
