@@ -197,6 +197,25 @@ static int waiting_insert(bt_sched *s, sreq *r)
     return 0;
 }
 
+/* Sends a running request back to the waiting list to be recomputed later: releases its blocks (hashed ones stay
+ * in the prefix cache) and takes it out of the running list. If the waiting list cannot grow, the request ends with
+ * an error event instead of being lost. */
+static void requeue(bt_sched *s, sreq *r)
+{
+    bt_bm_seq_free(s->bm, r->seq);
+    r->seq = -1;
+    for (int32_t i = 0; i < s->n_running; i++)
+        if (s->running[i] == r) {
+            memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
+            s->n_running--;
+            break;
+        }
+    if (waiting_insert(s, r)) {
+        emit_end(r, BT_END_ERROR, BT_ERR_NOMEM);
+        req_free(r);
+    }
+}
+
 void bt_sched_destroy(bt_sched *s)
 {
     if (!s) return;
@@ -373,21 +392,10 @@ static int preempt_one(bt_sched *s, const sreq *keep)
         if (!victim || before(victim, r)) victim = r;
     }
     if (!victim) return 0;
-    bt_bm_seq_free(s->bm, victim->seq);
-    victim->seq = -1;
-    for (int32_t i = 0; i < s->n_running; i++)
-        if (s->running[i] == victim) {
-            memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
-            s->n_running--;
-            break;
-        }
-    if (waiting_insert(s, victim)) {
-        emit_end(victim, BT_END_ERROR, BT_ERR_NOMEM);
-        req_free(victim);
-    }
-    s->st.preemptions++;
-    BT_DEBUG("sched", "preempted request %llu (%d tokens) for recompute", (unsigned long long)victim->id,
+    BT_DEBUG("sched", "preempting request %llu (%d tokens) for recompute", (unsigned long long)victim->id,
              victim->n_tokens);
+    requeue(s, victim);
+    s->st.preemptions++;
     return 1;
 }
 
@@ -443,11 +451,7 @@ static void admit(bt_sched *s, int32_t *budget)
         s->n_waiting--;
         s->running[s->n_running++] = r;
         if (reserve(s, r, n)) {
-            /* cannot happen after the can_allocate check; be safe: back to waiting */
-            bt_bm_seq_free(s->bm, r->seq);
-            r->seq = -1;
-            s->n_running--;
-            waiting_insert(s, r);
+            requeue(s, r); /* cannot happen after the can_allocate check; be safe: back to waiting */
             break;
         }
         r->feed_from = cached;
@@ -492,12 +496,7 @@ int bt_sched_step(bt_sched *s)
             continue;
         }
         if (reserve(s, r, n)) {
-            /* nobody left to preempt: r itself waits for blocks */
-            bt_bm_seq_free(s->bm, r->seq);
-            r->seq = -1;
-            memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
-            s->n_running--;
-            waiting_insert(s, r);
+            requeue(s, r); /* nobody left to preempt: r itself waits for blocks */
             s->st.preemptions++;
             continue;
         }
