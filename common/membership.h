@@ -59,6 +59,8 @@ typedef struct mbr_load_report {
     int64_t kv_blocks_total;
     double prefill_tok_s; /* measured prefill rate, tokens per second */
     double decode_tok_s;  /* measured decode rate, tokens per second (all sequences) */
+    double kv_transfer_bytes_s; /* measured KV push bandwidth of a prefill node, bytes per second (0 = unknown) */
+    double step_s;        /* mean engine step time in seconds while busy (0 = unknown) */
     int64_t timestamp_ms; /* wall clock when measured; set by the publisher when 0 */
 } mbr_load_report_t;
 

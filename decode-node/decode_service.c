@@ -8,6 +8,8 @@
 
 #include "baton/v1/node.pb-c.h"
 #include "common/log.h"
+#include "common/node.h"
+#include "common/node_engine.h"
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -26,41 +28,43 @@
 
 #define DEC_LOG "decode"
 #define DEC_MAX_RUNNING 256
-#define DEC_MAX_CONTEXT 8192
-#define DEC_MAX_EOG 16
-#define DEC_DEFAULT_KV_MEM ((size_t)256 << 20) /* the scheduler's default */
 
 typedef struct dec_call dec_call;
 
 enum { RS_OK, RS_ABORTED, RS_CANCELLED, RS_TIMEOUT, RS_ERROR, RS_INVALID, RS_REJECTED, RS_N };
+enum { REMOTE_OK, REMOTE_FALLBACK, REMOTE_N };
+static const char *const REMOTE_NAMES[REMOTE_N] = {"ok", "fallback"};
 static const char *const RS_NAMES[RS_N] = {"ok", "aborted", "cancelled", "timeout", "error", "invalid", "rejected"};
 
 struct decode_service {
     char node_id[MBR_NODE_ID_MAX];
-    char fingerprint[17]; /* model fingerprint as 16 lower-case hex digits */
-    bt_model *m;
-    bt_backend *be;
-    bt_sched *sched;
-    int32_t n_vocab, max_context, max_running, max_batch_tokens, max_inflight;
-    int64_t kv_blocks_total;
-    size_t kv_block_bytes; /* all layers */
+    bt_ne_t *ne;
+    bt_sched *sched; /* ne->sched */
+    int32_t n_vocab, max_context, max_inflight;
+    bt_remote_prefill remote_hooks;
+    int remote_timeout_ms;
 
-    pthread_mutex_t mu; /* guards the list of calls in flight (for Abort by request id) */
+    pthread_mutex_t mu; /* guards the list of calls in flight (for Abort by request id) and the channels */
     dec_call *calls;
     atomic_int inflight;
     atomic_llong queued_prefill_tokens; /* prompt tokens of calls that have no first token yet */
-    atomic_ullong seed_counter;
+    struct dec_channel *channels;      /* to prefill nodes, by address */
 
-    metrics_histogram_t *ttft, *tpot, *e2e, *queue_time;
+    metrics_histogram_t *ttft, *tpot, *e2e, *queue_time, *remote_seconds;
     metrics_counter_t *prompt_tokens, *gen_tokens, *prefix_hits, *prefix_queries;
     metrics_counter_t *requests[RS_N];
+    metrics_counter_t *remote[REMOTE_N];
     metrics_gauge_t *running, *waiting, *kv_used, *kv_capacity;
 
     pthread_mutex_t load_mu; /* the load sampler's memory, below */
-    double load_t;
-    uint64_t load_computed, load_generated, load_hits, load_queries;
-    double prefill_rate, decode_rate;
+    uint64_t load_hits, load_queries;
 };
+
+typedef struct dec_channel {
+    char addr[BT_NODE_ADDR_MAX];
+    bt_rpc_channel_t *ch;
+    struct dec_channel *next;
+} dec_channel;
 
 struct dec_call {
     decode_service_t *svc;
@@ -80,6 +84,21 @@ struct dec_call {
     int32_t n_out;
     int sent_first;
     dec_call *prev, *next;
+
+    /* remote prefill (DESIGN 2 step 4): set by the RPC thread, used by the engine hook and the prefill worker */
+    char prefill_node[MBR_NODE_ID_MAX];
+    char prefill_addr[BT_NODE_ADDR_MAX];
+    int32_t *ids;               /* [n_submitted] prompt + previously delivered tokens */
+    uint64_t *hashes;
+    size_t n_hashes;
+    uint8_t *sampling_pb;       /* the request's SamplingParams, packed, with the seed made explicit */
+    size_t sampling_len;
+    uint32_t sample_index, top_logprobs;
+    uint64_t sched_id;
+    uint32_t *blocks;           /* destination blocks of the prompt */
+    uint32_t n_blocks, skip;
+    kvx_expect_t *expect;
+    double deadline;            /* the call's, monotonic seconds (0 = none) */
 };
 
 /* ---- calls ---- */
@@ -88,6 +107,10 @@ static void call_unref(dec_call *c)
 {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     pthread_mutex_destroy(&c->mu);
+    free(c->ids);
+    free(c->hashes);
+    free(c->sampling_pb);
+    free(c->blocks);
     free(c);
 }
 
@@ -246,24 +269,13 @@ static void on_event(void *user, const bt_sched_event *ev)
     call_unref(c);
 }
 
-static uint64_t random_seed(decode_service_t *s)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t z = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
-    z += 0x9e3779b97f4a7c15ull * (atomic_fetch_add(&s->seed_counter, 1) + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Fills *rp from the request; returns the gRPC code and a message for the client. */
 static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunRequest *q, bt_req_params *rp,
                               char *err, size_t cap)
 {
-    if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, s->fingerprint) != 0) {
+    if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, s->ne->fingerprint) != 0) {
         snprintf(err, cap, "model_fingerprint %.32s does not match this node's model %s (%s)", q->model_fingerprint,
-                 s->fingerprint, s->m->name);
+                 s->ne->fingerprint, s->ne->m->name);
         return BT_RPC_FAILED_PRECONDITION;
     }
     if (q->n_prompt_token_ids == 0) {
@@ -283,56 +295,17 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
             return BT_RPC_INVALID_ARGUMENT;
         }
     bt_sampling *sp = &rp->sampling;
-    const Baton__V1__SamplingParams *p = q->sampling;
-    if (p) {
-        if (p->temperature_opt_case == BATON__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE)
-            sp->temperature = p->temperature;
-        if (p->top_p_opt_case == BATON__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) sp->top_p = p->top_p;
-        if (p->top_k_opt_case == BATON__V1__SAMPLING_PARAMS__TOP_K_OPT_TOP_K) sp->top_k = p->top_k;
-        if (p->min_p_opt_case == BATON__V1__SAMPLING_PARAMS__MIN_P_OPT_MIN_P) sp->min_p = p->min_p;
-        if (p->repetition_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__REPETITION_PENALTY_OPT_REPETITION_PENALTY)
-            sp->repetition_penalty = p->repetition_penalty;
-        if (p->presence_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__PRESENCE_PENALTY_OPT_PRESENCE_PENALTY)
-            sp->presence_penalty = p->presence_penalty;
-        if (p->frequency_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__FREQUENCY_PENALTY_OPT_FREQUENCY_PENALTY)
-            sp->frequency_penalty = p->frequency_penalty;
-        if (p->n_logit_bias > BT_MAX_LOGIT_BIAS) {
-            snprintf(err, cap, "sampling.logit_bias has %zu entries (at most %d)", p->n_logit_bias,
-                     BT_MAX_LOGIT_BIAS);
-            return BT_RPC_INVALID_ARGUMENT;
-        }
-        for (size_t i = 0; i < p->n_logit_bias; i++) {
-            const Baton__V1__LogitBias *e = p->logit_bias[i];
-            if (e->token_id < 0 || e->token_id >= s->n_vocab) {
-                snprintf(err, cap, "sampling.logit_bias[%zu].token_id = %d is outside the vocabulary [0, %d)", i,
-                         e->token_id, s->n_vocab);
-                return BT_RPC_INVALID_ARGUMENT;
-            }
-            sp->logit_bias[i] = (bt_logit_bias){.id = e->token_id, .bias = e->bias};
-        }
-        sp->n_logit_bias = (int32_t)p->n_logit_bias;
-    }
-    sp->seed = p && p->seed_opt_case == BATON__V1__SAMPLING_PARAMS__SEED_OPT_SEED ? p->seed : random_seed(s);
-    /* sample i of an n > 1 fan-out: its own RNG stream of the same seed */
-    if (q->sample_index > (uint32_t)BT_MAX_N - 1) {
-        snprintf(err, cap, "sample_index %u is out of range (at most %d)", q->sample_index, BT_MAX_N - 1);
-        return BT_RPC_INVALID_ARGUMENT;
-    }
-    rp->sample_index = (int32_t)q->sample_index;
-    sp->n = (int32_t)q->sample_index + 1;
     if (q->n_stop_token_ids > BT_MAX_STOP_IDS) {
         snprintf(err, cap, "stop_token_ids has %zu entries (at most %d)", q->n_stop_token_ids, BT_MAX_STOP_IDS);
         return BT_RPC_INVALID_ARGUMENT;
     }
+    if (bt_ne_sampling_from_proto(s->ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
+                                  bt_ne_random_seed(), sp, err, cap))
+        return BT_RPC_INVALID_ARGUMENT;
+    rp->sample_index = (int32_t)q->sample_index;
     sp->n_stop_ids = (int32_t)q->n_stop_token_ids;
     for (size_t i = 0; i < q->n_stop_token_ids; i++) sp->stop_ids[i] = q->stop_token_ids[i];
     sp->ignore_eos = q->ignore_eos;
-    sp->logprobs = q->logprobs;
-    if (q->top_logprobs > BT_MAX_TOP_LOGPROBS) {
-        snprintf(err, cap, "top_logprobs is %u (at most %d)", q->top_logprobs, BT_MAX_TOP_LOGPROBS);
-        return BT_RPC_INVALID_ARGUMENT;
-    }
-    sp->top_logprobs = (int32_t)q->top_logprobs;
     if (bt_sampling_check_vocab(sp, s->n_vocab) != BT_OK) {
         snprintf(err, cap, "%s", bt_last_error());
         return BT_RPC_INVALID_ARGUMENT;
@@ -352,6 +325,206 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
         return BT_RPC_INVALID_ARGUMENT;
     }
     return BT_RPC_OK;
+}
+
+/* ---- remote prefill (DESIGN 2 step 4, 3) ---- */
+
+static bt_rpc_channel_t *channel_for(decode_service_t *s, const char *addr)
+{
+    pthread_mutex_lock(&s->mu);
+    dec_channel *d = s->channels;
+    while (d && strcmp(d->addr, addr) != 0) d = d->next;
+    if (!d && (d = calloc(1, sizeof *d))) {
+        snprintf(d->addr, sizeof d->addr, "%s", addr);
+        bt_rpc_channel_config_t cc = {.target = d->addr, .keepalive_ms = BT_RPC_MIN_KEEPALIVE_MS};
+        if (bt_rpc_channel_create(&cc, &d->ch) != BT_OK) {
+            free(d);
+            d = NULL;
+        } else {
+            d->next = s->channels;
+            s->channels = d;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return d ? d->ch : NULL;
+}
+
+/* Calls Prefill/Run on the hinted prefill node and waits for its answer and for the blocks' arrival; then tells the
+ * scheduler (first token, or local prefill). Runs on its own thread: the wait is the network's. */
+static void *prefill_worker(void *arg)
+{
+    dec_call *c = arg;
+    decode_service_t *s = c->svc;
+    bt_ne_t *ne = s->ne;
+    double t0 = bt_sched_now();
+    bt_status st = BT_ERR_UNAVAILABLE;
+    char why[400] = "";
+    int32_t token = -1;
+    bt_sample_out so;
+    memset(&so, 0, sizeof so);
+    /* The call waits for P's queue and compute as well as the transfer: it gets the request's deadline (P bounds
+     * the transfer itself by the KV transfer deadline); without one, remote_timeout_ms. */
+    int timeout_ms = s->remote_timeout_ms;
+    if (c->deadline > 0) {
+        double left = c->deadline - t0;
+        timeout_ms = left > 0.001 ? (left * 1000.0 < INT32_MAX ? (int)(left * 1000.0) : INT32_MAX) : 1;
+    }
+    Baton__V1__SamplingParams *sp = (Baton__V1__SamplingParams *)protobuf_c_message_unpack(
+        &baton__v1__sampling_params__descriptor, NULL, c->sampling_len, c->sampling_pb);
+    bt_rpc_channel_t *ch = channel_for(s, c->prefill_addr);
+    if (!sp || !ch) {
+        snprintf(why, sizeof why, "%s", !sp ? "cannot re-read the sampling parameters" : "cannot open a channel");
+    } else {
+        size_t dlen;
+        const void *desc = kvx_pool_descriptor(ne->kvx_pool, &dlen);
+        Baton__V1__KvDestination d = BATON__V1__KV_DESTINATION__INIT;
+        d.decode_node_id = s->node_id;
+        d.epoch = kvx_expect_epoch(c->expect);
+        d.n_block_ids = c->n_blocks;
+        d.block_ids = c->blocks;
+        d.layout_fingerprint = ne->layout.fingerprint;
+        d.skip_blocks = c->skip;
+        d.checksums = 1;
+        d.pool_descriptor.data = (uint8_t *)desc;
+        d.pool_descriptor.len = dlen;
+        Baton__V1__PrefillRunRequest q = BATON__V1__PREFILL_RUN_REQUEST__INIT;
+        q.request_id = c->request_id;
+        q.model_fingerprint = ne->fingerprint;
+        q.n_prompt_token_ids = (size_t)c->n_submitted;
+        q.prompt_token_ids = c->ids;
+        q.n_block_hashes = c->n_hashes;
+        q.block_hashes = c->hashes;
+        q.sampling = sp;
+        q.logprobs = c->logprobs;
+        q.top_logprobs = c->top_logprobs;
+        q.destination = &d;
+        q.sample_index = c->sample_index;
+        ProtobufCMessage *resp = NULL;
+        bt_rpc_result_t res;
+        memset(&res, 0, sizeof res);
+        st = bt_rpc_unary(ch, "/baton.v1.Prefill/Run", &q.base, &baton__v1__prefill_run_response__descriptor,
+                          timeout_ms, &resp, &res);
+        if (st == BT_OK) {
+            const Baton__V1__PrefillRunResponse *r = (const Baton__V1__PrefillRunResponse *)resp;
+            /* P answers only after the decode side acknowledged the blocks, so this returns at once */
+            bt_status xs = kvx_expect_wait(c->expect);
+            if (xs != BT_OK) {
+                st = xs;
+                snprintf(why, sizeof why, "blocks not verified: %s", kvx_expect_error(c->expect));
+            } else if (r->epoch != kvx_expect_epoch(c->expect)) {
+                st = BT_ERR_STALE;
+                snprintf(why, sizeof why, "answer for epoch %" PRIu64 ", expected %" PRIu64, r->epoch,
+                         kvx_expect_epoch(c->expect));
+            } else {
+                token = r->first_token_id;
+                so.id = token;
+                if (r->first_logprob) {
+                    so.logprob = r->first_logprob->logprob;
+                    size_t nt = r->first_logprob->n_top < BT_MAX_TOP_LOGPROBS ? r->first_logprob->n_top
+                                                                              : BT_MAX_TOP_LOGPROBS;
+                    for (size_t i = 0; i < nt; i++) {
+                        so.top[i].id = r->first_logprob->top[i]->token_id;
+                        so.top[i].logprob = r->first_logprob->top[i]->logprob;
+                    }
+                    so.n_top = (int32_t)nt;
+                }
+            }
+            protobuf_c_message_free_unpacked(resp, NULL);
+        } else {
+            snprintf(why, sizeof why, "%s: %s", bt_rpc_code_str(res.code), res.message);
+            /* The prefill node may still be writing only if it is alive and past our deadline: then wait for the
+             * expectation's own deadline (after the push's) before the blocks are reused. A dead or refusing
+             * prefill node writes nothing more. */
+            if (res.code == BT_RPC_DEADLINE_EXCEEDED) kvx_expect_wait(c->expect);
+        }
+    }
+    if (sp) protobuf_c_message_free_unpacked(&sp->base, NULL);
+    kvx_expect_destroy(c->expect); /* a pending epoch becomes stale: late completions are ignored */
+    c->expect = NULL;
+    double dt = bt_sched_now() - t0;
+    if (st == BT_OK) {
+        metrics_counter_inc(s->remote[REMOTE_OK]);
+        metrics_histogram_observe(s->remote_seconds, dt);
+        BT_DEBUG(DEC_LOG, "request %s: remote prefill on %s: %d tokens (%u blocks skipped) in %.3f s",
+                 c->request_id, c->prefill_node, c->n_submitted, c->skip, dt);
+    } else {
+        metrics_counter_inc(s->remote[REMOTE_FALLBACK]);
+        BT_WARN(DEC_LOG, "request %s: remote prefill on %s (%s) failed after %.3f s: %s; prefilling locally",
+                c->request_id, c->prefill_node, c->prefill_addr, dt, why[0] ? why : bt_status_str(st));
+    }
+    bt_sched_remote_done(s->sched, c->sched_id, st, token, st == BT_OK ? &so : NULL);
+    call_unref(c);
+    return NULL;
+}
+
+/* Engine thread, at admission: register where the prompt's KV will land, then hand the call to a worker. */
+static int remote_start(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached)
+{
+    dec_call *c = user;
+    decode_service_t *s = c->svc;
+    uint32_t skip = (uint32_t)(n_cached / BT_KV_BLOCK);
+    if (skip >= (uint32_t)n_blocks) return 1;
+    c->blocks = malloc(sizeof(uint32_t) * (size_t)n_blocks);
+    if (!c->blocks) return 1;
+    for (int32_t i = 0; i < n_blocks; i++) c->blocks[i] = (uint32_t)blocks[i];
+    c->n_blocks = (uint32_t)n_blocks;
+    c->skip = skip;
+    c->sched_id = req_id;
+    /* the expectation outlives the prefill node's push deadline (the call's), so no late write can land after it */
+    double left_ms = c->deadline > 0 ? (c->deadline - bt_sched_now()) * 1000.0 : (double)s->remote_timeout_ms;
+    if (left_ms < 1) left_ms = 1;
+    if (left_ms > 86400e3) left_ms = 86400e3;
+    kvx_expect_args_t a = {.blocks = c->blocks + skip, .n_blocks = (size_t)(n_blocks - (int32_t)skip),
+                           .flags = KVX_F_CRC, .timeout_ms = (uint32_t)left_ms + 2000};
+    if (kvx_expect_create(s->ne->kvx_pool, &a, &c->expect) != BT_OK) {
+        BT_WARN(DEC_LOG, "request %s: cannot expect remote KV (%s); prefilling locally", c->request_id,
+                bt_last_error());
+        return 1;
+    }
+    atomic_fetch_add(&c->refs, 1);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &at, prefill_worker, c);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        kvx_expect_destroy(c->expect);
+        c->expect = NULL;
+        atomic_fetch_sub(&c->refs, 1);
+        return 1;
+    }
+    return 0;
+}
+
+/* Copies what the prefill worker needs out of the request (it outlives the handler). 0 on success. */
+static int remote_prepare(dec_call *c, const Baton__V1__DecodeRunRequest *q, const bt_req_params *rp,
+                          const int32_t *ids)
+{
+    snprintf(c->prefill_node, sizeof c->prefill_node, "%s", q->prefill->node_id);
+    snprintf(c->prefill_addr, sizeof c->prefill_addr, "%s", q->prefill->grpc_address);
+    c->ids = malloc(sizeof(int32_t) * (size_t)c->n_submitted);
+    if (!c->ids) return -1;
+    memcpy(c->ids, ids, sizeof(int32_t) * (size_t)c->n_submitted);
+    if (q->n_block_hashes && !q->n_generated_token_ids) {
+        c->hashes = malloc(sizeof(uint64_t) * q->n_block_hashes);
+        if (!c->hashes) return -1;
+        memcpy(c->hashes, q->block_hashes, sizeof(uint64_t) * q->n_block_hashes);
+        c->n_hashes = q->n_block_hashes;
+    }
+    /* the seed is fixed here so that the prefill node samples the first token from the same stream */
+    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+    if (q->sampling) sp = *q->sampling;
+    sp.seed_opt_case = BATON__V1__SAMPLING_PARAMS__SEED_OPT_SEED;
+    sp.seed = rp->sampling.seed;
+    c->sampling_len = protobuf_c_message_get_packed_size(&sp.base);
+    c->sampling_pb = malloc(c->sampling_len ? c->sampling_len : 1);
+    if (!c->sampling_pb) return -1;
+    protobuf_c_message_pack(&sp.base, c->sampling_pb);
+    c->sample_index = q->sample_index;
+    c->top_logprobs = q->top_logprobs;
+    c->deadline = rp->deadline;
+    return 0;
 }
 
 static void reject(decode_service_t *s, bt_rpc_call_t *call, bt_rpc_code code, const char *rid, const char *msg)
@@ -407,6 +580,11 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     c->n_prompt = (int32_t)q->n_prompt_token_ids;
     c->n_submitted = (int32_t)n;
     c->t_arrive = t_arrive;
+    /* remote prefill when the router hinted a prefill node and kvtransfer runs here; otherwise local */
+    if (q->prefill && q->prefill->grpc_address[0] && s->ne->kvx_pool && s->remote_timeout_ms > 0) {
+        if (remote_prepare(c, q, &rp, ids) == 0) rp.remote = &s->remote_hooks;
+        else BT_WARN(DEC_LOG, "request %s: out of memory preparing a remote prefill; prefilling locally", rid);
+    }
     atomic_fetch_add(&s->queued_prefill_tokens, c->n_submitted);
     pthread_mutex_lock(&s->mu);
     c->next = s->calls;
@@ -422,8 +600,8 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
         atomic_fetch_sub(&s->queued_prefill_tokens, c->n_submitted);
         atomic_fetch_sub(&s->inflight, 1);
         snprintf(err, sizeof err, "%s", bt_last_error());
-        pthread_mutex_destroy(&c->mu);
-        free(c);
+        atomic_store(&c->refs, 1);
+        call_unref(c);
         reject(s, call, st == BT_ERR_EXHAUSTED ? BT_RPC_RESOURCE_EXHAUSTED : bt_rpc_code_from_status(st), rid, err);
         return;
     }
@@ -481,6 +659,19 @@ static bt_status register_metrics(decode_service_t *s, metrics_registry_t *reg)
     STD_SERIES(METRICS_STD_KV_BLOCKS_USED, gauge, &s->kv_used);
     STD_SERIES(METRICS_STD_KV_BLOCKS_CAPACITY, gauge, &s->kv_capacity);
 #undef STD_SERIES
+    if ((st = metrics_histogram_register(reg, "baton_remote_prefill_seconds",
+                                         "Time a decode node waited for a remote prefill (call + KV transfer).", NULL,
+                                         0, &s->remote_seconds)))
+        return st;
+    static const char *const result_label[1] = {"result"};
+    metrics_desc_t rd = {.name = "baton_remote_prefills_total",
+                         .help = "Remote prefills by outcome (fallback: the decode node prefilled locally).",
+                         .type = METRICS_COUNTER, .label_names = result_label, .n_labels = 1};
+    if ((st = metrics_family_register(reg, &rd, &f))) return st;
+    for (int i = 0; i < REMOTE_N; i++) {
+        const char *lv[1] = {REMOTE_NAMES[i]};
+        if ((st = metrics_family_counter(f, lv, &s->remote[i]))) return st;
+    }
     if ((st = metrics_std_register(reg, METRICS_STD_REQUESTS, &f))) return st;
     for (int i = 0; i < RS_N; i++) {
         const char *lv[1] = {RS_NAMES[i]};
@@ -499,130 +690,56 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     pthread_mutex_init(&s->load_mu, NULL);
     snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
     s->max_inflight = cfg->max_inflight > 0 ? cfg->max_inflight : DECODE_MAX_INFLIGHT;
+    s->remote_timeout_ms = cfg->remote_timeout_ms ? cfg->remote_timeout_ms : DECODE_REMOTE_TIMEOUT_MS;
+    s->remote_hooks = (bt_remote_prefill){remote_start};
     bt_status st;
-    tok_tokenizer *tok = NULL;
-    if ((st = bt_model_load(cfg->model_path, &s->m))) {
-        bt_fail(st, "cannot load model %s: %s", cfg->model_path, bt_last_error());
-        goto fail;
-    }
-    snprintf(s->fingerprint, sizeof s->fingerprint, "%016" PRIx64, s->m->fingerprint);
-    s->n_vocab = s->m->hp.n_vocab;
-    s->max_context = s->m->hp.n_ctx_train > 0 && s->m->hp.n_ctx_train < DEC_MAX_CONTEXT ? s->m->hp.n_ctx_train
-                                                                                       : DEC_MAX_CONTEXT;
-    /* A sequence can never outgrow the pool: clamp the context so that max_tokens 0 ("up to the context") and
-     * the capacity published to the router stay servable. */
-    s->kv_block_bytes = bt_kv_block_stride(&s->m->hp, BT_KV_F16) * (size_t)s->m->hp.n_layer;
-    size_t kv_mem = cfg->kv_mem ? cfg->kv_mem : DEC_DEFAULT_KV_MEM;
-    size_t pool_tokens = kv_mem / s->kv_block_bytes * BT_KV_BLOCK;
-    if (pool_tokens < BT_KV_BLOCK) {
-        st = bt_fail(BT_ERR_INVALID, "--kv-mem %zu bytes holds no KV block of %s (%zu bytes each)", kv_mem,
-                     s->m->name, s->kv_block_bytes);
-        goto fail;
-    }
-    if (pool_tokens < (size_t)s->max_context) {
-        BT_INFO(DEC_LOG, "context limited to %zu tokens by the KV pool (%zu MiB); raise --kv-mem for %d", pool_tokens,
-                kv_mem >> 20, s->max_context);
-        s->max_context = (int32_t)pool_tokens;
-    }
-    s->max_running = DEC_MAX_RUNNING;
-    s->max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens : 512;
-    if ((st = tok_create(s->m->file, &tok))) {
-        bt_fail(st, "cannot read the tokenizer of %s: %s", cfg->model_path, bt_last_error());
-        goto fail;
-    }
-    int32_t eog[DEC_MAX_EOG];
-    int32_t n_eog = 0;
-    for (int32_t i = 0; i < tok_n_vocab(tok) && n_eog < DEC_MAX_EOG; i++)
-        if (tok_is_eog(tok, i)) eog[n_eog++] = i;
-    tok_free(tok);
-    tok = NULL;
-    if ((st = bt_backend_cpu_create(cfg->threads, &s->be))) goto fail;
-    bt_sched_config sc = {0};
-    sc.kv_mem = cfg->kv_mem;
-    sc.max_batch_tokens = s->max_batch_tokens;
-    sc.max_running = s->max_running;
-    sc.max_context = s->max_context;
-    sc.eog_ids = eog;
-    sc.n_eog = n_eog;
-    if ((st = bt_sched_create(s->m, s->be, &sc, &s->sched))) {
-        bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
-        goto fail;
-    }
-    bt_sched_stats ss;
-    bt_sched_get_stats(s->sched, &ss);
-    s->kv_blocks_total = ss.kv_blocks_total;
+    bt_ne_config_t nc = {.model_path = cfg->model_path, .name = DEC_LOG, .threads = cfg->threads,
+                         .kv_mem = cfg->kv_mem, .max_batch_tokens = cfg->max_batch_tokens,
+                         .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0};
+    if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
+    s->sched = s->ne->sched;
+    s->n_vocab = s->ne->n_vocab;
+    s->max_context = s->ne->max_context;
     if ((st = register_metrics(s, cfg->metrics))) goto fail;
-    metrics_gauge_set(s->kv_capacity, (double)s->kv_blocks_total);
+    metrics_gauge_set(s->kv_capacity, (double)s->ne->kv_blocks_total);
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Run", BT_RPC_SERVER_STREAMING,
                                        &baton__v1__decode_run_request__descriptor, run_handler, s)))
         goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Abort", BT_RPC_UNARY,
                                        &baton__v1__abort_request__descriptor, abort_handler, s)))
         goto fail;
-    if ((st = bt_sched_start(s->sched))) goto fail;
-    s->load_t = bt_sched_now();
     *out = s;
     return BT_OK;
 fail:
-    tok_free(tok);
     decode_service_destroy(s);
     return st;
 }
 
-void decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info)
+bt_status decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info)
 {
-    snprintf(info->model, sizeof info->model, "%s", s->fingerprint);
-    info->role = MBR_ROLE_DECODE;
-    info->kv_blocks_total = s->kv_blocks_total;
-    info->kv_block_tokens = BT_KV_BLOCK;
-    info->max_running = s->max_running;
-    info->max_context = s->max_context;
+    return bt_ne_node_info(s->ne, MBR_ROLE_DECODE, info);
 }
 
-void decode_service_summary(const decode_service_t *s, char *buf, size_t cap)
-{
-    snprintf(buf, cap,
-             "model %s (fingerprint %s, %d layers, vocab %d) | cpu %s, %d threads, %d-bit activations | "
-             "KV %lld blocks x %d tokens (%.0f MiB f16) | batch %d tokens, %d running, context %d",
-             s->m->name, s->fingerprint, s->m->hp.n_layer, s->n_vocab, bt_backend_cpu_isa(s->be),
-             bt_backend_cpu_threads(s->be), bt_backend_cpu_act_bits(s->be), (long long)s->kv_blocks_total,
-             BT_KV_BLOCK, (double)s->kv_block_bytes * (double)s->kv_blocks_total / (1024.0 * 1024.0),
-             s->max_batch_tokens, s->max_running, s->max_context);
-}
+void decode_service_summary(const decode_service_t *s, char *buf, size_t cap) { bt_ne_summary(s->ne, buf, cap); }
 
 int32_t decode_service_inflight(const decode_service_t *s) { return atomic_load(&s->inflight); }
-
-static double ewma(double old, double v) { return old > 0 ? 0.7 * old + 0.3 * v : v; }
 
 void decode_service_load(void *svc, mbr_load_report_t *out)
 {
     decode_service_t *s = svc;
     bt_sched_stats st;
-    bt_sched_get_stats(s->sched, &st);
+    bt_ne_load(s->ne, out, &st);
     metrics_gauge_set(s->running, st.running);
     metrics_gauge_set(s->waiting, st.waiting);
     metrics_gauge_set(s->kv_used, st.kv_blocks_used);
     metrics_gauge_set(s->kv_capacity, st.kv_blocks_total);
 
     pthread_mutex_lock(&s->load_mu);
-    double now = bt_sched_now(), dt = now - s->load_t;
     if (st.prefix_hit_tokens > s->load_hits) metrics_counter_add(s->prefix_hits, st.prefix_hit_tokens - s->load_hits);
     if (st.prefix_query_tokens > s->load_queries)
         metrics_counter_add(s->prefix_queries, st.prefix_query_tokens - s->load_queries);
     s->load_hits = st.prefix_hit_tokens;
     s->load_queries = st.prefix_query_tokens;
-    if (dt > 0) {
-        /* Rates only from intervals with work: an idle node keeps its last measured speed. */
-        if (st.computed_prompt_tokens > s->load_computed)
-            s->prefill_rate = ewma(s->prefill_rate, (double)(st.computed_prompt_tokens - s->load_computed) / dt);
-        if (st.generated_tokens > s->load_generated)
-            s->decode_rate = ewma(s->decode_rate, (double)(st.generated_tokens - s->load_generated) / dt);
-        s->load_computed = st.computed_prompt_tokens;
-        s->load_generated = st.generated_tokens;
-        s->load_t = now;
-    }
-    out->prefill_tok_s = s->prefill_rate;
-    out->decode_tok_s = s->decode_rate;
     pthread_mutex_unlock(&s->load_mu);
 
     int32_t inflight = atomic_load(&s->inflight);
@@ -630,17 +747,17 @@ void decode_service_load(void *svc, mbr_load_report_t *out)
     out->queued_requests = queued > 0 ? queued : 0;
     long long qp = atomic_load(&s->queued_prefill_tokens);
     out->queued_prefill_tokens = qp > 0 ? qp : 0;
-    out->running_seqs = st.running;
-    out->kv_blocks_total = st.kv_blocks_total;
-    out->kv_blocks_free = st.kv_blocks_total - st.kv_blocks_used;
 }
 
 void decode_service_destroy(decode_service_t *s)
 {
     if (!s) return;
-    bt_sched_destroy(s->sched); /* aborts what is left; with the RPC server shut down nothing is */
-    bt_backend_destroy(s->be);
-    bt_model_free(s->m);
+    bt_ne_destroy(s->ne); /* aborts what is left; with the RPC server shut down nothing is */
+    for (dec_channel *d = s->channels, *n; d; d = n) {
+        n = d->next;
+        bt_rpc_channel_destroy(d->ch);
+        free(d);
+    }
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->load_mu);
     free(s);

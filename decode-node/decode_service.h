@@ -14,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DECODE_MAX_INFLIGHT 1024 /* Run calls admitted at once (queued + running); beyond: RESOURCE_EXHAUSTED */
+#define DECODE_MAX_INFLIGHT 1024
+#define DECODE_REMOTE_TIMEOUT_MS 120000 /* Run calls admitted at once (queued + running); beyond: RESOURCE_EXHAUSTED */
 
 typedef struct decode_config {
     const char *model_path;    /* GGUF file; required */
@@ -22,6 +23,9 @@ typedef struct decode_config {
     size_t kv_mem;             /* KV pool bytes, 0 = the scheduler's default */
     int32_t max_batch_tokens;  /* 0 = the scheduler's default */
     int32_t max_inflight;      /* 0 = DECODE_MAX_INFLIGHT */
+    int remote_timeout_ms;     /* remote prefill deadline (P's queue, compute and transfer) for requests without
+                                * a deadline of their own: 0 = DECODE_REMOTE_TIMEOUT_MS; < 0 = no kvtransfer,
+                                * always prefill locally */
     const char *node_id;       /* reported in the first message of each stream */
     metrics_registry_t *metrics; /* must outlive the service */
     bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
@@ -35,8 +39,8 @@ typedef struct decode_service decode_service_t;
 bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **out);
 
 /* Fills what the service knows of the NodeInfo: model fingerprint (16 hex digits, the format Run compares),
- * capacity (KV blocks, block tokens, max running, max context). Can't fail. */
-void decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info);
+ * capacity (KV blocks, block tokens, max running, max context), the kvtransfer pool descriptor. BT_ERR_NOMEM. */
+bt_status decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info);
 
 /* One line for the start-up log: model, ISA, threads, KV blocks, batch budget, context. */
 void decode_service_summary(const decode_service_t *s, char *buf, size_t cap);

@@ -1,4 +1,4 @@
-/* baton-decode: a decode node (colocated mode: it prefills locally). Flags, listeners, etcd and signals come from
+/* baton-decode: a decode node: prefills locally (colocated mode) or on the prefill node the router hints. Flags, listeners, etcd and signals come from
  * common/node; the Decode service from decode_service.c. */
 #include "common/log.h"
 #include "common/node.h"
@@ -42,11 +42,11 @@ int main(int argc, char **argv)
     }
     mbr_node_info_t info;
     memset(&info, 0, sizeof info);
-    decode_service_node_info(svc, &info);
     char summary[512];
     decode_service_summary(svc, summary, sizeof summary);
     int rc = 0;
-    if (bt_node_start(node, &info, decode_service_load, svc, summary) != BT_OK) {
+    if (decode_service_node_info(svc, &info) != BT_OK ||
+        bt_node_start(node, &info, decode_service_load, svc, summary) != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", bt_last_error());
         rc = 1;
     } else {
@@ -54,6 +54,7 @@ int main(int argc, char **argv)
         BT_INFO("decode", "%s: draining %d calls in flight (grace %d ms)", sig ? strsignal(sig) : "stop requested",
                 decode_service_inflight(svc), flags.grace_ms);
     }
+    mbr_node_info_free(&info);
     bt_node_stop(node, flags.grace_ms); /* the engine keeps running: cancelled calls still finish through it */
     decode_service_destroy(svc);
     bt_node_destroy(node);

@@ -17,7 +17,15 @@ struct bt_forward {
     float *tmp;     /* [T][n_embd] sub-layer output */
     int32_t *slots; /* [T] */
     const int32_t **tables; /* [T] */
+    bt_forward_layer_fn layer_fn; /* optional: after each layer's K/V are in the pool */
+    void *layer_user;
 };
+
+void bt_forward_set_layer_hook(bt_forward *fw, bt_forward_layer_fn fn, void *user)
+{
+    fw->layer_fn = fn;
+    fw->layer_user = user;
+}
 
 static void *balloc(bt_forward *fw, size_t n)
 {
@@ -146,6 +154,9 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
         op->rope(be, fw->k, b->pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
                  hp->rope_neox);
         op->kv_write(be, kv, l, fw->k, fw->v, T, fw->slots);
+        /* this layer's KV of the whole batch is final now: a prefill node starts moving it while the rest of the
+         * layer (and the later layers) compute */
+        if (fw->layer_fn) fw->layer_fn(fw->layer_user, l);
         aa.layer = l;
         op->attention(be, &aa);
         if ((st = op->matmul(be, &L->wo, NULL, fw->att, T, fw->tmp))) return st;

@@ -41,4 +41,11 @@ int32_t bt_forward_max_tokens(const bt_forward *fw);
  * outside the pool; nothing is written), BT_ERR_NOMEM, or the backend's error. */
 bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits);
 
+/* Called after layer `layer` wrote the batch's K/V into the pool (before its attention runs), on the thread that runs
+ * bt_forward_run. Used by prefill nodes to push each layer's KV as soon as it exists (DESIGN 2, step 5). */
+typedef void (*bt_forward_layer_fn)(void *user, int32_t layer);
+
+/* Sets (fn != NULL) or clears the layer hook for the following runs. */
+void bt_forward_set_layer_hook(bt_forward *fw, bt_forward_layer_fn fn, void *user);
+
 #endif

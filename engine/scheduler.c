@@ -23,6 +23,8 @@ typedef struct sreq {
     int32_t n_cached;        /* prompt tokens from the prefix cache at the last admission */
     int32_t seq;             /* block manager sequence, -1 while waiting */
     int aborted;
+    int remote;              /* REMOTE_* */
+    int export_begun;        /* kv_export.begin was called */
     double t_submit, t_admit; /* bt_sched_now() at submit and at the first admission (0 = not yet) */
     /* this step */
     int32_t feed_from, feed_n;
@@ -30,10 +32,27 @@ typedef struct sreq {
     struct sreq *next;       /* inbox link */
 } sreq;
 
+enum { REMOTE_NONE = 0, REMOTE_PENDING = 1, REMOTE_ENDED = 2 };
+
+/* Requests from other threads, applied by the engine thread in arrival order. */
+typedef enum ctl_kind { CTL_ABORT, CTL_REMOTE_DONE, CTL_RELEASE } ctl_kind;
+
 typedef struct abort_item {
+    ctl_kind kind;
     uint64_t id;
+    bt_status st;      /* CTL_REMOTE_DONE */
+    int32_t token;
+    int has_so;
+    bt_sample_out so;
     struct abort_item *next;
 } abort_item;
+
+/* Blocks kept after a request's last event: a hold_kv request's (its transfer may still read them) or a request's
+ * that ended while a remote prefill could still write into them. */
+typedef struct parked {
+    uint64_t id;
+    int32_t seq;
+} parked;
 
 struct bt_sched {
     const bt_model *m;
@@ -55,12 +74,17 @@ struct bt_sched {
     bt_seq_view *b_views;    /* [max_running] */
     sreq **b_reqs;           /* [max_running] */
     bt_sched_stats st;       /* engine-thread counters */
+    parked *parked;
+    int32_t n_parked, cap_parked;
+    int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
+    sreq **b_export;         /* [max_running] requests exporting their KV in this step */
+    int32_t n_export;
 
     /* shared with other threads */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     sreq *inbox, *inbox_tail;
-    abort_item *aborts;
+    abort_item *aborts, *aborts_tail;
     uint64_t next_id;
     bt_sched_stats snap;
     int thread_running, stop;
@@ -126,7 +150,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     if (!s->eog) goto nomem;
     if (cfg.n_eog) memcpy(s->eog, cfg.eog_ids, sizeof(int32_t) * (size_t)cfg.n_eog);
     s->cfg.eog_ids = s->eog;
-    if ((st = bt_kv_pool_create(&m->hp, cfg.kv_dtype, cfg.kv_mem, NULL, &s->kv))) goto fail;
+    if ((st = bt_kv_pool_create(&m->hp, cfg.kv_dtype, cfg.kv_mem, cfg.kv_memory, &s->kv))) goto fail;
     bt_bm_config bc = {.n_blocks = s->kv->n_blocks, .window = 0, .fingerprint = m->fingerprint,
                        .disable_prefix_cache = cfg.disable_prefix_cache};
     if ((st = bt_bm_create(&bc, &s->bm))) goto fail;
@@ -139,8 +163,9 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     s->b_rows = malloc(sizeof(int32_t) * (size_t)B);
     s->b_views = malloc(sizeof(bt_seq_view) * (size_t)cfg.max_running);
     s->b_reqs = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
+    s->b_export = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
     if (!s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
-        !s->b_reqs)
+        !s->b_reqs || !s->b_export)
         goto nomem;
     s->st.kv_blocks_total = s->snap.kv_blocks_total = s->kv->n_blocks;
     *out = s;
@@ -160,10 +185,37 @@ static void emit_end(sreq *r, bt_end_reason f, bt_status err)
     r->emit(r->user, &ev);
 }
 
-/* Removes r from whichever list holds it, releases its blocks and frees it. */
+/* Keeps seq's blocks out of use until bt_sched_release_kv / bt_sched_remote_done names id. If the list cannot grow
+ * the blocks are released at once (the lesser harm than leaking them). */
+static void park(bt_sched *s, uint64_t id, int32_t seq)
+{
+    if (grow((void **)&s->parked, &s->cap_parked, s->n_parked + 1, sizeof(parked))) {
+        BT_WARN("sched", "request %llu: out of memory parking its KV blocks; released now", (unsigned long long)id);
+        bt_bm_seq_free(s->bm, seq);
+        return;
+    }
+    s->parked[s->n_parked++] = (parked){id, seq};
+}
+
+static void unpark(bt_sched *s, uint64_t id)
+{
+    for (int32_t i = 0; i < s->n_parked; i++)
+        if (s->parked[i].id == id) {
+            bt_bm_seq_free(s->bm, s->parked[i].seq);
+            s->parked[i] = s->parked[--s->n_parked];
+            return;
+        }
+}
+
+/* Removes r from whichever list holds it, releases (or parks) its blocks and frees it. */
 static void finish_and_free(bt_sched *s, sreq *r)
 {
-    if (r->seq >= 0) bt_bm_seq_free(s->bm, r->seq);
+    int remote_pending = r->remote == REMOTE_PENDING;
+    if (remote_pending) s->n_remote_pending--;
+    if (r->seq >= 0) {
+        if (remote_pending || r->p.hold_kv) park(s, r->id, r->seq);
+        else bt_bm_seq_free(s->bm, r->seq);
+    }
     r->seq = -1;
     for (int32_t i = 0; i < s->n_running; i++)
         if (s->running[i] == r) {
@@ -239,6 +291,8 @@ void bt_sched_destroy(bt_sched *s)
         n = a->next;
         free(a);
     }
+    free(s->parked); /* their blocks go with the block manager */
+    free(s->b_export);
     bt_forward_destroy(s->fw);
     bt_bm_destroy(s->bm);
     bt_kv_pool_destroy(s->kv);
@@ -312,16 +366,55 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     return BT_OK;
 }
 
-void bt_sched_abort(bt_sched *s, uint64_t req_id)
+static void ctl_post(bt_sched *s, abort_item *a)
 {
-    abort_item *a = malloc(sizeof *a);
-    if (!a) return; /* the request then simply runs to completion */
-    a->id = req_id;
+    a->next = NULL;
     pthread_mutex_lock(&s->mu);
-    a->next = s->aborts;
-    s->aborts = a;
+    if (s->aborts_tail) s->aborts_tail->next = a;
+    else s->aborts = a;
+    s->aborts_tail = a;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+void bt_sched_abort(bt_sched *s, uint64_t req_id)
+{
+    abort_item *a = calloc(1, sizeof *a);
+    if (!a) return; /* the request then simply runs to completion */
+    a->kind = CTL_ABORT;
+    a->id = req_id;
+    ctl_post(s, a);
+}
+
+void bt_sched_remote_done(bt_sched *s, uint64_t req_id, bt_status st, int32_t token, const bt_sample_out *so)
+{
+    abort_item *a = calloc(1, sizeof *a);
+    if (!a) {
+        /* cannot happen in practice; without the item the request would wait for its deadline */
+        BT_ERROR("sched", "out of memory ending the remote prefill of request %llu", (unsigned long long)req_id);
+        return;
+    }
+    a->kind = CTL_REMOTE_DONE;
+    a->id = req_id;
+    a->st = st;
+    a->token = token;
+    if (so) {
+        a->so = *so;
+        a->has_so = 1;
+    }
+    ctl_post(s, a);
+}
+
+void bt_sched_release_kv(bt_sched *s, uint64_t req_id)
+{
+    abort_item *a = calloc(1, sizeof *a);
+    if (!a) {
+        BT_ERROR("sched", "out of memory releasing the KV blocks of request %llu", (unsigned long long)req_id);
+        return;
+    }
+    a->kind = CTL_RELEASE;
+    a->id = req_id;
+    ctl_post(s, a);
 }
 
 static sreq *find_req(bt_sched *s, uint64_t id)
@@ -333,6 +426,46 @@ static sreq *find_req(bt_sched *s, uint64_t id)
     return NULL;
 }
 
+/* Appends a sampled token to r and emits it; finishes r when it ended. Returns 1 when r was finished (and freed). */
+static int accept_token(bt_sched *s, sreq *r, int32_t tok, const bt_sample_out *so)
+{
+    bt_finish sf = BT_FINISH_NONE;
+    if (bt_sampler_seq_accept(r->sampler, tok, &sf) != BT_OK) sf = BT_FINISH_LENGTH; /* cannot happen */
+    r->tokens[r->n_tokens++] = tok;
+    r->n_generated++;
+    s->st.generated_tokens++;
+    bt_end_reason f = BT_END_NONE;
+    if (sf == BT_FINISH_STOP) f = BT_END_STOP;
+    else if (sf == BT_FINISH_LENGTH || r->n_tokens >= r->cap || r->n_tokens >= s->cfg.max_context)
+        f = BT_END_LENGTH;
+    bt_sched_event ev = {.req_id = r->id, .token = tok, .logprob = so ? so->logprob : 0, .index = r->n_generated - 1,
+                         .finish = f, .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = BT_OK,
+                         .detail = so, .queue_s = r->t_admit - r->t_submit};
+    r->emit(r->user, &ev);
+    if (f == BT_END_NONE) return 0;
+    s->st.finished++;
+    s->st.prompt_tokens += (uint64_t)r->n_prompt;
+    finish_and_free(s, r);
+    return 1;
+}
+
+/* A remote prefill ended: on success the prompt's KV is in r's blocks and a->token is its first token; otherwise r
+ * computes its prompt here, from the end of its prefix-cache hit (the blocks a failed transfer may have touched
+ * are simply overwritten). */
+static void remote_end(bt_sched *s, sreq *r, const abort_item *a)
+{
+    r->remote = REMOTE_ENDED;
+    s->n_remote_pending--;
+    if (a->st == BT_OK && a->token >= 0 && a->token < s->m->hp.n_vocab &&
+        bt_bm_seq_set_computed(s->bm, r->seq, r->n_tokens) == BT_OK) {
+        accept_token(s, r, a->token, a->has_so ? &a->so : NULL);
+        return;
+    }
+    s->st.remote_fallbacks++;
+    BT_DEBUG("sched", "request %llu: remote prefill failed (%s); prefilling locally", (unsigned long long)r->id,
+             bt_status_str(a->st));
+}
+
 /* Moves the inbox into the waiting list and applies aborts. */
 static void drain_inbox(bt_sched *s)
 {
@@ -340,7 +473,7 @@ static void drain_inbox(bt_sched *s)
     sreq *in = s->inbox;
     abort_item *ab = s->aborts;
     s->inbox = s->inbox_tail = NULL;
-    s->aborts = NULL;
+    s->aborts = s->aborts_tail = NULL;
     pthread_mutex_unlock(&s->mu);
     for (sreq *r = in, *n; r; r = n) {
         n = r->next;
@@ -353,10 +486,21 @@ static void drain_inbox(bt_sched *s)
     for (abort_item *a = ab, *n; a; a = n) {
         n = a->next;
         sreq *r = find_req(s, a->id);
-        if (r) {
-            emit_end(r, BT_END_ABORT, BT_OK);
-            finish_and_free(s, r);
-            s->st.aborted++;
+        switch (a->kind) {
+        case CTL_ABORT:
+            if (r) {
+                emit_end(r, BT_END_ABORT, BT_OK);
+                finish_and_free(s, r);
+                s->st.aborted++;
+            }
+            break;
+        case CTL_REMOTE_DONE:
+            if (r && r->remote == REMOTE_PENDING) remote_end(s, r, a);
+            else if (!r) unpark(s, a->id); /* ended while waiting: its blocks can be reused now */
+            break;
+        case CTL_RELEASE:
+            unpark(s, a->id);
+            break;
         }
         free(a);
     }
@@ -388,7 +532,8 @@ static int preempt_one(bt_sched *s, const sreq *keep)
     sreq *victim = NULL;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
-        if (r == keep || r->feed_n > 0) continue; /* never one already placed in this step's batch */
+        /* never one already placed in this step's batch, nor one whose blocks a remote prefill is writing */
+        if (r == keep || r->feed_n > 0 || r->remote == REMOTE_PENDING) continue;
         if (!victim || before(victim, r)) victim = r;
     }
     if (!victim) return 0;
@@ -407,12 +552,15 @@ static void copy_block(bt_sched *s, const bt_bm_copy *c)
         memcpy(bt_kv_block_ptr(s->kv, l, c->dst), bt_kv_block_ptr(s->kv, l, c->src), s->kv->block_stride);
 }
 
-/* Reserves KV slots for r's next n tokens, preempting others when the pool is full. Returns 0 on success. */
-static int reserve(bt_sched *s, sreq *r, int32_t n)
+/* Reserves KV slots for r's positions up to len (a no-op when already reserved, as after a failed remote
+ * prefill), preempting others when the pool is full. Returns 0 on success. */
+static int reserve_to(bt_sched *s, sreq *r, int32_t len)
 {
     for (;;) {
+        int32_t have = bt_bm_seq_len(s->bm, r->seq);
+        if (have >= len) return 0;
         bt_bm_copy cow = {-1, -1};
-        bt_status st = bt_bm_seq_append(s->bm, r->seq, n, r->tokens + bt_bm_seq_len(s->bm, r->seq), &cow);
+        bt_status st = bt_bm_seq_append(s->bm, r->seq, len - have, r->tokens + have, &cow);
         if (st == BT_OK) {
             copy_block(s, &cow);
             return 0;
@@ -450,7 +598,25 @@ static void admit(bt_sched *s, int32_t *budget)
         memmove(&s->waiting[0], &s->waiting[1], sizeof(sreq *) * (size_t)(s->n_waiting - 1));
         s->n_waiting--;
         s->running[s->n_running++] = r;
-        if (reserve(s, r, n)) {
+        if (r->p.remote && r->remote == REMOTE_NONE && r->n_generated == 0) {
+            /* remote prefill: the whole prompt's blocks now, then nothing to compute here until it ends */
+            if (reserve_to(s, r, r->n_tokens)) {
+                requeue(s, r);
+                break;
+            }
+            int32_t nb;
+            const int32_t *table = bt_bm_seq_table(s->bm, r->seq, &nb);
+            r->remote = REMOTE_ENDED; /* whatever happens next, at most one attempt */
+            if (r->p.remote->start(r->user, r->id, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, cached) ==
+                0) {
+                r->remote = REMOTE_PENDING;
+                s->n_remote_pending++;
+                s->st.remote_prefills++;
+                r->feed_n = 0;
+                continue;
+            }
+        }
+        if (reserve_to(s, r, cached + n)) {
             requeue(s, r); /* cannot happen after the can_allocate check; be safe: back to waiting */
             break;
         }
@@ -473,9 +639,22 @@ static void snapshot(bt_sched *s)
     for (int32_t i = 0; i < s->n_running; i++) s->st.kv_tokens_used += bt_bm_seq_len(s->bm, s->running[i]->seq);
     s->st.prefix_query_tokens = bs.prefix_query_tokens;
     s->st.prefix_hit_tokens = bs.prefix_hit_tokens;
+    s->st.kv_blocks_parked = 0;
+    for (int32_t i = 0; i < s->n_parked; i++) {
+        int32_t nb = 0;
+        bt_bm_seq_table(s->bm, s->parked[i].seq, &nb);
+        s->st.kv_blocks_parked += nb;
+    }
     pthread_mutex_lock(&s->mu);
     s->snap = s->st;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Forward-pass layer hook: this step's exporting requests move layer `layer`. */
+static void export_layer(void *user, int32_t layer)
+{
+    bt_sched *s = user;
+    for (int32_t i = 0; i < s->n_export; i++) s->b_export[i]->p.kv_export->layer(s->b_export[i]->user, layer);
 }
 
 int bt_sched_step(bt_sched *s)
@@ -491,11 +670,11 @@ int bt_sched_step(bt_sched *s)
         int32_t done = bt_bm_seq_computed(s->bm, r->seq);
         int32_t n = r->n_tokens - done;
         if (n > budget) n = budget;
-        if (n <= 0) {
+        if (n <= 0 || r->remote == REMOTE_PENDING) {
             i++;
             continue;
         }
-        if (reserve(s, r, n)) {
+        if (reserve_to(s, r, done + n)) {
             requeue(s, r); /* nobody left to preempt: r itself waits for blocks */
             s->st.preemptions++;
             continue;
@@ -513,6 +692,7 @@ int bt_sched_step(bt_sched *s)
 
     /* 3. build the batch */
     int32_t nt = 0, ns = 0, nl = 0;
+    s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
         if (r->feed_n <= 0) continue;
@@ -530,6 +710,11 @@ int bt_sched_step(bt_sched *s)
         if (r->feed_from + r->feed_n == r->n_tokens) {
             r->logit_row = nl;
             s->b_rows[nl++] = nt - 1;
+            if (r->p.kv_export && !r->export_begun && r->n_generated == 0) {
+                r->export_begun = 1;
+                if (r->p.kv_export->begin(r->user, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK) == 0)
+                    s->b_export[s->n_export++] = r;
+            }
         }
         ns++;
     }
@@ -538,7 +723,9 @@ int bt_sched_step(bt_sched *s)
         return 0;
     }
     bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl};
+    bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
+    bt_forward_set_layer_hook(s->fw, NULL, NULL);
     s->st.steps++;
     if (st) {
         BT_ERROR("sched", "forward pass failed: %s", bt_last_error());
@@ -558,24 +745,7 @@ int bt_sched_step(bt_sched *s)
         bt_sample_out so;
         int32_t tok = bt_sampler_sample(r->sampler, s->logits + (size_t)r->logit_row * (size_t)V, r->n_tokens,
                                         s->scratch, &so);
-        bt_finish sf = BT_FINISH_NONE;
-        if (bt_sampler_seq_accept(r->sampler, tok, &sf) != BT_OK) sf = BT_FINISH_LENGTH; /* cannot happen */
-        r->tokens[r->n_tokens++] = tok;
-        r->n_generated++;
-        s->st.generated_tokens++;
-        bt_end_reason f = BT_END_NONE;
-        if (sf == BT_FINISH_STOP) f = BT_END_STOP;
-        else if (sf == BT_FINISH_LENGTH || r->n_tokens >= r->cap || r->n_tokens >= s->cfg.max_context)
-            f = BT_END_LENGTH;
-        bt_sched_event ev = {.req_id = r->id, .token = tok, .logprob = so.logprob, .index = r->n_generated - 1,
-                             .finish = f, .n_prompt = r->n_prompt, .n_cached = r->n_cached, .error = BT_OK,
-                             .detail = &so, .queue_s = r->t_admit - r->t_submit};
-        r->emit(r->user, &ev);
-        if (f != BT_END_NONE) {
-            s->st.finished++;
-            s->st.prompt_tokens += (uint64_t)r->n_prompt;
-            finish_and_free(s, r);
-        }
+        accept_token(s, r, tok, &so);
     }
     snapshot(s);
     return nt;
@@ -589,18 +759,23 @@ int bt_sched_idle(bt_sched *s)
     return empty && s->n_waiting == 0 && s->n_running == 0;
 }
 
+/* Something a step could compute: waiting requests, or running ones not waiting for a remote prefill. */
+static int has_work(const bt_sched *s)
+{
+    return s->n_waiting > 0 || s->n_running > s->n_remote_pending;
+}
+
 static void *engine_main(void *arg)
 {
     bt_sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->inbox && !s->aborts && s->n_waiting == 0 && s->n_running == 0)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stop && !s->inbox && !s->aborts && !has_work(s)) pthread_cond_wait(&s->cv, &s->mu);
         int stop = s->stop;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
         int n = bt_sched_step(s);
-        if (n == 0 && s->n_waiting > 0 && s->n_running == 0) {
+        if (n == 0 && s->n_waiting > 0 && s->n_running == s->n_remote_pending) {
             /* waiting requests that cannot be admitted with nothing running: only deadlines can change that */
             struct timespec ts = {0, 5 * 1000 * 1000};
             nanosleep(&ts, NULL);
@@ -629,6 +804,8 @@ void bt_sched_stop(bt_sched *s)
     pthread_join(s->thread, NULL);
     s->thread_running = 0;
 }
+
+const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s) { return s->kv; }
 
 void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st)
 {

@@ -22,6 +22,8 @@
 
 typedef struct bt_sched_config {
     size_t kv_mem;             /* bytes for the KV pool (default 256 MiB) */
+    void *kv_memory;           /* optional: the pool lives in these kv_mem bytes (memory registered with UCX);
+                                * the caller keeps ownership and frees it after bt_sched_destroy */
     bt_kv_dtype kv_dtype;      /* default f16 */
     int32_t max_batch_tokens;  /* token budget of one step (default 512) */
     int32_t max_running;       /* most sequences running at once (default 256) */
@@ -31,6 +33,23 @@ typedef struct bt_sched_config {
     int32_t n_eog;
 } bt_sched_config;
 
+/* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
+typedef struct bt_kv_export {
+    /* In the step that computes the request's last prompt token, before its forward pass: the blocks holding the
+     * prompt, in prompt order (n_blocks = ceil(n_prompt / 16)). Return 0 to get layer() calls in that step. */
+    int (*begin)(void *user, const int32_t *blocks, int32_t n_blocks);
+    /* After that step wrote layer `layer`'s K/V: every prompt position of the layer is then in the pool. Quick. */
+    void (*layer)(void *user, int32_t layer);
+} bt_kv_export;
+
+/* Remote prefill (decode nodes, DESIGN 2 step 4). */
+typedef struct bt_remote_prefill {
+    /* At admission, once blocks for the whole prompt are reserved (the n_cached leading tokens came from the prefix
+     * cache and are already computed): return 0 when a remote prefill was started; the request then keeps its
+     * blocks and computes nothing until bt_sched_remote_done. Nonzero: it prefills locally. Must not block. */
+    int (*start)(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached);
+} bt_remote_prefill;
+
 typedef struct bt_req_params {
     bt_sampling sampling;        /* incl. max_tokens (0 = up to the context limit), stop_ids, ignore_eos, logprobs */
     int32_t sample_index;        /* this request is sample sample_index of sampling.n: n > 1 samples of one prompt
@@ -38,6 +57,10 @@ typedef struct bt_req_params {
                                   * blocks are shared through the prefix cache) */
     int32_t priority;            /* smaller is served first; default 0 */
     double deadline;             /* CLOCK_MONOTONIC seconds (bt_sched_now()); 0 = none */
+    const bt_kv_export *kv_export;       /* optional; must outlive the request */
+    const bt_remote_prefill *remote;     /* optional; must outlive the request */
+    int hold_kv;                 /* keep the request's blocks after its last event until bt_sched_release_kv (a
+                                  * prefill node's transfer may still read them) */
 } bt_req_params;
 
 /* Defaults: greedy, max_tokens 16, priority 0, no deadline. */
@@ -74,6 +97,8 @@ typedef struct bt_sched_stats {
     uint64_t steps, prompt_tokens, computed_prompt_tokens, generated_tokens, preemptions;
     uint64_t prefix_query_tokens, prefix_hit_tokens;
     uint64_t finished, aborted, timed_out;
+    uint64_t remote_prefills, remote_fallbacks; /* remote prefills started / ended in local prefill */
+    int32_t kv_blocks_parked;   /* blocks kept after the last event (hold_kv, or a remote write still possible) */
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;
@@ -94,6 +119,17 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
 /* Asks for req_id to end with an ABORT event (unless it finishes first). Unknown ids are ignored. Can't fail. */
 void bt_sched_abort(bt_sched *s, uint64_t req_id);
 
+/* Ends the remote prefill of req_id (any thread; applied at the next step). st == BT_OK: every prompt position is
+ * now in the request's blocks and `token` (sampled remotely, with its details in *so, may be NULL) is its first
+ * generated token: it is accepted and emitted as if sampled here, and decoding continues. Otherwise the request
+ * prefills locally from where its prefix-cache hit ended. A request that was aborted or timed out while waiting
+ * kept its blocks (a late write could still land in them): this call releases them. Unknown ids are ignored. */
+void bt_sched_remote_done(bt_sched *s, uint64_t req_id, bt_status st, int32_t token, const bt_sample_out *so);
+
+/* Releases the blocks a hold_kv request kept after its last event (any thread; applied at the next step).
+ * Unknown ids are ignored. */
+void bt_sched_release_kv(bt_sched *s, uint64_t req_id);
+
 /* Runs one step on the calling thread (when no engine thread runs). Returns the number of tokens the step
  * computed (0 when there was nothing to do), or a negative bt_status when the forward pass failed (the requests
  * in that step finish with BT_END_ERROR). */
@@ -108,6 +144,10 @@ void bt_sched_stop(bt_sched *s);
 
 /* A snapshot taken at the end of the last step. Can't fail. */
 void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st);
+
+/* The KV pool (layout, base, block count), for registering it with kvtransfer and for tests. Its blocks belong to
+ * the engine thread: read or write them only as the kv_export / remote hooks allow. */
+const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s);
 
 /* Seconds on the monotonic clock deadlines use. */
 double bt_sched_now(void);

@@ -1,42 +1,66 @@
-/* Decode-node choice, Decode/Run and migration (DESIGN 3, 7).
+/* Decode-node choice, prefill placement, Decode/Run and migration (DESIGN 3, 7).
  *
  * Choice: among decode nodes in the etcd view not already failed for this request, two picked at random (power of
  * two choices, so that many routers reading the same stale load do not herd onto one node); the one with more KV
  * headroom and fewer running sequences wins. Running counts add this router's own in-flight calls, which are more
- * recent than the node's last load report. Migration: when a stream fails before its end, the choice is run again
- * without that node and the new call carries the prompt plus every token already delivered, so the node continues
- * exactly after them; responses are placed by their offset, so nothing is delivered twice or skipped. */
+ * recent than the node's last load report. Placement: for that node D, the cost model of placement.c decides local or
+ * remote prefill and on which prefill node P, from the nodes' load reports, this router's own not-yet-answered
+ * prefills, and the approximate prefix index (what this router already sent where). Migration: when a stream fails
+ * before its end, the choice and the placement are made again without that node and the new call carries the prompt
+ * plus every token already delivered, so the node continues exactly after them; responses are placed by their
+ * offset, so nothing is delivered twice or skipped. */
 #include "router/router.h"
 
 #include "common/log.h"
+#include "common/prefix_hash.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_TRACKED 256
+#define MAX_PREFILL 64 /* prefill candidates one decision weighs */
 #define POLL_MS 50
 
 typedef struct node_slot {
     char node_id[MBR_NODE_ID_MAX];
     char grpc_addr[128];
     int64_t started_ms;
-    bt_rpc_channel_t *ch;
+    bt_rpc_channel_t *ch;      /* decode nodes only; opened on first use */
     int inflight;
+    int64_t pending_prefill;   /* prompt tokens this router sent here to prefill whose first token has not come */
 } node_slot_t;
 
 struct rtr_dispatch {
     mbr_watcher_t *watcher;
     char fingerprint[32];    /* the router's model; "" = accept any */
+    uint64_t fingerprint_u64;
     int max_migrations;
-    metrics_counter_t *migrations;
+    metrics_counter_t *migrations, *decisions_local, *decisions_remote;
+    metrics_histogram_t *predicted_ttft;
+    rtr_prefill_mode mode;
+    double overhead_s, kv_bytes_per_token;
+    rtr_pindex_t *pindex;
+    int log_fd;              /* decision log, -1 = off */
     pthread_mutex_t mu;
     node_slot_t slots[MAX_TRACKED]; /* channels and in-flight counts by node (a restarted node gets a new slot) */
     int n_slots;
     uint64_t rng;
 };
+
+/* A node that left the view takes its cache with it (or will come back empty). */
+static void on_leave(void *arg, const mbr_node_t *n)
+{
+    rtr_dispatch_t *d = arg;
+    rtr_pindex_forget(d->pindex, n->info.node_id);
+}
 
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out)
 {
@@ -44,19 +68,38 @@ bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t *
     if (!d) return bt_fail(BT_ERR_NOMEM, "out of memory");
     d->max_migrations = cfg->max_migrations > 0 ? cfg->max_migrations : RTR_DEFAULT_MIGRATIONS;
     snprintf(d->fingerprint, sizeof d->fingerprint, "%s", cfg->fingerprint ? cfg->fingerprint : "");
+    d->fingerprint_u64 = cfg->fingerprint_u64;
     d->migrations = cfg->migrations;
+    d->decisions_local = cfg->decisions_local;
+    d->decisions_remote = cfg->decisions_remote;
+    d->predicted_ttft = cfg->predicted_ttft;
+    d->mode = cfg->prefill_mode;
+    d->overhead_s = cfg->remote_overhead_s > 0 ? cfg->remote_overhead_s : 0;
+    d->kv_bytes_per_token = cfg->kv_bytes_per_token;
+    d->log_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     d->rng = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
-    bt_status st = mbr_watcher_create(cfg->etcd, cfg->cluster, NULL, &d->watcher);
-    if (st) {
-        pthread_mutex_destroy(&d->mu);
-        free(d);
-        return st;
+    bt_status st = rtr_pindex_create(&d->pindex);
+    if (st) goto fail;
+    if (cfg->decision_log && *cfg->decision_log) {
+        d->log_fd = open(cfg->decision_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (d->log_fd < 0) {
+            st = bt_fail(BT_ERR_IO, "cannot open decision log %s: %s", cfg->decision_log, strerror(errno));
+            goto fail;
+        }
     }
+    mbr_watch_ops_t ops = {.on_leave = on_leave, .arg = d};
+    if ((st = mbr_watcher_create(cfg->etcd, cfg->cluster, &ops, &d->watcher))) goto fail;
     *out = d;
     return BT_OK;
+fail:
+    if (d->log_fd >= 0) close(d->log_fd);
+    rtr_pindex_destroy(d->pindex);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    return st;
 }
 
 void rtr_dispatch_destroy(rtr_dispatch_t *d)
@@ -64,6 +107,8 @@ void rtr_dispatch_destroy(rtr_dispatch_t *d)
     if (!d) return;
     mbr_watcher_destroy(d->watcher);
     for (int i = 0; i < d->n_slots; i++) bt_rpc_channel_destroy(d->slots[i].ch);
+    rtr_pindex_destroy(d->pindex);
+    if (d->log_fd >= 0) close(d->log_fd);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }
@@ -73,11 +118,16 @@ bt_status rtr_dispatch_wait_synced(rtr_dispatch_t *d, int timeout_ms)
     return mbr_watcher_wait_synced(d->watcher, timeout_ms);
 }
 
-/* A decode node with an address, serving the router's model (a node of another model is never routed to). */
+/* A node of this role with an address, serving the router's model (a node of another model is never used). */
+static int usable_role(const rtr_dispatch_t *d, const mbr_node_t *n, mbr_role role)
+{
+    return n->info.role == role && n->info.grpc_addr[0] &&
+           (!d->fingerprint[0] || !strcasecmp(n->info.model, d->fingerprint));
+}
+
 static int usable(const rtr_dispatch_t *d, const mbr_node_t *n)
 {
-    return n->info.role == MBR_ROLE_DECODE && n->info.grpc_addr[0] &&
-           (!d->fingerprint[0] || !strcasecmp(n->info.model, d->fingerprint));
+    return usable_role(d, n, MBR_ROLE_DECODE);
 }
 
 int rtr_dispatch_n_healthy(rtr_dispatch_t *d)
@@ -91,42 +141,52 @@ int rtr_dispatch_n_healthy(rtr_dispatch_t *d)
     return k;
 }
 
-/* Slot of a node, created on first use; under d->mu. NULL when the table is full of live calls. */
-static node_slot_t *slot_get(rtr_dispatch_t *d, const mbr_node_info_t *info)
+/* The slot of this incarnation of a node, or NULL; under d->mu. */
+static node_slot_t *slot_find(rtr_dispatch_t *d, const mbr_node_info_t *info)
 {
-    for (int i = 0; i < d->n_slots; i++) {
-        node_slot_t *s = &d->slots[i];
-        if (!strcmp(s->node_id, info->node_id) && !strcmp(s->grpc_addr, info->grpc_addr) &&
-            s->started_ms == info->started_ms)
-            return s;
-    }
+    for (int i = 0; i < d->n_slots; i++)
+        if (!strcmp(d->slots[i].node_id, info->node_id) && d->slots[i].started_ms == info->started_ms)
+            return &d->slots[i];
+    return NULL;
+}
+
+/* Slot of a node, created on first use, with a channel when with_channel; under d->mu. NULL when the table is full
+ * of busy slots or the channel cannot be made. */
+static node_slot_t *slot_get(rtr_dispatch_t *d, const mbr_node_info_t *info, int with_channel)
+{
     node_slot_t *s = NULL;
-    if (d->n_slots < MAX_TRACKED) {
-        s = &d->slots[d->n_slots++];
-    } else {
-        for (int i = 0; i < d->n_slots && !s; i++)
-            if (!d->slots[i].inflight) s = &d->slots[i];
-        if (!s) return NULL;
-        bt_rpc_channel_destroy(s->ch);
+    for (int i = 0; i < d->n_slots && !s; i++)
+        if (!strcmp(d->slots[i].node_id, info->node_id) && !strcmp(d->slots[i].grpc_addr, info->grpc_addr) &&
+            d->slots[i].started_ms == info->started_ms)
+            s = &d->slots[i];
+    if (!s) {
+        if (d->n_slots < MAX_TRACKED) {
+            s = &d->slots[d->n_slots++];
+        } else {
+            for (int i = 0; i < d->n_slots && !s; i++)
+                if (!d->slots[i].inflight && !d->slots[i].pending_prefill) s = &d->slots[i];
+            if (!s) return NULL;
+            bt_rpc_channel_destroy(s->ch);
+        }
+        memset(s, 0, sizeof *s);
+        snprintf(s->node_id, sizeof s->node_id, "%s", info->node_id);
+        snprintf(s->grpc_addr, sizeof s->grpc_addr, "%s", info->grpc_addr);
+        s->started_ms = info->started_ms;
     }
-    memset(s, 0, sizeof *s);
-    snprintf(s->node_id, sizeof s->node_id, "%s", info->node_id);
-    snprintf(s->grpc_addr, sizeof s->grpc_addr, "%s", info->grpc_addr);
-    s->started_ms = info->started_ms;
-    bt_rpc_channel_config_t cc = {.target = info->grpc_addr, .keepalive_ms = 10000};
-    if (bt_rpc_channel_create(&cc, &s->ch)) {
-        d->n_slots--;
-        return NULL;
+    if (with_channel && !s->ch) {
+        bt_rpc_channel_config_t cc = {.target = info->grpc_addr, .keepalive_ms = 10000};
+        if (bt_rpc_channel_create(&cc, &s->ch)) {
+            s->ch = NULL;
+            return NULL; /* the slot stays, empty: reused or retried later */
+        }
     }
     return s;
 }
 
 static int inflight_of(rtr_dispatch_t *d, const mbr_node_info_t *info)
 {
-    for (int i = 0; i < d->n_slots; i++)
-        if (!strcmp(d->slots[i].node_id, info->node_id) && d->slots[i].started_ms == info->started_ms)
-            return d->slots[i].inflight;
-    return 0;
+    node_slot_t *s = slot_find(d, info);
+    return s ? s->inflight : 0;
 }
 
 /* Higher is better: free fraction of the KV pool minus the busy fraction of the batch. */
@@ -150,9 +210,22 @@ static uint64_t next_rand(rtr_dispatch_t *d)
     return d->rng;
 }
 
+/* What one placement decision is about. */
+typedef struct plan_req {
+    const char *request_id;
+    int64_t n_tokens;        /* prompt + tokens already delivered (a migrated request prefills both) */
+    const uint64_t *hashes;  /* [n_hashes] the prompt's block hashes */
+    size_t n_hashes;
+} plan_req_t;
+
 typedef struct picked {
-    node_slot_t *slot;
+    node_slot_t *slot;          /* D, with its call counted in flight */
+    node_slot_t *pending_slot;  /* the node that prefills, holding `pending` tokens of ours */
+    int64_t pending;
     char fingerprint[128];
+    int remote;
+    char prefill_id[MBR_NODE_ID_MAX];
+    char prefill_addr[128];
 } picked_t;
 
 static int excluded(char (*ex)[MBR_NODE_ID_MAX], int n_ex, const char *id)
@@ -162,8 +235,153 @@ static int excluded(char (*ex)[MBR_NODE_ID_MAX], int n_ex, const char *id)
     return 0;
 }
 
-/* Picks a node and counts the call in flight on it. BT_ERR_UNAVAILABLE when none is left. */
-static bt_status pick(rtr_dispatch_t *d, char (*ex)[MBR_NODE_ID_MAX], int n_ex, picked_t *out)
+/* The cost model's view of a node: its load report, raised by this router's fresher counts, and the leading prompt
+ * tokens the prefix index says it holds. cached_blocks comes from rtr_pindex_match (taken before d->mu). */
+static rtr_place_node_t place_node(rtr_dispatch_t *d, const mbr_node_t *n, size_t cached_blocks, int64_t n_tokens)
+{
+    rtr_place_node_t p = {.node_id = n->info.node_id};
+    if (n->has_load) {
+        p.queued_prefill_tokens = n->load.queued_prefill_tokens;
+        p.running_seqs = n->load.running_seqs;
+        p.prefill_tok_s = n->load.prefill_tok_s;
+        p.step_s = n->load.step_s;
+        p.kv_transfer_bytes_s = n->load.kv_transfer_bytes_s;
+    }
+    node_slot_t *s = slot_find(d, &n->info);
+    if (s) { /* the report may be up to a second old: our own recent sends are a floor */
+        if (s->pending_prefill > p.queued_prefill_tokens) p.queued_prefill_tokens = s->pending_prefill;
+        if (n->info.role == MBR_ROLE_DECODE && s->inflight > p.running_seqs) p.running_seqs = s->inflight;
+    }
+    int64_t cached = (int64_t)cached_blocks * BT_PREFIX_HASH_BLOCK;
+    p.cached_tokens = cached < n_tokens ? cached : n_tokens;
+    return p;
+}
+
+/* Indices of the healthy prefill nodes in nodes[n] (at most MAX_PREFILL). */
+static size_t prefill_nodes(const rtr_dispatch_t *d, const mbr_node_t *nodes, size_t n, size_t *idx)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < MAX_PREFILL; i++)
+        if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) idx[k++] = i;
+    return k;
+}
+
+static size_t match_of(rtr_dispatch_t *d, const mbr_node_t *n, const plan_req_t *rq)
+{
+    return rtr_pindex_match(d->pindex, n->info.node_id, n->info.started_ms, rq->hashes, rq->n_hashes);
+}
+
+/* One decision with every input kept, for the decision log. */
+typedef struct plan {
+    size_t di;                          /* D in the snapshot */
+    size_t pidx[MAX_PREFILL], np;       /* the prefill candidates in the snapshot */
+    rtr_place_node_t dn;                /* D's inputs */
+    rtr_place_node_t pn[MAX_PREFILL];   /* each candidate's inputs */
+    rtr_place_cand_t cands[MAX_PREFILL];
+    rtr_place_decision_t dec;
+} plan_t;
+
+/* Runs the cost model for decode node nodes[pl->di] against the candidates pl->pidx (set by the caller). */
+static void place(rtr_dispatch_t *d, const mbr_node_t *nodes, const plan_req_t *rq, plan_t *pl)
+{
+    size_t dm = match_of(d, &nodes[pl->di], rq);
+    size_t pm[MAX_PREFILL];
+    for (size_t i = 0; i < pl->np; i++) pm[i] = match_of(d, &nodes[pl->pidx[i]], rq);
+    pthread_mutex_lock(&d->mu);
+    pl->dn = place_node(d, &nodes[pl->di], dm, rq->n_tokens);
+    for (size_t i = 0; i < pl->np; i++) pl->pn[i] = place_node(d, &nodes[pl->pidx[i]], pm[i], rq->n_tokens);
+    pthread_mutex_unlock(&d->mu);
+    rtr_place_input_t in = {.prompt_tokens = rq->n_tokens, .decode = pl->dn, .prefill = pl->pn, .n_prefill = pl->np,
+                            .mode = d->mode, .overhead_s = d->overhead_s, .kv_bytes_per_token = d->kv_bytes_per_token};
+    rtr_place_decide(&in, pl->cands, &pl->dec);
+}
+
+static void log_debug(const plan_req_t *rq, const plan_t *pl)
+{
+    if (!bt_log_enabled(BT_LOG_DEBUG)) return;
+    char cands[2048];
+    size_t off = 0;
+    cands[0] = '\0';
+    for (size_t i = 0; i < pl->np && off < sizeof cands; i++) {
+        const rtr_place_cand_t *c = &pl->cands[i];
+        int w = snprintf(cands + off, sizeof cands - off,
+                         " [%s cost %.4f s: step %.4f queued %lld tok (%.4f s) uncached %lld tok (%.4f s) at %.0f tok/s, "
+                         "transfer %.4f s at %.3g B/s]",
+                         pl->pn[i].node_id, c->cost_s, c->step_s, (long long)pl->pn[i].queued_prefill_tokens,
+                         c->queue_s, (long long)c->uncached_tokens, c->compute_s, c->rate, c->transfer_s, c->bps);
+        if (w < 0) break;
+        off += (size_t)w;
+    }
+    const rtr_place_decision_t *dc = &pl->dec;
+    BT_DEBUG("router",
+             "request %s: prefill %s%s (%s) | prompt %lld tok | decode %s: running %lld, queued %lld tok, "
+             "uncached %lld tok, %.0f tok/s, step %.4f s | local %.4f s = own %.4f + interference %.4f | "
+             "predicted ttft %.4f s | %zu prefill node(s):%s",
+             rq->request_id, dc->remote ? "remote on " : "local", dc->remote ? pl->pn[dc->best].node_id : "",
+             dc->reason, (long long)rq->n_tokens, pl->dn.node_id, (long long)pl->dn.running_seqs,
+             (long long)pl->dn.queued_prefill_tokens, (long long)dc->uncached_local, dc->d_rate, dc->d_step_s,
+             dc->cost_local_s, dc->local_own_s, dc->interference_s, dc->ttft_s, pl->np, cands);
+}
+
+/* Appends the decision as one JSON line with a single write(): O_APPEND keeps concurrent lines whole. */
+static void log_json(rtr_dispatch_t *d, const plan_req_t *rq, const plan_t *pl)
+{
+    if (d->log_fd < 0) return;
+    const rtr_place_decision_t *dc = &pl->dec;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    cJSON_AddNumberToObject(o, "ts", (double)ts.tv_sec + ts.tv_nsec / 1e9);
+    cJSON_AddStringToObject(o, "request_id", rq->request_id ? rq->request_id : "");
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)rq->n_tokens);
+    cJSON_AddStringToObject(o, "mode", rtr_prefill_mode_name(d->mode));
+    cJSON_AddStringToObject(o, "decode_node", pl->dn.node_id);
+    cJSON_AddStringToObject(o, "choice", dc->remote ? "remote" : "local");
+    if (dc->remote) cJSON_AddStringToObject(o, "prefill_node", pl->pn[dc->best].node_id);
+    else cJSON_AddNullToObject(o, "prefill_node");
+    cJSON_AddNumberToObject(o, "cost_local_s", dc->cost_local_s);
+    cJSON_AddNumberToObject(o, "local_own_s", dc->local_own_s);
+    cJSON_AddNumberToObject(o, "interference_s", dc->interference_s);
+    cJSON_AddNumberToObject(o, "predicted_ttft_s", dc->ttft_s);
+    cJSON_AddNumberToObject(o, "d_running_seqs", (double)pl->dn.running_seqs);
+    cJSON_AddNumberToObject(o, "d_queued_prefill_tokens", (double)pl->dn.queued_prefill_tokens);
+    cJSON_AddNumberToObject(o, "d_prefill_tok_s", dc->d_rate);
+    cJSON_AddNumberToObject(o, "d_step_s", dc->d_step_s);
+    cJSON_AddNumberToObject(o, "d_uncached_tokens", (double)dc->uncached_local);
+    cJSON *arr = cJSON_AddArrayToObject(o, "candidates");
+    for (size_t i = 0; arr && i < pl->np; i++) {
+        const rtr_place_cand_t *c = &pl->cands[i];
+        cJSON *e = cJSON_CreateObject();
+        if (!e) break;
+        cJSON_AddStringToObject(e, "node", pl->pn[i].node_id);
+        cJSON_AddNumberToObject(e, "cost_s", c->cost_s);
+        cJSON_AddNumberToObject(e, "queued_prefill_tokens", (double)pl->pn[i].queued_prefill_tokens);
+        cJSON_AddNumberToObject(e, "prefill_tok_s", c->rate);
+        cJSON_AddNumberToObject(e, "step_s", c->step_s);
+        cJSON_AddNumberToObject(e, "uncached_tokens", (double)c->uncached_tokens);
+        cJSON_AddNumberToObject(e, "transfer_s", c->transfer_s);
+        cJSON_AddItemToArray(arr, e);
+    }
+    cJSON_AddStringToObject(o, "reason", dc->reason);
+    char *txt = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!txt) return;
+    size_t len = strlen(txt);
+    char *line = malloc(len + 2);
+    if (line) {
+        memcpy(line, txt, len);
+        line[len] = '\n';
+        /* a failed or short write only loses a log line: never worth failing a request for */
+        if (write(d->log_fd, line, len + 1) < 0) BT_DEBUG("router", "decision log write: %s", strerror(errno));
+        free(line);
+    }
+    cJSON_free(txt);
+}
+
+/* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
+ * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
+static bt_status pick(rtr_dispatch_t *d, char (*ex)[MBR_NODE_ID_MAX], int n_ex, const plan_req_t *rq, picked_t *out)
 {
     mbr_node_t *nodes;
     size_t n;
@@ -185,22 +403,157 @@ static bt_status pick(rtr_dispatch_t *d, char (*ex)[MBR_NODE_ID_MAX], int n_ex, 
         if (b == a) b = idx[k - 1];
         if (score(d, &nodes[b]) > score(d, &nodes[a])) a = b;
     }
-    node_slot_t *s = slot_get(d, &nodes[a].info);
-    if (s) s->inflight++;
+    pthread_mutex_unlock(&d->mu);
+
+    plan_t *pl = malloc(sizeof *pl); /* ~10 KiB: kept off the choice thread's small stack */
+    if (!pl) {
+        mbr_nodes_free(nodes, n);
+        return bt_fail(BT_ERR_NOMEM, "out of memory");
+    }
+    pl->di = a;
+    pl->np = prefill_nodes(d, nodes, n, pl->pidx);
+    place(d, nodes, rq, pl);
+    const mbr_node_t *dn = &nodes[a];
+    const mbr_node_t *pn = pl->dec.remote ? &nodes[pl->pidx[pl->dec.best]] : NULL;
+
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    node_slot_t *s = slot_get(d, &dn->info, 1);
+    node_slot_t *ps = s && pn ? slot_get(d, &pn->info, 0) : NULL;
+    if (s) {
+        s->inflight++;
+        out->slot = s;
+        out->remote = ps != NULL; /* no slot for P (table full): local is always safe */
+        out->pending_slot = out->remote ? ps : s;
+        out->pending = out->remote ? pl->cands[pl->dec.best].uncached_tokens : pl->dec.uncached_local;
+        out->pending_slot->pending_prefill += out->pending;
+    }
     pthread_mutex_unlock(&d->mu);
     if (s) {
-        out->slot = s;
-        snprintf(out->fingerprint, sizeof out->fingerprint, "%s", nodes[a].info.model);
+        snprintf(out->fingerprint, sizeof out->fingerprint, "%s", dn->info.model);
+        if (out->remote) {
+            snprintf(out->prefill_id, sizeof out->prefill_id, "%s", pn->info.node_id);
+            snprintf(out->prefill_addr, sizeof out->prefill_addr, "%s", pn->info.grpc_addr);
+            rtr_pindex_insert(d->pindex, pn->info.node_id, pn->info.started_ms, pn->info.kv_blocks_total, rq->hashes,
+                              rq->n_hashes);
+        }
+        /* D holds the blocks either way: it computed them, or P pushed them into its pool */
+        rtr_pindex_insert(d->pindex, dn->info.node_id, dn->info.started_ms, dn->info.kv_blocks_total, rq->hashes,
+                          rq->n_hashes);
+        if (pl->dec.remote && !out->remote) {
+            pl->dec.remote = 0;
+            pl->dec.reason = "prefill node table full: local";
+        }
+        metrics_counter_inc(out->remote ? d->decisions_remote : d->decisions_local);
+        metrics_histogram_observe(d->predicted_ttft, out->remote ? pl->dec.ttft_s : pl->dec.local_own_s);
+        log_debug(rq, pl);
+        log_json(d, rq, pl);
     }
+    free(pl);
     mbr_nodes_free(nodes, n);
     return s ? BT_OK : bt_fail(BT_ERR_NOMEM, "cannot open a channel to a decode node");
 }
 
+/* The prefilling node answered (first token) or the attempt ended: our tokens are no longer queued there. */
+static void settle(rtr_dispatch_t *d, picked_t *p)
+{
+    if (!p->pending) return;
+    pthread_mutex_lock(&d->mu);
+    p->pending_slot->pending_prefill -= p->pending;
+    pthread_mutex_unlock(&d->mu);
+    p->pending = 0;
+}
+
 static void unpick(rtr_dispatch_t *d, picked_t *p)
 {
+    settle(d, p);
     pthread_mutex_lock(&d->mu);
     p->slot->inflight--;
     pthread_mutex_unlock(&d->mu);
+}
+
+/* The prompt's block hashes as the wire carries them (low 64 bits of each bt_prefix_hash). *out is malloc'd; NULL
+ * with *n = 0 for a prompt shorter than one block. BT_ERR_NOMEM. */
+static bt_status hash_prompt(const rtr_dispatch_t *d, const int32_t *prompt, size_t n_prompt, uint64_t **out,
+                             size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t nb = n_prompt / BT_PREFIX_HASH_BLOCK;
+    if (!nb || n_prompt > INT32_MAX) return BT_OK;
+    bt_prefix_hash *h = malloc(nb * sizeof *h);
+    uint64_t *lo = malloc(nb * sizeof *lo);
+    if (!h || !lo) {
+        free(h);
+        free(lo);
+        return bt_fail(BT_ERR_NOMEM, "out of memory");
+    }
+    bt_prefix_hash_blocks(BT_PREFIX_HASH_ROOT, prompt, (int32_t)n_prompt, d->fingerprint_u64, h);
+    for (size_t i = 0; i < nb; i++) lo[i] = h[i].lo;
+    free(h);
+    *out = lo;
+    *n = nb;
+    return BT_OK;
+}
+
+bt_status rtr_dispatch_predict_ttft(rtr_dispatch_t *d, const int32_t *prompt, size_t n_prompt, double *ttft_s)
+{
+    uint64_t *h;
+    size_t nh;
+    bt_status st = hash_prompt(d, prompt, n_prompt, &h, &nh);
+    if (st) return st;
+    mbr_node_t *nodes;
+    size_t n;
+    if ((st = mbr_watcher_snapshot(d->watcher, &nodes, &n))) {
+        free(h);
+        return st;
+    }
+    plan_t *pl = malloc(sizeof *pl);
+    if (!pl) {
+        free(h);
+        mbr_nodes_free(nodes, n);
+        return bt_fail(BT_ERR_NOMEM, "out of memory");
+    }
+    plan_req_t rq = {.request_id = "", .n_tokens = (int64_t)n_prompt, .hashes = h, .n_hashes = nh};
+    pl->np = prefill_nodes(d, nodes, n, pl->pidx);
+    double best = INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        if (!usable(d, &nodes[i])) continue;
+        pl->di = i;
+        place(d, nodes, &rq, pl);
+        if (pl->dec.best_ttft_s < best) best = pl->dec.best_ttft_s;
+    }
+    free(pl);
+    free(h);
+    mbr_nodes_free(nodes, n);
+    if (best == INFINITY) return bt_fail(BT_ERR_UNAVAILABLE, "no healthy decode node");
+    *ttft_s = best;
+    return BT_OK;
+}
+
+void rtr_dispatch_rates(rtr_dispatch_t *d, rtr_cluster_rates_t *out)
+{
+    memset(out, 0, sizeof *out);
+    mbr_node_t *nodes;
+    size_t n;
+    if (mbr_watcher_snapshot(d->watcher, &nodes, &n)) return;
+    double p_sum = 0, dp_sum = 0, dd_sum = 0;
+    int p_n = 0, dp_n = 0, dd_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mbr_node_t *x = &nodes[i];
+        if (usable_role(d, x, MBR_ROLE_PREFILL)) {
+            out->n_prefill++;
+            if (x->has_load && x->load.prefill_tok_s > 0) p_sum += x->load.prefill_tok_s, p_n++;
+        } else if (usable(d, x)) {
+            out->n_decode++;
+            if (x->has_load && x->load.prefill_tok_s > 0) dp_sum += x->load.prefill_tok_s, dp_n++;
+            if (x->has_load && x->load.decode_tok_s > 0) dd_sum += x->load.decode_tok_s, dd_n++;
+        }
+    }
+    /* without prefill nodes the decode nodes prefill: theirs is the rate that serves the prompts */
+    out->prefill_tok_s = out->n_prefill ? (p_n ? p_sum / p_n : 0) : (dp_n ? dp_sum / dp_n : 0);
+    out->decode_tok_s = dd_n ? dd_sum / dd_n : 0;
+    mbr_nodes_free(nodes, n);
 }
 
 /* Codes after which another node may do better: the node died, restarted, shed the request or serves another
@@ -220,10 +573,20 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
     int n_ex = 0;
     int32_t *done = NULL; /* tokens delivered so far */
     size_t n_done = 0, cap_done = 0;
+    uint64_t *hashes = NULL; /* computed here when the caller sent none */
+    size_t n_hashes = tmpl->n_block_hashes;
     bt_status ret = BT_OK;
+    if (!n_hashes && (ret = hash_prompt(d, tmpl->prompt_token_ids, tmpl->n_prompt_token_ids, &hashes, &n_hashes))) {
+        res->code = BT_RPC_RESOURCE_EXHAUSTED;
+        snprintf(res->message, sizeof res->message, "%s", bt_last_error());
+        return ret;
+    }
+    const uint64_t *hv = hashes ? hashes : tmpl->block_hashes;
     for (int attempt = 0;; attempt++) {
         picked_t p;
-        bt_status st = pick(d, ex, n_ex, &p);
+        plan_req_t rq = {.request_id = tmpl->request_id, .n_tokens = (int64_t)(tmpl->n_prompt_token_ids + n_done),
+                         .hashes = hv, .n_hashes = n_hashes};
+        bt_status st = pick(d, ex, n_ex, &rq, &p);
         if (st) {
             res->code = BT_RPC_UNAVAILABLE;
             snprintf(res->message, sizeof res->message, "%s", n_ex ? "no healthy decode node left" : bt_last_error());
@@ -240,6 +603,15 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
         req.model_fingerprint = p.fingerprint;
         req.generated_token_ids = done;
         req.n_generated_token_ids = n_done;
+        req.block_hashes = (uint64_t *)hv;
+        req.n_block_hashes = n_hashes;
+        Baton__V1__PrefillHint hint = BATON__V1__PREFILL_HINT__INIT;
+        req.prefill = NULL;
+        if (p.remote) {
+            hint.node_id = p.prefill_id;
+            hint.grpc_address = p.prefill_addr;
+            req.prefill = &hint;
+        }
         bt_rpc_stream_t *s = NULL;
         st = bt_rpc_stream_open(p.slot->ch, "/baton.v1.Decode/Run", &req.base,
                                 &baton__v1__decode_run_response__descriptor, 0, NULL, &s);
@@ -280,6 +652,7 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
                 st = BT_ERR_PEER;
                 break;
             }
+            if (r->n_token_ids) settle(d, &p); /* the first token means the prefill is done */
             size_t skip = n_done - off;
             if (skip < r->n_token_ids) {
                 size_t nn = r->n_token_ids - skip;
@@ -343,5 +716,6 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
         res->message[0] = '\0';
     }
     free(done);
+    free(hashes);
     return ret;
 }

@@ -245,6 +245,13 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
         bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE, "no healthy decode node");
         return;
     }
+    char slo_msg[160];
+    if (!rtr_slo_admit(r, &g, slo_msg, sizeof slo_msg)) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "overloaded");
+        bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, slo_msg);
+        return;
+    }
     if ((st = rtr_job_start_grpc(r, &g, call))) {
         rtr_count_request(r, "server_error");
         bt_rpc_call_finish_status(call, st);

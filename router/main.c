@@ -25,6 +25,14 @@ static void usage(FILE *f)
             "  --grpc-tls-cert PEM       certificate chain: TLS on the gRPC listener (with --grpc-tls-key)\n"
             "  --grpc-tls-key PEM        its private key\n"
             "  --grpc-tls-client-ca PEM  require client certificates signed by this CA (mTLS)\n"
+            "  --prefill-mode MODE       auto: a cost model picks local or remote prefill per request;\n"
+            "                            local: decode nodes always prefill; remote: a prefill node whenever one\n"
+            "                            is healthy (default auto)\n"
+            "  --remote-prefill-overhead-ms MS\n"
+            "                            fixed cost the model adds to a remote prefill (default 5)\n"
+            "  --ttft-slo-ms MS          refuse at once (429 / RESOURCE_EXHAUSTED) a request whose best predicted\n"
+            "                            time to first token exceeds MS (default 0: off)\n"
+            "  --decision-log PATH       append every placement decision to PATH as one JSON object per line\n"
             "Environment: BATON_MODEL, BATON_ETCD, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN, BATON_API_KEY,\n"
             "BATON_CLUSTER (flags win).\n");
 }
@@ -43,6 +51,7 @@ int main(int argc, char **argv)
         .http_listen = env_or("BATON_HTTP_LISTEN", "127.0.0.1:8000"),
         .grpc_listen = env_or("BATON_GRPC_LISTEN", "127.0.0.1:50051"),
         .cluster = env_or("BATON_CLUSTER", NULL),
+        .remote_prefill_overhead_ms = RTR_PLACE_DEFAULT_OVERHEAD_MS,
     };
     const char *keys[16];
     size_t n_keys = 0;
@@ -68,6 +77,21 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--grpc-tls-cert")) cfg.grpc_tls_cert = v;
         else if (!strcmp(a, "--grpc-tls-key")) cfg.grpc_tls_key = v;
         else if (!strcmp(a, "--grpc-tls-client-ca")) cfg.grpc_tls_client_ca = v;
+        else if (!strcmp(a, "--decision-log")) cfg.decision_log = v;
+        else if (!strcmp(a, "--prefill-mode")) {
+            if (rtr_prefill_mode_parse(v, &cfg.prefill_mode) != BT_OK) {
+                fprintf(stderr, "baton-router: --prefill-mode: %s\n", bt_last_error());
+                return 2;
+            }
+        } else if (!strcmp(a, "--remote-prefill-overhead-ms") || !strcmp(a, "--ttft-slo-ms")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x >= 0) || x > 3.6e6) {
+                fprintf(stderr, "baton-router: %s: '%s' is not a valid number of milliseconds\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--ttft-slo-ms")) cfg.ttft_slo_ms = x;
+            else cfg.remote_prefill_overhead_ms = x;
+        }
         else if (!strcmp(a, "--api-key")) {
             if (n_keys == 16) {
                 fprintf(stderr, "baton-router: at most 16 --api-key\n");

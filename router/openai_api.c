@@ -429,6 +429,14 @@ static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
         http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
         return;
     }
+    char slo_msg[160];
+    if (!rtr_slo_admit(r, &g, slo_msg, sizeof slo_msg)) {
+        rtr_gen_free(&g);
+        rtr_count_request(r, "overloaded");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 429, slo_msg, NULL, NULL);
+        return;
+    }
     if ((st = rtr_job_start_http(r, &g, req))) {
         rtr_count_request(r, "server_error");
         http_respond_error(req, st == BT_ERR_UNAVAILABLE ? 503 : 500, bt_last_error(), NULL, NULL);

@@ -8,6 +8,29 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* A positive arch-prefixed integer key, or 0 when absent or out of range (the router only estimates with it). */
+static int32_t arch_i32(const gguf_file *f, const char *arch, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    uint64_t v;
+    return gguf_get_u64(f, key, &v) == BT_OK && v > 0 && v < (1u << 20) ? (int32_t)v : 0;
+}
+
+/* Attention shape and the KV bytes per token it implies (for the transfer-time estimate of remote prefill).
+ * Missing keys follow the engine's defaults: head_count_kv = head_count, key_length = embedding / head_count. */
+static void load_attention_shape(const gguf_file *f, const char *arch, rtr_model_t *m)
+{
+    int32_t n_embd = arch_i32(f, arch, "embedding_length");
+    int32_t n_head = arch_i32(f, arch, "attention.head_count");
+    m->n_layer = arch_i32(f, arch, "block_count");
+    m->n_head_kv = arch_i32(f, arch, "attention.head_count_kv");
+    if (!m->n_head_kv) m->n_head_kv = n_head;
+    m->head_dim = arch_i32(f, arch, "attention.key_length");
+    if (!m->head_dim && n_head) m->head_dim = n_embd / n_head;
+    m->kv_bytes_per_token = (double)m->n_layer * 2.0 * m->n_head_kv * m->head_dim * 2.0;
+}
+
 bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *out)
 {
     rtr_model_t m;
@@ -37,12 +60,14 @@ bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *out)
         snprintf(key, sizeof key, "%s.context_length", arch);
         uint64_t v;
         if (gguf_get_u64(f, key, &v) == BT_OK && v > 0 && v < (1u << 30)) ctx = (int64_t)v;
+        load_attention_shape(f, arch, &m);
     }
     if (max_ctx <= 0) max_ctx = RTR_DEFAULT_MAX_CONTEXT;
     m.n_ctx = (int32_t)(ctx < max_ctx ? ctx : max_ctx);
     struct stat sb;
     m.created = stat(path, &sb) == 0 ? (int64_t)sb.st_mtime : 0;
-    snprintf(m.fingerprint, sizeof m.fingerprint, "%016llx", (unsigned long long)gguf_fingerprint(f));
+    m.fingerprint_u64 = gguf_fingerprint(f);
+    snprintf(m.fingerprint, sizeof m.fingerprint, "%016llx", (unsigned long long)m.fingerprint_u64);
     gguf_close(f);
     *out = m;
     return BT_OK;

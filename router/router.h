@@ -3,7 +3,9 @@
  *
  *   rmodel.c      tokenizer, chat template and metadata of the served model (no weights)
  *   textgen.c     incremental detokenization and stop strings with hold-back (one per choice)
- *   dispatch.c    choice of a decode node, Decode/Run, migration when a node dies mid-stream
+ *   placement.c   cost model: local or remote prefill and on which prefill node; planner arithmetic
+ *   prefix_index.c approximate per-node prefix index (which block hashes this router sent where)
+ *   dispatch.c    choice of a decode node and prefill placement, Decode/Run, migration when a node dies mid-stream
  *   job.c         one client request: n choices on worker threads, usage, metrics, answering the client
  *   openai_api.c  HTTP routes (OpenAI shapes) and request validation
  *   grpc_api.c    baton.v1.Generation over gRPC
@@ -47,6 +49,9 @@ typedef struct rtr_model {
     int32_t n_ctx;      /* prompt + generated tokens allowed */
     int64_t created;    /* unix seconds: the file's modification time */
     char fingerprint[17]; /* gguf_fingerprint as 16 lower-case hex digits, as nodes publish it */
+    uint64_t fingerprint_u64; /* the same value: keys the prefix hashes (DESIGN 5.3) */
+    int32_t n_layer, n_head_kv, head_dim; /* attention shape, for the KV size; 0 when the metadata lacks it */
+    double kv_bytes_per_token; /* f16 K and V over every layer: n_layer * 2 * n_head_kv * head_dim * 2 bytes */
 } rtr_model_t;
 
 /* Loads what the router needs from the GGUF at path (tokenizer, chat template, names, context); max_ctx > 0
@@ -87,6 +92,115 @@ void rtr_textgen_finish(rtr_textgen_t *tg, const char **text, size_t *len);
  * strings). NULL on allocation failure. */
 char *rtr_utf8_sanitize(const char *s, size_t len);
 
+/* ---- placement.c ---- */
+
+/* Local or remote prefill (DESIGN 7): a pure cost model over plain numbers taken from the membership view, so it is
+ * tested without etcd. Every cost is a predicted time in seconds until the request's first token.
+ *
+ *   local:     own_s          = (D idle ? D.step_s : 0) + (D.queued_prefill_tokens + uncached_D) / D.rate
+ *              interference_s = D.running_seqs * uncached_D / D.rate   (each running decode waits for the prefill
+ *                                                                         compute mixed into its steps)
+ *              cost_local     = own_s + interference_s
+ *   remote P:  cost_P = P.step_s + (P.queued_prefill_tokens + uncached_P) / P.rate
+ *                     + uncached_D * kv_bytes_per_token / P.kv_transfer_bytes_s + overhead
+ * The cheapest P wins; remote iff cost_P < cost_local. The idle-D step term stands for the engine step the request
+ * waits for before its prefill starts (a busy engine folds it into steps already counted by the rate). */
+
+#define RTR_PLACE_DEFAULT_RATE 300.0      /* prefill tok/s when no node has measured one */
+#define RTR_PLACE_DEFAULT_STEP_S 0.01     /* engine step when unmeasured */
+#define RTR_PLACE_DEFAULT_XFER_BPS 1e9    /* KV push bandwidth when unmeasured: 1 GB/s */
+#define RTR_PLACE_DEFAULT_OVERHEAD_MS 5.0 /* fixed cost of a remote prefill: extra RPC, UCX set-up, notify */
+
+typedef enum rtr_prefill_mode {
+    RTR_PREFILL_AUTO = 0,   /* the cost model decides */
+    RTR_PREFILL_LOCAL = 1,  /* always local */
+    RTR_PREFILL_REMOTE = 2, /* remote whenever a prefill node exists */
+} rtr_prefill_mode;
+
+/* "auto", "local", "remote" -> mode: BT_ERR_INVALID otherwise. */
+bt_status rtr_prefill_mode_parse(const char *s, rtr_prefill_mode *out);
+const char *rtr_prefill_mode_name(rtr_prefill_mode m);
+
+/* One node as the cost model sees it. Rates of 0 mean "never measured" (see rtr_place_decide). */
+typedef struct rtr_place_node {
+    const char *node_id;            /* borrowed, for logs */
+    int64_t queued_prefill_tokens;
+    int64_t running_seqs;
+    double prefill_tok_s;
+    double step_s;
+    double kv_transfer_bytes_s;     /* prefill nodes only */
+    int64_t cached_tokens;          /* leading prompt tokens this node is believed to hold (prefix index) */
+} rtr_place_node_t;
+
+typedef struct rtr_place_input {
+    int64_t prompt_tokens;          /* tokens the node prefills before the first new token (prompt + migrated) */
+    rtr_place_node_t decode;
+    const rtr_place_node_t *prefill; /* [n_prefill] healthy prefill nodes serving the same model */
+    size_t n_prefill;
+    rtr_prefill_mode mode;
+    double overhead_s;              /* fixed remote overhead */
+    double kv_bytes_per_token;
+} rtr_place_input_t;
+
+/* The cost of prefilling on one prefill node, with its parts (for the decision log). */
+typedef struct rtr_place_cand {
+    double cost_s;
+    double queue_s;                 /* queued_prefill_tokens / rate */
+    double compute_s;               /* uncached / rate */
+    double transfer_s;              /* uncached_D KV bytes / bandwidth */
+    double rate, step_s, bps;       /* the values used (defaults filled in) */
+    int64_t uncached_tokens;
+} rtr_place_cand_t;
+
+typedef struct rtr_place_decision {
+    int remote;                     /* 1: prefill on prefill[best] */
+    int best;                       /* cheapest prefill node, -1 when none */
+    double cost_local_s, local_own_s, interference_s;
+    double d_rate, d_step_s;        /* D's values used (defaults filled in) */
+    int64_t uncached_local;
+    double ttft_s;                  /* predicted TTFT of the choice: local_own_s or cost_P */
+    double best_ttft_s;             /* the lowest predicted TTFT the mode allows (admission control) */
+    const char *reason;             /* static string: why this choice */
+} rtr_place_decision_t;
+
+/* Decides local vs remote for one request. cands[in->n_prefill] receives each prefill node's cost (may be NULL when
+ * n_prefill is 0). Unknown rates: D's prefill rate defaults to the mean measured rate of the prefill nodes, else
+ * RTR_PLACE_DEFAULT_RATE; a prefill node's to D's (same model, assumed comparable hardware); steps to
+ * RTR_PLACE_DEFAULT_STEP_S; bandwidth to RTR_PLACE_DEFAULT_XFER_BPS. Pure; can't fail. */
+void rtr_place_decide(const rtr_place_input_t *in, rtr_place_cand_t *cands, rtr_place_decision_t *out);
+
+/* 1 when a request whose best predicted TTFT is ttft_s meets slo_s (slo_s <= 0: no SLO, always 1). */
+int rtr_place_within_slo(double ttft_s, double slo_s);
+
+/* Planner (DESIGN 7): replicas needed to serve demand_tok_s when one replica does rate_tok_s: ceil(demand / rate),
+ * at least 1; fallback (at least 1) when the rate was never measured. Pure; can't fail. */
+int rtr_planner_replicas(double demand_tok_s, double rate_tok_s, int fallback);
+
+/* ---- prefix_index.c ---- */
+
+/* Approximate per-node prefix index (SGLang-style): which prompt block hashes (DecodeRunRequest.block_hashes) this
+ * router sent to which node. Bounded per node by the node's KV capacity in blocks, LRU eviction; a node seen with a
+ * different start time (restarted: its cache is empty) starts empty. Thread-safe (one internal lock). */
+typedef struct rtr_pindex rtr_pindex_t;
+
+/* BT_ERR_NOMEM; *out set only on success. */
+bt_status rtr_pindex_create(rtr_pindex_t **out);
+void rtr_pindex_destroy(rtr_pindex_t *x);
+/* Number of leading hashes of h[n] the node holds (0 for an unknown node or another incarnation). No LRU touch:
+ * asking is not using. Can't fail. */
+size_t rtr_pindex_match(rtr_pindex_t *x, const char *node_id, int64_t started_ms, const uint64_t *h, size_t n);
+/* Records that the node now holds h[n] (a prompt's chain, in prompt order), keeping at most capacity hashes
+ * (capacity <= 0: RTR_PINDEX_DEFAULT_CAPACITY). Earlier blocks end up most recently used, so eviction trims chains
+ * from their tails, as a node's own LRU does. Allocation failure is harmless: the node is then forgotten. */
+void rtr_pindex_insert(rtr_pindex_t *x, const char *node_id, int64_t started_ms, int64_t capacity, const uint64_t *h,
+                       size_t n);
+/* Forgets a node (it left the view). Can't fail. */
+void rtr_pindex_forget(rtr_pindex_t *x, const char *node_id);
+/* Hashes held for a node (tests, logs). */
+size_t rtr_pindex_size(rtr_pindex_t *x, const char *node_id);
+
+#define RTR_PINDEX_DEFAULT_CAPACITY 4096
+
 /* ---- dispatch.c ---- */
 
 typedef struct rtr_dispatch rtr_dispatch_t;
@@ -97,6 +211,14 @@ typedef struct rtr_dispatch_config {
     int max_migrations;      /* 0 = RTR_DEFAULT_MIGRATIONS */
     const char *fingerprint; /* only nodes serving this model (their NodeInfo.model) are used; copied */
     metrics_counter_t *migrations;
+    /* placement (DESIGN 7): see placement.c */
+    rtr_prefill_mode prefill_mode;
+    double remote_overhead_s;
+    double kv_bytes_per_token;
+    uint64_t fingerprint_u64;        /* keys the prompt's block hashes */
+    const char *decision_log;        /* append one JSON line per decision here; NULL = off */
+    metrics_counter_t *decisions_local, *decisions_remote; /* optional */
+    metrics_histogram_t *predicted_ttft;                   /* optional */
 } rtr_dispatch_config_t;
 
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out);
@@ -105,6 +227,19 @@ void rtr_dispatch_destroy(rtr_dispatch_t *d);
 bt_status rtr_dispatch_wait_synced(rtr_dispatch_t *d, int timeout_ms);
 /* Decode nodes that could take a request now. */
 int rtr_dispatch_n_healthy(rtr_dispatch_t *d);
+
+/* The lowest TTFT any placement of this prompt promises now (over every healthy decode node and, as the prefill
+ * mode allows, every prefill node), in seconds: what admission control compares with the SLO. No side effect.
+ * BT_ERR_UNAVAILABLE when no decode node is healthy, BT_ERR_NOMEM. */
+bt_status rtr_dispatch_predict_ttft(rtr_dispatch_t *d, const int32_t *prompt, size_t n_prompt, double *ttft_s);
+
+/* What the planner reads: healthy node counts and their mean measured rates (0 when none measured). */
+typedef struct rtr_cluster_rates {
+    int n_prefill, n_decode;
+    double prefill_tok_s;      /* mean over prefill nodes, or over decode nodes when there is no prefill node */
+    double decode_tok_s;       /* mean over decode nodes */
+} rtr_cluster_rates_t;
+void rtr_dispatch_rates(rtr_dispatch_t *d, rtr_cluster_rates_t *out);
 
 /* What a running choice tells dispatch, and asks. All called on the choice's thread. */
 typedef struct rtr_run_ops {
@@ -124,9 +259,11 @@ typedef struct rtr_run_result {
     char message[256];
 } rtr_run_result_t;
 
-/* Runs one choice to its end on some decode node, migrating (prompt + tokens delivered so far) to another node
- * when one fails mid-stream, up to the migration limit. req is the request to send (generated_token_ids must be
- * empty; dispatch fills it on migration). Blocks. Returns BT_OK (res->finish says how it ended, or on_tokens
+/* Runs one choice to its end on some decode node (prefilled there or, when the cost model says so, on a prefill
+ * node named in DecodeRunRequest.prefill), migrating (prompt + tokens delivered so far) to another node
+ * when one fails mid-stream, up to the migration limit; every attempt is placed afresh. req is the request to send
+ * (generated_token_ids and prefill must be empty: dispatch fills them; block_hashes empty = computed here, as the
+ * low 64 bits of each bt_prefix_hash). Blocks. Returns BT_OK (res->finish says how it ended, or on_tokens
  * stopped it), BT_ERR_CANCELLED (client gone), BT_ERR_UNAVAILABLE (no healthy node / all attempts failed),
  * or the mapped status of an error the node answered (res->code and res->message say which). */
 bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest *req, const rtr_run_ops_t *ops,
@@ -198,7 +335,13 @@ typedef struct rtr_config {
     const char *grpc_tls_cert;      /* PEM chain + key: TLS on the gRPC listener; NULL = insecure */
     const char *grpc_tls_key;
     const char *grpc_tls_client_ca; /* also: mTLS, clients must present a certificate signed by this CA */
+    rtr_prefill_mode prefill_mode;  /* --prefill-mode */
+    double remote_prefill_overhead_ms; /* fixed cost of a remote prefill in the cost model (main: 5) */
+    double ttft_slo_ms;             /* > 0: refuse at once what is predicted to miss it (429 / RESOURCE_EXHAUSTED) */
+    const char *decision_log;       /* JSON lines of every placement decision; NULL = off */
 } rtr_config_t;
+
+#define RTR_PLANNER_WINDOW_S 30 /* the planner's demand is the token rate over this window */
 
 struct rtr {
     rtr_config_t cfg;
@@ -215,6 +358,16 @@ struct rtr {
     metrics_histogram_t *ttft, *tpot, *e2e;
     metrics_family_t *requests;
     metrics_counter_t *prompt_tokens, *generation_tokens, *migrations;
+    metrics_counter_t *decisions_local, *decisions_remote;
+    metrics_histogram_t *predicted_ttft;
+    metrics_gauge_t *planner_prefill, *planner_decode;
+    /* planner thread: samples the token counters once a second */
+    pthread_t planner;
+    int planner_started;
+    pthread_mutex_t planner_mu;
+    pthread_cond_t planner_cv;
+    double samples[RTR_PLANNER_WINDOW_S + 1][3]; /* ring of (monotonic s, prompt tokens, generated tokens) */
+    int n_samples, next_sample;
 };
 
 /* Splits "host:port" into host (cap bytes) and port. BT_ERR_INVALID. */
@@ -225,6 +378,11 @@ int rtr_admit(rtr_t *r);
 
 /* Counts a finished request by status label ("ok", "client_error", "server_error", "cancelled", ...). */
 void rtr_count_request(rtr_t *r, const char *status);
+
+/* Admission against --ttft-slo-ms: 1 to go on; 0 when the best predicted TTFT misses the SLO, with msg[cap] naming
+ * both (the caller answers 429 / RESOURCE_EXHAUSTED and counts the request "overloaded"). No SLO, no decode node
+ * or a failed prediction admit: other checks answer those. */
+int rtr_slo_admit(rtr_t *r, const rtr_gen_t *g, char *msg, size_t cap);
 
 bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out);
 /* Starts listening (HTTP and gRPC). */

@@ -5,18 +5,15 @@ Checks: the etcd record and load report; greedy Decode/Run output equal to `bato
 to their solo runs; logprobs; client cancel, deadline and Decode/Abort each return every KV block (/metrics);
 bad requests get INVALID_ARGUMENT (or FAILED_PRECONDITION) with a clear message while the node keeps serving;
 /metrics passes `promtool check metrics`; SIGTERM drains, deregisters and exits 0; bad flags exit non-zero."""
-import importlib
 import json
-import pathlib
-import shutil
 import subprocess
-import sys
 import threading
 import time
 
 import grpc
 import pytest
 
+from harness import pygen
 from conftest import ROOT, build_dir
 from harness.baton_procs import start_decode, wait_registered
 from harness.etcd import EtcdServer
@@ -29,25 +26,7 @@ QUESTIONS = [QUESTION, "Name three primary colors.", "Why is the sky blue?", "Wr
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    """Python modules generated from proto/ (health.proto under another package name so it does not shadow grpcio)."""
-    from grpc_tools import protoc
-
-    src = tmp_path_factory.mktemp("protos")
-    out = tmp_path_factory.mktemp("pygen")
-    shutil.copytree(PROTO / "baton", src / "baton")
-    (src / "baton_health").mkdir()
-    shutil.copy(PROTO / "grpc" / "health" / "v1" / "health.proto", src / "baton_health" / "health.proto")
-    files = ["baton/v1/generate.proto", "baton/v1/node.proto", "baton_health/health.proto"]
-    include = pathlib.Path(protoc.__file__).parent / "_proto"
-    rc = protoc.main(["protoc", f"-I{src}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}", *files])
-    assert rc == 0, "grpc_tools.protoc failed"
-    sys.path.insert(0, str(out))
-    try:
-        return {name: importlib.import_module(name) for name in (
-            "baton.v1.generate_pb2", "baton.v1.node_pb2", "baton.v1.node_pb2_grpc",
-            "baton_health.health_pb2", "baton_health.health_pb2_grpc")}
-    finally:
-        sys.path.remove(str(out))
+    return pygen.generate(PROTO, tmp_path_factory.mktemp("protos"), tmp_path_factory.mktemp("pygen"))
 
 
 @pytest.fixture(scope="module")

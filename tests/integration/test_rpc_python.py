@@ -1,18 +1,16 @@
 """common/rpc against the real Python grpcio client: stubs generated from proto/ at test time, the C test server
 (tests/unit/common/rpc_test_server.c) on a random loopback port. Checks health, unary calls, streaming, cancel seen
 by the server, deadlines, unknown methods, bad protobuf, concurrency, TLS, and a clean SIGTERM shutdown."""
-import importlib
-import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import grpc
 import pytest
 
+from harness import pygen
 from conftest import ROOT, build_dir
 
 PROTO = ROOT / "proto"
@@ -20,27 +18,7 @@ PROTO = ROOT / "proto"
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    """Python modules generated from proto/. health.proto is copied under another folder name: a top-level `grpc`
-    package of generated code would shadow grpcio."""
-    from grpc_tools import protoc
-
-    src = tmp_path_factory.mktemp("protos")
-    out = tmp_path_factory.mktemp("pygen")
-    shutil.copytree(PROTO / "baton", src / "baton")
-    (src / "baton_health").mkdir()
-    shutil.copy(PROTO / "grpc" / "health" / "v1" / "health.proto", src / "baton_health" / "health.proto")
-    files = ["baton/v1/generate.proto", "baton/v1/node.proto", "baton_health/health.proto"]
-    include = pathlib.Path(protoc.__file__).parent / "_proto"
-    rc = protoc.main(["protoc", f"-I{src}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}", *files])
-    assert rc == 0, "grpc_tools.protoc failed"
-    sys.path.insert(0, str(out))
-    try:
-        mods = {name: importlib.import_module(name) for name in (
-            "baton.v1.generate_pb2", "baton.v1.generate_pb2_grpc", "baton.v1.node_pb2",
-            "baton_health.health_pb2", "baton_health.health_pb2_grpc")}
-    finally:
-        sys.path.remove(str(out))
-    return mods
+    return pygen.generate(PROTO, tmp_path_factory.mktemp("protos"), tmp_path_factory.mktemp("pygen"))
 
 
 class Server:

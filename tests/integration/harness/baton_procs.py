@@ -207,6 +207,17 @@ def start_decode(etcd, model, *, extra_args: Sequence[str] = (), env: Optional[d
                       timeout=timeout, wait=wait)
 
 
+def start_prefill(etcd, model, *, extra_args: Sequence[str] = (), env: Optional[dict] = None,
+                  timeout: float = 60.0, wait: bool = True, **flags) -> Proc:
+    """baton-prefill on 127.0.0.1 free ports, registered in `etcd`; flags as for start_decode."""
+    flags = dict(flags)
+    flags.setdefault("grpc_listen", "127.0.0.1:0")
+    flags.setdefault("http_listen", "127.0.0.1:0")
+    args = ["--model", str(model), "--etcd", _etcd_endpoint(etcd), *flag_args(flags), *extra_args]
+    return start_proc("baton-prefill", args, name=f"prefill-{flags.get('node_id', 'node')}", env=env,
+                      timeout=timeout, wait=wait)
+
+
 def wait_registered(etcd, node_id: str, cluster: str = "default", timeout: float = 10.0) -> dict:
     """Waits until /baton/<cluster>/nodes/<node_id> exists in `etcd` (an EtcdServer) and returns its NodeInfo as a
     dict (node_id, role, model, grpc_addr, http_addr, capacity{kv_blocks, kv_block_tokens, max_running,

@@ -74,12 +74,18 @@ static void test_json_round_trip(void)
 
     mbr_load_report_t l = {.queued_requests = 3, .queued_prefill_tokens = 1234, .running_seqs = 17,
                            .kv_blocks_free = 100, .kv_blocks_total = 4096, .prefill_tok_s = 5123.5,
-                           .decode_tok_s = 800.25, .timestamp_ms = 1764400000999};
+                           .decode_tok_s = 800.25, .kv_transfer_bytes_s = 2.5e9, .step_s = 0.0125,
+                           .timestamp_ms = 1764400000999};
     REQUIRE(mbr_load_to_json(&l, &json) == BT_OK);
+    CHECK(strstr(json, "\"kv_transfer_bytes_s\":") && strstr(json, "\"step_s\":"));
     mbr_load_report_t lb;
     REQUIRE(mbr_load_from_json(json, strlen(json), &lb) == BT_OK);
     free(json);
     CHECK(memcmp(&l, &lb, sizeof l) == 0);
+    /* both new fields are optional: a report from an older node reads them as 0 (unknown) */
+    const char *old_report = "{\"prefill_tok_s\":100,\"running_seqs\":2}";
+    REQUIRE(mbr_load_from_json(old_report, strlen(old_report), &lb) == BT_OK);
+    CHECK(lb.kv_transfer_bytes_s == 0 && lb.step_s == 0 && lb.prefill_tok_s == 100 && lb.running_seqs == 2);
 
     char key[MBR_KEY_MAX];
     CHECK(mbr_key(key, sizeof key, "prod", "nodes", "d-7") == BT_OK && strcmp(key, "/baton/prod/nodes/d-7") == 0);
@@ -102,7 +108,8 @@ static void test_json_rejects(void)
         CHECK_MSG(mbr_node_info_from_json(bad[i], strlen(bad[i]), &n) == BT_ERR_FORMAT, "%s", bad[i]);
     }
     static const char *const bad_load[] = {"{\"running_seqs\":\"x\"}", "{\"decode_tok_s\":\"fast\"}",
-                                           "{\"kv_blocks_free\":true}", "{\"prefill_tok_s\":-1}", "nope"};
+                                           "{\"kv_blocks_free\":true}", "{\"prefill_tok_s\":-1}", "nope",
+                                           "{\"step_s\":-0.5}", "{\"kv_transfer_bytes_s\":\"1GB\"}"};
     for (size_t i = 0; i < sizeof bad_load / sizeof bad_load[0]; i++) {
         mbr_load_report_t l;
         CHECK_MSG(mbr_load_from_json(bad_load[i], strlen(bad_load[i]), &l) == BT_ERR_FORMAT, "%s", bad_load[i]);

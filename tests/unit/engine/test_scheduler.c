@@ -289,6 +289,153 @@ static void test_sampling_state(void)
     bt_sched_destroy(s);
 }
 
+/* ---- disaggregation hooks: a "prefill" scheduler exports each layer's KV into a "decode" scheduler's blocks ---- */
+
+typedef struct rjob {
+    out o;                  /* first: collect() sees an out */
+    bt_sched *d, *p;        /* decode and prefill schedulers */
+    int go_remote;          /* start() accepts */
+    uint64_t d_id;
+    int32_t d_blocks[64], n_d_blocks, n_cached;
+    int started;
+    /* prefill side */
+    int32_t p_blocks[64], n_p_blocks;
+    int begins, layers_seen, layer_order_ok;
+    int32_t first_token;
+    bt_sample_out so;
+    bt_end_reason p_finish;
+} rjob;
+
+static int r_start(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached)
+{
+    rjob *j = user;
+    j->started++;
+    j->d_id = req_id;
+    memcpy(j->d_blocks, blocks, sizeof(int32_t) * (size_t)n_blocks);
+    j->n_d_blocks = n_blocks;
+    j->n_cached = n_cached;
+    return j->go_remote ? 0 : 1;
+}
+
+static int x_begin(void *user, const int32_t *blocks, int32_t n_blocks)
+{
+    rjob *j = user;
+    j->begins++;
+    memcpy(j->p_blocks, blocks, sizeof(int32_t) * (size_t)n_blocks);
+    j->n_p_blocks = n_blocks;
+    j->layers_seen = 0;
+    j->layer_order_ok = 1;
+    return 0;
+}
+
+/* what kvtransfer does: the layer's blocks past the decode side's cache hit, P's pool -> D's pool */
+static void x_layer(void *user, int32_t layer)
+{
+    rjob *j = user;
+    if (layer != j->layers_seen) j->layer_order_ok = 0;
+    j->layers_seen++;
+    const bt_kv_pool *src = bt_sched_kv_pool(j->p), *dst = bt_sched_kv_pool(j->d);
+    for (int32_t b = j->n_cached / BT_KV_BLOCK; b < j->n_p_blocks; b++)
+        memcpy(bt_kv_block_ptr(dst, layer, j->d_blocks[b]), bt_kv_block_ptr(src, layer, j->p_blocks[b]),
+               src->block_stride);
+}
+
+static void p_collect(void *user, const bt_sched_event *ev)
+{
+    rjob *j = user;
+    if (ev->token >= 0) {
+        j->first_token = ev->token;
+        if (ev->detail) j->so = *ev->detail;
+    }
+    j->p_finish = ev->finish;
+}
+
+static const bt_remote_prefill REMOTE = {r_start};
+static const bt_kv_export EXPORT = {x_begin, x_layer};
+
+static void test_remote_prefill_handoff(void)
+{
+    enum { N = 24 };
+    static job jobs[N];
+    static out alone[N], res[N];
+    static rjob rj[N];
+    make_jobs(jobs, N);
+    for (int i = 0; i < N; i++) jobs[i].p.sampling.logprobs = 1, jobs[i].p.sampling.top_logprobs = 3;
+    run_alone(jobs, N, alone);
+    bt_sched *d = make_sched(512, 256), *p = make_sched(128, 37); /* P chunks prompts of up to 120 tokens */
+    REQUIRE(d && p);
+    memset(rj, 0, sizeof rj);
+    /* two requests share a prompt prefix on D: the second's cached blocks are skipped */
+    for (int i = 0; i < N; i++) {
+        rjob *j = &rj[i];
+        j->d = d;
+        j->p = p;
+        j->go_remote = i % 5 != 4;
+        j->first_token = -1;
+        bt_req_params rp = jobs[i].p;
+        rp.remote = &REMOTE;
+        REQUIRE(bt_sched_submit(d, jobs[i].prompt, jobs[i].n_prompt, &rp, collect, j, NULL) == BT_OK);
+    }
+    for (int k = 0; k < 3; k++) bt_sched_step(d); /* admits all; the local ones start computing */
+    bt_sched_stats st;
+    for (int i = 0; i < N; i++) {
+        rjob *j = &rj[i];
+        CHECK(j->started == 1);
+        if (!j->go_remote) continue;
+        CHECK(j->n_d_blocks == (jobs[i].n_prompt + 15) / 16);
+        if (i % 7 == 3) { /* the prefill node failed: D prefills locally */
+            bt_sched_remote_done(d, j->d_id, BT_ERR_PEER, -1, NULL);
+            continue;
+        }
+        bt_req_params pp = jobs[i].p;
+        pp.sampling.max_tokens = 1;
+        pp.kv_export = &EXPORT;
+        pp.hold_kv = 1;
+        uint64_t pid;
+        REQUIRE(bt_sched_submit(p, jobs[i].prompt, jobs[i].n_prompt, &pp, p_collect, j, &pid) ==
+                BT_OK);
+        run_until_idle(p);
+        CHECK(j->begins == 1 && j->layers_seen == model->hp.n_layer && j->layer_order_ok);
+        CHECK(j->p_finish != BT_END_NONE && j->first_token >= 0);
+        bt_sched_get_stats(p, &st);
+        CHECK(st.kv_blocks_parked == j->n_p_blocks); /* held until the transfer is done */
+        bt_sched_release_kv(p, pid);
+        bt_sched_step(p);
+        bt_sched_get_stats(p, &st);
+        CHECK(st.kv_blocks_parked == 0 && st.kv_blocks_used == 0);
+        bt_sched_remote_done(d, j->d_id, BT_OK, j->first_token, &j->so);
+    }
+    run_until_idle(d);
+    for (int i = 0; i < N; i++) res[i] = rj[i].o;
+    check_same(jobs, alone, res, N, "remote prefill");
+    bt_sched_get_stats(d, &st);
+    CHECK(st.kv_blocks_used == 0 && st.kv_blocks_parked == 0 && st.finished == N);
+    CHECK(st.remote_fallbacks >= 1 && st.remote_prefills >= 10);
+
+    /* aborted while the remote prefill runs: the event comes at once, the blocks only when the transfer ended */
+    rjob *j = &rj[0];
+    memset(j, 0, sizeof *j);
+    j->d = d;
+    j->go_remote = 1;
+    bt_req_params rp = jobs[0].p;
+    rp.remote = &REMOTE;
+    uint64_t id;
+    REQUIRE(bt_sched_submit(d, jobs[0].prompt, jobs[0].n_prompt, &rp, collect, j, &id) == BT_OK);
+    bt_sched_step(d);
+    CHECK(j->started == 1 && !bt_sched_idle(d));
+    bt_sched_abort(d, id);
+    bt_sched_step(d);
+    CHECK(j->o.finish == BT_END_ABORT);
+    bt_sched_get_stats(d, &st);
+    CHECK(st.kv_blocks_parked == j->n_d_blocks && st.kv_blocks_parked > 0);
+    bt_sched_remote_done(d, id, BT_OK, 5, NULL); /* late: ignored, blocks released */
+    bt_sched_step(d);
+    bt_sched_get_stats(d, &st);
+    CHECK(st.kv_blocks_parked == 0 && st.kv_blocks_used == 0);
+    bt_sched_destroy(d);
+    bt_sched_destroy(p);
+}
+
 static void test_engine_thread(void)
 {
     bt_sched *s = make_sched(256, 256);
@@ -327,6 +474,7 @@ int main(void)
     RUN(test_prefix_cache_reuse);
     RUN(test_abort_deadline_and_bad_requests);
     RUN(test_sampling_state);
+    RUN(test_remote_prefill_handoff);
     RUN(test_engine_thread);
     bt_backend_destroy(backend);
     bt_model_free(model);

@@ -1,0 +1,262 @@
+#include "common/node_engine.h"
+
+#include "common/log.h"
+#include "engine/kv_pool.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t bt_ne_node_key(const char *node_id)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then mixed */
+    for (const unsigned char *p = (const unsigned char *)node_id; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    return mix64(h);
+}
+
+uint64_t bt_ne_random_seed(void)
+{
+    static atomic_ullong counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t z = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
+    z += 0x9e3779b97f4a7c15ull * (atomic_fetch_add(&counter, 1) + 1);
+    return mix64(z);
+}
+
+/* Everything that must agree for KV bytes to mean the same on two nodes (DESIGN 5.1). */
+static uint64_t layout_fingerprint(const bt_model *m, bt_kv_dtype dtype)
+{
+    uint64_t parts[] = {m->fingerprint, (uint64_t)dtype, BT_KV_BLOCK, (uint64_t)m->hp.n_head_kv,
+                        (uint64_t)m->hp.head_dim, (uint64_t)m->hp.n_layer};
+    uint64_t h = 0x6b76782d6c61796full;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) h = mix64(h ^ parts[i]);
+    return h;
+}
+
+bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
+{
+    if (!cfg || !cfg->model_path) return bt_fail(BT_ERR_INVALID, "node engine: a model path is required");
+    const char *name = cfg->name ? cfg->name : "node";
+    bt_ne_t *ne = calloc(1, sizeof *ne);
+    if (!ne) return bt_fail(BT_ERR_NOMEM, "out of memory creating the %s engine", name);
+    pthread_mutex_init(&ne->load_mu, NULL);
+    bt_status st;
+    tok_tokenizer *tok = NULL;
+    if ((st = bt_model_load(cfg->model_path, &ne->m))) {
+        bt_fail(st, "cannot load model %s: %s", cfg->model_path, bt_last_error());
+        goto fail;
+    }
+    snprintf(ne->fingerprint, sizeof ne->fingerprint, "%016" PRIx64, ne->m->fingerprint);
+    ne->n_vocab = ne->m->hp.n_vocab;
+    ne->max_context = ne->m->hp.n_ctx_train > 0 && ne->m->hp.n_ctx_train < BT_NE_MAX_CONTEXT ? ne->m->hp.n_ctx_train
+                                                                                            : BT_NE_MAX_CONTEXT;
+    size_t stride = bt_kv_block_stride(&ne->m->hp, BT_KV_F16);
+    ne->kv_block_bytes = stride * (size_t)ne->m->hp.n_layer;
+    size_t kv_mem = cfg->kv_mem ? cfg->kv_mem : BT_NE_DEFAULT_KV_MEM;
+    size_t n_blocks = kv_mem / ne->kv_block_bytes;
+    if (n_blocks < 1 || n_blocks > KVX_MAX_BLOCKS * 64u) {
+        st = bt_fail(BT_ERR_INVALID, "--kv-mem %zu bytes holds %zu KV blocks of %s (%zu bytes each)", kv_mem, n_blocks,
+                     ne->m->name, ne->kv_block_bytes);
+        goto fail;
+    }
+    /* A sequence can never outgrow the pool: clamp the context so that max_tokens 0 ("up to the context") and the
+     * capacity published to the router stay servable. */
+    if (n_blocks * BT_KV_BLOCK < (size_t)ne->max_context) {
+        BT_INFO(name, "context limited to %zu tokens by the KV pool (%zu MiB); raise --kv-mem for %d",
+                n_blocks * BT_KV_BLOCK, kv_mem >> 20, ne->max_context);
+        ne->max_context = (int32_t)(n_blocks * BT_KV_BLOCK);
+    }
+    ne->max_running = cfg->max_running > 0 ? cfg->max_running : 256;
+    ne->max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens : 512;
+    ne->layout = (kvx_layout_t){.n_layers = (uint32_t)ne->m->hp.n_layer, .n_blocks = (uint32_t)n_blocks,
+                                .block_stride = stride, .fingerprint = layout_fingerprint(ne->m, BT_KV_F16)};
+    void *kv_memory = NULL;
+    if (!cfg->disable_kvx) {
+        kvx_context_opts_t ko = {.name = name};
+        if (kvx_context_create(&ko, &ne->kvx) != BT_OK) {
+            BT_WARN(name, "kvtransfer unavailable (%s): serving without KV transfer (no remote prefill)",
+                    bt_last_error());
+            ne->kvx = NULL;
+        } else if (kvx_pool_create(ne->kvx, &ne->layout, &ne->kvx_pool) != BT_OK) {
+            st = bt_fail(BT_ERR_NOMEM, "cannot register a KV pool of %zu MiB with UCX: %s",
+                         (n_blocks * ne->kv_block_bytes) >> 20, bt_last_error());
+            goto fail;
+        } else {
+            kv_memory = kvx_pool_base(ne->kvx_pool);
+        }
+    }
+    if ((st = tok_create(ne->m->file, &tok))) {
+        bt_fail(st, "cannot read the tokenizer of %s: %s", cfg->model_path, bt_last_error());
+        goto fail;
+    }
+    int32_t eog[BT_NE_MAX_EOG];
+    int32_t n_eog = 0;
+    for (int32_t i = 0; i < tok_n_vocab(tok) && n_eog < BT_NE_MAX_EOG; i++)
+        if (tok_is_eog(tok, i)) eog[n_eog++] = i;
+    tok_free(tok);
+    tok = NULL;
+    if ((st = bt_backend_cpu_create(cfg->threads, &ne->be))) goto fail;
+    bt_sched_config sc = {0};
+    sc.kv_mem = n_blocks * ne->kv_block_bytes;
+    sc.kv_memory = kv_memory;
+    sc.max_batch_tokens = ne->max_batch_tokens;
+    sc.max_running = ne->max_running;
+    sc.max_context = ne->max_context;
+    sc.eog_ids = eog;
+    sc.n_eog = n_eog;
+    if ((st = bt_sched_create(ne->m, ne->be, &sc, &ne->sched))) {
+        bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
+        goto fail;
+    }
+    ne->kv_blocks_total = bt_sched_kv_pool(ne->sched)->n_blocks;
+    if ((st = bt_sched_start(ne->sched))) goto fail;
+    ne->load_t = bt_sched_now();
+    *out = ne;
+    return BT_OK;
+fail:
+    tok_free(tok);
+    bt_ne_destroy(ne);
+    return st;
+}
+
+void bt_ne_destroy(bt_ne_t *ne)
+{
+    if (!ne) return;
+    bt_sched_destroy(ne->sched); /* aborts what is left */
+    if (ne->kvx_pool && kvx_pool_destroy(ne->kvx_pool) != BT_OK)
+        BT_WARN("node", "KV pool still in use at shutdown: %s", bt_last_error());
+    kvx_context_destroy(ne->kvx);
+    bt_backend_destroy(ne->be);
+    bt_model_free(ne->m);
+    pthread_mutex_destroy(&ne->load_mu);
+    free(ne);
+}
+
+bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *info)
+{
+    snprintf(info->model, sizeof info->model, "%s", ne->fingerprint);
+    info->role = role;
+    info->kv_blocks_total = ne->kv_blocks_total;
+    info->kv_block_tokens = BT_KV_BLOCK;
+    info->max_running = ne->max_running;
+    info->max_context = ne->max_context;
+    if (ne->kvx_pool) {
+        size_t len;
+        const void *d = kvx_pool_descriptor(ne->kvx_pool, &len);
+        info->ucx_desc = malloc(len);
+        if (!info->ucx_desc) return bt_fail(BT_ERR_NOMEM, "out of memory copying the KV pool descriptor");
+        memcpy(info->ucx_desc, d, len);
+        info->ucx_desc_len = len;
+    }
+    return BT_OK;
+}
+
+void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap)
+{
+    snprintf(buf, cap,
+             "model %s (fingerprint %s, %d layers, vocab %d) | cpu %s, %d threads, %d-bit activations | "
+             "KV %lld blocks x %d tokens (%.0f MiB f16, %s) | batch %d tokens, %d running, context %d",
+             ne->m->name, ne->fingerprint, ne->m->hp.n_layer, ne->n_vocab, bt_backend_cpu_isa(ne->be),
+             bt_backend_cpu_threads(ne->be), bt_backend_cpu_act_bits(ne->be), (long long)ne->kv_blocks_total,
+             BT_KV_BLOCK, (double)ne->kv_block_bytes * (double)ne->kv_blocks_total / (1024.0 * 1024.0),
+             ne->kvx_pool ? "registered with UCX" : "no kvtransfer", ne->max_batch_tokens, ne->max_running,
+             ne->max_context);
+}
+
+static double ewma(double old, double v) { return old > 0 ? 0.7 * old + 0.3 * v : v; }
+
+void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
+{
+    bt_sched_get_stats(ne->sched, st);
+    pthread_mutex_lock(&ne->load_mu);
+    double now = bt_sched_now(), dt = now - ne->load_t;
+    if (dt > 0) {
+        /* Rates only from intervals with work: an idle node keeps its last measured speed. The rates are per
+         * wall-clock second of the interval, so mixed prefill+decode intervals understate each; good enough for a
+         * cost model that compares nodes measured the same way. */
+        uint64_t steps = st->steps - ne->load_steps;
+        if (st->computed_prompt_tokens > ne->load_computed)
+            ne->prefill_rate = ewma(ne->prefill_rate, (double)(st->computed_prompt_tokens - ne->load_computed) / dt);
+        if (st->generated_tokens > ne->load_generated)
+            ne->decode_rate = ewma(ne->decode_rate, (double)(st->generated_tokens - ne->load_generated) / dt);
+        /* mean step time while busy: an interval that ran steps back to back gives dt / steps */
+        if (steps > 0 && st->running > 0) ne->step_s = ewma(ne->step_s, dt / (double)steps);
+        ne->load_computed = st->computed_prompt_tokens;
+        ne->load_generated = st->generated_tokens;
+        ne->load_steps = st->steps;
+        ne->load_t = now;
+    }
+    out->prefill_tok_s = ne->prefill_rate;
+    out->decode_tok_s = ne->decode_rate;
+    out->step_s = ne->step_s;
+    pthread_mutex_unlock(&ne->load_mu);
+    out->running_seqs = st->running;
+    out->kv_blocks_total = st->kv_blocks_total;
+    out->kv_blocks_free = st->kv_blocks_total - st->kv_blocks_used;
+}
+
+int bt_ne_sampling_from_proto(const bt_ne_t *ne, const Baton__V1__SamplingParams *p, int logprobs,
+                              uint32_t top_logprobs, uint32_t sample_index, uint64_t seed_or_random, bt_sampling *sp,
+                              char *err, size_t cap)
+{
+    if (p) {
+        if (p->temperature_opt_case == BATON__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE)
+            sp->temperature = p->temperature;
+        if (p->top_p_opt_case == BATON__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) sp->top_p = p->top_p;
+        if (p->top_k_opt_case == BATON__V1__SAMPLING_PARAMS__TOP_K_OPT_TOP_K) sp->top_k = p->top_k;
+        if (p->min_p_opt_case == BATON__V1__SAMPLING_PARAMS__MIN_P_OPT_MIN_P) sp->min_p = p->min_p;
+        if (p->repetition_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__REPETITION_PENALTY_OPT_REPETITION_PENALTY)
+            sp->repetition_penalty = p->repetition_penalty;
+        if (p->presence_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__PRESENCE_PENALTY_OPT_PRESENCE_PENALTY)
+            sp->presence_penalty = p->presence_penalty;
+        if (p->frequency_penalty_opt_case == BATON__V1__SAMPLING_PARAMS__FREQUENCY_PENALTY_OPT_FREQUENCY_PENALTY)
+            sp->frequency_penalty = p->frequency_penalty;
+        if (p->n_logit_bias > BT_MAX_LOGIT_BIAS) {
+            snprintf(err, cap, "sampling.logit_bias has %zu entries (at most %d)", p->n_logit_bias,
+                     BT_MAX_LOGIT_BIAS);
+            return -1;
+        }
+        for (size_t i = 0; i < p->n_logit_bias; i++) {
+            const Baton__V1__LogitBias *e = p->logit_bias[i];
+            if (e->token_id < 0 || e->token_id >= ne->n_vocab) {
+                snprintf(err, cap, "sampling.logit_bias[%zu].token_id = %d is outside the vocabulary [0, %d)", i,
+                         e->token_id, ne->n_vocab);
+                return -1;
+            }
+            sp->logit_bias[i] = (bt_logit_bias){.id = e->token_id, .bias = e->bias};
+        }
+        sp->n_logit_bias = (int32_t)p->n_logit_bias;
+    }
+    sp->seed = p && p->seed_opt_case == BATON__V1__SAMPLING_PARAMS__SEED_OPT_SEED ? p->seed : seed_or_random;
+    /* sample i of an n > 1 fan-out: its own RNG stream of the same seed */
+    if (sample_index > (uint32_t)BT_MAX_N - 1) {
+        snprintf(err, cap, "sample_index %u is out of range (at most %d)", sample_index, BT_MAX_N - 1);
+        return -1;
+    }
+    sp->n = (int32_t)sample_index + 1;
+    sp->logprobs = logprobs;
+    if (top_logprobs > BT_MAX_TOP_LOGPROBS) {
+        snprintf(err, cap, "top_logprobs is %u (at most %d)", top_logprobs, BT_MAX_TOP_LOGPROBS);
+        return -1;
+    }
+    sp->top_logprobs = (int32_t)top_logprobs;
+    if (bt_sampling_check_vocab(sp, ne->n_vocab) != BT_OK) {
+        snprintf(err, cap, "%s", bt_last_error());
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,83 @@
+/* What the engine-running node roles (baton-prefill, baton-decode) share on top of common/node: the model, the CPU
+ * backend and the scheduler, whose KV pool lives in memory registered with kvtransfer (DESIGN 5.1, 6) so that
+ * prefill nodes can write into decode nodes' pools; the sampling parameters of the internal protocol; the measured
+ * rates published in load reports. Library target baton_node_engine (links the engine, kvtransfer, protos). */
+#ifndef BATON_COMMON_NODE_ENGINE_H
+#define BATON_COMMON_NODE_ENGINE_H
+
+#include "baton/v1/generate.pb-c.h"
+#include "common/membership.h"
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/scheduler.h"
+#include "kvtransfer/kvx.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BT_NE_MAX_CONTEXT 8192
+#define BT_NE_DEFAULT_KV_MEM ((size_t)256 << 20)
+#define BT_NE_MAX_EOG 16
+
+typedef struct bt_ne_config {
+    const char *model_path;   /* GGUF file; required */
+    const char *name;         /* "decode" / "prefill": logs and the UCX worker name */
+    int threads;              /* compute threads, 0 = all CPUs */
+    size_t kv_mem;            /* KV pool bytes, 0 = BT_NE_DEFAULT_KV_MEM */
+    int32_t max_batch_tokens; /* 0 = 512 */
+    int32_t max_running;      /* 0 = 256 */
+    int disable_kvx;          /* 1: no kvtransfer (plain memory pool, no remote prefill) */
+} bt_ne_config_t;
+
+typedef struct bt_ne {
+    bt_model *m;
+    bt_backend *be;
+    bt_sched *sched;
+    kvx_context_t *kvx;      /* NULL when kvtransfer is off or UCX could not start */
+    kvx_pool_t *kvx_pool;    /* the scheduler's KV pool, registered (NULL with kvx) */
+    kvx_layout_t layout;     /* the KV layout (fingerprint included) */
+    char fingerprint[17];    /* model fingerprint as 16 lower-case hex digits */
+    int32_t n_vocab, max_context, max_running, max_batch_tokens;
+    int64_t kv_blocks_total;
+    size_t kv_block_bytes;   /* one block, all layers */
+
+    pthread_mutex_t load_mu; /* the rate sampler's memory */
+    double load_t, busy_t0;
+    uint64_t load_computed, load_generated, load_steps;
+    double prefill_rate, decode_rate, step_s;
+} bt_ne_t;
+
+/* Loads the model, creates the backend, the kvtransfer context and pool (unless disabled; when UCX cannot start
+ * the node serves without it and says so in the log) and the scheduler, and starts its engine thread. Errors name
+ * the file or the setting; *out is set only on success. */
+bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out);
+
+/* Stops the engine (aborting what is left), then frees the scheduler, the pool, the context, the model. NULL ok. */
+void bt_ne_destroy(bt_ne_t *ne);
+
+/* Fills model fingerprint, capacity and the kvtransfer descriptor (copied) into info. BT_ERR_NOMEM. */
+bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *info);
+
+/* One line for the start-up log. */
+void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap);
+
+/* Fills measured rates (prefill and decode tok/s, mean step seconds) from the scheduler's counters: EWMA over
+ * intervals that did work, so an idle node keeps its last measured speed. Thread-safe. *st receives the stats. */
+void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st);
+
+/* 64-bit key of a node id for kvtransfer's peer cache. */
+uint64_t bt_ne_node_key(const char *node_id);
+
+/* Converts the protocol's sampling parameters into sp (which holds the defaults on entry): validates ranges and
+ * token ids against the vocabulary. seed_or_random is used when p has no seed. Returns 0, or -1 with a message
+ * for the client in err. */
+int bt_ne_sampling_from_proto(const bt_ne_t *ne, const Baton__V1__SamplingParams *p, int logprobs,
+                              uint32_t top_logprobs, uint32_t sample_index, uint64_t seed_or_random, bt_sampling *sp,
+                              char *err, size_t cap);
+
+/* A fresh random seed for requests that name none. Thread-safe. */
+uint64_t bt_ne_random_seed(void);
+
+#endif

@@ -1,0 +1,666 @@
+/* baton.v1.Prefill over the engine scheduler and kvtransfer (see prefill_service.h).
+ *
+ * A Run call becomes a pf_call. Threads that touch it: the RPC thread (validation, submit), the engine thread (the
+ * export hooks, which create the push and post each layer, and the final event), kvtransfer's progress thread (the
+ * push's completion) and the service's finisher thread, which answers the call once both the final event and the
+ * push's completion are in, releases the held KV blocks and frees the call. The finisher exists so that neither
+ * the engine thread nor the progress thread ever waits on the network or on gRPC. */
+#include "prefill-node/prefill_service.h"
+
+#include "baton/v1/node.pb-c.h"
+#include "common/log.h"
+#include "common/node_engine.h"
+#include "engine/kv_pool.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define PF_LOG "prefill"
+#define PF_DEFAULT_TRANSFER_MS 30000 /* DESIGN 3: KV transfer deadline when the call has none */
+
+typedef struct pf_call pf_call;
+
+enum { PS_OK, PS_TRANSFER_FAILED, PS_CANCELLED, PS_TIMEOUT, PS_ERROR, PS_INVALID, PS_REJECTED, PS_N };
+static const char *const PS_NAMES[PS_N] = {"ok", "transfer_failed", "cancelled", "timeout",
+                                           "error", "invalid", "rejected"};
+
+struct prefill_service {
+    char node_id[MBR_NODE_ID_MAX];
+    bt_ne_t *ne;
+    int32_t max_inflight;
+    atomic_int inflight;
+    atomic_llong queued_prefill_tokens;
+    bt_kv_export export_hooks;
+
+    pthread_mutex_t mu; /* the calls in flight (Abort) and the finisher queue */
+    pthread_cond_t cv;
+    pf_call *calls;
+    pf_call *done_head, *done_tail;
+    int stop;
+    pthread_t finisher;
+    int finisher_running;
+
+    metrics_counter_t *xfer_bytes, *xfer_descriptors, *prompt_tokens, *cached_tokens;
+    metrics_histogram_t *xfer_seconds, *prefill_seconds, *queue_time;
+    metrics_counter_t *requests[PS_N];
+    metrics_gauge_t *running, *waiting, *kv_used, *kv_capacity;
+
+    pthread_mutex_t bw_mu;
+    double bw; /* EWMA of bytes / transfer second */
+};
+
+struct pf_call {
+    prefill_service_t *svc;
+    bt_rpc_call_t *call;
+    atomic_int refs;            /* the RPC handler's until it registered the cancel callback; the call's own */
+    pthread_mutex_t mu;
+    int finished;               /* bt_rpc_call_finish done (under mu: orders it against on_cancel registration) */
+    atomic_ullong req_id;
+    atomic_int abort_pending;
+    char request_id[128];
+    char dest_node[MBR_NODE_ID_MAX];
+    uint64_t epoch;
+    uint32_t *dst_blocks;       /* [n_prompt_blocks] */
+    uint32_t n_dst, skip;
+    uint32_t push_flags;
+    int timeout_ms;
+    kvx_peer_t *peer;
+    int32_t n_prompt;
+    int logprobs;
+    double t_arrive, t_done;
+
+    /* engine thread, then (after both ends) the finisher */
+    kvx_push_t *push;
+    int push_failed_early;      /* creating the push failed: message in err */
+    int layer_failed;
+    double t_begin, t_last_layer; /* push created; last layer posted (monotonic seconds) */
+    uint32_t n_layers;
+    char err[256];
+    int32_t token;
+    bt_sample_out so;
+    bt_end_reason finish;
+    bt_status finish_error;
+    int32_t n_cached;
+    double queue_s;
+
+    /* under mu */
+    int token_done, push_running;
+    bt_status push_status;
+    pf_call *next_done;
+    pf_call *prev, *next; /* calls in flight */
+};
+
+static void call_unref(pf_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    kvx_peer_release(c->peer);
+    free(c->dst_blocks);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void list_remove(prefill_service_t *s, pf_call *c)
+{
+    pthread_mutex_lock(&s->mu);
+    if (c->prev) c->prev->next = c->next;
+    else if (s->calls == c) s->calls = c->next;
+    if (c->next) c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Hands c to the finisher. Called exactly once per call, by whichever of (final event, push completion) is last. */
+static void to_finisher(pf_call *c)
+{
+    prefill_service_t *s = c->svc;
+    pthread_mutex_lock(&s->mu);
+    c->next_done = NULL;
+    if (s->done_tail) s->done_tail->next_done = c;
+    else s->done_head = c;
+    s->done_tail = c;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* kvtransfer progress thread: the decode node acknowledged the blocks (or the push failed). */
+static void on_push_done(kvx_push_t *push, bt_status st, void *arg)
+{
+    (void)push;
+    pf_call *c = arg;
+    pthread_mutex_lock(&c->mu);
+    c->push_status = st;
+    c->push_running = 0;
+    int ready = c->token_done;
+    pthread_mutex_unlock(&c->mu);
+    if (ready) to_finisher(c);
+}
+
+/* ---- export hooks (engine thread) ---- */
+
+static int export_begin(void *user, const int32_t *blocks, int32_t n_blocks)
+{
+    pf_call *c = user;
+    prefill_service_t *s = c->svc;
+    if ((uint32_t)n_blocks != c->n_dst) {
+        snprintf(c->err, sizeof c->err, "prompt has %d blocks, destination names %u", n_blocks, c->n_dst);
+        c->push_failed_early = 1;
+        return 1;
+    }
+    uint32_t n = c->n_dst - c->skip;
+    uint32_t *src = malloc(sizeof(uint32_t) * (n ? n : 1));
+    if (!src) {
+        snprintf(c->err, sizeof c->err, "out of memory planning the KV transfer");
+        c->push_failed_early = 1;
+        return 1;
+    }
+    for (uint32_t i = 0; i < n; i++) src[i] = (uint32_t)blocks[c->skip + i];
+    kvx_push_args_t a = {.src_blocks = src, .dst_blocks = c->dst_blocks + c->skip, .n_blocks = n,
+                         .epoch = c->epoch, .flags = c->push_flags, .timeout_ms = (uint32_t)c->timeout_ms,
+                         .cb = on_push_done, .cb_arg = c};
+    pthread_mutex_lock(&c->mu);
+    c->push_running = 1;
+    pthread_mutex_unlock(&c->mu);
+    c->t_begin = bt_sched_now();
+    c->n_layers = s->ne->layout.n_layers;
+    bt_status st = kvx_push_create(s->ne->kvx_pool, c->peer, &a, &c->push);
+    free(src);
+    if (st != BT_OK) {
+        pthread_mutex_lock(&c->mu);
+        c->push_running = 0;
+        pthread_mutex_unlock(&c->mu);
+        c->push = NULL;
+        snprintf(c->err, sizeof c->err, "cannot start the KV transfer to %s: %s", c->dest_node, bt_last_error());
+        c->push_failed_early = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static void export_layer(void *user, int32_t layer)
+{
+    pf_call *c = user;
+    if (c->layer_failed || !c->push) return;
+    if (kvx_push_layer(c->push, (uint32_t)layer) != BT_OK) c->layer_failed = 1; /* the completion says why */
+    if ((uint32_t)layer + 1 == c->n_layers) c->t_last_layer = bt_sched_now();
+}
+
+/* Engine thread: the request's only token, or its end without one. */
+static void on_event(void *user, const bt_sched_event *ev)
+{
+    pf_call *c = user;
+    if (ev->token >= 0) {
+        c->token = ev->token;
+        if (ev->detail) c->so = *ev->detail;
+        c->so.id = ev->token;
+        c->so.logprob = ev->detail ? ev->detail->logprob : ev->logprob;
+        c->n_cached = ev->n_cached;
+        c->queue_s = ev->queue_s;
+    }
+    if (ev->finish == BT_END_NONE) return; /* max_tokens 1: the token event is the final one */
+    c->finish = ev->finish;
+    c->finish_error = ev->error;
+    c->t_done = bt_sched_now();
+    atomic_fetch_sub(&c->svc->queued_prefill_tokens, c->n_prompt);
+    if (ev->token < 0 && c->push) {
+        /* ended without its token (abort, deadline, error) after the push started: stop it; the decode node's
+         * expectation then times out or is dropped by its own error path */
+        kvx_push_destroy(c->push);
+        c->push = NULL;
+        pthread_mutex_lock(&c->mu);
+        c->push_running = 0;
+        c->push_status = BT_ERR_CANCELLED;
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->token_done = 1;
+    int ready = !c->push_running;
+    pthread_mutex_unlock(&c->mu);
+    if (ready) to_finisher(c);
+}
+
+/* ---- finisher thread ---- */
+
+static void answer(pf_call *c)
+{
+    prefill_service_t *s = c->svc;
+    bt_rpc_code code = BT_RPC_OK;
+    char msg[400] = "";
+    int ps = PS_OK;
+    uint64_t bytes = 0;
+    if (c->push) {
+        const kvx_plan_t *plan = kvx_push_plan(c->push);
+        bytes = (uint64_t)plan->n_blocks * plan->local.n_layers * plan->local.block_stride;
+    }
+    if (c->finish == BT_END_ABORT) {
+        code = BT_RPC_CANCELLED;
+        ps = PS_CANCELLED;
+        snprintf(msg, sizeof msg, "prefill of %s cancelled", c->request_id);
+    } else if (c->finish == BT_END_TIMEOUT) {
+        code = BT_RPC_DEADLINE_EXCEEDED;
+        ps = PS_TIMEOUT;
+        snprintf(msg, sizeof msg, "deadline exceeded before the prefill of %s finished", c->request_id);
+    } else if (c->finish == BT_END_ERROR) {
+        code = BT_RPC_INTERNAL;
+        ps = PS_ERROR;
+        snprintf(msg, sizeof msg, "engine step failed: %s", bt_status_str(c->finish_error));
+    } else if (c->push_failed_early) {
+        code = BT_RPC_FAILED_PRECONDITION;
+        ps = PS_TRANSFER_FAILED;
+        snprintf(msg, sizeof msg, "%s", c->err);
+    } else if (!c->push || c->push_status != BT_OK) {
+        code = c->push_status == BT_ERR_TIMEOUT ? BT_RPC_DEADLINE_EXCEEDED : BT_RPC_UNAVAILABLE;
+        ps = PS_TRANSFER_FAILED;
+        snprintf(msg, sizeof msg, "KV transfer to %s failed: %s: %s", c->dest_node, bt_status_str(c->push_status),
+                 c->push ? kvx_push_error(c->push) : "no transfer");
+    }
+    if (code == BT_RPC_OK) {
+        Baton__V1__PrefillRunResponse r = BATON__V1__PREFILL_RUN_RESPONSE__INIT;
+        Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT;
+        Baton__V1__TopLogprob top[BT_MAX_TOP_LOGPROBS];
+        Baton__V1__TopLogprob *topp[BT_MAX_TOP_LOGPROBS];
+        r.first_token_id = c->token;
+        if (c->logprobs) {
+            lp.token_id = c->token;
+            lp.logprob = c->so.logprob;
+            int32_t nt = c->so.n_top < BT_MAX_TOP_LOGPROBS ? c->so.n_top : BT_MAX_TOP_LOGPROBS;
+            for (int32_t i = 0; i < nt; i++) {
+                baton__v1__top_logprob__init(&top[i]);
+                top[i].token_id = c->so.top[i].id;
+                top[i].logprob = c->so.top[i].logprob;
+                topp[i] = &top[i];
+            }
+            lp.n_top = (size_t)(nt > 0 ? nt : 0);
+            lp.top = topp;
+            r.first_logprob = &lp;
+        }
+        r.epoch = c->epoch;
+        r.cached_prompt_tokens = (uint32_t)c->n_cached;
+        r.transfer_bytes = bytes;
+        bt_rpc_call_send(c->call, &r.base);
+        /* Layers stream while the step computes; what the request waits for is the tail from the last layer's
+         * post to the decode node's acknowledgement. The whole span is logged beside it. */
+        double span = (double)kvx_push_elapsed_ns(c->push) * 1e-9;
+        double secs = c->t_begin + span - c->t_last_layer;
+        if (secs < 0) secs = 0;
+        metrics_counter_add(s->xfer_bytes, bytes);
+        metrics_counter_add(s->xfer_descriptors, kvx_push_puts(c->push));
+        metrics_histogram_observe(s->xfer_seconds, secs);
+        metrics_counter_add(s->prompt_tokens, (uint64_t)c->n_prompt);
+        metrics_counter_add(s->cached_tokens, (uint64_t)c->n_cached);
+        metrics_histogram_observe(s->queue_time, c->queue_s);
+        metrics_histogram_observe(s->prefill_seconds, c->t_done - c->t_arrive);
+        if (span > 0 && bytes > 0) {
+            pthread_mutex_lock(&s->bw_mu);
+            /* bandwidth over the exposed tail plus the last layer's share of the span: a conservative estimate
+             * of the path's speed for the router's transfer-time term */
+            double v = (double)bytes / (secs + span / c->n_layers);
+            s->bw = s->bw > 0 ? 0.8 * s->bw + 0.2 * v : v;
+            pthread_mutex_unlock(&s->bw_mu);
+        }
+        BT_DEBUG(PF_LOG,
+                 "request %s: %d prompt tokens (%d cached) -> %s epoch %" PRIu64 ": %u blocks, %" PRIu64
+                 " bytes in %zu descriptors, prefill %.3f s, transfer %.3f s after the last layer (%.3f s streamed)",
+                 c->request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip, bytes,
+                 kvx_push_puts(c->push), c->t_done - c->t_arrive, secs, span);
+    } else if (ps != PS_CANCELLED) {
+        BT_WARN(PF_LOG, "request %s: %s", c->request_id, msg);
+    }
+    metrics_counter_inc(s->requests[ps]);
+    list_remove(s, c);
+    pthread_mutex_lock(&c->mu);
+    c->finished = 1;
+    bt_rpc_call_finish(c->call, code, code == BT_RPC_OK ? NULL : msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *finisher_main(void *arg)
+{
+    prefill_service_t *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->done_head && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+        pf_call *c = s->done_head;
+        if (!c) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        s->done_head = c->next_done;
+        if (!s->done_head) s->done_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        uint64_t id = atomic_load(&c->req_id);
+        answer(c);
+        /* the blocks were held while the transfer could read them: free them only now */
+        if (c->push) kvx_push_destroy(c->push);
+        c->push = NULL;
+        if (id) bt_sched_release_kv(s->ne->sched, id);
+        atomic_fetch_sub(&s->inflight, 1);
+        call_unref(c);
+    }
+    return NULL;
+}
+
+/* ---- Run ---- */
+
+static void on_cancel(void *ud, bt_rpc_call_t *call)
+{
+    (void)call;
+    pf_call *c = ud;
+    atomic_store(&c->abort_pending, 1);
+    uint64_t id = atomic_load(&c->req_id);
+    if (id) bt_sched_abort(c->svc->ne->sched, id);
+}
+
+static void reject(prefill_service_t *s, bt_rpc_call_t *call, bt_rpc_code code, const char *rid, const char *msg)
+{
+    metrics_counter_inc(s->requests[code == BT_RPC_RESOURCE_EXHAUSTED ? PS_REJECTED : PS_INVALID]);
+    BT_DEBUG(PF_LOG, "request %s refused: %s: %s", rid, bt_rpc_code_str(code), msg);
+    bt_rpc_call_finish(call, code, msg);
+}
+
+/* Validates q; fills rp. Returns the gRPC code and a message. */
+static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
+                                 char *err, size_t cap)
+{
+    bt_ne_t *ne = s->ne;
+    if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, ne->fingerprint) != 0) {
+        snprintf(err, cap, "model_fingerprint %.32s does not match this node's model %s (%s)", q->model_fingerprint,
+                 ne->fingerprint, ne->m->name);
+        return BT_RPC_FAILED_PRECONDITION;
+    }
+    if (q->n_prompt_token_ids == 0) {
+        snprintf(err, cap, "prompt_token_ids is empty");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (q->n_prompt_token_ids >= (size_t)ne->max_context) {
+        snprintf(err, cap, "prompt of %zu tokens exceeds the context of %d tokens", q->n_prompt_token_ids,
+                 ne->max_context);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < q->n_prompt_token_ids; i++)
+        if (q->prompt_token_ids[i] < 0 || q->prompt_token_ids[i] >= ne->n_vocab) {
+            snprintf(err, cap, "prompt_token_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
+                     q->prompt_token_ids[i], ne->n_vocab);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+    const Baton__V1__KvDestination *d = q->destination;
+    if (!d) {
+        snprintf(err, cap, "destination is missing");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (!d->decode_node_id[0] || strlen(d->decode_node_id) >= MBR_NODE_ID_MAX) {
+        snprintf(err, cap, "destination.decode_node_id is empty or too long");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (d->layout_fingerprint != ne->layout.fingerprint) {
+        snprintf(err, cap, "destination.layout_fingerprint %016" PRIx64 " differs from this node's KV layout %016" PRIx64
+                 " (model, KV dtype, block size, heads, head_dim or layers differ)",
+                 d->layout_fingerprint, ne->layout.fingerprint);
+        return BT_RPC_FAILED_PRECONDITION;
+    }
+    size_t n_blocks = (q->n_prompt_token_ids + BT_KV_BLOCK - 1) / BT_KV_BLOCK;
+    if (d->n_block_ids != n_blocks) {
+        snprintf(err, cap, "destination.block_ids has %zu entries; a prompt of %zu tokens needs %zu", d->n_block_ids,
+                 q->n_prompt_token_ids, n_blocks);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (d->skip_blocks >= n_blocks) {
+        snprintf(err, cap, "destination.skip_blocks %u leaves nothing to transfer (%zu blocks)", d->skip_blocks,
+                 n_blocks);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (d->pool_descriptor.len == 0) {
+        snprintf(err, cap, "destination.pool_descriptor is empty");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    bt_sampling *sp = &rp->sampling;
+    if (bt_ne_sampling_from_proto(ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
+                                  bt_ne_random_seed(), sp, err, cap))
+        return BT_RPC_INVALID_ARGUMENT;
+    rp->sample_index = (int32_t)q->sample_index;
+    sp->max_tokens = 1;
+    sp->ignore_eos = 1; /* stop rules are the decode node's business; the first token is sampled the same */
+    rp->kv_export = &s->export_hooks;
+    rp->hold_kv = 1;
+    return BT_RPC_OK;
+}
+
+static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    prefill_service_t *s = ud;
+    const Baton__V1__PrefillRunRequest *q = (const Baton__V1__PrefillRunRequest *)msg;
+    double t_arrive = bt_sched_now();
+    const char *rid = q->request_id[0] ? q->request_id : "-";
+    char err[400];
+    bt_req_params rp = bt_req_params_default();
+    rp.sampling = bt_sampling_default();
+    bt_rpc_code code = check_request(s, q, &rp, err, sizeof err);
+    if (code != BT_RPC_OK) {
+        reject(s, call, code, rid, err);
+        return;
+    }
+    int64_t dl = bt_rpc_call_deadline_ms(call);
+    int timeout_ms = PF_DEFAULT_TRANSFER_MS;
+    if (dl != INT64_MAX) {
+        rp.deadline = (double)dl / 1000.0;
+        double left = rp.deadline - bt_sched_now();
+        timeout_ms = left <= 0.001 ? 1 : left * 1000.0 < timeout_ms ? (int)(left * 1000.0) : timeout_ms;
+    }
+    if (atomic_fetch_add(&s->inflight, 1) >= s->max_inflight) {
+        atomic_fetch_sub(&s->inflight, 1);
+        snprintf(err, sizeof err, "prefill node %s is at capacity (%d requests in flight)", s->node_id,
+                 s->max_inflight);
+        reject(s, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
+        return;
+    }
+    const Baton__V1__KvDestination *d = q->destination;
+    pf_call *c = calloc(1, sizeof *c);
+    uint32_t *dst = malloc(sizeof(uint32_t) * d->n_block_ids);
+    kvx_peer_t *peer = NULL;
+    bt_status pst = BT_ERR_NOMEM;
+    if (c && dst) pst = kvx_peer_get(s->ne->kvx, bt_ne_node_key(d->decode_node_id), d->pool_descriptor.data,
+                                     d->pool_descriptor.len, &peer);
+    if (pst != BT_OK) {
+        snprintf(err, sizeof err, "%s", pst == BT_ERR_NOMEM ? "out of memory" : bt_last_error());
+        free(c);
+        free(dst);
+        atomic_fetch_sub(&s->inflight, 1);
+        reject(s, call,
+               pst == BT_ERR_NOMEM    ? BT_RPC_RESOURCE_EXHAUSTED
+               : pst == BT_ERR_FORMAT ? BT_RPC_INVALID_ARGUMENT
+                                      : BT_RPC_UNAVAILABLE,
+               rid, err);
+        return;
+    }
+    memcpy(dst, d->block_ids, sizeof(uint32_t) * d->n_block_ids);
+    c->svc = s;
+    c->call = call;
+    atomic_init(&c->refs, 2);
+    pthread_mutex_init(&c->mu, NULL);
+    snprintf(c->request_id, sizeof c->request_id, "%s", rid);
+    snprintf(c->dest_node, sizeof c->dest_node, "%s", d->decode_node_id);
+    c->epoch = d->epoch;
+    c->dst_blocks = dst;
+    c->n_dst = (uint32_t)d->n_block_ids;
+    c->skip = d->skip_blocks;
+    c->push_flags = d->checksums ? KVX_F_CRC : 0;
+    c->timeout_ms = timeout_ms;
+    c->peer = peer;
+    c->n_prompt = (int32_t)q->n_prompt_token_ids;
+    c->logprobs = q->logprobs;
+    c->t_arrive = t_arrive;
+    c->token = -1;
+    atomic_fetch_add(&s->queued_prefill_tokens, c->n_prompt);
+    pthread_mutex_lock(&s->mu);
+    c->next = s->calls;
+    if (s->calls) s->calls->prev = c;
+    s->calls = c;
+    pthread_mutex_unlock(&s->mu);
+
+    uint64_t id = 0;
+    bt_status st = bt_sched_submit(s->ne->sched, q->prompt_token_ids, c->n_prompt, &rp, on_event, c, &id);
+    if (st != BT_OK) {
+        list_remove(s, c);
+        atomic_fetch_sub(&s->queued_prefill_tokens, c->n_prompt);
+        atomic_fetch_sub(&s->inflight, 1);
+        snprintf(err, sizeof err, "%s", bt_last_error());
+        atomic_store(&c->refs, 1);
+        call_unref(c);
+        reject(s, call, st == BT_ERR_EXHAUSTED ? BT_RPC_RESOURCE_EXHAUSTED : bt_rpc_code_from_status(st), rid, err);
+        return;
+    }
+    atomic_store(&c->req_id, id);
+    if (atomic_load(&c->abort_pending)) bt_sched_abort(s->ne->sched, id);
+    pthread_mutex_lock(&c->mu);
+    if (!c->finished) bt_rpc_call_on_cancel(call, on_cancel, c);
+    pthread_mutex_unlock(&c->mu);
+    call_unref(c);
+}
+
+static void abort_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    prefill_service_t *s = ud;
+    const Baton__V1__AbortRequest *q = (const Baton__V1__AbortRequest *)msg;
+    Baton__V1__AbortResponse r = BATON__V1__ABORT_RESPONSE__INIT;
+    if (q->request_id[0]) {
+        pthread_mutex_lock(&s->mu);
+        for (pf_call *c = s->calls; c; c = c->next) {
+            if (strcmp(c->request_id, q->request_id) != 0) continue;
+            atomic_store(&c->abort_pending, 1);
+            uint64_t id = atomic_load(&c->req_id);
+            if (id) bt_sched_abort(s->ne->sched, id);
+            r.found = 1;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    bt_rpc_call_send(call, &r.base);
+    bt_rpc_call_finish(call, BT_RPC_OK, NULL);
+}
+
+/* ---- life cycle ---- */
+
+static bt_status register_metrics(prefill_service_t *s, metrics_registry_t *reg)
+{
+    metrics_family_t *f;
+    bt_status st;
+#define STD_SERIES(id, kind, dst)                                                                                   \
+    do {                                                                                                            \
+        if ((st = metrics_std_register(reg, id, &f))) return st;                                                    \
+        if ((st = metrics_family_##kind(f, NULL, dst))) return st;                                                  \
+    } while (0)
+    STD_SERIES(METRICS_STD_KV_TRANSFER_BYTES, counter, &s->xfer_bytes);
+    STD_SERIES(METRICS_STD_KV_TRANSFER_SECONDS, histogram, &s->xfer_seconds);
+    STD_SERIES(METRICS_STD_QUEUE_TIME, histogram, &s->queue_time);
+    STD_SERIES(METRICS_STD_PROMPT_TOKENS, counter, &s->prompt_tokens);
+    STD_SERIES(METRICS_STD_PREFIX_CACHE_HITS, counter, &s->cached_tokens);
+    STD_SERIES(METRICS_STD_RUNNING_SEQUENCES, gauge, &s->running);
+    STD_SERIES(METRICS_STD_WAITING_REQUESTS, gauge, &s->waiting);
+    STD_SERIES(METRICS_STD_KV_BLOCKS_USED, gauge, &s->kv_used);
+    STD_SERIES(METRICS_STD_KV_BLOCKS_CAPACITY, gauge, &s->kv_capacity);
+#undef STD_SERIES
+    if ((st = metrics_counter_register(reg, "baton_kv_transfer_descriptors_total",
+                                       "Contiguous ranges (puts, copies or messages) posted for KV transfers.",
+                                       &s->xfer_descriptors)))
+        return st;
+    if ((st = metrics_histogram_register(reg, "baton_prefill_seconds",
+                                         "Time from a Prefill/Run call's arrival to its first token, in seconds.",
+                                         NULL, 0, &s->prefill_seconds)))
+        return st;
+    if ((st = metrics_std_register(reg, METRICS_STD_REQUESTS, &f))) return st;
+    for (int i = 0; i < PS_N; i++) {
+        const char *lv[1] = {PS_NAMES[i]};
+        if ((st = metrics_family_counter(f, lv, &s->requests[i]))) return st;
+    }
+    return BT_OK;
+}
+
+bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t **out)
+{
+    if (!cfg || !cfg->model_path || !cfg->metrics || !cfg->rpc)
+        return bt_fail(BT_ERR_INVALID, "prefill service: model path, metrics and rpc server are required");
+    prefill_service_t *s = calloc(1, sizeof *s);
+    if (!s) return bt_fail(BT_ERR_NOMEM, "out of memory creating the prefill service");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->bw_mu, NULL);
+    snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
+    s->max_inflight = PREFILL_MAX_INFLIGHT;
+    s->export_hooks = (bt_kv_export){export_begin, export_layer};
+    bt_status st;
+    bt_ne_config_t nc = {.model_path = cfg->model_path, .name = PF_LOG, .threads = cfg->threads,
+                         .kv_mem = cfg->kv_mem,
+                         .max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens
+                                                                       : PREFILL_DEFAULT_BATCH_TOKENS};
+    if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
+    if (!s->ne->kvx_pool) {
+        st = bt_fail(BT_ERR_UNAVAILABLE, "a prefill node needs kvtransfer (UCX) to move KV to decode nodes");
+        goto fail;
+    }
+    if ((st = register_metrics(s, cfg->metrics))) goto fail;
+    metrics_gauge_set(s->kv_capacity, (double)s->ne->kv_blocks_total);
+    if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Prefill/Run", BT_RPC_UNARY,
+                                       &baton__v1__prefill_run_request__descriptor, run_handler, s)))
+        goto fail;
+    if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Prefill/Abort", BT_RPC_UNARY,
+                                       &baton__v1__abort_request__descriptor, abort_handler, s)))
+        goto fail;
+    if (pthread_create(&s->finisher, NULL, finisher_main, s) != 0) {
+        st = bt_fail(BT_ERR_INTERNAL, "cannot start the prefill finisher thread");
+        goto fail;
+    }
+    s->finisher_running = 1;
+    *out = s;
+    return BT_OK;
+fail:
+    prefill_service_destroy(s);
+    return st;
+}
+
+bt_status prefill_service_node_info(const prefill_service_t *s, mbr_node_info_t *info)
+{
+    return bt_ne_node_info(s->ne, MBR_ROLE_PREFILL, info);
+}
+
+void prefill_service_summary(const prefill_service_t *s, char *buf, size_t cap) { bt_ne_summary(s->ne, buf, cap); }
+
+int32_t prefill_service_inflight(const prefill_service_t *s) { return atomic_load(&s->inflight); }
+
+void prefill_service_load(void *svc, mbr_load_report_t *out)
+{
+    prefill_service_t *s = svc;
+    bt_sched_stats st;
+    bt_ne_load(s->ne, out, &st);
+    metrics_gauge_set(s->running, st.running);
+    metrics_gauge_set(s->waiting, st.waiting);
+    metrics_gauge_set(s->kv_used, st.kv_blocks_used);
+    long long qp = atomic_load(&s->queued_prefill_tokens);
+    out->queued_prefill_tokens = qp > 0 ? qp : 0;
+    out->queued_requests = atomic_load(&s->inflight);
+    pthread_mutex_lock(&s->bw_mu);
+    out->kv_transfer_bytes_s = s->bw;
+    pthread_mutex_unlock(&s->bw_mu);
+}
+
+void prefill_service_destroy(prefill_service_t *s)
+{
+    if (!s) return;
+    /* the gRPC server is down: every call has been answered, so the finisher's queue drains and it exits */
+    if (s->finisher_running) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->finisher, NULL);
+    }
+    bt_ne_destroy(s->ne);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->bw_mu);
+    free(s);
+}

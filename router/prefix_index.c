@@ -1,0 +1,238 @@
+/* The router's approximate per-node prefix index (DESIGN 7): per node, a set of block hashes with LRU order and a
+ * capacity. Storage per node is one array of entries linked twice by index (LRU list, hash-bucket chains), so
+ * growing it is a realloc and eviction reuses the evicted slot. It is approximate by design: the node's own cache
+ * may have evicted a block the router still lists (or kept one it dropped); a wrong guess costs some latency, never
+ * correctness, because the node computes whatever it lacks. */
+#include "router/router.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NIL (-1)
+
+typedef struct pi_entry {
+    uint64_t h;
+    int32_t prev, next; /* LRU list: prev is more recent */
+    int32_t chain;      /* next entry in the same bucket */
+} pi_entry_t;
+
+typedef struct pi_node {
+    char id[MBR_NODE_ID_MAX];
+    int64_t started_ms;    /* incarnation: a restarted node's cache is empty */
+    int64_t cap;
+    pi_entry_t *e;         /* [n_alloc] */
+    int32_t n, n_alloc;
+    int32_t *bucket;       /* [n_bucket] head entry per bucket, a power of two >= n_alloc */
+    uint32_t n_bucket;
+    int32_t head, tail;    /* most and least recently used */
+} pi_node_t;
+
+struct rtr_pindex {
+    pthread_mutex_t mu;
+    pi_node_t *nodes;      /* [n_nodes] */
+    size_t n_nodes, cap_nodes;
+};
+
+bt_status rtr_pindex_create(rtr_pindex_t **out)
+{
+    rtr_pindex_t *x = calloc(1, sizeof *x);
+    if (!x) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&x->mu, NULL);
+    *out = x;
+    return BT_OK;
+}
+
+static void node_clear(pi_node_t *nd)
+{
+    free(nd->e);
+    free(nd->bucket);
+    nd->e = NULL;
+    nd->bucket = NULL;
+    nd->n = nd->n_alloc = 0;
+    nd->n_bucket = 0;
+    nd->head = nd->tail = NIL;
+}
+
+void rtr_pindex_destroy(rtr_pindex_t *x)
+{
+    if (!x) return;
+    for (size_t i = 0; i < x->n_nodes; i++) node_clear(&x->nodes[i]);
+    free(x->nodes);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+}
+
+static pi_node_t *node_find(rtr_pindex_t *x, const char *id)
+{
+    for (size_t i = 0; i < x->n_nodes; i++)
+        if (!strcmp(x->nodes[i].id, id)) return &x->nodes[i];
+    return NULL;
+}
+
+static uint32_t bucket_of(const pi_node_t *nd, uint64_t h)
+{
+    /* the hashes are SipHash outputs: already uniform, the low bits will do */
+    return (uint32_t)(h & (nd->n_bucket - 1));
+}
+
+static int32_t entry_find(const pi_node_t *nd, uint64_t h)
+{
+    if (!nd->n_bucket) return NIL;
+    for (int32_t i = nd->bucket[bucket_of(nd, h)]; i != NIL; i = nd->e[i].chain)
+        if (nd->e[i].h == h) return i;
+    return NIL;
+}
+
+static void lru_unlink(pi_node_t *nd, int32_t i)
+{
+    pi_entry_t *e = &nd->e[i];
+    if (e->prev != NIL) nd->e[e->prev].next = e->next;
+    else nd->head = e->next;
+    if (e->next != NIL) nd->e[e->next].prev = e->prev;
+    else nd->tail = e->prev;
+    e->prev = e->next = NIL;
+}
+
+static void lru_push_front(pi_node_t *nd, int32_t i)
+{
+    pi_entry_t *e = &nd->e[i];
+    e->prev = NIL;
+    e->next = nd->head;
+    if (nd->head != NIL) nd->e[nd->head].prev = i;
+    nd->head = i;
+    if (nd->tail == NIL) nd->tail = i;
+}
+
+static void chain_unlink(pi_node_t *nd, int32_t i)
+{
+    int32_t *p = &nd->bucket[bucket_of(nd, nd->e[i].h)];
+    while (*p != i) p = &nd->e[*p].chain;
+    *p = nd->e[i].chain;
+}
+
+static void chain_link(pi_node_t *nd, int32_t i)
+{
+    uint32_t b = bucket_of(nd, nd->e[i].h);
+    nd->e[i].chain = nd->bucket[b];
+    nd->bucket[b] = i;
+}
+
+/* Makes room for one more entry below the capacity: doubles the arrays and rebuilds the chains. 0 on NOMEM. */
+static int node_grow(pi_node_t *nd)
+{
+    int64_t want = nd->n_alloc ? (int64_t)nd->n_alloc * 2 : 64;
+    if (want > nd->cap) want = nd->cap;
+    pi_entry_t *e = realloc(nd->e, (size_t)want * sizeof *e);
+    if (!e) return 0;
+    nd->e = e;
+    nd->n_alloc = (int32_t)want;
+    uint32_t nb = 64;
+    while (nb < (uint32_t)want) nb *= 2;
+    if (nb != nd->n_bucket) {
+        int32_t *b = malloc(nb * sizeof *b);
+        if (!b) return 0;
+        free(nd->bucket);
+        nd->bucket = b;
+        nd->n_bucket = nb;
+        for (uint32_t k = 0; k < nb; k++) b[k] = NIL;
+        for (int32_t i = 0; i < nd->n; i++) chain_link(nd, i);
+    }
+    return 1;
+}
+
+/* Adds h as most recently used, evicting the least recently used entry when full. 0 on NOMEM. */
+static int node_touch(pi_node_t *nd, uint64_t h)
+{
+    int32_t i = entry_find(nd, h);
+    if (i != NIL) {
+        lru_unlink(nd, i);
+        lru_push_front(nd, i);
+        return 1;
+    }
+    if (nd->n >= nd->cap) {
+        i = nd->tail; /* reuse the evicted slot: the array never exceeds the capacity */
+        lru_unlink(nd, i);
+        chain_unlink(nd, i);
+    } else {
+        if (nd->n == nd->n_alloc && !node_grow(nd)) return 0;
+        i = nd->n++;
+    }
+    nd->e[i].h = h;
+    chain_link(nd, i);
+    lru_push_front(nd, i);
+    return 1;
+}
+
+/* The node's record for this incarnation and capacity, created or reset as needed; NULL on NOMEM. */
+static pi_node_t *node_get(rtr_pindex_t *x, const char *id, int64_t started_ms, int64_t cap)
+{
+    pi_node_t *nd = node_find(x, id);
+    if (nd && (nd->started_ms != started_ms || nd->cap != cap)) {
+        node_clear(nd); /* restarted or resized: what it held is gone, or the bound no longer holds */
+        nd->started_ms = started_ms;
+        nd->cap = cap;
+    }
+    if (nd) return nd;
+    if (x->n_nodes == x->cap_nodes) {
+        size_t c = x->cap_nodes ? x->cap_nodes * 2 : 8;
+        pi_node_t *q = realloc(x->nodes, c * sizeof *q);
+        if (!q) return NULL;
+        x->nodes = q;
+        x->cap_nodes = c;
+    }
+    nd = &x->nodes[x->n_nodes++];
+    memset(nd, 0, sizeof *nd);
+    snprintf(nd->id, sizeof nd->id, "%s", id);
+    nd->started_ms = started_ms;
+    nd->cap = cap;
+    nd->head = nd->tail = NIL;
+    return nd;
+}
+
+size_t rtr_pindex_match(rtr_pindex_t *x, const char *node_id, int64_t started_ms, const uint64_t *h, size_t n)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&x->mu);
+    pi_node_t *nd = node_find(x, node_id);
+    if (nd && nd->started_ms == started_ms)
+        while (k < n && entry_find(nd, h[k]) != NIL) k++;
+    pthread_mutex_unlock(&x->mu);
+    return k;
+}
+
+void rtr_pindex_insert(rtr_pindex_t *x, const char *node_id, int64_t started_ms, int64_t capacity, const uint64_t *h,
+                       size_t n)
+{
+    if (capacity <= 0) capacity = RTR_PINDEX_DEFAULT_CAPACITY;
+    if (capacity > INT32_MAX / 2) capacity = INT32_MAX / 2;
+    pthread_mutex_lock(&x->mu);
+    pi_node_t *nd = node_get(x, node_id, started_ms, capacity);
+    /* last block first, so the first block is the most recent and eviction trims the chain from its tail */
+    for (size_t i = n; nd && i-- > 0;)
+        if (!node_touch(nd, h[i])) {
+            node_clear(nd); /* harmless: the node just looks cold to the router */
+            break;
+        }
+    pthread_mutex_unlock(&x->mu);
+}
+
+void rtr_pindex_forget(rtr_pindex_t *x, const char *node_id)
+{
+    pthread_mutex_lock(&x->mu);
+    pi_node_t *nd = node_find(x, node_id);
+    if (nd) {
+        node_clear(nd);
+        *nd = x->nodes[--x->n_nodes];
+    }
+    pthread_mutex_unlock(&x->mu);
+}
+
+size_t rtr_pindex_size(rtr_pindex_t *x, const char *node_id)
+{
+    pthread_mutex_lock(&x->mu);
+    pi_node_t *nd = node_find(x, node_id);
+    size_t n = nd ? (size_t)nd->n : 0;
+    pthread_mutex_unlock(&x->mu);
+    return n;
+}
