@@ -185,16 +185,13 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     pthread_mutex_lock(&ne->load_mu);
     double now = bt_sched_now(), dt = now - ne->load_t;
     if (dt > 0) {
-        /* Rates only from intervals with work: an idle node keeps its last measured speed. The rates are per
-         * wall-clock second of the interval, so mixed prefill+decode intervals understate each; good enough for a
-         * cost model that compares nodes measured the same way. */
-        uint64_t steps = st->steps - ne->load_steps;
-        if (st->computed_prompt_tokens > ne->load_computed)
-            ne->prefill_rate = ewma(ne->prefill_rate, (double)(st->computed_prompt_tokens - ne->load_computed) / dt);
+        /* The prefill rate and step time come from the scheduler's step-time fit (marginal cost per token, fixed
+         * cost per step), not from tokens per wall second, which would measure the offered load instead. */
+        if (st->step_token_s > 0) ne->prefill_rate = 1.0 / st->step_token_s;
+        if (st->step_fixed_s + st->step_token_s > 0) ne->step_s = st->step_fixed_s + st->step_token_s;
+        /* decode: tokens per wall second over intervals that generated any (an idle node keeps its last figure) */
         if (st->generated_tokens > ne->load_generated)
             ne->decode_rate = ewma(ne->decode_rate, (double)(st->generated_tokens - ne->load_generated) / dt);
-        /* mean step time while busy: an interval that ran steps back to back gives dt / steps */
-        if (steps > 0 && st->running > 0) ne->step_s = ewma(ne->step_s, dt / (double)steps);
         ne->load_computed = st->computed_prompt_tokens;
         ne->load_generated = st->generated_tokens;
         ne->load_steps = st->steps;

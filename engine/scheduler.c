@@ -77,6 +77,7 @@ struct bt_sched {
     parked *parked;
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
+    double fit_w, fit_n, fit_t, fit_nn, fit_nt; /* weighted sums over steps of 1, n, T, n^2, n*T */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
     int32_t n_export;
 
@@ -627,6 +628,28 @@ static void admit(bt_sched *s, int32_t *budget)
     }
 }
 
+/* Adds one step of n tokens that took t seconds to the step-time fit (recent steps weigh more). */
+static void fit_add(bt_sched *s, double n, double t)
+{
+    const double decay = 0.98;
+    s->fit_w = s->fit_w * decay + 1;
+    s->fit_n = s->fit_n * decay + n;
+    s->fit_t = s->fit_t * decay + t;
+    s->fit_nn = s->fit_nn * decay + n * n;
+    s->fit_nt = s->fit_nt * decay + n * t;
+    double mn = s->fit_n / s->fit_w, mt = s->fit_t / s->fit_w;
+    double var = s->fit_nn / s->fit_w - mn * mn, cov = s->fit_nt / s->fit_w - mn * mt;
+    double c = var > 1.0 ? cov / var : 0, t0 = mt - c * mn;
+    if (c <= 0 || t0 < 0) {
+        /* steps of (nearly) one size, or noise: big steps are mostly per-token cost, small ones mostly fixed cost;
+         * the per-token cost of small steps stays unknown (0) rather than wildly overstated */
+        c = mn >= 64 ? mt / mn : 0;
+        t0 = mn >= 64 ? 0 : mt;
+    }
+    s->st.step_token_s = c;
+    s->st.step_fixed_s = t0;
+}
+
 static void snapshot(bt_sched *s)
 {
     bt_bm_stats bs;
@@ -724,7 +747,9 @@ int bt_sched_step(bt_sched *s)
     }
     bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl};
     bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
+    double t_run = bt_sched_now();
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
+    if (!st) fit_add(s, nt, bt_sched_now() - t_run);
     bt_forward_set_layer_hook(s->fw, NULL, NULL);
     s->st.steps++;
     if (st) {

@@ -99,6 +99,10 @@ typedef struct bt_sched_stats {
     uint64_t finished, aborted, timed_out;
     uint64_t remote_prefills, remote_fallbacks; /* remote prefills started / ended in local prefill */
     int32_t kv_blocks_parked;   /* blocks kept after the last event (hold_kv, or a remote write still possible) */
+    /* Step-time model fitted over recent steps (least squares, exponentially weighted): a step of n tokens takes
+     * step_fixed_s + n * step_token_s. 1 / step_token_s is the marginal prefill rate; step_fixed_s + step_token_s
+     * a lone decode step. 0 until measured. */
+    double step_fixed_s, step_token_s;
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;

@@ -173,7 +173,7 @@ def test_prefill_node_killed_with_32_in_flight(pb, cluster, etcd, default_model)
     env = TRANSPORTS[t]
     chans, _, s_local = stubs(pb, cluster)
     rng = random.Random(3)
-    cases = [([rng.randrange(200, 40000) for _ in range(rng.randrange(200, 500))], i % 2 == 1, 50 + i)
+    cases = [([rng.randrange(200, 40000) for _ in range(rng.randrange(100, 260))], i % 2 == 1, 50 + i)
              for i in range(32)]
     want = [run(pb, s_local, *c) for c in cases]
     with start_prefill(etcd, default_model, node_id=f"pk-{t}", threads=1, kv_mem="128M", env=env) as pk, \
