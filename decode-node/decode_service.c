@@ -349,6 +349,58 @@ static bt_rpc_channel_t *channel_for(decode_service_t *s, const char *addr)
     return d ? d->ch : NULL;
 }
 
+static int call_finished(dec_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int f = c->finished;
+    pthread_mutex_unlock(&c->mu);
+    return f;
+}
+
+/* Prefill/Run as a cancellable call (the wire format of a unary call): if the request ends meanwhile (client gone,
+ * Decode/Abort, deadline), the call is cancelled so that the prefill node drops the prompt (DESIGN 3). Returns as
+ * bt_rpc_unary does. */
+static bt_status call_prefill(dec_call *c, bt_rpc_channel_t *ch, const ProtobufCMessage *req, int timeout_ms,
+                              ProtobufCMessage **resp, bt_rpc_result_t *res)
+{
+    bt_rpc_stream_t *rs = NULL;
+    bt_status st = bt_rpc_stream_open(ch, "/baton.v1.Prefill/Run", req, &baton__v1__prefill_run_response__descriptor,
+                                      timeout_ms, NULL, &rs);
+    if (st != BT_OK) {
+        res->code = BT_RPC_INTERNAL;
+        snprintf(res->message, sizeof res->message, "%s", bt_last_error());
+        return st;
+    }
+    ProtobufCMessage *m = NULL, *first = NULL;
+    for (;;) {
+        int ready = 0;
+        st = bt_rpc_stream_next_wait(rs, 100, &m, &ready);
+        if (st != BT_OK) break;
+        if (!ready) {
+            if (call_finished(c)) bt_rpc_stream_cancel(rs);
+            continue;
+        }
+        if (!m) break; /* end of the call */
+        if (first) protobuf_c_message_free_unpacked(m, NULL);
+        else first = m;
+    }
+    if (bt_rpc_stream_result(rs, res) != BT_OK) {
+        res->code = BT_RPC_INTERNAL;
+        snprintf(res->message, sizeof res->message, "no result");
+    }
+    bt_rpc_stream_close(rs);
+    if (st == BT_OK && !first) {
+        st = BT_ERR_FORMAT;
+        snprintf(res->message, sizeof res->message, "the prefill node answered nothing");
+    }
+    if (st != BT_OK) {
+        if (first) protobuf_c_message_free_unpacked(first, NULL);
+        return st;
+    }
+    *resp = first;
+    return BT_OK;
+}
+
 /* Calls Prefill/Run on the hinted prefill node and waits for its answer and for the blocks' arrival; then tells the
  * scheduler (first token, or local prefill). Runs on its own thread: the wait is the network's. */
 static void *prefill_worker(void *arg)
@@ -402,8 +454,7 @@ static void *prefill_worker(void *arg)
         ProtobufCMessage *resp = NULL;
         bt_rpc_result_t res;
         memset(&res, 0, sizeof res);
-        st = bt_rpc_unary(ch, "/baton.v1.Prefill/Run", &q.base, &baton__v1__prefill_run_response__descriptor,
-                          timeout_ms, &resp, &res);
+        st = call_prefill(c, ch, &q.base, timeout_ms, &resp, &res);
         if (st == BT_OK) {
             const Baton__V1__PrefillRunResponse *r = (const Baton__V1__PrefillRunResponse *)resp;
             /* P answers only after the decode side acknowledged the blocks, so this returns at once */
@@ -436,6 +487,12 @@ static void *prefill_worker(void *arg)
              * expectation's own deadline (after the push's) before the blocks are reused. A dead or refusing
              * prefill node writes nothing more. */
             if (res.code == BT_RPC_DEADLINE_EXCEEDED) kvx_expect_wait(c->expect);
+            /* We cancelled (the request ended): the prefill node stops posting layers once it sees the cancel;
+             * give a copy already under way time to end before the blocks can be reused. */
+            if (res.code == BT_RPC_CANCELLED && call_finished(c)) {
+                struct timespec ts = {1, 0};
+                nanosleep(&ts, NULL);
+            }
         }
     }
     if (sp) protobuf_c_message_free_unpacked(&sp->base, NULL);

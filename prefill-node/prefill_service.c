@@ -187,6 +187,10 @@ static void export_layer(void *user, int32_t layer)
 {
     pf_call *c = user;
     if (c->layer_failed || !c->push) return;
+    if (atomic_load(&c->abort_pending)) { /* the decode node gave up: no byte more into its blocks */
+        c->layer_failed = 1;
+        return;
+    }
     if (kvx_push_layer(c->push, (uint32_t)layer) != BT_OK) c->layer_failed = 1; /* the completion says why */
     if ((uint32_t)layer + 1 == c->n_layers) c->t_last_layer = bt_sched_now();
 }
@@ -208,9 +212,9 @@ static void on_event(void *user, const bt_sched_event *ev)
     c->finish_error = ev->error;
     c->t_done = bt_sched_now();
     atomic_fetch_sub(&c->svc->queued_prefill_tokens, c->n_prompt);
-    if (ev->token < 0 && c->push) {
-        /* ended without its token (abort, deadline, error) after the push started: stop it; the decode node's
-         * expectation then times out or is dropped by its own error path */
+    if (c->push && (ev->token < 0 || c->layer_failed)) {
+        /* ended without its token (abort, deadline, error) or with layers left unposted after the push started:
+         * stop it; the decode node's expectation then times out or is dropped by its own error path */
         kvx_push_destroy(c->push);
         c->push = NULL;
         pthread_mutex_lock(&c->mu);
@@ -238,7 +242,7 @@ static void answer(pf_call *c)
         const kvx_plan_t *plan = kvx_push_plan(c->push);
         bytes = (uint64_t)plan->n_blocks * plan->local.n_layers * plan->local.block_stride;
     }
-    if (c->finish == BT_END_ABORT) {
+    if (c->finish == BT_END_ABORT || atomic_load(&c->abort_pending)) {
         code = BT_RPC_CANCELLED;
         ps = PS_CANCELLED;
         snprintf(msg, sizeof msg, "prefill of %s cancelled", c->request_id);

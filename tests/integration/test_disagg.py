@@ -203,3 +203,26 @@ def test_prefill_node_killed_with_32_in_flight(pb, cluster, etcd, default_model)
         assert dk.stop() == 0
     for c in chans:
         c.close()
+
+
+def test_client_cancel_drops_the_remote_prefill(pb, cluster):
+    """The decode node's client goes away while the prefill node computes: the prefill node drops the prompt
+    (CANCELLED) and both nodes get every block back."""
+    n, g = pb["baton.v1.node_pb2"], pb["baton.v1.generate_pb2"]
+    p, dr = cluster["p"], cluster["dr"]
+    chans, s_remote, _ = stubs(pb, cluster)
+    rng = random.Random(5)
+    ids = [rng.randrange(200, 40000) for _ in range(1800)]
+    before = p.metric("baton_requests_total", 'status="cancelled"') or 0
+    call = s_remote.Run(n.DecodeRunRequest(request_id="gone", prompt_token_ids=ids, max_tokens=4,
+                                           sampling=g.SamplingParams(temperature=0.0),
+                                           prefill=n.PrefillHint(node_id="p", grpc_address=p.grpc_addr)),
+                        timeout=120)
+    time.sleep(1.0)  # the prefill node is computing the first 1,024-token chunk (several seconds)
+    call.cancel()
+    assert wait_metric(p, "baton_requests_total", before + 1, 'status="cancelled"', timeout=30) == before + 1, \
+        p.log()[-3000:]
+    assert wait_metric(dr, "baton_kv_blocks_used", 0, timeout=10) == 0
+    assert wait_metric(p, "baton_kv_blocks_used", 0, timeout=10) == 0
+    for ch in chans:
+        ch.close()
