@@ -10,10 +10,26 @@
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_kernels.h"
 
+/* A weight matrix packed for the tiled GEMM, keyed by its data pointer (weights are immutable while the backend
+ * uses them). p == NULL marks a weight that could not be packed: it then always runs unpacked, so each weight
+ * keeps one arithmetic for the life of the backend. The type, shape and first bytes guard against a freed
+ * weight's address being reused by another. */
+typedef struct packed_entry {
+    const void *key;
+    uint32_t type;
+    int64_t n_in, n_out;
+    uint8_t head[16];
+    bt_cpu_packed *p;
+} packed_entry;
+
 typedef struct cpu_ctx {
     const bt_cpu_ops *ops;
     bt_pool *pool;
     int act_bits;    /* activation precision of quantized matmuls: 16 (default, near-exact) or 8 (faster) */
+    int repack;      /* pack supported weight types for the tiled GEMM on first use (BATON_CPU_REPACK, default 1) */
+    packed_entry *packed; /* open-addressing table, packed_cap slots (a power of two), packed_n used */
+    size_t packed_cap, packed_n;
+    size_t packed_bytes;  /* memory held by packed copies */
     void *xq;        /* activation quantization scratch */
     size_t xq_bytes;
     struct attn_task *attn_tasks;
@@ -25,9 +41,91 @@ static cpu_ctx *C(bt_backend *be)
     return be->ctx;
 }
 
+static void packed_clear(cpu_ctx *c)
+{
+    for (size_t i = 0; i < c->packed_cap; i++)
+        if (c->packed[i].p) {
+            bt_cpu_packed_free(c->packed[i].p);
+            free(c->packed[i].p);
+        }
+    free(c->packed);
+    c->packed = NULL;
+    c->packed_cap = c->packed_n = c->packed_bytes = 0;
+}
+
+static size_t packed_slot(const packed_entry *tab, size_t cap, const void *key)
+{
+    size_t h = (size_t)(((uintptr_t)key >> 5) * 0x9E3779B97F4A7C15ull);
+    for (size_t i = h & (cap - 1);; i = (i + 1) & (cap - 1))
+        if (tab[i].key == key || !tab[i].key) return i;
+}
+
+static bt_status packed_grow(cpu_ctx *c)
+{
+    size_t cap = c->packed_cap ? 2 * c->packed_cap : 512;
+    packed_entry *tab = calloc(cap, sizeof *tab);
+    if (!tab) return bt_fail(BT_ERR_NOMEM, "out of memory for the packed weight table");
+    for (size_t i = 0; i < c->packed_cap; i++)
+        if (c->packed[i].key) tab[packed_slot(tab, cap, c->packed[i].key)] = c->packed[i];
+    free(c->packed);
+    c->packed = tab;
+    c->packed_cap = cap;
+    return BT_OK;
+}
+
+static void weight_head(const bt_weight *w, uint8_t head[16])
+{
+    memset(head, 0, 16);
+    size_t n = bt_cpu_row_bytes(w->type, w->n_in) * (size_t)w->n_out;
+    memcpy(head, w->data, n < 16 ? n : 16);
+}
+
+/* The packed copy of w for the tiled GEMM, packing it on first use; *out = NULL when w runs unpacked (packing
+ * off, no tiled kernel for its type, or packing failed once). Errors only when the table cannot grow. */
+static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed **out)
+{
+    *out = NULL;
+    if (!c->repack || !bt_cpu_pack_supported(c->ops, w->type, c->act_bits) || w->n_out <= 0 || !w->data ||
+        w->n_in % bt_cpu_block_elems(w->type))
+        return BT_OK;
+    uint8_t head[16];
+    weight_head(w, head);
+    packed_entry *e = c->packed_cap ? &c->packed[packed_slot(c->packed, c->packed_cap, w->data)] : NULL;
+    if (e && e->key) {
+        if (e->type == w->type && e->n_in == w->n_in && e->n_out == w->n_out && !memcmp(e->head, head, 16)) {
+            *out = e->p;
+            return BT_OK;
+        }
+        if (e->p) { /* another weight now lives at this address: repack in the same slot */
+            c->packed_bytes -= bt_cpu_pack_bytes(e->type, c->act_bits, e->n_in, e->n_out);
+            bt_cpu_packed_free(e->p);
+            free(e->p);
+        }
+    } else {
+        if (2 * (c->packed_n + 1) > c->packed_cap) {
+            bt_status st = packed_grow(c);
+            if (st) return st;
+        }
+        e = &c->packed[packed_slot(c->packed, c->packed_cap, w->data)];
+        c->packed_n++;
+    }
+    *e = (packed_entry){.key = w->data, .type = w->type, .n_in = w->n_in, .n_out = w->n_out};
+    memcpy(e->head, head, 16);
+    bt_cpu_packed *p = calloc(1, sizeof *p);
+    if (p && bt_cpu_pack(c->pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, p) == BT_OK) {
+        e->p = p;
+        c->packed_bytes += bt_cpu_pack_bytes(w->type, c->act_bits, w->n_in, w->n_out);
+    } else {
+        free(p); /* stays unpacked for good */
+    }
+    *out = e->p;
+    return BT_OK;
+}
+
 static void cpu_destroy(bt_backend *be)
 {
     cpu_ctx *c = C(be);
+    packed_clear(c);
     bt_pool_destroy(c->pool);
     free(c->xq);
     free(c->attn_tasks);
@@ -77,11 +175,14 @@ static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bia
         c->xq = p;
         c->xq_bytes = need;
     }
+    const bt_cpu_packed *wp;
+    bt_status st = packed_get(c, w, &wp);
+    if (st) return st;
     bt_cpu_matmul mm = {
         .ops = c->ops, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out, .n_rows = n_rows,
-        .w = w->data, .x = x, .xq = c->xq, .out = out, .out_stride = 0, .act_bits = c->act_bits,
+        .w = w->data, .x = x, .xq = c->xq, .out = out, .out_stride = 0, .act_bits = c->act_bits, .wp = wp,
     };
-    bt_status st = bt_cpu_matmul_run(c->pool, &mm);
+    st = bt_cpu_matmul_run(c->pool, &mm);
     if (st) return st;
     if (bias)
         for (int32_t r = 0; r < n_rows; r++)
@@ -111,12 +212,17 @@ static bt_status cpu_matmul_multi(bt_backend *be, const bt_weight *const *ws, co
         c->xq = p;
         c->xq_bytes = need;
     }
-    for (int i = 0; i < n; i++)
+    bt_status st;
+    for (int i = 0; i < n; i++) {
+        const bt_cpu_packed *wp;
+        if ((st = packed_get(c, ws[i], &wp))) return st;
         mm[i] = (bt_cpu_matmul){
             .ops = c->ops, .wtype = ws[i]->type, .n_in = ws[i]->n_in, .n_out = ws[i]->n_out, .n_rows = n_rows,
             .w = ws[i]->data, .x = x, .xq = c->xq, .out = outs[i], .out_stride = 0, .act_bits = c->act_bits,
+            .wp = wp,
         };
-    bt_status st = bt_cpu_matmul_run_multi(c->pool, mm, n);
+    }
+    st = bt_cpu_matmul_run_multi(c->pool, mm, n);
     if (st) return st;
     for (int i = 0; i < n; i++)
         if (biases[i])
@@ -203,18 +309,10 @@ typedef struct attn_task {
 typedef struct attn_plan {
     const bt_attn_args *a;
     const attn_task *tasks;
+    const bt_cpu_ops *ops; /* SIMD conversions and inner loops, bit-identical to their scalar forms */
 } attn_plan;
 
 #define ATTN_CHUNK 8 /* query tokens per work item */
-
-/* Sum of a[i] * b[i] in 8 fixed lanes and a fixed tree: the same order for every call (n % 8 == 0). */
-static inline float dot8(const float *a, const float *b, int32_t n)
-{
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int32_t i = 0; i < n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
 
 static void attn_task_run(void *ctx, int ti, int n_tasks)
 {
@@ -255,10 +353,8 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
             vp = vbuf;
         } else {
             const uint16_t *ks = (const uint16_t *)blk + e, *vs = (const uint16_t *)(blk + kv->v_off) + e;
-            for (int32_t i = 0; i < nk * hd; i++) {
-                kbuf[i] = bt_fp16_to_f32(ks[i]);
-                vbuf[i] = bt_fp16_to_f32(vs[i]);
-            }
+            plan->ops->fp16_to_f32((int64_t)nk * hd, ks, kbuf);
+            plan->ops->fp16_to_f32((int64_t)nk * hd, vs, vbuf);
             kp = kbuf;
             vp = vbuf;
         }
@@ -271,10 +367,9 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
                 const float *q = a->q + ((size_t)(tk->t0 + qi) * (size_t)a->n_head + (size_t)h) * (size_t)hd;
                 float *ac = acc + (size_t)si * (size_t)hd;
                 float bm = -INFINITY;
-                for (int32_t j = 0; j < nkq; j++) {
-                    sc[j] = dot8(q, kp + (size_t)j * (size_t)hd, hd) * a->scale;
+                plan->ops->attn_scores(hd, q, kp, (size_t)hd, nkq, a->scale, sc);
+                for (int32_t j = 0; j < nkq; j++)
                     if (sc[j] > bm) bm = sc[j];
-                }
                 /* one rescale per block: the block boundaries are absolute positions, so every query meets the
                  * same sequence of updates whatever batch or chunk it came in */
                 float mn = bm > m[si] ? bm : m[si];
@@ -282,11 +377,10 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
                 l[si] *= c;
                 for (int32_t i = 0; i < hd; i++) ac[i] *= c;
                 for (int32_t j = 0; j < nkq; j++) {
-                    float w = expf(sc[j] - mn);
-                    l[si] += w;
-                    const float *vr = vp + (size_t)j * (size_t)hd;
-                    for (int32_t i = 0; i < hd; i++) ac[i] += w * vr[i];
+                    sc[j] = expf(sc[j] - mn); /* now the weight of key j */
+                    l[si] += sc[j];
                 }
+                plan->ops->attn_accum(hd, sc, vp, (size_t)hd, nkq, ac);
                 m[si] = mn;
             }
         }
@@ -320,7 +414,7 @@ static void cpu_attention(bt_backend *be, const bt_attn_args *a)
         for (int32_t g = 0; g < a->n_head_kv; g++) c->attn_tasks[n++] = (attn_task){r, t - r + 1, g};
         t++;
     }
-    attn_plan plan = {a, c->attn_tasks};
+    attn_plan plan = {a, c->attn_tasks, c->ops};
     bt_pool_run_tasks(c->pool, attn_task_run, &plan, n);
 }
 
@@ -379,6 +473,17 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
             return bt_fail(BT_ERR_INVALID, "BATON_ACT_BITS must be 8 or 16, not '%s'", ab);
         }
         c->act_bits = atoi(ab);
+    }
+    /* BATON_CPU_REPACK=0 keeps every weight in its GGUF layout (no extra memory, slower batched matmuls) */
+    const char *rp = getenv("BATON_CPU_REPACK");
+    c->repack = 1;
+    if (rp && *rp) {
+        if (strcmp(rp, "0") && strcmp(rp, "1")) {
+            free(be);
+            free(c);
+            return bt_fail(BT_ERR_INVALID, "BATON_CPU_REPACK must be 0 or 1, not '%s'", rp);
+        }
+        c->repack = rp[0] == '1';
     }
     if ((st = bt_pool_create(n_threads, &c->pool))) {
         free(be);

@@ -141,9 +141,20 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
         if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
         for (int bi2 = 0; bi2 < n_bits; bi2++)
         for (int nth = 1; nth <= max_threads; nth++)
-        for (int fused = 0; fused < 2; fused++) {
+        for (int fused = 0; fused < 3; fused++) { /* 2: fused, on weights packed for the tiled GEMM */
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            if (fused == 2 && (!bt_cpu_pack_supported(ops, BT_TYPE_Q4_1, bits[bi2]) ||
+                               !bt_cpu_pack_supported(ops, BT_TYPE_Q8_0, bits[bi2])))
+                continue;
             bt_pool *pool = NULL;
             if (bt_pool_create(nth, &pool) != BT_OK) return;
+            static bt_cpu_packed packs[N_LAYERS * 7 + 1];
+            for (int k = 0; fused == 2 && k <= N_LAYERS * 7; k++) {
+                int last = k == N_LAYERS * 7;
+                if (bt_cpu_pack(pool, last ? BT_TYPE_Q8_0 : BT_TYPE_Q4_1, bits[bi2], last ? 576 : layer_shapes[k % 7][0],
+                                last ? 49152 : layer_shapes[k % 7][1], last ? wout : w + off[k], &packs[k]) != BT_OK)
+                    return;
+            }
             for (int bi = 0; bi < n_batches; bi++) {
                 double samples[15];
                 for (int rep = 0; rep < 15; rep++) {
@@ -154,7 +165,8 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                             mm[k] = (bt_cpu_matmul){.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q4_1,
                                                     .n_in = layer_shapes[k][0], .n_out = layer_shapes[k][1],
                                                     .n_rows = batches[bi], .w = w + off[l * 7 + k], .x = x,
-                                                    .xq = xq, .out = y + 4096 * k, .act_bits = bits[bi2]};
+                                                    .xq = xq, .out = y + 4096 * k, .act_bits = bits[bi2],
+                                                    .wp = fused == 2 ? &packs[l * 7 + k] : NULL};
                         if (fused) { /* q, k, v in one run; gate, up in one run */
                             bt_cpu_matmul_run_multi(pool, mm, 3);
                             bt_cpu_matmul_run(pool, &mm[3]);
@@ -166,16 +178,18 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                     }
                     bt_cpu_matmul mo = {.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q8_0, .n_in = 576,
                                         .n_out = 49152, .n_rows = batches[bi], .w = wout, .x = x, .xq = xq, .out = y,
-                                        .act_bits = bits[bi2]};
+                                        .act_bits = bits[bi2], .wp = fused == 2 ? &packs[N_LAYERS * 7] : NULL};
                     bt_cpu_matmul_run(pool, &mo);
                     samples[rep] = now_s() - t0;
                 }
                 qsort(samples, 15, sizeof samples[0], cmp_double);
                 printf("%-7s %4d %3d %5d %6s %12.3f %14.1f\n", bt_cpu_isa_name((bt_cpu_isa)isa), bits[bi2], nth,
                        batches[bi],
-                       fused ? "yes" : "no", samples[7] * 1e3, (double)(total + out_bytes) / samples[7] * 1e-9);
+                       fused == 2 ? "packed" : fused ? "yes" : "no", samples[7] * 1e3,
+                       (double)(total + out_bytes) / samples[7] * 1e-9);
                 fflush(stdout);
             }
+            for (int k = 0; fused == 2 && k <= N_LAYERS * 7; k++) bt_cpu_packed_free(&packs[k]);
             bt_pool_destroy(pool);
         }
     }

@@ -747,6 +747,51 @@ void bt_cpu_avx2_f32_to_bf16(int64_t n, const float *x, uint16_t *y)
     for (; i < n; i++) y[i] = bt_f32_to_bf16(x[i]);
 }
 
+/* The 8 lanes of dot8 are the 8 lanes of one register; mul and add stay separate (no FMA) to round as the scalar
+ * reference does. */
+void bt_cpu_avx2_attn_scores(int64_t n, const float *q, const float *k, size_t k_stride, int64_t nk, float scale,
+                             float *out)
+{
+    for (int64_t j = 0; j < nk; j++) {
+        const float *kr = k + (size_t)j * k_stride;
+        __m256 l = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i += 8) l = _mm256_add_ps(l, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i)));
+        __m128 lo = _mm256_castps256_ps128(l), hi = _mm256_extractf128_ps(l, 1);
+        /* [l0 + l1, l2 + l3, l4 + l5, l6 + l7] */
+        __m128 p = _mm_add_ps(_mm_shuffle_ps(lo, hi, 0x88), _mm_shuffle_ps(lo, hi, 0xdd));
+        __m128 s = _mm_add_ps(p, _mm_movehdup_ps(p)); /* lanes 0, 2: (l0+l1)+(l2+l3), (l4+l5)+(l6+l7) */
+        out[j] = (_mm_cvtss_f32(s) + _mm_cvtss_f32(_mm_movehl_ps(s, s))) * scale;
+    }
+}
+
+/* acc stays in registers across the nv rows, 32 elements at a time; per element the same mul, then add, in j order */
+void bt_cpu_avx2_attn_accum(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv, float *acc)
+{
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        for (int64_t j = 0; j < nv; j++) {
+            const float *vr = v + (size_t)j * v_stride + i;
+            __m256 wj = _mm256_set1_ps(w[j]);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(wj, _mm256_loadu_ps(vr)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(wj, _mm256_loadu_ps(vr + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(wj, _mm256_loadu_ps(vr + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(wj, _mm256_loadu_ps(vr + 24)));
+        }
+        _mm256_storeu_ps(acc + i, a0), _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2), _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(acc + i);
+        for (int64_t j = 0; j < nv; j++)
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + (size_t)j * v_stride + i)));
+        _mm256_storeu_ps(acc + i, a);
+    }
+    for (; i < n; i++)
+        for (int64_t j = 0; j < nv; j++) acc[i] += w[j] * v[(size_t)j * v_stride + i];
+}
+
 const bt_cpu_ops bt_cpu_ops_avx2 = {
     .isa = BT_CPU_ISA_AVX2,
     .name = "avx2",
@@ -758,6 +803,8 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
     .f32_to_fp16 = bt_cpu_avx2_f32_to_fp16,
     .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,
     .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,
+    .attn_scores = bt_cpu_avx2_attn_scores,
+    .attn_accum = bt_cpu_avx2_attn_accum,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_avx2_dot_rows_f32,
         [BT_TYPE_F16] = bt_cpu_avx2_dot_rows_f16,

@@ -4,7 +4,8 @@
  * their offset folded into the integer dot; the fifth bits of Q5_x expand with one masked byte move.
  * F32/F16/BF16 use 16-lane FMAs; K-quants and activation quantization reuse the AVX2 kernels.
  * With 16-bit activations (vpdpwssd) every type has its own kernel: legacy types one block per register, K-quants
- * one 32-element run per register; the 16-bit activation quantizers are the AVX2 ones. */
+ * one 32-element run per register; the 16-bit activation quantizers are the AVX2 ones. The tiled kernels over
+ * packed Q4_0, Q4_1 and Q8_0 weights live in cpu_avx512_gemm.c. */
 #include <immintrin.h>
 
 #include "engine/cpu/cpu_fp16.h"
@@ -598,6 +599,8 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     .f32_to_fp16 = bt_cpu_avx512_f32_to_fp16,
     .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,
     .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,
+    .attn_scores = bt_cpu_avx2_attn_scores,
+    .attn_accum = bt_cpu_avx2_attn_accum,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_avx512_dot_rows_f32,
         [BT_TYPE_F16] = bt_cpu_avx512_dot_rows_f16,
@@ -620,5 +623,15 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
         [BT_TYPE_Q4_K] = bt_cpu_avx512_dot_rows_q4_k_q16,
         [BT_TYPE_Q5_K] = bt_cpu_avx512_dot_rows_q5_k_q16,
         [BT_TYPE_Q6_K] = bt_cpu_avx512_dot_rows_q6_k_q16,
+    },
+    .gemm8 = {
+        [BT_TYPE_Q4_0] = bt_cpu_avx512_gemm_q4_0,
+        [BT_TYPE_Q4_1] = bt_cpu_avx512_gemm_q4_1,
+        [BT_TYPE_Q8_0] = bt_cpu_avx512_gemm_q8_0,
+    },
+    .gemm16 = {
+        [BT_TYPE_Q4_0] = bt_cpu_avx512_gemm_q4_0_q16,
+        [BT_TYPE_Q4_1] = bt_cpu_avx512_gemm_q4_1_q16,
+        [BT_TYPE_Q8_0] = bt_cpu_avx512_gemm_q8_0_q16,
     },
 };

@@ -25,7 +25,18 @@
     void bt_cpu_##isa##_fp16_to_f32(int64_t n, const uint16_t *x, float *y);                                   \
     void bt_cpu_##isa##_f32_to_fp16(int64_t n, const float *x, uint16_t *y);                                   \
     void bt_cpu_##isa##_bf16_to_f32(int64_t n, const uint16_t *x, float *y);                                   \
-    void bt_cpu_##isa##_f32_to_bf16(int64_t n, const float *x, uint16_t *y)
+    void bt_cpu_##isa##_f32_to_bf16(int64_t n, const float *x, uint16_t *y);                                   \
+    void bt_cpu_##isa##_attn_scores(int64_t n, const float *q, const float *k, size_t k_stride, int64_t nk,     \
+                                    float scale, float *out);                                                  \
+    void bt_cpu_##isa##_attn_accum(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv,      \
+                                   float *acc)
+
+#define BT_CPU_GEMM_DECL(isa, ty)                                                                              \
+    void bt_cpu_##isa##_gemm_##ty(int64_t n, const void *group, const void *act, size_t act_stride, int nr,     \
+                                  float *out, size_t out_stride, int n_valid)
+
+BT_CPU_GEMM_DECL(avx512, q4_0); BT_CPU_GEMM_DECL(avx512, q4_1); BT_CPU_GEMM_DECL(avx512, q8_0);
+BT_CPU_GEMM_DECL(avx512, q4_0_q16); BT_CPU_GEMM_DECL(avx512, q4_1_q16); BT_CPU_GEMM_DECL(avx512, q8_0_q16);
 
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);

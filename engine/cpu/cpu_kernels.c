@@ -76,6 +76,26 @@ void bt_cpu_scalar_f32_to_bf16(int64_t n, const float *x, uint16_t *y)
     for (int64_t i = 0; i < n; i++) y[i] = bt_f32_to_bf16(x[i]);
 }
 
+void bt_cpu_scalar_attn_scores(int64_t n, const float *q, const float *k, size_t k_stride, int64_t nk, float scale,
+                               float *out)
+{
+    for (int64_t j = 0; j < nk; j++) {
+        const float *kr = k + (size_t)j * k_stride;
+        float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t i = 0; i < n; i += 8)
+            for (int t = 0; t < 8; t++) l[t] += q[i + t] * kr[i + t];
+        out[j] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+    }
+}
+
+void bt_cpu_scalar_attn_accum(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv, float *acc)
+{
+    for (int64_t j = 0; j < nv; j++) {
+        const float *vr = v + (size_t)j * v_stride;
+        for (int64_t i = 0; i < n; i++) acc[i] += w[j] * vr[i];
+    }
+}
+
 const bt_cpu_ops bt_cpu_ops_scalar = {
     .isa = BT_CPU_ISA_SCALAR,
     .name = "scalar",
@@ -87,6 +107,8 @@ const bt_cpu_ops bt_cpu_ops_scalar = {
     .f32_to_fp16 = bt_cpu_scalar_f32_to_fp16,
     .bf16_to_f32 = bt_cpu_scalar_bf16_to_f32,
     .f32_to_bf16 = bt_cpu_scalar_f32_to_bf16,
+    .attn_scores = bt_cpu_scalar_attn_scores,
+    .attn_accum = bt_cpu_scalar_attn_accum,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_scalar_dot_rows_f32,
         [BT_TYPE_F16] = bt_cpu_scalar_dot_rows_f16,
@@ -228,9 +250,16 @@ bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm)
     if (mm->out_stride != 0 && mm->out_stride < mm->n_out)
         return bt_fail(BT_ERR_INVALID, "matmul: out_stride %lld < n_out %lld", (long long)mm->out_stride,
                        (long long)mm->n_out);
-    if ((mm->n_out && !mm->w) || (mm->n_rows && (!mm->x || !mm->out)) ||
+    if ((mm->n_out && !mm->w && !mm->wp) || (mm->n_rows && (!mm->x || !mm->out)) ||
         (fmt != BT_ACT_F32 && mm->n_rows && !mm->xq))
         return bt_fail(BT_ERR_INVALID, "matmul: missing buffer");
+    if (mm->wp) {
+        const bt_cpu_packed *p = mm->wp;
+        int bits = mm->act_bits == 8 ? 8 : 16;
+        if (p->wtype != mm->wtype || p->act_bits != bits || p->n_in != mm->n_in || p->n_out != mm->n_out ||
+            !p->data || !bt_cpu_pack_supported(mm->ops, mm->wtype, bits))
+            return bt_fail(BT_ERR_INVALID, "matmul: packed weights do not match the matmul or the ISA");
+    }
     return BT_OK;
 }
 
@@ -246,8 +275,42 @@ void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth)
 /* Activation rows per cache block: their quantized copies stay in L1/L2 while a thread's weight rows stream. */
 #define ROW_CHUNK 32
 
+/* Activation rows per pass over a thread's packed groups: a group's codes (<= 16 KB for n_in <= 1536) stay in L1
+ * while up to 64 rows of activations (<= 216 KB at 16 bits) stream from L2, so a matrix larger than the caches
+ * (the 28 MB output matrix) is read from memory once for up to 64 rows. */
+#define PACKED_ROW_CHUNK 64
+
+/* Phase 2 on packed weights: groups [lo, hi) of 16 output rows. */
+static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
+{
+    const bt_cpu_packed *p = mm->wp;
+    int64_t ng = (mm->n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
+    int64_t lo = ng * ith / nth, hi = ng * (ith + 1) / nth;
+    if (lo >= hi || mm->n_rows == 0) return;
+    bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[mm->wtype] : mm->ops->gemm16[mm->wtype];
+    size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
+    size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
+    for (int64_t r0 = 0; r0 < mm->n_rows; r0 += PACKED_ROW_CHUNK) {
+        int64_t r1 = r0 + PACKED_ROW_CHUNK < mm->n_rows ? r0 + PACKED_ROW_CHUNK : mm->n_rows;
+        for (int64_t g = lo; g < hi; g++) {
+            const char *grp = (const char *)p->data + (size_t)g * p->group_bytes;
+            int64_t o = g * BT_CPU_PACK_ROWS;
+            int nv = (int)(mm->n_out - o < BT_CPU_PACK_ROWS ? mm->n_out - o : BT_CPU_PACK_ROWS);
+            for (int64_t r = r0; r < r1; r += BT_CPU_MAX_NR) {
+                int nr = (int)(r1 - r < BT_CPU_MAX_NR ? r1 - r : BT_CPU_MAX_NR);
+                gemm(mm->n_in, grp, (const char *)mm->xq + (size_t)r * ab, ab, nr, mm->out + (size_t)r * os + o, os,
+                     nv);
+            }
+        }
+    }
+}
+
 void bt_cpu_matmul_compute(const bt_cpu_matmul *mm, int ith, int nth)
 {
+    if (mm->wp) {
+        matmul_compute_packed(mm, ith, nth);
+        return;
+    }
     int64_t lo = mm->n_out * ith / nth, hi = mm->n_out * (ith + 1) / nth;
     if (lo >= hi || mm->n_rows == 0) return;
     bt_cpu_dot_rows_fn dot = bt_cpu_dot_rows_get(mm->ops, mm->wtype, mm->act_bits);

@@ -35,6 +35,29 @@ typedef enum bt_cpu_isa {
 typedef void (*bt_cpu_dot_rows_fn)(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
                                    float *out, size_t out_stride);
 
+/* Weights packed for the tiled GEMM. bt_cpu_pack copies a weight matrix into groups of BT_CPU_PACK_ROWS output
+ * rows whose blocks are interleaved by 4-code words, so that one 512-bit VNNI instruction multiplies 4 codes of
+ * all 16 rows by 4 broadcast activation codes: no horizontal sums, and each weight block is decoded once for up to
+ * BT_CPU_MAX_NR activation rows. Per output element the arithmetic is fixed: per block an exact integer dot isum,
+ * then acc = fma((float)isum, d_w * d_a, acc) and, for types with a min, accm = fma(m_w, ds_a, accm); the result
+ * is acc + accm. It depends on nothing but that element's weight row and activation row, so a packed matmul is
+ * batch-invariant; it differs from the unpacked kernels only in float rounding (same error bounds). The layout
+ * depends on act_bits, so a packing serves one precision. */
+#define BT_CPU_PACK_ROWS 16
+
+typedef struct bt_cpu_packed {
+    uint32_t wtype;
+    int act_bits;       /* 8 or 16: the precision the layout is for */
+    int64_t n_in, n_out;
+    size_t group_bytes; /* bytes per group of BT_CPU_PACK_ROWS rows, a multiple of 64 */
+    void *data;         /* [ceil(n_out / 16)][group_bytes], 64-byte aligned, owned; rows past n_out are zero */
+} bt_cpu_packed;
+
+/* Group `group` (one 16-row group of a bt_cpu_packed, n input elements) times nr (1..BT_CPU_MAX_NR) activation
+ * rows: out[r * out_stride + j] for rows j < n_valid (1..16) of the group. Can't fail. */
+typedef void (*bt_cpu_gemm_fn)(int64_t n, const void *group, const void *act, size_t act_stride, int nr,
+                               float *out, size_t out_stride, int n_valid);
+
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;
     const char *name; /* "scalar", "avx2", "avx512" */
@@ -52,6 +75,17 @@ typedef struct bt_cpu_ops {
      * Q8_256); dot_rows16: quantized types with 16-bit activations (Q16_32, Q16_256). */
     bt_cpu_dot_rows_fn dot_rows[BT_TYPE_COUNT];
     bt_cpu_dot_rows_fn dot_rows16[BT_TYPE_COUNT];
+    /* attention inner loops, bit-identical in every ISA (each product and sum rounded on its own, fixed order):
+     * out[j] = dot8(q, k + j * k_stride) * scale for j < nk, where dot8 sums n (a multiple of 8) products in 8
+     * lanes (lane i % 8) and adds the lanes as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
+    void (*attn_scores)(int64_t n, const float *q, const float *k, size_t k_stride, int64_t nk, float scale,
+                        float *out);
+    /* acc[i] += w[j] * v[j * v_stride + i] for i < n, j = 0, 1, .. nv - 1 in that order */
+    void (*attn_accum)(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv, float *acc);
+    /* per weight type, NULL where none: tiled kernels over packed weights (bt_cpu_pack) with 8-bit (gemm8)
+     * or 16-bit (gemm16) activations */
+    bt_cpu_gemm_fn gemm8[BT_TYPE_COUNT];
+    bt_cpu_gemm_fn gemm16[BT_TYPE_COUNT];
 } bt_cpu_ops;
 
 /* Name of isa ("scalar", "avx2", "avx512"). */
@@ -82,6 +116,26 @@ float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n,
  * supported t and act_bits and n a multiple of the block. */
 void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const float *x, void *dst);
 
+/* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
+int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);
+
+/* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits; 0 when t has no packed layout. */
+size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out);
+
+/* Packs w[n_out][row bytes] (type t) for act_bits (0 means 16) into out, splitting the work over pool (NULL: this
+ * thread). out->data is allocated here and freed by bt_cpu_packed_free; out is set only on success.
+ * BT_ERR_UNSUPPORTED when t has no packed layout, BT_ERR_INVALID for bad shapes, BT_ERR_NOMEM. Blocks. */
+bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
+                      bt_cpu_packed *out);
+
+/* Frees p->data and clears p; NULL or an empty p is a no-op. */
+void bt_cpu_packed_free(bt_cpu_packed *p);
+
+/* Scalar reference of bt_cpu_gemm_fn over p (any layout bt_cpu_pack makes): the same arithmetic, element by
+ * element, so SIMD kernels must match it bit for bit. */
+void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *act, size_t act_stride, int nr,
+                            float *out, size_t out_stride, int n_valid);
+
 /* out[n_rows][n_out] = x[n_rows][n_in] * W^T, W = w[n_out][n_in] in GGUF type wtype (rows contiguous). */
 typedef struct bt_cpu_matmul {
     const bt_cpu_ops *ops;
@@ -94,9 +148,12 @@ typedef struct bt_cpu_matmul {
     float *out;         /* [n_rows][out_stride] */
     int64_t out_stride; /* floats between output rows; 0 means n_out */
     int act_bits;       /* activation precision for quantized weights: 16, 8, or 0 meaning 16 */
+    const bt_cpu_packed *wp; /* optional: w packed for this wtype, act_bits and shape; when set, the product
+                              * runs on the tiled kernel (w is then unused) */
 } bt_cpu_matmul;
 
-/* Validates mm (type supported, n_in a multiple of the block, pointers present, act_bits 0, 8 or 16).
+/* Validates mm (type supported, n_in a multiple of the block, pointers present, act_bits 0, 8 or 16, wp when set
+ * matching the matmul and having a kernel in ops).
  * BT_ERR_UNSUPPORTED for a weight type without kernels, BT_ERR_INVALID for bad shapes or act_bits. */
 bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm);
 
@@ -104,7 +161,7 @@ bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm);
 void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth);
 
 /* Phase 2 (after phase 1 finished on every thread): computes output columns [n_out*ith/nth, n_out*(ith+1)/nth)
- * for every activation row. */
+ * for every activation row (with wp: the columns of 16-row groups [n_groups*ith/nth, n_groups*(ith+1)/nth)). */
 void bt_cpu_matmul_compute(const bt_cpu_matmul *mm, int ith, int nth);
 
 /* Several matmuls reading the same activations (q/k/v or gate/up projections): mms[0..n_mm) must share ops,

@@ -1,0 +1,240 @@
+/* Packed weight layouts for the tiled GEMM (bt_cpu_pack) and the scalar reference of its kernels.
+ *
+ * A group holds BT_CPU_PACK_ROWS = 16 output rows (lanes). For each 32-element block of the input dimension it
+ * stores the 16 fp16 scales d, for Q4_1 the 16 fp16 mins m, and the codes of all 16 rows as 64-byte vectors in
+ * which dword j belongs to row j. Blocks go in units that start with 64 bytes of scales, so the code vectors stay
+ * 64-byte aligned and a group is read as one sequential stream:
+ *   Q4_1:       unit = 1 block:  [d: 16][m: 16] [codes: 256 bytes]
+ *   Q4_0, Q8_0: unit = 2 blocks: [d of b: 16][d of b+1: 16] [codes of b][codes of b+1] (an odd last block leaves
+ *               its partner's space zero)
+ * Code vector k of a block (dword j = 4 bytes of row j):
+ *   Q4_0 / Q4_1, 8-bit act:  bytes qs[4k .. 4k+3] (k < 4): low nibbles are elements 4k+t, high ones 16+4k+t, the
+ *                            pairing vpdpbusd needs against activation dwords k and k + 4;
+ *   Q4_0 / Q4_1, 16-bit act: the same bytes in the order qs[4k], qs[4k+2], qs[4k+1], qs[4k+3], so that masking
+ *                            and shifting 16-bit lanes yields the int16 pairs (4k, 4k+1), (4k+2, 4k+3),
+ *                            (16+4k, 17+4k), (18+4k, 19+4k) vpdpwssd needs;
+ *   Q8_0, 8-bit act:         qs[4k + t] ^ 0x80 (k < 8): codes + 128 as the u8 operand, 128 * sum(a) taken off;
+ *   Q8_0, 16-bit act:        qs[4k], qs[4k+2], qs[4k+1], qs[4k+3], sign-extended in 16-bit lanes.
+ * Rows past n_out are zero (zero scales: they contribute nothing and are never stored). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_kernels.h"
+
+static const int pair_order[4] = {0, 2, 1, 3}; /* byte t of a 16-bit-layout dword holds code 4k + pair_order[t] */
+
+static int norm_bits(int act_bits)
+{
+    return act_bits == 8 ? 8 : 16;
+}
+
+/* bytes of one block's code vectors for the 16 rows; 0 when t has no packed layout */
+static size_t code_bytes(uint32_t t)
+{
+    switch (t) {
+    case BT_TYPE_Q4_0:
+    case BT_TYPE_Q4_1: return 4 * 64;
+    case BT_TYPE_Q8_0: return 8 * 64;
+    default: return 0;
+    }
+}
+
+static int has_min(uint32_t t)
+{
+    return t == BT_TYPE_Q4_1;
+}
+
+/* integer offset of the codes: isum = sum(code * a) - offset * sum(a) */
+static int code_offset(uint32_t t, int bits)
+{
+    if (t == BT_TYPE_Q4_0) return 8;
+    if (t == BT_TYPE_Q8_0 && bits == 8) return 128;
+    return 0;
+}
+
+/* blocks per unit (see the layout above) */
+static int unit_blocks(uint32_t t)
+{
+    return has_min(t) ? 1 : 2;
+}
+
+static size_t unit_bytes(uint32_t t)
+{
+    return 64 + (size_t)unit_blocks(t) * code_bytes(t);
+}
+
+static size_t group_bytes(uint32_t t, int64_t n_in)
+{
+    size_t nb = (size_t)(n_in / BT_QK), u = (size_t)unit_blocks(t);
+    return (nb + u - 1) / u * unit_bytes(t);
+}
+
+/* the 16 d of block b (m follows for Q4_1) and its code vectors */
+static uint16_t *block_scales(uint32_t t, uint8_t *group, int64_t b)
+{
+    int u = unit_blocks(t);
+    return (uint16_t *)(group + (size_t)(b / u) * unit_bytes(t) + 32 * (size_t)(b % u));
+}
+
+static uint8_t *block_codes(uint32_t t, uint8_t *group, int64_t b)
+{
+    int u = unit_blocks(t);
+    return group + (size_t)(b / u) * unit_bytes(t) + 64 + (size_t)(b % u) * code_bytes(t);
+}
+
+int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
+{
+    if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t) || (act_bits != 0 && act_bits != 8 && act_bits != 16))
+        return 0;
+    return (norm_bits(act_bits) == 8 ? ops->gemm8[t] : ops->gemm16[t]) != NULL;
+}
+
+size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out)
+{
+    (void)act_bits; /* both layouts have the same size */
+    if (t >= BT_TYPE_COUNT || !code_bytes(t) || n_in <= 0 || n_in % BT_QK || n_out <= 0) return 0;
+    int64_t ng = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
+    return (size_t)ng * group_bytes(t, n_in);
+}
+
+typedef struct pack_job {
+    const bt_cpu_packed *p;
+    const uint8_t *w; /* [n_out][row bytes] */
+    size_t row_bytes;
+    int64_t n_groups;
+} pack_job;
+
+/* Writes row j (< 16) of group g from the GGUF row src into the packed group dst. */
+static void pack_row(const bt_cpu_packed *p, const uint8_t *src, int j, uint8_t *dst)
+{
+    int64_t nb = p->n_in / BT_QK;
+    int bits = p->act_bits;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *c = block_codes(p->wtype, dst, b) + 4 * (size_t)j;
+        uint16_t *sc = block_scales(p->wtype, dst, b);
+        const uint8_t *qs;
+        if (p->wtype == BT_TYPE_Q8_0) {
+            const bt_block_q8_0 *blk = (const bt_block_q8_0 *)src + b;
+            sc[j] = blk->d;
+            qs = (const uint8_t *)blk->qs;
+            for (int k = 0; k < 8; k++)
+                for (int t = 0; t < 4; t++)
+                    c[64 * k + t] = bits == 8 ? (uint8_t)(qs[4 * k + t] ^ 0x80) : qs[4 * k + pair_order[t]];
+            continue;
+        }
+        if (p->wtype == BT_TYPE_Q4_1) {
+            const bt_block_q4_1 *blk = (const bt_block_q4_1 *)src + b;
+            sc[j] = blk->d;
+            sc[BT_CPU_PACK_ROWS + j] = blk->m;
+            qs = blk->qs;
+        } else {
+            const bt_block_q4_0 *blk = (const bt_block_q4_0 *)src + b;
+            sc[j] = blk->d;
+            qs = blk->qs;
+        }
+        for (int k = 0; k < 4; k++)
+            for (int t = 0; t < 4; t++) c[64 * k + t] = qs[4 * k + (bits == 8 ? t : pair_order[t])];
+    }
+}
+
+static void pack_task(void *arg, int ith, int nth)
+{
+    const pack_job *job = arg;
+    const bt_cpu_packed *p = job->p;
+    int64_t lo = job->n_groups * ith / nth, hi = job->n_groups * (ith + 1) / nth;
+    for (int64_t g = lo; g < hi; g++) {
+        uint8_t *dst = (uint8_t *)p->data + (size_t)g * p->group_bytes;
+        for (int j = 0; j < BT_CPU_PACK_ROWS; j++) {
+            int64_t o = g * BT_CPU_PACK_ROWS + j;
+            if (o < p->n_out) pack_row(p, job->w + (size_t)o * job->row_bytes, j, dst);
+        }
+    }
+}
+
+bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
+                      bt_cpu_packed *out)
+{
+    if (t >= BT_TYPE_COUNT || !code_bytes(t))
+        return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
+    if (act_bits != 0 && act_bits != 8 && act_bits != 16)
+        return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
+    size_t bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
+    if (!bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
+    void *data = NULL;
+    if (posix_memalign(&data, 64, bytes) != 0)
+        return bt_fail(BT_ERR_NOMEM, "pack: out of memory for %zu bytes of packed weights", bytes);
+    memset(data, 0, bytes); /* padding rows and tails: zero scales, so they contribute nothing */
+    bt_cpu_packed p = {.wtype = t, .act_bits = norm_bits(act_bits), .n_in = n_in, .n_out = n_out,
+                       .group_bytes = group_bytes(t, n_in), .data = data};
+    pack_job job = {.p = &p, .w = w, .row_bytes = bt_cpu_row_bytes(t, n_in),
+                    .n_groups = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS};
+    int nth = pool ? bt_pool_size(pool) : 1;
+    if (nth > 1 && job.n_groups >= 2 * nth)
+        bt_pool_run_tasks(pool, pack_task, &job, 4 * nth);
+    else
+        pack_task(&job, 0, 1);
+    *out = p;
+    return BT_OK;
+}
+
+void bt_cpu_packed_free(bt_cpu_packed *p)
+{
+    if (!p) return;
+    free(p->data);
+    memset(p, 0, sizeof *p);
+}
+
+/* The 32 codes of row j in block b of a packed group, as the integers the kernels multiply (Q8_0 8-bit: q + 128,
+ * matching code_offset) */
+static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
+{
+    const uint8_t *c = block_codes(p->wtype, group, b) + 4 * (size_t)j;
+    for (int k = 0; k < (p->wtype == BT_TYPE_Q8_0 ? 8 : 4); k++)
+        for (int t = 0; t < 4; t++) {
+            uint8_t byte = c[64 * k + t];
+            int e = 4 * k + (p->act_bits == 8 ? t : pair_order[t]); /* pair_order is its own inverse */
+            if (p->wtype == BT_TYPE_Q8_0) {
+                q[e] = p->act_bits == 8 ? byte : (int8_t)byte;
+            } else {
+                q[e] = byte & 15;
+                q[e + 16] = byte >> 4;
+            }
+        }
+}
+
+void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *act, size_t act_stride, int nr,
+                            float *out, size_t out_stride, int n_valid)
+{
+    int64_t nb = p->n_in / BT_QK;
+    uint8_t *g = (uint8_t *)p->data + (size_t)group * p->group_bytes; /* only read */
+    int off = code_offset(p->wtype, p->act_bits), mins = has_min(p->wtype);
+    for (int r = 0; r < nr; r++) {
+        const char *arow = (const char *)act + (size_t)r * act_stride;
+        for (int j = 0; j < n_valid; j++) {
+            float acc = 0.0f, accm = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t q[BT_QK];
+                unpack_codes(p, g, b, j, q);
+                int64_t isum = 0;
+                float ad, ads;
+                int32_t asum;
+                if (p->act_bits == 8) {
+                    const bt_block_q8_32 *a = (const bt_block_q8_32 *)arow + b;
+                    for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[e];
+                    ad = a->d, ads = a->ds, asum = a->sum;
+                } else {
+                    const bt_block_q16_32 *a = (const bt_block_q16_32 *)arow + b;
+                    for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[e];
+                    ad = a->d, ads = a->ds, asum = a->sum;
+                }
+                isum -= (int64_t)off * asum;
+                const uint16_t *sc = block_scales(p->wtype, g, b);
+                acc = fmaf((float)isum, bt_fp16_to_f32(sc[j]) * ad, acc);
+                if (mins) accm = fmaf(bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]), ads, accm);
+            }
+            out[(size_t)r * out_stride + (size_t)j] = mins ? acc + accm : acc;
+        }
+    }
+}

@@ -1,0 +1,187 @@
+/* The tiled GEMM over packed weights (bt_cpu_pack, engine/cpu/cpu_gemm.c and cpu_avx512_gemm.c): SIMD kernels
+ * bit-identical to the scalar reference of the packed arithmetic and within float-order tolerance of the unpacked
+ * scalar dot products; and batch invariance (DESIGN 4.3) of every matmul path, packed where the ISA packs: a row's
+ * outputs are bit-identical alone or among N - 1 other rows of any content, at any thread count. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/cpu/cpu_kernels.h"
+#include "test_cpu_util.h"
+
+static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0};
+
+static int64_t rand_range(uint64_t *s, int64_t lo, int64_t hi) /* [lo, hi] */
+{
+    return lo + (int64_t)(test_rand_next(s) % (uint64_t)(hi - lo + 1));
+}
+
+static uint8_t *make_weights(uint32_t t, int64_t n_in, int64_t n_out, uint64_t *s)
+{
+    size_t wb = bt_cpu_row_bytes(t, n_in);
+    uint8_t *w = malloc(wb * (size_t)n_out);
+    if (w)
+        for (int64_t o = 0; o < n_out; o++) test_fill_row(t, n_in, w + wb * (size_t)o, s);
+    return w;
+}
+
+/* Packed kernels: bit-identical to bt_cpu_gemm_packed_ref for every nr and n_valid, and within 1e-5 of
+ * sum |w * x| of the unpacked scalar reference dot (same quantized activations, so only float order differs). */
+static void test_gemm_matches_refs(void)
+{
+    uint64_t s = 51;
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        for (size_t k = 0; k < 2 * sizeof packed_types / sizeof packed_types[0]; k++) {
+            uint32_t t = packed_types[k % 3];
+            int bits = k < 3 ? 8 : 16;
+            if (!bt_cpu_pack_supported(ops, t, bits)) continue;
+            for (int rep = 0; rep < 6; rep++) {
+                int64_t n_in = 32 * rand_range(&s, 1, 48), n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 9);
+                uint8_t *w = make_weights(t, n_in, n_out, &s);
+                size_t ab = bt_cpu_act_row_bytes(t, bits, n_in), wb = bt_cpu_row_bytes(t, n_in);
+                float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows));
+                uint8_t *xq = malloc(ab * (size_t)n_rows);
+                float *out = malloc(sizeof(float) * (size_t)(n_out * n_rows)), ref[BT_CPU_MAX_NR * 16];
+                float *wd = malloc(sizeof(float) * (size_t)n_in);
+                REQUIRE(w && x && xq && out && wd);
+                test_fill_act(n_in * n_rows, x, &s);
+                bt_cpu_packed p;
+                REQUIRE(bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
+                CHECK(p.group_bytes % 64 == 0 && ((uintptr_t)p.data & 63) == 0);
+                bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = n_out, .n_rows = n_rows, .w = w,
+                                    .x = x, .xq = xq, .out = out, .act_bits = bits, .wp = &p};
+                REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+                int bad_ref = 0, bad_tol = 0;
+                for (int64_t r0 = 0; r0 < n_rows; r0 += BT_CPU_MAX_NR) {
+                    int nr = (int)(n_rows - r0 < BT_CPU_MAX_NR ? n_rows - r0 : BT_CPU_MAX_NR);
+                    for (int64_t g = 0; g * 16 < n_out; g++) {
+                        int nv = (int)(n_out - 16 * g < 16 ? n_out - 16 * g : 16);
+                        bt_cpu_gemm_packed_ref(&p, g, xq + (size_t)r0 * ab, ab, nr, ref, 16, nv);
+                        for (int r = 0; r < nr; r++)
+                            for (int j = 0; j < nv; j++)
+                                if (bt_f32_bits(ref[r * 16 + j]) != bt_f32_bits(out[(r0 + r) * n_out + 16 * g + j]))
+                                    bad_ref++;
+                    }
+                }
+                for (int64_t r = 0; r < n_rows; r++)
+                    for (int64_t o = 0; o < n_out; o++) {
+                        float d = bt_cpu_vec_dot_ref(t, bits, n_in, w + wb * (size_t)o, xq + ab * (size_t)r);
+                        REQUIRE(bt_cpu_dequantize_row_ref(t, n_in, w + wb * (size_t)o, wd) == 0);
+                        double mag = 0;
+                        for (int64_t i = 0; i < n_in; i++) mag += fabs((double)wd[i] * x[r * n_in + i]);
+                        if (fabs((double)d - out[r * n_out + o]) > 1e-5 * mag + 1e-30) bad_tol++;
+                    }
+                CHECK_MSG(bad_ref == 0 && bad_tol == 0, "%s %s/%d n_in=%lld n_out=%lld: %d differ from the packed "
+                          "reference, %d beyond tolerance", ops->name, bt_ggml_type_name(t), bits, (long long)n_in,
+                          (long long)n_out, bad_ref, bad_tol);
+                bt_cpu_packed_free(&p);
+                free(w), free(x), free(xq), free(out), free(wd);
+            }
+        }
+    }
+}
+
+/* Every type, both precisions, every ISA (packed wherever the ISA packs the type): N random rows in 1..70 on a
+ * random thread count; then each row alone on another thread count, and among rows of fresh random content. */
+static void test_gemm_batch_invariance(void)
+{
+    uint64_t s = 53;
+    bt_pool *pools[4] = {0};
+    for (int i = 0; i < 4; i++) REQUIRE(bt_pool_create(i + 1, &pools[i]) == BT_OK);
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        for (size_t kk = 0; kk < 2 * N_CPU_TEST_TYPES; kk++) {
+            uint32_t t = cpu_test_types[kk % N_CPU_TEST_TYPES];
+            int bits = kk < N_CPU_TEST_TYPES ? 16 : 8;
+            int be = bt_cpu_block_elems(t);
+            int64_t n_in = be == 1 ? rand_range(&s, 1, 300) : be * rand_range(&s, 1, be == 32 ? 12 : 2);
+            int64_t n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, isa == 0 ? 24 : 70);
+            uint8_t *w = make_weights(t, n_in, n_out, &s);
+            size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
+            float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows)), *x2 = malloc(sizeof(float) * (size_t)(n_in * 5));
+            uint8_t *xq = malloc(ab * (size_t)(n_rows > 5 ? n_rows : 5)); /* m5 below reuses it */
+            float *out = malloc(sizeof(float) * (size_t)(n_out * n_rows)), *one = malloc(sizeof(float) * (size_t)(n_out * 5));
+            REQUIRE(w && x && x2 && xq && out && one);
+            test_fill_act(n_in * n_rows, x, &s);
+            bt_cpu_packed p = {0};
+            int packed = bt_cpu_pack_supported(ops, t, bits);
+            if (packed) REQUIRE(bt_cpu_pack(pools[rand_range(&s, 0, 3)], t, bits, n_in, n_out, w, &p) == BT_OK);
+            bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = n_out, .n_rows = n_rows, .w = w,
+                                .x = x, .xq = xq, .out = out, .act_bits = bits, .wp = packed ? &p : NULL};
+            REQUIRE(bt_cpu_matmul_run(pools[rand_range(&s, 0, 3)], &mm) == BT_OK);
+            int bad = 0;
+            for (int64_t r = 0; r < n_rows; r++) {
+                /* alone */
+                bt_cpu_matmul m1 = mm;
+                m1.n_rows = 1, m1.x = x + r * n_in, m1.out = one;
+                REQUIRE(bt_cpu_matmul_run(pools[rand_range(&s, 0, 3)], &m1) == BT_OK);
+                for (int64_t o = 0; o < n_out; o++)
+                    if (bt_f32_bits(one[o]) != bt_f32_bits(out[r * n_out + o])) bad++;
+                /* at a random position among 4 rows of other content */
+                int pos = (int)rand_range(&s, 0, 4);
+                test_fill_act(n_in * 5, x2, &s);
+                memcpy(x2 + pos * n_in, x + r * n_in, sizeof(float) * (size_t)n_in);
+                bt_cpu_matmul m5 = mm;
+                m5.n_rows = 5, m5.x = x2, m5.out = one;
+                REQUIRE(bt_cpu_matmul_run(pools[rand_range(&s, 0, 3)], &m5) == BT_OK);
+                for (int64_t o = 0; o < n_out; o++)
+                    if (bt_f32_bits(one[pos * n_out + o]) != bt_f32_bits(out[r * n_out + o])) bad++;
+            }
+            CHECK_MSG(bad == 0, "%s %s/%d%s n_in=%lld n_out=%lld n_rows=%lld: %d outputs depend on the batch",
+                      ops->name, bt_ggml_type_name(t), bits, packed ? " packed" : "", (long long)n_in,
+                      (long long)n_out, (long long)n_rows, bad);
+            bt_cpu_packed_free(&p);
+            free(w), free(x), free(x2), free(xq), free(out), free(one);
+        }
+    }
+    for (int i = 0; i < 4; i++) bt_pool_destroy(pools[i]);
+}
+
+/* Packed weights must match the matmul they serve; unsupported types are refused. */
+static void test_pack_checks(void)
+{
+    uint64_t s = 57;
+    const bt_cpu_ops *best = NULL;
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++)
+        if (bt_cpu_isa_supported((bt_cpu_isa)isa) && bt_cpu_pack_supported(bt_cpu_ops_get((bt_cpu_isa)isa), BT_TYPE_Q4_1, 16))
+            best = bt_cpu_ops_get((bt_cpu_isa)isa);
+    CHECK(!bt_cpu_pack_supported(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), BT_TYPE_Q4_1, 16));
+    bt_cpu_packed p;
+    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q4_K, 16, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 48, 16) == 0);
+    if (!best) {
+        fprintf(stderr, "no ISA with packed kernels here: skipping the packed matmul checks\n");
+        return;
+    }
+    uint8_t *w = make_weights(BT_TYPE_Q4_1, 64, 20, &s);
+    REQUIRE(w);
+    float x[2 * 64] = {0}, out[2 * 20];
+    uint8_t xq[2 * 256];
+    REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, &p) == BT_OK);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 64, 20) == 2 * p.group_bytes);
+    bt_cpu_matmul mm = {.ops = best, .wtype = BT_TYPE_Q4_1, .n_in = 64, .n_out = 20, .n_rows = 2, .w = w, .x = x,
+                        .xq = xq, .out = out, .act_bits = 16, .wp = &p};
+    CHECK(bt_cpu_matmul_check(&mm) == BT_OK);
+    mm.act_bits = 8; /* layout made for 16-bit activations */
+    CHECK(bt_cpu_matmul_check(&mm) == BT_ERR_INVALID);
+    mm.act_bits = 0; /* 0 means 16 */
+    CHECK(bt_cpu_matmul_check(&mm) == BT_OK);
+    mm.n_out = 19;
+    CHECK(bt_cpu_matmul_check(&mm) == BT_ERR_INVALID);
+    mm.n_out = 20, mm.ops = bt_cpu_ops_get(BT_CPU_ISA_SCALAR); /* no kernel to run it */
+    CHECK(bt_cpu_matmul_check(&mm) == BT_ERR_INVALID);
+    bt_cpu_packed_free(&p);
+    CHECK(p.data == NULL);
+    bt_cpu_packed_free(&p);
+    free(w);
+}
+
+int main(void)
+{
+    RUN(test_pack_checks);
+    RUN(test_gemm_matches_refs);
+    RUN(test_gemm_batch_invariance);
+    return test_summary();
+}
