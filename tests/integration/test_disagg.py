@@ -226,3 +226,28 @@ def test_client_cancel_drops_the_remote_prefill(pb, cluster):
     assert wait_metric(p, "baton_kv_blocks_used", 0, timeout=10) == 0
     for ch in chans:
         ch.close()
+
+
+def test_remote_equals_baton_generate(pb, cluster, baton_bin, default_model):
+    """Chat prompts through the prefill node give exactly what `baton generate` prints."""
+    import json
+    import subprocess
+    p = cluster["p"]
+    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id="p", grpc_address=p.grpc_addr)
+    chans, s_remote, _ = stubs(pb, cluster)
+    for q in ["What is the capital of France?", "Write a haiku about rain."]:
+        conv = json.dumps([{"role": "user", "content": q}])
+        r = subprocess.run([str(baton_bin), "chat-template", "--model", str(default_model), "--tokenize", conv],
+                           capture_output=True, text=True, timeout=60, check=True)
+        ids = [int(t) for t in r.stdout.split()]
+        r = subprocess.run([str(baton_bin), "generate", "--model", str(default_model), "--chat", q, "--ids",
+                            "--max-tokens", "24", "--threads", "1", "--quiet"],
+                           capture_output=True, text=True, timeout=120, check=True)
+        want = [int(t) for t in r.stdout.split()]
+        n, g = pb["baton.v1.node_pb2"], pb["baton.v1.generate_pb2"]
+        msgs = list(s_remote.Run(n.DecodeRunRequest(prompt_token_ids=ids, max_tokens=24, prefill=hint,
+                                                    sampling=g.SamplingParams(temperature=0.0)), timeout=120))
+        got = [t for m in msgs for t in m.token_ids]
+        assert got == want[:len(got)] and len(got) == len(want), (q, got, want)
+    for ch in chans:
+        ch.close()
