@@ -34,6 +34,10 @@ typedef struct cpu_ctx {
     size_t xq_bytes;
     struct attn_task *attn_tasks;
     size_t attn_cap;
+    float *rope_cs;      /* [rope_cap][rope_n_rot]: cos, sin per rotated pair of each position */
+    uint8_t *rope_have;  /* [rope_cap]: row filled */
+    int32_t rope_cap, rope_n_rot;
+    float rope_base, rope_freq_scale;
 } cpu_ctx;
 
 static cpu_ctx *C(bt_backend *be)
@@ -129,6 +133,8 @@ static void cpu_destroy(bt_backend *be)
     bt_pool_destroy(c->pool);
     free(c->xq);
     free(c->attn_tasks);
+    free(c->rope_cs);
+    free(c->rope_have);
     free(c);
     free(be);
 }
@@ -154,14 +160,9 @@ static void cpu_embed(bt_backend *be, const bt_weight *w, const int32_t *tokens,
 static void cpu_rmsnorm(bt_backend *be, const float *x, const float *w, int32_t n_rows, int32_t n, float eps,
                         float *out)
 {
-    for (int32_t r = 0; r < n_rows; r++) {
-        const float *xr = x + (size_t)r * (size_t)n;
-        float *o = out + (size_t)r * (size_t)n;
-        double ss = 0;
-        for (int32_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / n + eps));
-        for (int32_t i = 0; i < n; i++) o[i] = xr[i] * scale * w[i];
-    }
+    const bt_cpu_ops *ops = C(be)->ops;
+    for (int32_t r = 0; r < n_rows; r++)
+        ops->rmsnorm(n, x + (size_t)r * (size_t)n, w, eps, out + (size_t)r * (size_t)n);
 }
 
 static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bias, const float *x, int32_t n_rows,
@@ -232,14 +233,59 @@ static bt_status cpu_matmul_multi(bt_backend *be, const bt_weight *const *ws, co
     return BT_OK;
 }
 
+/* cos and sin of the rotation angles of position p, [n_rot / 2][2], computed on first use: rope runs twice per
+ * layer at the same positions, and the values depend on nothing but p and the model's rope parameters. NULL when
+ * the table cannot grow (the caller then computes them itself, the same way). */
+static const float *rope_angles(cpu_ctx *c, int32_t p, int32_t n_rot, float base, float freq_scale)
+{
+    if (p < 0) return NULL;
+    if (c->rope_n_rot != n_rot || c->rope_base != base || c->rope_freq_scale != freq_scale) {
+        if (c->rope_cap) memset(c->rope_have, 0, (size_t)c->rope_cap);
+        c->rope_n_rot = n_rot, c->rope_base = base, c->rope_freq_scale = freq_scale;
+    }
+    if (p >= c->rope_cap) {
+        int32_t cap = c->rope_cap ? c->rope_cap : 1024;
+        while (cap <= p) {
+            if (cap > (1 << 24)) return NULL;
+            cap *= 2;
+        }
+        float *cs = realloc(c->rope_cs, (size_t)cap * (size_t)n_rot * sizeof *cs);
+        if (!cs) return NULL;
+        c->rope_cs = cs;
+        uint8_t *have = realloc(c->rope_have, (size_t)cap);
+        if (!have) return NULL;
+        memset(have + c->rope_cap, 0, (size_t)(cap - c->rope_cap));
+        c->rope_have = have;
+        c->rope_cap = cap;
+    }
+    float *cs = c->rope_cs + (size_t)p * (size_t)n_rot;
+    if (!c->rope_have[p]) {
+        for (int32_t i = 0; i < n_rot / 2; i++) {
+            double ang = (double)p * freq_scale * pow((double)base, -2.0 * i / n_rot);
+            cs[2 * i] = (float)cos(ang);
+            cs[2 * i + 1] = (float)sin(ang);
+        }
+        c->rope_have[p] = 1;
+    }
+    return cs;
+}
+
 static void cpu_rope(bt_backend *be, float *x, const int32_t *pos, int32_t n_tokens, int32_t n_heads,
                      int32_t head_dim, int32_t n_rot, float base, float freq_scale, int neox)
 {
     int32_t half = n_rot / 2;
     for (int32_t t = 0; t < n_tokens; t++) {
+        const float *tab = rope_angles(C(be), pos[t], n_rot, base, freq_scale);
         for (int32_t i = 0; i < half; i++) {
-            double ang = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / n_rot);
-            float cs = (float)cos(ang), sn = (float)sin(ang);
+            float cs, sn;
+            if (tab) {
+                cs = tab[2 * i];
+                sn = tab[2 * i + 1];
+            } else {
+                double ang = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / n_rot);
+                cs = (float)cos(ang);
+                sn = (float)sin(ang);
+            }
             for (int32_t h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
                 int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
@@ -274,6 +320,7 @@ static void quantize_row_u8(const float *x, int32_t n, uint8_t *q, float *sm)
 static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const float *k, const float *v,
                          int32_t n_tokens, const int32_t *slots)
 {
+    const bt_cpu_ops *ops = C(be)->ops;
     size_t hd = (size_t)kv->head_dim;
     for (int32_t t = 0; t < n_tokens; t++) {
         uint8_t *blk = bt_kv_block_ptr(kv, layer, slots[t] / BT_KV_BLOCK);
@@ -289,19 +336,16 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
                 quantize_row_u8(ks, (int32_t)hd, blk + e, (float *)(blk + kv->ks_off) + 2 * row);
                 quantize_row_u8(vs, (int32_t)hd, blk + kv->v_off + e, (float *)(blk + kv->vs_off) + 2 * row);
             } else {
-                uint16_t *kd = (uint16_t *)blk + e, *vd = (uint16_t *)(blk + kv->v_off) + e;
-                for (size_t i = 0; i < hd; i++) {
-                    kd[i] = bt_f32_to_fp16(ks[i]);
-                    vd[i] = bt_f32_to_fp16(vs[i]);
-                }
+                ops->f32_to_fp16((int64_t)hd, ks, (uint16_t *)blk + e); /* same bits as bt_f32_to_fp16 */
+                ops->f32_to_fp16((int64_t)hd, vs, (uint16_t *)(blk + kv->v_off) + e);
             }
         }
     }
 }
 
 /* Attention work item: query tokens [t0, t0 + n) of one run (consecutive tokens of one sequence at consecutive
- * positions) against kv head g, for the `group` query heads that share it. Each K/V block is converted once per
- * item and used by every query in it. */
+ * positions) against kv head g, for the `group` query heads that share it: each K/V block of that head is read once
+ * per token for all of its query heads, straight from the cache in its dtype (ops->attn_block). */
 typedef struct attn_task {
     int32_t t0, n, g;
 } attn_task;
@@ -309,10 +353,42 @@ typedef struct attn_task {
 typedef struct attn_plan {
     const bt_attn_args *a;
     const attn_task *tasks;
-    const bt_cpu_ops *ops; /* SIMD conversions and inner loops, bit-identical to their scalar forms */
+    const bt_cpu_ops *ops;
 } attn_plan;
 
 #define ATTN_CHUNK 8 /* query tokens per work item */
+#define ATTN_MAX_GROUP 16 /* query heads per kv head */
+#define ATTN_PREFETCH 2   /* blocks ahead */
+
+_Static_assert(BT_KV_BLOCK == BT_CPU_ATTN_BLOCK, "attn_block takes one cache block at a time");
+
+/* the K and V rows of kv head g in cache block blk */
+static bt_cpu_kv_rows attn_rows(const bt_kv_pool *kv, const uint8_t *blk, int32_t g)
+{
+    size_t e = (size_t)g * BT_KV_BLOCK * (size_t)kv->head_dim;
+    bt_cpu_kv_rows r = {0};
+    if (kv->dtype == BT_KV_F32) {
+        r.type = BT_CPU_KV_F32;
+        r.k = (const float *)blk + e;
+        r.v = (const float *)(blk + kv->v_off) + e;
+    } else if (kv->dtype == BT_KV_INT8) {
+        r.type = BT_CPU_KV_U8;
+        r.k = blk + e;
+        r.v = blk + kv->v_off + e;
+        r.k_sm = (const float *)(blk + kv->ks_off) + 2 * (size_t)g * BT_KV_BLOCK;
+        r.v_sm = (const float *)(blk + kv->vs_off) + 2 * (size_t)g * BT_KV_BLOCK;
+    } else {
+        r.type = BT_CPU_KV_F16;
+        r.k = (const uint16_t *)blk + e;
+        r.v = (const uint16_t *)(blk + kv->v_off) + e;
+    }
+    return r;
+}
+
+static void prefetch_rows(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 1);
+}
 
 static void attn_task_run(void *ctx, int ti, int n_tasks)
 {
@@ -322,8 +398,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     const bt_kv_pool *kv = a->kv;
     int32_t hd = a->head_dim, group = a->n_head / a->n_head_kv;
     int32_t nq = tk->n * group;
-    float kbuf[BT_KV_BLOCK * 256], vbuf[BT_KV_BLOCK * 256], sc[BT_KV_BLOCK];
-    float m[ATTN_CHUNK * 16], l[ATTN_CHUNK * 16];
+    float m[ATTN_CHUNK * ATTN_MAX_GROUP], l[ATTN_CHUNK * ATTN_MAX_GROUP];
     float *acc = calloc((size_t)nq * (size_t)hd, sizeof *acc); /* [query][group head][hd] */
     if (!acc) return; /* cannot happen in practice; output stays as is */
     for (int32_t i = 0; i < nq; i++) {
@@ -332,57 +407,23 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     }
     const int32_t *table = a->tables[tk->t0];
     int32_t max_pos = a->pos[tk->t0 + tk->n - 1];
-    size_t e = (size_t)tk->g * BT_KV_BLOCK * (size_t)hd;
+    size_t row_bytes = (size_t)hd * (kv->dtype == BT_KV_F32 ? 4 : kv->dtype == BT_KV_INT8 ? 1 : 2);
     for (int32_t b = 0; b * BT_KV_BLOCK <= max_pos; b++) {
         const uint8_t *blk = bt_kv_block_ptr(kv, a->layer, table[b]);
-        int32_t nk = max_pos - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? max_pos - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
-        const float *kp, *vp;
-        if (kv->dtype == BT_KV_F32) {
-            kp = (const float *)blk + e;
-            vp = (const float *)(blk + kv->v_off) + e;
-        } else if (kv->dtype == BT_KV_INT8) {
-            const uint8_t *ks = blk + e, *vs = blk + kv->v_off + e;
-            const float *ksc = (const float *)(blk + kv->ks_off) + 2 * (size_t)tk->g * BT_KV_BLOCK;
-            const float *vsc = (const float *)(blk + kv->vs_off) + 2 * (size_t)tk->g * BT_KV_BLOCK;
-            for (int32_t j = 0; j < nk; j++)
-                for (int32_t i = 0; i < hd; i++) {
-                    kbuf[j * hd + i] = ksc[2 * j + 1] + ksc[2 * j] * (float)ks[j * hd + i];
-                    vbuf[j * hd + i] = vsc[2 * j + 1] + vsc[2 * j] * (float)vs[j * hd + i];
-                }
-            kp = kbuf;
-            vp = vbuf;
-        } else {
-            const uint16_t *ks = (const uint16_t *)blk + e, *vs = (const uint16_t *)(blk + kv->v_off) + e;
-            plan->ops->fp16_to_f32((int64_t)nk * hd, ks, kbuf);
-            plan->ops->fp16_to_f32((int64_t)nk * hd, vs, vbuf);
-            kp = kbuf;
-            vp = vbuf;
+        bt_cpu_kv_rows rows = attn_rows(kv, blk, tk->g);
+        /* blocks are scattered over the pool, out of the hardware prefetcher's reach: fetch two blocks ahead */
+        for (int32_t d = b == 0 ? 1 : ATTN_PREFETCH; d <= ATTN_PREFETCH && (b + d) * BT_KV_BLOCK <= max_pos; d++) {
+            bt_cpu_kv_rows nx = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + d]), tk->g);
+            prefetch_rows(nx.k, BT_KV_BLOCK * row_bytes);
+            prefetch_rows(nx.v, BT_KV_BLOCK * row_bytes);
         }
         for (int32_t qi = 0; qi < tk->n; qi++) {
             int32_t p = a->pos[tk->t0 + qi];
             if (p < b * BT_KV_BLOCK) continue;
             int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
-            for (int32_t hh = 0; hh < group; hh++) {
-                int32_t h = tk->g * group + hh, si = qi * group + hh;
-                const float *q = a->q + ((size_t)(tk->t0 + qi) * (size_t)a->n_head + (size_t)h) * (size_t)hd;
-                float *ac = acc + (size_t)si * (size_t)hd;
-                float bm = -INFINITY;
-                plan->ops->attn_scores(hd, q, kp, (size_t)hd, nkq, a->scale, sc);
-                for (int32_t j = 0; j < nkq; j++)
-                    if (sc[j] > bm) bm = sc[j];
-                /* one rescale per block: the block boundaries are absolute positions, so every query meets the
-                 * same sequence of updates whatever batch or chunk it came in */
-                float mn = bm > m[si] ? bm : m[si];
-                float c = expf(m[si] - mn);
-                l[si] *= c;
-                for (int32_t i = 0; i < hd; i++) ac[i] *= c;
-                for (int32_t j = 0; j < nkq; j++) {
-                    sc[j] = expf(sc[j] - mn); /* now the weight of key j */
-                    l[si] += sc[j];
-                }
-                plan->ops->attn_accum(hd, sc, vp, (size_t)hd, nkq, ac);
-                m[si] = mn;
-            }
+            int32_t si = qi * group;
+            const float *q = a->q + ((size_t)(tk->t0 + qi) * (size_t)a->n_head + (size_t)tk->g * group) * (size_t)hd;
+            plan->ops->attn_block(hd, group, q, a->scale, &rows, nkq, m + si, l + si, acc + (size_t)si * (size_t)hd);
         }
     }
     for (int32_t qi = 0; qi < tk->n; qi++)
@@ -420,7 +461,7 @@ static void cpu_attention(bt_backend *be, const bt_attn_args *a)
 
 static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    C(be)->ops->swiglu(n, g, u, out);
 }
 
 static void cpu_add(bt_backend *be, float *x, const float *y, int64_t n)

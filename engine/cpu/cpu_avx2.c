@@ -3,6 +3,7 @@
  * per-block integer result is exact, then scaled and accumulated in float lanes. Each kernel is written once for a
  * compile-time row count NR, so every activation row sees the same instruction sequence for any NR. */
 #include <immintrin.h>
+#include <math.h>
 
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_impl.h"
@@ -792,6 +793,153 @@ void bt_cpu_avx2_attn_accum(int64_t n, const float *w, const float *v, size_t v_
         for (int64_t j = 0; j < nv; j++) acc[i] += w[j] * v[(size_t)j * v_stride + i];
 }
 
+/* ---- attention and elementwise ops: the arithmetic of the scalar references, the 16 lanes of their sums in two
+ * registers ---- */
+
+AI __m256 exp8(__m256 x)
+{
+    __m256 lo = _mm256_cmp_ps(x, _mm256_set1_ps(BT_EXP_LO), _CMP_LT_OQ);
+    __m256 hi = _mm256_cmp_ps(x, _mm256_set1_ps(BT_EXP_HI), _CMP_GT_OQ);
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(BT_EXP_LOG2E));
+    __m256 nf = _mm256_sub_ps(_mm256_add_ps(t, _mm256_set1_ps(BT_EXP_MAGIC)), _mm256_set1_ps(BT_EXP_MAGIC));
+    __m256 r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-BT_EXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-BT_EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(BT_EXP_P5), r, _mm256_set1_ps(BT_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(BT_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(BT_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(BT_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(BT_EXP_P0));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(nf), 23);
+    __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), lo);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), hi);
+    return _mm256_blendv_ps(y, x, nan);
+}
+
+/* tree16 of the scalar reference, lanes 0..7 in lo and 8..15 in hi */
+AI float tree16_2(__m256 lo, __m256 hi)
+{
+    __m256 b = _mm256_add_ps(lo, hi);
+    __m128 c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+AI __m256 kv_load8(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i)
+{
+    const void *base = which ? kv->v : kv->k;
+    size_t e = (size_t)j * (size_t)n + (size_t)i;
+    if (type == BT_CPU_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + e)));
+    if (type == BT_CPU_KV_U8) {
+        const float *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
+        __m128i codes = _mm_loadl_epi64((const __m128i *)((const uint8_t *)base + e));
+        __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+        return _mm256_add_ps(_mm256_set1_ps(sm[1]), _mm256_mul_ps(_mm256_set1_ps(sm[0]), c));
+    }
+    return _mm256_loadu_ps((const float *)base + e);
+}
+
+AI void attn_block8(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
+                    float *l, float *acc, const int type)
+{
+    for (int h = 0; h < nq; h++) {
+        const float *qh = q + (size_t)h * (size_t)n;
+        float *ah = acc + (size_t)h * (size_t)n;
+        float s[16], w[16];
+        for (int j = 0; j < 16; j++) {
+            if (j >= nk) {
+                s[j] = -INFINITY;
+                continue;
+            }
+            __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(qh), kv_load8(kv, 0, type, n, j, 0));
+            __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(qh + 8), kv_load8(kv, 0, type, n, j, 8));
+            for (int64_t i = 16; i < n; i += 16) {
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), kv_load8(kv, 0, type, n, j, i), lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), kv_load8(kv, 0, type, n, j, i + 8), hi);
+            }
+            s[j] = tree16_2(lo, hi) * scale;
+        }
+        float mn = m[h];
+        for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
+        __m256 c = exp8(_mm256_set1_ps(m[h] - mn)), vmn = _mm256_set1_ps(mn);
+        __m256 w0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s), vmn)), w1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), vmn));
+        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm256_castps256_ps128(c), _mm_set_ss(tree16_2(w0, w1))));
+        _mm256_storeu_ps(w, w0);
+        _mm256_storeu_ps(w + 8, w1);
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(ah + i), c), a1 = _mm256_mul_ps(_mm256_loadu_ps(ah + i + 8), c);
+            __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(ah + i + 16), c);
+            __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(ah + i + 24), c);
+            for (int j = 0; j < nk; j++) {
+                __m256 wv = _mm256_set1_ps(w[j]);
+                a0 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i), a0);
+                a1 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i + 8), a1);
+                a2 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i + 16), a2);
+                a3 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i + 24), a3);
+            }
+            _mm256_storeu_ps(ah + i, a0), _mm256_storeu_ps(ah + i + 8, a1);
+            _mm256_storeu_ps(ah + i + 16, a2), _mm256_storeu_ps(ah + i + 24, a3);
+        }
+        for (; i < n; i += 8) {
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(ah + i), c);
+            for (int j = 0; j < nk; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), kv_load8(kv, 1, type, n, j, i), a);
+            _mm256_storeu_ps(ah + i, a);
+        }
+        m[h] = mn;
+    }
+}
+
+void bt_cpu_avx2_attn_block(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk,
+                            float *m, float *l, float *acc)
+{
+    if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
+        bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
+        return;
+    }
+    switch (kv->type) {
+    case BT_CPU_KV_F16: attn_block8(n, nq, q, scale, kv, nk, m, l, acc, BT_CPU_KV_F16); break;
+    case BT_CPU_KV_U8: attn_block8(n, nq, q, scale, kv, nk, m, l, acc, BT_CPU_KV_U8); break;
+    default: attn_block8(n, nq, q, scale, kv, nk, m, l, acc, BT_CPU_KV_F32); break;
+    }
+}
+
+void bt_cpu_avx2_swiglu(int64_t n, const float *g, const float *u, float *out)
+{
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) bt_cpu_scalar_swiglu(n - i, g + i, u + i, out + i);
+}
+
+void bt_cpu_avx2_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
+{
+    if (n % 8) {
+        bt_cpu_scalar_rmsnorm(n, x, w, eps, out);
+        return;
+    }
+    __m256d l0 = _mm256_setzero_pd(), l1 = _mm256_setzero_pd(); /* lanes 0..3, 4..7 */
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256d v0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), v1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        l0 = _mm256_add_pd(l0, _mm256_mul_pd(v0, v0));
+        l1 = _mm256_add_pd(l1, _mm256_mul_pd(v1, v1));
+    }
+    __m256d b = _mm256_add_pd(l0, l1);
+    __m128d c = _mm_add_pd(_mm256_castpd256_pd128(b), _mm256_extractf128_pd(b, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(c, _mm_unpackhi_pd(c, c)));
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    __m256 sv = _mm256_set1_ps(scale);
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(w + i)));
+}
+
 const bt_cpu_ops bt_cpu_ops_avx2 = {
     .isa = BT_CPU_ISA_AVX2,
     .name = "avx2",
@@ -805,6 +953,9 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
     .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,
     .attn_scores = bt_cpu_avx2_attn_scores,
     .attn_accum = bt_cpu_avx2_attn_accum,
+    .attn_block = bt_cpu_avx2_attn_block,
+    .swiglu = bt_cpu_avx2_swiglu,
+    .rmsnorm = bt_cpu_avx2_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_avx2_dot_rows_f32,
         [BT_TYPE_F16] = bt_cpu_avx2_dot_rows_f16,

@@ -7,6 +7,7 @@
  * one 32-element run per register; the 16-bit activation quantizers are the AVX2 ones. The tiled kernels over
  * packed Q4_0, Q4_1 and Q8_0 weights live in cpu_avx512_gemm.c. */
 #include <immintrin.h>
+#include <math.h>
 
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_impl.h"
@@ -588,6 +589,218 @@ void bt_cpu_avx512_f32_to_fp16(int64_t n, const float *x, uint16_t *y)
     for (; i < n; i++) y[i] = bt_f32_to_fp16(x[i]);
 }
 
+/* ---- attention and elementwise ops: the arithmetic of the scalar references, 16 lanes at a time ---- */
+
+AI __m512 exp16(__m512 x)
+{
+    __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_LO), _CMP_LT_OQ);
+    __mmask16 hi = _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_HI), _CMP_GT_OQ);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(BT_EXP_LOG2E));
+    __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(BT_EXP_MAGIC)), _mm512_set1_ps(BT_EXP_MAGIC));
+    __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-BT_EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-BT_EXP_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(BT_EXP_P5), r, _mm512_set1_ps(BT_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P0));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nf), 23);
+    __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+    y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
+    y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(INFINITY));
+    return _mm512_mask_mov_ps(y, nan, x);
+}
+
+/* tree16 of the scalar reference on one register */
+AI float tree16_ps(__m512 x)
+{
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+    __m256 b = _mm256_add_ps(_mm512_castps512_ps256(x), hi);
+    __m128 c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+/* 16 elements of row j of a KV block from element i, dequantized as kv_elem of the scalar reference does */
+AI __m512 kv_load16(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i)
+{
+    const void *base = which ? kv->v : kv->k;
+    size_t e = (size_t)j * (size_t)n + (size_t)i;
+    if (type == BT_CPU_KV_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + e)));
+    if (type == BT_CPU_KV_U8) {
+        const float *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
+        __m128i codes = _mm_loadu_si128((const __m128i *)((const uint8_t *)base + e));
+        __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+        return _mm512_add_ps(_mm512_set1_ps(sm[1]), _mm512_mul_ps(_mm512_set1_ps(sm[0]), c));
+    }
+    return _mm512_loadu_ps((const float *)base + e);
+}
+
+/* tree16 of 16 dot registers (keys) is computed in two halves: every step adds the lane pairs the one-register
+ * tree adds, several keys per register. Steps 1-3 for 8 keys at once: quarter k of the result holds
+ * [d0, d1 of key k, d0, d1 of key 4 + k] (key numbers relative to x[0]). */
+AI __m512 tree16x8(const __m512 *x)
+{
+    __m512 b[4], c[2];
+    for (int p = 0; p < 4; p++)
+        b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int r = 0; r < 2; r++)
+        c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Step 4 from the two halves, keys back in lane order. */
+AI __m512 tree16_finish(__m512 d0, __m512 d1)
+{
+    __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, e);
+}
+
+#define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
+
+/* attn_block for NH (1..ATTN_NH) query heads, n a multiple of 16. Registers: 8 keys x NH heads of dot lanes. */
+AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
+                   float *l, float *acc, const int type)
+{
+    __m512 d[2][ATTN_NH];
+    for (int s = 0; s < 2; s++) {
+        if (s == 1 && nk <= 8) { /* keys 8..15 are masked out below whatever their dots */
+            for (int h = 0; h < NH; h++) d[1][h] = _mm512_setzero_ps();
+            break;
+        }
+        __m512 x[ATTN_NH][8], qv[ATTN_NH];
+        int rows[8];
+        for (int jj = 0; jj < 8; jj++) rows[jj] = 8 * s + jj < nk ? 8 * s + jj : nk - 1;
+        for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < 8; jj++) {
+            __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0);
+            for (int h = 0; h < NH; h++) x[h][jj] = _mm512_mul_ps(qv[h], kk);
+        }
+        for (int64_t i = 16; i < n; i += 16) {
+            for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) {
+                __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i);
+                for (int h = 0; h < NH; h++) x[h][jj] = _mm512_fmadd_ps(qv[h], kk, x[h][jj]);
+            }
+        }
+        for (int h = 0; h < NH; h++) d[s][h] = tree16x8(x[h]);
+    }
+    __mmask16 valid = (__mmask16)((1u << nk) - 1u);
+    float wj[ATTN_NH][16];
+    __m512 c[ATTN_NH];
+    for (int h = 0; h < NH; h++) {
+        __m512 sc = _mm512_mul_ps(tree16_finish(d[0][h], d[1][h]), _mm512_set1_ps(scale));
+        sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, sc);
+        float bm = _mm512_reduce_max_ps(sc);
+        float mn = bm > m[h] ? bm : m[h];
+        c[h] = exp16(_mm512_set1_ps(m[h] - mn));
+        __m512 w = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(mn)));
+        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm512_castps512_ps128(c[h]), _mm_set_ss(tree16_ps(w))));
+        _mm512_storeu_ps(wj[h], w);
+        m[h] = mn;
+    }
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 a[ATTN_NH][4];
+        for (int h = 0; h < NH; h++)
+            for (int u = 0; u < 4; u++)
+                a[h][u] = _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)(i + 16 * u)), c[h]);
+        for (int j = 0; j < nk; j++) {
+            __m512 wv[ATTN_NH];
+            for (int h = 0; h < NH; h++) wv[h] = _mm512_set1_ps(wj[h][j]);
+            for (int u = 0; u < 4; u++) {
+                __m512 v = kv_load16(kv, 1, type, n, j, i + 16 * u);
+                for (int h = 0; h < NH; h++) a[h][u] = _mm512_fmadd_ps(wv[h], v, a[h][u]);
+            }
+        }
+        for (int h = 0; h < NH; h++)
+            for (int u = 0; u < 4; u++) _mm512_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)(i + 16 * u), a[h][u]);
+    }
+    for (; i < n; i += 16) {
+        __m512 a[ATTN_NH];
+        for (int h = 0; h < NH; h++)
+            a[h] = _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i), c[h]);
+        for (int j = 0; j < nk; j++) {
+            __m512 v = kv_load16(kv, 1, type, n, j, i);
+            for (int h = 0; h < NH; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(wj[h][j]), v, a[h]);
+        }
+        for (int h = 0; h < NH; h++) _mm512_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i, a[h]);
+    }
+}
+
+AI void attn_block16(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
+                     float *l, float *acc, const int type)
+{
+    for (int h = 0; h < nq; h += ATTN_NH) {
+        const float *qh = q + (size_t)h * (size_t)n;
+        float *ah = acc + (size_t)h * (size_t)n;
+        switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
+        case 1: attn_heads(n, 1, qh, scale, kv, nk, m + h, l + h, ah, type); break;
+        case 2: attn_heads(n, 2, qh, scale, kv, nk, m + h, l + h, ah, type); break;
+        default: attn_heads(n, 3, qh, scale, kv, nk, m + h, l + h, ah, type); break;
+        }
+    }
+}
+
+void bt_cpu_avx512_attn_block(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk,
+                              float *m, float *l, float *acc)
+{
+    if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
+        bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
+        return;
+    }
+    switch (kv->type) {
+    case BT_CPU_KV_F16: attn_block16(n, nq, q, scale, kv, nk, m, l, acc, BT_CPU_KV_F16); break;
+    case BT_CPU_KV_U8: attn_block16(n, nq, q, scale, kv, nk, m, l, acc, BT_CPU_KV_U8); break;
+    default: attn_block16(n, nq, q, scale, kv, nk, m, l, acc, BT_CPU_KV_F32); break;
+    }
+}
+
+void bt_cpu_avx512_swiglu(int64_t n, const float *g, const float *u, float *out)
+{
+    int64_t i = 0;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(gv), _mm512_set1_epi32(INT32_MIN))));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+    }
+    if (i < n) bt_cpu_scalar_swiglu(n - i, g + i, u + i, out + i);
+}
+
+void bt_cpu_avx512_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
+{
+    if (n % 8) {
+        bt_cpu_scalar_rmsnorm(n, x, w, eps, out);
+        return;
+    }
+    __m512d l = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        l = _mm512_add_pd(l, _mm512_mul_pd(v, v));
+    }
+    __m256d b = _mm256_add_pd(_mm512_castpd512_pd256(l), _mm512_extractf64x4_pd(l, 1));
+    __m128d c = _mm_add_pd(_mm256_castpd256_pd128(b), _mm256_extractf128_pd(b, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(c, _mm_unpackhi_pd(c, c)));
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    __m512 sv = _mm512_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), sv), _mm512_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
 const bt_cpu_ops bt_cpu_ops_avx512 = {
     .isa = BT_CPU_ISA_AVX512,
     .name = "avx512",
@@ -601,6 +814,9 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,
     .attn_scores = bt_cpu_avx2_attn_scores,
     .attn_accum = bt_cpu_avx2_attn_accum,
+    .attn_block = bt_cpu_avx512_attn_block,
+    .swiglu = bt_cpu_avx512_swiglu,
+    .rmsnorm = bt_cpu_avx512_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_avx512_dot_rows_f32,
         [BT_TYPE_F16] = bt_cpu_avx512_dot_rows_f16,

@@ -29,7 +29,11 @@
     void bt_cpu_##isa##_attn_scores(int64_t n, const float *q, const float *k, size_t k_stride, int64_t nk,     \
                                     float scale, float *out);                                                  \
     void bt_cpu_##isa##_attn_accum(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv,      \
-                                   float *acc)
+                                   float *acc);                                                                \
+    void bt_cpu_##isa##_attn_block(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv,     \
+                                   int nk, float *m, float *l, float *acc);                                     \
+    void bt_cpu_##isa##_swiglu(int64_t n, const float *g, const float *u, float *out);                          \
+    void bt_cpu_##isa##_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
 
 #define BT_CPU_GEMM_DECL(isa, ty)                                                                              \
     void bt_cpu_##isa##_gemm_##ty(int64_t n, const void *group, const void *act, size_t act_stride, int nr,     \
@@ -45,5 +49,19 @@ BT_CPU_DECLARE_ISA(avx512);
 extern const bt_cpu_ops bt_cpu_ops_scalar;
 extern const bt_cpu_ops bt_cpu_ops_avx2;
 extern const bt_cpu_ops bt_cpu_ops_avx512;
+
+/* Constants of bt_cpu_expf, shared by every ISA's version. */
+#define BT_EXP_LO (-86.5f) /* below: 0 (keeps 2^n normal) */
+#define BT_EXP_HI 88.0f    /* above: +inf */
+#define BT_EXP_LOG2E 1.44269504088896341f
+#define BT_EXP_MAGIC 0x1.8p23f /* adding and subtracting it rounds to an integer, ties to even */
+#define BT_EXP_LN2_HI 0.693359375f
+#define BT_EXP_LN2_LO (-2.12194440e-4f)
+#define BT_EXP_P5 1.9875691500e-4f
+#define BT_EXP_P4 1.3981999507e-3f
+#define BT_EXP_P3 8.3334519073e-3f
+#define BT_EXP_P2 4.1665795894e-2f
+#define BT_EXP_P1 1.6666665459e-1f
+#define BT_EXP_P0 5.0000001201e-1f
 
 #endif

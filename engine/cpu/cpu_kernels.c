@@ -2,6 +2,7 @@
 #include "engine/cpu/cpu_kernels.h"
 
 #include <cpuid.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,94 @@ void bt_cpu_scalar_attn_accum(int64_t n, const float *w, const float *v, size_t 
     }
 }
 
+float bt_cpu_expf(float x)
+{
+    if (x != x) return x;
+    if (x < BT_EXP_LO) return 0.0f;
+    if (x > BT_EXP_HI) return INFINITY;
+    float t = x * BT_EXP_LOG2E;
+    float nf = (t + BT_EXP_MAGIC) - BT_EXP_MAGIC; /* in -125..127: 2^nf times p (0.7..1.42) stays normal */
+    float r = fmaf(nf, -BT_EXP_LN2_HI, x);
+    r = fmaf(nf, -BT_EXP_LN2_LO, r);
+    float p = fmaf(BT_EXP_P5, r, BT_EXP_P4);
+    p = fmaf(p, r, BT_EXP_P3);
+    p = fmaf(p, r, BT_EXP_P2);
+    p = fmaf(p, r, BT_EXP_P1);
+    p = fmaf(p, r, BT_EXP_P0);
+    p = fmaf(p, r * r, r);
+    p = p + 1.0f;
+    return bt_f32_from_bits(bt_f32_bits(p) + ((uint32_t)(int32_t)nf << 23));
+}
+
+static float tree16(const float *x)
+{
+    float b[8], c[4];
+    for (int t = 0; t < 8; t++) b[t] = x[t] + x[t + 8];
+    for (int t = 0; t < 4; t++) c[t] = b[t] + b[t + 4];
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* Element i of row j of a KV block (which = 0: K, 1: V). */
+static inline float kv_elem(const bt_cpu_kv_rows *kv, int which, int64_t n, int j, int64_t i)
+{
+    const void *base = which ? kv->v : kv->k;
+    size_t e = (size_t)j * (size_t)n + (size_t)i;
+    switch (kv->type) {
+    case BT_CPU_KV_F16: return bt_fp16_to_f32(((const uint16_t *)base)[e]);
+    case BT_CPU_KV_U8: {
+        const float *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
+        return sm[1] + sm[0] * (float)((const uint8_t *)base)[e];
+    }
+    default: return ((const float *)base)[e];
+    }
+}
+
+void bt_cpu_scalar_attn_block(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk,
+                              float *m, float *l, float *acc)
+{
+    for (int h = 0; h < nq; h++) {
+        const float *qh = q + (size_t)h * (size_t)n;
+        float *ah = acc + (size_t)h * (size_t)n;
+        float s[BT_CPU_ATTN_BLOCK], w[BT_CPU_ATTN_BLOCK];
+        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+            if (j >= nk) {
+                s[j] = -INFINITY;
+                continue;
+            }
+            float x[16] = {0};
+            for (int64_t i = 0; i < n && i < 16; i++) x[i] = qh[i] * kv_elem(kv, 0, n, j, i);
+            for (int64_t i = 16; i < n; i++) x[i % 16] = fmaf(qh[i], kv_elem(kv, 0, n, j, i), x[i % 16]);
+            s[j] = tree16(x) * scale;
+        }
+        float mn = m[h];
+        for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
+        float c = bt_cpu_expf(m[h] - mn);
+        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) w[j] = bt_cpu_expf(s[j] - mn);
+        l[h] = fmaf(l[h], c, tree16(w));
+        for (int64_t i = 0; i < n; i++) {
+            float a = ah[i] * c;
+            for (int j = 0; j < nk; j++) a = fmaf(w[j], kv_elem(kv, 1, n, j, i), a);
+            ah[i] = a;
+        }
+        m[h] = mn;
+    }
+}
+
+void bt_cpu_scalar_swiglu(int64_t n, const float *g, const float *u, float *out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + bt_cpu_expf(-g[i])) * u[i];
+}
+
+void bt_cpu_scalar_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
+{
+    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[4];
+    for (int64_t i = 0; i < n; i++) l[i % 8] += (double)x[i] * x[i];
+    for (int t = 0; t < 4; t++) b[t] = l[t] + l[t + 4];
+    double ss = (b[0] + b[2]) + (b[1] + b[3]);
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
 const bt_cpu_ops bt_cpu_ops_scalar = {
     .isa = BT_CPU_ISA_SCALAR,
     .name = "scalar",
@@ -109,6 +198,9 @@ const bt_cpu_ops bt_cpu_ops_scalar = {
     .f32_to_bf16 = bt_cpu_scalar_f32_to_bf16,
     .attn_scores = bt_cpu_scalar_attn_scores,
     .attn_accum = bt_cpu_scalar_attn_accum,
+    .attn_block = bt_cpu_scalar_attn_block,
+    .swiglu = bt_cpu_scalar_swiglu,
+    .rmsnorm = bt_cpu_scalar_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_scalar_dot_rows_f32,
         [BT_TYPE_F16] = bt_cpu_scalar_dot_rows_f16,

@@ -58,6 +58,26 @@ typedef struct bt_cpu_packed {
 typedef void (*bt_cpu_gemm_fn)(int64_t n, const void *group, const void *act, size_t act_stride, int nr,
                                float *out, size_t out_stride, int n_valid);
 
+/* Attention reads the KV cache in its own dtype; a block of one kv head holds nk <= BT_CPU_ATTN_BLOCK rows of n
+ * elements for K and V each, rows contiguous. */
+#define BT_CPU_ATTN_BLOCK 16
+
+typedef enum bt_cpu_kv_type {
+    BT_CPU_KV_F32 = 0,
+    BT_CPU_KV_F16 = 1,
+    BT_CPU_KV_U8 = 2, /* value = min + scale * (float)code (product rounded, then sum), one (scale, min) pair a row */
+} bt_cpu_kv_type;
+
+typedef struct bt_cpu_kv_rows {
+    bt_cpu_kv_type type;
+    const void *k, *v;        /* [nk][n] elements of type */
+    const float *k_sm, *v_sm; /* U8 only: [nk][2] = (scale, min) */
+} bt_cpu_kv_rows;
+
+/* exp(x) as every ISA computes it (Cephes-style polynomial, fmaf, within 2 ulp of expf): 0 below -86.5, +inf above
+ * 88, NaN for NaN. The SIMD versions give the same bits. */
+float bt_cpu_expf(float x);
+
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;
     const char *name; /* "scalar", "avx2", "avx512" */
@@ -82,6 +102,24 @@ typedef struct bt_cpu_ops {
                         float *out);
     /* acc[i] += w[j] * v[j * v_stride + i] for i < n, j = 0, 1, .. nv - 1 in that order */
     void (*attn_accum)(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv, float *acc);
+    /* One online-softmax step of attention, bit-identical in every ISA: nq query rows q[nq][n] (n a multiple of 8,
+     * at most 256) against the nk (1..BT_CPU_ATTN_BLOCK) keys and values of kv, K/V read in their dtype (no
+     * converted copy). Per query h, with K_j, V_j the dequantized rows:
+     *   s_j = tree16(x) * scale, x[t] = q[t] * K_j[t] for t < min(n, 16) (other lanes 0), then
+     *         x[i % 16] = fmaf(q[i], K_j[i], x[i % 16]) for i = 16 .. n - 1; tree16(x): b_t = x_t + x_{t+8} (t < 8),
+     *         c_t = b_t + b_{t+4} (t < 4), d_t = c_t + c_{t+2} (t < 2), result d_0 + d_1
+     *   mn = max(m[h], max_j s_j), c = bt_cpu_expf(m[h] - mn), w_j = bt_cpu_expf(s_j - mn) (0 for j >= nk)
+     *   l[h] = fmaf(l[h], c, tree16(w)), acc[h][i] = acc[h][i] * c, then fmaf(w_j, V_j[i], .) for j ascending
+     *   m[h] = mn.
+     * Start from m = -inf, l = 0, acc = 0; the result is acc / l. Can't fail. */
+    void (*attn_block)(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
+                       float *l, float *acc);
+    /* out[i] = x[i] * scale * w[i], scale = (float)(1 / sqrt(ss / n + eps)) where ss sums the exact double
+     * squares in 8 lanes (lane i % 8, ascending i), added as (l0 + l4) + (l2 + l6) ... i.e. b_t = l_t + l_{t+4},
+     * c_t = b_t + b_{t+2}, ss = c_0 + c_1; out may equal x; bit-identical in every ISA */
+    void (*rmsnorm)(int64_t n, const float *x, const float *w, float eps, float *out);
+    /* out[i] = g[i] / (1 + bt_cpu_expf(-g[i])) * u[i]; out may alias g or u; bit-identical in every ISA */
+    void (*swiglu)(int64_t n, const float *g, const float *u, float *out);
     /* per weight type, NULL where none: tiled kernels over packed weights (bt_cpu_pack) with 8-bit (gemm8)
      * or 16-bit (gemm16) activations */
     bt_cpu_gemm_fn gemm8[BT_TYPE_COUNT];

@@ -1,5 +1,8 @@
-/* The attention inner loops of the op tables (attn_scores, attn_accum): every ISA bit-identical to the scalar
- * reference, so attention results do not depend on the ISA or on how queries are grouped into work items. */
+/* The attention inner loops of the op tables (attn_scores, attn_accum, attn_block) and the exp-based elementwise
+ * ops: every ISA bit-identical to the scalar reference, so attention results do not depend on the ISA or on how
+ * queries are grouped into work items; the reference itself checked against float64 math. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "engine/cpu/cpu_kernels.h"
@@ -37,8 +40,207 @@ static void test_attn_ops_match_scalar(void)
     }
 }
 
+static double ulp_diff(float a, double ref)
+{
+    float r = (float)ref;
+    double ulp = ldexp(1.0, (r == 0 ? -149 : ilogbf(r) - 23) < -149 ? -149 : ilogbf(r) - 23);
+    return fabs((double)a - ref) / ulp;
+}
+
+/* bt_cpu_expf within 2 ulp of exp over its finite range, its edges as documented; swiglu of every ISA equals the
+ * scalar reference bit for bit, including edge values. */
+static void test_expf_and_swiglu(void)
+{
+    double worst = 0;
+    for (float x = -86.5f; x <= 88.0f; x += 0.001373f) {
+        double u = ulp_diff(bt_cpu_expf(x), exp((double)x));
+        if (u > worst) worst = u;
+    }
+    fprintf(stderr, "  bt_cpu_expf: worst %.2f ulp\n", worst);
+    CHECK(worst <= 2.0);
+    CHECK(bt_cpu_expf(0.0f) == 1.0f);
+    CHECK(bt_cpu_expf(-INFINITY) == 0.0f && bt_cpu_expf(-87.0f) == 0.0f);
+    CHECK(isinf(bt_cpu_expf(INFINITY)) && isinf(bt_cpu_expf(88.5f)));
+    CHECK(isnan(bt_cpu_expf(NAN)));
+
+    uint64_t s = 17;
+    const bt_cpu_ops *ref = bt_cpu_ops_get(BT_CPU_ISA_SCALAR);
+    enum { N = 1000 };
+    float g[N], u[N], a[N], b[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = test_randf(&s) * (i < 500 ? 8.0f : 120.0f);
+        u[i] = test_randf(&s) * 4.0f;
+    }
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 90.0f, g[3] = -90.0f, g[4] = INFINITY, g[5] = -INFINITY, g[6] = -86.5f;
+    ref->swiglu(N, g, u, a);
+    for (int i = 0; i < N; i++) {
+        double x = g[i], want = x / (1.0 + exp(-x)) * u[i];
+        if (isfinite(g[i]))
+            CHECK_MSG(fabs(a[i] - want) <= 1e-6 * fabs(want) + 1e-30, "swiglu(%g, %g) = %g, want %g", g[i], u[i],
+                      a[i], want);
+    }
+    for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        for (int n = 1; n <= N; n += 97) {
+            ops->swiglu(n, g, u, b);
+            int bad = 0;
+            for (int i = 0; i < n; i++) bad += bt_f32_bits(a[i]) != bt_f32_bits(b[i]);
+            CHECK_MSG(bad == 0, "%s swiglu n=%d: %d values differ from scalar", ops->name, n, bad);
+        }
+        memcpy(b, g, sizeof b);
+        ops->swiglu(N, b, u, b); /* in place */
+        CHECK(memcmp(a, b, sizeof b) == 0);
+    }
+}
+
+/* A random KV block of nk rows of n elements in type t, and the float values it stands for. */
+typedef struct kv_case {
+    bt_cpu_kv_rows rows;
+    void *k, *v;
+    float ksm[2 * BT_CPU_ATTN_BLOCK], vsm[2 * BT_CPU_ATTN_BLOCK];
+    double kf[BT_CPU_ATTN_BLOCK * 256], vf[BT_CPU_ATTN_BLOCK * 256];
+} kv_case;
+
+static void kv_case_fill(kv_case *c, bt_cpu_kv_type t, int64_t n, uint64_t *s)
+{
+    size_t ne = BT_CPU_ATTN_BLOCK * (size_t)n, es = t == BT_CPU_KV_F32 ? 4 : t == BT_CPU_KV_F16 ? 2 : 1;
+    c->k = malloc(ne * es);
+    c->v = malloc(ne * es);
+    REQUIRE(c->k && c->v);
+    for (int w = 0; w < 2; w++) {
+        void *d = w ? c->v : c->k;
+        float *sm = w ? c->vsm : c->ksm;
+        double *f = w ? c->vf : c->kf;
+        for (size_t e = 0; e < ne; e++) {
+            float x = test_randf(s) * 3.0f;
+            size_t j = e / (size_t)n;
+            if (t == BT_CPU_KV_F32) {
+                ((float *)d)[e] = x;
+                f[e] = x;
+            } else if (t == BT_CPU_KV_F16) {
+                ((uint16_t *)d)[e] = bt_f32_to_fp16(x);
+                f[e] = bt_fp16_to_f32(((uint16_t *)d)[e]);
+            } else {
+                if (e % (size_t)n == 0) {
+                    sm[2 * j] = 0.02f + 0.01f * (float)(j % 3);
+                    sm[2 * j + 1] = -2.5f + 0.1f * (float)j;
+                }
+                uint8_t code = (uint8_t)test_rand_next(s);
+                ((uint8_t *)d)[e] = code;
+                float prod = sm[2 * j] * (float)code; /* the dequantization attn_block defines, rounded as it is */
+                f[e] = sm[2 * j + 1] + prod;
+            }
+        }
+    }
+    c->rows = (bt_cpu_kv_rows){.type = t, .k = c->k, .v = c->v, .k_sm = c->ksm, .v_sm = c->vsm};
+}
+
+/* attn_block of every ISA is bit-identical to the scalar reference, over several blocks in a row, for every KV
+ * dtype, head size, query count and block fill; the reference agrees with float64 softmax attention. */
+static void test_attn_block(void)
+{
+    uint64_t s = 99;
+    const int64_t ns[] = {8, 16, 24, 64, 72, 128, 256};
+    double worst = 0;
+    for (int rep = 0; rep < 60; rep++) {
+        bt_cpu_kv_type t = (bt_cpu_kv_type)(rep % 3);
+        int64_t n = ns[(rep / 3) % 7];
+        int nq = 1 + (int)(test_rand_next(&s) % 16), nblk = 1 + (int)(test_rand_next(&s) % 4);
+        int nk_last = 1 + (int)(test_rand_next(&s) % BT_CPU_ATTN_BLOCK);
+        kv_case *kc = malloc(sizeof(kv_case) * (size_t)nblk);
+        float *q = malloc(sizeof(float) * (size_t)(nq * n));
+        float *acc[BT_CPU_ISA_COUNT];
+        float m[BT_CPU_ISA_COUNT][16], l[BT_CPU_ISA_COUNT][16];
+        REQUIRE(kc && q);
+        test_fill_act(nq * n, q, &s);
+        for (int b = 0; b < nblk; b++) kv_case_fill(&kc[b], t, n, &s);
+        for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+            acc[isa] = calloc((size_t)(nq * n), sizeof(float));
+            REQUIRE(acc[isa]);
+            for (int h = 0; h < nq; h++) m[isa][h] = -INFINITY, l[isa][h] = 0;
+            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            for (int b = 0; b < nblk; b++)
+                ops->attn_block(n, nq, q, 0.125f, &kc[b].rows, b == nblk - 1 ? nk_last : BT_CPU_ATTN_BLOCK, m[isa],
+                                l[isa], acc[isa]);
+            if (isa == 0) continue;
+            int bad = 0;
+            for (int h = 0; h < nq; h++)
+                bad += bt_f32_bits(m[0][h]) != bt_f32_bits(m[isa][h]) || bt_f32_bits(l[0][h]) != bt_f32_bits(l[isa][h]);
+            for (int64_t i = 0; i < nq * n; i++) bad += bt_f32_bits(acc[0][i]) != bt_f32_bits(acc[isa][i]);
+            CHECK_MSG(bad == 0, "%s attn_block type %d n=%lld nq=%d blocks=%d last=%d: %d values differ from scalar",
+                      ops->name, (int)t, (long long)n, nq, nblk, nk_last, bad);
+        }
+        for (int h = 0; h < nq; h++) { /* float64 softmax attention over the same dequantized K/V */
+            int nkeys = (nblk - 1) * BT_CPU_ATTN_BLOCK + nk_last;
+            double *sc = malloc(sizeof(double) * (size_t)nkeys), mx = -INFINITY, sum = 0;
+            REQUIRE(sc);
+            for (int key = 0; key < nkeys; key++) {
+                const kv_case *c = &kc[key / BT_CPU_ATTN_BLOCK];
+                int j = key % BT_CPU_ATTN_BLOCK;
+                double d = 0;
+                for (int64_t i = 0; i < n; i++) d += (double)q[h * n + i] * c->kf[j * n + i];
+                sc[key] = d * 0.125;
+                if (sc[key] > mx) mx = sc[key];
+            }
+            for (int key = 0; key < nkeys; key++) sum += sc[key] = exp(sc[key] - mx);
+            for (int64_t i = 0; i < n; i++) {
+                double o = 0, mag = 0;
+                for (int key = 0; key < nkeys; key++) {
+                    double v = kc[key / BT_CPU_ATTN_BLOCK].vf[(key % BT_CPU_ATTN_BLOCK) * n + i];
+                    o += sc[key] * v / sum;
+                    mag += sc[key] * fabs(v) / sum;
+                }
+                double got = (double)acc[0][h * n + i] / l[0][h], e = fabs(got - o) / (mag + 1e-30);
+                if (e > worst) worst = e;
+            }
+            free(sc);
+        }
+        for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) free(acc[isa]);
+        for (int b = 0; b < nblk; b++) free(kc[b].k), free(kc[b].v);
+        free(kc), free(q);
+    }
+    fprintf(stderr, "  attn_block vs float64: worst error %.2e of sum |w v|\n", worst);
+    CHECK(worst < 5e-5); /* float32 scores of up to ~160 in magnitude: ~1e-5 */
+}
+
+/* rmsnorm of every ISA equals the scalar reference bit for bit (in place too); the reference is within float
+ * rounding of the float64 formula. */
+static void test_rmsnorm(void)
+{
+    uint64_t s = 5;
+    const bt_cpu_ops *ref = bt_cpu_ops_get(BT_CPU_ISA_SCALAR);
+    for (int rep = 0; rep < 30; rep++) {
+        int64_t n = rep < 20 ? 8 * (1 + (int64_t)(test_rand_next(&s) % 100)) : 1 + (int64_t)(test_rand_next(&s) % 300);
+        float *x = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)n);
+        float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+        REQUIRE(x && w && a && b);
+        test_fill_act(n, x, &s);
+        test_fill_act(n, w, &s);
+        ref->rmsnorm(n, x, w, 1e-5f, a);
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double sc = 1.0 / sqrt(ss / (double)n + 1e-5f);
+        for (int64_t i = 0; i < n; i++)
+            CHECK(fabs(a[i] - x[i] * sc * w[i]) <= 4e-7 * fabs(x[i] * sc * w[i]) + 1e-30);
+        for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            memcpy(b, x, sizeof(float) * (size_t)n);
+            ops->rmsnorm(n, b, w, 1e-5f, b);
+            CHECK_MSG(memcmp(a, b, sizeof(float) * (size_t)n) == 0, "%s rmsnorm n=%lld differs from scalar", ops->name,
+                      (long long)n);
+        }
+        free(x), free(w), free(a), free(b);
+    }
+}
+
 int main(void)
 {
+    RUN(test_rmsnorm);
     RUN(test_attn_ops_match_scalar);
+    RUN(test_expf_and_swiglu);
+    RUN(test_attn_block);
     return test_summary();
 }
