@@ -6,6 +6,7 @@
 #include "engine/tokenizer.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,6 +178,27 @@ void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap)
              ne->max_context);
 }
 
+bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
+{
+    static const struct {
+        metrics_std_t id;
+        size_t off;
+    } gauges[] = {
+        {METRICS_STD_RUNNING_SEQUENCES, offsetof(bt_ne_t, g_running)},
+        {METRICS_STD_WAITING_REQUESTS, offsetof(bt_ne_t, g_waiting)},
+        {METRICS_STD_KV_BLOCKS_USED, offsetof(bt_ne_t, g_kv_used)},
+        {METRICS_STD_KV_BLOCKS_CAPACITY, offsetof(bt_ne_t, g_kv_capacity)},
+    };
+    for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
+        metrics_family_t *f;
+        bt_status st = metrics_std_register(reg, gauges[i].id, &f);
+        if (!st) st = metrics_family_gauge(f, NULL, (metrics_gauge_t **)((char *)ne + gauges[i].off));
+        if (st) return st;
+    }
+    metrics_gauge_set(ne->g_kv_capacity, (double)ne->kv_blocks_total);
+    return BT_OK;
+}
+
 static double ewma(double old, double v) { return old > 0 ? 0.7 * old + 0.3 * v : v; }
 
 void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
@@ -201,6 +223,10 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     out->decode_tok_s = ne->decode_rate;
     out->step_s = ne->step_s;
     pthread_mutex_unlock(&ne->load_mu);
+    metrics_gauge_set(ne->g_running, st->running);
+    metrics_gauge_set(ne->g_waiting, st->waiting);
+    metrics_gauge_set(ne->g_kv_used, st->kv_blocks_used);
+    metrics_gauge_set(ne->g_kv_capacity, st->kv_blocks_total);
     out->running_seqs = st->running;
     out->kv_blocks_total = st->kv_blocks_total;
     out->kv_blocks_free = st->kv_blocks_total - st->kv_blocks_used;

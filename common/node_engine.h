@@ -7,6 +7,7 @@
 
 #include "baton/v1/generate.pb-c.h"
 #include "common/membership.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "engine/backend.h"
 #include "engine/model.h"
@@ -43,6 +44,8 @@ typedef struct bt_ne {
     int64_t kv_blocks_total;
     size_t kv_block_bytes;   /* one block, all layers */
 
+    metrics_gauge_t *g_running, *g_waiting, *g_kv_used, *g_kv_capacity; /* set by bt_ne_register_metrics */
+
     pthread_mutex_t load_mu; /* the rate sampler's memory */
     double load_t, busy_t0;
     uint64_t load_computed, load_generated, load_steps;
@@ -63,8 +66,13 @@ bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *inf
 /* One line for the start-up log. */
 void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap);
 
+/* Registers the engine's gauges (running sequences, waiting requests, KV blocks used and capacity, DESIGN 10) in
+ * reg; bt_ne_load keeps them current. Errors of the registry. */
+bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg);
+
 /* Fills measured rates (prefill and decode tok/s, mean step seconds) from the scheduler's counters: EWMA over
- * intervals that did work, so an idle node keeps its last measured speed. Thread-safe. *st receives the stats. */
+ * intervals that did work, so an idle node keeps its last measured speed; updates the engine's gauges. Thread-safe. *st
+ * receives the stats. */
 void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st);
 
 /* 64-bit key of a node id for kvtransfer's peer cache. */

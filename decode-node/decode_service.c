@@ -54,7 +54,6 @@ struct decode_service {
     metrics_counter_t *prompt_tokens, *gen_tokens, *prefix_hits, *prefix_queries;
     metrics_counter_t *requests[RS_N];
     metrics_counter_t *remote[REMOTE_N];
-    metrics_gauge_t *running, *waiting, *kv_used, *kv_capacity;
 
     pthread_mutex_t load_mu; /* the load sampler's memory, below */
     uint64_t load_hits, load_queries;
@@ -711,10 +710,6 @@ static bt_status register_metrics(decode_service_t *s, metrics_registry_t *reg)
     STD_SERIES(METRICS_STD_GENERATION_TOKENS, counter, &s->gen_tokens);
     STD_SERIES(METRICS_STD_PREFIX_CACHE_HITS, counter, &s->prefix_hits);
     STD_SERIES(METRICS_STD_PREFIX_CACHE_QUERIES, counter, &s->prefix_queries);
-    STD_SERIES(METRICS_STD_RUNNING_SEQUENCES, gauge, &s->running);
-    STD_SERIES(METRICS_STD_WAITING_REQUESTS, gauge, &s->waiting);
-    STD_SERIES(METRICS_STD_KV_BLOCKS_USED, gauge, &s->kv_used);
-    STD_SERIES(METRICS_STD_KV_BLOCKS_CAPACITY, gauge, &s->kv_capacity);
 #undef STD_SERIES
     if ((st = metrics_histogram_register(reg, "baton_remote_prefill_seconds",
                                          "Time a decode node waited for a remote prefill (call + KV transfer).", NULL,
@@ -757,8 +752,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     s->sched = s->ne->sched;
     s->n_vocab = s->ne->n_vocab;
     s->max_context = s->ne->max_context;
-    if ((st = register_metrics(s, cfg->metrics))) goto fail;
-    metrics_gauge_set(s->kv_capacity, (double)s->ne->kv_blocks_total);
+    if ((st = register_metrics(s, cfg->metrics)) || (st = bt_ne_register_metrics(s->ne, cfg->metrics))) goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Run", BT_RPC_SERVER_STREAMING,
                                        &baton__v1__decode_run_request__descriptor, run_handler, s)))
         goto fail;
@@ -786,10 +780,6 @@ void decode_service_load(void *svc, mbr_load_report_t *out)
     decode_service_t *s = svc;
     bt_sched_stats st;
     bt_ne_load(s->ne, out, &st);
-    metrics_gauge_set(s->running, st.running);
-    metrics_gauge_set(s->waiting, st.waiting);
-    metrics_gauge_set(s->kv_used, st.kv_blocks_used);
-    metrics_gauge_set(s->kv_capacity, st.kv_blocks_total);
 
     pthread_mutex_lock(&s->load_mu);
     if (st.prefix_hit_tokens > s->load_hits) metrics_counter_add(s->prefix_hits, st.prefix_hit_tokens - s->load_hits);

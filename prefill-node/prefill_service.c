@@ -50,7 +50,6 @@ struct prefill_service {
     metrics_counter_t *xfer_bytes, *xfer_descriptors, *prompt_tokens, *cached_tokens;
     metrics_histogram_t *xfer_seconds, *prefill_seconds, *queue_time;
     metrics_counter_t *requests[PS_N];
-    metrics_gauge_t *running, *waiting, *kv_used, *kv_capacity;
 
     pthread_mutex_t bw_mu;
     double bw; /* EWMA of bytes / transfer second */
@@ -563,10 +562,6 @@ static bt_status register_metrics(prefill_service_t *s, metrics_registry_t *reg)
     STD_SERIES(METRICS_STD_QUEUE_TIME, histogram, &s->queue_time);
     STD_SERIES(METRICS_STD_PROMPT_TOKENS, counter, &s->prompt_tokens);
     STD_SERIES(METRICS_STD_PREFIX_CACHE_HITS, counter, &s->cached_tokens);
-    STD_SERIES(METRICS_STD_RUNNING_SEQUENCES, gauge, &s->running);
-    STD_SERIES(METRICS_STD_WAITING_REQUESTS, gauge, &s->waiting);
-    STD_SERIES(METRICS_STD_KV_BLOCKS_USED, gauge, &s->kv_used);
-    STD_SERIES(METRICS_STD_KV_BLOCKS_CAPACITY, gauge, &s->kv_capacity);
 #undef STD_SERIES
     if ((st = metrics_counter_register(reg, "baton_kv_transfer_descriptors_total",
                                        "Contiguous ranges (puts, copies or messages) posted for KV transfers.",
@@ -606,8 +601,7 @@ bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t 
         st = bt_fail(BT_ERR_UNAVAILABLE, "a prefill node needs kvtransfer (UCX) to move KV to decode nodes");
         goto fail;
     }
-    if ((st = register_metrics(s, cfg->metrics))) goto fail;
-    metrics_gauge_set(s->kv_capacity, (double)s->ne->kv_blocks_total);
+    if ((st = register_metrics(s, cfg->metrics)) || (st = bt_ne_register_metrics(s->ne, cfg->metrics))) goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Prefill/Run", BT_RPC_UNARY,
                                        &baton__v1__prefill_run_request__descriptor, run_handler, s)))
         goto fail;
@@ -640,9 +634,6 @@ void prefill_service_load(void *svc, mbr_load_report_t *out)
     prefill_service_t *s = svc;
     bt_sched_stats st;
     bt_ne_load(s->ne, out, &st);
-    metrics_gauge_set(s->running, st.running);
-    metrics_gauge_set(s->waiting, st.waiting);
-    metrics_gauge_set(s->kv_used, st.kv_blocks_used);
     long long qp = atomic_load(&s->queued_prefill_tokens);
     out->queued_prefill_tokens = qp > 0 ? qp : 0;
     out->queued_requests = atomic_load(&s->inflight);
