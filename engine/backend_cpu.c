@@ -270,30 +270,52 @@ static const float *rope_angles(cpu_ctx *c, int32_t p, int32_t n_rot, float base
     return cs;
 }
 
+/* Rotates pairs i0 .. i0 + n - 1 of every head of one token, cs/sn of pair i0 + i at tab[2i], tab[2i + 1].
+ * Head-major with pairs innermost: contiguous and branch-free, so the compiler vectorizes it. */
+static void rope_pairs(float *x, int32_t n_heads, int32_t head_dim, int32_t half, int32_t i0, int32_t n,
+                       const float *tab, int neox)
+{
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * (size_t)head_dim;
+        if (neox) {
+            float *a = v + i0, *b = v + i0 + half;
+            for (int32_t i = 0; i < n; i++) {
+                float x0 = a[i], x1 = b[i], cs = tab[2 * i], sn = tab[2 * i + 1];
+                a[i] = x0 * cs - x1 * sn;
+                b[i] = x0 * sn + x1 * cs;
+            }
+        } else {
+            float *a = v + 2 * i0;
+            for (int32_t i = 0; i < n; i++) {
+                float x0 = a[2 * i], x1 = a[2 * i + 1], cs = tab[2 * i], sn = tab[2 * i + 1];
+                a[2 * i] = x0 * cs - x1 * sn;
+                a[2 * i + 1] = x0 * sn + x1 * cs;
+            }
+        }
+    }
+}
+
 static void cpu_rope(bt_backend *be, float *x, const int32_t *pos, int32_t n_tokens, int32_t n_heads,
                      int32_t head_dim, int32_t n_rot, float base, float freq_scale, int neox)
 {
     int32_t half = n_rot / 2;
+    float own[512]; /* angles of one position when the table cannot serve */
     for (int32_t t = 0; t < n_tokens; t++) {
         const float *tab = rope_angles(C(be), pos[t], n_rot, base, freq_scale);
-        for (int32_t i = 0; i < half; i++) {
-            float cs, sn;
-            if (tab) {
-                cs = tab[2 * i];
-                sn = tab[2 * i + 1];
-            } else {
-                double ang = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / n_rot);
-                cs = (float)cos(ang);
-                sn = (float)sin(ang);
+        if (!tab) { /* the same values, computed here, 256 pairs at a time */
+            for (int32_t i0 = 0; i0 < half; i0 += 256) {
+                int32_t n = half - i0 < 256 ? half - i0 : 256;
+                for (int32_t i = 0; i < n; i++) {
+                    double ang = (double)pos[t] * freq_scale * pow((double)base, -2.0 * (i0 + i) / n_rot);
+                    own[2 * i] = (float)cos(ang);
+                    own[2 * i + 1] = (float)sin(ang);
+                }
+                rope_pairs(x + (size_t)t * (size_t)n_heads * (size_t)head_dim, n_heads, head_dim, half, i0, n, own,
+                           neox);
             }
-            for (int32_t h = 0; h < n_heads; h++) {
-                float *v = x + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
-                int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-                float x0 = v[a], x1 = v[b];
-                v[a] = x0 * cs - x1 * sn;
-                v[b] = x0 * sn + x1 * cs;
-            }
+            continue;
         }
+        rope_pairs(x + (size_t)t * (size_t)n_heads * (size_t)head_dim, n_heads, head_dim, half, 0, half, tab, neox);
     }
 }
 

@@ -204,7 +204,9 @@ int cmd_bench(int argc, char **argv)
                    "--concurrency 1,4,16,64 instead runs N requests (128 prompt tokens, --decode-tokens output\n"
                    "tokens each) through the continuous-batching scheduler and reports aggregate tok/s.\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
-                   "tokens in the prefix cache.\n");
+                   "tokens in the prefix cache.\n"
+                   "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
+                   "in each op kind (matmuls, attention, rope, ...), decode steps and prompt steps apart.\n");
             return 0;
         }
         if (!v) {

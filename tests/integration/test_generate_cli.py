@@ -64,3 +64,24 @@ def test_unsupported_architecture(baton_bin, tmp_path):
     w.close()
     res = run(baton_bin, "generate", "--model", str(path), "--prompt", "hi")
     assert one_error_line(res) and "falcon" in res.stderr and "not supported" in res.stderr
+
+
+def test_profile_logs_op_times_without_changing_output(baton_bin, default_model):
+    """BATON_PROFILE=1 logs ms per step per op kind, for prompt steps and decode steps, and changes no token."""
+    import os
+    import re
+    args = ("generate", "--prompt", "The three primary colors are", "--max-tokens", "12", "--ids")
+    plain = run(baton_bin, *args)
+    env = dict(os.environ, BATON_PROFILE="1")
+    prof = subprocess.run([str(baton_bin), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert plain.returncode == 0 and prof.returncode == 0, prof.stderr
+    assert prof.stdout == plain.stdout
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"profile of \d+ (decode|prefill) steps.*", prof.stderr)}
+    assert set(lines) == {"decode", "prefill"}, prof.stderr
+    decode = lines["decode"]
+    assert re.search(r"profile of 11 decode steps \(1\.0 tokens/step\)", decode), decode
+    times = dict(re.findall(r" (\w+) (\d+\.\d+)", decode.split(":", 1)[1]))
+    for op in ("embed", "rmsnorm", "qkv", "rope", "kv_write", "attention", "wo", "gate_up", "swiglu", "down", "add",
+               "output"):
+        assert op in times, decode
+    assert float(times["gate_up"]) > 0 and "profile" not in plain.stderr
