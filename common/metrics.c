@@ -673,3 +673,24 @@ bt_status metrics_std_register(metrics_registry_t *r, metrics_std_t id, metrics_
     if (!d) return bt_fail(BT_ERR_INVALID, "metrics: unknown standard metric %d", (int)id);
     return metrics_family_register(r, d, out);
 }
+
+bt_status metrics_std_counter(metrics_registry_t *r, metrics_std_t id, metrics_counter_t **out)
+{
+    metrics_family_t *f;
+    bt_status st = metrics_std_register(r, id, &f);
+    return st ? st : metrics_family_counter(f, NULL, out);
+}
+
+bt_status metrics_std_gauge(metrics_registry_t *r, metrics_std_t id, metrics_gauge_t **out)
+{
+    metrics_family_t *f;
+    bt_status st = metrics_std_register(r, id, &f);
+    return st ? st : metrics_family_gauge(f, NULL, out);
+}
+
+bt_status metrics_std_histogram(metrics_registry_t *r, metrics_std_t id, metrics_histogram_t **out)
+{
+    metrics_family_t *f;
+    bt_status st = metrics_std_register(r, id, &f);
+    return st ? st : metrics_family_histogram(f, NULL, out);
+}

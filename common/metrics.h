@@ -155,4 +155,11 @@ const metrics_desc_t *metrics_std_desc(metrics_std_t id);
 /* Registers (or finds) a standard family. Same errors as metrics_family_register. */
 bt_status metrics_std_register(metrics_registry_t *r, metrics_std_t id, metrics_family_t **out);
 
+/* The unlabelled series of standard family id, registering the family first (or finding it): the one-line form
+ * of metrics_std_register + metrics_family_counter/gauge/histogram. Errors as those two: BT_ERR_INVALID when the
+ * family has labels or another type. */
+bt_status metrics_std_counter(metrics_registry_t *r, metrics_std_t id, metrics_counter_t **out);
+bt_status metrics_std_gauge(metrics_registry_t *r, metrics_std_t id, metrics_gauge_t **out);
+bt_status metrics_std_histogram(metrics_registry_t *r, metrics_std_t id, metrics_histogram_t **out);
+
 #endif

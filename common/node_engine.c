@@ -190,9 +190,7 @@ bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
         {METRICS_STD_KV_BLOCKS_CAPACITY, offsetof(bt_ne_t, g_kv_capacity)},
     };
     for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
-        metrics_family_t *f;
-        bt_status st = metrics_std_register(reg, gauges[i].id, &f);
-        if (!st) st = metrics_family_gauge(f, NULL, (metrics_gauge_t **)((char *)ne + gauges[i].off));
+        bt_status st = metrics_std_gauge(reg, gauges[i].id, (metrics_gauge_t **)((char *)ne + gauges[i].off));
         if (st) return st;
     }
     metrics_gauge_set(ne->g_kv_capacity, (double)ne->kv_blocks_total);

@@ -697,20 +697,14 @@ static bt_status register_metrics(decode_service_t *s, metrics_registry_t *reg)
 {
     metrics_family_t *f;
     bt_status st;
-#define STD_SERIES(id, kind, dst)                                                                                   \
-    do {                                                                                                            \
-        if ((st = metrics_std_register(reg, id, &f))) return st;                                                    \
-        if ((st = metrics_family_##kind(f, NULL, dst))) return st;                                                  \
-    } while (0)
-    STD_SERIES(METRICS_STD_TTFT, histogram, &s->ttft);
-    STD_SERIES(METRICS_STD_TPOT, histogram, &s->tpot);
-    STD_SERIES(METRICS_STD_E2E_LATENCY, histogram, &s->e2e);
-    STD_SERIES(METRICS_STD_QUEUE_TIME, histogram, &s->queue_time);
-    STD_SERIES(METRICS_STD_PROMPT_TOKENS, counter, &s->prompt_tokens);
-    STD_SERIES(METRICS_STD_GENERATION_TOKENS, counter, &s->gen_tokens);
-    STD_SERIES(METRICS_STD_PREFIX_CACHE_HITS, counter, &s->prefix_hits);
-    STD_SERIES(METRICS_STD_PREFIX_CACHE_QUERIES, counter, &s->prefix_queries);
-#undef STD_SERIES
+    if ((st = metrics_std_histogram(reg, METRICS_STD_TTFT, &s->ttft))) return st;
+    if ((st = metrics_std_histogram(reg, METRICS_STD_TPOT, &s->tpot))) return st;
+    if ((st = metrics_std_histogram(reg, METRICS_STD_E2E_LATENCY, &s->e2e))) return st;
+    if ((st = metrics_std_histogram(reg, METRICS_STD_QUEUE_TIME, &s->queue_time))) return st;
+    if ((st = metrics_std_counter(reg, METRICS_STD_PROMPT_TOKENS, &s->prompt_tokens))) return st;
+    if ((st = metrics_std_counter(reg, METRICS_STD_GENERATION_TOKENS, &s->gen_tokens))) return st;
+    if ((st = metrics_std_counter(reg, METRICS_STD_PREFIX_CACHE_HITS, &s->prefix_hits))) return st;
+    if ((st = metrics_std_counter(reg, METRICS_STD_PREFIX_CACHE_QUERIES, &s->prefix_queries))) return st;
     if ((st = metrics_histogram_register(reg, "baton_remote_prefill_seconds",
                                          "Time a decode node waited for a remote prefill (call + KV transfer).", NULL,
                                          0, &s->remote_seconds)))

@@ -552,17 +552,11 @@ static bt_status register_metrics(prefill_service_t *s, metrics_registry_t *reg)
 {
     metrics_family_t *f;
     bt_status st;
-#define STD_SERIES(id, kind, dst)                                                                                   \
-    do {                                                                                                            \
-        if ((st = metrics_std_register(reg, id, &f))) return st;                                                    \
-        if ((st = metrics_family_##kind(f, NULL, dst))) return st;                                                  \
-    } while (0)
-    STD_SERIES(METRICS_STD_KV_TRANSFER_BYTES, counter, &s->xfer_bytes);
-    STD_SERIES(METRICS_STD_KV_TRANSFER_SECONDS, histogram, &s->xfer_seconds);
-    STD_SERIES(METRICS_STD_QUEUE_TIME, histogram, &s->queue_time);
-    STD_SERIES(METRICS_STD_PROMPT_TOKENS, counter, &s->prompt_tokens);
-    STD_SERIES(METRICS_STD_PREFIX_CACHE_HITS, counter, &s->cached_tokens);
-#undef STD_SERIES
+    if ((st = metrics_std_counter(reg, METRICS_STD_KV_TRANSFER_BYTES, &s->xfer_bytes))) return st;
+    if ((st = metrics_std_histogram(reg, METRICS_STD_KV_TRANSFER_SECONDS, &s->xfer_seconds))) return st;
+    if ((st = metrics_std_histogram(reg, METRICS_STD_QUEUE_TIME, &s->queue_time))) return st;
+    if ((st = metrics_std_counter(reg, METRICS_STD_PROMPT_TOKENS, &s->prompt_tokens))) return st;
+    if ((st = metrics_std_counter(reg, METRICS_STD_PREFIX_CACHE_HITS, &s->cached_tokens))) return st;
     if ((st = metrics_counter_register(reg, "baton_kv_transfer_descriptors_total",
                                        "Contiguous ranges (puts, copies or messages) posted for KV transfers.",
                                        &s->xfer_descriptors)))

@@ -129,27 +129,14 @@ static void *planner_main(void *arg)
 static bt_status setup_metrics(rtr_t *r)
 {
     bt_status st;
-    metrics_family_t *f;
     if ((st = metrics_registry_create(&r->metrics))) return st;
-    if ((st = metrics_std_register(r->metrics, METRICS_STD_TTFT, &f)) ||
-        (st = metrics_family_histogram(f, NULL, &r->ttft)))
-        return st;
-    if ((st = metrics_std_register(r->metrics, METRICS_STD_TPOT, &f)) ||
-        (st = metrics_family_histogram(f, NULL, &r->tpot)))
-        return st;
-    if ((st = metrics_std_register(r->metrics, METRICS_STD_E2E_LATENCY, &f)) ||
-        (st = metrics_family_histogram(f, NULL, &r->e2e)))
-        return st;
+    if ((st = metrics_std_histogram(r->metrics, METRICS_STD_TTFT, &r->ttft))) return st;
+    if ((st = metrics_std_histogram(r->metrics, METRICS_STD_TPOT, &r->tpot))) return st;
+    if ((st = metrics_std_histogram(r->metrics, METRICS_STD_E2E_LATENCY, &r->e2e))) return st;
     if ((st = metrics_std_register(r->metrics, METRICS_STD_REQUESTS, &r->requests))) return st;
-    if ((st = metrics_std_register(r->metrics, METRICS_STD_PROMPT_TOKENS, &f)) ||
-        (st = metrics_family_counter(f, NULL, &r->prompt_tokens)))
-        return st;
-    if ((st = metrics_std_register(r->metrics, METRICS_STD_GENERATION_TOKENS, &f)) ||
-        (st = metrics_family_counter(f, NULL, &r->generation_tokens)))
-        return st;
-    if ((st = metrics_std_register(r->metrics, METRICS_STD_MIGRATIONS, &f)) ||
-        (st = metrics_family_counter(f, NULL, &r->migrations)))
-        return st;
+    if ((st = metrics_std_counter(r->metrics, METRICS_STD_PROMPT_TOKENS, &r->prompt_tokens))) return st;
+    if ((st = metrics_std_counter(r->metrics, METRICS_STD_GENERATION_TOKENS, &r->generation_tokens))) return st;
+    if ((st = metrics_std_counter(r->metrics, METRICS_STD_MIGRATIONS, &r->migrations))) return st;
     return setup_placement_metrics(r);
 }
 

@@ -231,6 +231,39 @@ static void test_std_metrics(void)
     metrics_registry_destroy(r);
 }
 
+/* The one-line forms give the same series as register + family_*, and refuse a family with labels or of another
+ * type. */
+static void test_std_series_shortcuts(void)
+{
+    metrics_registry_t *r;
+    REQUIRE(metrics_registry_create(&r) == BT_OK);
+    metrics_histogram_t *h1, *h2;
+    metrics_counter_t *c;
+    metrics_gauge_t *g;
+    REQUIRE(metrics_std_histogram(r, METRICS_STD_TTFT, &h1) == BT_OK);
+    metrics_family_t *f;
+    REQUIRE(metrics_std_register(r, METRICS_STD_TTFT, &f) == BT_OK);
+    REQUIRE(metrics_family_histogram(f, NULL, &h2) == BT_OK);
+    CHECK(h1 == h2);
+    REQUIRE(metrics_std_counter(r, METRICS_STD_PROMPT_TOKENS, &c) == BT_OK);
+    REQUIRE(metrics_std_gauge(r, METRICS_STD_KV_BLOCKS_USED, &g) == BT_OK);
+    metrics_counter_add(c, 5);
+    metrics_gauge_set(g, 7);
+    metrics_histogram_observe(h1, 0.123);
+    CHECK(metrics_std_counter(r, METRICS_STD_TTFT, &c) != BT_OK);         /* a histogram family */
+    CHECK(metrics_std_gauge(r, METRICS_STD_PROMPT_TOKENS, &g) != BT_OK);  /* a counter family */
+    CHECK(metrics_std_counter(r, METRICS_STD_REQUESTS, &c) != BT_OK);     /* labelled by status */
+    CHECK(metrics_std_histogram(r, METRICS_STD_COUNT, &h2) == BT_ERR_INVALID);
+    char *text;
+    size_t len;
+    REQUIRE(metrics_expose(r, &text, &len) == BT_OK);
+    CHECK(has_line(text, BT_METRIC_PROMPT_TOKENS " 5"));
+    CHECK(has_line(text, BT_METRIC_KV_BLOCKS_USED " 7"));
+    CHECK(has_line(text, BT_METRIC_TTFT "_count 1"));
+    free(text);
+    metrics_registry_destroy(r);
+}
+
 typedef struct hammer {
     metrics_registry_t *r;
     metrics_counter_t *c;
@@ -335,6 +368,7 @@ int main(void)
     RUN(test_labels_and_escaping);
     RUN(test_rejects_bad_definitions);
     RUN(test_std_metrics);
+    RUN(test_std_series_shortcuts);
     RUN(test_concurrent_updates);
     RUN(test_number_format);
     test_tmpdir_cleanup();
