@@ -2,14 +2,17 @@
  * plain memory read loop on 1 and 2 threads. Weights rotate through copies totalling >= 128 MB (beyond L3), as in
  * decode where every token streams all the weights; --hot reuses one copy.
  * usage: bench_cpu_kernels [--types q4_1,q8_0] [--isa scalar|avx2|avx512|all] [--threads 1,2] [--batch 1,16]
- *                          [--bits 8,16] [--hot] [--ms MILLISECONDS_PER_CASE] [--memory-only] [--decode-only]
+ *                          [--bits 8,16] [--hot] [--ms MILLISECONDS_PER_CASE] [--memory-only] [--decode-only] [--gemm]
  * --bits: activation precisions of quantized types (both by default; float types run once).
- * Also times the matmuls of one SmolLM2-135M decode step (batch 1) and prefill chunk (batch 16). */
+ * Also times the matmuls of one SmolLM2-135M decode step (batch 1) and prefill chunk (batch 16).
+ * --gemm: only the packed AVX-512 kernels against the measured vpdpwssd rate (bench_gemm_kernels). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <immintrin.h>
 
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_kernels.h"
@@ -196,6 +199,108 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
     free(w), free(wout), free(x), free(y), free(xq);
 }
 
+/* vpdpwssd zmm per second on this thread: 8 independent chains, so throughput, not latency, bounds it */
+__attribute__((target("avx512f,avx512vnni"))) static double dpwssd_rate(void)
+{
+    __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __m512i w = _mm512_set1_epi32(3);
+    const long iters = 2 * 1000 * 1000;
+    double t0 = now_s();
+    for (long it = 0; it < iters; it++)
+        __asm__ volatile("vpdpwssd %8, %8, %0\n\tvpdpwssd %8, %8, %1\n\tvpdpwssd %8, %8, %2\n\t"
+                         "vpdpwssd %8, %8, %3\n\tvpdpwssd %8, %8, %4\n\tvpdpwssd %8, %8, %5\n\t"
+                         "vpdpwssd %8, %8, %6\n\tvpdpwssd %8, %8, %7"
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
+                         : "v"(w));
+    double dt = now_s() - t0;
+    __m512i t = _mm512_xor_si512(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)),
+                                 _mm512_xor_si512(_mm512_xor_si512(a4, a5), _mm512_xor_si512(a6, a7)));
+    if (_mm512_reduce_or_epi32(t) == 42) printf(" "); /* keeps the loop; the sums wrap, harmlessly */
+    return (double)iters * 8 / dt;
+}
+
+typedef struct gemm_variant {
+    const char *name;
+    bt_cpu_gemm_fn fn;
+    int nr, ahead;
+} gemm_variant;
+
+/* --gemm: the packed kernels alone on one thread: all groups of a matrix times 16 activation rows in tiles of nr,
+ * variants alternated, median of 15; "cold" rotates through copies of the packed matrix totalling >= 128 MB, as
+ * decode streams the weights. Efficiency: dot instructions (vpdpwssd or vpdpbusd, 16 rows x 32 codes / 2 or / 4
+ * each) over the measured vpdpwssd rate. */
+static void bench_gemm_kernels(void)
+{
+    if (!bt_cpu_isa_supported(BT_CPU_ISA_AVX512)) {
+        printf("--gemm: no AVX-512 here\n");
+        return;
+    }
+    double peak = 0; /* best of many short runs: other processes share these cores */
+    for (int i = 0; i < 50; i++) {
+        double r = dpwssd_rate();
+        peak = r > peak ? r : peak;
+    }
+    printf("vpdpwssd zmm: %.2f G/s on one thread (best of 50)\n", peak * 1e-9);
+    const bt_cpu_ops *ops = bt_cpu_ops_get(BT_CPU_ISA_AVX512);
+    static const struct { uint32_t t; int64_t n_in, n_out; int cold, rows; } cases[] = {
+        {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},
+        {BT_TYPE_Q8_0, 576, 49152, 0, 16}, {BT_TYPE_Q8_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 1},
+        {BT_TYPE_Q8_0, 576, 49152, 0, 1}};
+    uint64_t seed = 7;
+    printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
+           "% peak");
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int bits = 16; bits >= 8; bits -= 8) {
+            uint32_t t = cases[ci].t;
+            const int64_t rows = cases[ci].rows;
+            int64_t n_in = cases[ci].n_in, n_out = cases[ci].n_out;
+            size_t wb = bt_cpu_row_bytes(t, n_in) * (size_t)n_out, ab = bt_cpu_act_row_bytes(t, bits, n_in);
+            uint8_t *w = malloc(wb), *xq = malloc(ab * rows);
+            float *x = malloc(sizeof(float) * (size_t)(n_in * rows)), *out = malloc(sizeof(float) * (size_t)(n_out * rows));
+            if (!w || !xq || !x || !out) return;
+            fill_weights(t, n_in, n_out, w, &seed);
+            for (int64_t i = 0; i < n_in * rows; i++) x[i] = (float)((int64_t)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+            for (int64_t r = 0; r < rows; r++)
+                bt_cpu_prepare_act_row(ops, t, bits, n_in, x + r * n_in, xq + (size_t)r * ab);
+            int copies = cases[ci].cold ? (int)(((size_t)128 << 20) / wb + 1) : 1;
+            bt_cpu_packed *p = calloc((size_t)copies, sizeof *p);
+            for (int c = 0; c < copies; c++)
+                if (!p || bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
+            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[t] : ops->gemm8[t];
+            /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
+            gemm_variant vs[] = {{"pf", fn, BT_CPU_GEMM_NR, 1}, {"pf", fn, 4, 1}, {"nopf", fn, BT_CPU_GEMM_NR, 0},
+                                 {"pf2", fn, BT_CPU_GEMM_NR, 2}};
+            enum { NV = sizeof vs / sizeof vs[0], REPS = 25 };
+            double samples[NV][REPS];
+            int c = 0;
+            for (int rep = 0; rep < REPS; rep++)
+                for (int v = 0; v < NV; v++) {
+                    const bt_cpu_packed *pc = &p[c++ % copies];
+                    double t0 = now_s();
+                    for (int64_t g = 0; g < n_out / 16; g++)
+                        for (int64_t r = 0; r < rows; r += vs[v].nr)
+                            vs[v].fn(n_in, (const char *)pc->data + (size_t)g * pc->group_bytes, xq + (size_t)r * ab,
+                                     ab, rows < vs[v].nr ? (int)rows : vs[v].nr, out + r * n_out + g * 16, (size_t)n_out, 16,
+                                     r == 0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
+                                         ? (const char *)pc->data + (size_t)(g + vs[v].ahead) * pc->group_bytes
+                                         : NULL);
+                    samples[v][rep] = now_s() - t0;
+                }
+            double dots = (double)(n_in / (bits == 16 ? 2 : 4)) * (double)(n_out / 16) * (double)rows;
+            char shape[32];
+            snprintf(shape, sizeof shape, "%lldx%lld", (long long)n_in, (long long)n_out);
+            for (int v = 0; v < NV; v++) {
+                qsort(samples[v], REPS, sizeof(double), cmp_double);
+                double med = samples[v][REPS / 2];
+                printf("%-5s %-10s %4d %4d %4d %-6s %3d %10.1f %7.1f%%\n", bt_ggml_type_name(t), shape, (int)rows, cases[ci].cold,
+                       bits, vs[v].name, vs[v].nr, med * 1e6, 100.0 * dots / med / peak);
+            }
+            fflush(stdout);
+            for (int k = 0; k < copies; k++) bt_cpu_packed_free(&p[k]);
+            free(p), free(w), free(xq), free(x), free(out);
+        }
+}
+
 static int parse_list(const char *s, int *out, int max)
 {
     int n = 0;
@@ -223,11 +328,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) case_ms = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--memory-only")) only = 1;
         else if (!strcmp(argv[i], "--decode-only")) only = 2;
+        else if (!strcmp(argv[i], "--gemm")) only = 3;
         else {
             fprintf(stderr, "usage: %s [--types LIST] [--isa NAME|all] [--threads LIST] [--batch LIST] [--bits LIST] "
-                            "[--hot] [--ms N] [--memory-only] [--decode-only]\n", argv[0]);
+                            "[--hot] [--ms N] [--memory-only] [--decode-only] [--gemm]\n", argv[0]);
             return 2;
         }
+    }
+    if (only == 3) {
+        bench_gemm_kernels();
+        return 0;
     }
     if (only != 2) bench_memory();
     for (int b = 0; b < n_bits; b++)

@@ -1,10 +1,14 @@
-/* AVX-512 VNNI tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to 4 activation
- * rows. Each 512-bit code vector holds 4 codes of each of the 16 rows; the matching 4 activation codes (8-bit) or
- * 2 (16-bit) are broadcast, so vpdpbusd / vpdpwssd leave each row's block dot in its own lane with no horizontal
- * sum. A block's codes are decoded once and used for every activation row of the tile. Per lane and block the
- * integer dot is exact (two chains added, so their order is irrelevant), then converted and accumulated exactly as
- * bt_cpu_gemm_packed_ref does, whatever nr is. Lane bounds per block: 8-bit 32 * 255 * 127 < 2^21, 16-bit
- * 32 * 128 * 32767 < 2^28 (Q8_0; beyond 2^24 the conversion rounds, identically in the reference). */
+/* AVX-512 VNNI tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to BT_CPU_GEMM_NR
+ * (8) activation rows. Each code vector holds 4 codes (8-bit layouts) or 2 int16 codes (16-bit) of each of the 16
+ * rows; the matching activation dword is broadcast from memory, so vpdpbusd / vpdpwssd leave each row's block dot
+ * in its own lane with no horizontal sum. Each code vector is decoded once and at once used by every row of the
+ * tile, one integer chain per row (more for 1-3 rows); per lane and block the integer dot is exact whatever the
+ * chains, then converted and accumulated exactly as bt_cpu_gemm_packed_ref does, so nr never changes a bit.
+ * Measured on Zen 4 (bench_cpu_kernels --gemm): the decode ops (and, shifts) issue beside vpdpwssd; what costs
+ * are the float ops per block and row (mul, fma, and for Q4_1 the min fma) and, at 16 rows, waiting on the weights
+ * from memory, hence the prefetch of the next group (~60% -> ~78% of the vpdpwssd rate for Q4_1).
+ * Lane bounds per block: 8-bit 32 * 255 * 127 < 2^21, 16-bit 32 * 128 * 32767 < 2^28 (Q8_0; beyond 2^24 the
+ * conversion rounds, identically in the reference). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -29,8 +33,8 @@ AI __m512i dpwssd_b(__m512i acc, __m512i w, const void *p)
     return acc;
 }
 
-#define GEMM_ARGS int64_t n, const void *group, const void *act, size_t act_stride, const int NR, float *out, \
-                  size_t out_stride, int n_valid
+#define GEMM_ARGS int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, \
+                  float *out, size_t out_stride, int n_valid
 
 /* Block b of a packed group (layout in cpu_gemm.c): its 16 d (then 16 m for Q4_1) and its code vectors. */
 AI const uint8_t *unit_base(const uint8_t *group, int64_t b, const int type, const size_t cb)
@@ -48,132 +52,178 @@ AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, con
     return unit_base(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
 }
 
-AI void store_rows(const int NR, const int mins, const __m512 *acc, const __m512 *accm, float *out,
-                   size_t out_stride, int n_valid)
+/* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so with few rows per pass a row's
+ * products are spread over several independent accumulators (added exactly at the end of the block); from 4 rows
+ * on, the other rows' instructions fill the latency and one chain per row leaves registers for 8 rows. */
+#define CHAINS(NR) ((NR) == 1 ? 4 : (NR) <= 3 ? 2 : 1)
+
+/* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks */
+AI void prefetch_block(const void *next, int64_t b, const int type)
 {
-    const __mmask16 k = (__mmask16)((1u << n_valid) - 1);
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-        _mm512_mask_storeu_ps(out + (size_t)r * out_stride, k, mins ? _mm512_add_ps(acc[r], accm[r]) : acc[r]);
+    if (!next) return;
+    const int per = type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544; /* unit bytes / blocks */
+    const char *p = (const char *)next + (size_t)b * per;
+#pragma GCC unroll 9
+    for (int i = 0; i < per; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
 }
 
-/* 8-bit activations: 8 code vectors per block (Q4: low and high nibbles of 4 loaded vectors). */
+/* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q8_0
+ * with 8-bit activations: 128), so that the chain ends at the exact isum with no subtraction. */
+AI __m512i chain_init(int off, int32_t sum)
+{
+    return off ? _mm512_set1_epi32(-off * sum) : _mm512_setzero_si512();
+}
+
+/* acc = fma((float)isum, dw * d_a, acc), then for Q4_1 acc = fma(mw, ds_a, acc): bt_cpu_gemm_packed_ref's order */
+AI __m512 block_accum(__m512 acc, __m512i isum, __m512 dw, __m512 mw, const int mins, float a_d, float a_ds)
+{
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a_d)), acc);
+    return mins ? _mm512_fmadd_ps(mw, _mm512_set1_ps(a_ds), acc) : acc;
+}
+
+/* The rows' outputs two groups on: a matrix with many groups (the 49152-row output) writes each row's 64 bytes of
+ * a group far apart (measured: a few % at 16 rows on the output matrix) */
+AI void prefetch_out(const int NR, float *out, size_t out_stride)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) __builtin_prefetch(out + (size_t)r * out_stride + 2 * BT_CPU_PACK_ROWS, 1, 3);
+}
+
+AI void store_rows(const int NR, const __m512 *acc, float *out, size_t out_stride, int n_valid)
+{
+    const __mmask16 k = (__mmask16)((1u << n_valid) - 1);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(out + (size_t)r * out_stride, k, acc[r]);
+}
+
+/* 8-bit activations: 8 code vectors per block (Q4: low and high nibbles of 4 loaded vectors), code vector i
+ * paired with activation dword i. */
 AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
     const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
+    const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    __m512 acc[BT_CPU_MAX_NR], accm[BT_CPU_MAX_NR];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
+    __m512 acc[BT_CPU_GEMM_NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = blk_codes(group, b, type, cb);
         const uint16_t *sc = blk_scales(group, b, type, cb);
-        __m512i c[8];
-        if (type == BT_TYPE_Q8_0) {
+        prefetch_block(next, b, type);
+        __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) c[k] = _mm512_load_si512(cp + 64 * k);
-        } else {
+        for (int r = 0; r < NR; r++) {
+            s[r][0] = chain_init(off, ACT8(r, b)->sum);
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
+            for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) { /* code vectors k and k + 4 */
+            __m512i c0, c1;
+            if (type == BT_TYPE_Q8_0) {
+                c0 = _mm512_load_si512(cp + 64 * k), c1 = _mm512_load_si512(cp + 64 * (k + 4));
+            } else {
                 __m512i v = _mm512_load_si512(cp + 64 * k);
-                c[k] = _mm512_and_si512(v, m4);
-                c[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                c0 = _mm512_and_si512(v, m4), c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                const int8_t *aq = ACT8(r, b)->qs;
+                s[r][(2 * k) % NC] = dpbusd_b(s[r][(2 * k) % NC], c0, aq + 4 * k);
+                s[r][(2 * k + 1) % NC] = dpbusd_b(s[r][(2 * k + 1) % NC], c1, aq + 4 * k + 16);
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
         const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
                                : _mm512_setzero_ps();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            const bt_block_q8_32 *a = ACT8(r, b);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            __m512i t = s[r][0];
 #pragma GCC unroll 4
-            for (int k = 0; k < 8; k += 2) {
-                s0 = dpbusd_b(s0, c[k], a->qs + 4 * k);
-                s1 = dpbusd_b(s1, c[k + 1], a->qs + 4 * k + 4);
-            }
-            __m512i s = _mm512_add_epi32(s0, s1);
-            if (off) s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * a->sum));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a->d)), acc[r]);
-            if (mins) accm[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->ds), accm[r]);
+            for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
+            acc[r] = block_accum(acc[r], t, dw, mw, mins, ACT8(r, b)->d, ACT8(r, b)->ds);
         }
     }
-    store_rows(NR, mins, acc, accm, out, out_stride, n_valid);
+    store_rows(NR, acc, out, out_stride, n_valid);
 }
 
-/* 16-bit activations: 16 int16-pair vectors per block, decoded in two halves of 8 to stay within the registers.
- * Vector i of a half pairs with activation dword idx[i] (dword = 2 int16 codes). */
+/* chain ch of every row += code vector c times the row's activation dword idx of block b */
+AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const void *act, size_t act_stride,
+                   int64_t b, const int idx)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) s[r][ch] = dpwssd_b(s[r][ch], c, ACT16(r, b)->qs + 2 * idx);
+}
+
+/* 16-bit activations: 16 int16-pair code vectors per block, each used by every row as soon as it is decoded (the
+ * live set is one loaded vector and its operands). Operand t of the block pairs with activation dword idx. */
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
     const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi32(0x000f000f);
-    __m512 acc[BT_CPU_MAX_NR], accm[BT_CPU_MAX_NR];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
+    __m512 acc[BT_CPU_GEMM_NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = blk_codes(group, b, type, cb);
         const uint16_t *sc = blk_scales(group, b, type, cb);
-        __m512i s0[BT_CPU_MAX_NR], s1[BT_CPU_MAX_NR];
+        prefetch_block(next, b, type);
+        __m512i s[BT_CPU_GEMM_NR][4];
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            s[r][0] = chain_init(off, ACT16(r, b)->sum);
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) s0[r] = s1[r] = _mm512_setzero_si512();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m512i c[8];
-            int idx[8];
-            if (type == BT_TYPE_Q8_0) {
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) { /* vector k: codes 4k .. 4k+3 */
-                    int k = 4 * h + q;
-                    __m512i v = _mm512_load_si512(cp + 64 * k);
-                    c[2 * q] = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8), idx[2 * q] = 2 * k;
-                    c[2 * q + 1] = _mm512_srai_epi16(v, 8), idx[2 * q + 1] = 2 * k + 1;
-                }
-            } else {
-#pragma GCC unroll 2
-                for (int q = 0; q < 2; q++) { /* vector k: low nibbles codes 4k .. 4k+3, high ones 16 + same */
-                    int k = 2 * h + q;
-                    __m512i v = _mm512_load_si512(cp + 64 * k);
-                    c[4 * q] = _mm512_and_si512(v, m4), idx[4 * q] = 2 * k;
-                    c[4 * q + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 8), m4), idx[4 * q + 1] = 2 * k + 1;
-                    c[4 * q + 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), idx[4 * q + 2] = 2 * k + 8;
-                    c[4 * q + 3] = _mm512_srli_epi16(v, 12), idx[4 * q + 3] = 2 * k + 9;
-                }
+            for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
+        }
+        if (type == BT_TYPE_Q8_0) {
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
+                const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
+                dot16_rows(NR, s, k % NC, c, act, act_stride, b, k);
             }
+        } else {
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const int16_t *aq = ACT16(r, b)->qs;
-#pragma GCC unroll 4
-                for (int i = 0; i < 8; i += 2) {
-                    s0[r] = dpwssd_b(s0[r], c[i], aq + 2 * idx[i]);
-                    s1[r] = dpwssd_b(s1[r], c[i + 1], aq + 2 * idx[i + 1]);
-                }
+            for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
+                const __m512i v = _mm512_load_si512(cp + 64 * k);
+                dot16_rows(NR, s, (4 * k) % NC, _mm512_and_si512(v, m4), act, act_stride, b, 2 * k);
+                dot16_rows(NR, s, (4 * k + 1) % NC, _mm512_and_si512(_mm512_srli_epi16(v, 8), m4), act, act_stride, b,
+                           2 * k + 1);
+                dot16_rows(NR, s, (4 * k + 2) % NC, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), act, act_stride, b,
+                           2 * k + 8);
+                dot16_rows(NR, s, (4 * k + 3) % NC, _mm512_srli_epi16(v, 12), act, act_stride, b, 2 * k + 9);
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
         const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
                                : _mm512_setzero_ps();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            const bt_block_q16_32 *a = ACT16(r, b);
-            __m512i s = _mm512_add_epi32(s0[r], s1[r]);
-            if (off) s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * a->sum));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a->d)), acc[r]);
-            if (mins) accm[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->ds), accm[r]);
+            __m512i t = s[r][0];
+#pragma GCC unroll 4
+            for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
+            acc[r] = block_accum(acc[r], t, dw, mw, mins, ACT16(r, b)->d, ACT16(r, b)->ds);
         }
     }
-    store_rows(NR, mins, acc, accm, out, out_stride, n_valid);
+    store_rows(NR, acc, out, out_stride, n_valid);
 }
 
 #define GEMM_DISPATCH(kernel, TYPE)                                                                            \
     switch (nr) {                                                                                              \
-    case 1: kernel(n, group, act, act_stride, 1, out, out_stride, n_valid, TYPE); break;                       \
-    case 2: kernel(n, group, act, act_stride, 2, out, out_stride, n_valid, TYPE); break;                       \
-    case 3: kernel(n, group, act, act_stride, 3, out, out_stride, n_valid, TYPE); break;                       \
-    default: kernel(n, group, act, act_stride, 4, out, out_stride, n_valid, TYPE); break;                      \
+    case 1: kernel(n, group, next, act, act_stride, 1, out, out_stride, n_valid, TYPE); break;                       \
+    case 2: kernel(n, group, next, act, act_stride, 2, out, out_stride, n_valid, TYPE); break;                       \
+    case 3: kernel(n, group, next, act, act_stride, 3, out, out_stride, n_valid, TYPE); break;                       \
+    case 4: kernel(n, group, next, act, act_stride, 4, out, out_stride, n_valid, TYPE); break;                       \
+    case 5: kernel(n, group, next, act, act_stride, 5, out, out_stride, n_valid, TYPE); break;                       \
+    case 6: kernel(n, group, next, act, act_stride, 6, out, out_stride, n_valid, TYPE); break;                       \
+    case 7: kernel(n, group, next, act, act_stride, 7, out, out_stride, n_valid, TYPE); break;                       \
+    default: kernel(n, group, next, act, act_stride, 8, out, out_stride, n_valid, TYPE); break;                      \
     }
 
 #define GEMM(ty, TYPE)                                                                                         \
@@ -183,3 +233,4 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
 GEMM(q8_0, BT_TYPE_Q8_0)
+

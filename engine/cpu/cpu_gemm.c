@@ -14,7 +14,8 @@
  *                            and shifting 16-bit lanes yields the int16 pairs (4k, 4k+1), (4k+2, 4k+3),
  *                            (16+4k, 17+4k), (18+4k, 19+4k) vpdpwssd needs;
  *   Q8_0, 8-bit act:         qs[4k + t] ^ 0x80 (k < 8): codes + 128 as the u8 operand, 128 * sum(a) taken off;
- *   Q8_0, 16-bit act:        qs[4k], qs[4k+2], qs[4k+1], qs[4k+3], sign-extended in 16-bit lanes.
+ *   Q8_0, 16-bit act:        16 vectors of 32 bytes, word j of vector k (k < 16) = qs[2k], qs[2k+1] of row j: one
+ *                            vpmovsxbw (load and sign-extend) makes the int16 pairs vpdpwssd needs.
  * Rows past n_out are zero (zero scales: they contribute nothing and are never stored). */
 #include <math.h>
 #include <stdlib.h>
@@ -119,9 +120,13 @@ static void pack_row(const bt_cpu_packed *p, const uint8_t *src, int j, uint8_t 
             const bt_block_q8_0 *blk = (const bt_block_q8_0 *)src + b;
             sc[j] = blk->d;
             qs = (const uint8_t *)blk->qs;
+            if (bits == 16) {
+                uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+                for (int k = 0; k < 16; k++) c2[32 * k] = qs[2 * k], c2[32 * k + 1] = qs[2 * k + 1];
+                continue;
+            }
             for (int k = 0; k < 8; k++)
-                for (int t = 0; t < 4; t++)
-                    c[64 * k + t] = bits == 8 ? (uint8_t)(qs[4 * k + t] ^ 0x80) : qs[4 * k + pair_order[t]];
+                for (int t = 0; t < 4; t++) c[64 * k + t] = (uint8_t)(qs[4 * k + t] ^ 0x80);
             continue;
         }
         if (p->wtype == BT_TYPE_Q4_1) {
@@ -191,12 +196,17 @@ void bt_cpu_packed_free(bt_cpu_packed *p)
 static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
 {
     const uint8_t *c = block_codes(p->wtype, group, b) + 4 * (size_t)j;
+    if (p->wtype == BT_TYPE_Q8_0 && p->act_bits == 16) {
+        const uint8_t *c2 = block_codes(p->wtype, group, b) + 2 * (size_t)j;
+        for (int k = 0; k < 16; k++) q[2 * k] = (int8_t)c2[32 * k], q[2 * k + 1] = (int8_t)c2[32 * k + 1];
+        return;
+    }
     for (int k = 0; k < (p->wtype == BT_TYPE_Q8_0 ? 8 : 4); k++)
         for (int t = 0; t < 4; t++) {
             uint8_t byte = c[64 * k + t];
             int e = 4 * k + (p->act_bits == 8 ? t : pair_order[t]); /* pair_order is its own inverse */
             if (p->wtype == BT_TYPE_Q8_0) {
-                q[e] = p->act_bits == 8 ? byte : (int8_t)byte;
+                q[e] = byte; /* 8-bit layout: q + 128 */
             } else {
                 q[e] = byte & 15;
                 q[e + 16] = byte >> 4;
@@ -213,7 +223,7 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
     for (int r = 0; r < nr; r++) {
         const char *arow = (const char *)act + (size_t)r * act_stride;
         for (int j = 0; j < n_valid; j++) {
-            float acc = 0.0f, accm = 0.0f;
+            float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t q[BT_QK];
                 unpack_codes(p, g, b, j, q);
@@ -232,9 +242,9 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 isum -= (int64_t)off * asum;
                 const uint16_t *sc = block_scales(p->wtype, g, b);
                 acc = fmaf((float)isum, bt_fp16_to_f32(sc[j]) * ad, acc);
-                if (mins) accm = fmaf(bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]), ads, accm);
+                if (mins) acc = fmaf(bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]), ads, acc);
             }
-            out[(size_t)r * out_stride + (size_t)j] = mins ? acc + accm : acc;
+            out[(size_t)r * out_stride + (size_t)j] = acc;
         }
     }
 }

@@ -37,7 +37,7 @@
 
 #define BT_CPU_GEMM_DECL(isa, ty)                                                                              \
     void bt_cpu_##isa##_gemm_##ty(int64_t n, const void *group, const void *act, size_t act_stride, int nr,     \
-                                  float *out, size_t out_stride, int n_valid)
+                                  float *out, size_t out_stride, int n_valid, const void *next)
 
 BT_CPU_GEMM_DECL(avx512, q4_0); BT_CPU_GEMM_DECL(avx512, q4_1); BT_CPU_GEMM_DECL(avx512, q8_0);
 BT_CPU_GEMM_DECL(avx512, q4_0_q16); BT_CPU_GEMM_DECL(avx512, q4_1_q16); BT_CPU_GEMM_DECL(avx512, q8_0_q16);

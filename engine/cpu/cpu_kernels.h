@@ -38,12 +38,17 @@ typedef void (*bt_cpu_dot_rows_fn)(int64_t n, const void *w_row, const void *act
 /* Weights packed for the tiled GEMM. bt_cpu_pack copies a weight matrix into groups of BT_CPU_PACK_ROWS output
  * rows whose blocks are interleaved by 4-code words, so that one 512-bit VNNI instruction multiplies 4 codes of
  * all 16 rows by 4 broadcast activation codes: no horizontal sums, and each weight block is decoded once for up to
- * BT_CPU_MAX_NR activation rows. Per output element the arithmetic is fixed: per block an exact integer dot isum,
- * then acc = fma((float)isum, d_w * d_a, acc) and, for types with a min, accm = fma(m_w, ds_a, accm); the result
- * is acc + accm. It depends on nothing but that element's weight row and activation row, so a packed matmul is
- * batch-invariant; it differs from the unpacked kernels only in float rounding (same error bounds). The layout
- * depends on act_bits, so a packing serves one precision. */
+ * BT_CPU_GEMM_NR activation rows. Per output element the arithmetic is fixed: acc = 0, then per block an exact
+ * integer dot isum, acc = fma((float)isum, d_w * d_a, acc) and, for types with a min, acc = fma(m_w, ds_a, acc)
+ * (one accumulator: the min term cancels most of the code term block by block). It depends on nothing but that
+ * element's weight row and activation row, so a packed matmul is batch-invariant; it differs from the unpacked
+ * kernels only in float rounding (same error bounds). The layout depends on act_bits, so a packing serves one
+ * precision. */
 #define BT_CPU_PACK_ROWS 16
+
+/* Most activation rows one bt_cpu_gemm_fn call handles: each decoded code vector serves 8 rows, one integer chain
+ * each (at 16 rows on Zen 4: ~80% of the vpdpwssd rate with the weights in cache, vs ~78% for 4 rows). */
+#define BT_CPU_GEMM_NR 8
 
 typedef struct bt_cpu_packed {
     uint32_t wtype;
@@ -53,10 +58,12 @@ typedef struct bt_cpu_packed {
     void *data;         /* [ceil(n_out / 16)][group_bytes], 64-byte aligned, owned; rows past n_out are zero */
 } bt_cpu_packed;
 
-/* Group `group` (one 16-row group of a bt_cpu_packed, n input elements) times nr (1..BT_CPU_MAX_NR) activation
- * rows: out[r * out_stride + j] for rows j < n_valid (1..16) of the group. Can't fail. */
+/* Group `group` (one 16-row group of a bt_cpu_packed, n input elements) times nr (1..BT_CPU_GEMM_NR) activation
+ * rows: out[r * out_stride + j] for rows j < n_valid (1..16) of the group. next: NULL, or a group the caller reads
+ * soon, prefetched block by block (at 16 rows the weights stream from memory; with the hardware prefetcher alone
+ * the kernel waited a fifth of its time). Can't fail. */
 typedef void (*bt_cpu_gemm_fn)(int64_t n, const void *group, const void *act, size_t act_stride, int nr,
-                               float *out, size_t out_stride, int n_valid);
+                               float *out, size_t out_stride, int n_valid, const void *next);
 
 /* Attention reads the KV cache in its own dtype; a block of one kv head holds nk <= BT_CPU_ATTN_BLOCK rows of n
  * elements for K and V each, rows contiguous. */

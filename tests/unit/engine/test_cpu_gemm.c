@@ -42,7 +42,7 @@ static void test_gemm_matches_refs(void)
                 size_t ab = bt_cpu_act_row_bytes(t, bits, n_in), wb = bt_cpu_row_bytes(t, n_in);
                 float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows));
                 uint8_t *xq = malloc(ab * (size_t)n_rows);
-                float *out = malloc(sizeof(float) * (size_t)(n_out * n_rows)), ref[BT_CPU_MAX_NR * 16];
+                float *out = malloc(sizeof(float) * (size_t)(n_out * n_rows)), ref[BT_CPU_GEMM_NR * 16];
                 float *wd = malloc(sizeof(float) * (size_t)n_in);
                 REQUIRE(w && x && xq && out && wd);
                 test_fill_act(n_in * n_rows, x, &s);
@@ -53,8 +53,8 @@ static void test_gemm_matches_refs(void)
                                     .x = x, .xq = xq, .out = out, .act_bits = bits, .wp = &p};
                 REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
                 int bad_ref = 0, bad_tol = 0;
-                for (int64_t r0 = 0; r0 < n_rows; r0 += BT_CPU_MAX_NR) {
-                    int nr = (int)(n_rows - r0 < BT_CPU_MAX_NR ? n_rows - r0 : BT_CPU_MAX_NR);
+                for (int64_t r0 = 0; r0 < n_rows; r0 += BT_CPU_GEMM_NR) {
+                    int nr = (int)(n_rows - r0 < BT_CPU_GEMM_NR ? n_rows - r0 : BT_CPU_GEMM_NR);
                     for (int64_t g = 0; g * 16 < n_out; g++) {
                         int nv = (int)(n_out - 16 * g < 16 ? n_out - 16 * g : 16);
                         bt_cpu_gemm_packed_ref(&p, g, xq + (size_t)r0 * ab, ab, nr, ref, 16, nv);
@@ -78,6 +78,55 @@ static void test_gemm_matches_refs(void)
                 bt_cpu_packed_free(&p);
                 free(w), free(x), free(xq), free(out), free(wd);
             }
+        }
+    }
+}
+
+/* Each kernel called directly at every width nr = 1..BT_CPU_GEMM_NR (each has its own chain count and unrolling),
+ * with and without a group to prefetch, on a group with n_valid < 16 too: bit-identical to the reference, and
+ * rows past n_valid and past nr untouched. */
+static void test_gemm_each_width(void)
+{
+    uint64_t s = 59;
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        for (size_t k = 0; k < 2 * sizeof packed_types / sizeof packed_types[0]; k++) {
+            uint32_t t = packed_types[k % 3];
+            int bits = k < 3 ? 8 : 16;
+            if (!bt_cpu_pack_supported(ops, t, bits)) continue;
+            bt_cpu_gemm_fn gemm = bits == 8 ? ops->gemm8[t] : ops->gemm16[t];
+            int64_t n_in = 32 * rand_range(&s, 1, 20), n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
+            uint8_t *w = make_weights(t, n_in, n_out, &s);
+            size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
+            float *x = malloc(sizeof(float) * (size_t)(n_in * BT_CPU_GEMM_NR));
+            uint8_t *xq = malloc(ab * BT_CPU_GEMM_NR);
+            REQUIRE(w && x && xq);
+            test_fill_act(n_in * BT_CPU_GEMM_NR, x, &s);
+            for (int r = 0; r < BT_CPU_GEMM_NR; r++)
+                bt_cpu_prepare_act_row(ops, t, bits, n_in, x + r * n_in, xq + (size_t)r * ab);
+            bt_cpu_packed p;
+            REQUIRE(bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
+            int bad = 0;
+            for (int nr = 1; nr <= BT_CPU_GEMM_NR; nr++)
+                for (int g = 0; g < 2; g++) {
+                    int nv = g ? (int)(n_out - 16) : 16;
+                    const char *grp = (const char *)p.data + (size_t)g * p.group_bytes;
+                    float out[(BT_CPU_GEMM_NR + 1) * 16], ref[BT_CPU_GEMM_NR * 16];
+                    for (int i = 0; i < (BT_CPU_GEMM_NR + 1) * 16; i++) out[i] = -7.0f;
+                    gemm(n_in, grp, xq, ab, nr, out, 16, nv, g ? NULL : (const char *)p.data + p.group_bytes);
+                    bt_cpu_gemm_packed_ref(&p, g, xq, ab, nr, ref, 16, nv);
+                    for (int r = 0; r <= BT_CPU_GEMM_NR; r++)
+                        for (int j = 0; j < 16; j++) {
+                            int set = r < nr && j < nv;
+                            if (set ? bt_f32_bits(out[r * 16 + j]) != bt_f32_bits(ref[r * 16 + j]) : out[r * 16 + j] != -7.0f)
+                                bad++;
+                        }
+                }
+            CHECK_MSG(bad == 0, "%s %s/%d n_in=%lld n_out=%lld: %d outputs wrong", ops->name, bt_ggml_type_name(t),
+                      bits, (long long)n_in, (long long)n_out, bad);
+            bt_cpu_packed_free(&p);
+            free(w), free(x), free(xq);
         }
     }
 }
@@ -182,6 +231,7 @@ int main(void)
 {
     RUN(test_pack_checks);
     RUN(test_gemm_matches_refs);
+    RUN(test_gemm_each_width);
     RUN(test_gemm_batch_invariance);
     return test_summary();
 }
