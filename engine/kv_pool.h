@@ -2,7 +2,7 @@
  * that a run of consecutive block ids is one contiguous byte range per layer:
  *   offset(layer, block) = (layer * n_blocks + block) * block_stride
  *   block: K then V, each [kv_head][token_in_block][head_dim] of dtype; for int8, then the K and the V
- *          (scale, min) pairs, each [kv_head][token_in_block][2] f32: x = min + scale * q, q an unsigned byte
+ *          (scale, min) pairs, each [kv_head][token_in_block][2] fp16: x = min + scale * q, q an unsigned byte
  * This module owns the memory and the byte layout plus a plain free-list allocator; reference counts, prefix caching
  * and preemption belong to the block manager built on top of it. Not thread-safe: the engine thread owns it. */
 #ifndef BATON_ENGINE_KV_POOL_H
@@ -19,7 +19,7 @@
 typedef enum bt_kv_dtype {
     BT_KV_F16 = 0,  /* default */
     BT_KV_F32 = 1,
-    BT_KV_INT8 = 2, /* 8-bit codes with a per-token-per-head f32 scale and min: 56% of f16's bytes at head_dim 64 */
+    BT_KV_INT8 = 2, /* 8-bit codes with a per-token-per-head fp16 scale and min: 53.1% of f16's bytes at head_dim 64 */
 } bt_kv_dtype;
 
 /* "f16", "f32", "int8". */
@@ -34,7 +34,7 @@ typedef struct bt_kv_pool {
     size_t elem_size;     /* bytes per K or V element */
     size_t block_stride;  /* bytes of one block of one layer */
     size_t v_off;         /* offset of V within a block */
-    size_t ks_off, vs_off; /* int8: offsets of the K and V (scale, min) pairs within a block (0 otherwise) */
+    size_t ks_off, vs_off; /* int8: offsets of the K and V fp16 (scale, min) pairs within a block (0 otherwise) */
     uint8_t *base;        /* [n_layer][n_blocks][block_stride] */
     size_t bytes;
     int own_memory;       /* 1 when base was allocated here */

@@ -828,16 +828,17 @@ AI float tree16_2(__m256 lo, __m256 hi)
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
+/* 8 elements of row j of a KV block from element i, dequantized as kv_elem of the scalar reference does */
 AI __m256 kv_load8(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i)
 {
     const void *base = which ? kv->v : kv->k;
     size_t e = (size_t)j * (size_t)n + (size_t)i;
     if (type == BT_CPU_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + e)));
     if (type == BT_CPU_KV_U8) {
-        const float *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
+        const uint16_t *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
         __m128i codes = _mm_loadl_epi64((const __m128i *)((const uint8_t *)base + e));
         __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-        return _mm256_add_ps(_mm256_set1_ps(sm[1]), _mm256_mul_ps(_mm256_set1_ps(sm[0]), c));
+        return _mm256_fmadd_ps(_mm256_set1_ps(bt_fp16_to_f32(sm[0])), c, _mm256_set1_ps(bt_fp16_to_f32(sm[1])));
     }
     return _mm256_loadu_ps((const float *)base + e);
 }

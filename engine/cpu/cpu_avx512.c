@@ -632,10 +632,10 @@ AI __m512 kv_load16(const bt_cpu_kv_rows *kv, const int which, const int type, i
     if (type == BT_CPU_KV_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + e)));
     if (type == BT_CPU_KV_U8) {
-        const float *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
+        const uint16_t *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
         __m128i codes = _mm_loadu_si128((const __m128i *)((const uint8_t *)base + e));
         __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-        return _mm512_add_ps(_mm512_set1_ps(sm[1]), _mm512_mul_ps(_mm512_set1_ps(sm[0]), c));
+        return _mm512_fmadd_ps(_mm512_set1_ps(bt_fp16_to_f32(sm[0])), c, _mm512_set1_ps(bt_fp16_to_f32(sm[1])));
     }
     return _mm512_loadu_ps((const float *)base + e);
 }

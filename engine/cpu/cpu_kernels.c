@@ -124,7 +124,7 @@ static float tree16(const float *x)
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/* Element i of row j of a KV block (which = 0: K, 1: V). */
+/* Element i of row j of a KV block (which = 0: K, 1: V), dequantized. */
 static inline float kv_elem(const bt_cpu_kv_rows *kv, int which, int64_t n, int j, int64_t i)
 {
     const void *base = which ? kv->v : kv->k;
@@ -132,8 +132,8 @@ static inline float kv_elem(const bt_cpu_kv_rows *kv, int which, int64_t n, int 
     switch (kv->type) {
     case BT_CPU_KV_F16: return bt_fp16_to_f32(((const uint16_t *)base)[e]);
     case BT_CPU_KV_U8: {
-        const float *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
-        return sm[1] + sm[0] * (float)((const uint8_t *)base)[e];
+        const uint16_t *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
+        return fmaf(bt_fp16_to_f32(sm[0]), (float)((const uint8_t *)base)[e], bt_fp16_to_f32(sm[1]));
     }
     default: return ((const float *)base)[e];
     }

@@ -72,13 +72,13 @@ typedef void (*bt_cpu_gemm_fn)(int64_t n, const void *group, const void *act, si
 typedef enum bt_cpu_kv_type {
     BT_CPU_KV_F32 = 0,
     BT_CPU_KV_F16 = 1,
-    BT_CPU_KV_U8 = 2, /* value = min + scale * (float)code (product rounded, then sum), one (scale, min) pair a row */
+    BT_CPU_KV_U8 = 2, /* value = fmaf(scale, (float)code, min), code an unsigned byte, one fp16 (scale, min) a row */
 } bt_cpu_kv_type;
 
 typedef struct bt_cpu_kv_rows {
     bt_cpu_kv_type type;
-    const void *k, *v;        /* [nk][n] elements of type */
-    const float *k_sm, *v_sm; /* U8 only: [nk][2] = (scale, min) */
+    const void *k, *v;                /* [nk][n] elements of type */
+    const uint16_t *k_sm, *v_sm; /* U8 only: [nk][2] fp16 (scale, min) */
 } bt_cpu_kv_rows;
 
 /* exp(x) as every ISA computes it (Cephes-style polynomial, fmaf, within 2 ulp of expf): 0 below -86.5, +inf above
@@ -111,7 +111,7 @@ typedef struct bt_cpu_ops {
     void (*attn_accum)(int64_t n, const float *w, const float *v, size_t v_stride, int64_t nv, float *acc);
     /* One online-softmax step of attention, bit-identical in every ISA: nq query rows q[nq][n] (n a multiple of 8,
      * at most 256) against the nk (1..BT_CPU_ATTN_BLOCK) keys and values of kv, K/V read in their dtype (no
-     * converted copy). Per query h, with K_j, V_j the dequantized rows:
+     * converted copy). Per query h, with K_j, V_j the dequantized rows (f16 converted exactly, U8 as above):
      *   s_j = tree16(x) * scale, x[t] = q[t] * K_j[t] for t < min(n, 16) (other lanes 0), then
      *         x[i % 16] = fmaf(q[i], K_j[i], x[i % 16]) for i = 16 .. n - 1; tree16(x): b_t = x_t + x_{t+8} (t < 8),
      *         c_t = b_t + b_{t+4} (t < 4), d_t = c_t + c_{t+2} (t < 2), result d_0 + d_1

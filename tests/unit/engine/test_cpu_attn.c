@@ -98,7 +98,7 @@ static void test_expf_and_swiglu(void)
 typedef struct kv_case {
     bt_cpu_kv_rows rows;
     void *k, *v;
-    float ksm[2 * BT_CPU_ATTN_BLOCK], vsm[2 * BT_CPU_ATTN_BLOCK];
+    uint16_t ksm[2 * BT_CPU_ATTN_BLOCK], vsm[2 * BT_CPU_ATTN_BLOCK]; /* U8: fp16 (scale, min) per row */
     double kf[BT_CPU_ATTN_BLOCK * 256], vf[BT_CPU_ATTN_BLOCK * 256];
 } kv_case;
 
@@ -110,8 +110,12 @@ static void kv_case_fill(kv_case *c, bt_cpu_kv_type t, int64_t n, uint64_t *s)
     REQUIRE(c->k && c->v);
     for (int w = 0; w < 2; w++) {
         void *d = w ? c->v : c->k;
-        float *sm = w ? c->vsm : c->ksm;
+        uint16_t *sm = w ? c->vsm : c->ksm;
         double *f = w ? c->vf : c->kf;
+        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) { /* subnormal, small and (for V) large scales */
+            sm[2 * j] = bt_f32_to_fp16(j == 5 ? 3e-6f : 0.004f + 0.011f * (float)(j % 4) + (w && j == 9 ? 1.5f : 0.0f));
+            sm[2 * j + 1] = bt_f32_to_fp16(-2.5f + 0.1f * (float)j);
+        }
         for (size_t e = 0; e < ne; e++) {
             float x = test_randf(s) * 3.0f;
             size_t j = e / (size_t)n;
@@ -122,14 +126,10 @@ static void kv_case_fill(kv_case *c, bt_cpu_kv_type t, int64_t n, uint64_t *s)
                 ((uint16_t *)d)[e] = bt_f32_to_fp16(x);
                 f[e] = bt_fp16_to_f32(((uint16_t *)d)[e]);
             } else {
-                if (e % (size_t)n == 0) {
-                    sm[2 * j] = 0.02f + 0.01f * (float)(j % 3);
-                    sm[2 * j + 1] = -2.5f + 0.1f * (float)j;
-                }
                 uint8_t code = (uint8_t)test_rand_next(s);
                 ((uint8_t *)d)[e] = code;
-                float prod = sm[2 * j] * (float)code; /* the dequantization attn_block defines, rounded as it is */
-                f[e] = sm[2 * j + 1] + prod;
+                /* the dequantization attn_block defines, rounded as it is */
+                f[e] = fmaf(bt_fp16_to_f32(sm[2 * j]), (float)code, bt_fp16_to_f32(sm[2 * j + 1]));
             }
         }
     }
