@@ -381,17 +381,19 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
  * same order. */
 typedef struct attn_task {
     int32_t t0, n, g0, g1;
+    size_t ml; /* the task's running max and sum: plan->m[ml ..], plan->l[ml ..], [token][head of the task] */
 } attn_task;
 
 typedef struct attn_plan {
     const bt_attn_args *a;
     const attn_task *tasks;
     const bt_cpu_ops *ops;
-    float *m, *l; /* [n_tokens][n_head]: running max and sum of each (token, head) */
+    float *m, *l; /* running max and sum of each (token, head), a 64-byte-aligned region per task: tasks on other
+                   * threads update theirs after every block, and a shared cache line would bounce between cores */
 } attn_plan;
 
 #define ATTN_CHUNK 8    /* query tokens per work item */
-#define ATTN_PREFETCH 1 /* blocks ahead */
+#define ATTN_PREFETCH 2 /* blocks ahead */
 #define ATTN_SPLIT 2    /* fewer runs than this many per thread: one task per (run, kv head) */
 
 _Static_assert(BT_KV_BLOCK == BT_CPU_ATTN_BLOCK, "attn_block takes one cache block at a time");
@@ -453,11 +455,13 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     int32_t hd = a->head_dim, group = a->n_head / a->n_head_kv, nh = a->n_head;
     size_t hs = (size_t)hd;
     /* the output rows of the task's heads hold the unnormalized accumulators until the end */
+    int32_t th0 = tk->g0 * group, nth = (tk->g1 - tk->g0) * group; /* the task's heads */
+    float *m = plan->m + tk->ml, *l = plan->l + tk->ml;             /* [qi][h - th0] */
     for (int32_t qi = 0; qi < tk->n; qi++)
-        for (int32_t h = tk->g0 * group; h < tk->g1 * group; h++) {
+        for (int32_t h = th0; h < th0 + nth; h++) {
             size_t th = (size_t)(tk->t0 + qi) * (size_t)nh + (size_t)h;
-            plan->m[th] = -INFINITY;
-            plan->l[th] = 0;
+            m[qi * nth + h - th0] = -INFINITY;
+            l[qi * nth + h - th0] = 0;
             memset(a->out + th * hs, 0, hs * sizeof(float));
         }
     const int32_t *table = a->tables[tk->t0];
@@ -478,7 +482,8 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
                 if (p < b * BT_KV_BLOCK) continue;
                 int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
                 size_t th = (size_t)(tk->t0 + qi) * (size_t)nh + (size_t)g * (size_t)group;
-                plan->ops->attn_block(hd, group, a->q + th * hs, a->scale, &rows, nkq, plan->m + th, plan->l + th,
+                size_t mi = (size_t)qi * (size_t)nth + (size_t)(g * group - th0);
+                plan->ops->attn_block(hd, group, a->q + th * hs, a->scale, &rows, nkq, m + mi, l + mi,
                                       a->out + th * hs);
             }
         }
@@ -486,7 +491,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     for (int32_t qi = 0; qi < tk->n; qi++)
         for (int32_t h = tk->g0 * group; h < tk->g1 * group; h++) {
             size_t th = (size_t)(tk->t0 + qi) * (size_t)nh + (size_t)h;
-            float *o = a->out + th * hs, inv = 1.0f / plan->l[th];
+            float *o = a->out + th * hs, inv = 1.0f / l[qi * nth + h - th0];
             for (int32_t i = 0; i < hd; i++) o[i] *= inv;
         }
 }
@@ -498,8 +503,9 @@ static void cpu_attention(bt_backend *be, const bt_attn_args *a)
 {
     cpu_ctx *c = C(be);
     size_t max_tasks = ((size_t)a->n_tokens + 1) * (size_t)a->n_head_kv;
-    size_t ml = (size_t)a->n_tokens * (size_t)a->n_head;
-    size_t task_bytes = (max_tasks * sizeof(attn_task) + 63) & ~(size_t)63, need = task_bytes + 2 * ml * sizeof(float);
+    /* m and l of each task rounded up to 16 floats (a cache line), plus slack to align the first one */
+    size_t ml_cap = (size_t)a->n_tokens * (size_t)a->n_head + 16 * max_tasks;
+    size_t task_bytes = max_tasks * sizeof(attn_task), need = task_bytes + 64 + 2 * ml_cap * sizeof(float);
     if (need > c->attn_cap) {
         attn_task *t = realloc(c->attn_tasks, need);
         if (!t) return;
@@ -510,19 +516,23 @@ static void cpu_attention(bt_backend *be, const bt_attn_args *a)
     for (int32_t t = 0; t < a->n_tokens; t++)
         if (t == 0 || a->tables[t] != a->tables[t - 1] || a->pos[t] != a->pos[t - 1] + 1) n_runs++;
     int split = n_runs < ATTN_SPLIT * bt_pool_size(c->pool);
+    int32_t group = a->n_head / a->n_head_kv;
     int n = 0;
+    size_t ml = 0;
     for (int32_t t = 0; t < a->n_tokens;) {
         int32_t r = t;
         while (t + 1 < a->n_tokens && a->tables[t + 1] == a->tables[t] && a->pos[t + 1] == a->pos[t] + 1 &&
                t + 1 - r < ATTN_CHUNK)
             t++;
-        if (split)
-            for (int32_t g = 0; g < a->n_head_kv; g++) c->attn_tasks[n++] = (attn_task){r, t - r + 1, g, g + 1};
-        else
-            c->attn_tasks[n++] = (attn_task){r, t - r + 1, 0, a->n_head_kv};
+        int32_t len = t - r + 1, step = split ? 1 : a->n_head_kv;
+        for (int32_t g = 0; g < a->n_head_kv; g += step) {
+            c->attn_tasks[n++] = (attn_task){r, len, g, g + step, ml};
+            ml += ((size_t)len * (size_t)(step * group) + 15) & ~(size_t)15;
+        }
         t++;
     }
-    float *m = (float *)((char *)c->attn_tasks + task_bytes);
+    uintptr_t mp = ((uintptr_t)((char *)c->attn_tasks + task_bytes) + 63) & ~(uintptr_t)63;
+    float *m = (float *)mp;
     attn_plan plan = {a, c->attn_tasks, c->ops, m, m + ml};
     bt_pool_run_tasks(c->pool, attn_task_run, &plan, n);
 }
