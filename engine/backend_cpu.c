@@ -375,26 +375,20 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
 }
 
 /* Attention work item: query tokens [t0, t0 + n) of one run (consecutive tokens of one sequence at consecutive
- * positions) against kv heads [g0, g1), each with the `group` query heads that share it. A task walks the run's
- * blocks once and reads each block's K/V rows of its heads straight from the cache in its dtype (ops->attn_block).
- * How work is split into tasks never changes the arithmetic of a (token, head): the same attn_block calls in the
- * same order. */
+ * positions) against kv head g, for the `group` query heads that share it: each K/V block of that head is read once
+ * per token for all of its query heads, straight from the cache in its dtype (ops->attn_block). */
 typedef struct attn_task {
-    int32_t t0, n, g0, g1;
-    size_t ml; /* the task's running max and sum: plan->m[ml ..], plan->l[ml ..], [token][head of the task] */
+    int32_t t0, n, g;
 } attn_task;
 
 typedef struct attn_plan {
     const bt_attn_args *a;
     const attn_task *tasks;
     const bt_cpu_ops *ops;
-    float *m, *l; /* running max and sum of each (token, head), a 64-byte-aligned region per task: tasks on other
-                   * threads update theirs after every block, and a shared cache line would bounce between cores */
 } attn_plan;
 
-#define ATTN_CHUNK 8    /* query tokens per work item */
-#define ATTN_PREFETCH 2 /* blocks ahead */
-#define ATTN_SPLIT 2    /* fewer runs than this many per thread: one task per (run, kv head) */
+#define ATTN_CHUNK 8 /* query tokens per work item */
+#define ATTN_PREFETCH 2   /* blocks ahead */
 
 _Static_assert(BT_KV_BLOCK == BT_CPU_ATTN_BLOCK, "attn_block takes one cache block at a time");
 
@@ -421,119 +415,78 @@ static bt_cpu_kv_rows attn_rows(const bt_kv_pool *kv, const uint8_t *blk, int32_
     return r;
 }
 
-static void prefetch_bytes(const uint8_t *p, size_t bytes)
+static void prefetch_rows(const void *p, size_t bytes)
 {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
-}
-
-/* Prefetches what a task of heads [g0, g1) reads in block blk: K and V rows of those heads (and their int8
- * scales); the whole block when every head is read. */
-static void attn_prefetch(const bt_kv_pool *kv, const uint8_t *blk, int32_t g0, int32_t g1)
-{
-    if (g0 == 0 && g1 == kv->n_head_kv) {
-        prefetch_bytes(blk, kv->block_stride);
-        return;
-    }
-    size_t head = BT_KV_BLOCK * (size_t)kv->head_dim * kv->elem_size, off = (size_t)g0 * head;
-    size_t len = (size_t)(g1 - g0) * head;
-    prefetch_bytes(blk + off, len);
-    prefetch_bytes(blk + kv->v_off + off, len);
-    if (kv->dtype == BT_KV_INT8) {
-        size_t sm = BT_KV_BLOCK * 2 * sizeof(uint16_t);
-        prefetch_bytes(blk + kv->ks_off + (size_t)g0 * sm, (size_t)(g1 - g0) * sm);
-        prefetch_bytes(blk + kv->vs_off + (size_t)g0 * sm, (size_t)(g1 - g0) * sm);
-    }
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 1);
 }
 
 static void attn_task_run(void *ctx, int ti, int n_tasks)
 {
-    (void)n_tasks;
     const attn_plan *plan = ctx;
     const bt_attn_args *a = plan->a;
     const attn_task *tk = &plan->tasks[ti];
     const bt_kv_pool *kv = a->kv;
-    int32_t hd = a->head_dim, group = a->n_head / a->n_head_kv, nh = a->n_head;
-    size_t hs = (size_t)hd;
-    /* the output rows of the task's heads hold the unnormalized accumulators until the end */
-    int32_t th0 = tk->g0 * group, nth = (tk->g1 - tk->g0) * group; /* the task's heads */
-    float *m = plan->m + tk->ml, *l = plan->l + tk->ml;             /* [qi][h - th0] */
-    for (int32_t qi = 0; qi < tk->n; qi++)
-        for (int32_t h = th0; h < th0 + nth; h++) {
-            size_t th = (size_t)(tk->t0 + qi) * (size_t)nh + (size_t)h;
-            m[qi * nth + h - th0] = -INFINITY;
-            l[qi * nth + h - th0] = 0;
-            memset(a->out + th * hs, 0, hs * sizeof(float));
-        }
+    int32_t hd = a->head_dim, group = a->n_head / a->n_head_kv;
+    int32_t nq = tk->n * group;
+    /* [query][group head][hd] accumulators, then m and l [query][group head] */
+    float *acc = calloc((size_t)nq * ((size_t)hd + 2), sizeof *acc);
+    if (!acc) return; /* cannot happen in practice; output stays as is */
+    float *m = acc + (size_t)nq * (size_t)hd, *l = m + nq;
+    for (int32_t i = 0; i < nq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+    }
     const int32_t *table = a->tables[tk->t0];
-    int32_t max_pos = a->pos[tk->t0 + tk->n - 1], nb = max_pos / BT_KV_BLOCK + 1;
-    const uint8_t *base = bt_kv_block_ptr(kv, a->layer, 0);
-    /* blocks are scattered over the pool, out of the hardware prefetcher's reach: fetch ahead (the distance made no
-     * measurable difference from 0 to 4 blocks, nor did spreading the prefetches over the arithmetic) */
-    for (int32_t d = 0; d < ATTN_PREFETCH && d < nb; d++)
-        attn_prefetch(kv, base + (size_t)table[d] * kv->block_stride, tk->g0, tk->g1);
-    for (int32_t b = 0; b < nb; b++) {
-        const uint8_t *blk = base + (size_t)table[b] * kv->block_stride;
-        if (b + ATTN_PREFETCH < nb)
-            attn_prefetch(kv, base + (size_t)table[b + ATTN_PREFETCH] * kv->block_stride, tk->g0, tk->g1);
-        for (int32_t g = tk->g0; g < tk->g1; g++) {
-            bt_cpu_kv_rows rows = attn_rows(kv, blk, g);
-            for (int32_t qi = 0; qi < tk->n; qi++) {
-                int32_t p = a->pos[tk->t0 + qi];
-                if (p < b * BT_KV_BLOCK) continue;
-                int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
-                size_t th = (size_t)(tk->t0 + qi) * (size_t)nh + (size_t)g * (size_t)group;
-                size_t mi = (size_t)qi * (size_t)nth + (size_t)(g * group - th0);
-                plan->ops->attn_block(hd, group, a->q + th * hs, a->scale, &rows, nkq, m + mi, l + mi,
-                                      a->out + th * hs);
-            }
+    int32_t max_pos = a->pos[tk->t0 + tk->n - 1];
+    size_t row_bytes = (size_t)hd * (kv->dtype == BT_KV_F32 ? 4 : kv->dtype == BT_KV_INT8 ? 1 : 2);
+    for (int32_t b = 0; b * BT_KV_BLOCK <= max_pos; b++) {
+        const uint8_t *blk = bt_kv_block_ptr(kv, a->layer, table[b]);
+        bt_cpu_kv_rows rows = attn_rows(kv, blk, tk->g);
+        /* blocks are scattered over the pool, out of the hardware prefetcher's reach: fetch two blocks ahead */
+        for (int32_t d = b == 0 ? 1 : ATTN_PREFETCH; d <= ATTN_PREFETCH && (b + d) * BT_KV_BLOCK <= max_pos; d++) {
+            bt_cpu_kv_rows nx = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + d]), tk->g);
+            prefetch_rows(nx.k, BT_KV_BLOCK * row_bytes);
+            prefetch_rows(nx.v, BT_KV_BLOCK * row_bytes);
+        }
+        for (int32_t qi = 0; qi < tk->n; qi++) {
+            int32_t p = a->pos[tk->t0 + qi];
+            if (p < b * BT_KV_BLOCK) continue;
+            int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
+            int32_t si = qi * group;
+            const float *q = a->q + ((size_t)(tk->t0 + qi) * (size_t)a->n_head + (size_t)tk->g * group) * (size_t)hd;
+            plan->ops->attn_block(hd, group, q, a->scale, &rows, nkq, m + si, l + si, acc + (size_t)si * (size_t)hd);
         }
     }
     for (int32_t qi = 0; qi < tk->n; qi++)
-        for (int32_t h = tk->g0 * group; h < tk->g1 * group; h++) {
-            size_t th = (size_t)(tk->t0 + qi) * (size_t)nh + (size_t)h;
-            float *o = a->out + th * hs, inv = 1.0f / l[qi * nth + h - th0];
-            for (int32_t i = 0; i < hd; i++) o[i] *= inv;
+        for (int32_t hh = 0; hh < group; hh++) {
+            int32_t h = tk->g * group + hh, si = qi * group + hh;
+            float *o = a->out + ((size_t)(tk->t0 + qi) * (size_t)a->n_head + (size_t)h) * (size_t)hd;
+            float inv = 1.0f / l[si];
+            for (int32_t i = 0; i < hd; i++) o[i] = acc[(size_t)si * (size_t)hd + (size_t)i] * inv;
         }
+    free(acc);
 }
 
-/* Splits the batch into runs of at most ATTN_CHUNK tokens; a run is one task over all kv heads (each block read
- * front to back once, which suits the prefetchers) unless there are too few runs to keep every thread busy, then
- * one task per (run, kv head). The buffer c->attn_tasks (c->attn_cap bytes) holds the tasks and the m, l arrays. */
 static void cpu_attention(bt_backend *be, const bt_attn_args *a)
 {
     cpu_ctx *c = C(be);
     size_t max_tasks = ((size_t)a->n_tokens + 1) * (size_t)a->n_head_kv;
-    /* m and l of each task rounded up to 16 floats (a cache line), plus slack to align the first one */
-    size_t ml_cap = (size_t)a->n_tokens * (size_t)a->n_head + 16 * max_tasks;
-    size_t task_bytes = max_tasks * sizeof(attn_task), need = task_bytes + 64 + 2 * ml_cap * sizeof(float);
-    if (need > c->attn_cap) {
-        attn_task *t = realloc(c->attn_tasks, need);
+    if (max_tasks > c->attn_cap) {
+        attn_task *t = realloc(c->attn_tasks, max_tasks * sizeof *t);
         if (!t) return;
         c->attn_tasks = t;
-        c->attn_cap = need;
+        c->attn_cap = max_tasks;
     }
-    int n_runs = 0;
-    for (int32_t t = 0; t < a->n_tokens; t++)
-        if (t == 0 || a->tables[t] != a->tables[t - 1] || a->pos[t] != a->pos[t - 1] + 1) n_runs++;
-    int split = n_runs < ATTN_SPLIT * bt_pool_size(c->pool);
-    int32_t group = a->n_head / a->n_head_kv;
     int n = 0;
-    size_t ml = 0;
     for (int32_t t = 0; t < a->n_tokens;) {
         int32_t r = t;
         while (t + 1 < a->n_tokens && a->tables[t + 1] == a->tables[t] && a->pos[t + 1] == a->pos[t] + 1 &&
                t + 1 - r < ATTN_CHUNK)
             t++;
-        int32_t len = t - r + 1, step = split ? 1 : a->n_head_kv;
-        for (int32_t g = 0; g < a->n_head_kv; g += step) {
-            c->attn_tasks[n++] = (attn_task){r, len, g, g + step, ml};
-            ml += ((size_t)len * (size_t)(step * group) + 15) & ~(size_t)15;
-        }
+        for (int32_t g = 0; g < a->n_head_kv; g++) c->attn_tasks[n++] = (attn_task){r, t - r + 1, g};
         t++;
     }
-    uintptr_t mp = ((uintptr_t)((char *)c->attn_tasks + task_bytes) + 63) & ~(uintptr_t)63;
-    float *m = (float *)mp;
-    attn_plan plan = {a, c->attn_tasks, c->ops, m, m + ml};
+    attn_plan plan = {a, c->attn_tasks, c->ops};
     bt_pool_run_tasks(c->pool, attn_task_run, &plan, n);
 }
 
