@@ -614,6 +614,29 @@ AI __m512 exp16(__m512 x)
     return _mm512_mask_mov_ps(y, nan, x);
 }
 
+/* exp16 for x <= 0 or NaN, the only arguments attention has (s_j - mn, m - mn with mn >= both): the > BT_EXP_HI
+ * test of exp16 can never fire, the rest is exp16 */
+AI __m512 exp16_nonpos(__m512 x)
+{
+    __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_LO), _CMP_LT_OQ);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(BT_EXP_LOG2E));
+    __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(BT_EXP_MAGIC)), _mm512_set1_ps(BT_EXP_MAGIC));
+    __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-BT_EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-BT_EXP_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(BT_EXP_P5), r, _mm512_set1_ps(BT_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P0));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nf), 23);
+    __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+    y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(y, nan, x);
+}
+
 /* tree16 of the scalar reference on one register */
 AI float tree16_ps(__m512 x)
 {
@@ -624,20 +647,31 @@ AI float tree16_ps(__m512 x)
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-/* 16 elements of row j of a KV block from element i, dequantized as kv_elem of the scalar reference does */
-AI __m512 kv_load16(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i)
+/* 16 elements of row j of a KV block from element i, dequantized as kv_elem of the scalar reference does; sm: U8
+ * only, the (scale, min) pairs of the rows of `which` as floats (kv_sm_f32) */
+AI __m512 kv_load16(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i,
+                    const float *sm)
 {
     const void *base = which ? kv->v : kv->k;
     size_t e = (size_t)j * (size_t)n + (size_t)i;
     if (type == BT_CPU_KV_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + e)));
     if (type == BT_CPU_KV_U8) {
-        const uint16_t *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
         __m128i codes = _mm_loadu_si128((const __m128i *)((const uint8_t *)base + e));
         __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-        return _mm512_fmadd_ps(_mm512_set1_ps(bt_fp16_to_f32(sm[0])), c, _mm512_set1_ps(bt_fp16_to_f32(sm[1])));
+        return _mm512_fmadd_ps(_mm512_set1_ps(sm[2 * j]), c, _mm512_set1_ps(sm[2 * j + 1]));
     }
     return _mm512_loadu_ps((const float *)base + e);
+}
+
+/* The fp16 (scale, min) pairs of nk U8 rows as floats, out[2 * nk]: one exact conversion per block instead of two
+ * scalar ones per row load. */
+AI void kv_sm_f32(const uint16_t *sm, int nk, float *out)
+{
+    __mmask32 k = (__mmask32)((1ull << (2 * nk)) - 1u);
+    __m512i h = _mm512_maskz_loadu_epi16(k, sm);
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+    _mm512_storeu_ps(out + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
 }
 
 /* tree16 of 16 dot registers (keys) is computed in two halves: every step adds the lane pairs the one-register
@@ -667,9 +701,46 @@ AI __m512 tree16_finish(__m512 d0, __m512 d1)
 
 #define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
 
+/* acc[h] = acc[h] * c[h] (skipped when c is NULL, i.e. all 1), then fmaf(w[h][j], V_j, .) for j ascending */
+AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *vsm, int nk, const float *c,
+                float (*wj)[16], float *acc, const int type)
+{
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 a[ATTN_NH][4];
+        for (int h = 0; h < NH; h++)
+            for (int u = 0; u < 4; u++) {
+                a[h][u] = _mm512_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)(i + 16 * u));
+                if (c) a[h][u] = _mm512_mul_ps(a[h][u], _mm512_set1_ps(c[h]));
+            }
+        for (int j = 0; j < nk; j++) {
+            __m512 wv[ATTN_NH];
+            for (int h = 0; h < NH; h++) wv[h] = _mm512_set1_ps(wj[h][j]);
+            for (int u = 0; u < 4; u++) {
+                __m512 v = kv_load16(kv, 1, type, n, j, i + 16 * u, vsm);
+                for (int h = 0; h < NH; h++) a[h][u] = _mm512_fmadd_ps(wv[h], v, a[h][u]);
+            }
+        }
+        for (int h = 0; h < NH; h++)
+            for (int u = 0; u < 4; u++) _mm512_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)(i + 16 * u), a[h][u]);
+    }
+    for (; i < n; i += 16) {
+        __m512 a[ATTN_NH];
+        for (int h = 0; h < NH; h++) {
+            a[h] = _mm512_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i);
+            if (c) a[h] = _mm512_mul_ps(a[h], _mm512_set1_ps(c[h]));
+        }
+        for (int j = 0; j < nk; j++) {
+            __m512 v = kv_load16(kv, 1, type, n, j, i, vsm);
+            for (int h = 0; h < NH; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(wj[h][j]), v, a[h]);
+        }
+        for (int h = 0; h < NH; h++) _mm512_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i, a[h]);
+    }
+}
+
 /* attn_block for NH (1..ATTN_NH) query heads, n a multiple of 16. Registers: 8 keys x NH heads of dot lanes. */
-AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
-                   float *l, float *acc, const int type)
+AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, const float *ksm,
+                   const float *vsm, int nk, float *m, float *l, float *acc, const int type)
 {
     __m512 d[2][ATTN_NH];
     for (int s = 0; s < 2; s++) {
@@ -683,14 +754,14 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
         for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n);
 #pragma GCC unroll 8
         for (int jj = 0; jj < 8; jj++) {
-            __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0);
+            __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0, ksm);
             for (int h = 0; h < NH; h++) x[h][jj] = _mm512_mul_ps(qv[h], kk);
         }
         for (int64_t i = 16; i < n; i += 16) {
             for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i);
 #pragma GCC unroll 8
             for (int jj = 0; jj < 8; jj++) {
-                __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i);
+                __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i, ksm);
                 for (int h = 0; h < NH; h++) x[h][jj] = _mm512_fmadd_ps(qv[h], kk, x[h][jj]);
             }
         }
@@ -698,57 +769,54 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
     }
     __mmask16 valid = (__mmask16)((1u << nk) - 1u);
     float wj[ATTN_NH][16];
-    __m512 c[ATTN_NH];
+    __m512 sc[ATTN_NH];
+    int same = 1; /* no head's max moves: c = bt_cpu_expf(0) = 1 exactly, so l and acc need no rescale */
     for (int h = 0; h < NH; h++) {
-        __m512 sc = _mm512_mul_ps(tree16_finish(d[0][h], d[1][h]), _mm512_set1_ps(scale));
-        sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, sc);
-        float bm = _mm512_reduce_max_ps(sc);
-        float mn = bm > m[h] ? bm : m[h];
-        c[h] = exp16(_mm512_set1_ps(m[h] - mn));
-        __m512 w = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(mn)));
-        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm512_castps512_ps128(c[h]), _mm_set_ss(tree16_ps(w))));
+        sc[h] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, tree16_finish(d[0][h], d[1][h]),
+                                   _mm512_set1_ps(scale));
+        same &= isfinite(m[h]) && !_mm512_cmp_ps_mask(sc[h], _mm512_set1_ps(m[h]), _CMP_GT_OQ);
+    }
+    if (same) {
+        for (int h = 0; h < NH; h++) {
+            __m512 w = exp16_nonpos(_mm512_sub_ps(sc[h], _mm512_set1_ps(m[h])));
+            l[h] += tree16_ps(w); /* fmaf(l, 1, t) */
+            _mm512_storeu_ps(wj[h], w);
+        }
+        attn_pv(n, NH, kv, vsm, nk, NULL, wj, acc, type);
+        return;
+    }
+    float mn[ATTN_NH], cs[16];
+    __m512 dm = _mm512_setzero_ps();
+    for (int h = 0; h < NH; h++) {
+        float bm = _mm512_reduce_max_ps(sc[h]);
+        mn[h] = bm > m[h] ? bm : m[h];
+        dm = _mm512_mask_mov_ps(dm, (__mmask16)(1u << h), _mm512_set1_ps(m[h] - mn[h]));
+    }
+    _mm512_storeu_ps(cs, exp16_nonpos(dm)); /* c of every head at once */
+    for (int h = 0; h < NH; h++) {
+        __m512 w = exp16_nonpos(_mm512_sub_ps(sc[h], _mm512_set1_ps(mn[h])));
+        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm_set_ss(cs[h]), _mm_set_ss(tree16_ps(w))));
         _mm512_storeu_ps(wj[h], w);
-        m[h] = mn;
+        m[h] = mn[h];
     }
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m512 a[ATTN_NH][4];
-        for (int h = 0; h < NH; h++)
-            for (int u = 0; u < 4; u++)
-                a[h][u] = _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)(i + 16 * u)), c[h]);
-        for (int j = 0; j < nk; j++) {
-            __m512 wv[ATTN_NH];
-            for (int h = 0; h < NH; h++) wv[h] = _mm512_set1_ps(wj[h][j]);
-            for (int u = 0; u < 4; u++) {
-                __m512 v = kv_load16(kv, 1, type, n, j, i + 16 * u);
-                for (int h = 0; h < NH; h++) a[h][u] = _mm512_fmadd_ps(wv[h], v, a[h][u]);
-            }
-        }
-        for (int h = 0; h < NH; h++)
-            for (int u = 0; u < 4; u++) _mm512_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)(i + 16 * u), a[h][u]);
-    }
-    for (; i < n; i += 16) {
-        __m512 a[ATTN_NH];
-        for (int h = 0; h < NH; h++)
-            a[h] = _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i), c[h]);
-        for (int j = 0; j < nk; j++) {
-            __m512 v = kv_load16(kv, 1, type, n, j, i);
-            for (int h = 0; h < NH; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(wj[h][j]), v, a[h]);
-        }
-        for (int h = 0; h < NH; h++) _mm512_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i, a[h]);
-    }
+    attn_pv(n, NH, kv, vsm, nk, cs, wj, acc, type);
 }
 
 AI void attn_block16(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
                      float *l, float *acc, const int type)
 {
+    float ksm[32], vsm[32]; /* U8: (scale, min) of each row as floats */
+    if (type == BT_CPU_KV_U8) {
+        kv_sm_f32(kv->k_sm, nk, ksm);
+        kv_sm_f32(kv->v_sm, nk, vsm);
+    }
     for (int h = 0; h < nq; h += ATTN_NH) {
         const float *qh = q + (size_t)h * (size_t)n;
         float *ah = acc + (size_t)h * (size_t)n;
         switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
-        case 1: attn_heads(n, 1, qh, scale, kv, nk, m + h, l + h, ah, type); break;
-        case 2: attn_heads(n, 2, qh, scale, kv, nk, m + h, l + h, ah, type); break;
-        default: attn_heads(n, 3, qh, scale, kv, nk, m + h, l + h, ah, type); break;
+        case 1: attn_heads(n, 1, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type); break;
+        case 2: attn_heads(n, 2, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type); break;
+        default: attn_heads(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type); break;
         }
     }
 }
