@@ -213,3 +213,19 @@ uint64_t bt_model_weight_bytes(const bt_model *m)
     }
     return b;
 }
+
+static uint64_t macs(const bt_weight *w)
+{
+    return w->data ? (uint64_t)w->n_in * (uint64_t)w->n_out : 0;
+}
+
+uint64_t bt_model_matmul_macs(const bt_model *m)
+{
+    uint64_t n = macs(&m->output);
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        const bt_layer *L = &m->layers[l];
+        n += macs(&L->wq) + macs(&L->wk) + macs(&L->wv) + macs(&L->wo) + macs(&L->w_gate) + macs(&L->w_up) +
+             macs(&L->w_down);
+    }
+    return n;
+}

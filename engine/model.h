@@ -67,5 +67,8 @@ void bt_model_free(bt_model *m);
 
 /* Bytes of weights read per decoded token (all matrices and the output matrix): the decode roofline's numerator. */
 uint64_t bt_model_weight_bytes(const bt_model *m);
+/* Multiply-accumulates of the matmuls of one token's forward pass (every layer's projections and the output matrix;
+ * attention's own products not included). */
+uint64_t bt_model_matmul_macs(const bt_model *m);
 
 #endif

@@ -1,6 +1,7 @@
 /* `baton bench`: engine throughput on one sequence: prefill tok/s at 128 and 512 prompt tokens, decode tok/s at
  * batch 1, the machine's memory read bandwidth, and the decode roofline (weight bytes per token / bandwidth).
- * Each figure is the median of --reps runs. */
+ * Each figure is the median of --reps runs. --concurrency: the continuous-batching scheduler at N sequences, with
+ * the decode roofline at each N (memory and matmul compute). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include <time.h>
 
 #include "common/paths.h"
+#include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/cpu_pool.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -202,7 +204,10 @@ int cmd_bench(int argc, char **argv)
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
                    "--concurrency 1,4,16,64 instead runs N requests (128 prompt tokens, --decode-tokens output\n"
-                   "tokens each) through the continuous-batching scheduler and reports aggregate tok/s.\n"
+                   "tokens each) through the continuous-batching scheduler and reports aggregate tok/s, with the\n"
+                   "decode roofline at each N: the lower of memory (weights once per step plus each sequence's KV,\n"
+                   "at the measured bandwidth) and compute (the matmuls' multiply-accumulates at the measured rate\n"
+                   "of the dot instruction on every thread).\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
                    "tokens in the prefix cache.\n"
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
@@ -281,12 +286,32 @@ int cmd_bench(int argc, char **argv)
             cs = cs * 6364136223846793005ull + 1442695040888963407ull;
             ctoks[i] = (int32_t)((cs >> 33) % (uint64_t)m->hp.n_vocab);
         }
-        printf("%-12s %16s %16s %14s %10s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1", "KV util");
+        /* Rooflines of decode at n sequences: every step streams the weights once and each sequence's KV (f16, at
+         * the run's mean context), at the measured bandwidth; and the matmuls' multiply-accumulates at the measured
+         * rate of the dot instruction on every thread. Attention's arithmetic and the elementwise ops are left out,
+         * so these are upper bounds. */
+        bt_cpu_isa isa = BT_CPU_ISA_SCALAR;
+        for (int i = BT_CPU_ISA_SCALAR; i <= BT_CPU_ISA_AVX512; i++)
+            if (!strcmp(bt_cpu_isa_name((bt_cpu_isa)i), bt_backend_cpu_isa(r.be))) isa = (bt_cpu_isa)i;
+        int act_bits = bt_backend_cpu_act_bits(r.be);
+        double bw = measure_bandwidth(nth, 5), macs_tok = (double)bt_model_matmul_macs(m);
+        double mac_rate = bt_cpu_dot_macs_rate(isa, act_bits) * nth;
+        double wbytes = (double)bt_model_weight_bytes(m);
+        double kv_seq = (double)bt_kv_block_stride(&m->hp, BT_KV_F16) * m->hp.n_layer / BT_KV_BLOCK *
+                        (128.0 + (double)decode_n / 2);
+        double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
+        printf("%s kernels, %d threads, %d-bit activations; memory %.1f GB/s; matmul dot rate %.1f GMAC/s "
+               "(%.1f MMAC per token: compute roofline %.0f tok/s)\n",
+               bt_backend_cpu_isa(r.be), nth, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof);
+        printf("%-12s %16s %16s %14s %10s %15s %13s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1",
+               "KV util", "roofline tok/s", "roof vs 1");
         double base = 0;
         int crc = 0;
         FILE *jf = json ? fopen(json, "w") : NULL;
-        if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"runs\": [", m->name,
-                        bt_backend_cpu_isa(r.be), nth);
+        if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"act_bits\": %d, "
+                        "\"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, \"compute_roofline_tok_s\": %.2f, \"runs\": [",
+                        m->name, bt_backend_cpu_isa(r.be), nth, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof);
+        double roof_base = 0;
         char *list = strdup(conc), *save = NULL;
         int first = 1;
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -305,10 +330,13 @@ int cmd_bench(int argc, char **argv)
                 }
             if (crc) break;
             double p = median(pre, (int)reps), d = median(dec, (int)reps), u = median(util, (int)reps);
-            if (first) base = d;
-            printf("%-12d %16.1f %16.1f %13.2fx %9.1f%%\n", n, p, d, base > 0 ? d / base : 0, 100 * u);
+            double roof = bw > 0 ? n * bw / (wbytes + n * kv_seq) : 0;
+            if (compute_roof > 0 && compute_roof < roof) roof = compute_roof;
+            if (first) base = d, roof_base = roof;
+            printf("%-12d %16.1f %16.1f %13.2fx %9.1f%% %15.0f %12.2fx\n", n, p, d, base > 0 ? d / base : 0, 100 * u,
+                   roof, roof_base > 0 ? roof / roof_base : 0);
             if (jf) fprintf(jf, "%s{\"concurrency\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
-                            "\"kv_utilization\": %.4f}", first ? "" : ", ", n, p, d, u);
+                            "\"kv_utilization\": %.4f, \"roofline_tok_s\": %.2f}", first ? "" : ", ", n, p, d, u, roof);
             first = 0;
         }
         if (jf) {

@@ -227,11 +227,28 @@ static void test_pack_checks(void)
     free(w);
 }
 
+/* The dot-instruction rate behind the compute roofline: positive wherever the ISA runs (any such CPU does well over
+ * 1e9 multiply-accumulates a second), 8-bit at least the 16-bit rate on AVX-512, 0 for scalar code. */
+static void test_dot_rate(void)
+{
+    CHECK(bt_cpu_dot_macs_rate(BT_CPU_ISA_SCALAR, 16) == 0);
+    for (int isa = BT_CPU_ISA_AVX2; isa <= BT_CPU_ISA_AVX512; isa++) {
+        double r16 = bt_cpu_dot_macs_rate((bt_cpu_isa)isa, 16), r8 = bt_cpu_dot_macs_rate((bt_cpu_isa)isa, 8);
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) {
+            CHECK(r16 == 0 && r8 == 0);
+            continue;
+        }
+        CHECK_MSG(r16 > 1e9 && r8 > 1e9, "%s: %g %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r16, r8);
+        if (isa == BT_CPU_ISA_AVX512) CHECK_MSG(r8 > 1.2 * r16, "vpdpbusd %g vs vpdpwssd %g MAC/s", r8, r16);
+    }
+}
+
 int main(void)
 {
     RUN(test_pack_checks);
     RUN(test_gemm_matches_refs);
     RUN(test_gemm_each_width);
     RUN(test_gemm_batch_invariance);
+    RUN(test_dot_rate);
     return test_summary();
 }

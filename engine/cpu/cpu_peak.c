@@ -1,0 +1,70 @@
+/* The integer dot-product rate of this CPU, for compute rooflines (baton bench --concurrency): how many
+ * multiply-accumulates per second one thread gets from the instruction the quantized matmul kernels are built on,
+ * with enough independent chains to hide its latency and no memory traffic. */
+#include <immintrin.h>
+#include <time.h>
+
+#include "engine/cpu/cpu_kernels.h"
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define CHAINS "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
+
+/* vpdpwssd (16-bit pairs, 32 MACs) or vpdpbusd (bytes, 64 MACs) on 8 zmm chains: instructions per second */
+__attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(int bytes, long iters)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __m512i w = _mm512_set1_epi32(0x01010101);
+    double t0 = mono_s();
+    if (bytes)
+        for (long it = 0; it < iters; it++)
+            __asm__ volatile("vpdpbusd %8, %8, %0\n\tvpdpbusd %8, %8, %1\n\tvpdpbusd %8, %8, %2\n\t"
+                             "vpdpbusd %8, %8, %3\n\tvpdpbusd %8, %8, %4\n\tvpdpbusd %8, %8, %5\n\t"
+                             "vpdpbusd %8, %8, %6\n\tvpdpbusd %8, %8, %7"
+                             : CHAINS
+                             : "v"(w));
+    else
+        for (long it = 0; it < iters; it++)
+            __asm__ volatile("vpdpwssd %8, %8, %0\n\tvpdpwssd %8, %8, %1\n\tvpdpwssd %8, %8, %2\n\t"
+                             "vpdpwssd %8, %8, %3\n\tvpdpwssd %8, %8, %4\n\tvpdpwssd %8, %8, %5\n\t"
+                             "vpdpwssd %8, %8, %6\n\tvpdpwssd %8, %8, %7"
+                             : CHAINS
+                             : "v"(w));
+    return (double)iters * 8 / (mono_s() - t0);
+}
+
+/* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second */
+__attribute__((target("avx2"))) static double avx2_rate(long iters)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, t0v, t1v;
+    const __m256i w = _mm256_set1_epi32(0x00010001);
+    double t0 = mono_s();
+    for (long it = 0; it < iters; it++)
+        __asm__ volatile("vpmaddwd %10, %10, %8\n\tvpaddd %8, %0, %0\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %1, %1\n\t"
+                         "vpmaddwd %10, %10, %8\n\tvpaddd %8, %2, %2\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %3, %3\n\t"
+                         "vpmaddwd %10, %10, %8\n\tvpaddd %8, %4, %4\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %5, %5\n\t"
+                         "vpmaddwd %10, %10, %8\n\tvpaddd %8, %6, %6\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %7, %7"
+                         : CHAINS, "=&x"(t0v), "=&x"(t1v)
+                         : "x"(w));
+    return (double)iters * 8 / (mono_s() - t0);
+}
+
+double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
+{
+    int bytes = act_bits == 8;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) { /* best of 5 short runs: other processes share the cores */
+        double r = 0;
+        if (isa == BT_CPU_ISA_AVX512 && bt_cpu_isa_supported(BT_CPU_ISA_AVX512))
+            r = vnni_rate(bytes, 500 * 1000) * (bytes ? 64 : 32);
+        else if (isa == BT_CPU_ISA_AVX2 && bt_cpu_isa_supported(BT_CPU_ISA_AVX2))
+            r = avx2_rate(500 * 1000) * 16;
+        best = r > best ? r : best;
+    }
+    return best;
+}
