@@ -54,7 +54,8 @@ typedef struct bt_backend_ops {
     /* Stores k, v [n_tokens][n_head_kv][head_dim] into the pool at slots[i] = block * 16 + offset for layer. */
     void (*kv_write)(bt_backend *be, bt_kv_pool *kv, int32_t layer, const float *k, const float *v,
                      int32_t n_tokens, const int32_t *slots);
-    void (*attention)(bt_backend *be, const bt_attn_args *a);
+    /* BT_ERR_NOMEM when its scratch cannot be had (the output is then undefined). */
+    bt_status (*attention)(bt_backend *be, const bt_attn_args *a);
     /* out[i] = silu(g[i]) * u[i], i < n. out may equal g. */
     void (*swiglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
     /* x[i] += y[i], i < n. */

@@ -2,6 +2,7 @@
  * Work is split by output element (matmul columns, attention (token, head) pairs), never inside a reduction, so
  * every value is computed by the same code in the same order whatever the batch holds (DESIGN 4.3). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -385,6 +386,7 @@ typedef struct attn_plan {
     const bt_attn_args *a;
     const attn_task *tasks;
     const bt_cpu_ops *ops;
+    _Atomic int nomem; /* a task could not get its scratch */
 } attn_plan;
 
 #define ATTN_CHUNK 8 /* query tokens per work item */
@@ -422,7 +424,7 @@ static void prefetch_rows(const void *p, size_t bytes)
 
 static void attn_task_run(void *ctx, int ti, int n_tasks)
 {
-    const attn_plan *plan = ctx;
+    attn_plan *plan = ctx;
     const bt_attn_args *a = plan->a;
     const attn_task *tk = &plan->tasks[ti];
     const bt_kv_pool *kv = a->kv;
@@ -430,7 +432,10 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     int32_t nq = tk->n * group;
     /* [query][group head][hd] accumulators, then m and l [query][group head] */
     float *acc = calloc((size_t)nq * ((size_t)hd + 2), sizeof *acc);
-    if (!acc) return; /* cannot happen in practice; output stays as is */
+    if (!acc) {
+        atomic_store(&plan->nomem, 1);
+        return;
+    }
     float *m = acc + (size_t)nq * (size_t)hd, *l = m + nq;
     for (int32_t i = 0; i < nq; i++) {
         m[i] = -INFINITY;
@@ -467,13 +472,13 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     free(acc);
 }
 
-static void cpu_attention(bt_backend *be, const bt_attn_args *a)
+static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
 {
     cpu_ctx *c = C(be);
     size_t max_tasks = ((size_t)a->n_tokens + 1) * (size_t)a->n_head_kv;
     if (max_tasks > c->attn_cap) {
         attn_task *t = realloc(c->attn_tasks, max_tasks * sizeof *t);
-        if (!t) return;
+        if (!t) return bt_fail(BT_ERR_NOMEM, "attention: out of memory for %zu tasks", max_tasks);
         c->attn_tasks = t;
         c->attn_cap = max_tasks;
     }
@@ -486,8 +491,10 @@ static void cpu_attention(bt_backend *be, const bt_attn_args *a)
         for (int32_t g = 0; g < a->n_head_kv; g++) c->attn_tasks[n++] = (attn_task){r, t - r + 1, g};
         t++;
     }
-    attn_plan plan = {a, c->attn_tasks, c->ops};
+    attn_plan plan = {a, c->attn_tasks, c->ops, 0};
     bt_pool_run_tasks(c->pool, attn_task_run, &plan, n);
+    if (atomic_load(&plan.nomem)) return bt_fail(BT_ERR_NOMEM, "attention: out of memory for a task's accumulators");
+    return BT_OK;
 }
 
 static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)

@@ -225,7 +225,7 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
          * layer (and the later layers) compute */
         if (fw->layer_fn) fw->layer_fn(fw->layer_user, l);
         aa.layer = l;
-        op->attention(be, &aa);
+        if ((st = op->attention(be, &aa))) return st;
         mark(fw, P_ATTN);
         if ((st = op->matmul(be, &L->wo, NULL, fw->att, T, fw->tmp))) return st;
         mark(fw, P_WO);
