@@ -591,10 +591,11 @@ void bt_cpu_avx512_f32_to_fp16(int64_t n, const float *x, uint16_t *y)
 
 /* ---- attention and elementwise ops: the arithmetic of the scalar references, 16 lanes at a time ---- */
 
-AI __m512 exp16(__m512 x)
+/* bt_cpu_expf on 16 lanes. may_overflow = 0 when every argument is <= 0 or NaN, as in attention (s_j - mn and
+ * m - mn with mn >= both): the > BT_EXP_HI test can never fire there and is left out. */
+AI __m512 exp16_core(__m512 x, const int may_overflow)
 {
     __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_LO), _CMP_LT_OQ);
-    __mmask16 hi = _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_HI), _CMP_GT_OQ);
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(BT_EXP_LOG2E));
     __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(BT_EXP_MAGIC)), _mm512_set1_ps(BT_EXP_MAGIC));
@@ -610,31 +611,20 @@ AI __m512 exp16(__m512 x)
     __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nf), 23);
     __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
     y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
-    y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(INFINITY));
+    if (may_overflow)
+        y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_HI), _CMP_GT_OQ),
+                               _mm512_set1_ps(INFINITY));
     return _mm512_mask_mov_ps(y, nan, x);
 }
 
-/* exp16 for x <= 0 or NaN, the only arguments attention has (s_j - mn, m - mn with mn >= both): the > BT_EXP_HI
- * test of exp16 can never fire, the rest is exp16 */
+AI __m512 exp16(__m512 x)
+{
+    return exp16_core(x, 1);
+}
+
 AI __m512 exp16_nonpos(__m512 x)
 {
-    __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(BT_EXP_LO), _CMP_LT_OQ);
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(BT_EXP_LOG2E));
-    __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(BT_EXP_MAGIC)), _mm512_set1_ps(BT_EXP_MAGIC));
-    __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-BT_EXP_LN2_HI), x);
-    r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-BT_EXP_LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(BT_EXP_P5), r, _mm512_set1_ps(BT_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(BT_EXP_P0));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nf), 23);
-    __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-    y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
-    return _mm512_mask_mov_ps(y, nan, x);
+    return exp16_core(x, 0);
 }
 
 /* tree16 of the scalar reference on one register */
