@@ -39,7 +39,9 @@ def test_kill9_decode_mid_stream_with_prefill_node(default_model, tmp_path):
         cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=120)
 
         def kw(prompt):
-            return dict(model="", prompt=prompt, max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+            # long enough that the streams are still running when the node dies (60 tokens took under a second
+            # once batched decode got faster, and the kill could come after the last token)
+            return dict(model="", prompt=prompt, max_tokens=240, temperature=0, extra_body={"ignore_eos": True})
 
         want = {q: cl.completions.create(**kw(q)).choices[0].text for q in PROMPTS}
         assert p.metric("baton_kv_transfer_bytes_total") > 0, "the prefill node was not used"

@@ -418,7 +418,9 @@ def test_kill9_mid_stream_migrates_without_gap_or_duplicate(default_model):
         cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=120)
 
         def kw(p):
-            return dict(model="", prompt=p, max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+            # long enough that the streams are still running when the node dies (60 tokens can finish in under a
+            # second, before the kill)
+            return dict(model="", prompt=p, max_tokens=240, temperature=0, extra_body={"ignore_eos": True})
 
         want = {p: cl.completions.create(**kw(p)).choices[0].text for p in prompts}
         got = {p: [] for p in prompts}
