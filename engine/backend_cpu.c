@@ -387,6 +387,7 @@ typedef struct attn_plan {
     const attn_task *tasks;
     const bt_cpu_ops *ops;
     _Atomic int nomem; /* a task could not get its scratch */
+    int nth;           /* threads running the tasks */
 } attn_plan;
 
 #define ATTN_CHUNK 8 /* query tokens per work item */
@@ -447,9 +448,19 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     for (int32_t b = 0; b * BT_KV_BLOCK <= max_pos; b++) {
         const uint8_t *blk = bt_kv_block_ptr(kv, a->layer, table[b]);
         bt_cpu_kv_rows rows = attn_rows(kv, blk, tk->g);
-        /* blocks are scattered over the pool, out of the hardware prefetcher's reach: fetch two blocks ahead */
-        for (int32_t d = b == 0 ? 1 : ATTN_PREFETCH; d <= ATTN_PREFETCH && (b + d) * BT_KV_BLOCK <= max_pos; d++) {
+        /* blocks are scattered over the pool, out of the hardware prefetcher's reach: fetch two blocks ahead, and at
+         * the start the first block too (its lines requested at once rather than as the kernel reaches them) */
+        for (int32_t d = b == 0 ? 0 : ATTN_PREFETCH; d <= ATTN_PREFETCH && (b + d) * BT_KV_BLOCK <= max_pos; d++) {
             bt_cpu_kv_rows nx = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + d]), tk->g);
+            prefetch_rows(nx.k, BT_KV_BLOCK * row_bytes);
+            prefetch_rows(nx.v, BT_KV_BLOCK * row_bytes);
+        }
+        /* last block: start on the first block of the task this thread most likely claims next (tasks are claimed
+         * in order, about one per thread at a time). Both measured: ~8% and ~5% less attention time at 16
+         * sequences (median of 4 alternated runs each) */
+        if ((b + 1) * BT_KV_BLOCK > max_pos && ti + plan->nth < n_tasks) {
+            const attn_task *nt = &plan->tasks[ti + plan->nth];
+            bt_cpu_kv_rows nx = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, a->tables[nt->t0][0]), nt->g);
             prefetch_rows(nx.k, BT_KV_BLOCK * row_bytes);
             prefetch_rows(nx.v, BT_KV_BLOCK * row_bytes);
         }
@@ -491,7 +502,7 @@ static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
         for (int32_t g = 0; g < a->n_head_kv; g++) c->attn_tasks[n++] = (attn_task){r, t - r + 1, g};
         t++;
     }
-    attn_plan plan = {a, c->attn_tasks, c->ops, 0};
+    attn_plan plan = {a, c->attn_tasks, c->ops, 0, bt_pool_size(c->pool)};
     bt_pool_run_tasks(c->pool, attn_task_run, &plan, n);
     if (atomic_load(&plan.nomem)) return bt_fail(BT_ERR_NOMEM, "attention: out of memory for a task's accumulators");
     return BT_OK;
