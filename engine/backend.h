@@ -27,6 +27,11 @@ typedef struct bt_attn_args {
     float *out;                    /* [n_tokens][n_head][head_dim] */
 } bt_attn_args;
 
+/* The body run on one lane by run_lanes: lane is a backend handle valid during the call. */
+typedef bt_status (*bt_lane_fn)(bt_backend *lane, int i, void *user);
+
+#define BT_MAX_LANES 64
+
 typedef struct bt_backend_ops {
     const char *name;
     void (*destroy)(bt_backend *be);
@@ -60,6 +65,13 @@ typedef struct bt_backend_ops {
     void (*swiglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
     /* x[i] += y[i], i < n. */
     void (*add)(bt_backend *be, float *x, const float *y, int64_t n);
+    /* Optional (NULL: not offered; max_lanes 0: none now). run_lanes calls fn(lane, i, user) for i < n_lanes
+     * concurrently, lane i being a single-threaded view of be: the same weights, its own scratch, every op run on
+     * the lane's thread. Work that splits into independent parts (the sequences of a decode step) then runs with no
+     * fork and join per op. Each op computes exactly what it computes on be. Returns the first lane's error.
+     * Lane handles must not be destroyed or used outside fn. */
+    int (*max_lanes)(bt_backend *be);
+    bt_status (*run_lanes)(bt_backend *be, int n_lanes, bt_lane_fn fn, void *user);
 } bt_backend_ops;
 
 struct bt_backend {

@@ -2,7 +2,9 @@
  * Work is split by output element (matmul columns, attention (token, head) pairs), never inside a reduction, so
  * every value is computed by the same code in the same order whatever the batch holds (DESIGN 4.3). */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,9 +25,15 @@ typedef struct packed_entry {
     bt_cpu_packed *p;
 } packed_entry;
 
+/* Lanes (run_lanes): single-threaded views of the backend, one per pool thread, each with its own scratch (xq,
+ * attention tasks, rope table) and no pool; they share the root's packed weights under its lock. */
 typedef struct cpu_ctx {
     const bt_cpu_ops *ops;
-    bt_pool *pool;
+    bt_pool *pool;   /* NULL in a lane: every op runs on the calling thread */
+    struct cpu_ctx *root; /* the backend's own context (itself for the root) */
+    pthread_mutex_t pack_mu; /* root only: guards the packed table while lanes run */
+    int n_lanes;             /* root only */
+    bt_backend *lanes;       /* root only: [n_lanes], created with the backend */
     int act_bits;    /* activation precision of quantized matmuls: 16 (default, near-exact) or 8 (faster) */
     int repack;      /* pack supported weight types for the tiled GEMM on first use (BATON_CPU_REPACK, default 1) */
     packed_entry *packed; /* open-addressing table, packed_cap slots (a power of two), packed_n used */
@@ -85,9 +93,8 @@ static void weight_head(const bt_weight *w, uint8_t head[16])
     memcpy(head, w->data, n < 16 ? n : 16);
 }
 
-/* The packed copy of w for the tiled GEMM, packing it on first use; *out = NULL when w runs unpacked (packing
- * off, no tiled kernel for its type, or packing failed once). Errors only when the table cannot grow. */
-static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed **out)
+/* packed_get on the root's table c, packing on pool */
+static bt_status packed_get_locked(cpu_ctx *c, bt_pool *pool, const bt_weight *w, const bt_cpu_packed **out)
 {
     *out = NULL;
     if (!c->repack || !bt_cpu_pack_supported(c->ops, w->type, c->act_bits) || w->n_out <= 0 || !w->data ||
@@ -117,7 +124,7 @@ static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed 
     *e = (packed_entry){.key = w->data, .type = w->type, .n_in = w->n_in, .n_out = w->n_out};
     memcpy(e->head, head, 16);
     bt_cpu_packed *p = calloc(1, sizeof *p);
-    if (p && bt_cpu_pack(c->pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, p) == BT_OK) {
+    if (p && bt_cpu_pack(pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, p) == BT_OK) {
         e->p = p;
         c->packed_bytes += bt_cpu_pack_bytes(w->type, c->act_bits, w->n_in, w->n_out);
     } else {
@@ -127,17 +134,54 @@ static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed 
     return BT_OK;
 }
 
-static void cpu_destroy(bt_backend *be)
+/* The packed copy of w for the tiled GEMM, packing it on first use; *out = NULL when w runs unpacked (packing
+ * off, no tiled kernel for its type, or packing failed once). Errors only when the table cannot grow. Lanes share
+ * the root's table; a lane packs on its own thread (its pool is NULL). */
+static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed **out)
 {
-    cpu_ctx *c = C(be);
-    packed_clear(c);
-    bt_pool_destroy(c->pool);
+    pthread_mutex_lock(&c->root->pack_mu);
+    bt_status st = packed_get_locked(c->root, c->pool, w, out);
+    pthread_mutex_unlock(&c->root->pack_mu);
+    return st;
+}
+
+static void ctx_free_scratch(cpu_ctx *c)
+{
     free(c->xq);
     free(c->attn_tasks);
     free(c->rope_cs);
     free(c->rope_have);
+}
+
+static void cpu_destroy(bt_backend *be)
+{
+    cpu_ctx *c = C(be);
+    for (int i = 0; i < c->n_lanes; i++) {
+        ctx_free_scratch(c->lanes[i].ctx);
+        free(c->lanes[i].ctx);
+    }
+    free(c->lanes);
+    pthread_mutex_destroy(&c->pack_mu);
+    packed_clear(c);
+    bt_pool_destroy(c->pool);
+    ctx_free_scratch(c);
     free(c);
     free(be);
+}
+
+/* Runs fn(ctx, i, n) for i < n on the pool, or in order on this thread for a lane. */
+static void run_tasks(cpu_ctx *c, bt_pool_fn fn, void *ctx, int n)
+{
+    if (c->pool) {
+        bt_pool_run_tasks(c->pool, fn, ctx, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) fn(ctx, i, n);
+}
+
+static int ctx_threads(const cpu_ctx *c)
+{
+    return c->pool ? bt_pool_size(c->pool) : 1;
 }
 
 static void *cpu_buf_alloc(bt_backend *be, size_t bytes)
@@ -502,10 +546,47 @@ static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
         for (int32_t g = 0; g < a->n_head_kv; g++) c->attn_tasks[n++] = (attn_task){r, t - r + 1, g};
         t++;
     }
-    attn_plan plan = {a, c->attn_tasks, c->ops, 0, bt_pool_size(c->pool)};
-    bt_pool_run_tasks(c->pool, attn_task_run, &plan, n);
+    attn_plan plan = {a, c->attn_tasks, c->ops, 0, ctx_threads(c)};
+    run_tasks(c, attn_task_run, &plan, n);
     if (atomic_load(&plan.nomem)) return bt_fail(BT_ERR_NOMEM, "attention: out of memory for a task's accumulators");
     return BT_OK;
+}
+
+typedef struct lanes_job {
+    cpu_ctx *c;
+    bt_lane_fn fn;
+    void *user;
+    bt_status st[BT_MAX_LANES];
+    char msg[BT_MAX_LANES][256]; /* a lane's error message, recorded on the thread that ran it */
+} lanes_job;
+
+static void lane_task(void *arg, int i, int n)
+{
+    (void)n;
+    lanes_job *j = arg;
+    j->st[i] = j->fn(&j->c->lanes[i], i, j->user);
+    if (j->st[i]) snprintf(j->msg[i], sizeof j->msg[i], "%s", bt_last_error());
+}
+
+static int cpu_max_lanes(bt_backend *be)
+{
+    return C(be)->n_lanes;
+}
+
+static bt_status cpu_run_lanes(bt_backend *be, int n_lanes, bt_lane_fn fn, void *user)
+{
+    cpu_ctx *c = C(be);
+    if (n_lanes < 1 || n_lanes > c->n_lanes)
+        return bt_fail(BT_ERR_INVALID, "run_lanes: %d lanes (1..%d)", n_lanes, c->n_lanes);
+    lanes_job *j = calloc(1, sizeof *j);
+    if (!j) return bt_fail(BT_ERR_NOMEM, "run_lanes: out of memory");
+    j->c = c, j->fn = fn, j->user = user;
+    bt_pool_run_tasks(c->pool, lane_task, j, n_lanes);
+    bt_status st = BT_OK;
+    for (int i = 0; i < n_lanes && !st; i++)
+        if (j->st[i]) st = bt_fail(j->st[i], "%s", j->msg[i]);
+    free(j);
+    return st;
 }
 
 static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
@@ -529,6 +610,8 @@ static const bt_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
+    .max_lanes = cpu_max_lanes,
+    .run_lanes = cpu_run_lanes,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
@@ -580,8 +663,25 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
         free(c);
         return st;
     }
+    c->root = c;
+    pthread_mutex_init(&c->pack_mu, NULL);
     be->ops = &cpu_ops;
     be->ctx = c;
+    int nl = bt_pool_size(c->pool) < BT_MAX_LANES ? bt_pool_size(c->pool) : BT_MAX_LANES;
+    if (nl > 1) { /* lanes only make sense with threads to run them on */
+        c->lanes = calloc((size_t)nl, sizeof *c->lanes);
+        for (int i = 0; c->lanes && i < nl; i++) {
+            cpu_ctx *lc = calloc(1, sizeof *lc);
+            if (!lc) break;
+            lc->ops = c->ops, lc->act_bits = c->act_bits, lc->repack = c->repack, lc->root = c;
+            c->lanes[i] = (bt_backend){.ops = &cpu_ops, .ctx = lc};
+            c->n_lanes = i + 1;
+        }
+        if (c->n_lanes < nl) {
+            cpu_destroy(be);
+            return bt_fail(BT_ERR_NOMEM, "out of memory for the CPU backend's lanes");
+        }
+    }
     *out = be;
     return BT_OK;
 }

@@ -1,5 +1,6 @@
 /* engine/model.c, engine/forward.c, engine/backend_cpu.c, engine/kv_pool.c on tiny random models:
- * batch invariance (alone vs batched with 7 others, chunks of 1/7/64), ISA agreement, bad input. */
+ * batch invariance (alone vs batched with 7 others, chunks of 1/7/64), decode steps on lanes, ISA agreement, bad
+ * input. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,61 @@ static void test_batch_invariance(void)
     env_close(&e);
 }
 
+/* Decode steps of 16 sequences (one token each, at different positions) run split over the backend's lanes, and give
+ * the bits each sequence gets fed one token at a time alone (never on lanes): with 2 lanes and, on 3 threads, with 3
+ * lanes of unequal size. */
+static void test_lanes(void)
+{
+    enum { NS = 16, D = 6 };
+    tiny_model_opts o = {0};
+    const char *path = tiny_path("lanes", &o);
+    REQUIRE(path != NULL);
+    for (int threads = 2; threads <= 3; threads++) {
+        env e;
+        REQUIRE(env_open(&e, path, threads, 64) == 0);
+        int32_t V = e.m->hp.n_vocab;
+        seq lane[NS], solo[NS];
+        bt_seq_view sv[NS];
+        for (int i = 0; i < NS; i++) {
+            int32_t len = 20 + 3 * i;
+            seq_make(&lane[i], &e, len, 500 + (uint64_t)i);
+            seq_make(&solo[i], &e, len, 500 + (uint64_t)i);
+            sv[i] = (bt_seq_view){lane[i].table, lane[i].n_blocks};
+            REQUIRE(run_alone(&e, &solo[i], 1) == 0);
+            seq pre = lane[i];
+            pre.len = len - D; /* the prompt, then D decode steps of all sequences together */
+            REQUIRE(run_alone(&e, &pre, 7) == 0);
+        }
+        CHECK(bt_forward_lane_steps(e.fw) == 0);
+        float *out = malloc(sizeof(float) * NS * (size_t)V);
+        REQUIRE(out != NULL);
+        for (int d = 0; d < D; d++) {
+            int32_t tok[NS], pos[NS], sq[NS], rows[NS];
+            for (int i = 0; i < NS; i++) {
+                pos[i] = lane[i].len - D + d;
+                tok[i] = lane[i].tokens[pos[i]];
+                sq[i] = rows[i] = i;
+            }
+            bt_batch b = {NS, tok, pos, sq, sv, NS, rows, NS};
+            REQUIRE(bt_forward_run(e.fw, e.kv, &b, out) == BT_OK);
+            for (int i = 0; i < NS; i++)
+                memcpy(lane[i].logits + (size_t)pos[i] * (size_t)V, out + (size_t)i * (size_t)V, sizeof(float) * (size_t)V);
+        }
+        CHECK_MSG(bt_forward_lane_steps(e.fw) == D, "%d threads: %lld of %d steps on lanes", threads,
+                  (long long)bt_forward_lane_steps(e.fw), D);
+        for (int i = 0; i < NS; i++) {
+            size_t off = (size_t)(lane[i].len - D) * (size_t)V;
+            CHECK_MSG(memcmp(lane[i].logits + off, solo[i].logits + off, sizeof(float) * D * (size_t)V) == 0,
+                      "%d threads, sequence %d: logits on lanes differ from alone", threads, i);
+            seq_free(&lane[i], &e);
+            seq_free(&solo[i], &e);
+        }
+        free(out);
+        CHECK(e.kv->n_free == e.kv->n_blocks);
+        env_close(&e);
+    }
+}
+
 /* The SIMD paths agree with the scalar reference within quantization-order tolerance, for several weight types. */
 static void test_isa_agreement(void)
 {
@@ -332,6 +388,7 @@ static void test_default_model_loads(void)
 int main(void)
 {
     RUN(test_batch_invariance);
+    RUN(test_lanes);
     RUN(test_isa_agreement);
     RUN(test_bad_batches);
     RUN(test_bad_models);
