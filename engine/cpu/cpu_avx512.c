@@ -691,9 +691,18 @@ AI __m512 tree16_finish(__m512 d0, __m512 d1)
 
 #define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
 
+/* Prefetches lines [lo, hi) of the pf_bytes at p: kv->pf_k / pf_v spread over a kernel's loop iterations, a few
+ * lines each, since requested in one burst part of them were dropped (measured in the engine: stalls on V). */
+AI void pf_lines(const void *p, size_t bytes, int it, int n_it)
+{
+    if (!p) return;
+    size_t lines = bytes / 64, lo = lines * (size_t)it / (size_t)n_it, hi = lines * (size_t)(it + 1) / (size_t)n_it;
+    for (size_t t = lo; t < hi; t++) _mm_prefetch((const char *)p + 64 * t, _MM_HINT_T2);
+}
+
 /* acc[h] = acc[h] * c[h] (skipped when c is NULL, i.e. all 1), then fmaf(w[h][j], V_j, .) for j ascending */
 AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *vsm, int nk, const float *c,
-                float (*wj)[16], float *acc, const int type)
+                float (*wj)[16], float *acc, const int type, const void *pf_v)
 {
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
@@ -704,6 +713,7 @@ AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *
                 if (c) a[h][u] = _mm512_mul_ps(a[h][u], _mm512_set1_ps(c[h]));
             }
         for (int j = 0; j < nk; j++) {
+            if (i == 0) pf_lines(pf_v, kv->pf_bytes, j, nk);
             __m512 wv[ATTN_NH];
             for (int h = 0; h < NH; h++) wv[h] = _mm512_set1_ps(wj[h][j]);
             for (int u = 0; u < 4; u++) {
@@ -730,8 +740,10 @@ AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *
 
 /* attn_block for NH (1..ATTN_NH) query heads, n a multiple of 16. Registers: 8 keys x NH heads of dot lanes. */
 AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, const float *ksm,
-                   const float *vsm, int nk, float *m, float *l, float *acc, const int type)
+                   const float *vsm, int nk, float *m, float *l, float *acc, const int type, int pf)
 {
+    const void *pf_k = pf ? kv->pf_k : NULL, *pf_v = pf ? kv->pf_v : NULL;
+    const int n_it = 2 * (int)(n / 16);
     __m512 d[2][ATTN_NH];
     for (int s = 0; s < 2; s++) {
         if (s == 1 && nk <= 8) { /* keys 8..15 are masked out below whatever their dots */
@@ -742,6 +754,7 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
         int rows[8];
         for (int jj = 0; jj < 8; jj++) rows[jj] = 8 * s + jj < nk ? 8 * s + jj : nk - 1;
         for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n);
+        pf_lines(pf_k, kv->pf_bytes, s * n_it / 2, n_it);
 #pragma GCC unroll 8
         for (int jj = 0; jj < 8; jj++) {
             __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0, ksm);
@@ -749,6 +762,7 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
         }
         for (int64_t i = 16; i < n; i += 16) {
             for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i);
+            pf_lines(pf_k, kv->pf_bytes, s * n_it / 2 + (int)(i / 16), n_it);
 #pragma GCC unroll 8
             for (int jj = 0; jj < 8; jj++) {
                 __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i, ksm);
@@ -772,7 +786,7 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
             l[h] += tree16_ps(w); /* fmaf(l, 1, t) */
             _mm512_storeu_ps(wj[h], w);
         }
-        attn_pv(n, NH, kv, vsm, nk, NULL, wj, acc, type);
+        attn_pv(n, NH, kv, vsm, nk, NULL, wj, acc, type, pf_v);
         return;
     }
     float mn[ATTN_NH], cs[16];
@@ -789,7 +803,7 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
         _mm512_storeu_ps(wj[h], w);
         m[h] = mn[h];
     }
-    attn_pv(n, NH, kv, vsm, nk, cs, wj, acc, type);
+    attn_pv(n, NH, kv, vsm, nk, cs, wj, acc, type, pf_v);
 }
 
 AI void attn_block16(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
@@ -804,9 +818,9 @@ AI void attn_block16(int64_t n, int nq, const float *q, float scale, const bt_cp
         const float *qh = q + (size_t)h * (size_t)n;
         float *ah = acc + (size_t)h * (size_t)n;
         switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
-        case 1: attn_heads(n, 1, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type); break;
-        case 2: attn_heads(n, 2, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type); break;
-        default: attn_heads(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type); break;
+        case 1: attn_heads(n, 1, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        case 2: attn_heads(n, 2, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        default: attn_heads(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
         }
     }
 }
@@ -873,6 +887,7 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     .attn_scores = bt_cpu_avx2_attn_scores,
     .attn_accum = bt_cpu_avx2_attn_accum,
     .attn_block = bt_cpu_avx512_attn_block,
+    .attn_prefetches = 1,
     .swiglu = bt_cpu_avx512_swiglu,
     .rmsnorm = bt_cpu_avx512_rmsnorm,
     .dot_rows = {

@@ -79,6 +79,10 @@ typedef struct bt_cpu_kv_rows {
     bt_cpu_kv_type type;
     const void *k, *v;                /* [nk][n] elements of type */
     const uint16_t *k_sm, *v_sm; /* U8 only: [nk][2] fp16 (scale, min) */
+    /* Optional (NULL: none): K and V rows of a block read later, pf_bytes each, which a kernel may prefetch while
+     * it works on this one, spread over its loops. A hint: results never depend on it. */
+    const void *pf_k, *pf_v;
+    size_t pf_bytes;
 } bt_cpu_kv_rows;
 
 /* exp(x) as every ISA computes it (Cephes-style polynomial, fmaf, within 2 ulp of expf): 0 below -86.5, +inf above
@@ -121,6 +125,7 @@ typedef struct bt_cpu_ops {
      * Start from m = -inf, l = 0, acc = 0; the result is acc / l. Can't fail. */
     void (*attn_block)(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
                        float *l, float *acc);
+    int attn_prefetches; /* attn_block prefetches kv->pf_k / pf_v (otherwise the caller should) */
     /* out[i] = x[i] * scale * w[i], scale = (float)(1 / sqrt(ss / n + eps)) where ss sums the exact double
      * squares in 8 lanes (lane i % 8, ascending i), added as (l0 + l4) + (l2 + l6) ... i.e. b_t = l_t + l_{t+4},
      * c_t = b_t + b_{t+2}, ss = c_0 + c_1; out may equal x; bit-identical in every ISA */

@@ -137,7 +137,8 @@ static void kv_case_fill(kv_case *c, bt_cpu_kv_type t, int64_t n, uint64_t *s)
 }
 
 /* attn_block of every ISA is bit-identical to the scalar reference, over several blocks in a row, for every KV
- * dtype, head size, query count and block fill; the reference agrees with float64 softmax attention. Every fourth
+ * dtype, head size, query count and block fill, with and without prefetch hints; the reference agrees with float64
+ * softmax attention. Every fourth
  * case repeats block 0, so later blocks leave the running max as it is (the no-rescale path of the SIMD kernels). */
 static void test_attn_block(void)
 {
@@ -156,6 +157,12 @@ static void test_attn_block(void)
         REQUIRE(kc && q);
         test_fill_act(nq * n, q, &s);
         for (int b = 0; b < nblk; b++) kv_case_fill(&kc[b], t, n, &s);
+        if (rep % 2) /* prefetch hints (the next block's rows, or block 0's): they must not change a bit */
+            for (int b = 0; b < nblk; b++) {
+                const kv_case *nx = &kc[(b + 1) % nblk];
+                kc[b].rows.pf_k = nx->k, kc[b].rows.pf_v = nx->v;
+                kc[b].rows.pf_bytes = BT_CPU_ATTN_BLOCK * (size_t)n * (t == BT_CPU_KV_F32 ? 4 : t == BT_CPU_KV_F16 ? 2 : 1);
+            }
         int rep0 = rep % 4 == 3; /* every block is block 0 */
         for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
             acc[isa] = calloc((size_t)(nq * n), sizeof(float));
