@@ -33,6 +33,7 @@ typedef struct cpu_ctx {
     struct cpu_ctx *root; /* the backend's own context (itself for the root) */
     pthread_mutex_t pack_mu; /* root only: guards the packed table while lanes run */
     int n_lanes;             /* root only */
+    int lanes_on;            /* root only: BATON_CPU_LANES (default 1) */
     bt_backend *lanes;       /* root only: [n_lanes], created with the backend */
     int act_bits;    /* activation precision of quantized matmuls: 16 (default, near-exact) or 8 (faster) */
     int repack;      /* pack supported weight types for the tiled GEMM on first use (BATON_CPU_REPACK, default 1) */
@@ -586,7 +587,7 @@ static void lane_task(void *arg, int i, int n)
 
 static int cpu_max_lanes(bt_backend *be)
 {
-    return C(be)->n_lanes;
+    return C(be)->lanes_on ? C(be)->n_lanes : 0;
 }
 
 static bt_status cpu_run_lanes(bt_backend *be, int n_lanes, bt_lane_fn fn, void *user)
@@ -673,6 +674,17 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
             return bt_fail(BT_ERR_INVALID, "BATON_CPU_REPACK must be 0 or 1, not '%s'", rp);
         }
         c->repack = rp[0] == '1';
+    }
+    /* BATON_CPU_LANES=0: decode steps never split over lanes (every op forks over the pool instead) */
+    const char *ln = getenv("BATON_CPU_LANES");
+    c->lanes_on = 1;
+    if (ln && *ln) {
+        if (strcmp(ln, "0") && strcmp(ln, "1")) {
+            free(be);
+            free(c);
+            return bt_fail(BT_ERR_INVALID, "BATON_CPU_LANES must be 0 or 1, not '%s'", ln);
+        }
+        c->lanes_on = ln[0] == '1';
     }
     if ((st = bt_pool_create(n_threads, &c->pool))) {
         free(be);

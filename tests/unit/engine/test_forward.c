@@ -184,16 +184,24 @@ static void test_batch_invariance(void)
 
 /* Decode steps of 16 sequences (one token each, at different positions) run split over the backend's lanes, and give
  * the bits each sequence gets fed one token at a time alone (never on lanes): with 2 lanes and, on 3 threads, with 3
- * lanes of unequal size. */
+ * lanes of unequal size; BATON_CPU_LANES=0 keeps them whole (same bits). */
 static void test_lanes(void)
 {
     enum { NS = 16, D = 6 };
     tiny_model_opts o = {0};
     const char *path = tiny_path("lanes", &o);
     REQUIRE(path != NULL);
-    for (int threads = 2; threads <= 3; threads++) {
+    bt_backend *bad = NULL;
+    setenv("BATON_CPU_LANES", "2", 1);
+    CHECK(bt_backend_cpu_create(2, &bad) == BT_ERR_INVALID && bad == NULL);
+    CHECK(strstr(bt_last_error(), "BATON_CPU_LANES") != NULL);
+    unsetenv("BATON_CPU_LANES");
+    for (int cfg = 0; cfg < 3; cfg++) {
+        int threads = cfg == 1 ? 3 : 2, lanes_off = cfg == 2;
+        if (lanes_off) setenv("BATON_CPU_LANES", "0", 1);
         env e;
         REQUIRE(env_open(&e, path, threads, 64) == 0);
+        unsetenv("BATON_CPU_LANES");
         int32_t V = e.m->hp.n_vocab;
         seq lane[NS], solo[NS];
         bt_seq_view sv[NS];
@@ -222,7 +230,7 @@ static void test_lanes(void)
             for (int i = 0; i < NS; i++)
                 memcpy(lane[i].logits + (size_t)pos[i] * (size_t)V, out + (size_t)i * (size_t)V, sizeof(float) * (size_t)V);
         }
-        CHECK_MSG(bt_forward_lane_steps(e.fw) == D, "%d threads: %lld of %d steps on lanes", threads,
+        CHECK_MSG(bt_forward_lane_steps(e.fw) == (lanes_off ? 0 : D), "%d threads: %lld of %d steps on lanes", threads,
                   (long long)bt_forward_lane_steps(e.fw), D);
         for (int i = 0; i < NS; i++) {
             size_t off = (size_t)(lane[i].len - D) * (size_t)V;
