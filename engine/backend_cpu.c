@@ -636,6 +636,18 @@ static const bt_backend_ops cpu_ops = {
     .add = cpu_add,
 };
 
+/* *out = the number in environment variable name, which must be one of a and b when set and non-empty; def when
+ * unset or empty. BT_ERR_INVALID otherwise. */
+static bt_status env_choice(const char *name, const char *a, const char *b, int def, int *out)
+{
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v) return BT_OK;
+    if (strcmp(v, a) && strcmp(v, b)) return bt_fail(BT_ERR_INVALID, "%s must be %s or %s, not '%s'", name, a, b, v);
+    *out = atoi(v);
+    return BT_OK;
+}
+
 bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
 {
     bt_cpu_isa isa;
@@ -653,38 +665,15 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
         return bt_fail(BT_ERR_NOMEM, "out of memory creating the cpu backend");
     }
     c->ops = bt_cpu_ops_get(isa);
-    /* BATON_ACT_BITS=8 trades accuracy for speed: 8-bit activations flip near-tied greedy tokens on small models */
-    const char *ab = getenv("BATON_ACT_BITS");
-    c->act_bits = 16;
-    if (ab && *ab) {
-        if (strcmp(ab, "8") && strcmp(ab, "16")) {
-            free(be);
-            free(c);
-            return bt_fail(BT_ERR_INVALID, "BATON_ACT_BITS must be 8 or 16, not '%s'", ab);
-        }
-        c->act_bits = atoi(ab);
-    }
-    /* BATON_CPU_REPACK=0 keeps every weight in its GGUF layout (no extra memory, slower batched matmuls) */
-    const char *rp = getenv("BATON_CPU_REPACK");
-    c->repack = 1;
-    if (rp && *rp) {
-        if (strcmp(rp, "0") && strcmp(rp, "1")) {
-            free(be);
-            free(c);
-            return bt_fail(BT_ERR_INVALID, "BATON_CPU_REPACK must be 0 or 1, not '%s'", rp);
-        }
-        c->repack = rp[0] == '1';
-    }
-    /* BATON_CPU_LANES=0: decode steps never split over lanes (every op forks over the pool instead) */
-    const char *ln = getenv("BATON_CPU_LANES");
-    c->lanes_on = 1;
-    if (ln && *ln) {
-        if (strcmp(ln, "0") && strcmp(ln, "1")) {
-            free(be);
-            free(c);
-            return bt_fail(BT_ERR_INVALID, "BATON_CPU_LANES must be 0 or 1, not '%s'", ln);
-        }
-        c->lanes_on = ln[0] == '1';
+    /* BATON_ACT_BITS=8 trades accuracy for speed: 8-bit activations flip near-tied greedy tokens on small models;
+     * BATON_CPU_REPACK=0 keeps every weight in its GGUF layout (no extra memory, slower batched matmuls);
+     * BATON_CPU_LANES=0: decode steps never split over lanes (every op forks over the pool instead) */
+    if ((st = env_choice("BATON_ACT_BITS", "8", "16", 16, &c->act_bits)) ||
+        (st = env_choice("BATON_CPU_REPACK", "0", "1", 1, &c->repack)) ||
+        (st = env_choice("BATON_CPU_LANES", "0", "1", 1, &c->lanes_on))) {
+        free(be);
+        free(c);
+        return st;
     }
     if ((st = bt_pool_create(n_threads, &c->pool))) {
         free(be);
