@@ -211,7 +211,9 @@ int cmd_bench(int argc, char **argv)
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
                    "tokens in the prefix cache.\n"
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
-                   "in each op kind (matmuls, attention, rope, ...), decode steps and prompt steps apart.\n");
+                   "in each op kind (matmuls, attention, rope, ...), decode steps and prompt steps apart.\n"
+                   "Decode steps of at least 4 sequences per thread run on lanes (each thread takes a share of\n"
+                   "the sequences through every op); BATON_CPU_LANES=0 runs every op split over the threads.\n");
             return 0;
         }
         if (!v) {
@@ -300,17 +302,19 @@ int cmd_bench(int argc, char **argv)
         double kv_seq = (double)bt_kv_block_stride(&m->hp, BT_KV_F16) * m->hp.n_layer / BT_KV_BLOCK *
                         (128.0 + (double)decode_n / 2);
         double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
-        printf("%s kernels, %d threads, %d-bit activations; memory %.1f GB/s; matmul dot rate %.1f GMAC/s "
-               "(%.1f MMAC per token: compute roofline %.0f tok/s)\n",
-               bt_backend_cpu_isa(r.be), nth, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof);
+        int lanes = r.be->ops->max_lanes ? r.be->ops->max_lanes(r.be) : 0;
+        printf("%s kernels, %d threads (decode lanes: %d), %d-bit activations; memory %.1f GB/s; matmul dot rate "
+               "%.1f GMAC/s (%.1f MMAC per token: compute roofline %.0f tok/s)\n",
+               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof);
         printf("%-12s %16s %16s %14s %10s %15s %13s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1",
                "KV util", "roofline tok/s", "roof vs 1");
         double base = 0;
         int crc = 0;
         FILE *jf = json ? fopen(json, "w") : NULL;
-        if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"act_bits\": %d, "
-                        "\"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, \"compute_roofline_tok_s\": %.2f, \"runs\": [",
-                        m->name, bt_backend_cpu_isa(r.be), nth, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof);
+        if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"decode_lanes\": %d, "
+                        "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, "
+                        "\"compute_roofline_tok_s\": %.2f, \"runs\": [",
+                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof);
         double roof_base = 0;
         char *list = strdup(conc), *save = NULL;
         int first = 1;

@@ -1,6 +1,7 @@
 """`baton bench --concurrency` as a user runs it: the table, its JSON twin, and rooflines that bound what was
 achieved. The multiply-accumulates per token are checked against the GGUF file's own tensor shapes (gguf-py)."""
 import json
+import os
 import re
 import subprocess
 
@@ -34,6 +35,10 @@ def test_concurrency_table_json_and_rooflines(baton_bin, default_model, tmp_path
     assert [r[0] for r in rows] == ["1", "4"], res.stdout
     doc = json.loads(js.read_text())
     assert doc["act_bits"] == int(head.group(1)) and doc["compute_roofline_tok_s"] > 0
+    lanes = re.search(r"(\d+) threads \(decode lanes: (\d+)\)", res.stdout)
+    assert lanes and doc["decode_lanes"] == int(lanes.group(2)), res.stdout
+    # a lane per thread when there are threads to run them on
+    assert doc["decode_lanes"] == (doc["threads"] if doc["threads"] > 1 else 0), doc
     runs = {r["concurrency"]: r for r in doc["runs"]}
     for n in (1, 4):
         r = runs[n]
@@ -42,3 +47,15 @@ def test_concurrency_table_json_and_rooflines(baton_bin, default_model, tmp_path
         assert 0 < r["decode_tok_s"] <= 1.5 * r["roofline_tok_s"], r
     assert runs[4]["roofline_tok_s"] > 2 * runs[1]["roofline_tok_s"]
     assert runs[4]["roofline_tok_s"] <= doc["compute_roofline_tok_s"] + 0.01
+
+
+def test_lanes_switch_is_reported(baton_bin, default_model):
+    env = dict(os.environ, BATON_CPU_LANES="0")
+    res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1", "--reps", "1", "--decode-tokens", "4"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"threads \(decode lanes: 0\)", res.stdout), res.stdout
+    env["BATON_CPU_LANES"] = "yes"
+    res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1", "--reps", "1"], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert res.returncode != 0 and "BATON_CPU_LANES must be 0 or 1" in res.stderr, res.stderr
