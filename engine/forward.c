@@ -272,11 +272,12 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
 }
 
 /* Lanes: a decode step of at least this many sequences per lane splits its sequences over the backend's lanes.
- * Each lane then runs every op of its sequences on its own thread, with no fork and join per op, and one lane's
- * memory-bound attention overlaps another's compute-bound matmuls. With fewer, each lane's matmuls have too few
- * rows to reuse a weight from cache, and the pool's split of each op wins. Measured on 2 threads (baton bench
- * --concurrency, alternated runs): 8 sequences as 2 lanes of 4 ~10% faster than whole, 4 as 2 lanes of 2 ~15%
- * slower; 16: ~25% faster. */
+ * Each lane then runs every op of its sequences on its own thread, with no fork and join per op (a step of 16
+ * sequences had 150+ of them, each with a serial activation quantization and the tail of its last task). One
+ * thread with 8 sequences takes the step time of 2 lanes with 16: lanes lose nothing to each other. With fewer
+ * sequences per lane, each lane's matmuls have too few rows to reuse a weight from cache, and the pool's split of
+ * each op wins. Measured on 2 threads (baton bench --concurrency, alternated runs): 8 sequences as 2 lanes of 4
+ * ~10% faster than whole, 4 as 2 lanes of 2 ~15% slower; 16: ~25% faster. */
 #define LANE_MIN_SEQS 4
 
 typedef struct lanes_ctx {
