@@ -829,6 +829,8 @@ void bt_cpu_avx512_attn_block(int64_t n, int nq, const float *q, float scale, co
                               float *m, float *l, float *acc)
 {
     if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
+        pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
+        pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
         bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
         return;
     }
