@@ -35,6 +35,7 @@ typedef struct cpu_ctx {
     int n_lanes;             /* root only */
     int lanes_on;            /* root only: BATON_CPU_LANES (default 1) */
     bt_backend *lanes;       /* root only: [n_lanes], created with the backend */
+    struct lanes_job *job;   /* root only: run_lanes' state, allocated with the lanes */
     int act_bits;    /* activation precision of quantized matmuls: 16 (default, near-exact) or 8 (faster) */
     int repack;      /* pack supported weight types for the tiled GEMM on first use (BATON_CPU_REPACK, default 1) */
     packed_entry *packed; /* open-addressing table, packed_cap slots (a power of two), packed_n used */
@@ -162,6 +163,7 @@ static void cpu_destroy(bt_backend *be)
         free(c->lanes[i].ctx);
     }
     free(c->lanes);
+    free(c->job);
     pthread_mutex_destroy(&c->pack_mu);
     packed_clear(c);
     bt_pool_destroy(c->pool);
@@ -595,14 +597,13 @@ static bt_status cpu_run_lanes(bt_backend *be, int n_lanes, bt_lane_fn fn, void 
     cpu_ctx *c = C(be);
     if (n_lanes < 1 || n_lanes > c->n_lanes)
         return bt_fail(BT_ERR_INVALID, "run_lanes: %d lanes (1..%d)", n_lanes, c->n_lanes);
-    lanes_job *j = calloc(1, sizeof *j);
-    if (!j) return bt_fail(BT_ERR_NOMEM, "run_lanes: out of memory");
+    lanes_job *j = c->job;
     j->c = c, j->fn = fn, j->user = user;
+    for (int i = 0; i < n_lanes; i++) j->st[i] = BT_OK;
     bt_pool_run_tasks(c->pool, lane_task, j, n_lanes);
     bt_status st = BT_OK;
     for (int i = 0; i < n_lanes && !st; i++)
         if (j->st[i]) st = bt_fail(j->st[i], "%s", j->msg[i]);
-    free(j);
     return st;
 }
 
@@ -687,7 +688,8 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
     int nl = bt_pool_size(c->pool) < BT_MAX_LANES ? bt_pool_size(c->pool) : BT_MAX_LANES;
     if (nl > 1) { /* lanes only make sense with threads to run them on */
         c->lanes = calloc((size_t)nl, sizeof *c->lanes);
-        for (int i = 0; c->lanes && i < nl; i++) {
+        c->job = calloc(1, sizeof *c->job);
+        for (int i = 0; c->lanes && c->job && i < nl; i++) {
             cpu_ctx *lc = calloc(1, sizeof *lc);
             if (!lc) break;
             lc->ops = c->ops, lc->act_bits = c->act_bits, lc->repack = c->repack, lc->root = c;
