@@ -11,6 +11,7 @@
 
 #include "engine/backend.h"
 #include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_hostmem.h"
 #include "engine/cpu/cpu_kernels.h"
 
 /* A weight matrix packed for the tiled GEMM, keyed by its data pointer (weights are immutable while the backend
@@ -41,6 +42,7 @@ typedef struct cpu_ctx {
     packed_entry *packed; /* open-addressing table, packed_cap slots (a power of two), packed_n used */
     size_t packed_cap, packed_n;
     size_t packed_bytes;  /* memory held by packed copies */
+    bt_hostmem_arena *pack_mem; /* root only: where packed copies live, laid end to end on huge pages */
     void *xq;        /* activation quantization scratch */
     size_t xq_bytes;
     struct attn_task *attn_tasks;
@@ -56,13 +58,24 @@ static cpu_ctx *C(bt_backend *be)
     return be->ctx;
 }
 
+/* Packed weights are carved from chunks of this size on huge pages (a layer's matrices are a few hundred KiB each).
+ * bench_cpu_kernels --decode-only, 4 runs: the matmuls of a batch-1 decode step took 17% (1 thread) and 12% (2
+ * threads) less time than with each matrix on its own 4 KiB pages; at 8 and 16 rows, where the kernel is bound by
+ * compute, 0-3%. */
+#define PACK_CHUNK_BYTES ((size_t)32 << 20)
+
+/* Frees a packed copy made by packed_get_locked */
+static void packed_release(cpu_ctx *c, bt_cpu_packed *p)
+{
+    bt_hostmem_arena_free(c->pack_mem, p->data);
+    bt_cpu_packed_free(p);
+    free(p);
+}
+
 static void packed_clear(cpu_ctx *c)
 {
     for (size_t i = 0; i < c->packed_cap; i++)
-        if (c->packed[i].p) {
-            bt_cpu_packed_free(c->packed[i].p);
-            free(c->packed[i].p);
-        }
+        if (c->packed[i].p) packed_release(c, c->packed[i].p);
     free(c->packed);
     c->packed = NULL;
     c->packed_cap = c->packed_n = c->packed_bytes = 0;
@@ -112,8 +125,7 @@ static bt_status packed_get_locked(cpu_ctx *c, bt_pool *pool, const bt_weight *w
         }
         if (e->p) { /* another weight now lives at this address: repack in the same slot */
             c->packed_bytes -= bt_cpu_pack_bytes(e->type, c->act_bits, e->n_in, e->n_out);
-            bt_cpu_packed_free(e->p);
-            free(e->p);
+            packed_release(c, e->p);
         }
     } else {
         if (2 * (c->packed_n + 1) > c->packed_cap) {
@@ -126,11 +138,14 @@ static bt_status packed_get_locked(cpu_ctx *c, bt_pool *pool, const bt_weight *w
     *e = (packed_entry){.key = w->data, .type = w->type, .n_in = w->n_in, .n_out = w->n_out};
     memcpy(e->head, head, 16);
     bt_cpu_packed *p = calloc(1, sizeof *p);
-    if (p && bt_cpu_pack(pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, p) == BT_OK) {
+    size_t bytes = bt_cpu_pack_bytes(w->type, c->act_bits, w->n_in, w->n_out);
+    void *mem = p ? bt_hostmem_arena_alloc(c->pack_mem, bytes) : NULL;
+    if (mem && bt_cpu_pack_into(pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, mem, p) == BT_OK) {
         e->p = p;
-        c->packed_bytes += bt_cpu_pack_bytes(w->type, c->act_bits, w->n_in, w->n_out);
-    } else {
-        free(p); /* stays unpacked for good */
+        c->packed_bytes += bytes;
+    } else { /* stays unpacked for good */
+        bt_hostmem_arena_free(c->pack_mem, mem);
+        free(p);
     }
     *out = e->p;
     return BT_OK;
@@ -166,6 +181,7 @@ static void cpu_destroy(bt_backend *be)
     free(c->job);
     pthread_mutex_destroy(&c->pack_mu);
     packed_clear(c);
+    bt_hostmem_arena_destroy(c->pack_mem);
     bt_pool_destroy(c->pool);
     ctx_free_scratch(c);
     free(c);
@@ -677,6 +693,12 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
         return st;
     }
     if ((st = bt_pool_create(n_threads, &c->pool))) {
+        free(be);
+        free(c);
+        return st;
+    }
+    if ((st = bt_hostmem_arena_create(PACK_CHUNK_BYTES, &c->pack_mem))) {
+        bt_pool_destroy(c->pool);
         free(be);
         free(c);
         return st;

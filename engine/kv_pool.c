@@ -2,7 +2,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+
+#include "engine/cpu/cpu_hostmem.h"
 
 static size_t elem_size(bt_kv_dtype d)
 {
@@ -58,10 +59,8 @@ bt_status bt_kv_pool_create(const bt_hparams *hp, bt_kv_dtype dtype, size_t mem_
     if (mem) {
         p->base = mem;
     } else {
-        /* 2 MiB alignment and the hint let the kernel back the pool with transparent huge pages. */
-        if (posix_memalign((void **)&p->base, 1 << 21, p->bytes) != 0) p->base = NULL;
-        else /* ~10% faster attention at 16 sequences: fewer TLB misses (the hint is all it takes here) */
-            (void)madvise(p->base, p->bytes, MADV_HUGEPAGE);
+        /* on huge pages: ~10% faster attention at 16 sequences (fewer TLB misses) */
+        p->base = bt_hostmem_huge_alloc(p->bytes);
         p->own_memory = 1;
     }
     p->free_ids = malloc(n * sizeof *p->free_ids);

@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_hostmem.h"
 #include "engine/cpu/cpu_kernels.h"
 
 static double now_s(void)
@@ -80,30 +81,34 @@ static void read_task(void *arg, int ith, int nth)
     c->sink[ith * 8] = a + b + d + e;
 }
 
+/* Read bandwidth over 1 GiB on 4 KiB pages and on huge pages (where the kernel backs the hint), 1 and 2 threads. */
 static void bench_memory(void)
 {
     size_t bytes = (size_t)1 << 30;
-    uint64_t *buf = malloc(bytes);
-    if (!buf) {
-        printf("memory read: cannot allocate 1 GiB\n");
-        return;
-    }
-    memset(buf, 1, bytes);
-    for (int nth = 1; nth <= 2; nth++) {
-        bt_pool *pool = NULL;
-        if (bt_pool_create(nth, &pool) != BT_OK) break;
-        read_ctx c = {.buf = buf, .n = bytes / 8};
-        double best = 1e9;
-        for (int rep = 0; rep < 5; rep++) {
-            double t0 = now_s();
-            bt_pool_run(pool, read_task, &c);
-            double dt = now_s() - t0;
-            best = dt < best ? dt : best;
+    for (int huge = 0; huge < 2; huge++) {
+        uint64_t *buf = huge ? bt_hostmem_huge_alloc(bytes) : malloc(bytes);
+        if (!buf) {
+            printf("memory read: cannot allocate 1 GiB\n");
+            return;
         }
-        printf("memory read 1 GiB, %d thread%s: %.1f GB/s (best of 5)\n", nth, nth > 1 ? "s" : "", bytes / best * 1e-9);
-        bt_pool_destroy(pool);
+        memset(buf, 1, bytes);
+        for (int nth = 1; nth <= 2; nth++) {
+            bt_pool *pool = NULL;
+            if (bt_pool_create(nth, &pool) != BT_OK) break;
+            read_ctx c = {.buf = buf, .n = bytes / 8};
+            double best = 1e9;
+            for (int rep = 0; rep < 5; rep++) {
+                double t0 = now_s();
+                bt_pool_run(pool, read_task, &c);
+                double dt = now_s() - t0;
+                best = dt < best ? dt : best;
+            }
+            printf("memory read 1 GiB (%s pages), %d thread%s: %.1f GB/s (best of 5)\n", huge ? "huge" : "4 KiB", nth,
+                   nth > 1 ? "s" : "", bytes / best * 1e-9);
+            bt_pool_destroy(pool);
+        }
+        free(buf);
     }
-    free(buf);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -144,19 +149,29 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
         if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
         for (int bi2 = 0; bi2 < n_bits; bi2++)
         for (int nth = 1; nth <= max_threads; nth++)
-        for (int fused = 0; fused < 3; fused++) { /* 2: fused, on weights packed for the tiled GEMM */
+        /* 2: fused, on weights packed for the tiled GEMM, each matrix on its own 4 KiB pages; 3: the same packed
+         * weights laid end to end on huge pages, as the cpu backend holds them */
+        for (int fused = 0; fused < 4; fused++) {
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-            if (fused == 2 && (!bt_cpu_pack_supported(ops, BT_TYPE_Q4_1, bits[bi2]) ||
+            if (fused >= 2 && (!bt_cpu_pack_supported(ops, BT_TYPE_Q4_1, bits[bi2]) ||
                                !bt_cpu_pack_supported(ops, BT_TYPE_Q8_0, bits[bi2])))
                 continue;
             bt_pool *pool = NULL;
             if (bt_pool_create(nth, &pool) != BT_OK) return;
             static bt_cpu_packed packs[N_LAYERS * 7 + 1];
-            for (int k = 0; fused == 2 && k <= N_LAYERS * 7; k++) {
+            bt_hostmem_arena *arena = NULL;
+            if (fused == 3 && bt_hostmem_arena_create((size_t)32 << 20, &arena) != BT_OK) return;
+            for (int k = 0; fused >= 2 && k <= N_LAYERS * 7; k++) {
                 int last = k == N_LAYERS * 7;
-                if (bt_cpu_pack(pool, last ? BT_TYPE_Q8_0 : BT_TYPE_Q4_1, bits[bi2], last ? 576 : layer_shapes[k % 7][0],
-                                last ? 49152 : layer_shapes[k % 7][1], last ? wout : w + off[k], &packs[k]) != BT_OK)
-                    return;
+                uint32_t t = last ? BT_TYPE_Q8_0 : BT_TYPE_Q4_1;
+                int64_t n_in = last ? 576 : layer_shapes[k % 7][0], n_out = last ? 49152 : layer_shapes[k % 7][1];
+                const void *src = last ? wout : w + off[k];
+                bt_status st = fused == 2 ? bt_cpu_pack(pool, t, bits[bi2], n_in, n_out, src, &packs[k])
+                                          : bt_cpu_pack_into(pool, t, bits[bi2], n_in, n_out, src,
+                                                             bt_hostmem_arena_alloc(arena, bt_cpu_pack_bytes(
+                                                                                               t, bits[bi2], n_in, n_out)),
+                                                             &packs[k]);
+                if (st != BT_OK) return;
             }
             for (int bi = 0; bi < n_batches; bi++) {
                 double samples[15];
@@ -169,7 +184,7 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                                                     .n_in = layer_shapes[k][0], .n_out = layer_shapes[k][1],
                                                     .n_rows = batches[bi], .w = w + off[l * 7 + k], .x = x,
                                                     .xq = xq, .out = y + 4096 * k, .act_bits = bits[bi2],
-                                                    .wp = fused == 2 ? &packs[l * 7 + k] : NULL};
+                                                    .wp = fused >= 2 ? &packs[l * 7 + k] : NULL};
                         if (fused) { /* q, k, v in one run; gate, up in one run */
                             bt_cpu_matmul_run_multi(pool, mm, 3);
                             bt_cpu_matmul_run(pool, &mm[3]);
@@ -181,18 +196,19 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                     }
                     bt_cpu_matmul mo = {.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q8_0, .n_in = 576,
                                         .n_out = 49152, .n_rows = batches[bi], .w = wout, .x = x, .xq = xq, .out = y,
-                                        .act_bits = bits[bi2], .wp = fused == 2 ? &packs[N_LAYERS * 7] : NULL};
+                                        .act_bits = bits[bi2], .wp = fused >= 2 ? &packs[N_LAYERS * 7] : NULL};
                     bt_cpu_matmul_run(pool, &mo);
                     samples[rep] = now_s() - t0;
                 }
                 qsort(samples, 15, sizeof samples[0], cmp_double);
                 printf("%-7s %4d %3d %5d %6s %12.3f %14.1f\n", bt_cpu_isa_name((bt_cpu_isa)isa), bits[bi2], nth,
                        batches[bi],
-                       fused == 2 ? "packed" : fused ? "yes" : "no", samples[7] * 1e3,
+                       fused == 3 ? "huge" : fused == 2 ? "packed" : fused ? "yes" : "no", samples[7] * 1e3,
                        (double)(total + out_bytes) / samples[7] * 1e-9);
                 fflush(stdout);
             }
-            for (int k = 0; fused == 2 && k <= N_LAYERS * 7; k++) bt_cpu_packed_free(&packs[k]);
+            for (int k = 0; fused >= 2 && k <= N_LAYERS * 7; k++) bt_cpu_packed_free(&packs[k]);
+            bt_hostmem_arena_destroy(arena);
             bt_pool_destroy(pool);
         }
     }

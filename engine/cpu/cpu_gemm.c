@@ -158,18 +158,21 @@ static void pack_task(void *arg, int ith, int nth)
     }
 }
 
-bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
-                      bt_cpu_packed *out)
+/* Checks t, act_bits and the shape; *bytes = the packed size. */
+static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w, size_t *bytes)
 {
     if (t >= BT_TYPE_COUNT || !code_bytes(t))
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
-    size_t bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
-    if (!bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
-    void *data = NULL;
-    if (posix_memalign(&data, 64, bytes) != 0)
-        return bt_fail(BT_ERR_NOMEM, "pack: out of memory for %zu bytes of packed weights", bytes);
+    *bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
+    if (!*bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
+    return BT_OK;
+}
+
+static void pack_fill(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
+                      void *data, size_t bytes, bt_cpu_packed *out)
+{
     memset(data, 0, bytes); /* padding rows and tails: zero scales, so they contribute nothing */
     bt_cpu_packed p = {.wtype = t, .act_bits = norm_bits(act_bits), .n_in = n_in, .n_out = n_out,
                        .group_bytes = group_bytes(t, n_in), .data = data};
@@ -181,13 +184,38 @@ bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int
     else
         pack_task(&job, 0, 1);
     *out = p;
+}
+
+bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
+                      bt_cpu_packed *out)
+{
+    size_t bytes = 0;
+    bt_status st = pack_check(t, act_bits, n_in, n_out, w, &bytes);
+    if (st) return st;
+    void *data = NULL;
+    if (posix_memalign(&data, 64, bytes) != 0)
+        return bt_fail(BT_ERR_NOMEM, "pack: out of memory for %zu bytes of packed weights", bytes);
+    pack_fill(pool, t, act_bits, n_in, n_out, w, data, bytes, out);
+    out->owns_data = 1;
+    return BT_OK;
+}
+
+bt_status bt_cpu_pack_into(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
+                           void *mem, bt_cpu_packed *out)
+{
+    size_t bytes = 0;
+    bt_status st = pack_check(t, act_bits, n_in, n_out, w, &bytes);
+    if (st) return st;
+    if (!mem || (uintptr_t)mem % 64)
+        return bt_fail(BT_ERR_INVALID, "pack: destination %p is not 64-byte aligned memory", mem);
+    pack_fill(pool, t, act_bits, n_in, n_out, w, mem, bytes, out);
     return BT_OK;
 }
 
 void bt_cpu_packed_free(bt_cpu_packed *p)
 {
     if (!p) return;
-    free(p->data);
+    if (p->owns_data) free(p->data);
     memset(p, 0, sizeof *p);
 }
 

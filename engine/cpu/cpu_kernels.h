@@ -55,7 +55,8 @@ typedef struct bt_cpu_packed {
     int act_bits;       /* 8 or 16: the precision the layout is for */
     int64_t n_in, n_out;
     size_t group_bytes; /* bytes per group of BT_CPU_PACK_ROWS rows, a multiple of 64 */
-    void *data;         /* [ceil(n_out / 16)][group_bytes], 64-byte aligned, owned; rows past n_out are zero */
+    void *data;         /* [ceil(n_out / 16)][group_bytes], 64-byte aligned; rows past n_out are zero */
+    int owns_data;      /* data was allocated by bt_cpu_pack (bt_cpu_packed_free frees it), not given to it */
 } bt_cpu_packed;
 
 /* Group `group` (one 16-row group of a bt_cpu_packed, n input elements) times nr (1..BT_CPU_GEMM_NR) activation
@@ -184,7 +185,12 @@ size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out);
 bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
                       bt_cpu_packed *out);
 
-/* Frees p->data and clears p; NULL or an empty p is a no-op. */
+/* bt_cpu_pack into mem (64-byte aligned, bt_cpu_pack_bytes long), which stays the caller's: bt_cpu_packed_free then
+ * only clears out. Same errors, except BT_ERR_INVALID for a NULL or misaligned mem instead of BT_ERR_NOMEM. */
+bt_status bt_cpu_pack_into(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
+                           void *mem, bt_cpu_packed *out);
+
+/* Frees p->data when bt_cpu_pack allocated it, and clears p; NULL or an empty p is a no-op. */
 void bt_cpu_packed_free(bt_cpu_packed *p);
 
 /* Scalar reference of bt_cpu_gemm_fn over p (any layout bt_cpu_pack makes): the same arithmetic, element by

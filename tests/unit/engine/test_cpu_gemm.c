@@ -221,6 +221,22 @@ static void test_pack_checks(void)
     CHECK(bt_cpu_matmul_check(&mm) == BT_ERR_INVALID);
     mm.n_out = 20, mm.ops = bt_cpu_ops_get(BT_CPU_ISA_SCALAR); /* no kernel to run it */
     CHECK(bt_cpu_matmul_check(&mm) == BT_ERR_INVALID);
+    /* packing into the caller's memory gives the same bytes and leaves the memory to the caller */
+    size_t bytes = bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 64, 20);
+    uint8_t *mem = aligned_alloc(64, bytes + 64);
+    REQUIRE(mem);
+    memset(mem, 0xcd, bytes + 64);
+    bt_cpu_packed q;
+    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem + 8, &q) == BT_ERR_INVALID); /* misaligned */
+    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, NULL, &q) == BT_ERR_INVALID);
+    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_K, 16, 256, 16, "", mem, &q) == BT_ERR_UNSUPPORTED);
+    REQUIRE(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem, &q) == BT_OK);
+    CHECK(q.data == mem && !q.owns_data && p.owns_data);
+    CHECK(q.group_bytes == p.group_bytes && !memcmp(mem, p.data, bytes));
+    CHECK(mem[bytes] == 0xcd); /* nothing written past the packed size */
+    bt_cpu_packed_free(&q); /* clears q; mem stays valid (ASan: no double free below) */
+    CHECK(q.data == NULL);
+    free(mem);
     bt_cpu_packed_free(&p);
     CHECK(p.data == NULL);
     bt_cpu_packed_free(&p);
