@@ -454,6 +454,18 @@ static void quantize_acts(bt_pool *pool, int nth, const bt_cpu_matmul *mm)
         bt_pool_run_tasks(pool, matmul_quantize_task, (void *)mm, (int)(mm->n_rows < 4 * nth ? mm->n_rows : 4 * nth));
 }
 
+/* Tasks of a matmul over nth > 1 threads, at least 16 output rows each. Batched (compute-bound): 4 per thread, so a
+ * descheduled thread's share is picked up by the others. Fewer rows than PACKED_PREFETCH_ROWS stream the weights at
+ * memory speed: one contiguous slice per thread, read start to end by the hardware prefetcher, instead of four
+ * that each start with a wait on memory (batch-1 decode: +12%, 5 alternated runs of baton bench --concurrency 1,
+ * median 276 -> 309 tok/s). The split never changes how an output element is computed. */
+static int slices(const bt_cpu_matmul *mm, int nth)
+{
+    int64_t per = mm->n_rows < PACKED_PREFETCH_ROWS ? 1 : 4;
+    int64_t k = mm->n_out / 16 < per * nth ? mm->n_out / 16 : per * nth;
+    return k < 1 ? 1 : (int)k;
+}
+
 bt_status bt_cpu_matmul_run(bt_pool *pool, const bt_cpu_matmul *mm)
 {
     bt_status st = bt_cpu_matmul_check(mm);
@@ -463,10 +475,7 @@ bt_status bt_cpu_matmul_run(bt_pool *pool, const bt_cpu_matmul *mm)
     if (nth == 1) {
         bt_cpu_matmul_compute(mm, 0, 1);
     } else {
-        /* 4 slices per thread, at least 16 output rows each: a descheduled thread's share is picked up by the
-         * others. The split never changes how an output element is computed. */
-        int64_t tasks = mm->n_out / 16 < 4 * nth ? mm->n_out / 16 : 4 * nth;
-        bt_pool_run_tasks(pool, matmul_compute_task, (void *)mm, tasks < 1 ? 1 : (int)tasks);
+        bt_pool_run_tasks(pool, matmul_compute_task, (void *)mm, slices(mm, nth));
     }
     return BT_OK;
 }
@@ -509,8 +518,7 @@ bt_status bt_cpu_matmul_run_multi(bt_pool *pool, const bt_cpu_matmul *mms, int n
     multi_ctx c = {.mms = mms, .n_mm = n_mm};
     int total = 0;
     for (int m = 0; m < n_mm; m++) {
-        int64_t k = mms[m].n_out / 16 < 4 * nth ? mms[m].n_out / 16 : 4 * nth;
-        c.slices[m] = nth == 1 || k < 1 ? 1 : (int)k;
+        c.slices[m] = nth == 1 ? 1 : slices(&mms[m], nth);
         total += c.slices[m];
     }
     if (nth == 1)
