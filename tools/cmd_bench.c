@@ -98,14 +98,14 @@ static void conc_emit(void *user, const bt_sched_event *ev)
     }
 }
 
-/* Offline continuous batching: n requests of 128 random prompt tokens and `gen` output tokens each, submitted at
+/* Offline continuous batching: n requests of plen random prompt tokens and `gen` output tokens each, submitted at
  * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
-static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int gen, const int32_t *toks, double *prefill,
-                             double *decode, double *kv_util)
+static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen, int gen, const int32_t *toks,
+                             double *prefill, double *decode, double *kv_util)
 {
     bt_sched_config cfg = {0};
     cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer *
-                 (size_t)(n * ((128 + gen) / BT_KV_BLOCK + 2));
+                 (size_t)(n * ((plen + gen) / BT_KV_BLOCK + 2));
     cfg.max_batch_tokens = 512;
     cfg.disable_prefix_cache = 1; /* distinct work per request, as distinct prompts would be */
     bt_sched *s;
@@ -114,14 +114,20 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int gen, 
     bt_req_params p = bt_req_params_default();
     p.sampling.max_tokens = gen;
     p.sampling.ignore_eos = 1;
-    int32_t prompt[128];
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)plen);
+    if (!prompt) {
+        bt_sched_destroy(s);
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
-        for (int k = 0; k < 128; k++) prompt[k] = toks[(k * 7 + i * 13) % 512];
-        if (bt_sched_submit(s, prompt, 128, &p, conc_emit, &t, NULL)) {
+        for (int k = 0; k < plen; k++) prompt[k] = toks[(k * 7 + i * 13) % 512];
+        if (bt_sched_submit(s, prompt, plen, &p, conc_emit, &t, NULL)) {
+            free(prompt);
             bt_sched_destroy(s);
             return -1;
         }
     }
+    free(prompt);
     double t0 = now_s();
     double util_sum = 0;
     int util_n = 0;
@@ -138,7 +144,7 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int gen, 
         }
     }
     double t1 = now_s();
-    *prefill = 128.0 * n / (t.last_first_token - t0);
+    *prefill = (double)plen * n / (t.last_first_token - t0);
     *decode = (double)(t.generated - n) / (t1 - t.last_first_token);
     *kv_util = util_n ? util_sum / util_n : 0;
     bt_sched_destroy(s);
@@ -197,19 +203,19 @@ static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int
 int cmd_bench(int argc, char **argv)
 {
     const char *model_path = NULL, *json = NULL, *conc = NULL;
-    long threads = 0, reps = 5, decode_n = 128, prefix = 0;
+    long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: baton bench [--model PATH] [--threads N] [--reps N] [--decode-tokens N] [--json FILE]\n"
-                   "                  [--concurrency N[,N...]]\n"
+                   "                  [--concurrency N[,N...] [--prompt-tokens N]]\n"
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
-                   "--concurrency 1,4,16,64 instead runs N requests (128 prompt tokens, --decode-tokens output\n"
-                   "tokens each) through the continuous-batching scheduler and reports aggregate tok/s, with the\n"
-                   "decode roofline at each N: the lower of memory (weights once per step plus each sequence's KV,\n"
-                   "at the measured bandwidth) and compute (the matmuls' multiply-accumulates at the measured rate\n"
-                   "of the dot instruction on every thread).\n"
+                   "--concurrency 1,4,16,64 instead runs N requests (--prompt-tokens prompt tokens, default 128,\n"
+                   "and --decode-tokens output tokens each) through the continuous-batching scheduler and reports\n"
+                   "aggregate tok/s, with the decode roofline at each N: the lower of memory (weights once per step\n"
+                   "plus each sequence's KV, at the measured bandwidth) and compute (the matmuls' multiply-\n"
+                   "accumulates at the measured rate of the dot instruction on every thread).\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
                    "tokens in the prefix cache.\n"
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
@@ -223,7 +229,7 @@ int cmd_bench(int argc, char **argv)
             return 2;
         }
         i++;
-        char *end;
+        char *end = NULL;
         errno = 0;
         if (!strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--json")) json = v;
@@ -232,11 +238,17 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
         else if (!strcmp(a, "--concurrency")) conc = v;
         else if (!strcmp(a, "--prefix")) prefix = strtol(v, &end, 10);
+        else if (!strcmp(a, "--prompt-tokens")) prompt_n = strtol(v, &end, 10);
         else {
             fprintf(stderr, "baton bench: unknown option '%s'\n", a);
             return 2;
         }
-        if (threads < 0 || threads > 256 || reps < 1 || reps > 100 || decode_n < 1 || decode_n > 4096) {
+        if (end && (end == v || *end || errno)) { /* a number option's value is all digits */
+            fprintf(stderr, "baton bench: %s wants a number, not '%s'\n", a, v);
+            return 2;
+        }
+        if (threads < 0 || threads > 256 || reps < 1 || reps > 100 || decode_n < 1 || decode_n > 4096 ||
+            prompt_n < 1 || prompt_n > 8192) {
             fprintf(stderr, "baton bench: value out of range for %s\n", a);
             return 2;
         }
@@ -302,12 +314,14 @@ int cmd_bench(int argc, char **argv)
         double mac_rate = bt_cpu_dot_macs_rate(isa, act_bits) * nth;
         double wbytes = (double)bt_model_weight_bytes(m);
         double kv_seq = (double)bt_kv_block_stride(&m->hp, BT_KV_F16) * m->hp.n_layer / BT_KV_BLOCK *
-                        (128.0 + (double)decode_n / 2);
+                        ((double)prompt_n + (double)decode_n / 2);
         double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
         int lanes = r.be->ops->max_lanes ? r.be->ops->max_lanes(r.be) : 0;
         printf("%s kernels, %d threads (decode lanes: %d), %d-bit activations; memory %.1f GB/s; matmul dot rate "
-               "%.1f GMAC/s (%.1f MMAC per token: compute roofline %.0f tok/s)\n",
-               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof);
+               "%.1f GMAC/s (%.1f MMAC per token: compute roofline %.0f tok/s); %ld prompt + %ld output tokens per "
+               "request\n",
+               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof,
+               prompt_n, decode_n);
         printf("%-12s %16s %16s %14s %10s %15s %13s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1",
                "KV util", "roofline tok/s", "roof vs 1");
         double base = 0;
@@ -315,8 +329,9 @@ int cmd_bench(int argc, char **argv)
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"decode_lanes\": %d, "
                         "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, "
-                        "\"compute_roofline_tok_s\": %.2f, \"runs\": [",
-                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof);
+                        "\"compute_roofline_tok_s\": %.2f, \"prompt_tokens\": %ld, \"decode_tokens\": %ld, \"runs\": [",
+                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof,
+                        prompt_n, decode_n);
         double roof_base = 0;
         char *list = strdup(conc), *save = NULL;
         int first = 1;
@@ -329,7 +344,7 @@ int cmd_bench(int argc, char **argv)
             }
             double pre[100], dec[100], util[100];
             for (long k = 0; k < reps; k++)
-                if (bench_concurrency(m, r.be, n, (int)decode_n, ctoks, &pre[k], &dec[k], &util[k])) {
+                if (bench_concurrency(m, r.be, n, (int)prompt_n, (int)decode_n, ctoks, &pre[k], &dec[k], &util[k])) {
                     fprintf(stderr, "baton bench: %s\n", bt_last_error());
                     crc = 1;
                     break;

@@ -59,3 +59,27 @@ def test_lanes_switch_is_reported(baton_bin, default_model):
     res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1", "--reps", "1"], capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode != 0 and "BATON_CPU_LANES must be 0 or 1" in res.stderr, res.stderr
+
+
+def test_prompt_tokens_sets_the_context(baton_bin, default_model, tmp_path):
+    """--prompt-tokens: the header and JSON say what ran; a longer context gives a lower memory roofline (more KV per
+    sequence); out-of-range values are refused."""
+    roofs = {}
+    for plen in (128, 600):
+        js = tmp_path / f"bench{plen}.json"
+        res = subprocess.run([str(baton_bin), "bench", "--concurrency", "2", "--prompt-tokens", str(plen), "--reps", "1",
+                              "--decode-tokens", "4", "--json", str(js)], capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        assert f"{plen} prompt + 4 output tokens per request" in res.stdout, res.stdout
+        doc = json.loads(js.read_text())
+        assert doc["prompt_tokens"] == plen and doc["decode_tokens"] == 4, doc
+        run = doc["runs"][0]
+        assert run["concurrency"] == 2 and run["prefill_tok_s"] > 0 and run["decode_tok_s"] > 0, run
+        roofs[plen] = run["roofline_tok_s"] / doc["bandwidth_gb_s"]
+    # memory-bound at 2 sequences: the roofline is 2 x bandwidth / (weights + 2 x KV), and KV grows with the context
+    # (per GB/s, as each run measures the shared machine's bandwidth anew)
+    assert roofs[600] < 0.95 * roofs[128], roofs
+    for bad in ("0", "8193", "x", "12x"):
+        res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1", "--prompt-tokens", bad],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and "--prompt-tokens" in res.stderr, (bad, res.stderr)
