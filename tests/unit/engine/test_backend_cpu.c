@@ -1,0 +1,188 @@
+/* engine/backend_cpu.c, the attention op over long contexts, where each token's keys are reduced in segments of 256
+ * positions and merged: results against float64 softmax attention, and bit-identical however the tokens are
+ * batched (one per call, prompt chunks at any offset, mixed with another sequence) and on 1 or 2 threads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/kv_pool.h"
+#include "test_util.h"
+
+#define N_HEAD 6
+#define N_KV 2
+#define HD 64
+#define LEN 700 /* 44 blocks: three segments of 16 blocks */
+#define ROW (N_HEAD * HD)
+
+typedef struct fixture {
+    bt_hparams hp;
+    bt_kv_pool *kv;
+    bt_backend *be[2]; /* 1 and 2 threads */
+    int32_t table[2][64];
+    float *k[2], *v[2]; /* [LEN][N_KV][HD] as written */
+    float *q[2];        /* [LEN][N_HEAD][HD] */
+} fixture;
+
+static int fixture_open(fixture *f, bt_kv_dtype dtype, uint64_t seed)
+{
+    memset(f, 0, sizeof *f);
+    f->hp.n_layer = 1, f->hp.n_head = N_HEAD, f->hp.n_head_kv = N_KV, f->hp.head_dim = HD;
+    size_t per_block = bt_kv_block_stride(&f->hp, dtype);
+    if (bt_kv_pool_create(&f->hp, dtype, per_block * 128, NULL, &f->kv)) return -1;
+    if (bt_backend_cpu_create(1, &f->be[0]) || bt_backend_cpu_create(2, &f->be[1])) return -1;
+    int32_t nb = (LEN + BT_KV_BLOCK - 1) / BT_KV_BLOCK, ids[128];
+    if (bt_kv_pool_alloc(f->kv, 2 * nb, ids)) return -1;
+    for (int i = 2 * nb - 1; i > 0; i--) { /* tables scattered over the pool, interleaved */
+        int j = (int)(test_rand_next(&seed) % (uint64_t)(i + 1));
+        int32_t t = ids[i];
+        ids[i] = ids[j], ids[j] = t;
+    }
+    for (int s = 0; s < 2; s++) {
+        for (int32_t b = 0; b < nb; b++) f->table[s][b] = ids[2 * b + s];
+        f->k[s] = malloc(sizeof(float) * LEN * N_KV * HD);
+        f->v[s] = malloc(sizeof(float) * LEN * N_KV * HD);
+        f->q[s] = malloc(sizeof(float) * LEN * ROW);
+        if (!f->k[s] || !f->v[s] || !f->q[s]) return -1;
+        for (int i = 0; i < LEN * N_KV * HD; i++) {
+            f->k[s][i] = (float)((int)(test_rand_next(&seed) % 2001) - 1000) * 2e-3f;
+            f->v[s][i] = (float)((int)(test_rand_next(&seed) % 2001) - 1000) * 1e-3f;
+        }
+        for (int i = 0; i < LEN * ROW; i++) f->q[s][i] = (float)((int)(test_rand_next(&seed) % 2001) - 1000) * 2e-3f;
+        int32_t slots[LEN];
+        for (int32_t p = 0; p < LEN; p++) slots[p] = f->table[s][p / BT_KV_BLOCK] * BT_KV_BLOCK + p % BT_KV_BLOCK;
+        f->be[0]->ops->kv_write(f->be[0], f->kv, 0, f->k[s], f->v[s], LEN, slots);
+    }
+    return 0;
+}
+
+static void fixture_close(fixture *f)
+{
+    for (int i = 0; i < 2; i++) {
+        if (f->be[i]) bt_backend_destroy(f->be[i]);
+        free(f->k[i]), free(f->v[i]), free(f->q[i]);
+    }
+    bt_kv_pool_destroy(f->kv);
+}
+
+/* Attention of n tokens (sequence seq[i], position pos[i]) on backend be, out [n][ROW]. */
+static bt_status attend(fixture *f, bt_backend *be, int n, const int *seq, const int32_t *pos, float *out)
+{
+    float *q = malloc(sizeof(float) * (size_t)n * ROW);
+    const int32_t **tables = malloc(sizeof *tables * (size_t)n);
+    if (!q || !tables) return BT_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        memcpy(q + (size_t)i * ROW, f->q[seq[i]] + (size_t)pos[i] * ROW, sizeof(float) * ROW);
+        tables[i] = f->table[seq[i]];
+    }
+    bt_attn_args a = {.kv = f->kv, .layer = 0, .n_tokens = n, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim = HD,
+                      .scale = 0.125f, .q = q, .pos = pos, .tables = tables, .out = out};
+    bt_status st = be->ops->attention(be, &a);
+    free(q);
+    free(tables);
+    return st;
+}
+
+/* The K or V element as stored: f16 rounds, f32 keeps it */
+static double stored(bt_kv_dtype dtype, float x)
+{
+    return dtype == BT_KV_F16 ? (double)bt_fp16_to_f32(bt_f32_to_fp16(x)) : (double)x;
+}
+
+static void check_dtype(bt_kv_dtype dtype)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, dtype, 0x5eed + (uint64_t)dtype) == 0);
+    float *ref = malloc(sizeof(float) * LEN * ROW), *got = malloc(sizeof(float) * LEN * ROW);
+    REQUIRE(ref && got);
+    /* one token per call on 1 thread: the decode path */
+    for (int32_t p = 0; p < LEN; p++) {
+        int sq = 0;
+        REQUIRE(attend(&f, f.be[0], 1, &sq, &p, ref + (size_t)p * ROW) == BT_OK);
+    }
+    /* float64 attention at positions around the segment edges (f32 and f16: exact stored values) */
+    static const int32_t probe[] = {0, 7, 255, 256, 257, 300, 511, 512, 513, 699};
+    double worst = 0;
+    for (size_t pi = 0; dtype != BT_KV_INT8 && pi < sizeof probe / sizeof probe[0]; pi++) {
+        int32_t p = probe[pi];
+        for (int h = 0; h < N_HEAD; h++) {
+            int g = h / (N_HEAD / N_KV);
+            const float *qh = f.q[0] + (size_t)p * ROW + (size_t)h * HD;
+            double *w = malloc(sizeof(double) * (size_t)(p + 1)), mx = -INFINITY, sum = 0;
+            REQUIRE(w);
+            for (int32_t j = 0; j <= p; j++) {
+                double d = 0;
+                for (int i = 0; i < HD; i++) d += (double)qh[i] * stored(dtype, f.k[0][((size_t)j * N_KV + g) * HD + i]);
+                w[j] = d * 0.125;
+                mx = w[j] > mx ? w[j] : mx;
+            }
+            for (int32_t j = 0; j <= p; j++) sum += (w[j] = exp(w[j] - mx));
+            for (int i = 0; i < HD; i++) {
+                double o = 0;
+                for (int32_t j = 0; j <= p; j++) o += w[j] * stored(dtype, f.v[0][((size_t)j * N_KV + g) * HD + i]);
+                o /= sum;
+                double err = fabs(o - (double)ref[(size_t)p * ROW + (size_t)h * HD + (size_t)i]);
+                worst = err > worst ? err : worst;
+            }
+            free(w);
+        }
+    }
+    CHECK_MSG(worst < 2e-6, "%s: max abs error %g against float64", bt_kv_dtype_name(dtype), worst);
+    /* prompt chunks of several sizes and offsets (runs straddle the segment edges), on 1 and 2 threads */
+    static const int32_t chunks[][2] = {{LEN, 0}, {64, 0}, {37, 4}, {8, 252}, {150, 100}};
+    for (int bi = 0; bi < 2; bi++)
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            int32_t chunk = chunks[ci][0], start = chunks[ci][1], pos[LEN];
+            int seqs[LEN] = {0};
+            if (start > 0) { /* the tokens before the first chunk, one call */
+                for (int32_t i = 0; i < start; i++) pos[i] = i;
+                REQUIRE(attend(&f, f.be[bi], start, seqs, pos, got) == BT_OK);
+            }
+            for (int32_t done = start; done < LEN; done += chunk) {
+                int32_t n = LEN - done < chunk ? LEN - done : chunk;
+                for (int32_t i = 0; i < n; i++) pos[i] = done + i;
+                REQUIRE(attend(&f, f.be[bi], n, seqs, pos, got + (size_t)done * ROW) == BT_OK);
+            }
+            CHECK_MSG(!memcmp(got + (size_t)start * ROW, ref + (size_t)start * ROW,
+                              sizeof(float) * (size_t)(LEN - start) * ROW),
+                      "%s: chunks of %d from %d on %d thread(s) differ from one token per call", bt_kv_dtype_name(dtype),
+                      chunk, start, bi + 1);
+        }
+    /* mixed with the other sequence: runs of 1..9 tokens of each, alternating */
+    float *mix = malloc(sizeof(float) * 2 * 9 * ROW);
+    REQUIRE(mix);
+    int32_t at[2] = {0, 0};
+    int mismatch = 0;
+    for (uint64_t s = 11; at[0] < LEN;) {
+        int seqs[18];
+        int32_t pos[18], n = 0;
+        for (int sq = 0; sq < 2; sq++) {
+            int32_t take = 1 + (int32_t)(test_rand_next(&s) % 9);
+            for (int32_t t = 0; t < take && at[sq] < LEN; t++) seqs[n] = sq, pos[n++] = at[sq]++;
+        }
+        REQUIRE(attend(&f, f.be[1], n, seqs, pos, mix) == BT_OK);
+        for (int32_t i = 0; i < n; i++)
+            if (seqs[i] == 0 && memcmp(mix + (size_t)i * ROW, ref + (size_t)pos[i] * ROW, sizeof(float) * ROW))
+                mismatch++;
+    }
+    CHECK_MSG(mismatch == 0, "%s: %d tokens differ when batched with another sequence", bt_kv_dtype_name(dtype),
+              mismatch);
+    free(mix);
+    free(ref);
+    free(got);
+    fixture_close(&f);
+}
+
+static void test_long_context_attention(void)
+{
+    check_dtype(BT_KV_F32);
+    check_dtype(BT_KV_F16);
+    check_dtype(BT_KV_INT8);
+}
+
+int main(void)
+{
+    RUN(test_long_context_attention);
+    return test_summary();
+}
