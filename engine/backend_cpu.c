@@ -1,6 +1,7 @@
 /* The cpu backend: host buffers, kernels from engine/cpu, a fork-join pool for the heavy ops.
- * Work is split by output element (matmul columns, attention (token, head) pairs), never inside a reduction, so
- * every value is computed by the same code in the same order whatever the batch holds (DESIGN 4.3). */
+ * Work is split by output element (matmul columns, attention (token, head) pairs) and, for attention, at fixed key
+ * positions, never by the batch: every value is computed by the same code in the same order whatever the batch
+ * holds (DESIGN 4.3). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
