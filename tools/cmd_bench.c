@@ -100,11 +100,12 @@ static void conc_emit(void *user, const bt_sched_event *ev)
 
 /* Offline continuous batching: n requests of plen random prompt tokens and `gen` output tokens each, submitted at
  * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
-static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen, int gen, const int32_t *toks,
-                             double *prefill, double *decode, double *kv_util)
+static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen, int gen, bt_kv_dtype dtype,
+                             const int32_t *toks, double *prefill, double *decode, double *kv_util)
 {
     bt_sched_config cfg = {0};
-    cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer *
+    cfg.kv_dtype = dtype;
+    cfg.kv_mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer *
                  (size_t)(n * ((plen + gen) / BT_KV_BLOCK + 2));
     cfg.max_batch_tokens = 512;
     cfg.disable_prefix_cache = 1; /* distinct work per request, as distinct prompts would be */
@@ -202,20 +203,21 @@ static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *model_path = NULL, *json = NULL, *conc = NULL;
+    const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16";
     long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: baton bench [--model PATH] [--threads N] [--reps N] [--decode-tokens N] [--json FILE]\n"
-                   "                  [--concurrency N[,N...] [--prompt-tokens N]]\n"
+                   "                  [--concurrency N[,N...] [--prompt-tokens N] [--kv-dtype f16|f32|int8]]\n"
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
                    "--concurrency 1,4,16,64 instead runs N requests (--prompt-tokens prompt tokens, default 128,\n"
                    "and --decode-tokens output tokens each) through the continuous-batching scheduler and reports\n"
                    "aggregate tok/s, with the decode roofline at each N: the lower of memory (weights once per step\n"
                    "plus each sequence's KV, at the measured bandwidth) and compute (the matmuls' multiply-\n"
-                   "accumulates at the measured rate of the dot instruction on every thread).\n"
+                   "accumulates at the measured rate of the dot instruction on every thread). --kv-dtype: the KV\n"
+                   "cache's element type for these runs (default f16).\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
                    "tokens in the prefix cache.\n"
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
@@ -237,6 +239,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--reps")) reps = strtol(v, &end, 10);
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
         else if (!strcmp(a, "--concurrency")) conc = v;
+        else if (!strcmp(a, "--kv-dtype")) kv_name = v;
         else if (!strcmp(a, "--prefix")) prefix = strtol(v, &end, 10);
         else if (!strcmp(a, "--prompt-tokens")) prompt_n = strtol(v, &end, 10);
         else {
@@ -252,6 +255,11 @@ int cmd_bench(int argc, char **argv)
             fprintf(stderr, "baton bench: value out of range for %s\n", a);
             return 2;
         }
+    }
+    int kv_dtype = bt_kv_dtype_from_name(kv_name);
+    if (kv_dtype < 0) {
+        fprintf(stderr, "baton bench: --kv-dtype must be f16, f32 or int8, not '%s'\n", kv_name);
+        return 2;
     }
     char def[4096];
     if (!model_path) {
@@ -313,15 +321,15 @@ int cmd_bench(int argc, char **argv)
         double bw = measure_bandwidth(nth, 5), macs_tok = (double)bt_model_matmul_macs(m);
         double mac_rate = bt_cpu_dot_macs_rate(isa, act_bits) * nth;
         double wbytes = (double)bt_model_weight_bytes(m);
-        double kv_seq = (double)bt_kv_block_stride(&m->hp, BT_KV_F16) * m->hp.n_layer / BT_KV_BLOCK *
+        double kv_seq = (double)bt_kv_block_stride(&m->hp, (bt_kv_dtype)kv_dtype) * m->hp.n_layer / BT_KV_BLOCK *
                         ((double)prompt_n + (double)decode_n / 2);
         double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
         int lanes = r.be->ops->max_lanes ? r.be->ops->max_lanes(r.be) : 0;
         printf("%s kernels, %d threads (decode lanes: %d), %d-bit activations; memory %.1f GB/s; matmul dot rate "
                "%.1f GMAC/s (%.1f MMAC per token: compute roofline %.0f tok/s); %ld prompt + %ld output tokens per "
-               "request\n",
+               "request, %s KV\n",
                bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof,
-               prompt_n, decode_n);
+               prompt_n, decode_n, kv_name);
         printf("%-12s %16s %16s %14s %10s %15s %13s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1",
                "KV util", "roofline tok/s", "roof vs 1");
         double base = 0;
@@ -329,9 +337,10 @@ int cmd_bench(int argc, char **argv)
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"decode_lanes\": %d, "
                         "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, "
-                        "\"compute_roofline_tok_s\": %.2f, \"prompt_tokens\": %ld, \"decode_tokens\": %ld, \"runs\": [",
+                        "\"compute_roofline_tok_s\": %.2f, \"prompt_tokens\": %ld, \"decode_tokens\": %ld, "
+                        "\"kv_dtype\": \"%s\", \"runs\": [",
                         m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof,
-                        prompt_n, decode_n);
+                        prompt_n, decode_n, kv_name);
         double roof_base = 0;
         char *list = strdup(conc), *save = NULL;
         int first = 1;
@@ -344,7 +353,8 @@ int cmd_bench(int argc, char **argv)
             }
             double pre[100], dec[100], util[100];
             for (long k = 0; k < reps; k++)
-                if (bench_concurrency(m, r.be, n, (int)prompt_n, (int)decode_n, ctoks, &pre[k], &dec[k], &util[k])) {
+                if (bench_concurrency(m, r.be, n, (int)prompt_n, (int)decode_n, (bt_kv_dtype)kv_dtype, ctoks, &pre[k],
+                                      &dec[k], &util[k])) {
                     fprintf(stderr, "baton bench: %s\n", bt_last_error());
                     crc = 1;
                     break;
