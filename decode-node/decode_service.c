@@ -8,8 +8,8 @@
 
 #include "baton/v1/node.pb-c.h"
 #include "common/log.h"
-#include "common/node.h"
-#include "common/node_engine.h"
+#include "node/node.h"
+#include "node/node_engine.h"
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/sampler.h"

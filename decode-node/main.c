@@ -1,7 +1,7 @@
 /* baton-decode: a decode node: prefills locally (colocated mode) or on the prefill node the router hints. Flags, listeners, etcd and signals come from
- * common/node; the Decode service from decode_service.c. */
+ * node/node.h; the Decode service from decode_service.c. */
 #include "common/log.h"
-#include "common/node.h"
+#include "node/node.h"
 #include "decode-node/decode_service.h"
 
 #include <signal.h>

@@ -1,7 +1,7 @@
-/* baton-prefill: a prefill node. Flags, listeners, etcd and signals come from common/node; the Prefill service
+/* baton-prefill: a prefill node. Flags, listeners, etcd and signals come from node/node.h; the Prefill service
  * from prefill_service.c. */
 #include "common/log.h"
-#include "common/node.h"
+#include "node/node.h"
 #include "prefill-node/prefill_service.h"
 
 #include <signal.h>

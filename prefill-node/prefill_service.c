@@ -9,7 +9,7 @@
 
 #include "baton/v1/node.pb-c.h"
 #include "common/log.h"
-#include "common/node_engine.h"
+#include "node/node_engine.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"

@@ -1,9 +1,9 @@
-/* What the engine-running node roles (baton-prefill, baton-decode) share on top of common/node: the model, the CPU
+/* What the engine-running node roles (baton-prefill, baton-decode) share on top of node/node.h: the model, the CPU
  * backend and the scheduler, whose KV pool lives in memory registered with kvtransfer (DESIGN 5.1, 6) so that
  * prefill nodes can write into decode nodes' pools; the sampling parameters of the internal protocol; the measured
- * rates published in load reports. Library target baton_node_engine (links the engine, kvtransfer, protos). */
-#ifndef BATON_COMMON_NODE_ENGINE_H
-#define BATON_COMMON_NODE_ENGINE_H
+ * rates published in load reports. Part of baton_node, which links the engine, kvtransfer and the protos. */
+#ifndef BATON_NODE_NODE_ENGINE_H
+#define BATON_NODE_NODE_ENGINE_H
 
 #include "baton/v1/generate.pb-c.h"
 #include "common/membership.h"

@@ -1,5 +1,5 @@
 /* Shared node plumbing: flags, listeners, etcd registration, load reports, signals (see node.h). */
-#include "common/node.h"
+#include "node/node.h"
 
 #include "common/etcd.h"
 #include "common/http.h"

@@ -1,4 +1,4 @@
-#include "common/node_engine.h"
+#include "node/node_engine.h"
 
 #include "common/log.h"
 #include "engine/kv_pool.h"

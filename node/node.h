@@ -7,9 +7,9 @@
  *   -> the role's service adds its gRPC methods (bt_node_rpc) and metrics (bt_node_metrics)
  *   -> bt_node_start -> bt_node_wait (returns on SIGINT/SIGTERM) -> bt_node_stop -> service teardown
  *   -> bt_node_destroy.
- * State lives in the bt_node_t; nothing is global. Library target baton_node (links baton_rpc). */
-#ifndef BATON_COMMON_NODE_H
-#define BATON_COMMON_NODE_H
+ * State lives in the bt_node_t; nothing is global. Library target baton_node (node/CMakeLists.txt). */
+#ifndef BATON_NODE_NODE_H
+#define BATON_NODE_NODE_H
 
 #include "common/membership.h"
 #include "common/metrics.h"
