@@ -1,13 +1,14 @@
 /* baton.v1.Decode over the engine scheduler (see decode_service.h).
  *
  * A Run call becomes a dec_call: the RPC thread validates and submits it; from then on the engine thread owns the
- * stream (emit callbacks send one message per token and finish the call on the last event). Two references keep a
- * dec_call alive: the RPC handler's (until it has registered the cancel callback) and the scheduler's (until the
- * final event). The cancel callback only calls bt_sched_abort, so it never needs the call's lock. */
+ * stream (emit callbacks send one message per token and finish the call on the last event). References, the list
+ * of calls in flight and the cancel callback are node/calls.h's; the engine side's reference lasts until the final
+ * event. */
 #include "decode-node/decode_service.h"
 
 #include "baton/v1/node.pb-c.h"
 #include "common/log.h"
+#include "node/calls.h"
 #include "node/node.h"
 #include "node/node_engine.h"
 #include "engine/backend.h"
@@ -40,14 +41,12 @@ struct decode_service {
     char node_id[MBR_NODE_ID_MAX];
     bt_ne_t *ne;
     bt_sched *sched; /* ne->sched */
-    int32_t n_vocab, max_context, max_inflight;
+    int32_t n_vocab, max_context;
     bt_remote_prefill remote_hooks;
     int remote_timeout_ms;
 
-    pthread_mutex_t mu; /* guards the list of calls in flight (for Abort by request id) and the channels */
-    dec_call *calls;
-    atomic_int inflight;
-    atomic_llong queued_prefill_tokens; /* prompt tokens of calls that have no first token yet */
+    pthread_mutex_t mu; /* guards the channels */
+    bt_calls_t calls;
     struct dec_channel *channels;      /* to prefill nodes, by address */
 
     metrics_histogram_t *ttft, *tpot, *e2e, *queue_time, *remote_seconds;
@@ -66,15 +65,9 @@ typedef struct dec_channel {
 } dec_channel;
 
 struct dec_call {
+    bt_call_t base; /* first (calls.h) */
     decode_service_t *svc;
-    bt_rpc_call_t *call;
-    atomic_int refs;
-    pthread_mutex_t mu; /* orders finish against the cancel callback's registration */
-    int finished;
-    atomic_ullong req_id; /* scheduler id, 0 until submitted */
-    atomic_int abort_pending, abort_rpc;
     atomic_int send_status; /* bt_status of a failed send: the scheduler is asked to abort */
-    char request_id[128];
     int logprobs;
     uint32_t n_prev;     /* tokens delivered before (migration): offsets continue after them */
     int32_t n_prompt;    /* the client's prompt tokens */
@@ -82,7 +75,6 @@ struct dec_call {
     double t_arrive, t_first, t_last;
     int32_t n_out;
     int sent_first;
-    dec_call *prev, *next;
 
     /* remote prefill (DESIGN 2 step 4): set by the RPC thread, used by the engine hook and the prefill worker */
     char prefill_node[MBR_NODE_ID_MAX];
@@ -102,32 +94,14 @@ struct dec_call {
 
 /* ---- calls ---- */
 
-static void call_unref(dec_call *c)
+static void call_free(bt_call_t *base)
 {
-    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
-    pthread_mutex_destroy(&c->mu);
+    dec_call *c = (dec_call *)base;
     free(c->ids);
     free(c->hashes);
     free(c->sampling_pb);
     free(c->blocks);
     free(c);
-}
-
-static void list_remove(decode_service_t *s, dec_call *c)
-{
-    pthread_mutex_lock(&s->mu);
-    if (c->prev) c->prev->next = c->next;
-    else if (s->calls == c) s->calls = c->next;
-    if (c->next) c->next->prev = c->prev;
-    c->prev = c->next = NULL;
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void on_cancel(void *ud, bt_rpc_call_t *call)
-{
-    dec_call *c = ud;
-    uint64_t id = atomic_load(&c->req_id);
-    if (id) bt_sched_abort(c->svc->sched, id);
 }
 
 static const char *end_name(bt_end_reason r)
@@ -163,7 +137,7 @@ static void on_event(void *user, const bt_sched_event *ev)
             metrics_histogram_observe(s->ttft, now - c->t_arrive);
             metrics_histogram_observe(s->queue_time, ev->queue_s);
             metrics_counter_add(s->prompt_tokens, (uint64_t)ev->n_prompt);
-            atomic_fetch_sub(&s->queued_prefill_tokens, c->n_submitted);
+            bt_calls_prefilled(&s->calls, c->n_submitted);
         }
         c->n_out++;
         c->t_last = now;
@@ -191,7 +165,7 @@ static void on_event(void *user, const bt_sched_event *ev)
     }
     if (!final) {
         if (!c->sent_first) r.node_id = s->node_id;
-        bt_status st = bt_rpc_call_send(c->call, &r.base);
+        bt_status st = bt_rpc_call_send(c->base.rpc, &r.base);
         c->sent_first = 1;
         if (st != BT_OK && atomic_load(&c->send_status) == BT_OK) {
             atomic_store(&c->send_status, st);
@@ -201,7 +175,7 @@ static void on_event(void *user, const bt_sched_event *ev)
     }
 
     /* last event */
-    if (c->n_out == 0) atomic_fetch_sub(&s->queued_prefill_tokens, c->n_submitted);
+    if (c->n_out == 0) bt_calls_prefilled(&s->calls, c->n_submitted);
     bt_rpc_code code = BT_RPC_OK;
     char msg[256] = "";
     int rs = RS_OK;
@@ -210,7 +184,7 @@ static void on_event(void *user, const bt_sched_event *ev)
     case BT_END_STOP: r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_STOP; break;
     case BT_END_LENGTH: r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
     case BT_END_ABORT:
-        if (bt_rpc_call_cancelled(c->call) || send_st == BT_ERR_CANCELLED) {
+        if (bt_rpc_call_cancelled(c->base.rpc) || send_st == BT_ERR_CANCELLED) {
             code = BT_RPC_CANCELLED;
             rs = RS_CANCELLED;
             snprintf(msg, sizeof msg, "cancelled by the client");
@@ -245,27 +219,21 @@ static void on_event(void *user, const bt_sched_event *ev)
         usage.cached_prompt_tokens = (uint32_t)(ev->n_cached < c->n_prompt ? ev->n_cached : c->n_prompt);
         r.usage = &usage;
         if (!c->sent_first) r.node_id = s->node_id;
-        bt_rpc_call_send(c->call, &r.base);
+        bt_rpc_call_send(c->base.rpc, &r.base);
     }
     metrics_counter_inc(s->requests[rs]);
     metrics_histogram_observe(s->e2e, now - c->t_arrive);
     if (c->n_out >= 2) metrics_histogram_observe(s->tpot, (c->t_last - c->t_first) / (c->n_out - 1));
-    if (rs == RS_ERROR) BT_WARN(DEC_LOG, "request %s: %s", c->request_id, msg);
+    if (rs == RS_ERROR) BT_WARN(DEC_LOG, "request %s: %s", c->base.request_id, msg);
     if (bt_log_enabled(BT_LOG_DEBUG))
         BT_DEBUG(DEC_LOG,
                  "request %s: prompt %d (+%u delivered, %d cached), generated %d, finish %s%s%s, ttft %.3f s, "
                  "e2e %.3f s",
-                 c->request_id, c->n_prompt, c->n_prev, ev->n_cached, c->n_out, end_name(ev->finish),
+                 c->base.request_id, c->n_prompt, c->n_prev, ev->n_cached, c->n_out, end_name(ev->finish),
                  msg[0] ? ": " : "", msg, c->n_out ? c->t_first - c->t_arrive : 0.0, now - c->t_arrive);
 
-    /* leave the list first: once the client sees the end of the stream, Abort must no longer find the call */
-    list_remove(s, c);
-    pthread_mutex_lock(&c->mu);
-    c->finished = 1;
-    bt_rpc_call_finish(c->call, code, msg[0] ? msg : NULL);
-    pthread_mutex_unlock(&c->mu);
-    atomic_fetch_sub(&s->inflight, 1);
-    call_unref(c);
+    bt_call_finish(&c->base, code, msg[0] ? msg : NULL);
+    bt_call_done(&c->base);
 }
 
 /* Fills *rp from the request; returns the gRPC code and a message for the client. */
@@ -348,14 +316,6 @@ static bt_rpc_channel_t *channel_for(decode_service_t *s, const char *addr)
     return d ? d->ch : NULL;
 }
 
-static int call_finished(dec_call *c)
-{
-    pthread_mutex_lock(&c->mu);
-    int f = c->finished;
-    pthread_mutex_unlock(&c->mu);
-    return f;
-}
-
 /* Prefill/Run as a cancellable call (the wire format of a unary call): if the request ends meanwhile (client gone,
  * Decode/Abort, deadline), the call is cancelled so that the prefill node drops the prompt (DESIGN 3). Returns as
  * bt_rpc_unary does. */
@@ -376,7 +336,7 @@ static bt_status call_prefill(dec_call *c, bt_rpc_channel_t *ch, const ProtobufC
         st = bt_rpc_stream_next_wait(rs, 100, &m, &ready);
         if (st != BT_OK) break;
         if (!ready) {
-            if (call_finished(c)) bt_rpc_stream_cancel(rs);
+            if (bt_call_finished(&c->base)) bt_rpc_stream_cancel(rs);
             continue;
         }
         if (!m) break; /* end of the call */
@@ -415,11 +375,7 @@ static void *prefill_worker(void *arg)
     memset(&so, 0, sizeof so);
     /* The call waits for P's queue and compute as well as the transfer: it gets the request's deadline (P bounds
      * the transfer itself by the KV transfer deadline); without one, remote_timeout_ms. */
-    int timeout_ms = s->remote_timeout_ms;
-    if (c->deadline > 0) {
-        double left = c->deadline - t0;
-        timeout_ms = left > 0.001 ? (left * 1000.0 < INT32_MAX ? (int)(left * 1000.0) : INT32_MAX) : 1;
-    }
+    int timeout_ms = bt_deadline_timeout_ms(c->deadline, t0, s->remote_timeout_ms);
     Baton__V1__SamplingParams *sp = (Baton__V1__SamplingParams *)protobuf_c_message_unpack(
         &baton__v1__sampling_params__descriptor, NULL, c->sampling_len, c->sampling_pb);
     bt_rpc_channel_t *ch = channel_for(s, c->prefill_addr);
@@ -439,7 +395,7 @@ static void *prefill_worker(void *arg)
         d.pool_descriptor.data = (uint8_t *)desc;
         d.pool_descriptor.len = dlen;
         Baton__V1__PrefillRunRequest q = BATON__V1__PREFILL_RUN_REQUEST__INIT;
-        q.request_id = c->request_id;
+        q.request_id = c->base.request_id;
         q.model_fingerprint = ne->fingerprint;
         q.n_prompt_token_ids = (size_t)c->n_submitted;
         q.prompt_token_ids = c->ids;
@@ -488,7 +444,7 @@ static void *prefill_worker(void *arg)
             if (res.code == BT_RPC_DEADLINE_EXCEEDED) kvx_expect_wait(c->expect);
             /* We cancelled (the request ended): the prefill node stops posting layers once it sees the cancel;
              * give a copy already under way time to end before the blocks can be reused. */
-            if (res.code == BT_RPC_CANCELLED && call_finished(c)) {
+            if (res.code == BT_RPC_CANCELLED && bt_call_finished(&c->base)) {
                 struct timespec ts = {1, 0};
                 nanosleep(&ts, NULL);
             }
@@ -502,14 +458,14 @@ static void *prefill_worker(void *arg)
         metrics_counter_inc(s->remote[REMOTE_OK]);
         metrics_histogram_observe(s->remote_seconds, dt);
         BT_DEBUG(DEC_LOG, "request %s: remote prefill on %s: %d tokens (%u blocks skipped) in %.3f s",
-                 c->request_id, c->prefill_node, c->n_submitted, c->skip, dt);
+                 c->base.request_id, c->prefill_node, c->n_submitted, c->skip, dt);
     } else {
         metrics_counter_inc(s->remote[REMOTE_FALLBACK]);
         BT_WARN(DEC_LOG, "request %s: remote prefill on %s (%s) failed after %.3f s: %s; prefilling locally",
-                c->request_id, c->prefill_node, c->prefill_addr, dt, why[0] ? why : bt_status_str(st));
+                c->base.request_id, c->prefill_node, c->prefill_addr, dt, why[0] ? why : bt_status_str(st));
     }
     bt_sched_remote_done(s->sched, c->sched_id, st, token, st == BT_OK ? &so : NULL);
-    call_unref(c);
+    bt_call_unref(&c->base);
     return NULL;
 }
 
@@ -527,17 +483,16 @@ static int remote_start(void *user, uint64_t req_id, const int32_t *blocks, int3
     c->skip = skip;
     c->sched_id = req_id;
     /* the expectation outlives the prefill node's push deadline (the call's), so no late write can land after it */
-    double left_ms = c->deadline > 0 ? (c->deadline - bt_sched_now()) * 1000.0 : (double)s->remote_timeout_ms;
-    if (left_ms < 1) left_ms = 1;
-    if (left_ms > 86400e3) left_ms = 86400e3;
+    int left_ms = bt_deadline_timeout_ms(c->deadline, bt_sched_now(), s->remote_timeout_ms);
+    if (left_ms > 86400000) left_ms = 86400000;
     kvx_expect_args_t a = {.blocks = c->blocks + skip, .n_blocks = (size_t)(n_blocks - (int32_t)skip),
                            .flags = KVX_F_CRC, .timeout_ms = (uint32_t)left_ms + 2000};
     if (kvx_expect_create(s->ne->kvx_pool, &a, &c->expect) != BT_OK) {
-        BT_WARN(DEC_LOG, "request %s: cannot expect remote KV (%s); prefilling locally", c->request_id,
+        BT_WARN(DEC_LOG, "request %s: cannot expect remote KV (%s); prefilling locally", c->base.request_id,
                 bt_last_error());
         return 1;
     }
-    atomic_fetch_add(&c->refs, 1);
+    bt_call_ref(&c->base);
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -547,7 +502,7 @@ static int remote_start(void *user, uint64_t req_id, const int32_t *blocks, int3
     if (rc != 0) {
         kvx_expect_destroy(c->expect);
         c->expect = NULL;
-        atomic_fetch_sub(&c->refs, 1);
+        bt_call_unref(&c->base);
         return 1;
     }
     return 0;
@@ -583,13 +538,33 @@ static int remote_prepare(dec_call *c, const Baton__V1__DecodeRunRequest *q, con
     return 0;
 }
 
-static void reject(decode_service_t *s, bt_rpc_call_t *call, bt_rpc_code code, const char *rid, const char *msg)
+/* Builds the call of a checked request and the token ids to submit: the prompt, then the tokens delivered before a
+ * migration. NULL when out of memory. */
+static dec_call *call_create(decode_service_t *s, bt_rpc_call_t *call, const Baton__V1__DecodeRunRequest *q,
+                             const char *rid, int32_t **ids_out)
 {
-    metrics_counter_inc(s->requests[code == BT_RPC_RESOURCE_EXHAUSTED ? RS_REJECTED : RS_INVALID]);
-    BT_DEBUG(DEC_LOG, "request %s refused: %s: %s", rid, bt_rpc_code_str(code), msg);
-    bt_rpc_call_finish(call, code, msg);
+    size_t n = q->n_prompt_token_ids + q->n_generated_token_ids;
+    int32_t *ids = malloc(n * sizeof *ids);
+    dec_call *c = calloc(1, sizeof *c);
+    if (!ids || !c) {
+        free(ids);
+        free(c);
+        return NULL;
+    }
+    memcpy(ids, q->prompt_token_ids, q->n_prompt_token_ids * sizeof *ids);
+    if (q->n_generated_token_ids)
+        memcpy(ids + q->n_prompt_token_ids, q->generated_token_ids, q->n_generated_token_ids * sizeof *ids);
+    bt_call_init(&c->base, &s->calls, call, rid, call_free);
+    c->svc = s;
+    c->logprobs = q->logprobs;
+    c->n_prev = (uint32_t)q->n_generated_token_ids;
+    c->n_prompt = (int32_t)q->n_prompt_token_ids;
+    c->n_submitted = (int32_t)n;
+    *ids_out = ids;
+    return c;
 }
 
+/* Decode/Run: check, admit, create the call, pick remote or local prefill, submit; the engine streams the rest. */
 static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     decode_service_t *s = ud;
@@ -601,94 +576,31 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     rp.sampling = bt_sampling_default();
     bt_rpc_code code = run_params(s, q, &rp, err, sizeof err);
     if (code != BT_RPC_OK) {
-        reject(s, call, code, rid, err);
+        bt_calls_reject(&s->calls, call, code, rid, err);
         return;
     }
-    int64_t dl = bt_rpc_call_deadline_ms(call);
-    if (dl != INT64_MAX) rp.deadline = (double)dl / 1000.0;
-    if (atomic_fetch_add(&s->inflight, 1) >= s->max_inflight) {
-        atomic_fetch_sub(&s->inflight, 1);
+    rp.deadline = bt_call_deadline(call);
+    if (!bt_calls_admit(&s->calls)) {
         snprintf(err, sizeof err, "decode node %s is at capacity (%d requests in flight)", s->node_id,
-                 s->max_inflight);
-        reject(s, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
+                 s->calls.max_inflight);
+        bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
         return;
     }
-    size_t n = q->n_prompt_token_ids + q->n_generated_token_ids;
-    int32_t *ids = malloc(n * sizeof *ids);
-    dec_call *c = calloc(1, sizeof *c);
-    if (!ids || !c) {
-        free(ids);
-        free(c);
-        atomic_fetch_sub(&s->inflight, 1);
-        reject(s, call, BT_RPC_RESOURCE_EXHAUSTED, rid, "out of memory");
+    int32_t *ids = NULL;
+    dec_call *c = call_create(s, call, q, rid, &ids);
+    if (!c) {
+        bt_calls_leave(&s->calls);
+        bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, "out of memory");
         return;
     }
-    memcpy(ids, q->prompt_token_ids, q->n_prompt_token_ids * sizeof *ids);
-    if (q->n_generated_token_ids)
-        memcpy(ids + q->n_prompt_token_ids, q->generated_token_ids, q->n_generated_token_ids * sizeof *ids);
-    c->svc = s;
-    c->call = call;
-    atomic_init(&c->refs, 2);
-    pthread_mutex_init(&c->mu, NULL);
-    snprintf(c->request_id, sizeof c->request_id, "%s", rid);
-    c->logprobs = q->logprobs;
-    c->n_prev = (uint32_t)q->n_generated_token_ids;
-    c->n_prompt = (int32_t)q->n_prompt_token_ids;
-    c->n_submitted = (int32_t)n;
     c->t_arrive = t_arrive;
     /* remote prefill when the router hinted a prefill node and kvtransfer runs here; otherwise local */
     if (q->prefill && q->prefill->grpc_address[0] && s->ne->kvx_pool && s->remote_timeout_ms > 0) {
         if (remote_prepare(c, q, &rp, ids) == 0) rp.remote = &s->remote_hooks;
         else BT_WARN(DEC_LOG, "request %s: out of memory preparing a remote prefill; prefilling locally", rid);
     }
-    atomic_fetch_add(&s->queued_prefill_tokens, c->n_submitted);
-    pthread_mutex_lock(&s->mu);
-    c->next = s->calls;
-    if (s->calls) s->calls->prev = c;
-    s->calls = c;
-    pthread_mutex_unlock(&s->mu);
-
-    uint64_t id = 0;
-    bt_status st = bt_sched_submit(s->sched, ids, (int32_t)n, &rp, on_event, c, &id);
+    bt_calls_submit(&s->calls, &c->base, ids, c->n_submitted, &rp, on_event, c->n_submitted);
     free(ids);
-    if (st != BT_OK) {
-        list_remove(s, c);
-        atomic_fetch_sub(&s->queued_prefill_tokens, c->n_submitted);
-        atomic_fetch_sub(&s->inflight, 1);
-        snprintf(err, sizeof err, "%s", bt_last_error());
-        atomic_store(&c->refs, 1);
-        call_unref(c);
-        reject(s, call, st == BT_ERR_EXHAUSTED ? BT_RPC_RESOURCE_EXHAUSTED : bt_rpc_code_from_status(st), rid, err);
-        return;
-    }
-    atomic_store(&c->req_id, id);
-    if (atomic_load(&c->abort_pending)) bt_sched_abort(s->sched, id);
-    pthread_mutex_lock(&c->mu);
-    if (!c->finished) bt_rpc_call_on_cancel(call, on_cancel, c);
-    pthread_mutex_unlock(&c->mu);
-    call_unref(c);
-}
-
-static void abort_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
-{
-    decode_service_t *s = ud;
-    const Baton__V1__AbortRequest *q = (const Baton__V1__AbortRequest *)msg;
-    Baton__V1__AbortResponse r = BATON__V1__ABORT_RESPONSE__INIT;
-    if (q->request_id[0]) {
-        pthread_mutex_lock(&s->mu);
-        for (dec_call *c = s->calls; c; c = c->next) {
-            if (strcmp(c->request_id, q->request_id) != 0) continue;
-            atomic_store(&c->abort_rpc, 1);
-            atomic_store(&c->abort_pending, 1);
-            uint64_t id = atomic_load(&c->req_id);
-            if (id) bt_sched_abort(s->sched, id);
-            r.found = 1;
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
-    BT_DEBUG(DEC_LOG, "abort %s: %s", q->request_id, r.found ? "found" : "unknown or finished");
-    bt_rpc_call_send(call, &r.base);
-    bt_rpc_call_finish(call, BT_RPC_OK, NULL);
 }
 
 /* ---- life cycle ---- */
@@ -735,7 +647,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->load_mu, NULL);
     snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
-    s->max_inflight = cfg->max_inflight > 0 ? cfg->max_inflight : DECODE_MAX_INFLIGHT;
+    bt_calls_init(&s->calls, cfg->max_inflight > 0 ? cfg->max_inflight : DECODE_MAX_INFLIGHT, DEC_LOG);
     s->remote_timeout_ms = cfg->remote_timeout_ms ? cfg->remote_timeout_ms : DECODE_REMOTE_TIMEOUT_MS;
     s->remote_hooks = (bt_remote_prefill){remote_start};
     bt_status st;
@@ -744,14 +656,17 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
                          .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0};
     if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
     s->sched = s->ne->sched;
+    s->calls.sched = s->sched;
     s->n_vocab = s->ne->n_vocab;
     s->max_context = s->ne->max_context;
     if ((st = register_metrics(s, cfg->metrics)) || (st = bt_ne_register_metrics(s->ne, cfg->metrics))) goto fail;
+    s->calls.rejected = s->requests[RS_REJECTED];
+    s->calls.invalid = s->requests[RS_INVALID];
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Run", BT_RPC_SERVER_STREAMING,
                                        &baton__v1__decode_run_request__descriptor, run_handler, s)))
         goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Abort", BT_RPC_UNARY,
-                                       &baton__v1__abort_request__descriptor, abort_handler, s)))
+                                       &baton__v1__abort_request__descriptor, bt_calls_abort_handler, &s->calls)))
         goto fail;
     *out = s;
     return BT_OK;
@@ -760,14 +675,23 @@ fail:
     return st;
 }
 
-bt_status decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info)
+bt_status decode_service_node_info(const void *svc, mbr_node_info_t *info)
 {
+    const decode_service_t *s = svc;
     return bt_ne_node_info(s->ne, MBR_ROLE_DECODE, info);
 }
 
-void decode_service_summary(const decode_service_t *s, char *buf, size_t cap) { bt_ne_summary(s->ne, buf, cap); }
+void decode_service_summary(const void *svc, char *buf, size_t cap)
+{
+    const decode_service_t *s = svc;
+    bt_ne_summary(s->ne, buf, cap);
+}
 
-int32_t decode_service_inflight(const decode_service_t *s) { return atomic_load(&s->inflight); }
+int32_t decode_service_inflight(const void *svc)
+{
+    const decode_service_t *s = svc;
+    return bt_calls_inflight(&s->calls);
+}
 
 void decode_service_load(void *svc, mbr_load_report_t *out)
 {
@@ -783,15 +707,15 @@ void decode_service_load(void *svc, mbr_load_report_t *out)
     s->load_queries = st.prefix_query_tokens;
     pthread_mutex_unlock(&s->load_mu);
 
-    int32_t inflight = atomic_load(&s->inflight);
+    int32_t inflight = bt_calls_inflight(&s->calls);
     int32_t queued = inflight - st.running > st.waiting ? inflight - st.running : st.waiting;
     out->queued_requests = queued > 0 ? queued : 0;
-    long long qp = atomic_load(&s->queued_prefill_tokens);
-    out->queued_prefill_tokens = qp > 0 ? qp : 0;
+    out->queued_prefill_tokens = bt_calls_queued_prefill_tokens(&s->calls);
 }
 
-void decode_service_destroy(decode_service_t *s)
+void decode_service_destroy(void *svc)
 {
+    decode_service_t *s = svc;
     if (!s) return;
     bt_ne_destroy(s->ne); /* aborts what is left; with the RPC server shut down nothing is */
     for (dec_channel *d = s->channels, *n; d; d = n) {
@@ -799,6 +723,7 @@ void decode_service_destroy(decode_service_t *s)
         bt_rpc_channel_destroy(d->ch);
         free(d);
     }
+    bt_calls_destroy(&s->calls);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->load_mu);
     free(s);

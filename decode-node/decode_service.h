@@ -38,21 +38,23 @@ typedef struct decode_service decode_service_t;
  * names the file), BT_ERR_INVALID, BT_ERR_NOMEM; *out set only on success. */
 bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **out);
 
+/* The functions below are the slots of bt_node_service_ops (node/node_main.h): svc is a decode_service_t. */
+
 /* Fills what the service knows of the NodeInfo: model fingerprint (16 hex digits, the format Run compares),
  * capacity (KV blocks, block tokens, max running, max context), the kvtransfer pool descriptor. BT_ERR_NOMEM. */
-bt_status decode_service_node_info(const decode_service_t *s, mbr_node_info_t *info);
+bt_status decode_service_node_info(const void *svc, mbr_node_info_t *info);
 
 /* One line for the start-up log: model, ISA, threads, KV blocks, batch budget, context. */
-void decode_service_summary(const decode_service_t *s, char *buf, size_t cap);
+void decode_service_summary(const void *svc, char *buf, size_t cap);
 
 /* bt_node_load_fn: samples the scheduler's stats into *out and the gauges. Thread-safe. */
 void decode_service_load(void *svc, mbr_load_report_t *out);
 
 /* Calls in flight (submitted, not finished). Can't fail. */
-int32_t decode_service_inflight(const decode_service_t *s);
+int32_t decode_service_inflight(const void *svc);
 
 /* Stops the engine thread (aborting whatever is left) and frees everything. Call after the gRPC server has shut
  * down (every call finished). NULL is a no-op. */
-void decode_service_destroy(decode_service_t *s);
+void decode_service_destroy(void *svc);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "baton/v1/node.pb-c.h"
 #include "common/log.h"
+#include "node/calls.h"
 #include "node/node_engine.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
@@ -34,14 +35,11 @@ static const char *const PS_NAMES[PS_N] = {"ok", "transfer_failed", "cancelled",
 struct prefill_service {
     char node_id[MBR_NODE_ID_MAX];
     bt_ne_t *ne;
-    int32_t max_inflight;
-    atomic_int inflight;
-    atomic_llong queued_prefill_tokens;
+    bt_calls_t calls;
     bt_kv_export export_hooks;
 
-    pthread_mutex_t mu; /* the calls in flight (Abort) and the finisher queue */
+    pthread_mutex_t mu; /* the finisher queue */
     pthread_cond_t cv;
-    pf_call *calls;
     pf_call *done_head, *done_tail;
     int stop;
     pthread_t finisher;
@@ -56,14 +54,8 @@ struct prefill_service {
 };
 
 struct pf_call {
+    bt_call_t base; /* first (calls.h); its mu also guards the fields marked "under mu" */
     prefill_service_t *svc;
-    bt_rpc_call_t *call;
-    atomic_int refs;            /* the RPC handler's until it registered the cancel callback; the call's own */
-    pthread_mutex_t mu;
-    int finished;               /* bt_rpc_call_finish done (under mu: orders it against on_cancel registration) */
-    atomic_ullong req_id;
-    atomic_int abort_pending;
-    char request_id[128];
     char dest_node[MBR_NODE_ID_MAX];
     uint64_t epoch;
     uint32_t *dst_blocks;       /* [n_prompt_blocks] */
@@ -93,26 +85,14 @@ struct pf_call {
     int token_done, push_running;
     bt_status push_status;
     pf_call *next_done;
-    pf_call *prev, *next; /* calls in flight */
 };
 
-static void call_unref(pf_call *c)
+static void call_free(bt_call_t *base)
 {
-    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    pf_call *c = (pf_call *)base;
     kvx_peer_release(c->peer);
     free(c->dst_blocks);
-    pthread_mutex_destroy(&c->mu);
     free(c);
-}
-
-static void list_remove(prefill_service_t *s, pf_call *c)
-{
-    pthread_mutex_lock(&s->mu);
-    if (c->prev) c->prev->next = c->next;
-    else if (s->calls == c) s->calls = c->next;
-    if (c->next) c->next->prev = c->prev;
-    c->prev = c->next = NULL;
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* Hands c to the finisher. Called exactly once per call, by whichever of (final event, push completion) is last. */
@@ -133,11 +113,11 @@ static void on_push_done(kvx_push_t *push, bt_status st, void *arg)
 {
     (void)push;
     pf_call *c = arg;
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->base.mu);
     c->push_status = st;
     c->push_running = 0;
     int ready = c->token_done;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->base.mu);
     if (ready) to_finisher(c);
 }
 
@@ -163,17 +143,17 @@ static int export_begin(void *user, const int32_t *blocks, int32_t n_blocks)
     kvx_push_args_t a = {.src_blocks = src, .dst_blocks = c->dst_blocks + c->skip, .n_blocks = n,
                          .epoch = c->epoch, .flags = c->push_flags, .timeout_ms = (uint32_t)c->timeout_ms,
                          .cb = on_push_done, .cb_arg = c};
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->base.mu);
     c->push_running = 1;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->base.mu);
     c->t_begin = bt_sched_now();
     c->n_layers = s->ne->layout.n_layers;
     bt_status st = kvx_push_create(s->ne->kvx_pool, c->peer, &a, &c->push);
     free(src);
     if (st != BT_OK) {
-        pthread_mutex_lock(&c->mu);
+        pthread_mutex_lock(&c->base.mu);
         c->push_running = 0;
-        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->base.mu);
         c->push = NULL;
         snprintf(c->err, sizeof c->err, "cannot start the KV transfer to %s: %s", c->dest_node, bt_last_error());
         c->push_failed_early = 1;
@@ -186,7 +166,7 @@ static void export_layer(void *user, int32_t layer)
 {
     pf_call *c = user;
     if (c->layer_failed || !c->push) return;
-    if (atomic_load(&c->abort_pending)) { /* the decode node gave up: no byte more into its blocks */
+    if (atomic_load(&c->base.abort_pending)) { /* the decode node gave up: no byte more into its blocks */
         c->layer_failed = 1;
         return;
     }
@@ -210,21 +190,21 @@ static void on_event(void *user, const bt_sched_event *ev)
     c->finish = ev->finish;
     c->finish_error = ev->error;
     c->t_done = bt_sched_now();
-    atomic_fetch_sub(&c->svc->queued_prefill_tokens, c->n_prompt);
+    bt_calls_prefilled(&c->svc->calls, c->n_prompt);
     if (c->push && (ev->token < 0 || c->layer_failed)) {
         /* ended without its token (abort, deadline, error) or with layers left unposted after the push started:
          * stop it; the decode node's expectation then times out or is dropped by its own error path */
         kvx_push_destroy(c->push);
         c->push = NULL;
-        pthread_mutex_lock(&c->mu);
+        pthread_mutex_lock(&c->base.mu);
         c->push_running = 0;
         c->push_status = BT_ERR_CANCELLED;
-        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->base.mu);
     }
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->base.mu);
     c->token_done = 1;
     int ready = !c->push_running;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->base.mu);
     if (ready) to_finisher(c);
 }
 
@@ -241,14 +221,14 @@ static void answer(pf_call *c)
         const kvx_plan_t *plan = kvx_push_plan(c->push);
         bytes = (uint64_t)plan->n_blocks * plan->local.n_layers * plan->local.block_stride;
     }
-    if (c->finish == BT_END_ABORT || atomic_load(&c->abort_pending)) {
+    if (c->finish == BT_END_ABORT || atomic_load(&c->base.abort_pending)) {
         code = BT_RPC_CANCELLED;
         ps = PS_CANCELLED;
-        snprintf(msg, sizeof msg, "prefill of %s cancelled", c->request_id);
+        snprintf(msg, sizeof msg, "prefill of %s cancelled", c->base.request_id);
     } else if (c->finish == BT_END_TIMEOUT) {
         code = BT_RPC_DEADLINE_EXCEEDED;
         ps = PS_TIMEOUT;
-        snprintf(msg, sizeof msg, "deadline exceeded before the prefill of %s finished", c->request_id);
+        snprintf(msg, sizeof msg, "deadline exceeded before the prefill of %s finished", c->base.request_id);
     } else if (c->finish == BT_END_ERROR) {
         code = BT_RPC_INTERNAL;
         ps = PS_ERROR;
@@ -286,7 +266,7 @@ static void answer(pf_call *c)
         r.epoch = c->epoch;
         r.cached_prompt_tokens = (uint32_t)c->n_cached;
         r.transfer_bytes = bytes;
-        bt_rpc_call_send(c->call, &r.base);
+        bt_rpc_call_send(c->base.rpc, &r.base);
         /* Layers stream while the step computes; what the request waits for is the tail from the last layer's
          * post to the decode node's acknowledgement. The whole span is logged beside it. */
         double span = (double)kvx_push_elapsed_ns(c->push) * 1e-9;
@@ -310,17 +290,13 @@ static void answer(pf_call *c)
         BT_DEBUG(PF_LOG,
                  "request %s: %d prompt tokens (%d cached) -> %s epoch %" PRIu64 ": %u blocks, %" PRIu64
                  " bytes in %zu descriptors, prefill %.3f s, transfer %.3f s after the last layer (%.3f s streamed)",
-                 c->request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip, bytes,
+                 c->base.request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip, bytes,
                  kvx_push_puts(c->push), c->t_done - c->t_arrive, secs, span);
     } else if (ps != PS_CANCELLED) {
-        BT_WARN(PF_LOG, "request %s: %s", c->request_id, msg);
+        BT_WARN(PF_LOG, "request %s: %s", c->base.request_id, msg);
     }
     metrics_counter_inc(s->requests[ps]);
-    list_remove(s, c);
-    pthread_mutex_lock(&c->mu);
-    c->finished = 1;
-    bt_rpc_call_finish(c->call, code, code == BT_RPC_OK ? NULL : msg);
-    pthread_mutex_unlock(&c->mu);
+    bt_call_finish(&c->base, code, code == BT_RPC_OK ? NULL : msg);
 }
 
 static void *finisher_main(void *arg)
@@ -337,35 +313,18 @@ static void *finisher_main(void *arg)
         s->done_head = c->next_done;
         if (!s->done_head) s->done_tail = NULL;
         pthread_mutex_unlock(&s->mu);
-        uint64_t id = atomic_load(&c->req_id);
+        uint64_t id = atomic_load(&c->base.sched_id);
         answer(c);
         /* the blocks were held while the transfer could read them: free them only now */
         if (c->push) kvx_push_destroy(c->push);
         c->push = NULL;
         if (id) bt_sched_release_kv(s->ne->sched, id);
-        atomic_fetch_sub(&s->inflight, 1);
-        call_unref(c);
+        bt_call_done(&c->base);
     }
     return NULL;
 }
 
 /* ---- Run ---- */
-
-static void on_cancel(void *ud, bt_rpc_call_t *call)
-{
-    (void)call;
-    pf_call *c = ud;
-    atomic_store(&c->abort_pending, 1);
-    uint64_t id = atomic_load(&c->req_id);
-    if (id) bt_sched_abort(c->svc->ne->sched, id);
-}
-
-static void reject(prefill_service_t *s, bt_rpc_call_t *call, bt_rpc_code code, const char *rid, const char *msg)
-{
-    metrics_counter_inc(s->requests[code == BT_RPC_RESOURCE_EXHAUSTED ? PS_REJECTED : PS_INVALID]);
-    BT_DEBUG(PF_LOG, "request %s refused: %s: %s", rid, bt_rpc_code_str(code), msg);
-    bt_rpc_call_finish(call, code, msg);
-}
 
 /* Validates q; fills rp. Returns the gRPC code and a message. */
 static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
@@ -434,6 +393,44 @@ static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillR
     return BT_RPC_OK;
 }
 
+/* Builds the call of a checked request: its copy of the destination and a handle on the decode node's pool.
+ * Returns the gRPC code for the client; err says why when it is not OK. */
+static bt_rpc_code call_create(prefill_service_t *s, bt_rpc_call_t *call, const Baton__V1__PrefillRunRequest *q,
+                               const char *rid, pf_call **out, char *err, size_t cap)
+{
+    const Baton__V1__KvDestination *d = q->destination;
+    pf_call *c = calloc(1, sizeof *c);
+    uint32_t *dst = malloc(sizeof(uint32_t) * d->n_block_ids);
+    kvx_peer_t *peer = NULL;
+    bt_status pst = BT_ERR_NOMEM;
+    if (c && dst) pst = kvx_peer_get(s->ne->kvx, bt_ne_node_key(d->decode_node_id), d->pool_descriptor.data,
+                                     d->pool_descriptor.len, &peer);
+    if (pst != BT_OK) {
+        snprintf(err, cap, "%s", pst == BT_ERR_NOMEM ? "out of memory" : bt_last_error());
+        free(c);
+        free(dst);
+        return pst == BT_ERR_NOMEM    ? BT_RPC_RESOURCE_EXHAUSTED
+               : pst == BT_ERR_FORMAT ? BT_RPC_INVALID_ARGUMENT
+                                      : BT_RPC_UNAVAILABLE;
+    }
+    memcpy(dst, d->block_ids, sizeof(uint32_t) * d->n_block_ids);
+    bt_call_init(&c->base, &s->calls, call, rid, call_free);
+    c->svc = s;
+    snprintf(c->dest_node, sizeof c->dest_node, "%s", d->decode_node_id);
+    c->epoch = d->epoch;
+    c->dst_blocks = dst;
+    c->n_dst = (uint32_t)d->n_block_ids;
+    c->skip = d->skip_blocks;
+    c->push_flags = d->checksums ? KVX_F_CRC : 0;
+    c->peer = peer;
+    c->n_prompt = (int32_t)q->n_prompt_token_ids;
+    c->logprobs = q->logprobs;
+    c->token = -1;
+    *out = c;
+    return BT_RPC_OK;
+}
+
+/* Prefill/Run: check, admit, create the call, submit; the finisher answers it. */
 static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     prefill_service_t *s = ud;
@@ -445,105 +442,27 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     rp.sampling = bt_sampling_default();
     bt_rpc_code code = check_request(s, q, &rp, err, sizeof err);
     if (code != BT_RPC_OK) {
-        reject(s, call, code, rid, err);
+        bt_calls_reject(&s->calls, call, code, rid, err);
         return;
     }
-    int64_t dl = bt_rpc_call_deadline_ms(call);
-    int timeout_ms = PF_DEFAULT_TRANSFER_MS;
-    if (dl != INT64_MAX) {
-        rp.deadline = (double)dl / 1000.0;
-        double left = rp.deadline - bt_sched_now();
-        timeout_ms = left <= 0.001 ? 1 : left * 1000.0 < timeout_ms ? (int)(left * 1000.0) : timeout_ms;
-    }
-    if (atomic_fetch_add(&s->inflight, 1) >= s->max_inflight) {
-        atomic_fetch_sub(&s->inflight, 1);
+    rp.deadline = bt_call_deadline(call);
+    int timeout_ms = bt_deadline_timeout_ms(rp.deadline, bt_sched_now(), PF_DEFAULT_TRANSFER_MS);
+    if (timeout_ms > PF_DEFAULT_TRANSFER_MS) timeout_ms = PF_DEFAULT_TRANSFER_MS;
+    if (!bt_calls_admit(&s->calls)) {
         snprintf(err, sizeof err, "prefill node %s is at capacity (%d requests in flight)", s->node_id,
-                 s->max_inflight);
-        reject(s, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
+                 s->calls.max_inflight);
+        bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
         return;
     }
-    const Baton__V1__KvDestination *d = q->destination;
-    pf_call *c = calloc(1, sizeof *c);
-    uint32_t *dst = malloc(sizeof(uint32_t) * d->n_block_ids);
-    kvx_peer_t *peer = NULL;
-    bt_status pst = BT_ERR_NOMEM;
-    if (c && dst) pst = kvx_peer_get(s->ne->kvx, bt_ne_node_key(d->decode_node_id), d->pool_descriptor.data,
-                                     d->pool_descriptor.len, &peer);
-    if (pst != BT_OK) {
-        snprintf(err, sizeof err, "%s", pst == BT_ERR_NOMEM ? "out of memory" : bt_last_error());
-        free(c);
-        free(dst);
-        atomic_fetch_sub(&s->inflight, 1);
-        reject(s, call,
-               pst == BT_ERR_NOMEM    ? BT_RPC_RESOURCE_EXHAUSTED
-               : pst == BT_ERR_FORMAT ? BT_RPC_INVALID_ARGUMENT
-                                      : BT_RPC_UNAVAILABLE,
-               rid, err);
+    pf_call *c = NULL;
+    if ((code = call_create(s, call, q, rid, &c, err, sizeof err)) != BT_RPC_OK) {
+        bt_calls_leave(&s->calls);
+        bt_calls_reject(&s->calls, call, code, rid, err);
         return;
     }
-    memcpy(dst, d->block_ids, sizeof(uint32_t) * d->n_block_ids);
-    c->svc = s;
-    c->call = call;
-    atomic_init(&c->refs, 2);
-    pthread_mutex_init(&c->mu, NULL);
-    snprintf(c->request_id, sizeof c->request_id, "%s", rid);
-    snprintf(c->dest_node, sizeof c->dest_node, "%s", d->decode_node_id);
-    c->epoch = d->epoch;
-    c->dst_blocks = dst;
-    c->n_dst = (uint32_t)d->n_block_ids;
-    c->skip = d->skip_blocks;
-    c->push_flags = d->checksums ? KVX_F_CRC : 0;
     c->timeout_ms = timeout_ms;
-    c->peer = peer;
-    c->n_prompt = (int32_t)q->n_prompt_token_ids;
-    c->logprobs = q->logprobs;
     c->t_arrive = t_arrive;
-    c->token = -1;
-    atomic_fetch_add(&s->queued_prefill_tokens, c->n_prompt);
-    pthread_mutex_lock(&s->mu);
-    c->next = s->calls;
-    if (s->calls) s->calls->prev = c;
-    s->calls = c;
-    pthread_mutex_unlock(&s->mu);
-
-    uint64_t id = 0;
-    bt_status st = bt_sched_submit(s->ne->sched, q->prompt_token_ids, c->n_prompt, &rp, on_event, c, &id);
-    if (st != BT_OK) {
-        list_remove(s, c);
-        atomic_fetch_sub(&s->queued_prefill_tokens, c->n_prompt);
-        atomic_fetch_sub(&s->inflight, 1);
-        snprintf(err, sizeof err, "%s", bt_last_error());
-        atomic_store(&c->refs, 1);
-        call_unref(c);
-        reject(s, call, st == BT_ERR_EXHAUSTED ? BT_RPC_RESOURCE_EXHAUSTED : bt_rpc_code_from_status(st), rid, err);
-        return;
-    }
-    atomic_store(&c->req_id, id);
-    if (atomic_load(&c->abort_pending)) bt_sched_abort(s->ne->sched, id);
-    pthread_mutex_lock(&c->mu);
-    if (!c->finished) bt_rpc_call_on_cancel(call, on_cancel, c);
-    pthread_mutex_unlock(&c->mu);
-    call_unref(c);
-}
-
-static void abort_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
-{
-    prefill_service_t *s = ud;
-    const Baton__V1__AbortRequest *q = (const Baton__V1__AbortRequest *)msg;
-    Baton__V1__AbortResponse r = BATON__V1__ABORT_RESPONSE__INIT;
-    if (q->request_id[0]) {
-        pthread_mutex_lock(&s->mu);
-        for (pf_call *c = s->calls; c; c = c->next) {
-            if (strcmp(c->request_id, q->request_id) != 0) continue;
-            atomic_store(&c->abort_pending, 1);
-            uint64_t id = atomic_load(&c->req_id);
-            if (id) bt_sched_abort(s->ne->sched, id);
-            r.found = 1;
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
-    bt_rpc_call_send(call, &r.base);
-    bt_rpc_call_finish(call, BT_RPC_OK, NULL);
+    bt_calls_submit(&s->calls, &c->base, q->prompt_token_ids, c->n_prompt, &rp, on_event, c->n_prompt);
 }
 
 /* ---- life cycle ---- */
@@ -582,8 +501,8 @@ bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t 
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->bw_mu, NULL);
+    bt_calls_init(&s->calls, PREFILL_MAX_INFLIGHT, PF_LOG);
     snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
-    s->max_inflight = PREFILL_MAX_INFLIGHT;
     s->export_hooks = (bt_kv_export){export_begin, export_layer};
     bt_status st;
     bt_ne_config_t nc = {.model_path = cfg->model_path, .name = PF_LOG, .threads = cfg->threads,
@@ -595,12 +514,15 @@ bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t 
         st = bt_fail(BT_ERR_UNAVAILABLE, "a prefill node needs kvtransfer (UCX) to move KV to decode nodes");
         goto fail;
     }
+    s->calls.sched = s->ne->sched;
     if ((st = register_metrics(s, cfg->metrics)) || (st = bt_ne_register_metrics(s->ne, cfg->metrics))) goto fail;
+    s->calls.rejected = s->requests[PS_REJECTED];
+    s->calls.invalid = s->requests[PS_INVALID];
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Prefill/Run", BT_RPC_UNARY,
                                        &baton__v1__prefill_run_request__descriptor, run_handler, s)))
         goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Prefill/Abort", BT_RPC_UNARY,
-                                       &baton__v1__abort_request__descriptor, abort_handler, s)))
+                                       &baton__v1__abort_request__descriptor, bt_calls_abort_handler, &s->calls)))
         goto fail;
     if (pthread_create(&s->finisher, NULL, finisher_main, s) != 0) {
         st = bt_fail(BT_ERR_INTERNAL, "cannot start the prefill finisher thread");
@@ -614,30 +536,39 @@ fail:
     return st;
 }
 
-bt_status prefill_service_node_info(const prefill_service_t *s, mbr_node_info_t *info)
+bt_status prefill_service_node_info(const void *svc, mbr_node_info_t *info)
 {
+    const prefill_service_t *s = svc;
     return bt_ne_node_info(s->ne, MBR_ROLE_PREFILL, info);
 }
 
-void prefill_service_summary(const prefill_service_t *s, char *buf, size_t cap) { bt_ne_summary(s->ne, buf, cap); }
+void prefill_service_summary(const void *svc, char *buf, size_t cap)
+{
+    const prefill_service_t *s = svc;
+    bt_ne_summary(s->ne, buf, cap);
+}
 
-int32_t prefill_service_inflight(const prefill_service_t *s) { return atomic_load(&s->inflight); }
+int32_t prefill_service_inflight(const void *svc)
+{
+    const prefill_service_t *s = svc;
+    return bt_calls_inflight(&s->calls);
+}
 
 void prefill_service_load(void *svc, mbr_load_report_t *out)
 {
     prefill_service_t *s = svc;
     bt_sched_stats st;
     bt_ne_load(s->ne, out, &st);
-    long long qp = atomic_load(&s->queued_prefill_tokens);
-    out->queued_prefill_tokens = qp > 0 ? qp : 0;
-    out->queued_requests = atomic_load(&s->inflight);
+    out->queued_prefill_tokens = bt_calls_queued_prefill_tokens(&s->calls);
+    out->queued_requests = bt_calls_inflight(&s->calls);
     pthread_mutex_lock(&s->bw_mu);
     out->kv_transfer_bytes_s = s->bw;
     pthread_mutex_unlock(&s->bw_mu);
 }
 
-void prefill_service_destroy(prefill_service_t *s)
+void prefill_service_destroy(void *svc)
 {
+    prefill_service_t *s = svc;
     if (!s) return;
     /* the gRPC server is down: every call has been answered, so the finisher's queue drains and it exits */
     if (s->finisher_running) {
@@ -648,6 +579,7 @@ void prefill_service_destroy(prefill_service_t *s)
         pthread_join(s->finisher, NULL);
     }
     bt_ne_destroy(s->ne);
+    bt_calls_destroy(&s->calls);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->bw_mu);

@@ -38,13 +38,14 @@ typedef struct prefill_service prefill_service_t;
  * metrics and adds the Prefill methods to cfg->rpc. *out set only on success. */
 bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t **out);
 
+/* The slots of bt_node_service_ops (node/node_main.h): svc is a prefill_service_t. */
 /* Model fingerprint, capacity and the kvtransfer descriptor. BT_ERR_NOMEM. */
-bt_status prefill_service_node_info(const prefill_service_t *s, mbr_node_info_t *info);
-void prefill_service_summary(const prefill_service_t *s, char *buf, size_t cap);
+bt_status prefill_service_node_info(const void *svc, mbr_node_info_t *info);
+void prefill_service_summary(const void *svc, char *buf, size_t cap);
 /* bt_node_load_fn: queue, measured prefill rate, step time and transfer bandwidth; the gauges. */
 void prefill_service_load(void *svc, mbr_load_report_t *out);
-int32_t prefill_service_inflight(const prefill_service_t *s);
+int32_t prefill_service_inflight(const void *svc);
 /* Call after the gRPC server has shut down. NULL is a no-op. */
-void prefill_service_destroy(prefill_service_t *s);
+void prefill_service_destroy(void *svc);
 
 #endif
