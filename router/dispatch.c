@@ -228,11 +228,31 @@ typedef struct picked {
     char prefill_addr[128];
 } picked_t;
 
-static int excluded(char (*ex)[MBR_NODE_ID_MAX], int n_ex, const char *id)
+bt_status rtr_exclude_add(rtr_exclude_t *e, const char *node_id)
 {
-    for (int i = 0; i < n_ex; i++)
-        if (!strcmp(ex[i], id)) return 1;
+    if (rtr_exclude_has(e, node_id)) return BT_OK;
+    if (e->n == e->cap) {
+        size_t cap = e->cap ? e->cap * 2 : 4;
+        char(*ids)[MBR_NODE_ID_MAX] = realloc(e->ids, cap * sizeof *ids);
+        if (!ids) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        e->ids = ids;
+        e->cap = cap;
+    }
+    snprintf(e->ids[e->n++], MBR_NODE_ID_MAX, "%s", node_id);
+    return BT_OK;
+}
+
+int rtr_exclude_has(const rtr_exclude_t *e, const char *node_id)
+{
+    for (size_t i = 0; i < e->n; i++)
+        if (!strcmp(e->ids[i], node_id)) return 1;
     return 0;
+}
+
+void rtr_exclude_free(rtr_exclude_t *e)
+{
+    free(e->ids);
+    memset(e, 0, sizeof *e);
 }
 
 /* The cost model's view of a node: its load report, raised by this router's fresher counts, and the leading prompt
@@ -381,7 +401,7 @@ static void log_json(rtr_dispatch_t *d, const plan_req_t *rq, const plan_t *pl)
 
 /* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
  * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
-static bt_status pick(rtr_dispatch_t *d, char (*ex)[MBR_NODE_ID_MAX], int n_ex, const plan_req_t *rq, picked_t *out)
+static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req_t *rq, picked_t *out)
 {
     mbr_node_t *nodes;
     size_t n;
@@ -390,7 +410,7 @@ static bt_status pick(rtr_dispatch_t *d, char (*ex)[MBR_NODE_ID_MAX], int n_ex, 
     size_t idx[MAX_TRACKED];
     size_t k = 0;
     for (size_t i = 0; i < n && k < MAX_TRACKED; i++)
-        if (usable(d, &nodes[i]) && !excluded(ex, n_ex, nodes[i].info.node_id)) idx[k++] = i;
+        if (usable(d, &nodes[i]) && !rtr_exclude_has(ex, nodes[i].info.node_id)) idx[k++] = i;
     if (!k) {
         mbr_nodes_free(nodes, n);
         return bt_fail(BT_ERR_UNAVAILABLE, "no healthy decode node");
@@ -565,157 +585,220 @@ static int retryable(bt_rpc_code c)
            c == BT_RPC_DATA_LOSS;
 }
 
+/* One request's way through its attempts: what was delivered so far and which nodes failed it. */
+typedef struct run_state {
+    rtr_dispatch_t *d;
+    const Baton__V1__DecodeRunRequest *tmpl;
+    const rtr_run_ops_t *ops;
+    rtr_run_result_t *res;
+    rtr_exclude_t ex;
+    int32_t *done; /* tokens delivered so far */
+    size_t n_done, cap_done;
+    uint64_t *hashes; /* computed here when the caller sent none */
+    const uint64_t *hv;
+    size_t n_hashes;
+} run_state_t;
+
+/* How one attempt on one decode node ended. */
+typedef struct attempt {
+    int finished, stopped, cancelled;
+    bt_status st;       /* the stream's: BT_OK while it delivers, BT_ERR_PEER when the node skipped tokens */
+    bt_status err;      /* this router's own failure (out of memory) */
+    bt_rpc_result_t rr; /* the node's result when the stream failed */
+} attempt_t;
+
+/* Opens Decode/Run on the picked node with the prompt, the tokens already delivered and the prefill hint. */
+static bt_status attempt_open(run_state_t *r, const picked_t *p, bt_rpc_stream_t **s)
+{
+    Baton__V1__DecodeRunRequest req = *r->tmpl;
+    req.model_fingerprint = (char *)p->fingerprint;
+    req.generated_token_ids = r->done;
+    req.n_generated_token_ids = r->n_done;
+    req.block_hashes = (uint64_t *)r->hv;
+    req.n_block_hashes = r->n_hashes;
+    Baton__V1__PrefillHint hint = BATON__V1__PREFILL_HINT__INIT;
+    req.prefill = NULL;
+    if (p->remote) {
+        hint.node_id = (char *)p->prefill_id;
+        hint.grpc_address = (char *)p->prefill_addr;
+        req.prefill = &hint;
+    }
+    return bt_rpc_stream_open(p->slot->ch, "/baton.v1.Decode/Run", &req.base,
+                              &baton__v1__decode_run_response__descriptor, 0, NULL, s);
+}
+
+/* Appends n delivered tokens. BT_ERR_NOMEM. */
+static bt_status keep_tokens(run_state_t *r, const int32_t *ids, size_t n)
+{
+    if (r->n_done + n > r->cap_done) {
+        size_t c = r->cap_done ? r->cap_done * 2 : 256;
+        while (c < r->n_done + n) c *= 2;
+        int32_t *q = realloc(r->done, c * sizeof *q);
+        if (!q) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        r->done = q;
+        r->cap_done = c;
+    }
+    memcpy(r->done + r->n_done, ids, n * sizeof *ids);
+    r->n_done += n;
+    return BT_OK;
+}
+
+/* Takes one response: tokens past what was delivered go to the client (placed by offset, so a migrated stream
+ * neither repeats nor skips), a finish reason ends the attempt. Returns 1 when the attempt is over. */
+static int take_response(run_state_t *r, picked_t *p, const Baton__V1__DecodeRunResponse *m, attempt_t *a)
+{
+    size_t off = m->offset;
+    if (off > r->n_done) { /* a gap cannot be filled: a failure of this node */
+        a->rr.code = BT_RPC_DATA_LOSS;
+        snprintf(a->rr.message, sizeof a->rr.message, "node skipped tokens %zu..%zu", r->n_done, off);
+        a->st = BT_ERR_PEER;
+        return 1;
+    }
+    if (m->n_token_ids) settle(r->d, p); /* the first token means the prefill is done */
+    size_t skip = r->n_done - off;
+    if (skip < m->n_token_ids) {
+        size_t nn = m->n_token_ids - skip;
+        if ((a->err = keep_tokens(r, m->token_ids + skip, nn)) != BT_OK) {
+            a->cancelled = 1;
+            return 1;
+        }
+        Baton__V1__TokenLogprob *const *lps = m->n_logprobs > skip ? m->logprobs + skip : NULL;
+        size_t n_lps = m->n_logprobs > skip ? m->n_logprobs - skip : 0;
+        if (r->ops->on_tokens(r->ops->ud, m->token_ids + skip, nn, lps, n_lps)) a->stopped = 1;
+    }
+    if (m->finish_reason != BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED) {
+        r->res->finish = m->finish_reason;
+        if (m->usage) r->res->cached_prompt_tokens = m->usage->cached_prompt_tokens;
+        a->finished = 1;
+    }
+    return a->stopped || a->finished;
+}
+
+/* Reads the stream until it ends, fails, the client goes away or on_tokens says stop. */
+static void attempt_read(run_state_t *r, picked_t *p, bt_rpc_stream_t *s, attempt_t *a)
+{
+    for (;;) {
+        if (r->ops->cancelled && r->ops->cancelled(r->ops->ud)) {
+            a->cancelled = 1;
+            return;
+        }
+        ProtobufCMessage *m = NULL;
+        int ready = 0;
+        a->st = bt_rpc_stream_next_wait(s, POLL_MS, &m, &ready);
+        if (a->st == BT_OK && !ready) continue;
+        if (a->st != BT_OK || !m) {
+            bt_rpc_stream_result(s, &a->rr);
+            if (a->st == BT_OK && !a->finished) { /* ended OK without a finish reason: treat as a stop */
+                r->res->finish = BATON__V1__FINISH_REASON__FINISH_REASON_STOP;
+                a->finished = 1;
+            }
+            if (a->st != BT_OK && a->rr.code == BT_RPC_OK) a->rr.code = bt_rpc_code_from_status(a->st);
+            return;
+        }
+        int over = take_response(r, p, (const Baton__V1__DecodeRunResponse *)m, a);
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (over) return;
+    }
+}
+
+/* Runs one attempt on the picked node, from opening the stream to closing it. BT_OK, or the open's error. */
+static bt_status attempt_run(run_state_t *r, picked_t *p, attempt_t *a)
+{
+    memset(a, 0, sizeof *a);
+    bt_rpc_stream_t *s = NULL;
+    bt_status st = attempt_open(r, p, &s);
+    if (st) {
+        unpick(r->d, p);
+        r->res->code = BT_RPC_INTERNAL;
+        snprintf(r->res->message, sizeof r->res->message, "%s", bt_last_error());
+        return st;
+    }
+    attempt_read(r, p, s, a);
+    if (a->stopped || a->cancelled || (!a->finished && a->st == BT_OK)) bt_rpc_stream_cancel(s);
+    bt_rpc_stream_close(s);
+    unpick(r->d, p);
+    return BT_OK;
+}
+
+/* After an attempt: 1 when the request is over (*ret says how), 0 to migrate to another node. */
+static int attempt_settle(run_state_t *r, const picked_t *p, const attempt_t *a, int attempt, bt_status *ret)
+{
+    rtr_run_result_t *res = r->res;
+    *ret = a->err;
+    if (a->stopped) {
+        res->finish = BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+        return 1;
+    }
+    if (a->cancelled) {
+        if (*ret == BT_OK) *ret = bt_fail(BT_ERR_CANCELLED, "client went away");
+        res->code = BT_RPC_CANCELLED;
+        return 1;
+    }
+    if (a->finished) return 1;
+    if (r->tmpl->max_tokens && r->n_done >= r->tmpl->max_tokens) { /* it died after the last token: nothing left */
+        res->finish = BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+        return 1;
+    }
+    BT_WARN("router", "request %s: decode node %s failed after %zu tokens: %s %s", r->tmpl->request_id,
+            p->slot->node_id, r->n_done, bt_rpc_code_str(a->rr.code), a->rr.message);
+    res->code = a->rr.code;
+    snprintf(res->message, sizeof res->message, "decode node %.60s: %.180s", p->slot->node_id, a->rr.message);
+    if (!retryable(a->rr.code) || attempt >= r->d->max_migrations ||
+        rtr_exclude_add(&r->ex, p->slot->node_id) != BT_OK) {
+        *ret = bt_rpc_status_from_code(a->rr.code);
+        if (*ret == BT_OK) *ret = BT_ERR_PEER;
+        return 1;
+    }
+    return 0;
+}
+
+/* Picks the node of this attempt, never one that failed the request before. BT_ERR_UNAVAILABLE when none is left. */
+static bt_status attempt_pick(run_state_t *r, int attempt, picked_t *p)
+{
+    plan_req_t rq = {.request_id = r->tmpl->request_id,
+                     .n_tokens = (int64_t)(r->tmpl->n_prompt_token_ids + r->n_done), .hashes = r->hv,
+                     .n_hashes = r->n_hashes};
+    if (pick(r->d, &r->ex, &rq, p)) {
+        r->res->code = BT_RPC_UNAVAILABLE;
+        snprintf(r->res->message, sizeof r->res->message, "%s",
+                 r->ex.n ? "no healthy decode node left" : bt_last_error());
+        return BT_ERR_UNAVAILABLE;
+    }
+    if (attempt > 0) {
+        r->res->migrations++;
+        metrics_counter_inc(r->d->migrations);
+        BT_INFO("router", "request %s: continuing on node %s after %zu tokens (attempt %d)", r->tmpl->request_id,
+                p->slot->node_id, r->n_done, attempt + 1);
+    }
+    return BT_OK;
+}
+
 bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest *tmpl, const rtr_run_ops_t *ops,
                            rtr_run_result_t *res)
 {
     memset(res, 0, sizeof *res);
-    char ex[8][MBR_NODE_ID_MAX];
-    int n_ex = 0;
-    int32_t *done = NULL; /* tokens delivered so far */
-    size_t n_done = 0, cap_done = 0;
-    uint64_t *hashes = NULL; /* computed here when the caller sent none */
-    size_t n_hashes = tmpl->n_block_hashes;
+    run_state_t r = {.d = d, .tmpl = tmpl, .ops = ops, .res = res, .n_hashes = tmpl->n_block_hashes};
     bt_status ret = BT_OK;
-    if (!n_hashes && (ret = hash_prompt(d, tmpl->prompt_token_ids, tmpl->n_prompt_token_ids, &hashes, &n_hashes))) {
+    if (!r.n_hashes &&
+        (ret = hash_prompt(d, tmpl->prompt_token_ids, tmpl->n_prompt_token_ids, &r.hashes, &r.n_hashes))) {
         res->code = BT_RPC_RESOURCE_EXHAUSTED;
         snprintf(res->message, sizeof res->message, "%s", bt_last_error());
         return ret;
     }
-    const uint64_t *hv = hashes ? hashes : tmpl->block_hashes;
+    r.hv = r.hashes ? r.hashes : tmpl->block_hashes;
     for (int attempt = 0;; attempt++) {
         picked_t p;
-        plan_req_t rq = {.request_id = tmpl->request_id, .n_tokens = (int64_t)(tmpl->n_prompt_token_ids + n_done),
-                         .hashes = hv, .n_hashes = n_hashes};
-        bt_status st = pick(d, ex, n_ex, &rq, &p);
-        if (st) {
-            res->code = BT_RPC_UNAVAILABLE;
-            snprintf(res->message, sizeof res->message, "%s", n_ex ? "no healthy decode node left" : bt_last_error());
-            ret = BT_ERR_UNAVAILABLE;
-            break;
-        }
-        if (attempt > 0) {
-            res->migrations++;
-            metrics_counter_inc(d->migrations);
-            BT_INFO("router", "request %s: continuing on node %s after %zu tokens (attempt %d)", tmpl->request_id,
-                    p.slot->node_id, n_done, attempt + 1);
-        }
-        Baton__V1__DecodeRunRequest req = *tmpl;
-        req.model_fingerprint = p.fingerprint;
-        req.generated_token_ids = done;
-        req.n_generated_token_ids = n_done;
-        req.block_hashes = (uint64_t *)hv;
-        req.n_block_hashes = n_hashes;
-        Baton__V1__PrefillHint hint = BATON__V1__PREFILL_HINT__INIT;
-        req.prefill = NULL;
-        if (p.remote) {
-            hint.node_id = p.prefill_id;
-            hint.grpc_address = p.prefill_addr;
-            req.prefill = &hint;
-        }
-        bt_rpc_stream_t *s = NULL;
-        st = bt_rpc_stream_open(p.slot->ch, "/baton.v1.Decode/Run", &req.base,
-                                &baton__v1__decode_run_response__descriptor, 0, NULL, &s);
-        if (st) {
-            unpick(d, &p);
-            res->code = BT_RPC_INTERNAL;
-            snprintf(res->message, sizeof res->message, "%s", bt_last_error());
-            ret = st;
-            break;
-        }
-        int finished = 0, stopped = 0, cancelled = 0;
-        bt_rpc_result_t rr = {0};
-        for (;;) {
-            if (ops->cancelled && ops->cancelled(ops->ud)) {
-                cancelled = 1;
-                break;
-            }
-            ProtobufCMessage *m = NULL;
-            int ready = 0;
-            st = bt_rpc_stream_next_wait(s, POLL_MS, &m, &ready);
-            if (st == BT_OK && !ready) continue;
-            if (st != BT_OK || !m) {
-                bt_rpc_stream_result(s, &rr);
-                if (st == BT_OK && !finished) { /* ended OK without a finish reason: treat as a stop */
-                    res->finish = BATON__V1__FINISH_REASON__FINISH_REASON_STOP;
-                    finished = 1;
-                }
-                if (st != BT_OK && rr.code == BT_RPC_OK) rr.code = bt_rpc_code_from_status(st);
-                break;
-            }
-            Baton__V1__DecodeRunResponse *r = (Baton__V1__DecodeRunResponse *)m;
-            size_t off = r->offset;
-            /* skip what was already delivered; a gap cannot be filled: treat it as a failure of this node */
-            if (off > n_done) {
-                protobuf_c_message_free_unpacked(m, NULL);
-                rr.code = BT_RPC_DATA_LOSS;
-                snprintf(rr.message, sizeof rr.message, "node skipped tokens %zu..%zu", n_done, off);
-                st = BT_ERR_PEER;
-                break;
-            }
-            if (r->n_token_ids) settle(d, &p); /* the first token means the prefill is done */
-            size_t skip = n_done - off;
-            if (skip < r->n_token_ids) {
-                size_t nn = r->n_token_ids - skip;
-                if (n_done + nn > cap_done) {
-                    size_t c = cap_done ? cap_done * 2 : 256;
-                    while (c < n_done + nn) c *= 2;
-                    int32_t *q = realloc(done, c * sizeof *q);
-                    if (!q) {
-                        protobuf_c_message_free_unpacked(m, NULL);
-                        ret = bt_fail(BT_ERR_NOMEM, "out of memory");
-                        cancelled = 1;
-                        break;
-                    }
-                    done = q;
-                    cap_done = c;
-                }
-                memcpy(done + n_done, r->token_ids + skip, nn * sizeof *done);
-                n_done += nn;
-                Baton__V1__TokenLogprob *const *lps = r->n_logprobs > skip ? r->logprobs + skip : NULL;
-                size_t n_lps = r->n_logprobs > skip ? r->n_logprobs - skip : 0;
-                if (ops->on_tokens(ops->ud, r->token_ids + skip, nn, lps, n_lps)) stopped = 1;
-            }
-            if (r->finish_reason != BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED) {
-                res->finish = r->finish_reason;
-                if (r->usage) res->cached_prompt_tokens = r->usage->cached_prompt_tokens;
-                finished = 1;
-            }
-            protobuf_c_message_free_unpacked(m, NULL);
-            if (stopped || finished) break;
-        }
-        if (stopped || cancelled || (!finished && st == BT_OK)) bt_rpc_stream_cancel(s);
-        bt_rpc_stream_close(s);
-        unpick(d, &p);
-        if (stopped) {
-            res->finish = BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
-            break;
-        }
-        if (cancelled) {
-            if (ret == BT_OK) ret = bt_fail(BT_ERR_CANCELLED, "client went away");
-            res->code = BT_RPC_CANCELLED;
-            break;
-        }
-        if (finished) break;
-        if (tmpl->max_tokens && n_done >= tmpl->max_tokens) { /* it died after the last token: nothing left to do */
-            res->finish = BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH;
-            break;
-        }
-        BT_WARN("router", "request %s: decode node %s failed after %zu tokens: %s %s", tmpl->request_id,
-                p.slot->node_id, n_done, bt_rpc_code_str(rr.code), rr.message);
-        res->code = rr.code;
-        snprintf(res->message, sizeof res->message, "decode node %.60s: %.180s", p.slot->node_id, rr.message);
-        if (!retryable(rr.code) || attempt >= d->max_migrations) {
-            ret = bt_rpc_status_from_code(rr.code);
-            if (ret == BT_OK) ret = BT_ERR_PEER;
-            break;
-        }
-        if (n_ex < 8) snprintf(ex[n_ex++], MBR_NODE_ID_MAX, "%s", p.slot->node_id);
+        attempt_t a;
+        if ((ret = attempt_pick(&r, attempt, &p)) != BT_OK) break;
+        if ((ret = attempt_run(&r, &p, &a)) != BT_OK) break;
+        if (attempt_settle(&r, &p, &a, attempt, &ret)) break;
     }
     if (ret == BT_OK) {
         res->code = BT_RPC_OK;
         res->message[0] = '\0';
     }
-    free(done);
-    free(hashes);
+    rtr_exclude_free(&r.ex);
+    free(r.done);
+    free(r.hashes);
     return ret;
 }

@@ -47,11 +47,12 @@ static int valid_utf8(const char *s)
 }
 
 /* Renders a chat (or takes text) and tokenizes it into ids. BT_ERR_INVALID with a message for the client. */
-static bt_status to_ids(rtr_t *r, const char *text, const Baton__V1__ChatMessages *chat, unsigned flags, tok_ids *ids)
+static bt_status to_ids(const rtr_model_t *model, const char *text, const Baton__V1__ChatMessages *chat, unsigned flags,
+                        tok_ids *ids)
 {
     if (chat) {
         if (!chat->n_messages) return bt_fail(BT_ERR_INVALID, "'chat.messages' must not be empty");
-        if (!r->model.has_tmpl) return bt_fail(BT_ERR_INVALID, "this model has no chat template");
+        if (!model->has_tmpl) return bt_fail(BT_ERR_INVALID, "this model has no chat template");
         chat_msg *cm = calloc(chat->n_messages, sizeof *cm);
         if (!cm) return bt_fail(BT_ERR_NOMEM, "out of memory");
         for (size_t i = 0; i < chat->n_messages; i++) {
@@ -64,25 +65,25 @@ static bt_status to_ids(rtr_t *r, const char *text, const Baton__V1__ChatMessage
         }
         char *s = NULL;
         size_t len = 0;
-        bt_status st = chat_tmpl_render(&r->model.tmpl, cm, chat->n_messages, 1, &s, &len);
+        bt_status st = chat_tmpl_render(&model->tmpl, cm, chat->n_messages, 1, &s, &len);
         free(cm);
         if (st) return st;
-        st = tok_encode(r->model.tok, s, len, TOK_PARSE_SPECIAL, ids);
+        st = tok_encode(model->tok, s, len, TOK_PARSE_SPECIAL, ids);
         free(s);
         return st;
     }
     if (!valid_utf8(text)) return bt_fail(BT_ERR_INVALID, "'text' is not valid UTF-8");
-    return tok_encode(r->model.tok, text, strlen(text), TOK_PARSE_SPECIAL | flags, ids);
+    return tok_encode(model->tok, text, strlen(text), TOK_PARSE_SPECIAL | flags, ids);
 }
 
 /* Copies sampling.logit_bias into g after the checks the HTTP API makes; BT_ERR_INVALID naming the entry. */
-static bt_status copy_logit_bias(const rtr_t *r, const Baton__V1__SamplingParams *sp, rtr_gen_t *g)
+static bt_status copy_logit_bias(const rtr_model_t *m, const Baton__V1__SamplingParams *sp, rtr_gen_t *g)
 {
     if (sp->n_logit_bias > RTR_MAX_LOGIT_BIAS)
         return bt_fail(BT_ERR_INVALID, "'sampling.logit_bias' may hold at most %d entries", RTR_MAX_LOGIT_BIAS);
     for (size_t i = 0; i < sp->n_logit_bias; i++) {
         const Baton__V1__LogitBias *e = sp->logit_bias[i];
-        if (e->token_id < 0 || e->token_id >= tok_n_vocab(r->model.tok))
+        if (e->token_id < 0 || e->token_id >= tok_n_vocab(m->tok))
             return bt_fail(BT_ERR_INVALID, "'sampling.logit_bias' [%zu] token_id %d is not in the vocabulary", i,
                            e->token_id);
         if (!(e->bias >= -100 && e->bias <= 100))
@@ -97,6 +98,165 @@ static bt_status copy_logit_bias(const rtr_t *r, const Baton__V1__SamplingParams
     return BT_OK;
 }
 
+/* The prompt as token ids: text (tokenized with BOS), chat (rendered by the model's template) or ids (checked
+ * against the vocabulary). */
+static bt_status parse_prompt(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
+{
+    tok_ids ids = {0};
+    bt_status st;
+    switch (q->prompt_case) {
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TEXT: st = to_ids(m, q->text, NULL, TOK_ADD_SPECIAL, &ids); break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_CHAT: st = to_ids(m, NULL, q->chat, 0, &ids); break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
+        for (size_t i = 0; i < q->token_ids->n_ids; i++)
+            if (q->token_ids->ids[i] < 0 || q->token_ids->ids[i] >= tok_n_vocab(m->tok))
+                return bt_fail(BT_ERR_INVALID, "'token_ids' [%zu] = %d is not in the vocabulary", i,
+                               q->token_ids->ids[i]);
+        if (!q->token_ids->n_ids) return BT_OK; /* rtr_gen_check_context names the empty prompt */
+        if (!(g->prompt = malloc(q->token_ids->n_ids * sizeof *g->prompt)))
+            return bt_fail(BT_ERR_NOMEM, "out of memory");
+        memcpy(g->prompt, q->token_ids->ids, q->token_ids->n_ids * sizeof *g->prompt);
+        g->n_prompt = q->token_ids->n_ids;
+        return BT_OK;
+    default: return bt_fail(BT_ERR_INVALID, "'prompt' is required (text, token_ids or chat)");
+    }
+    if (st) {
+        tok_ids_free(&ids);
+        return st;
+    }
+    g->prompt = ids.ids;
+    g->n_prompt = ids.n;
+    return BT_OK;
+}
+
+/* max_tokens (at least 1 when given) and the context bound of prompt + max_tokens. */
+static bt_status parse_length(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
+{
+    int given = q->max_tokens_opt_case == BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS;
+    if (given) {
+        if (q->max_tokens == 0) return bt_fail(BT_ERR_INVALID, "'max_tokens' must be at least 1");
+        g->max_tokens = q->max_tokens;
+    }
+    return rtr_gen_check_context(m, g, given);
+}
+
+/* Stop strings (empty ones ignored) and stop token ids. */
+static bt_status parse_stops(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
+{
+    if (q->n_stop > RTR_MAX_STOP) return bt_fail(BT_ERR_INVALID, "'stop' may hold at most %d strings", RTR_MAX_STOP);
+    for (size_t i = 0; i < q->n_stop; i++) {
+        if (strlen(q->stop[i]) > RTR_MAX_STOP_LEN)
+            return bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
+        if (!*q->stop[i]) continue;
+        if (!(g->stops[g->n_stop] = strdup(q->stop[i]))) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        g->n_stop++;
+    }
+    if (q->n_stop_token_ids > 32) return bt_fail(BT_ERR_INVALID, "'stop_token_ids' may hold at most 32 ids");
+    if (!q->n_stop_token_ids) return BT_OK;
+    if (!(g->stop_ids = malloc(q->n_stop_token_ids * sizeof *g->stop_ids)))
+        return bt_fail(BT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < q->n_stop_token_ids; i++) {
+        if (q->stop_token_ids[i] < 0 || q->stop_token_ids[i] >= tok_n_vocab(m->tok))
+            return bt_fail(BT_ERR_INVALID, "'stop_token_ids' [%zu] is not in the vocabulary", i);
+        g->stop_ids[i] = q->stop_token_ids[i];
+    }
+    g->n_stop_ids = q->n_stop_token_ids;
+    return BT_OK;
+}
+
+/* BT_OK when the optional field is absent or lies in [lo, hi]; else BT_ERR_INVALID naming it. */
+static bt_status check_range(int has, double v, double lo, double hi, const char *name)
+{
+    if (!has || (v >= lo && v <= hi)) return BT_OK;
+    return bt_fail(BT_ERR_INVALID, "'sampling.%s' must be in [%g, %g]", name, lo, hi);
+}
+
+/* SamplingParams: each optional field range-checked, then copied with its presence; logit bias last. */
+static bt_status parse_sampling(const rtr_model_t *m, const Baton__V1__SamplingParams *sp, rtr_gen_t *g)
+{
+    bt_status st;
+    if ((st = check_range(sp->temperature_opt_case, sp->temperature, 0, 2, "temperature")) ||
+        (st = check_range(sp->top_p_opt_case, sp->top_p, 1e-9, 1, "top_p")) ||
+        (st = check_range(sp->top_k_opt_case, sp->top_k, 0, 1 << 30, "top_k")) ||
+        (st = check_range(sp->min_p_opt_case, sp->min_p, 0, 1, "min_p")) ||
+        (st = check_range(sp->repetition_penalty_opt_case, sp->repetition_penalty, 1e-9, 10, "repetition_penalty")) ||
+        (st = check_range(sp->presence_penalty_opt_case, sp->presence_penalty, -2, 2, "presence_penalty")) ||
+        (st = check_range(sp->frequency_penalty_opt_case, sp->frequency_penalty, -2, 2, "frequency_penalty")))
+        return st;
+    g->has_temperature = sp->temperature_opt_case != 0;
+    g->temperature = sp->temperature;
+    g->has_top_p = sp->top_p_opt_case != 0;
+    g->top_p = sp->top_p;
+    g->has_top_k = sp->top_k_opt_case != 0;
+    g->top_k = sp->top_k;
+    g->has_min_p = sp->min_p_opt_case != 0;
+    g->min_p = sp->min_p;
+    g->has_repetition_penalty = sp->repetition_penalty_opt_case != 0;
+    g->repetition_penalty = sp->repetition_penalty;
+    g->has_presence = sp->presence_penalty_opt_case != 0;
+    g->presence_penalty = sp->presence_penalty;
+    g->has_frequency = sp->frequency_penalty_opt_case != 0;
+    g->frequency_penalty = sp->frequency_penalty;
+    g->has_seed = sp->seed_opt_case != 0;
+    g->seed = sp->seed;
+    return copy_logit_bias(m, sp, g);
+}
+
+bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
+{
+    memset(g, 0, sizeof *g);
+    g->api = RTR_API_GRPC;
+    g->n = q->n ? (int)q->n : 1;
+    bt_status st;
+    if (q->n > RTR_MAX_N) {
+        st = bt_fail(BT_ERR_INVALID, "'n' must be at most %d", RTR_MAX_N);
+        goto fail;
+    }
+    if ((st = parse_prompt(m, q, g)) || (st = parse_length(m, q, g)) || (st = parse_stops(m, q, g))) goto fail;
+    if (q->top_logprobs > RTR_MAX_TOP_LOGPROBS) {
+        st = bt_fail(BT_ERR_INVALID, "'top_logprobs' must be at most %d", RTR_MAX_TOP_LOGPROBS);
+        goto fail;
+    }
+    g->logprobs = q->logprobs || q->top_logprobs;
+    g->top_logprobs = (int)q->top_logprobs;
+    g->ignore_eos = q->ignore_eos;
+    snprintf(g->request_id, sizeof g->request_id, "%s", q->request_id);
+    if (q->sampling && (st = parse_sampling(m, q->sampling, g))) goto fail;
+    return BT_OK;
+fail:
+    rtr_gen_free(g);
+    return st;
+}
+
+/* Refuses a parsed request that may not start now: frees it, counts it under status and answers the call. */
+static void refuse(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call, const char *status, bt_rpc_code code, const char *msg)
+{
+    rtr_gen_free(g);
+    rtr_count_request(r, status);
+    bt_rpc_call_finish(call, code, msg);
+}
+
+/* Admission for a parsed request: the in-flight bound, a healthy decode node, the TTFT SLO. 1 to go on; else the
+ * call is answered and counted. */
+static int admit(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call)
+{
+    char slo_msg[160];
+    if (!rtr_admit(r)) {
+        refuse(r, g, call, "overloaded", BT_RPC_RESOURCE_EXHAUSTED, "too many requests in progress");
+        return 0;
+    }
+    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
+        refuse(r, g, call, "unavailable", BT_RPC_UNAVAILABLE, "no healthy decode node");
+        return 0;
+    }
+    if (!rtr_slo_admit(r, g, slo_msg, sizeof slo_msg)) {
+        refuse(r, g, call, "overloaded", BT_RPC_RESOURCE_EXHAUSTED, slo_msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* Generation/Generate: authorise, parse, admit, start the job (which answers the call). */
 static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     rtr_t *r = ud;
@@ -106,163 +266,18 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
         return;
     }
     rtr_gen_t g;
-    memset(&g, 0, sizeof g);
-    g.api = RTR_API_GRPC;
-    g.n = q->n ? (int)q->n : 1;
-    bt_status st = BT_OK;
-    tok_ids ids = {0};
-    if (q->n > RTR_MAX_N) {
-        st = bt_fail(BT_ERR_INVALID, "'n' must be at most %d", RTR_MAX_N);
-        goto fail;
-    }
-    switch (q->prompt_case) {
-    case BATON__V1__GENERATE_REQUEST__PROMPT_TEXT:
-        st = to_ids(r, q->text, NULL, TOK_ADD_SPECIAL, &ids);
-        break;
-    case BATON__V1__GENERATE_REQUEST__PROMPT_CHAT:
-        st = to_ids(r, NULL, q->chat, 0, &ids);
-        break;
-    case BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
-        for (size_t i = 0; i < q->token_ids->n_ids; i++)
-            if (q->token_ids->ids[i] < 0 || q->token_ids->ids[i] >= tok_n_vocab(r->model.tok)) {
-                st = bt_fail(BT_ERR_INVALID, "'token_ids' [%zu] = %d is not in the vocabulary", i,
-                             q->token_ids->ids[i]);
-                break;
-            }
-        if (!st && q->token_ids->n_ids) {
-            ids.ids = malloc(q->token_ids->n_ids * sizeof *ids.ids);
-            if (!ids.ids) st = bt_fail(BT_ERR_NOMEM, "out of memory");
-            else {
-                memcpy(ids.ids, q->token_ids->ids, q->token_ids->n_ids * sizeof *ids.ids);
-                ids.n = ids.cap = q->token_ids->n_ids;
-            }
-        }
-        break;
-    default:
-        st = bt_fail(BT_ERR_INVALID, "'prompt' is required (text, token_ids or chat)");
-    }
-    if (st) goto fail;
-    g.prompt = ids.ids;
-    g.n_prompt = ids.n;
-    ids.ids = NULL;
-    if (q->max_tokens_opt_case == BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS) {
-        if (q->max_tokens == 0) {
-            st = bt_fail(BT_ERR_INVALID, "'max_tokens' must be at least 1");
-            goto fail;
-        }
-        g.max_tokens = q->max_tokens;
-    }
-    if ((st = rtr_gen_check_context(&r->model, &g,
-                                    q->max_tokens_opt_case == BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS)))
-        goto fail;
-    if (q->n_stop > RTR_MAX_STOP) {
-        st = bt_fail(BT_ERR_INVALID, "'stop' may hold at most %d strings", RTR_MAX_STOP);
-        goto fail;
-    }
-    for (size_t i = 0; i < q->n_stop; i++) {
-        if (strlen(q->stop[i]) > RTR_MAX_STOP_LEN) {
-            st = bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
-            goto fail;
-        }
-        if (!*q->stop[i]) continue;
-        if (!(g.stops[g.n_stop] = strdup(q->stop[i]))) {
-            st = bt_fail(BT_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        g.n_stop++;
-    }
-    if (q->n_stop_token_ids > 32) {
-        st = bt_fail(BT_ERR_INVALID, "'stop_token_ids' may hold at most 32 ids");
-        goto fail;
-    }
-    if (q->n_stop_token_ids) {
-        g.stop_ids = malloc(q->n_stop_token_ids * sizeof *g.stop_ids);
-        if (!g.stop_ids) {
-            st = bt_fail(BT_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        for (size_t i = 0; i < q->n_stop_token_ids; i++) {
-            if (q->stop_token_ids[i] < 0 || q->stop_token_ids[i] >= tok_n_vocab(r->model.tok)) {
-                st = bt_fail(BT_ERR_INVALID, "'stop_token_ids' [%zu] is not in the vocabulary", i);
-                goto fail;
-            }
-            g.stop_ids[i] = q->stop_token_ids[i];
-        }
-        g.n_stop_ids = q->n_stop_token_ids;
-    }
-    if (q->top_logprobs > RTR_MAX_TOP_LOGPROBS) {
-        st = bt_fail(BT_ERR_INVALID, "'top_logprobs' must be at most %d", RTR_MAX_TOP_LOGPROBS);
-        goto fail;
-    }
-    g.logprobs = q->logprobs || q->top_logprobs;
-    g.top_logprobs = (int)q->top_logprobs;
-    g.ignore_eos = q->ignore_eos;
-    snprintf(g.request_id, sizeof g.request_id, "%s", q->request_id);
-    const Baton__V1__SamplingParams *sp = q->sampling;
-    if (sp) {
-#define RANGE(has, v, lo, hi, name)                                                                            \
-    if (has) {                                                                                                 \
-        if (!((v) >= (lo) && (v) <= (hi))) {                                                                   \
-            st = bt_fail(BT_ERR_INVALID, "'sampling." name "' must be in [%g, %g]", (double)(lo), (double)(hi)); \
-            goto fail;                                                                                         \
-        }                                                                                                      \
-    }
-        RANGE(sp->temperature_opt_case, sp->temperature, 0, 2, "temperature")
-        RANGE(sp->top_p_opt_case, sp->top_p, 1e-9, 1, "top_p")
-        RANGE(sp->top_k_opt_case, sp->top_k, 0, 1 << 30, "top_k")
-        RANGE(sp->min_p_opt_case, sp->min_p, 0, 1, "min_p")
-        RANGE(sp->repetition_penalty_opt_case, sp->repetition_penalty, 1e-9, 10, "repetition_penalty")
-        RANGE(sp->presence_penalty_opt_case, sp->presence_penalty, -2, 2, "presence_penalty")
-        RANGE(sp->frequency_penalty_opt_case, sp->frequency_penalty, -2, 2, "frequency_penalty")
-#undef RANGE
-        g.has_temperature = sp->temperature_opt_case != 0;
-        g.temperature = sp->temperature;
-        g.has_top_p = sp->top_p_opt_case != 0;
-        g.top_p = sp->top_p;
-        g.has_top_k = sp->top_k_opt_case != 0;
-        g.top_k = sp->top_k;
-        g.has_min_p = sp->min_p_opt_case != 0;
-        g.min_p = sp->min_p;
-        g.has_repetition_penalty = sp->repetition_penalty_opt_case != 0;
-        g.repetition_penalty = sp->repetition_penalty;
-        g.has_presence = sp->presence_penalty_opt_case != 0;
-        g.presence_penalty = sp->presence_penalty;
-        g.has_frequency = sp->frequency_penalty_opt_case != 0;
-        g.frequency_penalty = sp->frequency_penalty;
-        g.has_seed = sp->seed_opt_case != 0;
-        g.seed = sp->seed;
-        if ((st = copy_logit_bias(r, sp, &g))) goto fail;
-    }
-    if (!rtr_admit(r)) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "overloaded");
-        bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, "too many requests in progress");
+    bt_status st = rtr_grpc_parse(&r->model, q, &g);
+    if (st) {
+        rtr_count_request(r, st == BT_ERR_NOMEM ? "server_error" : "client_error");
+        bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
+                           bt_last_error());
         return;
     }
-    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "unavailable");
-        bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE, "no healthy decode node");
-        return;
-    }
-    char slo_msg[160];
-    if (!rtr_slo_admit(r, &g, slo_msg, sizeof slo_msg)) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "overloaded");
-        bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, slo_msg);
-        return;
-    }
+    if (!admit(r, &g, call)) return;
     if ((st = rtr_job_start_grpc(r, &g, call))) {
         rtr_count_request(r, "server_error");
         bt_rpc_call_finish_status(call, st);
     }
-    return;
-fail:
-    tok_ids_free(&ids);
-    rtr_gen_free(&g);
-    rtr_count_request(r, st == BT_ERR_NOMEM ? "server_error" : "client_error");
-    bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
-                       bt_last_error());
 }
 
 static void tokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
@@ -272,8 +287,8 @@ static void tokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
     if (!check_auth(r, call) || !check_model(r, call, q->model)) return;
     tok_ids ids = {0};
     bt_status st;
-    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) st = to_ids(r, NULL, q->chat, 0, &ids);
-    else st = to_ids(r, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
+    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) st = to_ids(&r->model, NULL, q->chat, 0, &ids);
+    else st = to_ids(&r->model, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
                      q->add_special_tokens ? TOK_ADD_SPECIAL : 0, &ids);
     if (st) {
         tok_ids_free(&ids);

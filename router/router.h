@@ -259,6 +259,20 @@ typedef struct rtr_run_result {
     char message[256];
 } rtr_run_result_t;
 
+/* Decode nodes that failed one request, so that its migrations never pick them again. Grows with every
+ * migration: no limit on how many it holds. Zero-initialise; free with rtr_exclude_free. */
+typedef struct rtr_exclude {
+    char (*ids)[MBR_NODE_ID_MAX];
+    size_t n, cap;
+} rtr_exclude_t;
+
+/* Adds node_id (once). BT_ERR_NOMEM, with e unchanged. */
+bt_status rtr_exclude_add(rtr_exclude_t *e, const char *node_id);
+/* Whether node_id was added. Can't fail. */
+int rtr_exclude_has(const rtr_exclude_t *e, const char *node_id);
+/* Frees the ids and empties e. */
+void rtr_exclude_free(rtr_exclude_t *e);
+
 /* Runs one choice to its end on some decode node (prefilled there or, when the cost model says so, on a prefill
  * node named in DecodeRunRequest.prefill), migrating (prompt + tokens delivered so far) to another node
  * when one fails mid-stream, up to the migration limit; every attempt is placed afresh. req is the request to send
@@ -397,6 +411,10 @@ bt_status rtr_grpc_register(rtr_t *r, bt_rpc_server_t *s);
 /* Request parsing (openai_api.c), exposed for unit tests: fills g from an OpenAI JSON body. On a client error
  * returns BT_ERR_INVALID with *http_status (400, 404) and bt_last_error() naming the field. */
 bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status);
+/* Request parsing (grpc_api.c), exposed for unit tests: fills g from a Generation/Generate request. On a client
+ * error returns BT_ERR_INVALID with bt_last_error() naming the field (the caller answers INVALID_ARGUMENT);
+ * BT_ERR_NOMEM. On failure g is freed and zeroed. */
+bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g);
 /* Shared final checks: prompt non-empty, prompt + max_tokens within the context (fills max_tokens when 0). */
 bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given);
 

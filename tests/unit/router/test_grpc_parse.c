@@ -1,0 +1,213 @@
+/* router/grpc_api.c request parsing (rtr_grpc_parse): prompt forms, limits, stops, sampling ranges and error
+ * messages naming the field; the same shape as test_openai_parse.c. */
+#include "router/router.h"
+#include "test_util.h"
+
+#include <string.h>
+
+static rtr_model_t model;
+
+/* A request for the text prompt "Hello world" and nothing else set. */
+static Baton__V1__GenerateRequest text_request(void)
+{
+    Baton__V1__GenerateRequest q = BATON__V1__GENERATE_REQUEST__INIT;
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TEXT;
+    q.text = "Hello world";
+    return q;
+}
+
+static void expect_error(const Baton__V1__GenerateRequest *q, bt_status want, const char *field)
+{
+    rtr_gen_t g;
+    memset(&g, 0x5a, sizeof g);
+    bt_status st = rtr_grpc_parse(&model, q, &g);
+    CHECK_MSG(st == want && strstr(bt_last_error(), field), "st %d '%s' (want %d naming %s)", st, bt_last_error(),
+              want, field);
+    CHECK(g.prompt == NULL && g.n_stop == 0 && g.stop_ids == NULL); /* freed and zeroed on failure */
+}
+
+static void test_text_ok(void)
+{
+    Baton__V1__GenerateRequest q = text_request();
+    char *stops[] = {"a", "", "bc"};
+    int32_t stop_ids[] = {2, 0};
+    q.max_tokens_opt_case = BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS;
+    q.max_tokens = 5;
+    q.stop = stops;
+    q.n_stop = 3;
+    q.stop_token_ids = stop_ids;
+    q.n_stop_token_ids = 2;
+    q.n = 3;
+    q.top_logprobs = 2;
+    q.ignore_eos = 1;
+    q.request_id = "req-1";
+    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+    sp.temperature_opt_case = BATON__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE;
+    sp.temperature = 0.5f;
+    sp.seed_opt_case = BATON__V1__SAMPLING_PARAMS__SEED_OPT_SEED;
+    sp.seed = 7;
+    Baton__V1__LogitBias lb = BATON__V1__LOGIT_BIAS__INIT;
+    lb.token_id = 42;
+    lb.bias = -100;
+    Baton__V1__LogitBias *lbp[1] = {&lb};
+    sp.logit_bias = lbp;
+    sp.n_logit_bias = 1;
+    q.sampling = &sp;
+    rtr_gen_t g;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.api == RTR_API_GRPC && g.n == 3);
+    CHECK(g.n_prompt >= 2 && g.max_tokens == 5);
+    CHECK(g.n_stop == 2 && !strcmp(g.stops[0], "a") && !strcmp(g.stops[1], "bc")); /* the empty one is ignored */
+    CHECK(g.n_stop_ids == 2 && g.stop_ids[0] == 2 && g.stop_ids[1] == 0);
+    CHECK(g.logprobs && g.top_logprobs == 2 && g.ignore_eos);
+    CHECK(!strcmp(g.request_id, "req-1"));
+    CHECK(g.has_temperature && g.temperature == 0.5f && !g.has_top_p && g.has_seed && g.seed == 7);
+    CHECK(g.n_logit_bias == 1 && g.logit_bias_ids[0] == 42 && g.logit_bias[0] == -100);
+    rtr_gen_free(&g);
+}
+
+static void test_token_ids_and_chat_ok(void)
+{
+    Baton__V1__GenerateRequest q = BATON__V1__GENERATE_REQUEST__INIT;
+    int32_t ids[] = {19556, 905};
+    Baton__V1__TokenIds t = BATON__V1__TOKEN_IDS__INIT;
+    t.ids = ids;
+    t.n_ids = 2;
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+    q.token_ids = &t;
+    rtr_gen_t g;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.n == 1 && g.n_prompt == 2 && g.prompt[0] == 19556 && g.prompt[1] == 905);
+    CHECK(g.max_tokens == (uint32_t)(model.n_ctx - 2)); /* unset: the rest of the context */
+    rtr_gen_free(&g);
+
+    Baton__V1__ChatMessage m = BATON__V1__CHAT_MESSAGE__INIT;
+    m.role = "user";
+    m.content = "hi";
+    Baton__V1__ChatMessage *mp[1] = {&m};
+    Baton__V1__ChatMessages chat = BATON__V1__CHAT_MESSAGES__INIT;
+    chat.messages = mp;
+    chat.n_messages = 1;
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_CHAT;
+    q.chat = &chat;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.n_prompt > 5 && g.prompt[0] == 1); /* SmolLM2's template starts with <|im_start|> (id 1) */
+    rtr_gen_free(&g);
+}
+
+static void test_errors(void)
+{
+    Baton__V1__GenerateRequest q = text_request();
+    q.n = RTR_MAX_N + 1;
+    expect_error(&q, BT_ERR_INVALID, "'n'");
+
+    q = text_request();
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT__NOT_SET;
+    expect_error(&q, BT_ERR_INVALID, "'prompt'");
+
+    int32_t bad_ids[] = {5, -1};
+    Baton__V1__TokenIds t = BATON__V1__TOKEN_IDS__INIT;
+    t.ids = bad_ids;
+    t.n_ids = 2;
+    q = text_request();
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+    q.token_ids = &t;
+    expect_error(&q, BT_ERR_INVALID, "'token_ids' [1]");
+    t.n_ids = 0;
+    expect_error(&q, BT_ERR_INVALID, "prompt");
+
+    q = text_request();
+    q.text = "\xff\xfe";
+    expect_error(&q, BT_ERR_INVALID, "'text'");
+
+    q = text_request();
+    q.max_tokens_opt_case = BATON__V1__GENERATE_REQUEST__MAX_TOKENS_OPT_MAX_TOKENS;
+    q.max_tokens = 0;
+    expect_error(&q, BT_ERR_INVALID, "'max_tokens'");
+    q.max_tokens = 100000000;
+    expect_error(&q, BT_ERR_INVALID, "max_tokens");
+
+    char *five[] = {"a", "b", "c", "d", "e"};
+    q = text_request();
+    q.stop = five;
+    q.n_stop = 5;
+    expect_error(&q, BT_ERR_INVALID, "'stop'");
+    char long_stop[RTR_MAX_STOP_LEN + 2];
+    memset(long_stop, 's', sizeof long_stop - 1);
+    long_stop[sizeof long_stop - 1] = 0;
+    char *one[] = {"ok", long_stop};
+    q.stop = one;
+    q.n_stop = 2; /* the first one is copied before the second fails: freed with the rest */
+    expect_error(&q, BT_ERR_INVALID, "'stop'");
+
+    int32_t stop_ids[] = {1, 1 << 30};
+    q = text_request();
+    q.stop_token_ids = stop_ids;
+    q.n_stop_token_ids = 2;
+    expect_error(&q, BT_ERR_INVALID, "'stop_token_ids' [1]");
+    q.n_stop_token_ids = 33;
+    expect_error(&q, BT_ERR_INVALID, "'stop_token_ids'");
+
+    q = text_request();
+    q.top_logprobs = RTR_MAX_TOP_LOGPROBS + 1;
+    expect_error(&q, BT_ERR_INVALID, "'top_logprobs'");
+}
+
+static void test_sampling_ranges(void)
+{
+    Baton__V1__GenerateRequest q = text_request();
+    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+    q.sampling = &sp;
+    sp.temperature_opt_case = BATON__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE;
+    sp.temperature = 3;
+    expect_error(&q, BT_ERR_INVALID, "'sampling.temperature' must be in [0, 2]");
+    sp.temperature = 2; /* bounds are inclusive */
+    rtr_gen_t g;
+    CHECK(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    rtr_gen_free(&g);
+
+    sp = (Baton__V1__SamplingParams)BATON__V1__SAMPLING_PARAMS__INIT;
+    sp.top_p_opt_case = BATON__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P;
+    sp.top_p = 0;
+    expect_error(&q, BT_ERR_INVALID, "'sampling.top_p'");
+
+    sp = (Baton__V1__SamplingParams)BATON__V1__SAMPLING_PARAMS__INIT;
+    sp.presence_penalty_opt_case = BATON__V1__SAMPLING_PARAMS__PRESENCE_PENALTY_OPT_PRESENCE_PENALTY;
+    sp.presence_penalty = -2.5f;
+    expect_error(&q, BT_ERR_INVALID, "'sampling.presence_penalty'");
+
+    sp = (Baton__V1__SamplingParams)BATON__V1__SAMPLING_PARAMS__INIT;
+    sp.top_k_opt_case = BATON__V1__SAMPLING_PARAMS__TOP_K_OPT_TOP_K;
+    sp.top_k = -1;
+    expect_error(&q, BT_ERR_INVALID, "'sampling.top_k'");
+
+    sp = (Baton__V1__SamplingParams)BATON__V1__SAMPLING_PARAMS__INIT;
+    Baton__V1__LogitBias a = BATON__V1__LOGIT_BIAS__INIT, b = BATON__V1__LOGIT_BIAS__INIT;
+    a.token_id = b.token_id = 9;
+    Baton__V1__LogitBias *ab[2] = {&a, &b};
+    sp.logit_bias = ab;
+    sp.n_logit_bias = 2;
+    expect_error(&q, BT_ERR_INVALID, "twice");
+    b.token_id = 10;
+    b.bias = 101;
+    expect_error(&q, BT_ERR_INVALID, "'sampling.logit_bias' [1] bias");
+}
+
+int main(void)
+{
+    const char *path = test_default_model();
+    if (!path) {
+        fprintf(stderr, "  (default model not cached: skipped)\n");
+        return test_summary();
+    }
+    if (rtr_model_load(path, 0, &model) != BT_OK) {
+        fprintf(stderr, "cannot load %s: %s\n", path, bt_last_error());
+        return 1;
+    }
+    RUN(test_text_ok);
+    RUN(test_token_ids_and_chat_ok);
+    RUN(test_errors);
+    RUN(test_sampling_ranges);
+    rtr_model_free(&model);
+    return test_summary();
+}
