@@ -84,6 +84,16 @@ struct bt_proposer {
  * BT_ERR_INVALID, BT_ERR_NOMEM. */
 bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer **out);
 
+/* The proposer cfg asks for (*out = NULL for BT_SPEC_NONE). Draft and self proposers run on be (the target's
+ * backend, which must outlive them) with a draft KV pool of kv_tokens positions, for up to max_seqs sequences per
+ * step. Errors name the file or the setting: BT_ERR_INVALID (self:L with L >= the model's layers; a draft model
+ * whose vocabulary differs from target's, both named with their fingerprints), those of bt_model_load,
+ * BT_ERR_NOMEM. */
+struct bt_model;
+struct bt_backend;
+bt_status bt_spec_create(const bt_spec_config *cfg, const struct bt_model *target, struct bt_backend *be,
+                         int32_t kv_tokens, int32_t max_seqs, bt_proposer **out);
+
 /* Destroys any proposer; NULL allowed. */
 static inline void bt_proposer_destroy(bt_proposer *p)
 {

@@ -577,10 +577,81 @@ static void test_spec_equal_plain(void)
     proposer = NULL;
 }
 
+static char model_path[512];
+
+/* Draft models: the target itself as its own draft (every draft accepted: same logits bits, same draws), another
+ * random model (few accepted), self-drafting from the first layer; all give the plain output. A draft pool too small
+ * for the prompts degrades to no drafts. A draft with another vocabulary is refused, naming both models. */
+static void test_spec_draft_models(void)
+{
+    enum { N = 24 };
+    static job jobs[N];
+    static out plain[N], spec[N];
+    make_jobs(jobs, N);
+    proposer = NULL;
+    run_alone(jobs, N, plain);
+
+    char other[512], wide[512];
+    snprintf(other, sizeof other, "%s/sched-draft.gguf", test_tmpdir());
+    snprintf(wide, sizeof wide, "%s/sched-wide.gguf", test_tmpdir());
+    tiny_model_opts o = {0};
+    o.seed = 77;
+    REQUIRE(tiny_model_write(other, &o) == 0);
+    o.n_vocab = 320;
+    REQUIRE(tiny_model_write(wide, &o) == 0);
+
+    struct {
+        const char *spec;
+        int32_t kv_tokens;
+        const char *what;
+    } cases[] = {
+        {NULL, 8192, "the target as its draft"}, {"other", 8192, "another model"}, {"self:1", 8192, "self:1"},
+        {NULL, 40, "a draft pool of 48 positions"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bt_spec_config sc = bt_spec_config_default();
+        char arg[600];
+        if (!cases[c].spec) snprintf(arg, sizeof arg, "draft:%s", model_path);
+        else if (!strcmp(cases[c].spec, "other")) snprintf(arg, sizeof arg, "draft:%s", other);
+        else snprintf(arg, sizeof arg, "%s", cases[c].spec);
+        REQUIRE(bt_spec_parse(arg, &sc) == BT_OK);
+        REQUIRE(bt_spec_create(&sc, model, backend, cases[c].kv_tokens, 256, &proposer) == BT_OK);
+        REQUIRE(proposer != NULL);
+        fixed_k = 1;
+        bt_sched_stats st;
+        run_together(jobs, N, spec, 1024, 256, 0, &st);
+        check_same(jobs, plain, spec, N, cases[c].what);
+        fprintf(stderr, "  %s: %llu drafts proposed, %llu accepted in %llu verifications\n", cases[c].what,
+                (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+                (unsigned long long)st.spec_verifications);
+        if (c == 0) CHECK(st.spec_proposed > 100 && st.spec_accepted == st.spec_proposed);
+        if (c == 1 || c == 2) CHECK(st.spec_proposed > 100 && st.spec_accepted < st.spec_proposed);
+        if (c == 3) CHECK(st.spec_proposed < 100); /* only prompts short enough for the pool drafted */
+        /* alone, at batch 1, the same */
+        run_alone(jobs, 6, spec);
+        check_same(jobs, plain, spec, 6, cases[c].what);
+        fixed_k = 0;
+        bt_proposer_destroy(proposer);
+        proposer = NULL;
+    }
+
+    bt_spec_config sc = bt_spec_config_default();
+    char arg[600];
+    snprintf(arg, sizeof arg, "draft:%s", wide);
+    REQUIRE(bt_spec_parse(arg, &sc) == BT_OK);
+    bt_proposer *p = NULL;
+    CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) == BT_ERR_INVALID && p == NULL);
+    CHECK(strstr(bt_last_error(), "vocabulary") && strstr(bt_last_error(), "320") && strstr(bt_last_error(), wide));
+    REQUIRE(bt_spec_parse("draft:/nonexistent/draft.gguf", &sc) == BT_OK);
+    CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) != BT_OK && strstr(bt_last_error(), "/nonexistent"));
+    REQUIRE(bt_spec_parse("self:2", &sc) == BT_OK); /* the tiny model has 2 layers */
+    CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) == BT_ERR_INVALID && strstr(bt_last_error(), "2 layers"));
+}
+
 int main(void)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/sched.gguf", test_tmpdir());
+    char *path = model_path;
+    snprintf(model_path, sizeof model_path, "%s/sched.gguf", test_tmpdir());
     tiny_model_opts o = {0};
     if (tiny_model_write(path, &o) || bt_model_load(path, &model) || bt_backend_cpu_create(2, &backend)) {
         fprintf(stderr, "setup failed: %s\n", bt_last_error());
@@ -593,6 +664,7 @@ int main(void)
     RUN(test_remote_prefill_handoff);
     RUN(test_engine_thread);
     RUN(test_spec_equal_plain);
+    RUN(test_spec_draft_models);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();
