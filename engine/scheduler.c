@@ -60,6 +60,11 @@ typedef struct parked {
     int32_t seq;
 } parked;
 
+/* Weighted sums over steps of 1, n, T, n^2, n*T for a least-squares fit T = fixed + n * per_token. */
+typedef struct step_fit {
+    double w, n, t, nn, nt;
+} step_fit;
+
 struct bt_sched {
     const bt_model *m;
     bt_backend *be;
@@ -83,7 +88,8 @@ struct bt_sched {
     parked *parked;
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
-    double fit_w, fit_n, fit_t, fit_nn, fit_nt; /* weighted sums over steps of 1, n, T, n^2, n*T */
+    step_fit fit;            /* every step */
+    step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
     int32_t n_export;
     bt_spec_item *b_items;   /* [max_running] draft requests of this step */
@@ -645,17 +651,18 @@ static void admit(bt_sched *s, int32_t *budget)
     }
 }
 
-/* Adds one step of n tokens that took t seconds to the step-time fit (recent steps weigh more). */
-static void fit_add(bt_sched *s, double n, double t)
+/* Adds one step of n tokens that took t seconds to a step-time fit (recent steps weigh more) and returns the fitted
+ * fixed and per-token seconds. */
+static void fit_add(step_fit *f, double n, double t, double *fixed, double *per_token)
 {
     const double decay = 0.98;
-    s->fit_w = s->fit_w * decay + 1;
-    s->fit_n = s->fit_n * decay + n;
-    s->fit_t = s->fit_t * decay + t;
-    s->fit_nn = s->fit_nn * decay + n * n;
-    s->fit_nt = s->fit_nt * decay + n * t;
-    double mn = s->fit_n / s->fit_w, mt = s->fit_t / s->fit_w;
-    double var = s->fit_nn / s->fit_w - mn * mn, cov = s->fit_nt / s->fit_w - mn * mt;
+    f->w = f->w * decay + 1;
+    f->n = f->n * decay + n;
+    f->t = f->t * decay + t;
+    f->nn = f->nn * decay + n * n;
+    f->nt = f->nt * decay + n * t;
+    double mn = f->n / f->w, mt = f->t / f->w;
+    double var = f->nn / f->w - mn * mn, cov = f->nt / f->w - mn * mt;
     double c = var > 1.0 ? cov / var : 0, t0 = mt - c * mn;
     if (c <= 0 || t0 < 0) {
         /* steps of (nearly) one size, or noise: big steps are mostly per-token cost, small ones mostly fixed cost;
@@ -663,8 +670,8 @@ static void fit_add(bt_sched *s, double n, double t)
         c = mn >= 64 ? mt / mn : 0;
         t0 = mn >= 64 ? 0 : mt;
     }
-    s->st.step_token_s = c;
-    s->st.step_fixed_s = t0;
+    *per_token = c;
+    *fixed = t0;
 }
 
 static void snapshot(bt_sched *s)
@@ -725,7 +732,8 @@ static void add_drafts(bt_sched *s, int32_t *budget)
         rows += s->running[i]->feed_n > 0 ? s->running[i]->feed_n : 0;
         n_decode += is_plain_decode(s->running[i]);
     }
-    double thr = bt_spec_threshold(s->st.step_fixed_s, s->st.step_token_s, n_decode, rows);
+    /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
+    double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, n_decode, rows);
     int32_t ni = 0;
     double alpha_sum = 0, k_sum = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
@@ -860,6 +868,7 @@ int bt_sched_step(bt_sched *s)
 
     /* 3. build the batch */
     int32_t nt = 0, ns = 0, nl = 0;
+    int decode_only = 1;
     s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
@@ -869,6 +878,7 @@ int bt_sched_step(bt_sched *s)
         s->b_views[ns] = (bt_seq_view){table, nb};
         s->b_reqs[ns] = r;
         r->logit_row = -1;
+        if (r->feed_n - r->n_draft != 1 || r->feed_from + 1 != r->n_tokens) decode_only = 0;
         for (int32_t k = 0; k < r->feed_n; k++) {
             s->b_tokens[nt] = r->tokens[r->feed_from + k];
             s->b_pos[nt] = r->feed_from + k;
@@ -897,7 +907,11 @@ int bt_sched_step(bt_sched *s)
     bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
     double t_run = bt_sched_now();
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
-    if (!st) fit_add(s, nt, bt_sched_now() - t_run);
+    if (!st) {
+        double dt = bt_sched_now() - t_run;
+        fit_add(&s->fit, nt, dt, &s->st.step_fixed_s, &s->st.step_token_s);
+        if (decode_only) fit_add(&s->fit_decode, nt, dt, &s->st.decode_fixed_s, &s->st.decode_row_s);
+    }
     bt_forward_set_layer_hook(s->fw, NULL, NULL);
     s->st.steps++;
     if (st) {

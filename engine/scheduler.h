@@ -110,6 +110,7 @@ typedef struct bt_sched_stats {
      * step_fixed_s + n * step_token_s. 1 / step_token_s is the marginal prefill rate; step_fixed_s + step_token_s
      * a lone decode step. 0 until measured. */
     double step_fixed_s, step_token_s;
+    double decode_fixed_s, decode_row_s; /* the same fit over steps of decode rows only (drafts included) */
     /* Speculative decoding: verifications (a sequence's step that carried drafts), drafts proposed and accepted,
      * verifications by accepted drafts, and for the last step that considered drafting: the cost threshold and
      * the mean of the drafting sequences' acceptance estimates and of the k they asked for (bt_spec_choose_k). */

@@ -197,6 +197,7 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
     g.logprobs = q->logprobs || q->top_logprobs;
     g.top_logprobs = (int)q->top_logprobs;
     g.ignore_eos = q->ignore_eos;
+    g.no_spec = q->disable_speculation;
     snprintf(g.request_id, sizeof g.request_id, "%s", q->request_id);
     const Baton__V1__SamplingParams *sp = q->sampling;
     if (sp) {
