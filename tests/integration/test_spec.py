@@ -158,6 +158,24 @@ def test_generate_every_proposer_same_ids(baton_bin, default_model, seeded):
         assert m and int(m.group(1)) > 20 and m.group(1) == m.group(2), err
 
 
+def test_model_slice_is_self_drafting(baton_bin, default_model, tmp_path):
+    """`baton model slice --layers 0-7` writes a model that drafts exactly as --spec self:8 does."""
+    out = tmp_path / "first8.gguf"
+    r = subprocess.run([str(baton_bin), "model", "slice", str(default_model), "--layers", "0-7", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and out.exists(), r.stderr
+    q = f"Add a docstring to this function:\n{CODE}"
+    plain, _ = generate_ids(baton_bin, default_model, q)
+    a, err_a = generate_ids(baton_bin, default_model, q, "--spec", "self:8")
+    b, err_b = generate_ids(baton_bin, default_model, q, "--spec", f"draft:{out}")
+    assert a == plain and b == plain
+    stats = [re.search(r"(\d+) drafts proposed, (\d+) accepted", e).groups() for e in (err_a, err_b)]
+    assert stats[0] == stats[1] and int(stats[0][0]) > 0, (err_a, err_b)
+    bad = subprocess.run([str(baton_bin), "model", "slice", str(default_model), "--layers", "0-29", "--out",
+                          str(tmp_path / "x.gguf")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "keep 1..29" in bad.stderr, bad.stderr
+
+
 def test_bad_spec_fails_at_startup(default_model, tmp_path, baton_bin):
     with EtcdServer() as etcd:
         for spec, want in [("bogus", "--spec 'bogus' is not one of"), ("self:0", "layer count"),
@@ -185,3 +203,28 @@ def test_bad_spec_fails_at_startup(default_model, tmp_path, baton_bin):
 def build_bin(name):
     from conftest import build_dir
     return build_dir() / "bin" / name
+
+
+def test_local_cluster_up_with_spec(default_model, tmp_path):
+    """`deploy/local/cluster up --spec ngram` starts decode nodes that speculate and serve."""
+    import os
+    from conftest import ROOT, build_dir
+    from test_local_cluster import free_port
+    script = ROOT / "deploy" / "local" / "cluster"
+    http = free_port()
+    run = tmp_path / "run"
+    env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(run),
+               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port(pair=True)}", BATON_HTTP_LISTEN=f"127.0.0.1:{http}",
+               BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_THREADS="1")
+    up = subprocess.run([str(script), "up", "--detach", "--prefill", "0", "--spec", "ngram", "--model",
+                         str(default_model)], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        cl = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="none", max_retries=0, timeout=60)
+        r = cl.chat.completions.create(model="", max_tokens=32, temperature=0, messages=[
+            {"role": "user", "content": "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta."}])
+        assert r.choices[0].message.content
+        assert "speculation ngram" in (run / "decode-1.log").read_text()
+    finally:
+        down = subprocess.run([str(script), "down"], env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0
