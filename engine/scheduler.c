@@ -733,7 +733,8 @@ static void add_drafts(bt_sched *s, int32_t *budget)
         n_decode += is_plain_decode(s->running[i]);
     }
     /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
-    double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, n_decode, rows);
+    double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
+    double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
     int32_t ni = 0;
     double alpha_sum = 0, k_sum = 0;
     for (int32_t i = 0; i < s->n_running; i++) {

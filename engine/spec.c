@@ -238,11 +238,13 @@ void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepte
     st->tries = st->tries * SPEC_DECAY + (float)(n_accepted + (n_accepted < n_drafts));
 }
 
-double bt_spec_threshold(double fixed, double per_row, int32_t n_decode, int32_t rows)
+double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows)
 {
-    if (per_row <= 0 || n_decode <= 0) return 0;
+    if (per_row < 0) per_row = 0;
+    if (round < 0) round = 0;
     double t = fixed + per_row * rows;
-    return t > 0 ? per_row * n_decode / t : 0;
+    if (n_decode <= 0 || t <= 0) return 0;
+    return (per_row * n_decode + round) / t;
 }
 
 int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold)

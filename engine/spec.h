@@ -73,6 +73,9 @@ typedef struct bt_proposer_ops {
      * 0 drafts for that item. Items name distinct states. */
     void (*propose)(bt_proposer *p, bt_spec_item *items, int32_t n);
     void (*destroy)(bt_proposer *p);
+    /* Optional (NULL: free): seconds one round of drafting (one more draft for every sequence) has recently taken,
+     * measured by the proposer; the adaptive-k rule adds it to the cost of a draft. */
+    double (*round_cost)(bt_proposer *p);
 } bt_proposer_ops;
 
 struct bt_proposer {
@@ -103,9 +106,10 @@ static inline void bt_proposer_destroy(bt_proposer *p)
 /* ---- how many drafts (adaptive k) ----
  * Each sequence keeps a running estimate of the chance alpha that its next draft is accepted (accepted drafts over
  * drafts tried up to and including the first rejection, recent steps weighing more). A step costs about
- * fixed + per_row * rows (the scheduler's fitted step-time model). Draft i of a sequence (i = 1..k) costs one more
- * row and yields a token with probability alpha^i; it is worth it when that beats the tokens per row-second the step
- * already makes: alpha^i > per_row * n_decode / (fixed + per_row * rows). Large, compute-bound batches thus stop
+ * fixed + per_row * rows (the scheduler's fitted step-time model of decode steps). Draft i of a sequence (i = 1..k)
+ * costs one more row, plus its share of the proposer's round of drafting (a draft model's forward pass), and yields
+ * a token with probability alpha^i; it is worth it when that beats the tokens per second the step already makes:
+ * alpha^i > (per_row * n_decode + round) / (fixed + per_row * rows). Large, compute-bound batches thus stop
  * drafting by themselves, and a proposer that keeps missing drives k to 0 (with a probe every 16 steps while the
  * threshold is below 0.5). */
 typedef struct bt_spec_stats {
@@ -123,9 +127,9 @@ float bt_spec_alpha(const bt_spec_stats *st);
  * was kept). */
 void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepted);
 
-/* The cost threshold above for a step: per_row and fixed in seconds, n_decode sequences and rows without drafts.
- * 0 while the step cost is unknown (per_row 0): draft freely. */
-double bt_spec_threshold(double fixed, double per_row, int32_t n_decode, int32_t rows);
+/* The cost threshold above for a step: fixed, per_row and round in seconds, n_decode sequences and rows without
+ * drafts. 0 while nothing is known of the costs (draft freely, bounded by the 0.1 floor of bt_spec_choose_k). */
+double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows);
 
 /* The drafts to ask for: the largest k <= k_max with alpha^k > max(threshold, 0.1) (0 when none), except that a
  * sequence that has not drafted for 16 steps probes with 1 when threshold < 0.5. Updates st->idle_steps. */

@@ -13,6 +13,7 @@
 #include "engine/block_manager.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
+#include "engine/scheduler.h"
 #include "engine/spec.h"
 
 #define DRAFT_MAX_TOKENS 256 /* rows of one draft forward pass: a long prompt is caught up over several steps */
@@ -38,6 +39,7 @@ typedef struct dm_ctx {
     bt_seq_view *views;     /* [max_items] */
     int32_t *row_of;        /* [max_items] logits row of each item in a pass, -1 when it has none */
     int32_t max_items;
+    double round_s;         /* recent seconds per drafting round (one-token pass), exponentially weighted */
 } dm_ctx;
 
 /* FNV-1a over the tokenizer's token strings (and their count): equal vocabularies have equal fingerprints. Models
@@ -177,7 +179,11 @@ static void dm_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
     if (nt == 0) return;
     for (int32_t i = 0; i < n; i++) nl += c->row_of[i] >= 0;
     for (int32_t j = 0;; j++) {
-        if (dm_run(c, nt, ns, nl) != BT_OK) {
+        double t0 = bt_sched_now();
+        bt_status st = dm_run(c, nt, ns, nl);
+        if (j > 0 && st == BT_OK) /* one-token passes only: catching up on a prompt is not a drafting round */
+            c->round_s = c->round_s > 0 ? 0.9 * c->round_s + 0.1 * (bt_sched_now() - t0) : bt_sched_now() - t0;
+        if (st != BT_OK) {
             BT_WARN("spec", "draft forward pass failed: %s; no drafts this step", bt_last_error());
             for (int32_t i = 0; i < n; i++) {
                 items[i].n_drafts = 0;
@@ -216,6 +222,8 @@ static void dm_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
     }
 }
 
+static double dm_round_cost(bt_proposer *p) { return ((const dm_ctx *)p->ctx)->round_s; }
+
 static void dm_destroy(bt_proposer *p)
 {
     dm_ctx *c = p->ctx;
@@ -239,6 +247,7 @@ static const bt_proposer_ops draft_ops = {
     .seq_close = dm_seq_close,
     .propose = dm_propose,
     .destroy = dm_destroy,
+    .round_cost = dm_round_cost,
 };
 
 static const bt_proposer_ops self_ops = {
@@ -247,6 +256,7 @@ static const bt_proposer_ops self_ops = {
     .seq_close = dm_seq_close,
     .propose = dm_propose,
     .destroy = dm_destroy,
+    .round_cost = dm_round_cost,
 };
 
 /* Creates the proposer around c->m (set by the caller): pool for kv_tokens positions, scratch for max_items. */

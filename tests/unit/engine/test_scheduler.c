@@ -493,7 +493,8 @@ static bt_status bad_open(bt_proposer *p, void **st)
 }
 static void bad_close(bt_proposer *p, void *st) { (void)p, (void)st; }
 static void bad_destroy(bt_proposer *p) { (void)p; }
-static const bt_proposer_ops bad_ops = {"bad", bad_open, bad_close, bad_propose, bad_destroy};
+static const bt_proposer_ops bad_ops = {
+    .name = "bad", .seq_open = bad_open, .seq_close = bad_close, .propose = bad_propose, .destroy = bad_destroy};
 
 /* Runs jobs together on a scheduler (speculating with `proposer` when set), checking invariants after each step. */
 static void run_together(const job *jobs, int n, out *outs, size_t kv_blocks, int32_t budget, int no_spec_odd,

@@ -127,13 +127,15 @@ static void test_adaptive_k(void)
     CHECK(bt_spec_alpha(&st) > 0.95f);
     CHECK(bt_spec_choose_k(&st, 8, 0) == 8);
     /* a compute-bound step: the threshold nears 1; alpha 0.8 then drafts nothing, a near-certain proposer still does */
-    double thr = bt_spec_threshold(0.003, 0.001, 64, 64);
+    double thr = bt_spec_threshold(0.003, 0.001, 0, 64, 64);
     CHECK(thr > 0.9 && thr < 1);
     CHECK(bt_spec_choose_k(&st, 8, thr) == 8);
     bt_spec_stats mid = {.hits = 8, .tries = 10};
     CHECK(bt_spec_choose_k(&mid, 8, thr) == 0);
     CHECK(bt_spec_choose_k(&mid, 8, 0.5) == 3); /* 0.8, 0.64, 0.512 */
-    CHECK(bt_spec_threshold(0.003, 0, 1, 1) == 0);
+    CHECK(bt_spec_threshold(0.003, 0, 0, 1, 1) == 0);
+    /* a draft model's round (1 ms) on a 4 ms batch-1 step: a draft must be accepted more than 1 time in 4 */
+    CHECK(fabs(bt_spec_threshold(0.004, 0, 0.001, 1, 1) - 0.25) < 1e-9);
     /* every draft rejected: k falls to 0, then a single probe every 16 steps while drafting is cheap */
     for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 1, 0);
     CHECK(bt_spec_alpha(&st) < 0.05f);
