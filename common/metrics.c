@@ -608,6 +608,8 @@ bt_status metrics_expose(metrics_registry_t *r, char **out, size_t *len)
 
 static const char *const LABEL_STATUS[] = {"status"};
 static const char *const LABEL_ROLE[] = {"role"};
+static const char *const LABEL_PROPOSER[] = {"proposer"};
+static const double SPEC_LEN_BUCKETS[] = {0, 1, 2, 3, 4, 6, 8, 12, 16};
 static const double TTFT_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
                                       0.75,  1,    2.5,   5,    7.5,   10,  20,   40,  80};
 static const double TPOT_BUCKETS[] = {0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
@@ -647,9 +649,13 @@ static const metrics_desc_t STD_DESCS[METRICS_STD_COUNT] = {
                                          "Duration of one request's KV cache transfer, in seconds.", METRICS_HISTOGRAM,
                                          NULL, 0, XFER_BUCKETS, NB(XFER_BUCKETS)},
     [METRICS_STD_SPEC_ACCEPTED] = {BT_METRIC_SPEC_ACCEPTED, "Speculative draft tokens accepted.", METRICS_COUNTER,
-                                   NULL, 0, NULL, 0},
+                                   LABEL_PROPOSER, 1, NULL, 0},
     [METRICS_STD_SPEC_PROPOSED] = {BT_METRIC_SPEC_PROPOSED, "Speculative draft tokens proposed.", METRICS_COUNTER,
-                                   NULL, 0, NULL, 0},
+                                   LABEL_PROPOSER, 1, NULL, 0},
+    [METRICS_STD_SPEC_ACCEPTED_LENGTH] = {BT_METRIC_SPEC_ACCEPTED_LENGTH,
+                                          "Draft tokens accepted per verification (one sequence's step with drafts).",
+                                          METRICS_HISTOGRAM, LABEL_PROPOSER, 1, SPEC_LEN_BUCKETS,
+                                          NB(SPEC_LEN_BUCKETS)},
     [METRICS_STD_RUNNING_SEQUENCES] = {BT_METRIC_RUNNING_SEQUENCES, "Sequences in the running batch.", METRICS_GAUGE,
                                        NULL, 0, NULL, 0},
     [METRICS_STD_WAITING_REQUESTS] = {BT_METRIC_WAITING_REQUESTS, "Requests waiting to be scheduled.", METRICS_GAUGE,

@@ -120,6 +120,7 @@ extern const size_t METRICS_DEFAULT_BUCKETS_N;
 #define BT_METRIC_KV_TRANSFER_SECONDS "baton_kv_transfer_seconds"
 #define BT_METRIC_SPEC_ACCEPTED "baton_spec_accepted_tokens_total"
 #define BT_METRIC_SPEC_PROPOSED "baton_spec_proposed_tokens_total"
+#define BT_METRIC_SPEC_ACCEPTED_LENGTH "baton_spec_accepted_length"
 #define BT_METRIC_RUNNING_SEQUENCES "baton_running_sequences"
 #define BT_METRIC_WAITING_REQUESTS "baton_waiting_requests"
 #define BT_METRIC_MIGRATIONS "baton_migrations_total"
@@ -142,6 +143,7 @@ typedef enum metrics_std {
     METRICS_STD_KV_TRANSFER_SECONDS,
     METRICS_STD_SPEC_ACCEPTED,
     METRICS_STD_SPEC_PROPOSED,
+    METRICS_STD_SPEC_ACCEPTED_LENGTH,
     METRICS_STD_RUNNING_SEQUENCES,
     METRICS_STD_WAITING_REQUESTS,
     METRICS_STD_MIGRATIONS,

@@ -270,6 +270,7 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
                                   bt_ne_random_seed(), sp, err, cap))
         return BT_RPC_INVALID_ARGUMENT;
     rp->sample_index = (int32_t)q->sample_index;
+    rp->no_spec = q->disable_speculation;
     sp->n_stop_ids = (int32_t)q->n_stop_token_ids;
     for (size_t i = 0; i < q->n_stop_token_ids; i++) sp->stop_ids[i] = q->stop_token_ids[i];
     sp->ignore_eos = q->ignore_eos;
@@ -653,7 +654,8 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     bt_status st;
     bt_ne_config_t nc = {.model_path = cfg->model_path, .name = DEC_LOG, .threads = cfg->threads,
                          .kv_mem = cfg->kv_mem, .max_batch_tokens = cfg->max_batch_tokens,
-                         .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0};
+                         .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0,
+                         .spec = cfg->spec, .spec_k_max = cfg->spec_k_max};
     if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
     s->sched = s->ne->sched;
     s->calls.sched = s->sched;

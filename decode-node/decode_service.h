@@ -27,6 +27,8 @@ typedef struct decode_config {
                                 * a deadline of their own: 0 = DECODE_REMOTE_TIMEOUT_MS; < 0 = no kvtransfer,
                                 * always prefill locally */
     const char *node_id;       /* reported in the first message of each stream */
+    const char *spec;          /* speculative decoding (--spec syntax); NULL or "" = none */
+    int32_t spec_k_max;        /* 0 = 4 */
     metrics_registry_t *metrics; /* must outlive the service */
     bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
 } decode_config_t;

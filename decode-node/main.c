@@ -12,6 +12,8 @@ static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **sv
         .kv_mem = flags->kv_mem,
         .max_batch_tokens = flags->max_batch_tokens,
         .node_id = flags->node_id,
+        .spec = flags->spec,
+        .spec_k_max = flags->spec_k_max,
         .metrics = bt_node_metrics(node),
         .rpc = bt_node_rpc(node),
     };

@@ -28,7 +28,13 @@ typedef struct sreq {
     double t_submit, t_admit; /* bt_sched_now() at submit and at the first admission (0 = not yet) */
     /* this step */
     int32_t feed_from, feed_n;
-    int32_t logit_row;       /* row in the step's logits, -1 when none */
+    int32_t logit_row;       /* row in the step's logits, -1 when none (the first of n_draft + 1 rows) */
+    int32_t n_draft;         /* drafts fed after the last token in this step, at tokens[n_tokens...] */
+    int32_t draft[BT_SPEC_K_LIMIT];
+    /* speculative decoding */
+    void *spec_state;        /* the proposer's, opened at the first draft */
+    int spec_open;           /* 0 not yet, 1 open, -1 could not open (no speculation) */
+    bt_spec_stats spec;
     struct sreq *next;       /* inbox link */
 } sreq;
 
@@ -54,6 +60,11 @@ typedef struct parked {
     int32_t seq;
 } parked;
 
+/* Weighted sums over steps of 1, n, T, n^2, n*T for a least-squares fit T = fixed + n * per_token. */
+typedef struct step_fit {
+    double w, n, t, nn, nt;
+} step_fit;
+
 struct bt_sched {
     const bt_model *m;
     bt_backend *be;
@@ -77,9 +88,12 @@ struct bt_sched {
     parked *parked;
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
-    double fit_w, fit_n, fit_t, fit_nn, fit_nt; /* weighted sums over steps of 1, n, T, n^2, n*T */
+    step_fit fit;            /* every step */
+    step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
     int32_t n_export;
+    bt_spec_item *b_items;   /* [max_running] draft requests of this step */
+    sreq **b_item_reqs;      /* [max_running] */
 
     /* shared with other threads */
     pthread_mutex_t mu;
@@ -108,9 +122,10 @@ bt_req_params bt_req_params_default(void)
     return p;
 }
 
-static void req_free(sreq *r)
+static void req_free(bt_sched *s, sreq *r)
 {
     if (!r) return;
+    if (r->spec_open == 1) s->cfg.proposer->ops->seq_close(s->cfg.proposer, r->spec_state);
     bt_sampler_seq_free(r->sampler);
     free(r->tokens);
     free(r);
@@ -135,6 +150,9 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     if (!cfg.max_batch_tokens) cfg.max_batch_tokens = 512;
     if (!cfg.max_running) cfg.max_running = 256;
     if (!cfg.max_context) cfg.max_context = m->hp.n_ctx_train < 8192 ? m->hp.n_ctx_train : 8192;
+    if (!cfg.spec_k_max) cfg.spec_k_max = 4;
+    if (cfg.spec_k_max < 1 || cfg.spec_k_max > BT_SPEC_K_LIMIT)
+        return bt_fail(BT_ERR_INVALID, "speculative k_max %d outside 1..%d", cfg.spec_k_max, BT_SPEC_K_LIMIT);
     if (cfg.max_batch_tokens < 1 || cfg.max_running < 1 || cfg.max_context < 1 || cfg.n_eog < 0)
         return bt_fail(BT_ERR_INVALID, "scheduler: bad configuration");
     bt_sched *s = calloc(1, sizeof *s);
@@ -165,7 +183,9 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     s->b_views = malloc(sizeof(bt_seq_view) * (size_t)cfg.max_running);
     s->b_reqs = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
     s->b_export = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
-    if (!s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
+    s->b_items = malloc(sizeof(bt_spec_item) * (size_t)cfg.max_running);
+    s->b_item_reqs = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
+    if (!s->b_items || !s->b_item_reqs || !s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
         !s->b_reqs || !s->b_export)
         goto nomem;
     s->st.kv_blocks_total = s->snap.kv_blocks_total = s->kv->n_blocks;
@@ -230,7 +250,7 @@ static void finish_and_free(bt_sched *s, sreq *r)
             s->n_waiting--;
             break;
         }
-    req_free(r);
+    req_free(s, r);
 }
 
 static int before(const sreq *a, const sreq *b)
@@ -265,7 +285,7 @@ static void requeue(bt_sched *s, sreq *r)
         }
     if (waiting_insert(s, r)) {
         emit_end(r, BT_END_ERROR, BT_ERR_NOMEM);
-        req_free(r);
+        req_free(s, r);
     }
 }
 
@@ -286,7 +306,7 @@ void bt_sched_destroy(bt_sched *s)
     for (sreq *r = s->inbox, *n; r; r = n) {
         n = r->next;
         emit_end(r, BT_END_ABORT, BT_OK);
-        req_free(r);
+        req_free(s, r);
     }
     for (abort_item *a = s->aborts, *n; a; a = n) {
         n = a->next;
@@ -294,6 +314,8 @@ void bt_sched_destroy(bt_sched *s)
     }
     free(s->parked); /* their blocks go with the block manager */
     free(s->b_export);
+    free(s->b_items);
+    free(s->b_item_reqs);
     bt_forward_destroy(s->fw);
     bt_bm_destroy(s->bm);
     bt_kv_pool_destroy(s->kv);
@@ -355,6 +377,7 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     r->emit = emit;
     r->user = user;
     r->seq = -1;
+    bt_spec_stats_init(&r->spec);
     r->t_submit = bt_sched_now();
     pthread_mutex_lock(&s->mu);
     r->id = r->order = s->next_id++;
@@ -481,7 +504,7 @@ static void drain_inbox(bt_sched *s)
         r->next = NULL;
         if (waiting_insert(s, r)) {
             emit_end(r, BT_END_ERROR, BT_ERR_NOMEM);
-            req_free(r);
+            req_free(s, r);
         }
     }
     for (abort_item *a = ab, *n; a; a = n) {
@@ -628,17 +651,18 @@ static void admit(bt_sched *s, int32_t *budget)
     }
 }
 
-/* Adds one step of n tokens that took t seconds to the step-time fit (recent steps weigh more). */
-static void fit_add(bt_sched *s, double n, double t)
+/* Adds one step of n tokens that took t seconds to a step-time fit (recent steps weigh more) and returns the fitted
+ * fixed and per-token seconds. */
+static void fit_add(step_fit *f, double n, double t, double *fixed, double *per_token)
 {
     const double decay = 0.98;
-    s->fit_w = s->fit_w * decay + 1;
-    s->fit_n = s->fit_n * decay + n;
-    s->fit_t = s->fit_t * decay + t;
-    s->fit_nn = s->fit_nn * decay + n * n;
-    s->fit_nt = s->fit_nt * decay + n * t;
-    double mn = s->fit_n / s->fit_w, mt = s->fit_t / s->fit_w;
-    double var = s->fit_nn / s->fit_w - mn * mn, cov = s->fit_nt / s->fit_w - mn * mt;
+    f->w = f->w * decay + 1;
+    f->n = f->n * decay + n;
+    f->t = f->t * decay + t;
+    f->nn = f->nn * decay + n * n;
+    f->nt = f->nt * decay + n * t;
+    double mn = f->n / f->w, mt = f->t / f->w;
+    double var = f->nn / f->w - mn * mn, cov = f->nt / f->w - mn * mt;
     double c = var > 1.0 ? cov / var : 0, t0 = mt - c * mn;
     if (c <= 0 || t0 < 0) {
         /* steps of (nearly) one size, or noise: big steps are mostly per-token cost, small ones mostly fixed cost;
@@ -646,8 +670,8 @@ static void fit_add(bt_sched *s, double n, double t)
         c = mn >= 64 ? mt / mn : 0;
         t0 = mn >= 64 ? 0 : mt;
     }
-    s->st.step_token_s = c;
-    s->st.step_fixed_s = t0;
+    *per_token = c;
+    *fixed = t0;
 }
 
 static void snapshot(bt_sched *s)
@@ -680,12 +704,141 @@ static void export_layer(void *user, int32_t layer)
     for (int32_t i = 0; i < s->n_export; i++) s->b_export[i]->p.kv_export->layer(s->b_export[i]->user, layer);
 }
 
+/* A running request whose only token this step is its last sampled one: it may carry drafts. */
+static int is_plain_decode(const sreq *r)
+{
+    return r->feed_n == 1 && r->feed_from == r->n_tokens - 1 && r->n_generated > 0 && !r->p.kv_export &&
+           r->remote != REMOTE_PENDING;
+}
+
+/* Tokens r may still generate after its next one (drafts beyond that could never be kept). */
+static int32_t draft_room(const bt_sched *s, const sreq *r)
+{
+    int32_t room = bt_sampler_seq_remaining(r->sampler);
+    if (r->cap - r->n_tokens < room) room = r->cap - r->n_tokens;
+    if (s->cfg.max_context - r->n_tokens < room) room = s->cfg.max_context - r->n_tokens;
+    return room - 1;
+}
+
+/* Picks the decoding requests that get drafts this step and how many (bt_spec_choose_k), asks the proposer, and
+ * reserves KV slots for the drafts without preempting anyone (no slots: no drafts). Drafts take what budget the
+ * running requests and admissions left. */
+static void add_drafts(bt_sched *s, int32_t *budget)
+{
+    bt_proposer *pr = s->cfg.proposer;
+    if (!pr || *budget <= 0) return;
+    int32_t n_decode = 0, rows = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        rows += s->running[i]->feed_n > 0 ? s->running[i]->feed_n : 0;
+        n_decode += is_plain_decode(s->running[i]);
+    }
+    /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
+    double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
+    double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
+    int32_t ni = 0;
+    double alpha_sum = 0, k_sum = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        if (!is_plain_decode(r) || r->p.no_spec || r->spec_open < 0) continue;
+        int32_t k_max = draft_room(s, r);
+        if (k_max > s->cfg.spec_k_max) k_max = s->cfg.spec_k_max;
+        if (k_max <= 0) continue;
+        alpha_sum += bt_spec_alpha(&r->spec);
+        int32_t k = s->cfg.spec_fixed_k ? k_max : bt_spec_choose_k(&r->spec, k_max, thr);
+        k_sum += k;
+        if (k <= 0) continue;
+        if (r->spec_open == 0) {
+            r->spec_open = pr->ops->seq_open(pr, &r->spec_state) == BT_OK ? 1 : -1;
+            if (r->spec_open < 0) continue;
+        }
+        bt_spec_item *it = &s->b_items[ni];
+        it->state = r->spec_state;
+        it->tokens = r->tokens;
+        it->n_tokens = r->n_tokens;
+        it->sampler = r->sampler;
+        it->k = k;
+        it->n_drafts = 0;
+        s->b_item_reqs[ni++] = r;
+    }
+    int32_t n_considered = 0;
+    for (int32_t i = 0; i < s->n_running; i++) n_considered += is_plain_decode(s->running[i]) && !s->running[i]->p.no_spec;
+    if (n_considered) {
+        s->st.spec_threshold = thr;
+        s->st.spec_alpha = alpha_sum / n_considered;
+        s->st.spec_k = k_sum / n_considered;
+    }
+    if (ni == 0) return;
+    pr->ops->propose(pr, s->b_items, ni);
+    for (int32_t j = 0; j < ni && *budget > 0; j++) {
+        sreq *r = s->b_item_reqs[j];
+        bt_spec_item *it = &s->b_items[j];
+        int32_t nd = it->n_drafts < it->k ? it->n_drafts : it->k;
+        if (nd > *budget) nd = *budget;
+        if (nd <= 0) continue;
+        for (int32_t d = 0; d < nd; d++) {
+            if (it->drafts[d] < 0 || it->drafts[d] >= s->m->hp.n_vocab) { /* a proposer bug must not reach the model */
+                nd = d;
+                break;
+            }
+            r->draft[d] = r->tokens[r->n_tokens + d] = it->drafts[d];
+        }
+        bt_bm_copy cow = {-1, -1};
+        if (nd <= 0 || bt_bm_seq_append(s->bm, r->seq, nd, r->tokens + r->n_tokens, &cow) != BT_OK) continue;
+        copy_block(s, &cow);
+        r->n_draft = nd;
+        r->feed_n += nd;
+        *budget -= nd;
+    }
+}
+
+/* Samples r's rows of a step that carried drafts, exactly as plain decoding would sample each position: row i holds
+ * the logits for position n0 + i, sampled with the history of the tokens before it. Drafts are kept while they equal
+ * those draws; the first draw that differs (or the draw after the last draft) is kept too. Then the KV of rejected
+ * drafts is dropped, the kept positions are published, and the tokens are emitted one by one (the request may finish
+ * on any of them). */
+static void verify_drafts(bt_sched *s, sreq *r)
+{
+    int32_t V = s->m->hp.n_vocab, n0 = r->n_tokens, nd = r->n_draft;
+    int32_t toks[BT_SPEC_K_LIMIT + 1];
+    bt_sample_out so[BT_SPEC_K_LIMIT + 1];
+    int32_t m = 0, ended = 0;
+    for (int32_t i = 0; i <= nd; i++) {
+        toks[i] = bt_sampler_sample(r->sampler, s->logits + (size_t)(r->logit_row + i) * (size_t)V, n0 + i,
+                                    s->scratch, &so[i]);
+        m = i + 1;
+        bt_finish f = BT_FINISH_NONE;
+        if (bt_sampler_seq_accept(r->sampler, toks[i], &f) != BT_OK) f = BT_FINISH_LENGTH;
+        if (f != BT_FINISH_NONE || n0 + m >= r->cap || n0 + m >= s->cfg.max_context) {
+            ended = 1;
+            break;
+        }
+        if (i < nd && toks[i] != r->draft[i]) break;
+    }
+    bt_sampler_seq_rollback(r->sampler, m); /* accept_token below records them for good */
+    int32_t acc = 0;
+    while (acc < m && acc < nd && toks[acc] == r->draft[acc]) acc++;
+    r->n_draft = 0;
+    /* positions before n0 + m - 1 hold the last token and the kept drafts: their KV is valid */
+    bt_bm_seq_truncate(s->bm, r->seq, n0 + m - 1);
+    bt_bm_seq_set_computed(s->bm, r->seq, n0 + m - 1);
+    s->st.spec_verifications++;
+    s->st.spec_proposed += (uint64_t)nd;
+    s->st.spec_accepted += (uint64_t)acc;
+    s->st.spec_accepted_hist[acc]++;
+    if (!ended) bt_spec_stats_update(&r->spec, nd, acc);
+    for (int32_t i = 0; i < m; i++)
+        if (accept_token(s, r, toks[i], &so[i])) break;
+}
+
 int bt_sched_step(bt_sched *s)
 {
     drain_inbox(s);
     expire_deadlines(s);
     int32_t budget = s->cfg.max_batch_tokens;
-    for (int32_t i = 0; i < s->n_running; i++) s->running[i]->feed_n = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        s->running[i]->feed_n = 0;
+        s->running[i]->n_draft = 0;
+    }
 
     /* 1. running requests continue (decodes need 1 token, unfinished prefills a chunk), in serving order */
     for (int32_t i = 0; i < s->n_running && budget > 0;) {
@@ -710,11 +863,13 @@ int bt_sched_step(bt_sched *s)
         for (i = 0; i < s->n_running && s->running[i] != r; i++) {}
         i++;
     }
-    /* 2. admissions */
+    /* 2. admissions, then drafts with what budget is left */
     admit(s, &budget);
+    add_drafts(s, &budget);
 
     /* 3. build the batch */
     int32_t nt = 0, ns = 0, nl = 0;
+    int decode_only = 1;
     s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
@@ -724,13 +879,17 @@ int bt_sched_step(bt_sched *s)
         s->b_views[ns] = (bt_seq_view){table, nb};
         s->b_reqs[ns] = r;
         r->logit_row = -1;
+        if (r->feed_n - r->n_draft != 1 || r->feed_from + 1 != r->n_tokens) decode_only = 0;
         for (int32_t k = 0; k < r->feed_n; k++) {
             s->b_tokens[nt] = r->tokens[r->feed_from + k];
             s->b_pos[nt] = r->feed_from + k;
             s->b_seq[nt] = ns;
             nt++;
         }
-        if (r->feed_from + r->feed_n == r->n_tokens) {
+        if (r->n_draft > 0) {
+            r->logit_row = nl; /* the last token and every draft: one row each */
+            for (int32_t k = r->n_draft; k >= 0; k--) s->b_rows[nl++] = nt - 1 - k;
+        } else if (r->feed_from + r->feed_n == r->n_tokens) {
             r->logit_row = nl;
             s->b_rows[nl++] = nt - 1;
             if (r->p.kv_export && !r->export_begun && r->n_generated == 0) {
@@ -749,7 +908,11 @@ int bt_sched_step(bt_sched *s)
     bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
     double t_run = bt_sched_now();
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
-    if (!st) fit_add(s, nt, bt_sched_now() - t_run);
+    if (!st) {
+        double dt = bt_sched_now() - t_run;
+        fit_add(&s->fit, nt, dt, &s->st.step_fixed_s, &s->st.step_token_s);
+        if (decode_only) fit_add(&s->fit_decode, nt, dt, &s->st.decode_fixed_s, &s->st.decode_row_s);
+    }
     bt_forward_set_layer_hook(s->fw, NULL, NULL);
     s->st.steps++;
     if (st) {
@@ -765,6 +928,10 @@ int bt_sched_step(bt_sched *s)
     int32_t V = s->m->hp.n_vocab;
     for (int32_t j = 0; j < ns; j++) {
         sreq *r = s->b_reqs[j];
+        if (r->n_draft > 0) {
+            verify_drafts(s, r);
+            continue;
+        }
         bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
         if (r->logit_row < 0) continue;
         bt_sample_out so;
@@ -831,6 +998,20 @@ void bt_sched_stop(bt_sched *s)
 }
 
 const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s) { return s->kv; }
+
+bt_status bt_sched_check(bt_sched *s)
+{
+    bt_status st = bt_bm_check(s->bm);
+    if (st) return st;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const sreq *r = s->running[i];
+        int32_t len = bt_bm_seq_len(s->bm, r->seq), done = bt_bm_seq_computed(s->bm, r->seq);
+        if (r->n_draft || len < done || len > r->n_tokens)
+            return bt_fail(BT_ERR_INTERNAL, "request %llu: %d drafts left, KV length %d, computed %d, tokens %d",
+                           (unsigned long long)r->id, r->n_draft, len, done, r->n_tokens);
+    }
+    return BT_OK;
+}
 
 void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st)
 {

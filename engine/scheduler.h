@@ -19,6 +19,7 @@
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 
 typedef struct bt_sched_config {
     size_t kv_mem;             /* bytes for the KV pool (default 256 MiB) */
@@ -31,6 +32,11 @@ typedef struct bt_sched_config {
     int disable_prefix_cache;
     const int32_t *eog_ids;    /* [n_eog] tokens that end generation (EOS, EOT ...); copied */
     int32_t n_eog;
+    bt_proposer *proposer;     /* optional speculative decoding (engine/spec.h); not owned, must outlive the
+                                * scheduler and is used only on its engine thread */
+    int32_t spec_k_max;        /* most drafts per sequence per step, 1..BT_SPEC_K_LIMIT (default 4) */
+    int spec_fixed_k;          /* 1: always ask for spec_k_max drafts (no adaptive k, no cost rule): for tests and
+                                * for measuring what drafting costs */
 } bt_sched_config;
 
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
@@ -61,6 +67,7 @@ typedef struct bt_req_params {
     const bt_remote_prefill *remote;     /* optional; must outlive the request */
     int hold_kv;                 /* keep the request's blocks after its last event until bt_sched_release_kv (a
                                   * prefill node's transfer may still read them) */
+    int no_spec;                 /* 1: never verify drafts for this request (its output is the same either way) */
 } bt_req_params;
 
 /* Defaults: greedy, max_tokens 16, priority 0, no deadline. */
@@ -103,6 +110,13 @@ typedef struct bt_sched_stats {
      * step_fixed_s + n * step_token_s. 1 / step_token_s is the marginal prefill rate; step_fixed_s + step_token_s
      * a lone decode step. 0 until measured. */
     double step_fixed_s, step_token_s;
+    double decode_fixed_s, decode_row_s; /* the same fit over steps of decode rows only (drafts included) */
+    /* Speculative decoding: verifications (a sequence's step that carried drafts), drafts proposed and accepted,
+     * verifications by accepted drafts, and for the last step that considered drafting: the cost threshold and
+     * the mean of the drafting sequences' acceptance estimates and of the k they asked for (bt_spec_choose_k). */
+    uint64_t spec_verifications, spec_proposed, spec_accepted;
+    uint64_t spec_accepted_hist[BT_SPEC_K_LIMIT + 1];
+    double spec_threshold, spec_alpha, spec_k;
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;
@@ -145,6 +159,11 @@ int bt_sched_idle(bt_sched *s);
 /* Starts / stops the engine thread, which steps while there is work and sleeps otherwise. */
 bt_status bt_sched_start(bt_sched *s);
 void bt_sched_stop(bt_sched *s);
+
+/* Checks the scheduler's invariants between steps (the block manager's bt_bm_check, and every running request's
+ * KV: computed <= length <= tokens, no draft left over). For tests; engine thread only. BT_ERR_INTERNAL naming
+ * what is wrong. */
+bt_status bt_sched_check(bt_sched *s);
 
 /* A snapshot taken at the end of the last step. Can't fail. */
 void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st);

@@ -137,7 +137,10 @@ typedef struct flag_def {
     const char *flag, *env;
 } flag_def;
 
-enum { F_MODEL, F_ETCD, F_CLUSTER, F_NODE_ID, F_GRPC, F_HTTP, F_THREADS, F_KV_MEM, F_MBT, F_LOG, F_GRACE, F_N };
+enum {
+    F_MODEL, F_ETCD, F_CLUSTER, F_NODE_ID, F_GRPC, F_HTTP, F_THREADS, F_KV_MEM, F_MBT, F_LOG, F_GRACE, F_SPEC,
+    F_SPEC_K, F_N
+};
 
 static const flag_def FLAGS[F_N] = {
     [F_MODEL] = {"--model", "BATON_MODEL"},
@@ -151,6 +154,8 @@ static const flag_def FLAGS[F_N] = {
     [F_MBT] = {"--max-batch-tokens", "BATON_MAX_BATCH_TOKENS"},
     [F_LOG] = {"--log-level", "BATON_LOG"},
     [F_GRACE] = {"--grace-ms", "BATON_GRACE_MS"},
+    [F_SPEC] = {"--spec", "BATON_SPEC"},
+    [F_SPEC_K] = {"--spec-k-max", "BATON_SPEC_K_MAX"},
 };
 
 void bt_node_usage(FILE *out, const char *prog)
@@ -167,7 +172,13 @@ void bt_node_usage(FILE *out, const char *prog)
             "  --kv-mem SIZE            KV pool size, e.g. 256M, 2G (BATON_KV_MEM; default 256M)\n"
             "  --max-batch-tokens N     token budget of one engine step (BATON_MAX_BATCH_TOKENS; default 512)\n"
             "  --log-level LEVEL        debug|info|warn|error (BATON_LOG; default info)\n"
-            "  --grace-ms MS            drain time for calls in flight at shutdown (BATON_GRACE_MS; default %d)\n",
+            "  --grace-ms MS            drain time for calls in flight at shutdown (BATON_GRACE_MS; default %d)\n"
+            "  --spec none|ngram|draft:PATH|self:L\n"
+            "                           decode nodes: speculative decoding by n-gram prompt lookup, a draft model\n"
+            "                           sharing the vocabulary, or the model's own first L layers; output is\n"
+            "                           bit-identical either way (BATON_SPEC; default none)\n"
+            "  --spec-k-max N           most draft tokens per sequence per step, 1..16; k adapts below it to the\n"
+            "                           acceptance rate and the batch's cost (BATON_SPEC_K_MAX; default 4)\n",
             prog, BT_NODE_DEFAULT_ETCD, MBR_DEFAULT_CLUSTER, BT_NODE_DEFAULT_LISTEN, BT_NODE_DEFAULT_LISTEN,
             BT_NODE_DEFAULT_GRACE_MS);
 }
@@ -272,6 +283,16 @@ bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char 
     if (val[F_GRACE]) {
         if ((st = parse_int(src[F_GRACE], val[F_GRACE], 0, 3600 * 1000, &v))) return st;
         o.grace_ms = (int)v;
+    }
+    /* speculation is a decode-node setting: a prefill node refuses the flag but ignores a cluster-wide variable */
+    if (val[F_SPEC] && role == MBR_ROLE_PREFILL && src[F_SPEC] == FLAGS[F_SPEC].flag && strcmp(val[F_SPEC], "none"))
+        return bt_fail(BT_ERR_INVALID, "--spec applies to decode nodes; prefill nodes generate one token per request");
+    /* the value itself is checked where the engine starts (bt_spec_parse) */
+    if (val[F_SPEC] && role != MBR_ROLE_PREFILL && (st = copy_str(o.spec, sizeof o.spec, src[F_SPEC], val[F_SPEC])))
+        return st;
+    if (val[F_SPEC_K]) {
+        if ((st = parse_int(src[F_SPEC_K], val[F_SPEC_K], 1, 16, &v))) return st; /* BT_SPEC_K_LIMIT */
+        o.spec_k_max = (int32_t)v;
     }
     *f = o;
     return BT_OK;

@@ -111,7 +111,15 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     tok_free(tok);
     tok = NULL;
     if ((st = bt_backend_cpu_create(cfg->threads, &ne->be))) goto fail;
+    ne->spec = bt_spec_config_default();
+    if (cfg->spec && cfg->spec[0] && (st = bt_spec_parse(cfg->spec, &ne->spec))) goto fail;
+    if (cfg->spec_k_max) ne->spec.k_max = cfg->spec_k_max;
+    if ((st = bt_spec_create(&ne->spec, ne->m, ne->be, (int32_t)(n_blocks * BT_KV_BLOCK), ne->max_batch_tokens,
+                             &ne->proposer)))
+        goto fail;
     bt_sched_config sc = {0};
+    sc.proposer = ne->proposer;
+    sc.spec_k_max = ne->spec.k_max;
     sc.kv_mem = n_blocks * ne->kv_block_bytes;
     sc.kv_memory = kv_memory;
     sc.max_batch_tokens = ne->max_batch_tokens;
@@ -138,6 +146,7 @@ void bt_ne_destroy(bt_ne_t *ne)
 {
     if (!ne) return;
     bt_sched_destroy(ne->sched); /* aborts what is left */
+    bt_proposer_destroy(ne->proposer);
     if (ne->kvx_pool && kvx_pool_destroy(ne->kvx_pool) != BT_OK)
         BT_WARN("node", "KV pool still in use at shutdown: %s", bt_last_error());
     kvx_context_destroy(ne->kvx);
@@ -168,14 +177,17 @@ bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *inf
 
 void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap)
 {
+    char kmax[16] = "";
+    if (ne->proposer) snprintf(kmax, sizeof kmax, "%d", ne->spec.k_max);
     snprintf(buf, cap,
              "model %s (fingerprint %s, %d layers, vocab %d) | cpu %s, %d threads, %d-bit activations | "
-             "KV %lld blocks x %d tokens (%.0f MiB f16, %s) | batch %d tokens, %d running, context %d",
+             "KV %lld blocks x %d tokens (%.0f MiB f16, %s) | batch %d tokens, %d running, context %d | "
+             "speculation %s%s%s",
              ne->m->name, ne->fingerprint, ne->m->hp.n_layer, ne->n_vocab, bt_backend_cpu_isa(ne->be),
              bt_backend_cpu_threads(ne->be), bt_backend_cpu_act_bits(ne->be), (long long)ne->kv_blocks_total,
              BT_KV_BLOCK, (double)ne->kv_block_bytes * (double)ne->kv_blocks_total / (1024.0 * 1024.0),
              ne->kvx_pool ? "registered with UCX" : "no kvtransfer", ne->max_batch_tokens, ne->max_running,
-             ne->max_context);
+             ne->max_context, bt_spec_kind_name(ne->spec.kind), ne->proposer ? ", k up to " : "", kmax);
 }
 
 bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
@@ -194,7 +206,37 @@ bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
         if (st) return st;
     }
     metrics_gauge_set(ne->g_kv_capacity, (double)ne->kv_blocks_total);
+    if (!ne->proposer) return BT_OK;
+    const char *lv[1] = {bt_spec_kind_name(ne->spec.kind)};
+    metrics_family_t *f;
+    bt_status st;
+    if ((st = metrics_std_register(reg, METRICS_STD_SPEC_PROPOSED, &f)) ||
+        (st = metrics_family_counter(f, lv, &ne->c_spec_proposed)))
+        return st;
+    if ((st = metrics_std_register(reg, METRICS_STD_SPEC_ACCEPTED, &f)) ||
+        (st = metrics_family_counter(f, lv, &ne->c_spec_accepted)))
+        return st;
+    if ((st = metrics_std_register(reg, METRICS_STD_SPEC_ACCEPTED_LENGTH, &f)) ||
+        (st = metrics_family_histogram(f, lv, &ne->h_spec_accepted)))
+        return st;
     return BT_OK;
+}
+
+/* Moves the scheduler's speculation counters into the metrics (deltas since the last call; under load_mu). */
+static void spec_metrics_update(bt_ne_t *ne, const bt_sched_stats *st)
+{
+    if (!ne->c_spec_proposed) return;
+    if (st->spec_proposed > ne->load_spec_proposed)
+        metrics_counter_add(ne->c_spec_proposed, st->spec_proposed - ne->load_spec_proposed);
+    if (st->spec_accepted > ne->load_spec_accepted)
+        metrics_counter_add(ne->c_spec_accepted, st->spec_accepted - ne->load_spec_accepted);
+    ne->load_spec_proposed = st->spec_proposed;
+    ne->load_spec_accepted = st->spec_accepted;
+    for (int i = 0; i <= BT_SPEC_K_LIMIT; i++) {
+        for (uint64_t n = ne->load_spec_hist[i]; n < st->spec_accepted_hist[i]; n++)
+            metrics_histogram_observe(ne->h_spec_accepted, i);
+        ne->load_spec_hist[i] = st->spec_accepted_hist[i];
+    }
 }
 
 static double ewma(double old, double v) { return old > 0 ? 0.7 * old + 0.3 * v : v; }
@@ -220,6 +262,7 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     out->prefill_tok_s = ne->prefill_rate;
     out->decode_tok_s = ne->decode_rate;
     out->step_s = ne->step_s;
+    spec_metrics_update(ne, st);
     pthread_mutex_unlock(&ne->load_mu);
     metrics_gauge_set(ne->g_running, st->running);
     metrics_gauge_set(ne->g_waiting, st->waiting);

@@ -30,6 +30,8 @@ typedef struct bt_ne_config {
     int32_t max_batch_tokens; /* 0 = 512 */
     int32_t max_running;      /* 0 = 256 */
     int disable_kvx;          /* 1: no kvtransfer (plain memory pool, no remote prefill) */
+    const char *spec;         /* speculative decoding, bt_spec_parse syntax; NULL or "" = none */
+    int32_t spec_k_max;       /* 0 = 4 */
 } bt_ne_config_t;
 
 typedef struct bt_ne {
@@ -45,6 +47,11 @@ typedef struct bt_ne {
     size_t kv_block_bytes;   /* one block, all layers */
 
     metrics_gauge_t *g_running, *g_waiting, *g_kv_used, *g_kv_capacity; /* set by bt_ne_register_metrics */
+    bt_spec_config spec;     /* what --spec asked for */
+    bt_proposer *proposer;   /* NULL without speculation */
+    metrics_counter_t *c_spec_proposed, *c_spec_accepted; /* labelled with the proposer; NULL without speculation */
+    metrics_histogram_t *h_spec_accepted;                 /* accepted drafts per verification */
+    uint64_t load_spec_proposed, load_spec_accepted, load_spec_hist[BT_SPEC_K_LIMIT + 1];
 
     pthread_mutex_t load_mu; /* the rate sampler's memory */
     double load_t, busy_t0;
@@ -66,8 +73,10 @@ bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *inf
 /* One line for the start-up log. */
 void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap);
 
-/* Registers the engine's gauges (running sequences, waiting requests, KV blocks used and capacity, DESIGN 10) in
- * reg; bt_ne_load keeps them current. Errors of the registry. */
+/* Registers the engine's gauges (running sequences, waiting requests, KV blocks used and capacity, DESIGN 10) and,
+ * with speculation, its counters of proposed and accepted drafts and the histogram of accepted drafts per
+ * verification (labelled proposer="ngram"|"draft"|"self") in reg; bt_ne_load keeps them current. Errors of the
+ * registry. */
 bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg);
 
 /* Fills measured rates (prefill and decode tok/s, mean step seconds) from the scheduler's counters: EWMA over

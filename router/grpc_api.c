@@ -220,6 +220,7 @@ bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest 
     g->logprobs = q->logprobs || q->top_logprobs;
     g->top_logprobs = (int)q->top_logprobs;
     g->ignore_eos = q->ignore_eos;
+    g->no_spec = q->disable_speculation;
     snprintf(g->request_id, sizeof g->request_id, "%s", q->request_id);
     if (q->sampling && (st = parse_sampling(m, q->sampling, g))) goto fail;
     return BT_OK;

@@ -491,6 +491,7 @@ static void *choice_main(void *arg)
     req.stop_token_ids = g->stop_ids;
     req.n_stop_token_ids = g->n_stop_ids;
     req.ignore_eos = g->ignore_eos;
+    req.disable_speculation = g->no_spec;
     req.logprobs = g->logprobs;
     req.top_logprobs = (uint32_t)g->top_logprobs;
     set_sample_index(&req, c->index);

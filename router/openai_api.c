@@ -358,6 +358,10 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
         g->has_seed = 1;
     }
     if ((st = get_bool(body, "ignore_eos", &g->ignore_eos, http_status))) return st;
+    /* extra field "speculative" (default true): false opts this request out of speculative decoding */
+    int speculative = 1;
+    if ((st = get_bool(body, "speculative", &speculative, http_status))) return st;
+    g->no_spec = !speculative;
     if (api == RTR_API_CHAT) {
         if ((st = get_bool(body, "logprobs", &g->logprobs, http_status))) return st;
         has = 0;

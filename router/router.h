@@ -305,6 +305,7 @@ typedef struct rtr_gen {
     int logprobs;
     int top_logprobs;
     int ignore_eos;
+    int no_spec;        /* the client opted out of speculative decoding */
     char *stops[RTR_MAX_STOP];
     int n_stop;
     int32_t *stop_ids;

@@ -14,6 +14,7 @@
 #include "engine/cpu/cpu_pool.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "tools/bench_spec.h"
 #include "tools/commands.h"
 #include "tools/seq_runner.h"
 
@@ -203,6 +204,8 @@ static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int
 
 int cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) /* speculative decoding on and off: its own options (tools/cmd_bench_spec.c) */
+        if (!strcmp(argv[i], "--spec")) return bench_spec_main(argc, argv);
     const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16";
     long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
     for (int i = 1; i < argc; i++) {
@@ -223,7 +226,9 @@ int cmd_bench(int argc, char **argv)
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
                    "in each op kind (matmuls, attention, rope, ...), decode steps and prompt steps apart.\n"
                    "Decode steps of at least 4 sequences per thread run on lanes (each thread takes a share of\n"
-                   "the sequences through every op); BATON_CPU_LANES=0 runs every op split over the threads.\n");
+                   "the sequences through every op); BATON_CPU_LANES=0 runs every op split over the threads.\n"
+                   "--spec ngram|draft:PATH|self:L compares decoding with and without speculation on a workload of\n"
+                   "prompts (see baton bench --spec ngram --help).\n");
             return 0;
         }
         if (!v) {

@@ -40,6 +40,9 @@ static void generate_usage(FILE *out)
             "  --threads N           compute threads (default: all CPUs)\n"
             "  --ctx N               context length (default: the model's, at most 8192)\n"
             "  --kv-dtype D          KV cache element type: f16 (default), f32, int8\n"
+            "  --spec S              speculative decoding: none (default), ngram, draft:PATH, self:L; the output\n"
+            "                        is the same token for token, only the speed differs\n"
+            "  --spec-k-max N        most draft tokens per step, 1..16 (default 4)\n"
             "  --ids                 print token ids instead of text\n"
             "  --ignore-eos          keep generating past end-of-generation tokens\n"
             "  --quiet               no statistics on stderr\n");
@@ -77,6 +80,7 @@ typedef struct gen_opts {
     long max_tokens, threads, ctx;
     int kv_dtype;
     bt_sampling sp;
+    bt_spec_config spec;
     int ids, quiet;
 } gen_opts;
 
@@ -85,6 +89,7 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
     memset(o, 0, sizeof *o);
     o->max_tokens = 128;
     o->sp = bt_sampling_default();
+    o->spec = bt_spec_config_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -120,6 +125,16 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
         else if (!strcmp(a, "--temperature")) { if (parse_float(a, v, 0, 100, &o->sp.temperature)) return -1; }
         else if (!strcmp(a, "--top-p")) { if (parse_float(a, v, 0, 1, &o->sp.top_p)) return -1; }
         else if (!strcmp(a, "--min-p")) { if (parse_float(a, v, 0, 1, &o->sp.min_p)) return -1; }
+        else if (!strcmp(a, "--spec")) {
+            if (bt_spec_parse(v, &o->spec)) {
+                fprintf(stderr, "baton generate: %s\n", bt_last_error());
+                return -1;
+            }
+        }
+        else if (!strcmp(a, "--spec-k-max")) {
+            if (parse_long(a, v, 1, BT_SPEC_K_LIMIT, &n)) return -1;
+            o->spec.k_max = (int32_t)n;
+        }
         else {
             fprintf(stderr, "baton generate: unknown option '%s'\n", a);
             return -1;
@@ -202,6 +217,7 @@ int cmd_generate(int argc, char **argv)
     tok_ids ids = {0};
     bt_backend *be = NULL;
     bt_sched *sched = NULL;
+    bt_proposer *proposer = NULL;
     int32_t eog[16];
     int32_t n_eog = 0;
     tok_stream ts;
@@ -261,6 +277,12 @@ int cmd_generate(int argc, char **argv)
     sc.max_context = (int32_t)ctx;
     sc.eog_ids = eog;
     sc.n_eog = n_eog;
+    if (bt_spec_create(&o.spec, m, be, (int32_t)ctx, 1, &proposer)) {
+        fprintf(stderr, "baton generate: %s\n", bt_last_error());
+        goto out;
+    }
+    sc.proposer = proposer;
+    sc.spec_k_max = o.spec.k_max;
     if (bt_sched_create(m, be, &sc, &sched)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;
@@ -301,9 +323,21 @@ done:
                 m->name, bt_backend_cpu_isa(be), bt_backend_cpu_act_bits(be), bt_backend_cpu_threads(be), ids.n,
                 t1 - gs.t0, ids.n / (t1 - gs.t0), gs.produced, decoded, t2 - t1, decoded > 0 ? decoded / (t2 - t1) : 0.0,
                 gs.end == BT_END_STOP ? "stop" : "length");
+    if (!o.quiet && proposer) {
+        bt_sched_stats st;
+        bt_sched_get_stats(sched, &st);
+        fprintf(stderr,
+                "[speculation %s, k up to %d] %llu drafts proposed, %llu accepted (%.0f%%), %.2f tokens per "
+                "verification step\n",
+                bt_spec_kind_name(o.spec.kind), o.spec.k_max, (unsigned long long)st.spec_proposed,
+                (unsigned long long)st.spec_accepted,
+                st.spec_proposed ? 100.0 * (double)st.spec_accepted / (double)st.spec_proposed : 0.0,
+                st.spec_verifications ? 1.0 + (double)st.spec_accepted / (double)st.spec_verifications : 0.0);
+    }
     rc = 0;
 out:
     bt_sched_destroy(sched);
+    bt_proposer_destroy(proposer);
     bt_backend_destroy(be);
     tok_stream_free(&ts);
     tok_ids_free(&ids);

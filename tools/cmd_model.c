@@ -9,6 +9,7 @@
 #include "common/paths.h"
 #include "engine/ggml_type.h"
 #include "engine/gguf.h"
+#include "engine/gguf_slice.h"
 #include "tools/commands.h"
 
 static void model_usage(FILE *out)
@@ -16,6 +17,10 @@ static void model_usage(FILE *out)
     fprintf(out,
             "usage: baton model fetch [--force]     fetch the default model (%s) into the cache\n"
             "       baton model inspect [PATH] [--all]  print metadata and the tensor table (default model if no PATH)\n"
+            "       baton model slice [PATH] --layers 0-N --out FILE\n"
+            "                                          write the model's layers 0..N (inclusive) as a model of their\n"
+            "                                          own: a draft for speculative decoding (--spec draft:FILE;\n"
+            "                                          --spec self:N+1 does the same without a file)\n"
             "       baton model path                print the default model's path\n"
             "\n--all prints every array element instead of the first few.\n",
             BT_DEFAULT_MODEL_FILE);
@@ -194,6 +199,28 @@ static int model_fetch(int force)
     return 1;
 }
 
+/* `model slice PATH --layers 0-N --out FILE`. */
+static int model_slice(const char *path, const char *layers, const char *out)
+{
+    if (!layers || !out) {
+        fprintf(stderr, "baton model slice: give --layers 0-N and --out FILE\n");
+        return 2;
+    }
+    char *end = NULL;
+    long last = -1;
+    if (!strncmp(layers, "0-", 2)) last = strtol(layers + 2, &end, 10);
+    if (last < 0 || !end || end == layers + 2 || *end) {
+        fprintf(stderr, "baton model slice: --layers wants 0-N (the first N+1 layers), not '%s'\n", layers);
+        return 2;
+    }
+    if (gguf_slice_layers(path, out, (int32_t)last + 1)) {
+        fprintf(stderr, "baton model slice: %s\n", bt_last_error());
+        return 1;
+    }
+    printf("wrote %s: layers 0-%ld of %s\n", out, last, path);
+    return 0;
+}
+
 int cmd_model(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -202,9 +229,11 @@ int cmd_model(int argc, char **argv)
     }
     const char *sub = argv[1];
     int all = 0, force = 0;
-    const char *path = NULL;
+    const char *path = NULL, *layers = NULL, *out = NULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--all")) all = 1;
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = argv[++i];
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--force")) force = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             model_usage(stdout);
@@ -231,6 +260,7 @@ int cmd_model(int argc, char **argv)
         puts(path);
         return access(path, R_OK) == 0 ? 0 : 1;
     }
+    if (!strcmp(sub, "slice")) return model_slice(path, layers, out);
     if (!strcmp(sub, "inspect")) {
         if (path == def && access(path, R_OK) != 0) {
             fprintf(stderr, "baton model inspect: the default model is not cached at %s; run `baton model fetch`\n", path);

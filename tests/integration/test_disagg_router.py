@@ -1,8 +1,8 @@
 """The router with prefill nodes in the loop (DESIGN 2, 3, 7): real etcd, baton-router, baton-prefill and
 baton-decode processes, the real openai client.
 
-Checks: kill -9 of the decode node serving a stream while every prefill goes through the prefill node: the stream
-continues on the other decode node with no gap and no duplicate; the cost model keeps a 1-token prompt local and sends
+Checks: kill -9 of the decode node serving a stream while every prefill goes through the prefill node, both decode
+nodes speculating by n-gram lookup: the stream continues on the other decode node with no gap and no duplicate; the cost model keeps a 1-token prompt local and sends
 a 1,000-token prompt to the idle prefill node while the decode node runs decodes, and its decision log shows the
 inputs it used."""
 import json
@@ -31,8 +31,8 @@ def wait_nodes(etcd, ids, timeout=20.0):
 def test_kill9_decode_mid_stream_with_prefill_node(default_model, tmp_path):
     with EtcdServer() as etcd, \
             start_prefill(etcd, default_model, threads=1, node_id="pre-1") as p, \
-            start_decode(etcd, default_model, threads=1, node_id="dec-1") as d1, \
-            start_decode(etcd, default_model, threads=1, node_id="dec-2") as d2, \
+            start_decode(etcd, default_model, threads=1, node_id="dec-1", spec="ngram") as d1, \
+            start_decode(etcd, default_model, threads=1, node_id="dec-2", spec="ngram") as d2, \
             start_router(etcd, default_model, prefill_mode="remote") as rtr:
         wait_nodes(etcd, ["pre-1", "dec-1", "dec-2"])
         time.sleep(0.5)  # the router's watch sees all three

@@ -242,6 +242,7 @@ BAD = [
     ({"stream": "yes"}, "stream"),
     ({"stream_options": 3, "stream": True}, "stream_options"),
     ({"seed": "abc"}, "seed"),
+    ({"speculative": "no"}, "speculative"),
     ({"logprobs": 1}, "logprobs"),
     ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),

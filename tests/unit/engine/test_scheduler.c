@@ -14,6 +14,7 @@
 
 typedef struct out {
     int32_t tokens[MAX_OUT];
+    float logprobs[MAX_OUT];
     int32_t n;
     bt_end_reason finish;
     int events_after_finish;
@@ -25,7 +26,10 @@ static void collect(void *user, const bt_sched_event *ev)
 {
     out *o = user;
     if (o->finish != BT_END_NONE) o->events_after_finish++;
-    if (ev->token >= 0 && o->n < MAX_OUT) o->tokens[o->n++] = ev->token;
+    if (ev->token >= 0 && o->n < MAX_OUT) {
+        o->logprobs[o->n] = ev->logprob;
+        o->tokens[o->n++] = ev->token;
+    }
     o->finish = ev->finish;
     o->n_cached = ev->n_cached;
     if (ev->token >= 0 && ev->index == 0) o->queue_s = ev->queue_s;
@@ -33,10 +37,14 @@ static void collect(void *user, const bt_sched_event *ev)
 
 static bt_model *model;
 static bt_backend *backend;
+static bt_proposer *proposer; /* make_sched's schedulers speculate with it when set */
+static int fixed_k;           /* and always ask for k_max drafts when set */
 
 static bt_sched *make_sched(size_t kv_blocks, int32_t budget)
 {
     bt_sched_config cfg = {0};
+    cfg.proposer = proposer;
+    cfg.spec_fixed_k = fixed_k;
     cfg.kv_mem = bt_kv_block_stride(&model->hp, BT_KV_F16) * (size_t)model->hp.n_layer * kv_blocks;
     cfg.max_batch_tokens = budget;
     bt_sched *s = NULL;
@@ -66,6 +74,11 @@ static void make_jobs(job *jobs, int n)
         j->p = bt_req_params_default();
         j->p.sampling.max_tokens = 4 + i % 29;
         j->p.sampling.ignore_eos = 1;
+        j->p.sampling.logprobs = i % 3 == 0;
+        if (i % 4 == 2) { /* a repeated phrase: prompt lookup finds matches at once */
+            int32_t period = 3 + i % 9;
+            for (int32_t k = period; k < j->n_prompt; k++) j->prompt[k] = j->prompt[k - period];
+        }
         if (i % 2) { /* half seeded sampling, half greedy */
             j->p.sampling.temperature = 0.8f;
             j->p.sampling.top_p = 0.9f;
@@ -90,6 +103,7 @@ static void check_same(const job *jobs, const out *a, const out *b, int n, const
     int bad = 0;
     for (int i = 0; i < n; i++) {
         if (a[i].n != b[i].n || memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].n) != 0 ||
+            memcmp(a[i].logprobs, b[i].logprobs, sizeof(float) * (size_t)a[i].n) != 0 ||
             b[i].finish != BT_END_LENGTH || b[i].n != jobs[i].p.sampling.max_tokens || b[i].events_after_finish) {
             if (bad++ < 5)
                 fprintf(stderr, "%s: request %d differs (alone %d tokens, together %d, finish %d)\n", what, i, a[i].n,
@@ -461,10 +475,184 @@ static void test_engine_thread(void)
     for (int i = 1; i < 16; i++) CHECK(memcmp(outs[i].tokens, outs[0].tokens, sizeof(int32_t) * 10) == 0);
 }
 
+
+/* A proposer that proposes random tokens: never right but rarely, so every draft is verified and rejected. */
+static void bad_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
+{
+    uint64_t *seed = p->ctx;
+    for (int32_t i = 0; i < n; i++) {
+        items[i].n_drafts = items[i].k;
+        for (int32_t k = 0; k < items[i].k; k++) items[i].drafts[k] = (int32_t)(test_rand_next(seed) % 256);
+    }
+}
+static bt_status bad_open(bt_proposer *p, void **st)
+{
+    (void)p;
+    *st = NULL;
+    return BT_OK;
+}
+static void bad_close(bt_proposer *p, void *st) { (void)p, (void)st; }
+static void bad_destroy(bt_proposer *p) { (void)p; }
+static const bt_proposer_ops bad_ops = {
+    .name = "bad", .seq_open = bad_open, .seq_close = bad_close, .propose = bad_propose, .destroy = bad_destroy};
+
+/* Runs jobs together on a scheduler (speculating with `proposer` when set), checking invariants after each step. */
+static void run_together(const job *jobs, int n, out *outs, size_t kv_blocks, int32_t budget, int no_spec_odd,
+                         bt_sched_stats *st)
+{
+    bt_sched *s = make_sched(kv_blocks, budget);
+    REQUIRE(s != NULL);
+    memset(outs, 0, sizeof(out) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        bt_req_params p = jobs[i].p;
+        p.no_spec = no_spec_odd && i % 2;
+        REQUIRE(bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &p, collect, &outs[i], NULL) == BT_OK);
+    }
+    int bad_check = 0;
+    for (int guard = 0; guard < 100000 && !bt_sched_idle(s); guard++) {
+        if (bt_sched_step(s) < 0) break;
+        if (bt_sched_check(s) != BT_OK && bad_check++ == 0) fprintf(stderr, "check: %s\n", bt_last_error());
+    }
+    CHECK_MSG(bad_check == 0, "invariants broken after %d steps", bad_check);
+    bt_sched_get_stats(s, st);
+    CHECK(st->kv_blocks_used == 0 && st->running == 0 && st->finished == (uint64_t)n);
+    bt_sched_destroy(s);
+}
+
+/* Speculative decoding changes no token and no logprob: n-gram drafts alone, 64 at once, with plain requests mixed
+ * in, under preemption; a proposer that is always wrong too, and its k falls. */
+static void test_spec_equal_plain(void)
+{
+    enum { N = 64 };
+    static job jobs[N];
+    static out plain[N], spec[N];
+    make_jobs(jobs, N);
+    proposer = NULL;
+    run_alone(jobs, N, plain);
+
+    REQUIRE(bt_spec_ngram_create(1, 4, &proposer) == BT_OK);
+    run_alone(jobs, 16, spec);
+    check_same(jobs, plain, spec, 16, "ngram, alone");
+
+    /* adaptive k: a tiny model's rows cost about the same as its whole step, so 64 at once do not draft */
+    bt_sched_stats st;
+    run_together(jobs, N, spec, 1024, 256, 0, &st);
+    check_same(jobs, plain, spec, N, "ngram, adaptive, 64 concurrent");
+    fprintf(stderr, "  adaptive: %llu drafts (threshold %.2f, mean alpha %.2f, mean k %.2f)\n",
+            (unsigned long long)st.spec_proposed, st.spec_threshold, st.spec_alpha, st.spec_k);
+
+    fixed_k = 1;
+    run_together(jobs, N, spec, 1024, 256, 0, &st);
+    check_same(jobs, plain, spec, N, "ngram, 64 concurrent");
+    fprintf(stderr, "  ngram: %llu drafts proposed, %llu accepted in %llu verifications, %llu tokens in %llu steps\n",
+            (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+            (unsigned long long)st.spec_verifications, (unsigned long long)st.generated_tokens,
+            (unsigned long long)st.steps);
+    CHECK(st.spec_proposed > 0 && st.spec_accepted > 0 && st.spec_accepted <= st.spec_proposed);
+    uint64_t hist_sum = 0, hist_acc = 0;
+    for (int i = 0; i <= BT_SPEC_K_LIMIT; i++) {
+        hist_sum += st.spec_accepted_hist[i];
+        hist_acc += (uint64_t)i * st.spec_accepted_hist[i];
+    }
+    CHECK(hist_sum == st.spec_verifications && hist_acc == st.spec_accepted);
+
+    run_together(jobs, N, spec, 1024, 256, 1, &st);
+    check_same(jobs, plain, spec, N, "ngram, half the requests opting out");
+
+    run_together(jobs, N, spec, 24, 128, 0, &st);
+    check_same(jobs, plain, spec, N, "ngram, tight pool");
+    CHECK(st.preemptions > 0 && st.spec_accepted > 0);
+    bt_proposer_destroy(proposer);
+    fixed_k = 0;
+
+    uint64_t seed = 7;
+    bt_proposer bad = {&bad_ops, &seed};
+    proposer = &bad;
+    run_together(jobs, N, spec, 1024, 256, 0, &st);
+    check_same(jobs, plain, spec, N, "random drafts");
+    fprintf(stderr, "  random drafts: %llu proposed, %llu accepted, %llu tokens generated\n",
+            (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+            (unsigned long long)st.generated_tokens);
+    CHECK(st.spec_accepted * 10 < st.spec_proposed);        /* acceptance near 0 */
+    CHECK(st.spec_proposed * 2 < st.generated_tokens * 4);  /* k fell well below k_max = 4 per token */
+    proposer = NULL;
+}
+
+static char model_path[512];
+
+/* Draft models: the target itself as its own draft (every draft accepted: same logits bits, same draws), another
+ * random model (few accepted), self-drafting from the first layer; all give the plain output. A draft pool too small
+ * for the prompts degrades to no drafts. A draft with another vocabulary is refused, naming both models. */
+static void test_spec_draft_models(void)
+{
+    enum { N = 24 };
+    static job jobs[N];
+    static out plain[N], spec[N];
+    make_jobs(jobs, N);
+    proposer = NULL;
+    run_alone(jobs, N, plain);
+
+    char other[512], wide[512];
+    snprintf(other, sizeof other, "%s/sched-draft.gguf", test_tmpdir());
+    snprintf(wide, sizeof wide, "%s/sched-wide.gguf", test_tmpdir());
+    tiny_model_opts o = {0};
+    o.seed = 77;
+    REQUIRE(tiny_model_write(other, &o) == 0);
+    o.n_vocab = 320;
+    REQUIRE(tiny_model_write(wide, &o) == 0);
+
+    struct {
+        const char *spec;
+        int32_t kv_tokens;
+        const char *what;
+    } cases[] = {
+        {NULL, 8192, "the target as its draft"}, {"other", 8192, "another model"}, {"self:1", 8192, "self:1"},
+        {NULL, 40, "a draft pool of 48 positions"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bt_spec_config sc = bt_spec_config_default();
+        char arg[600];
+        if (!cases[c].spec) snprintf(arg, sizeof arg, "draft:%s", model_path);
+        else if (!strcmp(cases[c].spec, "other")) snprintf(arg, sizeof arg, "draft:%s", other);
+        else snprintf(arg, sizeof arg, "%s", cases[c].spec);
+        REQUIRE(bt_spec_parse(arg, &sc) == BT_OK);
+        REQUIRE(bt_spec_create(&sc, model, backend, cases[c].kv_tokens, 256, &proposer) == BT_OK);
+        REQUIRE(proposer != NULL);
+        fixed_k = 1;
+        bt_sched_stats st;
+        run_together(jobs, N, spec, 1024, 256, 0, &st);
+        check_same(jobs, plain, spec, N, cases[c].what);
+        fprintf(stderr, "  %s: %llu drafts proposed, %llu accepted in %llu verifications\n", cases[c].what,
+                (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+                (unsigned long long)st.spec_verifications);
+        if (c == 0) CHECK(st.spec_proposed > 100 && st.spec_accepted == st.spec_proposed);
+        if (c == 1 || c == 2) CHECK(st.spec_proposed > 100 && st.spec_accepted < st.spec_proposed);
+        if (c == 3) CHECK(st.spec_proposed < 100); /* only prompts short enough for the pool drafted */
+        /* alone, at batch 1, the same */
+        run_alone(jobs, 6, spec);
+        check_same(jobs, plain, spec, 6, cases[c].what);
+        fixed_k = 0;
+        bt_proposer_destroy(proposer);
+        proposer = NULL;
+    }
+
+    bt_spec_config sc = bt_spec_config_default();
+    char arg[600];
+    snprintf(arg, sizeof arg, "draft:%s", wide);
+    REQUIRE(bt_spec_parse(arg, &sc) == BT_OK);
+    bt_proposer *p = NULL;
+    CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) == BT_ERR_INVALID && p == NULL);
+    CHECK(strstr(bt_last_error(), "vocabulary") && strstr(bt_last_error(), "320") && strstr(bt_last_error(), wide));
+    REQUIRE(bt_spec_parse("draft:/nonexistent/draft.gguf", &sc) == BT_OK);
+    CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) != BT_OK && strstr(bt_last_error(), "/nonexistent"));
+    REQUIRE(bt_spec_parse("self:2", &sc) == BT_OK); /* the tiny model has 2 layers */
+    CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) == BT_ERR_INVALID && strstr(bt_last_error(), "2 layers"));
+}
+
 int main(void)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/sched.gguf", test_tmpdir());
+    char *path = model_path;
+    snprintf(model_path, sizeof model_path, "%s/sched.gguf", test_tmpdir());
     tiny_model_opts o = {0};
     if (tiny_model_write(path, &o) || bt_model_load(path, &model) || bt_backend_cpu_create(2, &backend)) {
         fprintf(stderr, "setup failed: %s\n", bt_last_error());
@@ -476,6 +664,8 @@ int main(void)
     RUN(test_sampling_state);
     RUN(test_remote_prefill_handoff);
     RUN(test_engine_thread);
+    RUN(test_spec_equal_plain);
+    RUN(test_spec_draft_models);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();

@@ -9,7 +9,8 @@
 
 static const char *const ENV_VARS[] = {"BATON_MODEL",   "BATON_ETCD",        "BATON_CLUSTER", "BATON_NODE_ID",
                                        "BATON_GRPC_LISTEN", "BATON_HTTP_LISTEN", "BATON_THREADS", "BATON_KV_MEM",
-                                       "BATON_MAX_BATCH_TOKENS", "BATON_LOG", "BATON_GRACE_MS"};
+                                       "BATON_MAX_BATCH_TOKENS", "BATON_LOG", "BATON_GRACE_MS",
+                                       "BATON_SPEC", "BATON_SPEC_K_MAX"};
 
 /* Each test starts from an environment without BATON_* so only what it sets can leak into the result. */
 static void clear_env(void)
@@ -188,6 +189,32 @@ static void test_errors(void)
     }
 }
 
+static void test_spec_flags(void)
+{
+    clear_env();
+    bt_node_flags_t f;
+    int help;
+    REQUIRE(parse(&f, MBR_ROLE_DECODE, &help,
+                  (const char *const[]){"--model", "m", "--spec", "self:8", "--spec-k-max", "16", NULL}) == BT_OK);
+    CHECK(!strcmp(f.spec, "self:8") && f.spec_k_max == 16);
+    REQUIRE(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--model", "m", NULL}) == BT_OK);
+    CHECK(f.spec[0] == 0 && f.spec_k_max == 0);
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--model", "m", "--spec-k-max", "17", NULL}) ==
+          BT_ERR_INVALID);
+    CHECK(strstr(bt_last_error(), "--spec-k-max") != NULL);
+    /* speculation is the decode node's: a prefill node refuses the flag but ignores a cluster-wide variable */
+    CHECK(parse(&f, MBR_ROLE_PREFILL, &help, (const char *const[]){"--model", "m", "--spec", "ngram", NULL}) ==
+          BT_ERR_INVALID);
+    CHECK(strstr(bt_last_error(), "decode nodes") != NULL);
+    CHECK(parse(&f, MBR_ROLE_PREFILL, &help, (const char *const[]){"--model", "m", "--spec", "none", NULL}) == BT_OK);
+    setenv("BATON_SPEC", "ngram", 1);
+    REQUIRE(parse(&f, MBR_ROLE_PREFILL, &help, (const char *const[]){"--model", "m", NULL}) == BT_OK);
+    CHECK(f.spec[0] == 0);
+    REQUIRE(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--model", "m", NULL}) == BT_OK);
+    CHECK(!strcmp(f.spec, "ngram"));
+    clear_env();
+}
+
 static void test_help(void)
 {
     clear_env();
@@ -209,6 +236,7 @@ int main(void)
     RUN(test_sizes);
     RUN(test_environment_fallback);
     RUN(test_errors);
+    RUN(test_spec_flags);
     RUN(test_help);
     return test_summary();
 }

@@ -40,6 +40,7 @@ static void test_text_ok(void)
     q.n = 3;
     q.top_logprobs = 2;
     q.ignore_eos = 1;
+    q.disable_speculation = 1;
     q.request_id = "req-1";
     Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
     sp.temperature_opt_case = BATON__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE;
@@ -59,7 +60,7 @@ static void test_text_ok(void)
     CHECK(g.n_prompt >= 2 && g.max_tokens == 5);
     CHECK(g.n_stop == 2 && !strcmp(g.stops[0], "a") && !strcmp(g.stops[1], "bc")); /* the empty one is ignored */
     CHECK(g.n_stop_ids == 2 && g.stop_ids[0] == 2 && g.stop_ids[1] == 0);
-    CHECK(g.logprobs && g.top_logprobs == 2 && g.ignore_eos);
+    CHECK(g.logprobs && g.top_logprobs == 2 && g.ignore_eos && g.no_spec);
     CHECK(!strcmp(g.request_id, "req-1"));
     CHECK(g.has_temperature && g.temperature == 0.5f && !g.has_top_p && g.has_seed && g.seed == 7);
     CHECK(g.n_logit_bias == 1 && g.logit_bias_ids[0] == 42 && g.logit_bias[0] == -100);
@@ -78,6 +79,7 @@ static void test_token_ids_and_chat_ok(void)
     rtr_gen_t g;
     REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
     CHECK(g.n == 1 && g.n_prompt == 2 && g.prompt[0] == 19556 && g.prompt[1] == 905);
+    CHECK(!g.no_spec && !g.logprobs && g.n_stop == 0 && !g.has_temperature);
     CHECK(g.max_tokens == (uint32_t)(model.n_ctx - 2)); /* unset: the rest of the context */
     rtr_gen_free(&g);
 

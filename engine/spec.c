@@ -1,0 +1,265 @@
+#include "engine/spec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+bt_spec_config bt_spec_config_default(void)
+{
+    bt_spec_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = BT_SPEC_NONE;
+    c.k_max = 4;
+    c.ngram_min = 1;
+    c.ngram_max = 4;
+    return c;
+}
+
+const char *bt_spec_kind_name(bt_spec_kind k)
+{
+    switch (k) {
+    case BT_SPEC_NGRAM: return "ngram";
+    case BT_SPEC_DRAFT: return "draft";
+    case BT_SPEC_SELF: return "self";
+    default: return "none";
+    }
+}
+
+bt_status bt_spec_parse(const char *text, bt_spec_config *c)
+{
+    static const char forms[] = "none, ngram, draft:PATH (a GGUF sharing the model's vocabulary) or self:L "
+                                "(the model's first L layers)";
+    if (!text) return bt_fail(BT_ERR_INVALID, "--spec needs a value: %s", forms);
+    if (!strcmp(text, "none")) {
+        c->kind = BT_SPEC_NONE;
+        return BT_OK;
+    }
+    if (!strcmp(text, "ngram")) {
+        c->kind = BT_SPEC_NGRAM;
+        return BT_OK;
+    }
+    if (!strncmp(text, "draft:", 6)) {
+        size_t n = strlen(text + 6);
+        if (n == 0 || n >= sizeof c->draft_path)
+            return bt_fail(BT_ERR_INVALID, "--spec '%s': the draft model path is empty or too long", text);
+        memcpy(c->draft_path, text + 6, n + 1);
+        c->kind = BT_SPEC_DRAFT;
+        return BT_OK;
+    }
+    if (!strncmp(text, "self:", 5)) {
+        char *end = NULL;
+        long l = strtol(text + 5, &end, 10);
+        if (end == text + 5 || *end || l < 1 || l > 100000)
+            return bt_fail(BT_ERR_INVALID, "--spec '%s': self needs a layer count L >= 1, e.g. self:8", text);
+        c->self_layers = (int32_t)l;
+        c->kind = BT_SPEC_SELF;
+        return BT_OK;
+    }
+    return bt_fail(BT_ERR_INVALID, "--spec '%s' is not one of: %s", text, forms);
+}
+
+/* ---- n-gram prompt lookup ---- */
+
+typedef struct ng_entry {
+    uint64_t key;  /* 0 = empty slot */
+    int32_t end;   /* index of the n-gram's last token, most recent occurrence */
+} ng_entry;
+
+typedef struct ng_seq {
+    ng_entry *tab;     /* open addressing, cap a power of two, at most half full */
+    uint32_t cap, used;
+    int32_t n_indexed; /* every n-gram ending before this index is in tab */
+} ng_seq;
+
+typedef struct ng_ctx {
+    int32_t nmin, nmax;
+} ng_ctx;
+
+static uint64_t ng_key(const int32_t *t, int32_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull * (uint64_t)(n + 1);
+    for (int32_t i = 0; i < n; i++) {
+        h ^= (uint64_t)(uint32_t)t[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    return h ? h : 1;
+}
+
+static int ng_grow(ng_seq *s)
+{
+    uint32_t cap = s->cap ? s->cap * 2 : 256;
+    ng_entry *tab = calloc(cap, sizeof *tab);
+    if (!tab) return -1;
+    for (uint32_t i = 0; i < s->cap; i++) {
+        if (!s->tab[i].key) continue;
+        uint32_t j = (uint32_t)s->tab[i].key & (cap - 1);
+        while (tab[j].key) j = (j + 1) & (cap - 1);
+        tab[j] = s->tab[i];
+    }
+    free(s->tab);
+    s->tab = tab;
+    s->cap = cap;
+    return 0;
+}
+
+/* Records (or moves to the newer occurrence) the n-gram with this key ending at end. */
+static int ng_put(ng_seq *s, uint64_t key, int32_t end)
+{
+    if ((s->used + 1) * 2 > s->cap && ng_grow(s)) return -1;
+    uint32_t j = (uint32_t)key & (s->cap - 1);
+    while (s->tab[j].key && s->tab[j].key != key) j = (j + 1) & (s->cap - 1);
+    if (!s->tab[j].key) s->used++;
+    s->tab[j].key = key;
+    s->tab[j].end = end;
+    return 0;
+}
+
+static int32_t ng_get(const ng_seq *s, uint64_t key)
+{
+    if (!s->cap) return -1;
+    uint32_t j = (uint32_t)key & (s->cap - 1);
+    while (s->tab[j].key) {
+        if (s->tab[j].key == key) return s->tab[j].end;
+        j = (j + 1) & (s->cap - 1);
+    }
+    return -1;
+}
+
+static bt_status ng_seq_open(bt_proposer *p, void **state)
+{
+    (void)p;
+    ng_seq *s = calloc(1, sizeof *s);
+    if (!s) return bt_fail(BT_ERR_NOMEM, "out of memory for an n-gram index");
+    *state = s;
+    return BT_OK;
+}
+
+static void ng_seq_close(bt_proposer *p, void *state)
+{
+    (void)p;
+    ng_seq *s = state;
+    if (!s) return;
+    free(s->tab);
+    free(s);
+}
+
+/* Indexes the n-grams that end before the last token (only those have a continuation), then looks the sequence's
+ * last n tokens up, longest n first. A match must be an earlier occurrence, not the suffix itself. */
+static void ng_propose_one(const ng_ctx *c, ng_seq *s, bt_spec_item *it)
+{
+    const int32_t *t = it->tokens;
+    int32_t n_tok = it->n_tokens;
+    it->n_drafts = 0;
+    if (s->n_indexed > n_tok) s->n_indexed = 0; /* a shorter sequence than indexed: cannot happen; start over */
+    for (int32_t e = s->n_indexed; e < n_tok - 1; e++) {
+        for (int32_t n = c->nmin; n <= c->nmax && n <= e + 1; n++)
+            if (ng_put(s, ng_key(t + e - n + 1, n), e)) return; /* out of memory: no drafts, retried next step */
+        s->n_indexed = e + 1;
+    }
+    for (int32_t n = c->nmax; n >= c->nmin; n--) {
+        if (n > n_tok - 1) continue;
+        const int32_t *suffix = t + n_tok - n;
+        int32_t end = ng_get(s, ng_key(suffix, n));
+        if (end < n - 1 || end >= n_tok - 1) continue;
+        if (memcmp(t + end - n + 1, suffix, sizeof(int32_t) * (size_t)n) != 0) continue; /* hash collision */
+        int32_t k = 0;
+        while (k < it->k && end + 1 + k < n_tok) {
+            it->drafts[k] = t[end + 1 + k];
+            k++;
+        }
+        it->n_drafts = k;
+        return;
+    }
+}
+
+static void ng_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
+{
+    const ng_ctx *c = p->ctx;
+    for (int32_t i = 0; i < n; i++) {
+        if (items[i].state) ng_propose_one(c, items[i].state, &items[i]);
+        else items[i].n_drafts = 0;
+    }
+}
+
+static void ng_destroy(bt_proposer *p)
+{
+    free(p->ctx);
+    free(p);
+}
+
+static const bt_proposer_ops ngram_ops = {
+    .name = "ngram",
+    .seq_open = ng_seq_open,
+    .seq_close = ng_seq_close,
+    .propose = ng_propose,
+    .destroy = ng_destroy,
+};
+
+bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer **out)
+{
+    if (ngram_min < 1 || ngram_max < ngram_min || ngram_max > 8)
+        return bt_fail(BT_ERR_INVALID, "n-gram lengths %d..%d: need 1 <= min <= max <= 8", ngram_min, ngram_max);
+    bt_proposer *p = calloc(1, sizeof *p);
+    ng_ctx *c = calloc(1, sizeof *c);
+    if (!p || !c) {
+        free(p);
+        free(c);
+        return bt_fail(BT_ERR_NOMEM, "out of memory creating the n-gram proposer");
+    }
+    c->nmin = ngram_min;
+    c->nmax = ngram_max;
+    p->ops = &ngram_ops;
+    p->ctx = c;
+    *out = p;
+    return BT_OK;
+}
+
+/* ---- adaptive k ---- */
+
+#define SPEC_DECAY 0.8f       /* weight of the past per verification: about the last 5 steps count */
+#define SPEC_MIN_THRESHOLD 0.1 /* never draft a position accepted less than 1 time in 10, even when rows look free */
+#define SPEC_PROBE_STEPS 16
+
+void bt_spec_stats_init(bt_spec_stats *st)
+{
+    st->hits = 1;
+    st->tries = 2;
+    st->idle_steps = 0;
+}
+
+float bt_spec_alpha(const bt_spec_stats *st) { return st->tries > 0 ? st->hits / st->tries : 0; }
+
+void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepted)
+{
+    if (n_drafts <= 0) return;
+    st->hits = st->hits * SPEC_DECAY + (float)n_accepted;
+    st->tries = st->tries * SPEC_DECAY + (float)(n_accepted + (n_accepted < n_drafts));
+}
+
+double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows)
+{
+    if (per_row < 0) per_row = 0;
+    if (round < 0) round = 0;
+    double t = fixed + per_row * rows;
+    if (n_decode <= 0 || t <= 0) return 0;
+    return (per_row * n_decode + round) / t;
+}
+
+int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold)
+{
+    /* probes only where the cost allows drafting at all: a compute-bound batch is not worth probing */
+    int may_probe = threshold < 0.5;
+    if (threshold < SPEC_MIN_THRESHOLD) threshold = SPEC_MIN_THRESHOLD;
+    double a = bt_spec_alpha(st), p = 1;
+    int32_t k = 0;
+    while (k < k_max) {
+        p *= a;
+        if (p <= threshold) break;
+        k++;
+    }
+    if (k == 0 && ++st->idle_steps >= SPEC_PROBE_STEPS && may_probe) k = 1;
+    if (k > 0) st->idle_steps = 0;
+    return k;
+}

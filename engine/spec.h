@@ -1,0 +1,138 @@
+/* Speculative decoding (DESIGN 5.5): proposers of draft tokens behind one small interface, and the rule that picks
+ * how many drafts a sequence gets in a step. The scheduler verifies drafts inside its continuous batch: a sequence's
+ * last token and its k drafts are k+1 rows of the step, each row is sampled exactly as plain decoding would sample
+ * it (same logits bits, same (seed, position) draw), and drafts are kept while they equal those draws. Output is
+ * therefore bit-identical with and without speculation, whatever the proposer proposes.
+ *
+ * Proposers:
+ *  - ngram: prompt lookup. The sequence's last n tokens (n from ngram_max down to ngram_min) are looked up in an
+ *    index of every earlier n-gram of its prompt and output; the tokens that followed the most recent match are the
+ *    drafts. The index grows with the sequence (one entry per token and n), nothing is recomputed.
+ *  - draft: a smaller model with the target's vocabulary, run in the same process on its own KV pool and batch
+ *    (engine/spec_draft.c).
+ *  - self: the target's own first L layers, final norm and LM head (early exit), run like a draft model over the
+ *    target's weights (no memory for weights).
+ *
+ * Threads: a proposer is used by the one engine thread of its scheduler. */
+#ifndef BATON_ENGINE_SPEC_H
+#define BATON_ENGINE_SPEC_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/sampler.h"
+
+#define BT_SPEC_K_LIMIT 16 /* most drafts per sequence per step any configuration may ask for */
+
+typedef enum bt_spec_kind {
+    BT_SPEC_NONE = 0,
+    BT_SPEC_NGRAM,
+    BT_SPEC_DRAFT, /* draft model from a GGUF file */
+    BT_SPEC_SELF,  /* the target's first self_layers layers */
+} bt_spec_kind;
+
+typedef struct bt_spec_config {
+    bt_spec_kind kind;
+    int32_t k_max;          /* most drafts per sequence per step, 1..BT_SPEC_K_LIMIT (default 4) */
+    int32_t ngram_min;      /* shortest n-gram matched (default 1) */
+    int32_t ngram_max;      /* longest, tried first (default 4) */
+    char draft_path[1024];  /* BT_SPEC_DRAFT: the draft model's GGUF */
+    int32_t self_layers;    /* BT_SPEC_SELF: layers 0..self_layers-1 of the target */
+} bt_spec_config;
+
+/* Defaults: none, k_max 4, n-grams 1..4. Can't fail. */
+bt_spec_config bt_spec_config_default(void);
+
+/* Parses a --spec value into c (other fields kept): "none", "ngram", "draft:PATH", "self:L" (L >= 1).
+ * BT_ERR_INVALID with a message that quotes the value and lists the accepted forms. */
+bt_status bt_spec_parse(const char *text, bt_spec_config *c);
+
+/* "none", "ngram", "draft", "self": the proposer label of metrics. */
+const char *bt_spec_kind_name(bt_spec_kind k);
+
+/* One sequence's request for drafts in a step (filled by the scheduler; drafts and n_drafts by the proposer). */
+typedef struct bt_spec_item {
+    void *state;                    /* the proposer's state of this sequence (seq_open) */
+    const int32_t *tokens;          /* [n_tokens] prompt then accepted output */
+    int32_t n_tokens;
+    const bt_sampler_seq *sampler;  /* the sequence's sampler: draft models draw with the same (seed, position) */
+    int32_t k;                      /* drafts wanted, 1..BT_SPEC_K_LIMIT */
+    int32_t drafts[BT_SPEC_K_LIMIT]; /* out: proposals for positions n_tokens, n_tokens + 1, ... */
+    int32_t n_drafts;               /* out: 0..k */
+} bt_spec_item;
+
+typedef struct bt_proposer bt_proposer;
+
+typedef struct bt_proposer_ops {
+    const char *name; /* metrics label */
+    /* Per-sequence state, NULL allowed as a valid state. Errors: BT_ERR_NOMEM (the sequence then runs without
+     * speculation). */
+    bt_status (*seq_open)(bt_proposer *p, void **state);
+    void (*seq_close)(bt_proposer *p, void *state); /* NULL state allowed */
+    /* Fills drafts for items[n]. Can't fail: a proposer that cannot propose (no match, its own memory full) returns
+     * 0 drafts for that item. Items name distinct states. */
+    void (*propose)(bt_proposer *p, bt_spec_item *items, int32_t n);
+    void (*destroy)(bt_proposer *p);
+    /* Optional (NULL: free): seconds one round of drafting (one more draft for every sequence) has recently taken,
+     * measured by the proposer; the adaptive-k rule adds it to the cost of a draft. */
+    double (*round_cost)(bt_proposer *p);
+} bt_proposer_ops;
+
+struct bt_proposer {
+    const bt_proposer_ops *ops;
+    void *ctx;
+};
+
+/* The n-gram (prompt lookup) proposer for n-grams of ngram_min..ngram_max tokens (1 <= min <= max <= 8).
+ * BT_ERR_INVALID, BT_ERR_NOMEM. */
+bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer **out);
+
+/* The proposer cfg asks for (*out = NULL for BT_SPEC_NONE). Draft and self proposers run on be (the target's
+ * backend, which must outlive them) with a draft KV pool of kv_tokens positions, for up to max_seqs sequences per
+ * step. Errors name the file or the setting: BT_ERR_INVALID (self:L with L >= the model's layers; a draft model
+ * whose vocabulary differs from target's, both named with their fingerprints), those of bt_model_load,
+ * BT_ERR_NOMEM. */
+struct bt_model;
+struct bt_backend;
+bt_status bt_spec_create(const bt_spec_config *cfg, const struct bt_model *target, struct bt_backend *be,
+                         int32_t kv_tokens, int32_t max_seqs, bt_proposer **out);
+
+/* Destroys any proposer; NULL allowed. */
+static inline void bt_proposer_destroy(bt_proposer *p)
+{
+    if (p) p->ops->destroy(p);
+}
+
+/* ---- how many drafts (adaptive k) ----
+ * Each sequence keeps a running estimate of the chance alpha that its next draft is accepted (accepted drafts over
+ * drafts tried up to and including the first rejection, recent steps weighing more). A step costs about
+ * fixed + per_row * rows (the scheduler's fitted step-time model of decode steps). Draft i of a sequence (i = 1..k)
+ * costs one more row, plus its share of the proposer's round of drafting (a draft model's forward pass), and yields
+ * a token with probability alpha^i; it is worth it when that beats the tokens per second the step already makes:
+ * alpha^i > (per_row * n_decode + round) / (fixed + per_row * rows). Large, compute-bound batches thus stop
+ * drafting by themselves, and a proposer that keeps missing drives k to 0 (with a probe every 16 steps while the
+ * threshold is below 0.5). */
+typedef struct bt_spec_stats {
+    float hits, tries;      /* decayed counts behind alpha */
+    int32_t idle_steps;     /* steps since the sequence last drafted (probe schedule) */
+} bt_spec_stats;
+
+/* The starting estimate (alpha 0.5 from one hit in two tries). */
+void bt_spec_stats_init(bt_spec_stats *st);
+
+/* alpha = hits / tries. */
+float bt_spec_alpha(const bt_spec_stats *st);
+
+/* Records a verification: n_drafts proposed, n_accepted of them kept (a rejection counts a try unless every draft
+ * was kept). */
+void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepted);
+
+/* The cost threshold above for a step: fixed, per_row and round in seconds, n_decode sequences and rows without
+ * drafts. 0 while nothing is known of the costs (draft freely, bounded by the 0.1 floor of bt_spec_choose_k). */
+double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows);
+
+/* The drafts to ask for: the largest k <= k_max with alpha^k > max(threshold, 0.1) (0 when none), except that a
+ * sequence that has not drafted for 16 steps probes with 1 when threshold < 0.5. Updates st->idle_steps. */
+int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold);
+
+#endif

@@ -1,0 +1,230 @@
+"""Speculative decoding as users meet it (DESIGN 5.5): real etcd, router, prefill and decode processes, the openai
+client, the baton CLI, the default model.
+
+Checks: 64 prompts (chat, code, long context, repetitive text), greedy and seeded, with top logprobs, sent 16 at a
+time through a cluster whose decode node speculates by n-gram lookup and prefills on a prefill node (a quarter of the
+requests opting out with "speculative": false) give exactly the tokens and logprobs of a plain colocated cluster; the
+speculation metrics appear by proposer, agree with each other and pass promtool; `baton generate` gives the same ids
+with every proposer, a draft that is the model itself has every draft accepted; bad --spec values and a draft model
+with another vocabulary stop the node at start-up with one clear line."""
+import concurrent.futures
+import re
+import subprocess
+
+import openai
+import pytest
+
+from harness.baton_procs import ProcError, start_decode, start_prefill
+from harness.etcd import EtcdServer
+from harness.router_procs import start_router
+from test_disagg_router import wait_nodes
+
+CODE = '''def parse_config(path):
+    """Reads key=value lines into a dict, skipping comments."""
+    config = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.split("=", 1)
+            config[key.strip()] = value.strip()
+    return config
+'''
+STORY = ("The old lighthouse stood on the rocks at the edge of the bay. Every evening the keeper climbed the "
+         "spiral stairs, trimmed the wick and wound the clockwork that turned the great lens. Ships far out at "
+         "sea saw the beam sweep across the water and knew where the rocks lay. ")
+
+
+def prompts():
+    """64 (kind, messages) pairs: chat, code edits, long context, repetitive text."""
+    out = []
+    chats = ["What is the capital of France?", "Give me three tips for better sleep.", "Explain what a CPU does.",
+             "Write a haiku about rain.", "How do I boil an egg?", "Why is the sky blue?",
+             "Name five fruits.", "What is machine learning?"]
+    for q in chats:
+        out.append(("chat", q))
+    for i, task in enumerate(["Add type hints to this function and output it:",
+                              "Rename `config` to `settings` in this function and output the code:",
+                              "Repeat this code exactly:", "Add a docstring example to this function:"]):
+        out.append(("code", f"{task}\n\n{CODE}"))
+        out.append(("code", f"{task}\n\n{CODE.replace('parse_config', f'load_{i}')}"))
+    long_text = STORY * 12  # ~1,000 tokens of context
+    for q in ["Who climbed the stairs?", "Summarize the text above in one sentence.", "What did the ships see?",
+              "Quote the first sentence of the text."]:
+        out.append(("long", f"{long_text}\n\n{q}"))
+    for i in range(8):
+        out.append(("repeat", f"Repeat the following line {3 + i % 3} times: "
+                              f"item {i}: the quick brown fox jumps over the lazy dog."))
+    base = list(out)
+    for i in range(64 - len(base)):
+        k, q = base[i % len(base)]
+        out.append((k, q + (" Answer briefly." if i < len(base) else " Be concise.")))
+    return out
+
+
+def request(cl, i, q, opt_out):
+    kw = dict(model="", messages=[{"role": "user", "content": q}], max_tokens=48, logprobs=True, top_logprobs=2)
+    if i % 2:  # seeded sampling on odd requests
+        kw.update(temperature=0.8, top_p=0.95, seed=1000 + i)
+    else:
+        kw.update(temperature=0)
+    if opt_out:
+        kw["extra_body"] = {"speculative": False}
+    r = cl.chat.completions.create(**kw)
+    ch = r.choices[0]
+    lps = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]) for t in ch.logprobs.content]
+    return ch.message.content, lps, r.usage.completion_tokens
+
+
+def run_all(cl, ps, opt_out_every=0):
+    with concurrent.futures.ThreadPoolExecutor(16) as ex:
+        futs = [ex.submit(request, cl, i, q, opt_out_every and i % opt_out_every == 0) for i, (_, q) in enumerate(ps)]
+        return [f.result(timeout=600) for f in futs]
+
+
+def test_ngram_cluster_bit_identical_and_metrics(default_model, tmp_path):
+    ps = prompts()
+    with EtcdServer() as etcd:
+        with start_decode(etcd, default_model, threads=1, node_id="plain-dec", cluster="plain") as plain_dec, \
+                start_router(etcd, default_model, cluster="plain", prefill_mode="local") as plain_rtr:
+            wait_nodes_cluster(etcd, "plain", ["plain-dec"])
+            cl = openai.OpenAI(base_url=plain_rtr.base_url, api_key="x", max_retries=0, timeout=600)
+            want = run_all(cl, ps)
+            assert plain_dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"') is None
+        with start_prefill(etcd, default_model, threads=1, node_id="spec-pre", cluster="spec") as pre, \
+                start_decode(etcd, default_model, threads=1, node_id="spec-dec", cluster="spec",
+                             spec="ngram", spec_k_max=6) as dec, \
+                start_router(etcd, default_model, cluster="spec", prefill_mode="remote") as rtr:
+            wait_nodes_cluster(etcd, "spec", ["spec-pre", "spec-dec"])
+            assert "speculation ngram, k up to 6" in dec.log()
+            cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
+            got = run_all(cl, ps, opt_out_every=4)
+            assert pre.metric("baton_kv_transfer_bytes_total") > 0, "the prefill node was not used"
+            bad = [i for i in range(len(ps)) if got[i] != want[i]]
+            assert not bad, f"{len(bad)} of {len(ps)} differ, first: {ps[bad[0]][0]} #{bad[0]}"
+
+            text = dec.metrics()
+            lab = 'proposer="ngram"'
+            proposed = dec.metric("baton_spec_proposed_tokens_total", lab)
+            accepted = dec.metric("baton_spec_accepted_tokens_total", lab)
+            n_verify = dec.metric("baton_spec_accepted_length_count", lab)
+            acc_sum = dec.metric("baton_spec_accepted_length_sum", lab)
+            generated = dec.metric("baton_generation_tokens_total")
+            streamed = sum(u for _, _, u in got)
+            print(f"ngram: {proposed:.0f} drafts proposed, {accepted:.0f} accepted in {n_verify:.0f} verifications; "
+                  f"{generated:.0f} tokens generated, {streamed} streamed")
+            assert proposed > 0 and 0 < accepted <= proposed
+            assert acc_sum == accepted and n_verify > 0
+            assert generated == streamed
+            assert accepted < generated
+            r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                               timeout=30)
+            assert r.returncode == 0, r.stdout + r.stderr
+
+
+def wait_nodes_cluster(etcd, cluster, ids, timeout=30.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(etcd.get(f"/baton/{cluster}/load/{i}") for i in ids):
+            time.sleep(0.5)  # the router's watch sees them
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nodes {ids} of cluster {cluster} did not all report load")
+
+
+def generate_ids(baton_bin, model, q, *extra):
+    r = subprocess.run([str(baton_bin), "generate", "--model", str(model), "--chat", q, "--max-tokens", "40",
+                        "--ids", "--threads", "1", *extra], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split(), r.stderr
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_generate_every_proposer_same_ids(baton_bin, default_model, seeded):
+    sampling = ["--temperature", "0.7", "--seed", "42"] if seeded else []
+    for q in ["Repeat exactly: one two three four five six seven eight nine ten.", f"Fix the bug:\n{CODE}"]:
+        plain, _ = generate_ids(baton_bin, default_model, q, *sampling)
+        assert len(plain) > 5
+        for spec in ["ngram", "self:8", f"draft:{default_model}"]:
+            ids, err = generate_ids(baton_bin, default_model, q, "--spec", spec, "--spec-k-max", "5", *sampling)
+            assert ids == plain, f"--spec {spec} changed the output"
+            assert re.search(r"(\d+) drafts proposed, (\d+) accepted", err), err
+        # the model as its own draft: every draft is accepted (past the end of turn too, so no draft is cut off by it)
+        args = ["--spec", f"draft:{default_model}", "--spec-k-max", "5", "--ignore-eos", *sampling]
+        ids, err = generate_ids(baton_bin, default_model, q, *args)
+        m = re.search(r"(\d+) drafts proposed, (\d+) accepted", err)
+        assert m and int(m.group(1)) > 20 and m.group(1) == m.group(2), err
+
+
+def test_model_slice_is_self_drafting(baton_bin, default_model, tmp_path):
+    """`baton model slice --layers 0-7` writes a model that drafts exactly as --spec self:8 does."""
+    out = tmp_path / "first8.gguf"
+    r = subprocess.run([str(baton_bin), "model", "slice", str(default_model), "--layers", "0-7", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and out.exists(), r.stderr
+    q = f"Add a docstring to this function:\n{CODE}"
+    plain, _ = generate_ids(baton_bin, default_model, q)
+    a, err_a = generate_ids(baton_bin, default_model, q, "--spec", "self:8")
+    b, err_b = generate_ids(baton_bin, default_model, q, "--spec", f"draft:{out}")
+    assert a == plain and b == plain
+    stats = [re.search(r"(\d+) drafts proposed, (\d+) accepted", e).groups() for e in (err_a, err_b)]
+    assert stats[0] == stats[1] and int(stats[0][0]) > 0, (err_a, err_b)
+    bad = subprocess.run([str(baton_bin), "model", "slice", str(default_model), "--layers", "0-29", "--out",
+                          str(tmp_path / "x.gguf")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "keep 1..29" in bad.stderr, bad.stderr
+
+
+def test_bad_spec_fails_at_startup(default_model, tmp_path, baton_bin):
+    with EtcdServer() as etcd:
+        for spec, want in [("bogus", "--spec 'bogus' is not one of"), ("self:0", "layer count"),
+                           ("self:30", "has 30 layers"), ("draft:/nonexistent.gguf", "/nonexistent.gguf")]:
+            with pytest.raises(ProcError):
+                start_decode(etcd, default_model, threads=1, spec=spec, timeout=30)
+        r = subprocess.run([str(build_bin("baton-decode")), "--etcd", "none", "--model", str(default_model),
+                            "--spec", "self:30"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        lines = [l for l in r.stderr.splitlines() if "baton-decode:" in l]
+        assert len(lines) == 1 and "has 30 layers" in lines[0], r.stderr
+        # a draft with another vocabulary: a tiny model written by the test tool
+        tiny = tmp_path / "tiny.gguf"
+        w = subprocess.run([str(build_bin("bt_tiny_model")), str(tiny)], capture_output=True, text=True, timeout=60)
+        assert w.returncode == 0, w.stderr
+        r = subprocess.run([str(build_bin("baton-decode")), "--etcd", "none", "--model", str(default_model),
+                            "--spec", f"draft:{tiny}"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "does not share the vocabulary" in r.stderr and str(tiny) in r.stderr, r.stderr
+        # a prefill node refuses the flag
+        r = subprocess.run([str(build_bin("baton-prefill")), "--etcd", "none", "--spec", "ngram"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--spec applies to decode nodes" in r.stderr, r.stderr
+
+
+def build_bin(name):
+    from conftest import build_dir
+    return build_dir() / "bin" / name
+
+
+def test_local_cluster_up_with_spec(default_model, tmp_path):
+    """`deploy/local/cluster up --spec ngram` starts decode nodes that speculate and serve."""
+    import os
+    from conftest import ROOT, build_dir
+    from test_local_cluster import free_port
+    script = ROOT / "deploy" / "local" / "cluster"
+    http = free_port()
+    run = tmp_path / "run"
+    env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(run),
+               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port(pair=True)}", BATON_HTTP_LISTEN=f"127.0.0.1:{http}",
+               BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_THREADS="1")
+    up = subprocess.run([str(script), "up", "--detach", "--prefill", "0", "--spec", "ngram", "--model",
+                         str(default_model)], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        cl = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="none", max_retries=0, timeout=60)
+        r = cl.chat.completions.create(model="", max_tokens=32, temperature=0, messages=[
+            {"role": "user", "content": "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta."}])
+        assert r.choices[0].message.content
+        assert "speculation ngram" in (run / "decode-1.log").read_text()
+    finally:
+        down = subprocess.run([str(script), "down"], env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0

@@ -1,0 +1,161 @@
+/* engine/spec.c: --spec parsing, the n-gram index (matches, longest first, most recent occurrence, incremental over
+ * a growing sequence, against a brute-force search), and the adaptive-k rule. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/spec.h"
+#include "test_util.h"
+
+static void test_parse(void)
+{
+    bt_spec_config c = bt_spec_config_default();
+    CHECK(c.kind == BT_SPEC_NONE && c.k_max == 4);
+    CHECK(bt_spec_parse("ngram", &c) == BT_OK && c.kind == BT_SPEC_NGRAM);
+    CHECK(bt_spec_parse("self:8", &c) == BT_OK && c.kind == BT_SPEC_SELF && c.self_layers == 8);
+    CHECK(bt_spec_parse("draft:/m/small.gguf", &c) == BT_OK && c.kind == BT_SPEC_DRAFT &&
+          !strcmp(c.draft_path, "/m/small.gguf"));
+    CHECK(bt_spec_parse("none", &c) == BT_OK && c.kind == BT_SPEC_NONE);
+    const char *bad[] = {"", "ngrams", "self:", "self:0", "self:3x", "draft:", "eagle", NULL};
+    for (int i = 0; bad[i]; i++) {
+        CHECK_MSG(bt_spec_parse(bad[i], &c) == BT_ERR_INVALID, "'%s' accepted", bad[i]);
+        CHECK(strstr(bt_last_error(), "--spec") != NULL);
+    }
+    CHECK(!strcmp(bt_spec_kind_name(BT_SPEC_SELF), "self"));
+}
+
+/* What prompt lookup should propose, by brute force: the most recent earlier occurrence of the longest matching
+ * suffix of n in [nmin, nmax], continued by up to k tokens that exist. */
+static int32_t brute(const int32_t *t, int32_t n_tok, int32_t nmin, int32_t nmax, int32_t k, int32_t *out)
+{
+    for (int32_t n = nmax; n >= nmin; n--) {
+        if (n > n_tok - 1) continue;
+        for (int32_t end = n_tok - 2; end >= n - 1; end--) {
+            if (memcmp(t + end - n + 1, t + n_tok - n, sizeof(int32_t) * (size_t)n)) continue;
+            int32_t m = 0;
+            while (m < k && end + 1 + m < n_tok) {
+                out[m] = t[end + 1 + m];
+                m++;
+            }
+            return m;
+        }
+    }
+    return 0;
+}
+
+static void test_ngram_basics(void)
+{
+    bt_proposer *p = NULL;
+    REQUIRE(bt_spec_ngram_create(1, 3, &p) == BT_OK);
+    void *st = NULL;
+    REQUIRE(p->ops->seq_open(p, &st) == BT_OK);
+    /* "5 6 7 8 9 5 6 7": the suffix "5 6 7" occurred at 0..2, followed by 8 9 5 6 7 */
+    int32_t t[] = {5, 6, 7, 8, 9, 5, 6, 7};
+    bt_spec_item it = {.state = st, .tokens = t, .n_tokens = 8, .k = 4};
+    p->ops->propose(p, &it, 1);
+    CHECK(it.n_drafts == 4 && it.drafts[0] == 8 && it.drafts[1] == 9 && it.drafts[2] == 5 && it.drafts[3] == 6);
+    /* k bounds the drafts, and they never run past the sequence's end */
+    it.k = 16;
+    p->ops->propose(p, &it, 1);
+    CHECK(it.n_drafts == 5);
+    /* no earlier occurrence of the last token: nothing */
+    int32_t u[] = {1, 2, 3, 4};
+    void *st2 = NULL;
+    REQUIRE(p->ops->seq_open(p, &st2) == BT_OK);
+    bt_spec_item it2 = {.state = st2, .tokens = u, .n_tokens = 4, .k = 4};
+    p->ops->propose(p, &it2, 1);
+    CHECK(it2.n_drafts == 0);
+    /* longest first: "1 2 | 9 ... 2 | 7 ... 1 2": the 2-gram "1 2" wins over the more recent 1-gram "2" */
+    int32_t w[] = {1, 2, 9, 2, 7, 1, 2};
+    void *st3 = NULL;
+    REQUIRE(p->ops->seq_open(p, &st3) == BT_OK);
+    bt_spec_item it3 = {.state = st3, .tokens = w, .n_tokens = 7, .k = 1};
+    p->ops->propose(p, &it3, 1);
+    CHECK(it3.n_drafts == 1 && it3.drafts[0] == 9);
+    p->ops->seq_close(p, st);
+    p->ops->seq_close(p, st2);
+    p->ops->seq_close(p, st3);
+    p->ops->seq_close(p, NULL);
+    bt_proposer_destroy(p);
+    CHECK(bt_spec_ngram_create(0, 3, &p) == BT_ERR_INVALID);
+    CHECK(bt_spec_ngram_create(3, 2, &p) == BT_ERR_INVALID);
+    CHECK(bt_spec_ngram_create(1, 9, &p) == BT_ERR_INVALID);
+}
+
+/* A sequence growing a token at a time over a small alphabet (many repeats) proposes exactly what brute force finds
+ * at every length, with the index kept incrementally. */
+static void test_ngram_incremental_vs_brute(void)
+{
+    enum { LEN = 3000 };
+    static int32_t t[LEN];
+    uint64_t seed = 42;
+    for (int trial = 0; trial < 3; trial++) {
+        int32_t nmin = 1 + trial % 2, nmax = 2 + trial;
+        bt_proposer *p = NULL;
+        REQUIRE(bt_spec_ngram_create(nmin, nmax, &p) == BT_OK);
+        void *st = NULL;
+        REQUIRE(p->ops->seq_open(p, &st) == BT_OK);
+        int bad = 0;
+        for (int32_t n = 1; n <= LEN; n++) {
+            /* mostly copies of an earlier stretch, sometimes a fresh token */
+            uint64_t r = test_rand_next(&seed);
+            if (n > 10 && r % 4) t[n - 1] = t[n - 1 - (int32_t)(1 + (r >> 8) % 9)];
+            else t[n - 1] = (int32_t)((r >> 16) % (trial == 2 ? 50000 : 12));
+            if (r % 3) continue; /* propose at some lengths only: the index must catch up over several tokens */
+            bt_spec_item it = {.state = st, .tokens = t, .n_tokens = n, .k = 1 + (int32_t)(r % 7)};
+            int32_t want[16];
+            int32_t nw = brute(t, n, nmin, nmax, it.k, want);
+            p->ops->propose(p, &it, 1);
+            if (it.n_drafts != nw || memcmp(it.drafts, want, sizeof(int32_t) * (size_t)nw)) bad++;
+        }
+        CHECK_MSG(bad == 0, "n-grams %d..%d: %d proposals differ from brute force", nmin, nmax, bad);
+        p->ops->seq_close(p, st);
+        bt_proposer_destroy(p);
+    }
+}
+
+static void test_adaptive_k(void)
+{
+    bt_spec_stats st;
+    bt_spec_stats_init(&st);
+    CHECK(fabsf(bt_spec_alpha(&st) - 0.5f) < 1e-6f);
+    /* cost unknown: alpha 0.5 gives 0.5, 0.25, 0.125 > 0.1: k = 3 */
+    CHECK(bt_spec_choose_k(&st, 8, 0) == 3);
+    CHECK(bt_spec_choose_k(&st, 2, 0) == 2);
+    /* every draft kept: alpha rises towards 1 and k reaches k_max */
+    for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 4, 4);
+    CHECK(bt_spec_alpha(&st) > 0.95f);
+    CHECK(bt_spec_choose_k(&st, 8, 0) == 8);
+    /* a compute-bound step: the threshold nears 1; alpha 0.8 then drafts nothing, a near-certain proposer still does */
+    double thr = bt_spec_threshold(0.003, 0.001, 0, 64, 64);
+    CHECK(thr > 0.9 && thr < 1);
+    CHECK(bt_spec_choose_k(&st, 8, thr) == 8);
+    bt_spec_stats mid = {.hits = 8, .tries = 10};
+    CHECK(bt_spec_choose_k(&mid, 8, thr) == 0);
+    CHECK(bt_spec_choose_k(&mid, 8, 0.5) == 3); /* 0.8, 0.64, 0.512 */
+    CHECK(bt_spec_threshold(0.003, 0, 0, 1, 1) == 0);
+    /* a draft model's round (1 ms) on a 4 ms batch-1 step: a draft must be accepted more than 1 time in 4 */
+    CHECK(fabs(bt_spec_threshold(0.004, 0, 0.001, 1, 1) - 0.25) < 1e-9);
+    /* every draft rejected: k falls to 0, then a single probe every 16 steps while drafting is cheap */
+    for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 1, 0);
+    CHECK(bt_spec_alpha(&st) < 0.05f);
+    int probes = 0;
+    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.01);
+    CHECK(probes == 4);
+    probes = 0;
+    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.9);
+    CHECK(probes == 0);
+    /* proposing nothing leaves the estimate alone */
+    float a = bt_spec_alpha(&st);
+    bt_spec_stats_update(&st, 0, 0);
+    CHECK(bt_spec_alpha(&st) == a);
+}
+
+int main(void)
+{
+    RUN(test_parse);
+    RUN(test_ngram_basics);
+    RUN(test_ngram_incremental_vs_brute);
+    RUN(test_adaptive_k);
+    return test_summary();
+}

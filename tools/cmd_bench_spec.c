@@ -1,0 +1,445 @@
+/* `baton bench --spec SPEC`: decode speed with and without speculative decoding on a workload of real prompts
+ * (the JSON-lines files in tools/workloads), alternating the two in every repetition, through the continuous-batching scheduler at
+ * each concurrency asked for. Checks that both runs produce the same tokens, and says why k was what it was. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/paths.h"
+#include "engine/backend.h"
+#include "engine/chat_template.h"
+#include "engine/scheduler.h"
+#include "engine/spec.h"
+#include "engine/tokenizer.h"
+#include "tools/bench_spec.h"
+
+#define BS_MAX_PROMPTS 256
+#define BS_MAX_REPS 50
+
+typedef struct bs_prompt {
+    char name[64];
+    int32_t *ids;
+    int32_t n;
+} bs_prompt;
+
+typedef struct bs_opts {
+    const char *model, *workload, *json, *conc;
+    bt_spec_config spec;
+    long threads, reps, decode_n;
+    float temperature;
+    unsigned long long seed;
+} bs_opts;
+
+/* One run's figures. */
+typedef struct bs_run {
+    double decode_s;          /* seconds in steps that computed no prompt token */
+    uint64_t decode_tokens;   /* tokens emitted in those steps */
+    uint64_t out_hash;        /* of every request's token sequence, in request order */
+    bt_sched_stats st;
+} bs_run;
+
+typedef struct bs_track {
+    uint64_t hash;   /* FNV-1a of (token, index) pairs */
+    uint64_t tokens;
+} bs_track;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void bs_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: baton bench --spec none|ngram|draft:PATH|self:L [--workload FILE] [--concurrency N[,N...]]\n"
+            "                   [--decode-tokens N] [--reps N] [--spec-k-max N] [--temperature T --seed S]\n"
+            "                   [--threads N] [--model PATH] [--json FILE]\n"
+            "Runs every prompt of the workload (JSON lines {\"name\", \"chat\"} or {\"name\", \"prompt\"}; default\n"
+            "tools/workloads/input-grounded.jsonl; tools/workloads/chat.jsonl holds open-ended chat) through the\n"
+            "scheduler with at most N sequences running, once without and once with speculation per repetition\n"
+            "(alternating which goes first), and reports decode tok/s (tokens emitted in steps that computed no\n"
+            "prompt token, over those steps' time) as medians of --reps (default 3), the speed-up, the acceptance\n"
+            "rate, the mean accepted drafts per verification, and the inputs of the adaptive-k rule. Both runs must\n"
+            "produce the same tokens (the bench fails otherwise). --decode-tokens: output tokens per request\n"
+            "(default 128; generation also stops at end of turn). Greedy unless --temperature is given.\n");
+}
+
+static int parse_opts(int argc, char **argv, bs_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->spec = bt_spec_config_default();
+    o->reps = 3;
+    o->decode_n = 128;
+    o->conc = "1";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bs_usage(stdout);
+            return 1;
+        }
+        if (!v) {
+            fprintf(stderr, "baton bench: unknown option or missing value: '%s'\n", a);
+            return -1;
+        }
+        i++;
+        char *end = NULL;
+        errno = 0;
+        if (!strcmp(a, "--spec")) {
+            if (bt_spec_parse(v, &o->spec)) {
+                fprintf(stderr, "baton bench: %s\n", bt_last_error());
+                return -1;
+            }
+        } else if (!strcmp(a, "--model")) o->model = v;
+        else if (!strcmp(a, "--workload")) o->workload = v;
+        else if (!strcmp(a, "--json")) o->json = v;
+        else if (!strcmp(a, "--concurrency")) o->conc = v;
+        else if (!strcmp(a, "--threads")) o->threads = strtol(v, &end, 10);
+        else if (!strcmp(a, "--reps")) o->reps = strtol(v, &end, 10);
+        else if (!strcmp(a, "--decode-tokens")) o->decode_n = strtol(v, &end, 10);
+        else if (!strcmp(a, "--spec-k-max")) o->spec.k_max = (int32_t)strtol(v, &end, 10);
+        else if (!strcmp(a, "--seed")) o->seed = strtoull(v, &end, 10);
+        else if (!strcmp(a, "--temperature")) o->temperature = strtof(v, &end);
+        else {
+            fprintf(stderr, "baton bench: unknown option '%s' (with --spec; see baton bench --spec x --help)\n", a);
+            return -1;
+        }
+        if (end && (end == v || *end || errno)) {
+            fprintf(stderr, "baton bench: %s wants a number, not '%s'\n", a, v);
+            return -1;
+        }
+    }
+    if (o->threads < 0 || o->threads > 256 || o->reps < 1 || o->reps > BS_MAX_REPS || o->decode_n < 1 ||
+        o->decode_n > 4096 || o->spec.k_max < 1 || o->spec.k_max > BT_SPEC_K_LIMIT || o->temperature < 0 ||
+        o->temperature > 100) {
+        fprintf(stderr, "baton bench: a value is out of range (--reps 1..%d, --decode-tokens 1..4096, "
+                        "--spec-k-max 1..%d, --temperature 0..100)\n", BS_MAX_REPS, BT_SPEC_K_LIMIT);
+        return -1;
+    }
+    if (o->spec.kind == BT_SPEC_NONE) {
+        fprintf(stderr, "baton bench: --spec none has nothing to compare; give ngram, draft:PATH or self:L\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Tokenizes one workload line: a chat message through the model's template, or a raw prompt with BOS rules. */
+static int load_line(const char *line, int lineno, const char *path, tok_tokenizer *tok, chat_tmpl *tmpl,
+                     bs_prompt *p)
+{
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *chat = j ? cJSON_GetObjectItemCaseSensitive(j, "chat") : NULL;
+    const cJSON *raw = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
+    const cJSON *name = j ? cJSON_GetObjectItemCaseSensitive(j, "name") : NULL;
+    const char *text = cJSON_IsString(chat) ? chat->valuestring : cJSON_IsString(raw) ? raw->valuestring : NULL;
+    if (!text) {
+        fprintf(stderr, "baton bench: %s:%d: want a JSON object with a string \"chat\" or \"prompt\"\n", path, lineno);
+        cJSON_Delete(j);
+        return -1;
+    }
+    snprintf(p->name, sizeof p->name, "%s", cJSON_IsString(name) ? name->valuestring : "");
+    char *rendered = NULL;
+    size_t len = strlen(text);
+    if (text == (chat ? chat->valuestring : NULL)) {
+        chat_msg m = {"user", text, len};
+        if (chat_tmpl_render(tmpl, &m, 1, 1, &rendered, &len)) {
+            fprintf(stderr, "baton bench: %s:%d: %s\n", path, lineno, bt_last_error());
+            cJSON_Delete(j);
+            return -1;
+        }
+        text = rendered;
+    }
+    tok_ids ids = {0};
+    bt_status st = tok_encode(tok, text, len, TOK_PARSE_SPECIAL | (rendered ? 0u : TOK_ADD_SPECIAL), &ids);
+    free(rendered);
+    cJSON_Delete(j);
+    if (st || ids.n == 0) {
+        fprintf(stderr, "baton bench: %s:%d: %s\n", path, lineno, st ? bt_last_error() : "empty prompt");
+        tok_ids_free(&ids);
+        return -1;
+    }
+    p->ids = ids.ids; /* ownership moves to the prompt */
+    p->n = (int32_t)ids.n;
+    return 0;
+}
+
+static int load_workload(const char *path, const bt_model *m, bs_prompt *ps, int *n_out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "baton bench: cannot open the workload %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    tok_tokenizer *tok = NULL;
+    chat_tmpl tmpl;
+    int have_tmpl = 0, rc = 0, n = 0, lineno = 0;
+    if (tok_create(m->file, &tok) || chat_tmpl_init_gguf(&tmpl, m->file, NULL)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        rc = -1;
+    } else {
+        have_tmpl = 1;
+    }
+    char line[65536];
+    while (!rc && fgets(line, sizeof line, f)) {
+        lineno++;
+        if (line[strspn(line, " \t\r\n")] == 0) continue;
+        if (n >= BS_MAX_PROMPTS) {
+            fprintf(stderr, "baton bench: %s: more than %d prompts\n", path, BS_MAX_PROMPTS);
+            rc = -1;
+        } else if (load_line(line, lineno, path, tok, &tmpl, &ps[n]) == 0) {
+            n++;
+        } else {
+            rc = -1;
+        }
+    }
+    fclose(f);
+    if (have_tmpl) chat_tmpl_free(&tmpl);
+    tok_free(tok);
+    if (!rc && n == 0) {
+        fprintf(stderr, "baton bench: %s holds no prompt\n", path);
+        rc = -1;
+    }
+    *n_out = n;
+    return rc;
+}
+
+static void track_emit(void *user, const bt_sched_event *ev)
+{
+    bs_track *t = user;
+    if (ev->token < 0) return;
+    t->tokens++;
+    uint64_t h = t->hash ? t->hash : 0xcbf29ce484222325ull;
+    h = (h ^ (uint64_t)(uint32_t)ev->token) * 0x100000001b3ull;
+    t->hash = (h ^ (uint64_t)(uint32_t)ev->index) * 0x100000001b3ull;
+}
+
+/* Every prompt through one scheduler with at most conc running; speculating with pr when non-NULL. */
+static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const bs_prompt *ps, int n, int conc,
+                    bt_proposer *pr, const int32_t *eog, int32_t n_eog, bs_run *out)
+{
+    int32_t longest = 0;
+    for (int i = 0; i < n; i++) longest = ps[i].n > longest ? ps[i].n : longest;
+    int32_t ctx = longest + (int32_t)o->decode_n + BT_SPEC_K_LIMIT + BT_KV_BLOCK;
+    bt_sched_config cfg = {0};
+    cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)(conc * (ctx / BT_KV_BLOCK + 2));
+    cfg.max_running = conc;
+    cfg.max_context = ctx;
+    cfg.disable_prefix_cache = 1; /* each run starts cold: the off and on runs do the same prompt work */
+    cfg.eog_ids = eog;
+    cfg.n_eog = n_eog;
+    cfg.proposer = pr;
+    cfg.spec_k_max = o->spec.k_max;
+    bt_sched *s = NULL;
+    if (bt_sched_create(m, be, &cfg, &s)) return -1;
+    bs_track *tr = calloc((size_t)n, sizeof *tr);
+    if (!tr) {
+        bt_sched_destroy(s);
+        return -1;
+    }
+    bt_req_params p = bt_req_params_default();
+    p.sampling.max_tokens = (int32_t)o->decode_n;
+    p.sampling.temperature = o->temperature;
+    p.sampling.seed = o->seed;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        if (bt_sched_submit(s, ps[i].ids, ps[i].n, &p, track_emit, &tr[i], NULL)) rc = -1;
+    memset(out, 0, sizeof *out);
+    bt_sched_stats before, after;
+    bt_sched_get_stats(s, &before);
+    while (!rc && !bt_sched_idle(s)) {
+        double t0 = now_s();
+        if (bt_sched_step(s) < 0) rc = -1;
+        double dt = now_s() - t0;
+        bt_sched_get_stats(s, &after);
+        if (after.computed_prompt_tokens == before.computed_prompt_tokens) {
+            out->decode_s += dt;
+            out->decode_tokens += after.generated_tokens - before.generated_tokens;
+        }
+        before = after;
+    }
+    out->st = after;
+    out->out_hash = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++) out->out_hash = (out->out_hash ^ tr[i].hash ^ tr[i].tokens) * 0x100000001b3ull;
+    free(tr);
+    bt_sched_destroy(s);
+    return rc;
+}
+
+/* The model's end-of-generation ids, so chat answers stop at end of turn as a server's would. */
+static int32_t find_eog(const bt_model *m, int32_t *eog, int32_t cap)
+{
+    tok_tokenizer *tok = NULL;
+    int32_t n = 0;
+    if (tok_create(m->file, &tok)) return 0;
+    for (int32_t i = 0; i < tok_n_vocab(tok) && n < cap; i++)
+        if (tok_is_eog(tok, i)) eog[n++] = i;
+    tok_free(tok);
+    return n;
+}
+
+typedef struct bs_result {
+    int conc;
+    double off, on, ratio;       /* medians: decode tok/s without and with speculation, per-rep ratio */
+    double accept, mean_acc;     /* accepted / proposed; accepted per verification */
+    double k_mean, threshold, alpha, row_ms, fixed_ms;
+    uint64_t proposed, accepted, verifications;
+} bs_result;
+
+static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const bs_prompt *ps, int n, int conc,
+                      bt_proposer *pr, const int32_t *eog, int32_t n_eog, bs_result *res)
+{
+    double off[BS_MAX_REPS], on[BS_MAX_REPS], ratio[BS_MAX_REPS];
+    memset(res, 0, sizeof *res);
+    res->conc = conc;
+    for (long r = 0; r < o->reps; r++) {
+        bs_run a, b; /* a: without, b: with */
+        for (int order = 0; order < 2; order++) {
+            int spec_now = (order + (int)r) % 2; /* alternate which goes first */
+            if (run_once(m, be, o, ps, n, conc, spec_now ? pr : NULL, eog, n_eog, spec_now ? &b : &a)) return -1;
+        }
+        if (a.out_hash != b.out_hash) {
+            fprintf(stderr, "baton bench: speculation changed the output at concurrency %d (a bug: it must not)\n",
+                    conc);
+            return -2;
+        }
+        off[r] = a.decode_s > 0 ? (double)a.decode_tokens / a.decode_s : 0;
+        on[r] = b.decode_s > 0 ? (double)b.decode_tokens / b.decode_s : 0;
+        ratio[r] = off[r] > 0 ? on[r] / off[r] : 0;
+        fprintf(stderr, "  concurrency %d rep %ld: %.1f -> %.1f decode tok/s (%.2fx)\n", conc, r + 1, off[r], on[r],
+                ratio[r]);
+        res->proposed += b.st.spec_proposed;
+        res->accepted += b.st.spec_accepted;
+        res->verifications += b.st.spec_verifications;
+        res->k_mean = b.st.spec_k;
+        res->threshold = b.st.spec_threshold;
+        res->alpha = b.st.spec_alpha;
+        res->row_ms = b.st.decode_row_s * 1e3;
+        res->fixed_ms = b.st.decode_fixed_s * 1e3;
+    }
+    res->off = median(off, (int)o->reps);
+    res->on = median(on, (int)o->reps);
+    res->ratio = median(ratio, (int)o->reps);
+    res->accept = res->proposed ? (double)res->accepted / (double)res->proposed : 0;
+    res->mean_acc = res->verifications ? (double)res->accepted / (double)res->verifications : 0;
+    return 0;
+}
+
+static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
+{
+    printf("%-12d %14.1f %14.1f %9.2fx %10.1f%% %12.2f %8.2f\n", r->conc, r->off, r->on, r->ratio, 100 * r->accept,
+           r->mean_acc, r->k_mean);
+    printf("             k: mean %.2f of at most %d; a decode row costs %.3f ms against a step's fixed %.3f ms, so a\n"
+           "             draft must be accepted with p > %.2f at this batch; the sequences' acceptance estimate was %.2f\n",
+           r->k_mean, k_max, r->row_ms, r->fixed_ms, r->threshold < 0.1 ? 0.1 : r->threshold, r->alpha);
+    if (jf)
+        fprintf(jf,
+                "%s{\"concurrency\": %d, \"decode_tok_s_off\": %.2f, \"decode_tok_s_on\": %.2f, \"speedup\": %.4f, "
+                "\"drafts_proposed\": %llu, \"drafts_accepted\": %llu, \"verifications\": %llu, "
+                "\"acceptance_rate\": %.4f, \"mean_accepted_per_verification\": %.4f, \"k_mean\": %.3f, "
+                "\"threshold\": %.4f, \"alpha\": %.4f, \"decode_row_ms\": %.4f, \"decode_fixed_ms\": %.4f}",
+                first ? "" : ", ", r->conc, r->off, r->on, r->ratio, (unsigned long long)r->proposed,
+                (unsigned long long)r->accepted, (unsigned long long)r->verifications, r->accept, r->mean_acc,
+                r->k_mean, r->threshold, r->alpha, r->row_ms, r->fixed_ms);
+}
+
+int bench_spec_main(int argc, char **argv)
+{
+    bs_opts o;
+    int prc = parse_opts(argc, argv, &o);
+    if (prc) return prc > 0 ? 0 : 2;
+    char def[4096], wl[4096];
+    if (!o.model) {
+        if (bt_default_model_path(def, sizeof def)) {
+            fprintf(stderr, "baton bench: %s\n", bt_last_error());
+            return 1;
+        }
+        o.model = def;
+    }
+    if (!o.workload) {
+        snprintf(wl, sizeof wl, "%s/tools/workloads/input-grounded.jsonl", BATON_SOURCE_DIR);
+        o.workload = wl;
+    }
+    bt_model *m = NULL;
+    if (bt_model_load(o.model, &m)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        return 1;
+    }
+    static bs_prompt ps[BS_MAX_PROMPTS];
+    int n = 0, rc = 1;
+    bt_backend *be = NULL;
+    bt_proposer *pr = NULL;
+    FILE *jf = NULL;
+    int32_t eog[16];
+    int32_t n_eog = find_eog(m, eog, 16);
+    if (load_workload(o.workload, m, ps, &n)) goto out;
+    if (bt_backend_cpu_create((int)o.threads, &be)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        goto out;
+    }
+    int32_t longest = 0;
+    for (int i = 0; i < n; i++) longest = ps[i].n > longest ? ps[i].n : longest;
+    if (bt_spec_create(&o.spec, m, be, n * (longest + (int32_t)o.decode_n + 2 * BT_SPEC_K_LIMIT), n, &pr)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        goto out;
+    }
+    printf("%s | %s kernels, %d threads | workload %s: %d prompts, up to %ld output tokens each, %s | speculation "
+           "%s, k up to %d\n",
+           m->name, bt_backend_cpu_isa(be), bt_backend_cpu_threads(be), o.workload, n, o.decode_n,
+           o.temperature > 0 ? "sampled" : "greedy", bt_spec_kind_name(o.spec.kind), o.spec.k_max);
+    printf("%-12s %14s %14s %10s %11s %12s %8s\n", "concurrency", "off tok/s", "on tok/s", "speed-up", "accepted",
+           "acc/verify", "mean k");
+    if (o.json && !(jf = fopen(o.json, "w"))) {
+        fprintf(stderr, "baton bench: cannot write %s: %s\n", o.json, strerror(errno));
+        goto out;
+    }
+    if (jf)
+        fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"workload\": \"%s\", \"prompts\": %d, "
+                    "\"decode_tokens\": %ld, \"spec\": \"%s\", \"k_max\": %d, \"temperature\": %.3f, \"runs\": [",
+                m->name, bt_backend_cpu_isa(be), bt_backend_cpu_threads(be), o.workload, n, o.decode_n,
+                bt_spec_kind_name(o.spec.kind), o.spec.k_max, o.temperature);
+    char *list = strdup(o.conc), *save = NULL;
+    rc = 0;
+    int first = 1;
+    for (char *t = strtok_r(list, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+        int c = atoi(t);
+        if (c < 1 || c > 1024) {
+            fprintf(stderr, "baton bench: bad concurrency '%s'\n", t);
+            rc = 2;
+            break;
+        }
+        bs_result res;
+        int brc = bench_conc(m, be, &o, ps, n, c, pr, eog, n_eog, &res);
+        if (brc) {
+            if (brc == -1) fprintf(stderr, "baton bench: %s\n", bt_last_error());
+            rc = 1;
+            break;
+        }
+        print_result(&res, o.spec.k_max, jf, first);
+        first = 0;
+    }
+    free(list);
+    if (jf) fprintf(jf, "]}\n");
+out:
+    if (jf) fclose(jf);
+    bt_proposer_destroy(pr);
+    bt_backend_destroy(be);
+    for (int i = 0; i < n; i++) free(ps[i].ids);
+    bt_model_free(m);
+    return rc;
+}
