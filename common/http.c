@@ -958,102 +958,104 @@ static enum MHD_Result queue_503(struct MHD_Connection *conn)
     return rc;
 }
 
-static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                                 const char *version, const char *upload_data, size_t *upload_data_size,
-                                 void **con_cls)
+/* Phase 1, headers only: route, method, API key and declared body size are decided before any body is read. */
+static enum MHD_Result access_begin(http_server_t *s, struct MHD_Connection *conn, const char *url,
+                                   const char *method, void **con_cls)
 {
-    http_server_t *s = cls;
-    http_request_t *req = *con_cls;
-    if (!req) {
-        /* first call: headers only. Decide what we can before any body is read. */
-        req = calloc(1, sizeof *req);
-        if (!req) return MHD_NO;
-        pthread_mutex_init(&req->mu, NULL);
-        atomic_init(&req->refs, 1);
-        req->srv = s;
-        req->conn = conn;
-        req->method = strdup(method);
-        req->path = strdup(url);
-        *con_cls = req;
-        if (!req->method || !req->path) return MHD_NO; /* on_completed frees req */
-        int known;
-        char allow[256];
-        req->route = find_route(s, req->path, req->method, &known, allow, sizeof allow);
-        if (!known) return early_error(req, conn, 404, "no such endpoint", NULL);
-        if (!req->route) return early_error(req, conn, 405, "method not allowed on this endpoint", allow);
-        if ((req->route->flags & HTTP_ROUTE_AUTH) && s->n_keys &&
-            !key_ok(s, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
-            return early_error(req, conn, 401, "invalid or missing API key", NULL);
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            unsigned long long n = strtoull(cl, NULL, 10);
-            if (n > s->max_body) return early_error(req, conn, 413, "request body too large", NULL);
-            if (n) {
-                req->body = malloc((size_t)n + 1);
-                if (!req->body) return early_error(req, conn, 500, "out of memory", NULL);
-                req->body_cap = (size_t)n + 1;
-            }
+    http_request_t *req = calloc(1, sizeof *req);
+    if (!req) return MHD_NO;
+    pthread_mutex_init(&req->mu, NULL);
+    atomic_init(&req->refs, 1);
+    req->srv = s;
+    req->conn = conn;
+    req->method = strdup(method);
+    req->path = strdup(url);
+    *con_cls = req;
+    if (!req->method || !req->path) return MHD_NO; /* on_completed frees req */
+    int known;
+    char allow[256];
+    req->route = find_route(s, req->path, req->method, &known, allow, sizeof allow);
+    if (!known) return early_error(req, conn, 404, "no such endpoint", NULL);
+    if (!req->route) return early_error(req, conn, 405, "method not allowed on this endpoint", allow);
+    if ((req->route->flags & HTTP_ROUTE_AUTH) && s->n_keys &&
+        !key_ok(s, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
+        return early_error(req, conn, 401, "invalid or missing API key", NULL);
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        unsigned long long n = strtoull(cl, NULL, 10);
+        if (n > s->max_body) return early_error(req, conn, 413, "request body too large", NULL);
+        if (n) {
+            req->body = malloc((size_t)n + 1);
+            if (!req->body) return early_error(req, conn, 500, "out of memory", NULL);
+            req->body_cap = (size_t)n + 1;
         }
-        return MHD_YES;
     }
+    return MHD_YES;
+}
 
-    if (*upload_data_size) {
-        size_t n = *upload_data_size;
-        *upload_data_size = 0;
-        if (req->handled) return MHD_YES; /* already answered: drop the rest */
-        if (req->too_large || req->body_len + n > s->max_body) {
+/* Phase 2, once per piece of the body: appended up to max_body; past it the rest is read and dropped. */
+static enum MHD_Result access_body(http_server_t *s, http_request_t *req, const char *data, size_t *size)
+{
+    size_t n = *size;
+    *size = 0;
+    if (req->handled) return MHD_YES; /* already answered: drop the rest */
+    if (req->too_large || req->body_len + n > s->max_body) {
+        req->too_large = 1;
+        req->discarded += n;
+        /* a chunked body that never ends: stop reading it */
+        return req->discarded > 4 * s->max_body + (1u << 20) ? MHD_NO : MHD_YES;
+    }
+    if (req->body_len + n + 1 > req->body_cap) {
+        size_t cap = req->body_cap ? req->body_cap : 4096;
+        while (cap < req->body_len + n + 1) cap *= 2;
+        char *nb = realloc(req->body, cap);
+        if (!nb) {
             req->too_large = 1;
-            req->discarded += n;
-            /* a chunked body that never ends: stop reading it */
-            return req->discarded > 4 * s->max_body + (1u << 20) ? MHD_NO : MHD_YES;
+            return MHD_YES;
         }
-        if (req->body_len + n + 1 > req->body_cap) {
-            size_t cap = req->body_cap ? req->body_cap : 4096;
-            while (cap < req->body_len + n + 1) cap *= 2;
-            char *nb = realloc(req->body, cap);
-            if (!nb) {
-                req->too_large = 1;
-                return MHD_YES;
-            }
-            req->body = nb;
-            req->body_cap = cap;
-        }
-        memcpy(req->body + req->body_len, upload_data, n);
-        req->body_len += n;
-        req->body[req->body_len] = 0;
-        return MHD_YES;
+        req->body = nb;
+        req->body_cap = cap;
     }
+    memcpy(req->body + req->body_len, data, n);
+    req->body_len += n;
+    req->body[req->body_len] = 0;
+    return MHD_YES;
+}
 
-    if (!req->handled) {
-        req->handled = 1;
-        if (req->too_large) return early_error(req, conn, 413, "request body too large", NULL);
-        req->route->fn(req, req->route->arg);
-        pthread_mutex_lock(&req->mu);
-        enum MHD_Result rc = MHD_YES;
-        switch (req->state) {
-        case REQ_ANSWERED:
-        case REQ_STREAM:
-            rc = queue_answer(req, conn);
-            break;
-        case REQ_DEFERRED:
-            if (atomic_load(&s->stopping)) {
-                req->state = REQ_DROPPED;
-                pthread_mutex_unlock(&req->mu);
-                return queue_503(conn);
-            }
-            req->suspended = 1;
-            MHD_suspend_connection(conn);
-            break;
-        default:
+/* Phase 3, the body is complete: the route's handler runs, then its answer is queued or the connection waits. */
+static enum MHD_Result access_handle(http_server_t *s, http_request_t *req, struct MHD_Connection *conn)
+{
+    req->handled = 1;
+    if (req->too_large) return early_error(req, conn, 413, "request body too large", NULL);
+    req->route->fn(req, req->route->arg);
+    pthread_mutex_lock(&req->mu);
+    enum MHD_Result rc = MHD_YES;
+    switch (req->state) {
+    case REQ_ANSWERED:
+    case REQ_STREAM:
+        rc = queue_answer(req, conn);
+        break;
+    case REQ_DEFERRED:
+        if (atomic_load(&s->stopping)) {
+            req->state = REQ_DROPPED;
             pthread_mutex_unlock(&req->mu);
-            BT_ERROR("http", "handler for %s %s did not answer", req->method, req->path);
-            return early_error(req, conn, 500, "the handler did not answer", NULL);
+            return queue_503(conn);
         }
+        req->suspended = 1;
+        MHD_suspend_connection(conn);
+        break;
+    default:
         pthread_mutex_unlock(&req->mu);
-        return rc;
+        BT_ERROR("http", "handler for %s %s did not answer", req->method, req->path);
+        return early_error(req, conn, 500, "the handler did not answer", NULL);
     }
+    pthread_mutex_unlock(&req->mu);
+    return rc;
+}
 
-    /* resumed after a deferral */
+/* Phase 4, resumed after a deferral: the answer is queued, or the server is stopping (503), or it was spurious. */
+static enum MHD_Result access_resume(http_server_t *s, http_request_t *req, struct MHD_Connection *conn)
+{
     pthread_mutex_lock(&req->mu);
     if (req->state == REQ_ANSWERED) {
         enum MHD_Result rc = queue_answer(req, conn);
@@ -1073,6 +1075,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     req->state = REQ_DROPPED;
     pthread_mutex_unlock(&req->mu);
     return queue_503(conn);
+}
+
+/* libmicrohttpd calls this several times per request; which phase it is follows from what the request holds. */
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                 const char *version, const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls)
+{
+    http_server_t *s = cls;
+    http_request_t *req = *con_cls;
+    if (!req) return access_begin(s, conn, url, method, con_cls);
+    if (*upload_data_size) return access_body(s, req, upload_data, upload_data_size);
+    if (!req->handled) return access_handle(s, req, conn);
+    return access_resume(s, req, conn);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)

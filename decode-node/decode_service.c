@@ -29,6 +29,10 @@
 
 #define DEC_LOG "decode"
 #define DEC_MAX_RUNNING 256
+#define DEC_PREFILL_POLL_MS 100  /* a waiting remote prefill checks this often whether its request ended */
+#define DEC_EXPECT_SLACK_MS 2000 /* the KV expectation outlives the prefill node's push deadline by this much */
+#define DEC_EXPECT_MAX_MS 86400000 /* a day: the longest expectation (its timeout is 32-bit milliseconds) */
+#define DEC_CANCEL_DRAIN_S 1     /* after cancelling a remote prefill, time for a copy under way to land */
 
 typedef struct dec_call dec_call;
 
@@ -85,7 +89,6 @@ struct dec_call {
     uint8_t *sampling_pb;       /* the request's SamplingParams, packed, with the seed made explicit */
     size_t sampling_len;
     uint32_t sample_index, top_logprobs;
-    uint64_t sched_id;
     uint32_t *blocks;           /* destination blocks of the prompt */
     uint32_t n_blocks, skip;
     kvx_expect_t *expect;
@@ -116,111 +119,128 @@ static const char *end_name(bt_end_reason r)
     }
 }
 
-/* Engine thread: one message per token; the last event finishes the call. */
-static void on_event(void *user, const bt_sched_event *ev)
-{
-    dec_call *c = user;
-    decode_service_t *s = c->svc;
-    double now = bt_sched_now();
-    Baton__V1__DecodeRunResponse r = BATON__V1__DECODE_RUN_RESPONSE__INIT;
-    Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT;
-    Baton__V1__TokenLogprob *lpp[1] = {&lp};
+/* One DecodeRunResponse and the storage its pointers refer to. */
+typedef struct run_msg {
+    Baton__V1__DecodeRunResponse r;
+    int32_t tok;
+    Baton__V1__TokenLogprob lp;
+    Baton__V1__TokenLogprob *lpp[1];
     Baton__V1__TopLogprob top[BT_MAX_TOP_LOGPROBS];
     Baton__V1__TopLogprob *topp[BT_MAX_TOP_LOGPROBS];
-    Baton__V1__Usage usage = BATON__V1__USAGE__INIT;
-    int32_t tok = ev->token;
-    int final = ev->finish != BT_END_NONE;
+    Baton__V1__Usage usage;
+} run_msg;
 
-    if (ev->token >= 0) {
-        if (c->n_out == 0) {
-            c->t_first = now;
-            metrics_histogram_observe(s->ttft, now - c->t_arrive);
-            metrics_histogram_observe(s->queue_time, ev->queue_s);
-            metrics_counter_add(s->prompt_tokens, (uint64_t)ev->n_prompt);
-            bt_calls_prefilled(&s->calls, c->n_submitted);
-        }
-        c->n_out++;
-        c->t_last = now;
-        metrics_counter_inc(s->gen_tokens);
-        r.offset = c->n_prev + (uint32_t)ev->index;
-        r.n_token_ids = 1;
-        r.token_ids = &tok;
-        if (c->logprobs) {
-            lp.token_id = ev->token;
-            lp.logprob = ev->detail ? ev->detail->logprob : ev->logprob;
-            if (ev->detail && ev->detail->n_top > 0) {
-                int32_t nt = ev->detail->n_top < BT_MAX_TOP_LOGPROBS ? ev->detail->n_top : BT_MAX_TOP_LOGPROBS;
-                for (int32_t i = 0; i < nt; i++) {
-                    baton__v1__top_logprob__init(&top[i]);
-                    top[i].token_id = ev->detail->top[i].id;
-                    top[i].logprob = ev->detail->top[i].logprob;
-                    topp[i] = &top[i];
-                }
-                lp.n_top = (size_t)nt;
-                lp.top = topp;
-            }
-            r.n_logprobs = 1;
-            r.logprobs = lpp;
-        }
-    }
-    if (!final) {
-        if (!c->sent_first) r.node_id = s->node_id;
-        bt_status st = bt_rpc_call_send(c->base.rpc, &r.base);
-        c->sent_first = 1;
-        if (st != BT_OK && atomic_load(&c->send_status) == BT_OK) {
-            atomic_store(&c->send_status, st);
-            bt_sched_abort(s->sched, ev->req_id);
-        }
-        return;
-    }
+static void msg_init(run_msg *m)
+{
+    m->r = (Baton__V1__DecodeRunResponse)BATON__V1__DECODE_RUN_RESPONSE__INIT;
+    m->lp = (Baton__V1__TokenLogprob)BATON__V1__TOKEN_LOGPROB__INIT;
+    m->lpp[0] = &m->lp;
+    m->usage = (Baton__V1__Usage)BATON__V1__USAGE__INIT;
+}
 
-    /* last event */
-    if (c->n_out == 0) bt_calls_prefilled(&s->calls, c->n_submitted);
-    bt_rpc_code code = BT_RPC_OK;
-    char msg[256] = "";
-    int rs = RS_OK;
+/* The first token: time to first token, queue time, prompt tokens; the prompt no longer waits for prefill. */
+static void note_first_token(dec_call *c, const bt_sched_event *ev, double now)
+{
+    decode_service_t *s = c->svc;
+    c->t_first = now;
+    metrics_histogram_observe(s->ttft, now - c->t_arrive);
+    metrics_histogram_observe(s->queue_time, ev->queue_s);
+    metrics_counter_add(s->prompt_tokens, (uint64_t)ev->n_prompt);
+    bt_calls_prefilled(&s->calls, c->n_submitted);
+}
+
+/* Puts the event's token into m at its offset in the whole output, with its logprobs when the client asked. */
+static void msg_add_token(dec_call *c, const bt_sched_event *ev, run_msg *m)
+{
+    m->tok = ev->token;
+    m->r.offset = c->n_prev + (uint32_t)ev->index;
+    m->r.n_token_ids = 1;
+    m->r.token_ids = &m->tok;
+    if (!c->logprobs) return;
+    m->lp.token_id = ev->token;
+    m->lp.logprob = ev->detail ? ev->detail->logprob : ev->logprob;
+    if (ev->detail && ev->detail->n_top > 0) {
+        int32_t nt = ev->detail->n_top < BT_MAX_TOP_LOGPROBS ? ev->detail->n_top : BT_MAX_TOP_LOGPROBS;
+        for (int32_t i = 0; i < nt; i++) {
+            baton__v1__top_logprob__init(&m->top[i]);
+            m->top[i].token_id = ev->detail->top[i].id;
+            m->top[i].logprob = ev->detail->top[i].logprob;
+            m->topp[i] = &m->top[i];
+        }
+        m->lp.n_top = (size_t)nt;
+        m->lp.top = m->topp;
+    }
+    m->r.n_logprobs = 1;
+    m->r.logprobs = m->lpp;
+}
+
+/* Streams a token message; a failed send (client gone, stream buffer full) aborts the request once. */
+static void send_token(dec_call *c, const bt_sched_event *ev, run_msg *m)
+{
+    if (!c->sent_first) m->r.node_id = c->svc->node_id;
+    bt_status st = bt_rpc_call_send(c->base.rpc, &m->r.base);
+    c->sent_first = 1;
+    if (st != BT_OK && atomic_load(&c->send_status) == BT_OK) {
+        atomic_store(&c->send_status, st);
+        bt_sched_abort(c->svc->sched, ev->req_id);
+    }
+}
+
+/* How the request ended, for the client: the status code (msg says why when not OK; m gets the finish reason
+ * when OK) and the outcome label *rs for the requests counter. */
+static bt_rpc_code end_status(dec_call *c, const bt_sched_event *ev, run_msg *m, char *msg, size_t cap, int *rs)
+{
     bt_status send_st = atomic_load(&c->send_status);
+    *rs = RS_OK;
     switch (ev->finish) {
-    case BT_END_STOP: r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_STOP; break;
-    case BT_END_LENGTH: r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
+    case BT_END_STOP: m->r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_STOP; return BT_RPC_OK;
+    case BT_END_LENGTH: m->r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH; return BT_RPC_OK;
     case BT_END_ABORT:
         if (bt_rpc_call_cancelled(c->base.rpc) || send_st == BT_ERR_CANCELLED) {
-            code = BT_RPC_CANCELLED;
-            rs = RS_CANCELLED;
-            snprintf(msg, sizeof msg, "cancelled by the client");
-        } else if (send_st == BT_ERR_EXHAUSTED) {
-            code = BT_RPC_RESOURCE_EXHAUSTED;
-            rs = RS_ABORTED;
-            snprintf(msg, sizeof msg, "the client reads too slowly: stream buffer full");
-        } else if (send_st != BT_OK) {
-            code = BT_RPC_INTERNAL;
-            rs = RS_ERROR;
-            snprintf(msg, sizeof msg, "sending failed: %s", bt_status_str(send_st));
-        } else {
-            r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_ABORT; /* Decode/Abort or shutdown */
-            rs = RS_ABORTED;
+            *rs = RS_CANCELLED;
+            snprintf(msg, cap, "cancelled by the client");
+            return BT_RPC_CANCELLED;
         }
-        break;
+        if (send_st == BT_ERR_EXHAUSTED) {
+            *rs = RS_ABORTED;
+            snprintf(msg, cap, "the client reads too slowly: stream buffer full");
+            return BT_RPC_RESOURCE_EXHAUSTED;
+        }
+        if (send_st != BT_OK) {
+            *rs = RS_ERROR;
+            snprintf(msg, cap, "sending failed: %s", bt_status_str(send_st));
+            return BT_RPC_INTERNAL;
+        }
+        m->r.finish_reason = BATON__V1__FINISH_REASON__FINISH_REASON_ABORT; /* Decode/Abort or shutdown */
+        *rs = RS_ABORTED;
+        return BT_RPC_OK;
     case BT_END_TIMEOUT:
-        code = BT_RPC_DEADLINE_EXCEEDED;
-        rs = RS_TIMEOUT;
-        snprintf(msg, sizeof msg, "deadline exceeded after %d generated tokens", c->n_out);
-        break;
+        *rs = RS_TIMEOUT;
+        snprintf(msg, cap, "deadline exceeded after %d generated tokens", c->n_out);
+        return BT_RPC_DEADLINE_EXCEEDED;
     default:
-        code = BT_RPC_INTERNAL;
-        rs = RS_ERROR;
-        snprintf(msg, sizeof msg, "engine step failed: %s", bt_status_str(ev->error));
-        break;
+        *rs = RS_ERROR;
+        snprintf(msg, cap, "engine step failed: %s", bt_status_str(ev->error));
+        return BT_RPC_INTERNAL;
     }
-    if (code == BT_RPC_OK) {
-        usage.prompt_tokens = (uint32_t)c->n_prompt;
-        usage.completion_tokens = c->n_prev + (uint32_t)c->n_out;
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-        usage.cached_prompt_tokens = (uint32_t)(ev->n_cached < c->n_prompt ? ev->n_cached : c->n_prompt);
-        r.usage = &usage;
-        if (!c->sent_first) r.node_id = s->node_id;
-        bt_rpc_call_send(c->base.rpc, &r.base);
-    }
+}
+
+/* The last message of a stream that ends well: the finish reason (already in m) with the usage. */
+static void send_last(dec_call *c, const bt_sched_event *ev, run_msg *m)
+{
+    m->usage.prompt_tokens = (uint32_t)c->n_prompt;
+    m->usage.completion_tokens = c->n_prev + (uint32_t)c->n_out;
+    m->usage.total_tokens = m->usage.prompt_tokens + m->usage.completion_tokens;
+    m->usage.cached_prompt_tokens = (uint32_t)(ev->n_cached < c->n_prompt ? ev->n_cached : c->n_prompt);
+    m->r.usage = &m->usage;
+    if (!c->sent_first) m->r.node_id = c->svc->node_id;
+    bt_rpc_call_send(c->base.rpc, &m->r.base);
+}
+
+/* The request's end in the metrics (outcome, e2e, time per output token) and the log. */
+static void record_end(dec_call *c, const bt_sched_event *ev, int rs, const char *msg, double now)
+{
+    decode_service_t *s = c->svc;
     metrics_counter_inc(s->requests[rs]);
     metrics_histogram_observe(s->e2e, now - c->t_arrive);
     if (c->n_out >= 2) metrics_histogram_observe(s->tpot, (c->t_last - c->t_first) / (c->n_out - 1));
@@ -231,7 +251,33 @@ static void on_event(void *user, const bt_sched_event *ev)
                  "e2e %.3f s",
                  c->base.request_id, c->n_prompt, c->n_prev, ev->n_cached, c->n_out, end_name(ev->finish),
                  msg[0] ? ": " : "", msg, c->n_out ? c->t_first - c->t_arrive : 0.0, now - c->t_arrive);
+}
 
+/* Engine thread: one message per token; the last event finishes the call. */
+static void on_event(void *user, const bt_sched_event *ev)
+{
+    dec_call *c = user;
+    decode_service_t *s = c->svc;
+    double now = bt_sched_now();
+    run_msg m;
+    msg_init(&m);
+    if (ev->token >= 0) {
+        if (c->n_out == 0) note_first_token(c, ev, now);
+        c->n_out++;
+        c->t_last = now;
+        metrics_counter_inc(s->gen_tokens);
+        msg_add_token(c, ev, &m);
+    }
+    if (ev->finish == BT_END_NONE) {
+        send_token(c, ev, &m);
+        return;
+    }
+    if (c->n_out == 0) bt_calls_prefilled(&s->calls, c->n_submitted);
+    char msg[256] = "";
+    int rs;
+    bt_rpc_code code = end_status(c, ev, &m, msg, sizeof msg, &rs);
+    if (code == BT_RPC_OK) send_last(c, ev, &m);
+    record_end(c, ev, rs, msg, now);
     bt_call_finish(&c->base, code, msg[0] ? msg : NULL);
     bt_call_done(&c->base);
 }
@@ -334,7 +380,7 @@ static bt_status call_prefill(dec_call *c, bt_rpc_channel_t *ch, const ProtobufC
     ProtobufCMessage *m = NULL, *first = NULL;
     for (;;) {
         int ready = 0;
-        st = bt_rpc_stream_next_wait(rs, 100, &m, &ready);
+        st = bt_rpc_stream_next_wait(rs, DEC_PREFILL_POLL_MS, &m, &ready);
         if (st != BT_OK) break;
         if (!ready) {
             if (bt_call_finished(&c->base)) bt_rpc_stream_cancel(rs);
@@ -361,13 +407,106 @@ static bt_status call_prefill(dec_call *c, bt_rpc_channel_t *ch, const ProtobufC
     return BT_OK;
 }
 
+/* Calls Prefill/Run with the prompt, its sampling and the KV destination in this node's pool. BT_OK with *resp
+ * (the caller frees it), else res says why. */
+static bt_status request_prefill(dec_call *c, bt_rpc_channel_t *ch, Baton__V1__SamplingParams *sp, int timeout_ms,
+                                 ProtobufCMessage **resp, bt_rpc_result_t *res)
+{
+    decode_service_t *s = c->svc;
+    bt_ne_t *ne = s->ne;
+    size_t dlen;
+    const void *desc = kvx_pool_descriptor(ne->kvx_pool, &dlen);
+    Baton__V1__KvDestination d = BATON__V1__KV_DESTINATION__INIT;
+    d.decode_node_id = s->node_id;
+    d.epoch = kvx_expect_epoch(c->expect);
+    d.n_block_ids = c->n_blocks;
+    d.block_ids = c->blocks;
+    d.layout_fingerprint = ne->layout.fingerprint;
+    d.skip_blocks = c->skip;
+    d.checksums = 1;
+    d.pool_descriptor.data = (uint8_t *)desc;
+    d.pool_descriptor.len = dlen;
+    Baton__V1__PrefillRunRequest q = BATON__V1__PREFILL_RUN_REQUEST__INIT;
+    q.request_id = c->base.request_id;
+    q.model_fingerprint = ne->fingerprint;
+    q.n_prompt_token_ids = (size_t)c->n_submitted;
+    q.prompt_token_ids = c->ids;
+    q.n_block_hashes = c->n_hashes;
+    q.block_hashes = c->hashes;
+    q.sampling = sp;
+    q.logprobs = c->logprobs;
+    q.top_logprobs = c->top_logprobs;
+    q.destination = &d;
+    q.sample_index = c->sample_index;
+    memset(res, 0, sizeof *res);
+    return call_prefill(c, ch, &q.base, timeout_ms, resp, res);
+}
+
+/* The prefill node's answer: valid once the blocks it wrote are verified and its epoch is ours. Fills the first
+ * token and its logprobs; else why says what was wrong. */
+static bt_status take_answer(dec_call *c, const Baton__V1__PrefillRunResponse *r, int32_t *token, bt_sample_out *so,
+                             char *why, size_t cap)
+{
+    /* P answers only after the decode side acknowledged the blocks, so this returns at once */
+    bt_status xs = kvx_expect_wait(c->expect);
+    if (xs != BT_OK) {
+        snprintf(why, cap, "blocks not verified: %s", kvx_expect_error(c->expect));
+        return xs;
+    }
+    if (r->epoch != kvx_expect_epoch(c->expect)) {
+        snprintf(why, cap, "answer for epoch %" PRIu64 ", expected %" PRIu64, r->epoch, kvx_expect_epoch(c->expect));
+        return BT_ERR_STALE;
+    }
+    *token = r->first_token_id;
+    so->id = *token;
+    if (r->first_logprob) {
+        so->logprob = r->first_logprob->logprob;
+        size_t nt = r->first_logprob->n_top < BT_MAX_TOP_LOGPROBS ? r->first_logprob->n_top : BT_MAX_TOP_LOGPROBS;
+        for (size_t i = 0; i < nt; i++) {
+            so->top[i].id = r->first_logprob->top[i]->token_id;
+            so->top[i].logprob = r->first_logprob->top[i]->logprob;
+        }
+        so->n_top = (int32_t)nt;
+    }
+    return BT_OK;
+}
+
+/* After a failed call: waits until the prefill node can no longer write into the blocks, so they can be reused. */
+static void wait_out_writes(dec_call *c, const bt_rpc_result_t *res)
+{
+    /* Alive and past our deadline, it may still be writing: wait for the expectation's own deadline (after the
+     * push's). A dead or refusing prefill node writes nothing more. */
+    if (res->code == BT_RPC_DEADLINE_EXCEEDED) kvx_expect_wait(c->expect);
+    /* We cancelled (the request ended): the prefill node stops posting layers once it sees the cancel; a copy
+     * already under way gets DEC_CANCEL_DRAIN_S to end. */
+    if (res->code == BT_RPC_CANCELLED && bt_call_finished(&c->base)) {
+        struct timespec ts = {DEC_CANCEL_DRAIN_S, 0};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The remote prefill's outcome in the metrics and the log. */
+static void record_remote(dec_call *c, bt_status st, double dt, const char *why)
+{
+    decode_service_t *s = c->svc;
+    if (st == BT_OK) {
+        metrics_counter_inc(s->remote[REMOTE_OK]);
+        metrics_histogram_observe(s->remote_seconds, dt);
+        BT_DEBUG(DEC_LOG, "request %s: remote prefill on %s: %d tokens (%u blocks skipped) in %.3f s",
+                 c->base.request_id, c->prefill_node, c->n_submitted, c->skip, dt);
+    } else {
+        metrics_counter_inc(s->remote[REMOTE_FALLBACK]);
+        BT_WARN(DEC_LOG, "request %s: remote prefill on %s (%s) failed after %.3f s: %s; prefilling locally",
+                c->base.request_id, c->prefill_node, c->prefill_addr, dt, why[0] ? why : bt_status_str(st));
+    }
+}
+
 /* Calls Prefill/Run on the hinted prefill node and waits for its answer and for the blocks' arrival; then tells the
  * scheduler (first token, or local prefill). Runs on its own thread: the wait is the network's. */
 static void *prefill_worker(void *arg)
 {
     dec_call *c = arg;
     decode_service_t *s = c->svc;
-    bt_ne_t *ne = s->ne;
     double t0 = bt_sched_now();
     bt_status st = BT_ERR_UNAVAILABLE;
     char why[400] = "";
@@ -383,95 +522,28 @@ static void *prefill_worker(void *arg)
     if (!sp || !ch) {
         snprintf(why, sizeof why, "%s", !sp ? "cannot re-read the sampling parameters" : "cannot open a channel");
     } else {
-        size_t dlen;
-        const void *desc = kvx_pool_descriptor(ne->kvx_pool, &dlen);
-        Baton__V1__KvDestination d = BATON__V1__KV_DESTINATION__INIT;
-        d.decode_node_id = s->node_id;
-        d.epoch = kvx_expect_epoch(c->expect);
-        d.n_block_ids = c->n_blocks;
-        d.block_ids = c->blocks;
-        d.layout_fingerprint = ne->layout.fingerprint;
-        d.skip_blocks = c->skip;
-        d.checksums = 1;
-        d.pool_descriptor.data = (uint8_t *)desc;
-        d.pool_descriptor.len = dlen;
-        Baton__V1__PrefillRunRequest q = BATON__V1__PREFILL_RUN_REQUEST__INIT;
-        q.request_id = c->base.request_id;
-        q.model_fingerprint = ne->fingerprint;
-        q.n_prompt_token_ids = (size_t)c->n_submitted;
-        q.prompt_token_ids = c->ids;
-        q.n_block_hashes = c->n_hashes;
-        q.block_hashes = c->hashes;
-        q.sampling = sp;
-        q.logprobs = c->logprobs;
-        q.top_logprobs = c->top_logprobs;
-        q.destination = &d;
-        q.sample_index = c->sample_index;
         ProtobufCMessage *resp = NULL;
         bt_rpc_result_t res;
-        memset(&res, 0, sizeof res);
-        st = call_prefill(c, ch, &q.base, timeout_ms, &resp, &res);
+        st = request_prefill(c, ch, sp, timeout_ms, &resp, &res);
         if (st == BT_OK) {
-            const Baton__V1__PrefillRunResponse *r = (const Baton__V1__PrefillRunResponse *)resp;
-            /* P answers only after the decode side acknowledged the blocks, so this returns at once */
-            bt_status xs = kvx_expect_wait(c->expect);
-            if (xs != BT_OK) {
-                st = xs;
-                snprintf(why, sizeof why, "blocks not verified: %s", kvx_expect_error(c->expect));
-            } else if (r->epoch != kvx_expect_epoch(c->expect)) {
-                st = BT_ERR_STALE;
-                snprintf(why, sizeof why, "answer for epoch %" PRIu64 ", expected %" PRIu64, r->epoch,
-                         kvx_expect_epoch(c->expect));
-            } else {
-                token = r->first_token_id;
-                so.id = token;
-                if (r->first_logprob) {
-                    so.logprob = r->first_logprob->logprob;
-                    size_t nt = r->first_logprob->n_top < BT_MAX_TOP_LOGPROBS ? r->first_logprob->n_top
-                                                                              : BT_MAX_TOP_LOGPROBS;
-                    for (size_t i = 0; i < nt; i++) {
-                        so.top[i].id = r->first_logprob->top[i]->token_id;
-                        so.top[i].logprob = r->first_logprob->top[i]->logprob;
-                    }
-                    so.n_top = (int32_t)nt;
-                }
-            }
+            st = take_answer(c, (const Baton__V1__PrefillRunResponse *)resp, &token, &so, why, sizeof why);
             protobuf_c_message_free_unpacked(resp, NULL);
         } else {
             snprintf(why, sizeof why, "%s: %s", bt_rpc_code_str(res.code), res.message);
-            /* The prefill node may still be writing only if it is alive and past our deadline: then wait for the
-             * expectation's own deadline (after the push's) before the blocks are reused. A dead or refusing
-             * prefill node writes nothing more. */
-            if (res.code == BT_RPC_DEADLINE_EXCEEDED) kvx_expect_wait(c->expect);
-            /* We cancelled (the request ended): the prefill node stops posting layers once it sees the cancel;
-             * give a copy already under way time to end before the blocks can be reused. */
-            if (res.code == BT_RPC_CANCELLED && bt_call_finished(&c->base)) {
-                struct timespec ts = {1, 0};
-                nanosleep(&ts, NULL);
-            }
+            wait_out_writes(c, &res);
         }
     }
     if (sp) protobuf_c_message_free_unpacked(&sp->base, NULL);
     kvx_expect_destroy(c->expect); /* a pending epoch becomes stale: late completions are ignored */
     c->expect = NULL;
-    double dt = bt_sched_now() - t0;
-    if (st == BT_OK) {
-        metrics_counter_inc(s->remote[REMOTE_OK]);
-        metrics_histogram_observe(s->remote_seconds, dt);
-        BT_DEBUG(DEC_LOG, "request %s: remote prefill on %s: %d tokens (%u blocks skipped) in %.3f s",
-                 c->base.request_id, c->prefill_node, c->n_submitted, c->skip, dt);
-    } else {
-        metrics_counter_inc(s->remote[REMOTE_FALLBACK]);
-        BT_WARN(DEC_LOG, "request %s: remote prefill on %s (%s) failed after %.3f s: %s; prefilling locally",
-                c->base.request_id, c->prefill_node, c->prefill_addr, dt, why[0] ? why : bt_status_str(st));
-    }
-    bt_sched_remote_done(s->sched, c->sched_id, st, token, st == BT_OK ? &so : NULL);
+    record_remote(c, st, bt_sched_now() - t0, why);
+    bt_sched_remote_done(s->sched, atomic_load(&c->base.sched_id), st, token, st == BT_OK ? &so : NULL);
     bt_call_unref(&c->base);
     return NULL;
 }
 
 /* Engine thread, at admission: register where the prompt's KV will land, then hand the call to a worker. */
-static int remote_start(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached)
+static int remote_start(void *user, uint64_t sched_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached)
 {
     dec_call *c = user;
     decode_service_t *s = c->svc;
@@ -482,12 +554,12 @@ static int remote_start(void *user, uint64_t req_id, const int32_t *blocks, int3
     for (int32_t i = 0; i < n_blocks; i++) c->blocks[i] = (uint32_t)blocks[i];
     c->n_blocks = (uint32_t)n_blocks;
     c->skip = skip;
-    c->sched_id = req_id;
+    atomic_store(&c->base.sched_id, sched_id); /* the worker may need it before bt_sched_submit has returned */
     /* the expectation outlives the prefill node's push deadline (the call's), so no late write can land after it */
     int left_ms = bt_deadline_timeout_ms(c->deadline, bt_sched_now(), s->remote_timeout_ms);
-    if (left_ms > 86400000) left_ms = 86400000;
+    if (left_ms > DEC_EXPECT_MAX_MS) left_ms = DEC_EXPECT_MAX_MS;
     kvx_expect_args_t a = {.blocks = c->blocks + skip, .n_blocks = (size_t)(n_blocks - (int32_t)skip),
-                           .flags = KVX_F_CRC, .timeout_ms = (uint32_t)left_ms + 2000};
+                           .flags = KVX_F_CRC, .timeout_ms = (uint32_t)left_ms + DEC_EXPECT_SLACK_MS};
     if (kvx_expect_create(s->ne->kvx_pool, &a, &c->expect) != BT_OK) {
         BT_WARN(DEC_LOG, "request %s: cannot expect remote KV (%s); prefilling locally", c->base.request_id,
                 bt_last_error());

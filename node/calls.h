@@ -33,7 +33,8 @@ struct bt_call {
     atomic_int refs;
     pthread_mutex_t mu;       /* finished; roles may guard their own call state with it too */
     int finished;             /* bt_rpc_call_finish done */
-    atomic_ullong sched_id;   /* the scheduler's request id, 0 until bt_sched_submit returned */
+    atomic_ullong sched_id;   /* the scheduler's request id: 0 until bt_sched_submit returned or a hook of the
+                               * scheduler's that runs earlier (decode's remote prefill) stored it */
     atomic_int abort_pending; /* Abort or a client cancel arrived; read after submission and by the role */
     char request_id[BT_CALL_ID_MAX];
     bt_call_free_fn free_fn;

@@ -210,88 +210,113 @@ static void on_event(void *user, const bt_sched_event *ev)
 
 /* ---- finisher thread ---- */
 
+/* How the call ended, for the decode node: the status code (msg says why when not OK) and the outcome label *ps. */
+static bt_rpc_code answer_status(pf_call *c, char *msg, size_t cap, int *ps)
+{
+    if (c->finish == BT_END_ABORT || atomic_load(&c->base.abort_pending)) {
+        *ps = PS_CANCELLED;
+        snprintf(msg, cap, "prefill of %s cancelled", c->base.request_id);
+        return BT_RPC_CANCELLED;
+    }
+    if (c->finish == BT_END_TIMEOUT) {
+        *ps = PS_TIMEOUT;
+        snprintf(msg, cap, "deadline exceeded before the prefill of %s finished", c->base.request_id);
+        return BT_RPC_DEADLINE_EXCEEDED;
+    }
+    if (c->finish == BT_END_ERROR) {
+        *ps = PS_ERROR;
+        snprintf(msg, cap, "engine step failed: %s", bt_status_str(c->finish_error));
+        return BT_RPC_INTERNAL;
+    }
+    if (c->push_failed_early) {
+        *ps = PS_TRANSFER_FAILED;
+        snprintf(msg, cap, "%s", c->err);
+        return BT_RPC_FAILED_PRECONDITION;
+    }
+    if (!c->push || c->push_status != BT_OK) {
+        *ps = PS_TRANSFER_FAILED;
+        snprintf(msg, cap, "KV transfer to %s failed: %s: %s", c->dest_node, bt_status_str(c->push_status),
+                 c->push ? kvx_push_error(c->push) : "no transfer");
+        return c->push_status == BT_ERR_TIMEOUT ? BT_RPC_DEADLINE_EXCEEDED : BT_RPC_UNAVAILABLE;
+    }
+    *ps = PS_OK;
+    return BT_RPC_OK;
+}
+
+/* The reply: the first token with its logprobs when asked, the epoch, the cached tokens and the bytes moved. */
+static void send_reply(pf_call *c, uint64_t bytes)
+{
+    Baton__V1__PrefillRunResponse r = BATON__V1__PREFILL_RUN_RESPONSE__INIT;
+    Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT;
+    Baton__V1__TopLogprob top[BT_MAX_TOP_LOGPROBS];
+    Baton__V1__TopLogprob *topp[BT_MAX_TOP_LOGPROBS];
+    r.first_token_id = c->token;
+    if (c->logprobs) {
+        lp.token_id = c->token;
+        lp.logprob = c->so.logprob;
+        int32_t nt = c->so.n_top < BT_MAX_TOP_LOGPROBS ? c->so.n_top : BT_MAX_TOP_LOGPROBS;
+        for (int32_t i = 0; i < nt; i++) {
+            baton__v1__top_logprob__init(&top[i]);
+            top[i].token_id = c->so.top[i].id;
+            top[i].logprob = c->so.top[i].logprob;
+            topp[i] = &top[i];
+        }
+        lp.n_top = (size_t)(nt > 0 ? nt : 0);
+        lp.top = topp;
+        r.first_logprob = &lp;
+    }
+    r.epoch = c->epoch;
+    r.cached_prompt_tokens = (uint32_t)c->n_cached;
+    r.transfer_bytes = bytes;
+    bt_rpc_call_send(c->base.rpc, &r.base);
+}
+
+/* A served prefill in the metrics, the bandwidth estimate of load reports and the debug log. */
+static void record_served(pf_call *c, uint64_t bytes)
+{
+    prefill_service_t *s = c->svc;
+    /* Layers stream while the step computes; what the request waits for is the tail from the last layer's post to
+     * the decode node's acknowledgement. The whole span is logged beside it. */
+    double span = (double)kvx_push_elapsed_ns(c->push) * 1e-9;
+    double secs = c->t_begin + span - c->t_last_layer;
+    if (secs < 0) secs = 0;
+    metrics_counter_add(s->xfer_bytes, bytes);
+    metrics_counter_add(s->xfer_descriptors, kvx_push_puts(c->push));
+    metrics_histogram_observe(s->xfer_seconds, secs);
+    metrics_counter_add(s->prompt_tokens, (uint64_t)c->n_prompt);
+    metrics_counter_add(s->cached_tokens, (uint64_t)c->n_cached);
+    metrics_histogram_observe(s->queue_time, c->queue_s);
+    metrics_histogram_observe(s->prefill_seconds, c->t_done - c->t_arrive);
+    if (span > 0 && bytes > 0) {
+        pthread_mutex_lock(&s->bw_mu);
+        /* bandwidth over the exposed tail plus the last layer's share of the span: a conservative estimate of the
+         * path's speed for the router's transfer-time term */
+        double v = (double)bytes / (secs + span / c->n_layers);
+        s->bw = s->bw > 0 ? 0.8 * s->bw + 0.2 * v : v;
+        pthread_mutex_unlock(&s->bw_mu);
+    }
+    BT_DEBUG(PF_LOG,
+             "request %s: %d prompt tokens (%d cached) -> %s epoch %" PRIu64 ": %u blocks, %" PRIu64
+             " bytes in %zu descriptors, prefill %.3f s, transfer %.3f s after the last layer (%.3f s streamed)",
+             c->base.request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip, bytes,
+             kvx_push_puts(c->push), c->t_done - c->t_arrive, secs, span);
+}
+
+/* Finisher thread: answers the call once the token and the transfer are both in. */
 static void answer(pf_call *c)
 {
     prefill_service_t *s = c->svc;
-    bt_rpc_code code = BT_RPC_OK;
     char msg[400] = "";
-    int ps = PS_OK;
+    int ps;
     uint64_t bytes = 0;
     if (c->push) {
         const kvx_plan_t *plan = kvx_push_plan(c->push);
         bytes = (uint64_t)plan->n_blocks * plan->local.n_layers * plan->local.block_stride;
     }
-    if (c->finish == BT_END_ABORT || atomic_load(&c->base.abort_pending)) {
-        code = BT_RPC_CANCELLED;
-        ps = PS_CANCELLED;
-        snprintf(msg, sizeof msg, "prefill of %s cancelled", c->base.request_id);
-    } else if (c->finish == BT_END_TIMEOUT) {
-        code = BT_RPC_DEADLINE_EXCEEDED;
-        ps = PS_TIMEOUT;
-        snprintf(msg, sizeof msg, "deadline exceeded before the prefill of %s finished", c->base.request_id);
-    } else if (c->finish == BT_END_ERROR) {
-        code = BT_RPC_INTERNAL;
-        ps = PS_ERROR;
-        snprintf(msg, sizeof msg, "engine step failed: %s", bt_status_str(c->finish_error));
-    } else if (c->push_failed_early) {
-        code = BT_RPC_FAILED_PRECONDITION;
-        ps = PS_TRANSFER_FAILED;
-        snprintf(msg, sizeof msg, "%s", c->err);
-    } else if (!c->push || c->push_status != BT_OK) {
-        code = c->push_status == BT_ERR_TIMEOUT ? BT_RPC_DEADLINE_EXCEEDED : BT_RPC_UNAVAILABLE;
-        ps = PS_TRANSFER_FAILED;
-        snprintf(msg, sizeof msg, "KV transfer to %s failed: %s: %s", c->dest_node, bt_status_str(c->push_status),
-                 c->push ? kvx_push_error(c->push) : "no transfer");
-    }
+    bt_rpc_code code = answer_status(c, msg, sizeof msg, &ps);
     if (code == BT_RPC_OK) {
-        Baton__V1__PrefillRunResponse r = BATON__V1__PREFILL_RUN_RESPONSE__INIT;
-        Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT;
-        Baton__V1__TopLogprob top[BT_MAX_TOP_LOGPROBS];
-        Baton__V1__TopLogprob *topp[BT_MAX_TOP_LOGPROBS];
-        r.first_token_id = c->token;
-        if (c->logprobs) {
-            lp.token_id = c->token;
-            lp.logprob = c->so.logprob;
-            int32_t nt = c->so.n_top < BT_MAX_TOP_LOGPROBS ? c->so.n_top : BT_MAX_TOP_LOGPROBS;
-            for (int32_t i = 0; i < nt; i++) {
-                baton__v1__top_logprob__init(&top[i]);
-                top[i].token_id = c->so.top[i].id;
-                top[i].logprob = c->so.top[i].logprob;
-                topp[i] = &top[i];
-            }
-            lp.n_top = (size_t)(nt > 0 ? nt : 0);
-            lp.top = topp;
-            r.first_logprob = &lp;
-        }
-        r.epoch = c->epoch;
-        r.cached_prompt_tokens = (uint32_t)c->n_cached;
-        r.transfer_bytes = bytes;
-        bt_rpc_call_send(c->base.rpc, &r.base);
-        /* Layers stream while the step computes; what the request waits for is the tail from the last layer's
-         * post to the decode node's acknowledgement. The whole span is logged beside it. */
-        double span = (double)kvx_push_elapsed_ns(c->push) * 1e-9;
-        double secs = c->t_begin + span - c->t_last_layer;
-        if (secs < 0) secs = 0;
-        metrics_counter_add(s->xfer_bytes, bytes);
-        metrics_counter_add(s->xfer_descriptors, kvx_push_puts(c->push));
-        metrics_histogram_observe(s->xfer_seconds, secs);
-        metrics_counter_add(s->prompt_tokens, (uint64_t)c->n_prompt);
-        metrics_counter_add(s->cached_tokens, (uint64_t)c->n_cached);
-        metrics_histogram_observe(s->queue_time, c->queue_s);
-        metrics_histogram_observe(s->prefill_seconds, c->t_done - c->t_arrive);
-        if (span > 0 && bytes > 0) {
-            pthread_mutex_lock(&s->bw_mu);
-            /* bandwidth over the exposed tail plus the last layer's share of the span: a conservative estimate
-             * of the path's speed for the router's transfer-time term */
-            double v = (double)bytes / (secs + span / c->n_layers);
-            s->bw = s->bw > 0 ? 0.8 * s->bw + 0.2 * v : v;
-            pthread_mutex_unlock(&s->bw_mu);
-        }
-        BT_DEBUG(PF_LOG,
-                 "request %s: %d prompt tokens (%d cached) -> %s epoch %" PRIu64 ": %u blocks, %" PRIu64
-                 " bytes in %zu descriptors, prefill %.3f s, transfer %.3f s after the last layer (%.3f s streamed)",
-                 c->base.request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip, bytes,
-                 kvx_push_puts(c->push), c->t_done - c->t_arrive, secs, span);
+        send_reply(c, bytes);
+        record_served(c, bytes);
     } else if (ps != PS_CANCELLED) {
         BT_WARN(PF_LOG, "request %s: %s", c->base.request_id, msg);
     }
