@@ -40,7 +40,7 @@ typedef struct decode_service decode_service_t;
  * names the file), BT_ERR_INVALID, BT_ERR_NOMEM; *out set only on success. */
 bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **out);
 
-/* The functions below are the slots of bt_node_service_ops (node/node_main.h): svc is a decode_service_t. */
+/* The functions below are the slots of bt_node_service_ops_t (node/node_main.h): svc is a decode_service_t. */
 
 /* Fills what the service knows of the NodeInfo: model fingerprint (16 hex digits, the format Run compares),
  * capacity (KV blocks, block tokens, max running, max context), the kvtransfer pool descriptor. BT_ERR_NOMEM. */

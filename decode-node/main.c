@@ -23,7 +23,7 @@ static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **sv
     return st;
 }
 
-static const bt_node_service_ops DECODE_OPS = {
+static const bt_node_service_ops_t DECODE_OPS = {
     .create = create,
     .node_info = decode_service_node_info,
     .summary = decode_service_summary,

@@ -194,11 +194,16 @@ static void default_node_id(char *buf, size_t cap, mbr_role role)
     snprintf(buf, cap, "%s-%s-%ld", mbr_role_name(role), host, (long)getpid());
 }
 
-bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char **argv, int *help)
+/* Each flag's value and where it came from (the flag or the variable, named in errors); NULL when not given. */
+typedef struct flag_values {
+    const char *val[F_N];
+    const char *src[F_N];
+} flag_values;
+
+/* argv first, then the BATON_* variable of each flag not given. *help set on --help / -h, which ends the scan. */
+static bt_status collect_values(int argc, char **argv, flag_values *fv, int *help)
 {
-    const char *val[F_N] = {0};
-    const char *src[F_N] = {0}; /* what to name in errors: the flag or the variable */
-    *help = 0;
+    const char **val = fv->val, **src = fv->src;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -227,37 +232,47 @@ bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char 
             src[j] = FLAGS[j].env;
         }
     }
+    return BT_OK;
+}
 
-    bt_node_flags_t o;
-    memset(&o, 0, sizeof o);
-    o.log_level = -1;
-    o.grace_ms = BT_NODE_DEFAULT_GRACE_MS;
+/* The model, the etcd endpoints ("none": no registration), the cluster and the node id. */
+static bt_status take_identity(bt_node_flags_t *o, const flag_values *fv, mbr_role role)
+{
+    const char *const *val = fv->val, *const *src = fv->src;
     bt_status st;
     if (val[F_MODEL]) {
-        if ((st = copy_str(o.model, sizeof o.model, src[F_MODEL], val[F_MODEL]))) return st;
-    } else if ((st = bt_default_model_path(o.model, sizeof o.model))) {
+        if ((st = copy_str(o->model, sizeof o->model, src[F_MODEL], val[F_MODEL]))) return st;
+    } else if ((st = bt_default_model_path(o->model, sizeof o->model))) {
         return st;
     }
     const char *etcd = val[F_ETCD] ? val[F_ETCD] : BT_NODE_DEFAULT_ETCD;
-    if (strcmp(etcd, "none") && (st = copy_str(o.etcd, sizeof o.etcd, "--etcd", etcd))) return st;
-    if ((st = copy_str(o.cluster, sizeof o.cluster, "--cluster", val[F_CLUSTER] ? val[F_CLUSTER] : MBR_DEFAULT_CLUSTER)))
-        return st;
-    for (const char *p = o.cluster; *p; p++)
+    if (strcmp(etcd, "none") && (st = copy_str(o->etcd, sizeof o->etcd, "--etcd", etcd))) return st;
+    const char *cluster = val[F_CLUSTER] ? val[F_CLUSTER] : MBR_DEFAULT_CLUSTER;
+    if ((st = copy_str(o->cluster, sizeof o->cluster, "--cluster", cluster))) return st;
+    for (const char *p = o->cluster; *p; p++)
         if (*p == '/') return bt_fail(BT_ERR_INVALID, "%s must not contain '/'", src[F_CLUSTER]);
     if (val[F_NODE_ID]) {
-        if ((st = copy_str(o.node_id, sizeof o.node_id, src[F_NODE_ID], val[F_NODE_ID]))) return st;
-        if (!o.node_id[0]) return bt_fail(BT_ERR_INVALID, "%s is empty", src[F_NODE_ID]);
-        for (const char *p = o.node_id; *p; p++)
+        if ((st = copy_str(o->node_id, sizeof o->node_id, src[F_NODE_ID], val[F_NODE_ID]))) return st;
+        if (!o->node_id[0]) return bt_fail(BT_ERR_INVALID, "%s is empty", src[F_NODE_ID]);
+        for (const char *p = o->node_id; *p; p++)
             if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && *p != '-')
                 return bt_fail(BT_ERR_INVALID, "%s '%s': only letters, digits, '.', '_' and '-' are allowed",
-                               src[F_NODE_ID], o.node_id);
+                               src[F_NODE_ID], o->node_id);
     } else {
-        default_node_id(o.node_id, sizeof o.node_id, role);
+        default_node_id(o->node_id, sizeof o->node_id, role);
     }
+    return BT_OK;
+}
+
+/* The gRPC and HTTP listen addresses, each checked as host:port. */
+static bt_status take_listeners(bt_node_flags_t *o, const flag_values *fv)
+{
+    const char *const *val = fv->val, *const *src = fv->src;
+    bt_status st;
     const char *addr[2] = {val[F_GRPC] ? val[F_GRPC] : BT_NODE_DEFAULT_LISTEN,
                            val[F_HTTP] ? val[F_HTTP] : BT_NODE_DEFAULT_LISTEN};
     const char *aname[2] = {val[F_GRPC] ? src[F_GRPC] : "--grpc-listen", val[F_HTTP] ? src[F_HTTP] : "--http-listen"};
-    char *adst[2] = {o.grpc_listen, o.http_listen};
+    char *adst[2] = {o->grpc_listen, o->http_listen};
     for (int j = 0; j < 2; j++) {
         char host[BT_NODE_ADDR_MAX];
         int port;
@@ -265,35 +280,68 @@ bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char 
             return bt_fail(BT_ERR_INVALID, "%s: %s", aname[j], bt_last_error());
         if ((st = copy_str(adst[j], BT_NODE_ADDR_MAX, aname[j], addr[j]))) return st;
     }
+    return BT_OK;
+}
+
+/* Threads, KV memory, batch tokens, log level and drain time. */
+static bt_status take_tuning(bt_node_flags_t *o, const flag_values *fv)
+{
+    const char *const *val = fv->val, *const *src = fv->src;
+    bt_status st;
     long v;
     if (val[F_THREADS]) {
         if ((st = parse_int(src[F_THREADS], val[F_THREADS], 0, 1024, &v))) return st;
-        o.threads = (int)v;
+        o->threads = (int)v;
     }
-    if (val[F_KV_MEM] && (st = parse_size(src[F_KV_MEM], val[F_KV_MEM], &o.kv_mem))) return st;
+    if (val[F_KV_MEM] && (st = parse_size(src[F_KV_MEM], val[F_KV_MEM], &o->kv_mem))) return st;
     if (val[F_MBT]) {
         if ((st = parse_int(src[F_MBT], val[F_MBT], 16, 1 << 20, &v))) return st;
-        o.max_batch_tokens = (int32_t)v;
+        o->max_batch_tokens = (int32_t)v;
     }
     if (val[F_LOG]) {
-        o.log_level = parse_level(val[F_LOG]);
-        if (o.log_level < 0)
+        o->log_level = parse_level(val[F_LOG]);
+        if (o->log_level < 0)
             return bt_fail(BT_ERR_INVALID, "%s expects debug, info, warn or error, got '%s'", src[F_LOG], val[F_LOG]);
     }
     if (val[F_GRACE]) {
         if ((st = parse_int(src[F_GRACE], val[F_GRACE], 0, 3600 * 1000, &v))) return st;
-        o.grace_ms = (int)v;
+        o->grace_ms = (int)v;
     }
+    return BT_OK;
+}
+
+/* Speculative decoding, a decode-node setting. */
+static bt_status take_spec(bt_node_flags_t *o, const flag_values *fv, mbr_role role)
+{
+    const char *const *val = fv->val, *const *src = fv->src;
+    bt_status st;
+    long v;
     /* speculation is a decode-node setting: a prefill node refuses the flag but ignores a cluster-wide variable */
     if (val[F_SPEC] && role == MBR_ROLE_PREFILL && src[F_SPEC] == FLAGS[F_SPEC].flag && strcmp(val[F_SPEC], "none"))
         return bt_fail(BT_ERR_INVALID, "--spec applies to decode nodes; prefill nodes generate one token per request");
     /* the value itself is checked where the engine starts (bt_spec_parse) */
-    if (val[F_SPEC] && role != MBR_ROLE_PREFILL && (st = copy_str(o.spec, sizeof o.spec, src[F_SPEC], val[F_SPEC])))
+    if (val[F_SPEC] && role != MBR_ROLE_PREFILL && (st = copy_str(o->spec, sizeof o->spec, src[F_SPEC], val[F_SPEC])))
         return st;
     if (val[F_SPEC_K]) {
         if ((st = parse_int(src[F_SPEC_K], val[F_SPEC_K], 1, 16, &v))) return st; /* BT_SPEC_K_LIMIT */
-        o.spec_k_max = (int32_t)v;
+        o->spec_k_max = (int32_t)v;
     }
+    return BT_OK;
+}
+
+bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char **argv, int *help)
+{
+    flag_values fv = {{0}, {0}};
+    *help = 0;
+    bt_status st = collect_values(argc, argv, &fv, help);
+    if (st || *help) return st;
+    bt_node_flags_t o;
+    memset(&o, 0, sizeof o);
+    o.log_level = -1;
+    o.grace_ms = BT_NODE_DEFAULT_GRACE_MS;
+    if ((st = take_identity(&o, &fv, role)) || (st = take_listeners(&o, &fv)) || (st = take_tuning(&o, &fv)) ||
+        (st = take_spec(&o, &fv, role)))
+        return st;
     *f = o;
     return BT_OK;
 }

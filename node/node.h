@@ -2,12 +2,14 @@
  * server and the HTTP listener (/health, /metrics), the metrics registry, etcd registration (membership) with
  * periodic load reports, and SIGINT/SIGTERM handling with a clean shutdown.
  *
- * A node's main() runs:
+ * bt_node_main (node_main.h) runs, for either role:
  *   bt_node_flags_parse -> bt_node_create (first: it blocks SIGINT/SIGTERM for every thread created later)
  *   -> the role's service adds its gRPC methods (bt_node_rpc) and metrics (bt_node_metrics)
  *   -> bt_node_start -> bt_node_wait (returns on SIGINT/SIGTERM) -> bt_node_stop -> service teardown
  *   -> bt_node_destroy.
- * State lives in the bt_node_t; nothing is global. Library target baton_node (node/CMakeLists.txt). */
+ * State lives in the bt_node_t; nothing is global. Library target baton_node (node/CMakeLists.txt).
+ * Names in node/: bt_node_* for this runtime and bt_node_main, bt_ne_* for the engine host (node_engine.h),
+ * bt_call_* / bt_calls_* for Run-call handling (calls.h); types end in _t, callback types in _fn. */
 #ifndef BATON_NODE_NODE_H
 #define BATON_NODE_NODE_H
 

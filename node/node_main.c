@@ -23,7 +23,7 @@ static int parse_flags(const char *prog, mbr_role role, int argc, char **argv, b
 }
 
 /* Publishes the node and serves until a signal; 0, or 1 when the node could not start. */
-static int serve(const char *prog, mbr_role role, const bt_node_service_ops *ops, bt_node_t *node, void *svc,
+static int serve(const char *prog, mbr_role role, const bt_node_service_ops_t *ops, bt_node_t *node, void *svc,
                  int grace_ms)
 {
     mbr_node_info_t info;
@@ -43,7 +43,7 @@ static int serve(const char *prog, mbr_role role, const bt_node_service_ops *ops
     return rc;
 }
 
-int bt_node_main(mbr_role role, const bt_node_service_ops *ops, int argc, char **argv)
+int bt_node_main(mbr_role role, const bt_node_service_ops_t *ops, int argc, char **argv)
 {
     char prog[32];
     snprintf(prog, sizeof prog, "baton-%s", mbr_role_name(role));

@@ -25,11 +25,11 @@ typedef struct bt_node_service_ops {
     int32_t (*inflight)(const void *svc);
     /* Called after the gRPC server has shut down. */
     void (*destroy)(void *svc);
-} bt_node_service_ops;
+} bt_node_service_ops_t;
 
 /* Runs a node of role with ops until a signal or a fatal error and returns the process exit code: 0 after a clean
  * stop (or --help), 1 when start-up failed, 2 for bad flags. Errors go to stderr once, by the message that
  * bt_last_error holds. */
-int bt_node_main(mbr_role role, const bt_node_service_ops *ops, int argc, char **argv);
+int bt_node_main(mbr_role role, const bt_node_service_ops_t *ops, int argc, char **argv);
 
 #endif

@@ -21,7 +21,7 @@ static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **sv
     return st;
 }
 
-static const bt_node_service_ops PREFILL_OPS = {
+static const bt_node_service_ops_t PREFILL_OPS = {
     .create = create,
     .node_info = prefill_service_node_info,
     .summary = prefill_service_summary,

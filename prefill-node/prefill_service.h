@@ -38,7 +38,7 @@ typedef struct prefill_service prefill_service_t;
  * metrics and adds the Prefill methods to cfg->rpc. *out set only on success. */
 bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t **out);
 
-/* The slots of bt_node_service_ops (node/node_main.h): svc is a prefill_service_t. */
+/* The slots of bt_node_service_ops_t (node/node_main.h): svc is a prefill_service_t. */
 /* Model fingerprint, capacity and the kvtransfer descriptor. BT_ERR_NOMEM. */
 bt_status prefill_service_node_info(const void *svc, mbr_node_info_t *info);
 void prefill_service_summary(const void *svc, char *buf, size_t cap);
