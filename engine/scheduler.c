@@ -822,6 +822,8 @@ static void verify_drafts(bt_sched *s, sreq *r)
     bt_bm_seq_truncate(s->bm, r->seq, n0 + m - 1);
     bt_bm_seq_set_computed(s->bm, r->seq, n0 + m - 1);
     s->st.spec_verifications++;
+    s->st.decode_seq_steps++;
+    s->st.decode_tokens += (uint64_t)m;
     s->st.spec_proposed += (uint64_t)nd;
     s->st.spec_accepted += (uint64_t)acc;
     s->st.spec_accepted_hist[acc]++;
@@ -934,6 +936,10 @@ int bt_sched_step(bt_sched *s)
         }
         bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
         if (r->logit_row < 0) continue;
+        if (r->feed_n == 1 && r->n_generated > 0) {
+            s->st.decode_seq_steps++;
+            s->st.decode_tokens++;
+        }
         bt_sample_out so;
         int32_t tok = bt_sampler_sample(r->sampler, s->logits + (size_t)r->logit_row * (size_t)V, r->n_tokens,
                                         s->scratch, &so);
