@@ -61,6 +61,8 @@ typedef struct mbr_load_report {
     double decode_tok_s;  /* measured decode rate, tokens per second (all sequences) */
     double kv_transfer_bytes_s; /* measured KV push bandwidth of a prefill node, bytes per second (0 = unknown) */
     double step_s;        /* mean engine step time in seconds while busy (0 = unknown) */
+    double tokens_per_step; /* tokens a decoding sequence gains per step: 1 without speculative decoding, more with
+                             * it (0 = unknown, read as 1) */
     int64_t timestamp_ms; /* wall clock when measured; set by the publisher when 0 */
 } mbr_load_report_t;
 

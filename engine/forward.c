@@ -288,11 +288,20 @@ typedef struct lanes_ctx {
     int n_lanes;
 } lanes_ctx;
 
+/* Where lane i's tokens start: the first sequence boundary at or after an even share of the tokens (a sequence's
+ * tokens stay on one lane: a draft row attends to the KV its sequence's earlier rows write in the same layer). */
+static int32_t lane_start(const bt_batch *b, int i, int n_lanes)
+{
+    int32_t t = (int32_t)((int64_t)b->n_tokens * i / n_lanes);
+    while (t > 0 && t < b->n_tokens && b->seq[t] == b->seq[t - 1]) t++;
+    return t;
+}
+
 static bt_status lane_body(bt_backend *lane, int i, void *user)
 {
     lanes_ctx *lc = user;
-    int32_t T = lc->b->n_tokens;
-    int32_t t0 = (int32_t)((int64_t)T * i / lc->n_lanes), t1 = (int32_t)((int64_t)T * (i + 1) / lc->n_lanes);
+    int32_t t0 = lane_start(lc->b, i, lc->n_lanes), t1 = lane_start(lc->b, i + 1, lc->n_lanes);
+    if (t1 <= t0) return BT_OK;
     span sp = {.be = lane, .t0 = t0, .n = t1 - t0};
     if (i == 0 && lc->fw->cur) { /* lane 0's op times stand for the step's */
         sp.cur = lc->fw->cur;
@@ -301,20 +310,22 @@ static bt_status lane_body(bt_backend *lane, int i, void *user)
     return run_span(lc->fw, lc->kv, lc->b, lc->logits, &sp, t0, t1);
 }
 
-/* Lanes for this batch (0: run it whole): decode steps only (one token per sequence, every token wants its
- * logits, in order), no layer hook (it reports each layer once for the whole batch). Sequences never write KV
- * blocks another reads (shared blocks are copied before a write), so lanes need no order between them. */
+/* Lanes for this batch (0: run it whole): decode steps only (every token wants its logits, in order; a sequence's
+ * tokens are its last token and its speculative drafts, contiguous, sequences in order), no layer hook (it reports
+ * each layer once for the whole batch). Sequences never write KV blocks another reads (shared blocks are copied
+ * before a write), so lanes need no order between them. */
 static int lanes_for(const bt_forward *fw, const bt_batch *b)
 {
     bt_backend *be = fw->be;
-    if (!be->ops->run_lanes || !be->ops->max_lanes || fw->layer_fn || b->n_tokens != b->n_seqs ||
-        b->n_logits != b->n_tokens)
+    if (!be->ops->run_lanes || !be->ops->max_lanes || fw->layer_fn || b->n_logits != b->n_tokens)
         return 0;
     int n = be->ops->max_lanes(be);
-    if (n > b->n_tokens / LANE_MIN_SEQS) n = b->n_tokens / LANE_MIN_SEQS;
+    if (n > b->n_seqs / LANE_MIN_SEQS) n = b->n_seqs / LANE_MIN_SEQS;
     if (n < 2) return 0;
-    for (int32_t i = 0; i < b->n_tokens; i++)
-        if (b->logit_rows[i] != i || b->seq[i] != i) return 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t prev = i ? b->seq[i - 1] : -1;
+        if (b->logit_rows[i] != i || (b->seq[i] != prev && b->seq[i] != prev + 1)) return 0;
+    }
     return n;
 }
 

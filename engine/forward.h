@@ -35,9 +35,9 @@ bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_token
 void bt_forward_destroy(bt_forward *fw);
 int32_t bt_forward_max_tokens(const bt_forward *fw);
 
-/* Steps run so far on the backend's lanes: decode steps of at least 4 sequences per lane (one token and its logits
- * per sequence, no layer hook) are split over the lanes by sequence, each lane running every op of its share on one
- * thread. Bit-identical to running the step whole. */
+/* Steps run so far on the backend's lanes: decode steps of at least 4 sequences per lane (each sequence's last token,
+ * possibly followed by speculative drafts, every token with its logits, no layer hook) are split over the lanes by
+ * sequence, each lane running every op of its share on one thread. Bit-identical to running the step whole. */
 int64_t bt_forward_lane_steps(const bt_forward *fw);
 
 /* Runs the batch: writes each token's K/V into kv at its slot, and logits[n_logits][n_vocab] for logit_rows.

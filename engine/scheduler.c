@@ -34,6 +34,7 @@ typedef struct sreq {
     /* speculative decoding */
     void *spec_state;        /* the proposer's, opened at the first draft */
     int spec_open;           /* 0 not yet, 1 open, -1 could not open (no speculation) */
+    int spec_seeded;         /* spec started from the scheduler's proposer-wide estimate */
     bt_spec_stats spec;
     struct sreq *next;       /* inbox link */
 } sreq;
@@ -88,6 +89,7 @@ struct bt_sched {
     parked *parked;
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
+    bt_spec_stats spec_global; /* every verification's outcome: where new sequences' estimates start */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
@@ -163,6 +165,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
+    bt_spec_stats_init(&s->spec_global);
     bt_status st;
     int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
     s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
@@ -277,6 +280,11 @@ static void requeue(bt_sched *s, sreq *r)
 {
     bt_bm_seq_free(s->bm, r->seq);
     r->seq = -1;
+    if (r->spec_open == 1) { /* a draft model's KV too: a waiting request holds no memory a running one could use */
+        s->cfg.proposer->ops->seq_close(s->cfg.proposer, r->spec_state);
+        r->spec_state = NULL;
+        r->spec_open = 0;
+    }
     for (int32_t i = 0; i < s->n_running; i++)
         if (s->running[i] == r) {
             memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
@@ -735,7 +743,7 @@ static void add_drafts(bt_sched *s, int32_t *budget)
     /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
     double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
     double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
-    int32_t ni = 0;
+    int32_t ni = 0, n_considered = 0;
     double alpha_sum = 0, k_sum = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
@@ -743,6 +751,11 @@ static void add_drafts(bt_sched *s, int32_t *budget)
         int32_t k_max = draft_room(s, r);
         if (k_max > s->cfg.spec_k_max) k_max = s->cfg.spec_k_max;
         if (k_max <= 0) continue;
+        n_considered++;
+        if (!r->spec_seeded) { /* a new sequence starts from what the earlier ones learnt of the proposer */
+            bt_spec_stats_init_from(&r->spec, &s->spec_global);
+            r->spec_seeded = 1;
+        }
         alpha_sum += bt_spec_alpha(&r->spec);
         int32_t k = s->cfg.spec_fixed_k ? k_max : bt_spec_choose_k(&r->spec, k_max, thr);
         k_sum += k;
@@ -760,8 +773,6 @@ static void add_drafts(bt_sched *s, int32_t *budget)
         it->n_drafts = 0;
         s->b_item_reqs[ni++] = r;
     }
-    int32_t n_considered = 0;
-    for (int32_t i = 0; i < s->n_running; i++) n_considered += is_plain_decode(s->running[i]) && !s->running[i]->p.no_spec;
     if (n_considered) {
         s->st.spec_threshold = thr;
         s->st.spec_alpha = alpha_sum / n_considered;
@@ -822,10 +833,15 @@ static void verify_drafts(bt_sched *s, sreq *r)
     bt_bm_seq_truncate(s->bm, r->seq, n0 + m - 1);
     bt_bm_seq_set_computed(s->bm, r->seq, n0 + m - 1);
     s->st.spec_verifications++;
+    s->st.decode_seq_steps++;
+    s->st.decode_tokens += (uint64_t)m;
     s->st.spec_proposed += (uint64_t)nd;
     s->st.spec_accepted += (uint64_t)acc;
     s->st.spec_accepted_hist[acc]++;
-    if (!ended) bt_spec_stats_update(&r->spec, nd, acc);
+    if (!ended) {
+        bt_spec_stats_update(&r->spec, nd, acc);
+        bt_spec_stats_update(&s->spec_global, nd, acc);
+    }
     for (int32_t i = 0; i < m; i++)
         if (accept_token(s, r, toks[i], &so[i])) break;
 }
@@ -934,6 +950,10 @@ int bt_sched_step(bt_sched *s)
         }
         bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
         if (r->logit_row < 0) continue;
+        if (r->feed_n == 1 && r->n_generated > 0) {
+            s->st.decode_seq_steps++;
+            s->st.decode_tokens++;
+        }
         bt_sample_out so;
         int32_t tok = bt_sampler_sample(r->sampler, s->logits + (size_t)r->logit_row * (size_t)V, r->n_tokens,
                                         s->scratch, &so);

@@ -115,6 +115,7 @@ typedef struct bt_sched_stats {
      * verifications by accepted drafts, and for the last step that considered drafting: the cost threshold and
      * the mean of the drafting sequences' acceptance estimates and of the k they asked for (bt_spec_choose_k). */
     uint64_t spec_verifications, spec_proposed, spec_accepted;
+    uint64_t decode_seq_steps, decode_tokens; /* decoding sequences' steps (verifications included), their tokens */
     uint64_t spec_accepted_hist[BT_SPEC_K_LIMIT + 1];
     double spec_threshold, spec_alpha, spec_k;
 } bt_sched_stats;

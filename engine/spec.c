@@ -221,12 +221,23 @@ bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer
 #define SPEC_DECAY 0.8f       /* weight of the past per verification: about the last 5 steps count */
 #define SPEC_MIN_THRESHOLD 0.1 /* never draft a position accepted less than 1 time in 10, even when rows look free */
 #define SPEC_PROBE_STEPS 16
+#define SPEC_PROBE_MAX 512
 
 void bt_spec_stats_init(bt_spec_stats *st)
 {
     st->hits = 1;
     st->tries = 2;
     st->idle_steps = 0;
+    st->probe_every = SPEC_PROBE_STEPS;
+}
+
+void bt_spec_stats_init_from(bt_spec_stats *st, const bt_spec_stats *global)
+{
+    bt_spec_stats_init(st);
+    if (global->tries <= 0) return;
+    st->hits = 2 * bt_spec_alpha(global);
+    st->tries = 2;
+    st->probe_every = global->probe_every;
 }
 
 float bt_spec_alpha(const bt_spec_stats *st) { return st->tries > 0 ? st->hits / st->tries : 0; }
@@ -236,6 +247,8 @@ void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepte
     if (n_drafts <= 0) return;
     st->hits = st->hits * SPEC_DECAY + (float)n_accepted;
     st->tries = st->tries * SPEC_DECAY + (float)(n_accepted + (n_accepted < n_drafts));
+    if (n_accepted > 0) st->probe_every = SPEC_PROBE_STEPS;
+    else if (st->probe_every < SPEC_PROBE_MAX) st->probe_every *= 2;
 }
 
 double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows)
@@ -259,7 +272,7 @@ int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold)
         if (p <= threshold) break;
         k++;
     }
-    if (k == 0 && ++st->idle_steps >= SPEC_PROBE_STEPS && may_probe) k = 1;
+    if (k == 0 && ++st->idle_steps >= st->probe_every && may_probe) k = 1;
     if (k > 0) st->idle_steps = 0;
     return k;
 }

@@ -110,15 +110,21 @@ static inline void bt_proposer_destroy(bt_proposer *p)
  * costs one more row, plus its share of the proposer's round of drafting (a draft model's forward pass), and yields
  * a token with probability alpha^i; it is worth it when that beats the tokens per second the step already makes:
  * alpha^i > (per_row * n_decode + round) / (fixed + per_row * rows). Large, compute-bound batches thus stop
- * drafting by themselves, and a proposer that keeps missing drives k to 0 (with a probe every 16 steps while the
- * threshold is below 0.5). */
+ * drafting by themselves, and a proposer that keeps missing drives k to 0. Such a sequence probes with one draft
+ * after 16 idle steps while the threshold is below 0.5, and waits twice as long after each probe that missed (up to
+ * 512 steps). A new sequence starts from what the scheduler's earlier sequences learnt of the proposer. */
 typedef struct bt_spec_stats {
     float hits, tries;      /* decayed counts behind alpha */
     int32_t idle_steps;     /* steps since the sequence last drafted (probe schedule) */
+    int32_t probe_every;    /* idle steps before a probe: 16, doubled by each missed probe */
 } bt_spec_stats;
 
-/* The starting estimate (alpha 0.5 from one hit in two tries). */
+/* The starting estimate: alpha 0.5 from one hit in two tries. */
 void bt_spec_stats_init(bt_spec_stats *st);
+
+/* A new sequence's starting estimate from a proposer-wide one: its alpha, with the weight of two tries (its own
+ * verifications soon dominate), and its probe interval. */
+void bt_spec_stats_init_from(bt_spec_stats *st, const bt_spec_stats *global);
 
 /* alpha = hits / tries. */
 float bt_spec_alpha(const bt_spec_stats *st);
@@ -132,7 +138,7 @@ void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepte
 double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows);
 
 /* The drafts to ask for: the largest k <= k_max with alpha^k > max(threshold, 0.1) (0 when none), except that a
- * sequence that has not drafted for 16 steps probes with 1 when threshold < 0.5. Updates st->idle_steps. */
+ * sequence that has not drafted for probe_every steps probes with 1 when threshold < 0.5. Updates st->idle_steps. */
 int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold);
 
 #endif

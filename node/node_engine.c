@@ -254,6 +254,11 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
         /* decode: tokens per wall second over intervals that generated any (an idle node keeps its last figure) */
         if (st->generated_tokens > ne->load_generated)
             ne->decode_rate = ewma(ne->decode_rate, (double)(st->generated_tokens - ne->load_generated) / dt);
+        if (st->decode_seq_steps > ne->load_dsteps)
+            ne->tokens_per_step = ewma(ne->tokens_per_step, (double)(st->decode_tokens - ne->load_dtokens) /
+                                                                (double)(st->decode_seq_steps - ne->load_dsteps));
+        ne->load_dsteps = st->decode_seq_steps;
+        ne->load_dtokens = st->decode_tokens;
         ne->load_computed = st->computed_prompt_tokens;
         ne->load_generated = st->generated_tokens;
         ne->load_steps = st->steps;
@@ -262,6 +267,7 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     out->prefill_tok_s = ne->prefill_rate;
     out->decode_tok_s = ne->decode_rate;
     out->step_s = ne->step_s;
+    out->tokens_per_step = ne->tokens_per_step;
     spec_metrics_update(ne, st);
     pthread_mutex_unlock(&ne->load_mu);
     metrics_gauge_set(ne->g_running, st->running);

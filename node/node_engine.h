@@ -56,7 +56,8 @@ typedef struct bt_ne {
     pthread_mutex_t load_mu; /* the rate sampler's memory */
     double load_t, busy_t0;
     uint64_t load_computed, load_generated, load_steps;
-    double prefill_rate, decode_rate, step_s;
+    double prefill_rate, decode_rate, step_s, tokens_per_step;
+    uint64_t load_dsteps, load_dtokens;
 } bt_ne_t;
 
 /* Loads the model, creates the backend, the kvtransfer context and pool (unless disabled; when UCX cannot start

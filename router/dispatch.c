@@ -265,6 +265,7 @@ static rtr_place_node_t place_node(rtr_dispatch_t *d, const mbr_node_t *n, size_
         p.running_seqs = n->load.running_seqs;
         p.prefill_tok_s = n->load.prefill_tok_s;
         p.step_s = n->load.step_s;
+        p.tokens_per_step = n->load.tokens_per_step;
         p.kv_transfer_bytes_s = n->load.kv_transfer_bytes_s;
     }
     node_slot_t *s = slot_find(d, &n->info);

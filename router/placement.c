@@ -55,7 +55,9 @@ static void cost_local(const rtr_place_input_t *in, double ref_rate, rtr_place_d
     out->d_step_s = step;
     out->uncached_local = unc;
     out->local_own_s = (running == 0 ? step : 0.0) + (double)(nonneg(d->queued_prefill_tokens) + unc) / rate;
-    out->interference_s = (double)running * (double)unc / rate;
+    /* each running sequence waits out the prefill; a speculating node loses more than one token per step it waits */
+    double tps = d->tokens_per_step > 1 ? d->tokens_per_step : 1;
+    out->interference_s = (double)running * (double)unc / rate * tps;
     out->cost_local_s = out->local_own_s + out->interference_s;
 }
 

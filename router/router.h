@@ -128,6 +128,7 @@ typedef struct rtr_place_node {
     int64_t running_seqs;
     double prefill_tok_s;
     double step_s;
+    double tokens_per_step;         /* decode nodes: tokens a running sequence gains per step (0 = unknown = 1) */
     double kv_transfer_bytes_s;     /* prefill nodes only */
     int64_t cached_tokens;          /* leading prompt tokens this node is believed to hold (prefix index) */
 } rtr_place_node_t;

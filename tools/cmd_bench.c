@@ -15,27 +15,9 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "tools/bench_spec.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "tools/seq_runner.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct bw_job {
     const uint64_t *buf;
@@ -73,13 +55,13 @@ static double measure_bandwidth(int n_threads, int reps)
     double t[16];
     if (reps > 16) reps = 16;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         bt_pool_run(pool, bw_worker, &j);
-        t[r] = bytes / (now_s() - t0);
+        t[r] = bytes / (bench_now_s() - t0);
     }
     bt_pool_destroy(pool);
     free(buf);
-    return median(t, reps);
+    return bench_median(t, reps);
 }
 
 typedef struct conc_track {
@@ -95,7 +77,7 @@ static void conc_emit(void *user, const bt_sched_event *ev)
     t->generated++;
     if (ev->index == 0) {
         t->first_seen++;
-        t->last_first_token = now_s();
+        t->last_first_token = bench_now_s();
     }
 }
 
@@ -130,7 +112,7 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen,
         }
     }
     free(prompt);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     double util_sum = 0;
     int util_n = 0;
     while (!bt_sched_idle(s)) {
@@ -145,7 +127,7 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen,
             util_n++;
         }
     }
-    double t1 = now_s();
+    double t1 = bench_now_s();
     *prefill = (double)plen * n / (t.last_first_token - t0);
     *decode = (double)(t.generated - n) / (t1 - t.last_first_token);
     *kv_util = util_n ? util_sum / util_n : 0;
@@ -160,7 +142,7 @@ typedef struct ttft_track {
 static void ttft_emit(void *user, const bt_sched_event *ev)
 {
     ttft_track *t = user;
-    if (ev->token >= 0 && ev->index == 0) t->t_first = now_s();
+    if (ev->token >= 0 && ev->index == 0) t->t_first = bench_now_s();
 }
 
 /* Prefix cache: time to first token of a prompt of `shared` + 32 tokens, cold, then of a second prompt that shares
@@ -183,11 +165,11 @@ static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int
     p.sampling.max_tokens = 1;
     ttft_track ta = {0}, tb = {0};
     int rc = 0;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (bt_sched_submit(s, a, n, &p, ttft_emit, &ta, NULL)) rc = -1;
     while (!rc && !bt_sched_idle(s))
         if (bt_sched_step(s) < 0) rc = -1;
-    double t1 = now_s();
+    double t1 = bench_now_s();
     if (!rc && bt_sched_submit(s, b, n, &p, ttft_emit, &tb, NULL)) rc = -1;
     while (!rc && !bt_sched_idle(s))
         if (bt_sched_step(s) < 0) rc = -1;
@@ -299,7 +281,7 @@ int cmd_bench(int argc, char **argv)
         if (prc) {
             fprintf(stderr, "baton bench: %s\n", bt_last_error());
         } else {
-            double c = median(cold, (int)reps), w = median(warm, (int)reps);
+            double c = bench_median(cold, (int)reps), w = bench_median(warm, (int)reps);
             printf("prefix cache: %ld shared + 32 new tokens: TTFT cold %.1f ms, warm %.1f ms (%d tokens cached): "
                    "%.1fx faster\n", prefix, c * 1e3, w * 1e3, cached, c / w);
         }
@@ -365,7 +347,7 @@ int cmd_bench(int argc, char **argv)
                     break;
                 }
             if (crc) break;
-            double p = median(pre, (int)reps), d = median(dec, (int)reps), u = median(util, (int)reps);
+            double p = bench_median(pre, (int)reps), d = bench_median(dec, (int)reps), u = bench_median(util, (int)reps);
             double roof = bw > 0 ? n * bw / (wbytes + n * kv_seq) : 0;
             if (compute_roof > 0 && compute_roof < roof) roof = compute_roof;
             if (first) base = d, roof_base = roof;
@@ -400,20 +382,20 @@ int cmd_bench(int argc, char **argv)
         int lens[2] = {128, 512};
         for (int p = 0; p < 2; p++) {
             seq_runner_reset(&r);
-            double t0 = now_s();
+            double t0 = bench_now_s();
             if (seq_runner_feed(&r, toks, lens[p], 0)) rc = 1;
-            double dt = now_s() - t0;
+            double dt = bench_now_s() - t0;
             (p == 0 ? pre128 : pre512)[k] = lens[p] / dt;
         }
         /* decode after a 128-token prompt */
         seq_runner_reset(&r);
         if (seq_runner_feed(&r, toks, 128, 0)) rc = 1;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (long i = 0; i < decode_n && !rc; i++) {
             int32_t id = bt_sample(&sp, r.logits, m->hp.n_vocab, r.n_past, scratch, NULL);
             if (seq_runner_feed(&r, &id, 1, 0)) rc = 1;
         }
-        dec[k] = decode_n / (now_s() - t0);
+        dec[k] = decode_n / (bench_now_s() - t0);
         fprintf(stderr, "  rep %ld: prefill128 %.1f tok/s, prefill512 %.1f tok/s, decode %.1f tok/s\n", k + 1,
                 pre128[k], pre512[k], dec[k]);
     }
@@ -422,7 +404,7 @@ int cmd_bench(int argc, char **argv)
     } else {
         double bw1 = measure_bandwidth(1, 5), bwn = nth > 1 ? measure_bandwidth(nth, 5) : bw1;
         double wbytes = (double)bt_model_weight_bytes(m);
-        double p128 = median(pre128, (int)reps), p512 = median(pre512, (int)reps), d = median(dec, (int)reps);
+        double p128 = bench_median(pre128, (int)reps), p512 = bench_median(pre512, (int)reps), d = bench_median(dec, (int)reps);
         double roof = bwn / wbytes; /* tokens/s if decode only streamed the weights once per token */
         printf("model               %s\n", m->name);
         printf("kernels             %s, %d threads\n", bt_backend_cpu_isa(r.be), nth);

@@ -15,6 +15,7 @@
 #include "engine/spec.h"
 #include "engine/tokenizer.h"
 #include "tools/bench_spec.h"
+#include "tools/bench_util.h"
 
 #define BS_MAX_PROMPTS 256
 #define BS_MAX_REPS 50
@@ -45,25 +46,6 @@ typedef struct bs_track {
     uint64_t hash;   /* FNV-1a of (token, index) pairs */
     uint64_t tokens;
 } bs_track;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void bs_usage(FILE *out)
 {
@@ -263,9 +245,9 @@ static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const b
     bt_sched_stats before, after;
     bt_sched_get_stats(s, &before);
     while (!rc && !bt_sched_idle(s)) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         if (bt_sched_step(s) < 0) rc = -1;
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         bt_sched_get_stats(s, &after);
         if (after.computed_prompt_tokens == before.computed_prompt_tokens) {
             out->decode_s += dt;
@@ -332,9 +314,9 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
         res->row_ms = b.st.decode_row_s * 1e3;
         res->fixed_ms = b.st.decode_fixed_s * 1e3;
     }
-    res->off = median(off, (int)o->reps);
-    res->on = median(on, (int)o->reps);
-    res->ratio = median(ratio, (int)o->reps);
+    res->off = bench_median(off, (int)o->reps);
+    res->on = bench_median(on, (int)o->reps);
+    res->ratio = bench_median(ratio, (int)o->reps);
     res->accept = res->proposed ? (double)res->accepted / (double)res->proposed : 0;
     res->mean_acc = res->verifications ? (double)res->accepted / (double)res->verifications : 0;
     return 0;

@@ -228,3 +228,28 @@ def test_local_cluster_up_with_spec(default_model, tmp_path):
     finally:
         down = subprocess.run([str(script), "down"], env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0
+
+
+def test_bench_spec_cli(baton_bin, default_model, tmp_path):
+    """`baton bench --spec ngram` on a two-prompt workload: the table, the JSON, the reasons for k; bad uses refused."""
+    import json
+    wl = tmp_path / "wl.jsonl"
+    wl.write_text('{"name": "copy", "chat": "Repeat exactly: red green blue, red green blue, red green blue."}\n\n'
+                  '{"name": "raw", "prompt": "one two three four one two three four one two"}\n')
+    out = tmp_path / "b.json"
+    r = subprocess.run([str(baton_bin), "bench", "--model", str(default_model), "--spec", "ngram", "--workload",
+                        str(wl), "--reps", "1", "--decode-tokens", "24", "--concurrency", "1,2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "2 prompts" in r.stdout and "speed-up" in r.stdout and "draft must be accepted with p >" in r.stdout
+    j = json.loads(out.read_text())
+    assert j["spec"] == "ngram" and j["prompts"] == 2 and [x["concurrency"] for x in j["runs"]] == [1, 2]
+    for x in j["runs"]:
+        assert x["decode_tok_s_off"] > 0 and x["decode_tok_s_on"] > 0 and x["drafts_proposed"] > 0
+        assert 0 <= x["drafts_accepted"] <= x["drafts_proposed"]
+    for args, want in [(["--spec", "none"], "nothing to compare"), (["--spec", "ngram", "--workload", "/nope"],
+                                                                     "cannot open the workload"),
+                       (["--spec", "ngram", "--spec-k-max", "99"], "out of range")]:
+        r = subprocess.run([str(baton_bin), "bench", "--model", str(default_model), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and want in r.stderr, (args, r.stderr)

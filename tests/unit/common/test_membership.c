@@ -75,7 +75,7 @@ static void test_json_round_trip(void)
     mbr_load_report_t l = {.queued_requests = 3, .queued_prefill_tokens = 1234, .running_seqs = 17,
                            .kv_blocks_free = 100, .kv_blocks_total = 4096, .prefill_tok_s = 5123.5,
                            .decode_tok_s = 800.25, .kv_transfer_bytes_s = 2.5e9, .step_s = 0.0125,
-                           .timestamp_ms = 1764400000999};
+                           .tokens_per_step = 2.75, .timestamp_ms = 1764400000999};
     REQUIRE(mbr_load_to_json(&l, &json) == BT_OK);
     CHECK(strstr(json, "\"kv_transfer_bytes_s\":") && strstr(json, "\"step_s\":"));
     mbr_load_report_t lb;
@@ -86,6 +86,7 @@ static void test_json_round_trip(void)
     const char *old_report = "{\"prefill_tok_s\":100,\"running_seqs\":2}";
     REQUIRE(mbr_load_from_json(old_report, strlen(old_report), &lb) == BT_OK);
     CHECK(lb.kv_transfer_bytes_s == 0 && lb.step_s == 0 && lb.prefill_tok_s == 100 && lb.running_seqs == 2);
+    CHECK(lb.tokens_per_step == 0);
 
     char key[MBR_KEY_MAX];
     CHECK(mbr_key(key, sizeof key, "prod", "nodes", "d-7") == BT_OK && strcmp(key, "/baton/prod/nodes/d-7") == 0);

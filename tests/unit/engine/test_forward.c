@@ -245,6 +245,68 @@ static void test_lanes(void)
     }
 }
 
+/* Decode steps that verify speculative drafts: 16 sequences, sequence i feeding its last 1 + (i + d) % 4 tokens, every
+ * token with its logits, still run on lanes (a sequence's rows on one lane) and give each sequence's solo bits. */
+static void test_lanes_multi_row(void)
+{
+    enum { NS = 16, D = 3, R = 4 };
+    tiny_model_opts o = {0};
+    const char *path = tiny_path("lanes-multi", &o);
+    REQUIRE(path != NULL);
+    for (int threads = 2; threads <= 3; threads++) {
+        env e;
+        REQUIRE(env_open(&e, path, threads, 128) == 0);
+        int32_t V = e.m->hp.n_vocab;
+        seq lane[NS], solo[NS];
+        bt_seq_view sv[NS];
+        int32_t fed[NS];
+        for (int i = 0; i < NS; i++) {
+            int32_t len = 30 + 5 * i;
+            seq_make(&lane[i], &e, len, 900 + (uint64_t)i);
+            seq_make(&solo[i], &e, len, 900 + (uint64_t)i);
+            sv[i] = (bt_seq_view){lane[i].table, lane[i].n_blocks};
+            REQUIRE(run_alone(&e, &solo[i], 1) == 0);
+            seq pre = lane[i];
+            pre.len = len - D * R;
+            REQUIRE(run_alone(&e, &pre, 7) == 0);
+            fed[i] = pre.len;
+        }
+        int64_t lanes0 = bt_forward_lane_steps(e.fw);
+        float *out = malloc(sizeof(float) * NS * R * (size_t)V);
+        REQUIRE(out != NULL);
+        for (int d = 0; d < D; d++) {
+            int32_t tok[NS * R], pos[NS * R], sq[NS * R], rows[NS * R], nt = 0;
+            for (int i = 0; i < NS; i++) {
+                int32_t r = 1 + (i + d) % R;
+                for (int32_t k = 0; k < r; k++, nt++) {
+                    pos[nt] = fed[i] + k;
+                    tok[nt] = lane[i].tokens[pos[nt]];
+                    sq[nt] = i;
+                    rows[nt] = nt;
+                }
+                fed[i] += r;
+            }
+            bt_batch b = {nt, tok, pos, sq, sv, NS, rows, nt};
+            REQUIRE(bt_forward_run(e.fw, e.kv, &b, out) == BT_OK);
+            for (int32_t t = 0; t < nt; t++)
+                memcpy(lane[sq[t]].logits + (size_t)pos[t] * (size_t)V, out + (size_t)t * (size_t)V,
+                       sizeof(float) * (size_t)V);
+        }
+        CHECK_MSG(bt_forward_lane_steps(e.fw) - lanes0 == D, "%d threads: %lld of %d steps on lanes", threads,
+                  (long long)(bt_forward_lane_steps(e.fw) - lanes0), D);
+        for (int i = 0; i < NS; i++) {
+            int32_t from = lane[i].len - D * R, to = fed[i];
+            size_t off = (size_t)from * (size_t)V;
+            CHECK_MSG(memcmp(lane[i].logits + off, solo[i].logits + off, sizeof(float) * (size_t)(to - from) * (size_t)V) == 0,
+                      "%d threads, sequence %d: multi-row logits on lanes differ from alone", threads, i);
+            seq_free(&lane[i], &e);
+            seq_free(&solo[i], &e);
+        }
+        free(out);
+        env_close(&e);
+    }
+}
+
 /* The SIMD paths agree with the scalar reference within quantization-order tolerance, for several weight types. */
 static void test_isa_agreement(void)
 {
@@ -397,6 +459,7 @@ int main(void)
 {
     RUN(test_batch_invariance);
     RUN(test_lanes);
+    RUN(test_lanes_multi_row);
     RUN(test_isa_agreement);
     RUN(test_bad_batches);
     RUN(test_bad_models);

@@ -137,14 +137,26 @@ static void test_adaptive_k(void)
     /* a draft model's round (1 ms) on a 4 ms batch-1 step: a draft must be accepted more than 1 time in 4 */
     CHECK(fabs(bt_spec_threshold(0.004, 0, 0.001, 1, 1) - 0.25) < 1e-9);
     /* every draft rejected: k falls to 0, then a single probe every 16 steps while drafting is cheap */
-    for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 1, 0);
-    CHECK(bt_spec_alpha(&st) < 0.05f);
+    for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 4, 0);
+    CHECK(bt_spec_alpha(&st) < 0.1f);
+    st.probe_every = 16;
+    st.idle_steps = 0;
     int probes = 0;
     for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.01);
     CHECK(probes == 4);
     probes = 0;
     for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.9);
     CHECK(probes == 0);
+    /* each missed probe doubles the wait (up to 512 steps); a hit brings it back to 16 */
+    bt_spec_stats_update(&st, 1, 0);
+    CHECK(st.probe_every == 32);
+    for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 1, 0);
+    CHECK(st.probe_every == 512);
+    bt_spec_stats fresh;
+    bt_spec_stats_init_from(&fresh, &st); /* a new sequence inherits the proposer-wide estimate and wait */
+    CHECK(fresh.probe_every == 512 && fabsf(bt_spec_alpha(&fresh) - bt_spec_alpha(&st)) < 1e-6f && fresh.tries == 2);
+    bt_spec_stats_update(&st, 2, 1);
+    CHECK(st.probe_every == 16);
     /* proposing nothing leaves the estimate alone */
     float a = bt_spec_alpha(&st);
     bt_spec_stats_update(&st, 0, 0);

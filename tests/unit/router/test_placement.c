@@ -53,6 +53,11 @@ static void test_busy_decode_sends_long_prompts_away(void)
     CHECK_MSG(!dec.remote, "2 tokens: local %.4f remote %.4f", dec.cost_local_s, c[0].cost_s);
     CHECK(near(dec.local_own_s, 0.002)); /* busy: no idle step */
     CHECK(near(dec.interference_s, 2 * 2 / 1000.0));
+    /* a speculating decode node gains 3 tokens per step: each running sequence loses three times as much */
+    rtr_place_node_t spec = node("d", 0, 2);
+    spec.tokens_per_step = 3;
+    dec = decide(2, spec, &p, 1, RTR_PREFILL_AUTO, c);
+    CHECK(near(dec.interference_s, 3 * 2 * 2 / 1000.0));
     dec = decide(1000, node("d", 0, 2), &p, 1, RTR_PREFILL_AUTO, c);
     CHECK_MSG(dec.remote && dec.best == 0, "1000 tokens: local %.4f remote %.4f", dec.cost_local_s, c[0].cost_s);
     CHECK(near(dec.cost_local_s, 1.0 + 2.0));
