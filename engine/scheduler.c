@@ -90,6 +90,7 @@ struct bt_sched {
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
     bt_spec_stats spec_global; /* every verification's outcome: where new sequences' estimates start */
+    int32_t spec_idle_steps;   /* steps with sequences to draft for and no drafts (the proposer-wide probe) */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
@@ -165,7 +166,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
-    bt_spec_stats_init(&s->spec_global);
+    bt_spec_global_init(&s->spec_global);
     bt_status st;
     int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
     s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
@@ -728,6 +729,8 @@ static int32_t draft_room(const bt_sched *s, const sreq *r)
     return room - 1;
 }
 
+#define SPEC_GLOBAL_PROBE 256 /* steps without any draft before one sequence probes for all (~0.4% of steps) */
+
 /* Picks the decoding requests that get drafts this step and how many (bt_spec_choose_k), asks the proposer, and
  * reserves KV slots for the drafts without preempting anyone (no slots: no drafts). Drafts take what budget the
  * running requests and admissions left. */
@@ -745,6 +748,7 @@ static void add_drafts(bt_sched *s, int32_t *budget)
     double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
     int32_t ni = 0, n_considered = 0;
     double alpha_sum = 0, k_sum = 0;
+    int global_probe = s->spec_idle_steps >= SPEC_GLOBAL_PROBE && thr < 0.5;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
         if (!is_plain_decode(r) || r->p.no_spec || r->spec_open < 0) continue;
@@ -757,7 +761,14 @@ static void add_drafts(bt_sched *s, int32_t *budget)
             r->spec_seeded = 1;
         }
         alpha_sum += bt_spec_alpha(&r->spec);
-        int32_t k = s->cfg.spec_fixed_k ? k_max : bt_spec_choose_k(&r->spec, k_max, thr);
+        /* a probe is one row with a free proposer, but a whole catch-up for a draft model that has not seen the
+         * sequence: those probe only proposer-wide, one sequence every SPEC_GLOBAL_PROBE idle steps */
+        int may_probe = round <= 0 || r->spec_open == 1;
+        int32_t k = s->cfg.spec_fixed_k ? k_max : bt_spec_choose_k(&r->spec, k_max, thr, may_probe);
+        if (k == 0 && global_probe) {
+            k = 1;
+            global_probe = 0;
+        }
         k_sum += k;
         if (k <= 0) continue;
         if (r->spec_open == 0) {
@@ -773,6 +784,7 @@ static void add_drafts(bt_sched *s, int32_t *budget)
         it->n_drafts = 0;
         s->b_item_reqs[ni++] = r;
     }
+    s->spec_idle_steps = ni > 0 ? 0 : s->spec_idle_steps + (n_considered > 0);
     if (n_considered) {
         s->st.spec_threshold = thr;
         s->st.spec_alpha = alpha_sum / n_considered;
@@ -840,7 +852,7 @@ static void verify_drafts(bt_sched *s, sreq *r)
     s->st.spec_accepted_hist[acc]++;
     if (!ended) {
         bt_spec_stats_update(&r->spec, nd, acc);
-        bt_spec_stats_update(&s->spec_global, nd, acc);
+        bt_spec_global_update(&s->spec_global, nd, acc);
     }
     for (int32_t i = 0; i < m; i++)
         if (accept_token(s, r, toks[i], &so[i])) break;

@@ -237,7 +237,22 @@ void bt_spec_stats_init_from(bt_spec_stats *st, const bt_spec_stats *global)
     if (global->tries <= 0) return;
     st->hits = 2 * bt_spec_alpha(global);
     st->tries = 2;
-    st->probe_every = global->probe_every;
+}
+
+#define SPEC_GLOBAL_DECAY 0.95f /* proposer-wide: about the last 20 verifications of any sequence */
+
+void bt_spec_global_init(bt_spec_stats *g)
+{
+    bt_spec_stats_init(g);
+    g->hits = 5; /* alpha 0.5 worth 10 tries: a few early misses do not condemn a proposer */
+    g->tries = 10;
+}
+
+void bt_spec_global_update(bt_spec_stats *g, int32_t n_drafts, int32_t n_accepted)
+{
+    if (n_drafts <= 0) return;
+    g->hits = g->hits * SPEC_GLOBAL_DECAY + (float)n_accepted;
+    g->tries = g->tries * SPEC_GLOBAL_DECAY + (float)(n_accepted + (n_accepted < n_drafts));
 }
 
 float bt_spec_alpha(const bt_spec_stats *st) { return st->tries > 0 ? st->hits / st->tries : 0; }
@@ -260,10 +275,10 @@ double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_d
     return (per_row * n_decode + round) / t;
 }
 
-int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold)
+int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int may_probe)
 {
     /* probes only where the cost allows drafting at all: a compute-bound batch is not worth probing */
-    int may_probe = threshold < 0.5;
+    may_probe = may_probe && threshold < 0.5;
     if (threshold < SPEC_MIN_THRESHOLD) threshold = SPEC_MIN_THRESHOLD;
     double a = bt_spec_alpha(st), p = 1;
     int32_t k = 0;

@@ -112,7 +112,8 @@ static inline void bt_proposer_destroy(bt_proposer *p)
  * alpha^i > (per_row * n_decode + round) / (fixed + per_row * rows). Large, compute-bound batches thus stop
  * drafting by themselves, and a proposer that keeps missing drives k to 0. Such a sequence probes with one draft
  * after 16 idle steps while the threshold is below 0.5, and waits twice as long after each probe that missed (up to
- * 512 steps). A new sequence starts from what the scheduler's earlier sequences learnt of the proposer. */
+ * 512 steps). A new sequence starts from what the scheduler's earlier sequences learnt of the proposer, so a draft
+ * model that is never right stops costing anything once that is known. */
 typedef struct bt_spec_stats {
     float hits, tries;      /* decayed counts behind alpha */
     int32_t idle_steps;     /* steps since the sequence last drafted (probe schedule) */
@@ -123,8 +124,13 @@ typedef struct bt_spec_stats {
 void bt_spec_stats_init(bt_spec_stats *st);
 
 /* A new sequence's starting estimate from a proposer-wide one: its alpha, with the weight of two tries (its own
- * verifications soon dominate), and its probe interval. */
+ * verifications soon dominate). */
 void bt_spec_stats_init_from(bt_spec_stats *st, const bt_spec_stats *global);
+
+/* The proposer-wide estimate (one per scheduler): starts at alpha 0.5 with the weight of 10 tries and forgets more
+ * slowly than a sequence's (about the last 20 verifications of any sequence count). */
+void bt_spec_global_init(bt_spec_stats *g);
+void bt_spec_global_update(bt_spec_stats *g, int32_t n_drafts, int32_t n_accepted);
 
 /* alpha = hits / tries. */
 float bt_spec_alpha(const bt_spec_stats *st);
@@ -138,7 +144,9 @@ void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepte
 double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows);
 
 /* The drafts to ask for: the largest k <= k_max with alpha^k > max(threshold, 0.1) (0 when none), except that a
- * sequence that has not drafted for probe_every steps probes with 1 when threshold < 0.5. Updates st->idle_steps. */
-int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold);
+ * sequence that has not drafted for probe_every steps probes with 1 when may_probe and threshold < 0.5. The caller
+ * forbids probes where one costs more than a row (a draft model would first have to catch up on the sequence).
+ * Updates st->idle_steps. */
+int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int may_probe);
 
 #endif

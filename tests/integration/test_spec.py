@@ -83,44 +83,70 @@ def run_all(cl, ps, opt_out_every=0):
         return [f.result(timeout=600) for f in futs]
 
 
-def test_ngram_cluster_bit_identical_and_metrics(default_model, tmp_path):
+@pytest.fixture(scope="module")
+def plain_answers(default_model):
+    """The 64 prompts' answers from a plain colocated cluster (no speculation): the reference."""
     ps = prompts()
-    with EtcdServer() as etcd:
-        with start_decode(etcd, default_model, threads=1, node_id="plain-dec", cluster="plain") as plain_dec, \
-                start_router(etcd, default_model, cluster="plain", prefill_mode="local") as plain_rtr:
-            wait_nodes_cluster(etcd, "plain", ["plain-dec"])
-            cl = openai.OpenAI(base_url=plain_rtr.base_url, api_key="x", max_retries=0, timeout=600)
-            want = run_all(cl, ps)
-            assert plain_dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"') is None
-        with start_prefill(etcd, default_model, threads=1, node_id="spec-pre", cluster="spec") as pre, \
-                start_decode(etcd, default_model, threads=1, node_id="spec-dec", cluster="spec",
-                             spec="ngram", spec_k_max=6) as dec, \
-                start_router(etcd, default_model, cluster="spec", prefill_mode="remote") as rtr:
-            wait_nodes_cluster(etcd, "spec", ["spec-pre", "spec-dec"])
-            assert "speculation ngram, k up to 6" in dec.log()
-            cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
-            got = run_all(cl, ps, opt_out_every=4)
-            assert pre.metric("baton_kv_transfer_bytes_total") > 0, "the prefill node was not used"
-            bad = [i for i in range(len(ps)) if got[i] != want[i]]
-            assert not bad, f"{len(bad)} of {len(ps)} differ, first: {ps[bad[0]][0]} #{bad[0]}"
+    with EtcdServer() as etcd, \
+            start_decode(etcd, default_model, threads=1, node_id="plain-dec", cluster="plain") as dec, \
+            start_router(etcd, default_model, cluster="plain", prefill_mode="local") as rtr:
+        wait_nodes_cluster(etcd, "plain", ["plain-dec"])
+        cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
+        want = run_all(cl, ps)
+        assert dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"') is None
+        return want
 
-            text = dec.metrics()
-            lab = 'proposer="ngram"'
-            proposed = dec.metric("baton_spec_proposed_tokens_total", lab)
-            accepted = dec.metric("baton_spec_accepted_tokens_total", lab)
-            n_verify = dec.metric("baton_spec_accepted_length_count", lab)
-            acc_sum = dec.metric("baton_spec_accepted_length_sum", lab)
-            generated = dec.metric("baton_generation_tokens_total")
-            streamed = sum(u for _, _, u in got)
-            print(f"ngram: {proposed:.0f} drafts proposed, {accepted:.0f} accepted in {n_verify:.0f} verifications; "
-                  f"{generated:.0f} tokens generated, {streamed} streamed")
-            assert proposed > 0 and 0 < accepted <= proposed
-            assert acc_sum == accepted and n_verify > 0
-            assert generated == streamed
-            assert accepted < generated
-            r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
-                               timeout=30)
-            assert r.returncode == 0, r.stdout + r.stderr
+
+# ngram: disaggregated (every prompt prefilled on a prefill node) and a KV pool of 48 MiB (2,133 tokens) for 16
+# concurrent requests of up to ~1,100 tokens, so sequences are preempted and recomputed with drafts in flight.
+# The draft proposers: colocated, default pool.
+@pytest.mark.parametrize("spec", ["ngram", "self:8", "draft"])
+def test_cluster_bit_identical_and_metrics(default_model, plain_answers, spec):
+    ps = prompts()
+    want = plain_answers
+    label = spec.split(":")[0]
+    arg = f"draft:{default_model}" if spec == "draft" else spec
+    disagg = spec == "ngram"
+    with EtcdServer() as etcd:
+        pre = start_prefill(etcd, default_model, threads=1, node_id="spec-pre", cluster="spec") if disagg else None
+        try:
+            with start_decode(etcd, default_model, threads=1, node_id="spec-dec", cluster="spec", spec=arg,
+                              spec_k_max=6, kv_mem="48M" if disagg else None) as dec, \
+                    start_router(etcd, default_model, cluster="spec",
+                                 prefill_mode="remote" if disagg else "local") as rtr:
+                wait_nodes_cluster(etcd, "spec", ["spec-dec"] + (["spec-pre"] if disagg else []))
+                assert f"speculation {label}, k up to 6" in dec.log()
+                cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
+                got = run_all(cl, ps, opt_out_every=4)
+                if disagg:
+                    assert pre.metric("baton_kv_transfer_bytes_total") > 0, "the prefill node was not used"
+                    assert dec.metric("baton_preemptions_total") > 0, "no sequence was preempted"
+                bad = [i for i in range(len(ps)) if got[i] != want[i]]
+                assert not bad, f"{len(bad)} of {len(ps)} differ, first: {ps[bad[0]][0]} #{bad[0]}"
+                check_spec_metrics(dec, label, got)
+        finally:
+            if pre:
+                pre.close()
+
+
+def check_spec_metrics(dec, label, got):
+    text = dec.metrics()
+    lab = f'proposer="{label}"'
+    proposed = dec.metric("baton_spec_proposed_tokens_total", lab)
+    accepted = dec.metric("baton_spec_accepted_tokens_total", lab)
+    n_verify = dec.metric("baton_spec_accepted_length_count", lab)
+    acc_sum = dec.metric("baton_spec_accepted_length_sum", lab)
+    generated = dec.metric("baton_generation_tokens_total")
+    streamed = sum(u for _, _, u in got)
+    print(f"{label}: {proposed:.0f} drafts proposed, {accepted:.0f} accepted in {n_verify:.0f} verifications; "
+          f"{generated:.0f} tokens generated, {streamed} streamed")
+    assert proposed > 0 and 0 <= accepted <= proposed and n_verify > 0
+    assert acc_sum == accepted
+    assert generated == streamed and accepted < generated
+    if label == "ngram":
+        assert accepted > 0
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def wait_nodes_cluster(etcd, cluster, ids, timeout=30.0):
