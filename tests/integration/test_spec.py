@@ -8,6 +8,7 @@ speculation metrics appear by proposer, agree with each other and pass promtool;
 with every proposer, a draft that is the model itself has every draft accepted; bad --spec values and a draft model
 with another vocabulary stop the node at start-up with one clear line."""
 import concurrent.futures
+import time
 import re
 import subprocess
 
@@ -17,7 +18,6 @@ import pytest
 from harness.baton_procs import ProcError, start_decode, start_prefill
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
-from test_disagg_router import wait_nodes
 
 CODE = '''def parse_config(path):
     """Reads key=value lines into a dict, skipping comments."""
@@ -150,7 +150,6 @@ def check_spec_metrics(dec, label, got):
 
 
 def wait_nodes_cluster(etcd, cluster, ids, timeout=30.0):
-    import time
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if all(etcd.get(f"/baton/{cluster}/load/{i}") for i in ids):
@@ -279,3 +278,50 @@ def test_bench_spec_cli(baton_bin, default_model, tmp_path):
         r = subprocess.run([str(baton_bin), "bench", "--model", str(default_model), *args], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and want in r.stderr, (args, r.stderr)
+
+
+def test_per_request_opt_out(default_model, tmp_path):
+    """Requests that opt out ("speculative": false over HTTP, disable_speculation over gRPC) never draft; the same
+    requests without the opt-out do, with the same text."""
+    import importlib
+    import sys
+    import grpc
+    from conftest import ROOT
+    out = tmp_path / "stubs"
+    out.mkdir()
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", "baton/v1/generate.proto"], check=True)
+    sys.path.insert(0, str(out))
+    pb2 = importlib.import_module("baton.v1.generate_pb2")
+    pb2_grpc = importlib.import_module("baton.v1.generate_pb2_grpc")
+    q = "Repeat exactly: north south east west, north south east west, north south east west."
+    with EtcdServer() as etcd, \
+            start_decode(etcd, default_model, threads=1, node_id="oo-dec", spec="ngram") as dec, \
+            start_router(etcd, default_model) as rtr:
+        wait_nodes_cluster(etcd, "default", ["oo-dec"])
+        cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=120)
+        proposed = lambda: dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"')
+
+        def http(opt_out):
+            kw = dict(model="", messages=[{"role": "user", "content": q}], max_tokens=40, temperature=0)
+            if opt_out:
+                kw["extra_body"] = {"speculative": False}
+            return cl.chat.completions.create(**kw).choices[0].message.content
+
+        with grpc.insecure_channel(rtr.grpc_addr) as ch:
+            stub = pb2_grpc.GenerationStub(ch)
+
+            def rpc(opt_out):
+                chat = pb2.ChatMessages(messages=[pb2.ChatMessage(role="user", content=q)])
+                req = pb2.GenerateRequest(chat=chat, max_tokens=40, sampling=pb2.SamplingParams(temperature=0),
+                                          disable_speculation=opt_out)
+                return "".join(m.text for m in stub.Generate(req, timeout=120))
+
+            before = proposed()
+            off = [http(True), http(True), rpc(True), rpc(True)]
+            time.sleep(0.3)  # the counters move on the node's load tick (100 ms)
+            assert proposed() == before, "an opted-out request drafted"
+            on = [http(False), http(False), rpc(False), rpc(False)]
+            time.sleep(0.3)
+            assert proposed() > before, "no request drafted"
+            assert off == on and len(set(on)) == 1 and on[0]
