@@ -177,7 +177,8 @@ def test_generate_every_proposer_same_ids(baton_bin, default_model, seeded):
             assert ids == plain, f"--spec {spec} changed the output"
             assert re.search(r"(\d+) drafts proposed, (\d+) accepted", err), err
         # the model as its own draft: every draft is accepted (past the end of turn too, so no draft is cut off by it)
-        args = ["--spec", f"draft:{default_model}", "--spec-k-max", "5", "--ignore-eos", *sampling]
+        # (--spec-fixed-k: adaptive k rightly stops drafting with a draft as slow as the model itself)
+        args = ["--spec", f"draft:{default_model}", "--spec-k-max", "5", "--spec-fixed-k", "--ignore-eos", *sampling]
         ids, err = generate_ids(baton_bin, default_model, q, *args)
         m = re.search(r"(\d+) drafts proposed, (\d+) accepted", err)
         assert m and int(m.group(1)) > 20 and m.group(1) == m.group(2), err
