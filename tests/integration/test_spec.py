@@ -326,3 +326,14 @@ def test_per_request_opt_out(default_model, tmp_path):
             time.sleep(0.3)
             assert proposed() > before, "no request drafted"
             assert off == on and len(set(on)) == 1 and on[0]
+        # bench-serve sends a workload file's prompts (the same ones baton bench --spec uses)
+        before = proposed()
+        js = tmp_path / "serve.json"
+        r = subprocess.run([str(build_bin("baton")), "bench-serve", "--url", rtr.base_url, "--api", "chat",
+                            "--workload", str(ROOT / "tools" / "workloads" / "input-grounded.jsonl"),
+                            "--requests", "4", "--rate", "inf", "--output-tokens", "24", "--quiet", "--json",
+                            str(js)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "from " in r.stdout and "(16)" in r.stdout, r.stdout
+        time.sleep(0.3)
+        assert proposed() > before
