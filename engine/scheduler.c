@@ -90,6 +90,7 @@ struct bt_sched {
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
     bt_spec_stats spec_global; /* every verification's outcome: where new sequences' estimates start */
+    int32_t spec_idle_steps;   /* steps with sequences to draft for and no drafts (the proposer-wide probe) */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
@@ -165,7 +166,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
-    bt_spec_stats_init(&s->spec_global);
+    bt_spec_global_init(&s->spec_global);
     bt_status st;
     int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
     s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
@@ -728,64 +729,87 @@ static int32_t draft_room(const bt_sched *s, const sreq *r)
     return room - 1;
 }
 
-/* Picks the decoding requests that get drafts this step and how many (bt_spec_choose_k), asks the proposer, and
- * reserves KV slots for the drafts without preempting anyone (no slots: no drafts). Drafts take what budget the
- * running requests and admissions left. */
-static void add_drafts(bt_sched *s, int32_t *budget)
+#define SPEC_GLOBAL_PROBE 256 /* steps without any draft before one sequence probes for all (~0.4% of steps) */
+
+/* The cost threshold of drafting in this step (bt_spec_threshold) from the decode-step fit, the rows and decoding
+ * sequences placed so far, and the proposer's cost of a drafting round (*round). */
+static double draft_threshold(const bt_sched *s, bt_proposer *pr, double *round)
 {
-    bt_proposer *pr = s->cfg.proposer;
-    if (!pr || *budget <= 0) return;
     int32_t n_decode = 0, rows = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         rows += s->running[i]->feed_n > 0 ? s->running[i]->feed_n : 0;
         n_decode += is_plain_decode(s->running[i]);
     }
+    *round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
     /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
-    double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
-    double thr = bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
+    return bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, *round, n_decode, rows);
+}
+
+/* How many drafts r asks for this step, or -1 when r cannot draft at all now (not a plain decode, opted out, no
+ * room before its limit). *global_probe: the proposer-wide probe is due; cleared when r takes it. */
+static int32_t draft_k(bt_sched *s, sreq *r, double thr, double round, int *global_probe)
+{
+    if (!is_plain_decode(r) || r->p.no_spec || r->spec_open < 0) return -1;
+    int32_t k_max = draft_room(s, r);
+    if (k_max > s->cfg.spec_k_max) k_max = s->cfg.spec_k_max;
+    if (k_max <= 0) return -1;
+    if (s->cfg.spec_fixed_k) return k_max;
+    if (!r->spec_seeded) { /* a new sequence starts from what the earlier ones learnt of the proposer */
+        bt_spec_stats_init_from(&r->spec, &s->spec_global);
+        r->spec_seeded = 1;
+    }
+    /* a probe is one row with a free proposer, but a whole catch-up for a draft model that has not seen the
+     * sequence: those probe only proposer-wide, one sequence after SPEC_GLOBAL_PROBE idle steps */
+    int32_t k = bt_spec_choose_k(&r->spec, k_max, thr, round <= 0 || r->spec_open == 1);
+    if (k == 0 && *global_probe) {
+        k = 1;
+        *global_probe = 0;
+    }
+    return k;
+}
+
+/* Fills s->b_items with the requests that draft this step; returns their number. Records the step's threshold and
+ * the mean acceptance estimate and k of the sequences that could draft (bench output explains k with them). */
+static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
+{
+    double round, thr = draft_threshold(s, pr, &round);
+    int global_probe = s->spec_idle_steps >= SPEC_GLOBAL_PROBE && thr < 0.5;
     int32_t ni = 0, n_considered = 0;
     double alpha_sum = 0, k_sum = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
-        if (!is_plain_decode(r) || r->p.no_spec || r->spec_open < 0) continue;
-        int32_t k_max = draft_room(s, r);
-        if (k_max > s->cfg.spec_k_max) k_max = s->cfg.spec_k_max;
-        if (k_max <= 0) continue;
+        int32_t k = draft_k(s, r, thr, round, &global_probe);
+        if (k < 0) continue;
         n_considered++;
-        if (!r->spec_seeded) { /* a new sequence starts from what the earlier ones learnt of the proposer */
-            bt_spec_stats_init_from(&r->spec, &s->spec_global);
-            r->spec_seeded = 1;
-        }
         alpha_sum += bt_spec_alpha(&r->spec);
-        int32_t k = s->cfg.spec_fixed_k ? k_max : bt_spec_choose_k(&r->spec, k_max, thr);
         k_sum += k;
-        if (k <= 0) continue;
+        if (k == 0) continue;
         if (r->spec_open == 0) {
             r->spec_open = pr->ops->seq_open(pr, &r->spec_state) == BT_OK ? 1 : -1;
             if (r->spec_open < 0) continue;
         }
-        bt_spec_item *it = &s->b_items[ni];
-        it->state = r->spec_state;
-        it->tokens = r->tokens;
-        it->n_tokens = r->n_tokens;
-        it->sampler = r->sampler;
-        it->k = k;
-        it->n_drafts = 0;
+        s->b_items[ni] = (bt_spec_item){.state = r->spec_state, .tokens = r->tokens, .n_tokens = r->n_tokens,
+                                        .sampler = r->sampler, .k = k};
         s->b_item_reqs[ni++] = r;
     }
+    s->spec_idle_steps = ni > 0 ? 0 : s->spec_idle_steps + (n_considered > 0);
     if (n_considered) {
         s->st.spec_threshold = thr;
         s->st.spec_alpha = alpha_sum / n_considered;
         s->st.spec_k = k_sum / n_considered;
     }
-    if (ni == 0) return;
-    pr->ops->propose(pr, s->b_items, ni);
-    for (int32_t j = 0; j < ni && *budget > 0; j++) {
+    return ni;
+}
+
+/* Lays the proposed drafts of items[n] after their requests' last tokens and reserves their KV slots without
+ * preempting anyone (no slots: no drafts), within the budget. */
+static void place_drafts(bt_sched *s, int32_t n, int32_t *budget)
+{
+    for (int32_t j = 0; j < n && *budget > 0; j++) {
         sreq *r = s->b_item_reqs[j];
         bt_spec_item *it = &s->b_items[j];
         int32_t nd = it->n_drafts < it->k ? it->n_drafts : it->k;
         if (nd > *budget) nd = *budget;
-        if (nd <= 0) continue;
         for (int32_t d = 0; d < nd; d++) {
             if (it->drafts[d] < 0 || it->drafts[d] >= s->m->hp.n_vocab) { /* a proposer bug must not reach the model */
                 nd = d;
@@ -800,6 +824,18 @@ static void add_drafts(bt_sched *s, int32_t *budget)
         r->feed_n += nd;
         *budget -= nd;
     }
+}
+
+/* Drafts for the decoding requests that get them this step (adaptive k), with what budget the running requests and
+ * admissions left. */
+static void add_drafts(bt_sched *s, int32_t *budget)
+{
+    bt_proposer *pr = s->cfg.proposer;
+    if (!pr || *budget <= 0) return;
+    int32_t n = pick_drafters(s, pr);
+    if (n == 0) return;
+    pr->ops->propose(pr, s->b_items, n);
+    place_drafts(s, n, budget);
 }
 
 /* Samples r's rows of a step that carried drafts, exactly as plain decoding would sample each position: row i holds
@@ -840,7 +876,7 @@ static void verify_drafts(bt_sched *s, sreq *r)
     s->st.spec_accepted_hist[acc]++;
     if (!ended) {
         bt_spec_stats_update(&r->spec, nd, acc);
-        bt_spec_stats_update(&s->spec_global, nd, acc);
+        bt_spec_global_update(&s->spec_global, nd, acc);
     }
     for (int32_t i = 0; i < m; i++)
         if (accept_token(s, r, toks[i], &so[i])) break;

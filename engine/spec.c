@@ -218,35 +218,74 @@ bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer
 
 /* ---- adaptive k ---- */
 
-#define SPEC_DECAY 0.8f       /* weight of the past per verification: about the last 5 steps count */
+#define SPEC_DECAY 0.8f        /* weight of the past per verification: about the last 5 steps count */
 #define SPEC_MIN_THRESHOLD 0.1 /* never draft a position accepted less than 1 time in 10, even when rows look free */
 #define SPEC_PROBE_STEPS 16
 #define SPEC_PROBE_MAX 512
 
+#define SPEC_CHAIN_WEIGHT 0.25f /* how many tries the previous position's alpha is worth at a position */
+
 void bt_spec_stats_init(bt_spec_stats *st)
 {
-    st->hits = 1;
-    st->tries = 2;
-    st->idle_steps = 0;
+    memset(st, 0, sizeof *st);
+    st->hits[0] = 1; /* alpha 0.5 from one hit in two tries, forgotten as evidence comes */
+    st->tries[0] = 2;
     st->probe_every = SPEC_PROBE_STEPS;
 }
+
+float bt_spec_alpha_at(const bt_spec_stats *st, int32_t i)
+{
+    float a = 0.5f;
+    for (int32_t j = 0; j <= i && j < BT_SPEC_K_LIMIT; j++)
+        a = (st->hits[j] + SPEC_CHAIN_WEIGHT * a) / (st->tries[j] + SPEC_CHAIN_WEIGHT);
+    return a;
+}
+
+float bt_spec_alpha(const bt_spec_stats *st) { return bt_spec_alpha_at(st, 0); }
 
 void bt_spec_stats_init_from(bt_spec_stats *st, const bt_spec_stats *global)
 {
     bt_spec_stats_init(st);
-    if (global->tries <= 0) return;
-    st->hits = 2 * bt_spec_alpha(global);
-    st->tries = 2;
-    st->probe_every = global->probe_every;
+    for (int32_t i = 0; i < BT_SPEC_K_LIMIT; i++) {
+        float w = global->tries[i] < 2 ? global->tries[i] : 2;
+        st->hits[i] = w * bt_spec_alpha_at(global, i);
+        st->tries[i] = w;
+    }
 }
 
-float bt_spec_alpha(const bt_spec_stats *st) { return st->tries > 0 ? st->hits / st->tries : 0; }
+/* Decays every position's counts, then records a verification: drafts 1..n_accepted kept, draft n_accepted + 1
+ * (when there was one) rejected. */
+static void stats_record(bt_spec_stats *st, float decay, int32_t n_drafts, int32_t n_accepted)
+{
+    for (int32_t i = 0; i < BT_SPEC_K_LIMIT; i++) {
+        st->hits[i] *= decay;
+        st->tries[i] *= decay;
+    }
+    for (int32_t i = 0; i < n_accepted && i < BT_SPEC_K_LIMIT; i++) {
+        st->hits[i] += 1;
+        st->tries[i] += 1;
+    }
+    if (n_accepted < n_drafts && n_accepted < BT_SPEC_K_LIMIT) st->tries[n_accepted] += 1;
+}
+
+#define SPEC_GLOBAL_DECAY 0.95f /* proposer-wide: about the last 20 verifications of any sequence */
+
+void bt_spec_global_init(bt_spec_stats *g)
+{
+    bt_spec_stats_init(g);
+    g->hits[0] = 5; /* alpha 0.5 worth 10 tries: a few early misses do not condemn a proposer */
+    g->tries[0] = 10;
+}
+
+void bt_spec_global_update(bt_spec_stats *g, int32_t n_drafts, int32_t n_accepted)
+{
+    if (n_drafts > 0) stats_record(g, SPEC_GLOBAL_DECAY, n_drafts, n_accepted);
+}
 
 void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepted)
 {
     if (n_drafts <= 0) return;
-    st->hits = st->hits * SPEC_DECAY + (float)n_accepted;
-    st->tries = st->tries * SPEC_DECAY + (float)(n_accepted + (n_accepted < n_drafts));
+    stats_record(st, SPEC_DECAY, n_drafts, n_accepted);
     if (n_accepted > 0) st->probe_every = SPEC_PROBE_STEPS;
     else if (st->probe_every < SPEC_PROBE_MAX) st->probe_every *= 2;
 }
@@ -260,14 +299,15 @@ double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_d
     return (per_row * n_decode + round) / t;
 }
 
-int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold)
+int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int may_probe)
 {
     /* probes only where the cost allows drafting at all: a compute-bound batch is not worth probing */
-    int may_probe = threshold < 0.5;
+    may_probe = may_probe && threshold < 0.5;
     if (threshold < SPEC_MIN_THRESHOLD) threshold = SPEC_MIN_THRESHOLD;
-    double a = bt_spec_alpha(st), p = 1;
+    double p = 1, a = 0.5;
     int32_t k = 0;
     while (k < k_max) {
+        a = (st->hits[k] + SPEC_CHAIN_WEIGHT * a) / (st->tries[k] + SPEC_CHAIN_WEIGHT); /* bt_spec_alpha_at(st, k) */
         p *= a;
         if (p <= threshold) break;
         k++;

@@ -104,17 +104,21 @@ static inline void bt_proposer_destroy(bt_proposer *p)
 }
 
 /* ---- how many drafts (adaptive k) ----
- * Each sequence keeps a running estimate of the chance alpha that its next draft is accepted (accepted drafts over
- * drafts tried up to and including the first rejection, recent steps weighing more). A step costs about
+ * Each sequence keeps, for each draft position i, a running estimate alpha_i of the chance that draft i is accepted
+ * once drafts 1..i-1 were (recent steps weigh more; a position with little evidence takes the estimate of the one
+ * before it). Copying runs make later drafts likelier than the first, which one rate for all positions would miss.
+ * Draft i is then accepted with probability alpha_1 * ... * alpha_i. A step costs about
  * fixed + per_row * rows (the scheduler's fitted step-time model of decode steps). Draft i of a sequence (i = 1..k)
  * costs one more row, plus its share of the proposer's round of drafting (a draft model's forward pass), and yields
- * a token with probability alpha^i; it is worth it when that beats the tokens per second the step already makes:
- * alpha^i > (per_row * n_decode + round) / (fixed + per_row * rows). Large, compute-bound batches thus stop
+ * a token with probability P_i = alpha_1 * ... * alpha_i; it is worth it when that beats the tokens per second the
+ * step already makes: P_i > (per_row * n_decode + round) / (fixed + per_row * rows). Large, compute-bound batches thus stop
  * drafting by themselves, and a proposer that keeps missing drives k to 0. Such a sequence probes with one draft
  * after 16 idle steps while the threshold is below 0.5, and waits twice as long after each probe that missed (up to
- * 512 steps). A new sequence starts from what the scheduler's earlier sequences learnt of the proposer. */
+ * 512 steps). A new sequence starts from what the scheduler's earlier sequences learnt of the proposer, so a draft
+ * model that is never right stops costing anything once that is known. */
 typedef struct bt_spec_stats {
-    float hits, tries;      /* decayed counts behind alpha */
+    float hits[BT_SPEC_K_LIMIT];  /* decayed counts per draft position: kept */
+    float tries[BT_SPEC_K_LIMIT]; /* and tried with every earlier draft kept */
     int32_t idle_steps;     /* steps since the sequence last drafted (probe schedule) */
     int32_t probe_every;    /* idle steps before a probe: 16, doubled by each missed probe */
 } bt_spec_stats;
@@ -122,11 +126,19 @@ typedef struct bt_spec_stats {
 /* The starting estimate: alpha 0.5 from one hit in two tries. */
 void bt_spec_stats_init(bt_spec_stats *st);
 
-/* A new sequence's starting estimate from a proposer-wide one: its alpha, with the weight of two tries (its own
- * verifications soon dominate), and its probe interval. */
+/* A new sequence's starting estimate from a proposer-wide one: its alpha at each position, with the weight of at
+ * most two tries per position (its own verifications soon dominate). */
 void bt_spec_stats_init_from(bt_spec_stats *st, const bt_spec_stats *global);
 
-/* alpha = hits / tries. */
+/* The proposer-wide estimate (one per scheduler): starts at alpha 0.5 with the weight of 10 tries and forgets more
+ * slowly than a sequence's (about the last 20 verifications of any sequence count). */
+void bt_spec_global_init(bt_spec_stats *g);
+void bt_spec_global_update(bt_spec_stats *g, int32_t n_drafts, int32_t n_accepted);
+
+/* alpha of draft position i (0-based): the chance draft i + 1 is kept once the drafts before it were. */
+float bt_spec_alpha_at(const bt_spec_stats *st, int32_t i);
+
+/* The first position's alpha: how often a sequence's first draft is kept. */
 float bt_spec_alpha(const bt_spec_stats *st);
 
 /* Records a verification: n_drafts proposed, n_accepted of them kept (a rejection counts a try unless every draft
@@ -137,8 +149,10 @@ void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepte
  * drafts. 0 while nothing is known of the costs (draft freely, bounded by the 0.1 floor of bt_spec_choose_k). */
 double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows);
 
-/* The drafts to ask for: the largest k <= k_max with alpha^k > max(threshold, 0.1) (0 when none), except that a
- * sequence that has not drafted for probe_every steps probes with 1 when threshold < 0.5. Updates st->idle_steps. */
-int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold);
+/* The drafts to ask for: the largest k <= k_max with P_k > max(threshold, 0.1) (0 when none), except that a
+ * sequence that has not drafted for probe_every steps probes with 1 when may_probe and threshold < 0.5. The caller
+ * forbids probes where one costs more than a row (a draft model would first have to catch up on the sequence).
+ * Updates st->idle_steps. */
+int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int may_probe);
 
 #endif

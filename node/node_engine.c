@@ -206,10 +206,14 @@ bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
         if (st) return st;
     }
     metrics_gauge_set(ne->g_kv_capacity, (double)ne->kv_blocks_total);
+    bt_status st = metrics_counter_register(reg, "baton_preemptions_total",
+                                            "Running sequences sent back to wait (and recompute later) because the KV "
+                                            "pool ran out.",
+                                            &ne->c_preemptions);
+    if (st) return st;
     if (!ne->proposer) return BT_OK;
     const char *lv[1] = {bt_spec_kind_name(ne->spec.kind)};
     metrics_family_t *f;
-    bt_status st;
     if ((st = metrics_std_register(reg, METRICS_STD_SPEC_PROPOSED, &f)) ||
         (st = metrics_family_counter(f, lv, &ne->c_spec_proposed)))
         return st;
@@ -222,9 +226,13 @@ bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
     return BT_OK;
 }
 
-/* Moves the scheduler's speculation counters into the metrics (deltas since the last call; under load_mu). */
-static void spec_metrics_update(bt_ne_t *ne, const bt_sched_stats *st)
+/* Moves the scheduler's preemption and speculation counters into the metrics (deltas since the last call; under
+ * load_mu). */
+static void counters_update(bt_ne_t *ne, const bt_sched_stats *st)
 {
+    if (ne->c_preemptions && st->preemptions > ne->load_preemptions)
+        metrics_counter_add(ne->c_preemptions, st->preemptions - ne->load_preemptions);
+    ne->load_preemptions = st->preemptions;
     if (!ne->c_spec_proposed) return;
     if (st->spec_proposed > ne->load_spec_proposed)
         metrics_counter_add(ne->c_spec_proposed, st->spec_proposed - ne->load_spec_proposed);
@@ -268,7 +276,7 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     out->decode_tok_s = ne->decode_rate;
     out->step_s = ne->step_s;
     out->tokens_per_step = ne->tokens_per_step;
-    spec_metrics_update(ne, st);
+    counters_update(ne, st);
     pthread_mutex_unlock(&ne->load_mu);
     metrics_gauge_set(ne->g_running, st->running);
     metrics_gauge_set(ne->g_waiting, st->waiting);

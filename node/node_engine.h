@@ -52,6 +52,8 @@ typedef struct bt_ne {
     metrics_counter_t *c_spec_proposed, *c_spec_accepted; /* labelled with the proposer; NULL without speculation */
     metrics_histogram_t *h_spec_accepted;                 /* accepted drafts per verification */
     uint64_t load_spec_proposed, load_spec_accepted, load_spec_hist[BT_SPEC_K_LIMIT + 1];
+    metrics_counter_t *c_preemptions; /* baton_preemptions_total */
+    uint64_t load_preemptions;
 
     pthread_mutex_t load_mu; /* the rate sampler's memory */
     double load_t, busy_t0;

@@ -36,12 +36,16 @@ typedef struct bs_opts {
     unsigned long long seed;
     double request_timeout; /* s */
     int quiet;
+    const char *workload;   /* --workload: prompts from this JSON-lines file instead of random words */
+    char **wl;              /* [n_wl] each line's "chat" or "prompt" text */
+    int n_wl;
 } bs_opts;
 
 typedef struct bs_req {
     double t_arrive; /* scheduled, s after the run starts */
     int prompt_len, output_len;
     uint64_t prompt_seed;
+    int wl_index;    /* --workload: this request's prompt, round robin */
     CURL *easy;
     char *body;
     double t_send, t_first, t_last, t_done; /* monotonic s */
@@ -293,6 +297,7 @@ static long draw_requests(const bs_opts *o, int rate_index, bs_req **out)
         r->prompt_len = draw_len(&s, o->prompt_mean, o->prompt_sd);
         r->output_len = draw_len(&s, o->output_mean, o->output_sd);
         r->prompt_seed = rng_next(&s);
+        r->wl_index = o->n_wl ? (int)((n - 1) % o->n_wl) : 0;
         r->usage_out = r->usage_prompt = -1;
     }
     if (!v || (o->requests && n < o->requests)) {
@@ -305,7 +310,7 @@ static long draw_requests(const bs_opts *o, int rate_index, bs_req **out)
 
 static char *make_body(const bs_opts *o, const char *model, const bs_req *r)
 {
-    char *prompt = make_prompt(r->prompt_seed, r->prompt_len);
+    char *prompt = o->n_wl ? strdup(o->wl[r->wl_index]) : make_prompt(r->prompt_seed, r->prompt_len);
     cJSON *b = cJSON_CreateObject();
     if (!prompt || !b) {
         free(prompt);
@@ -558,6 +563,7 @@ static void print_table(const bs_opts *o, const char *model, const bs_run *runs,
     snprintf(pl, sizeof pl, o->prompt_sd > 0 ? "%g (sd %g)" : "%g", o->prompt_mean, o->prompt_sd);
     snprintf(ol, sizeof ol, o->output_sd > 0 ? "%g (sd %g)" : "%g", o->output_mean, o->output_sd);
     if (o->concurrency_limit) snprintf(cl, sizeof cl, ", at most %ld in flight", o->concurrency_limit);
+    if (o->n_wl) snprintf(pl, sizeof pl, "from %.40s (%d)", o->workload, o->n_wl);
     printf("model %s, %s, prompt %s tokens, output %s tokens (ignore_eos), Poisson arrivals, seed %llu%s\n", model,
            o->chat ? "/v1/chat/completions" : "/v1/completions", pl, ol, o->seed, cl);
     printf("SLO for goodput: TTFT <= %g ms and TPOT <= %g ms%s\n\n", o->slo_ttft_ms, o->slo_tpot_ms,
@@ -667,6 +673,9 @@ static void usage(FILE *out)
             "  --requests N            requests per rate (default 50)\n"
             "  --duration S            instead of --requests: arrivals for S seconds per rate\n"
             "  --prompt-tokens M[:SD]  prompt length, normal with mean M and stddev SD (default 128)\n"
+            "  --workload FILE         prompts from a JSON-lines file ({\"chat\": ...} or {\"prompt\": ...} per line,\n"
+            "                          e.g. tools/workloads/input-grounded.jsonl), round robin, instead of random\n"
+            "                          words; with --api chat each is a user message\n"
             "  --output-tokens M[:SD]  output length, likewise (default 64)\n"
             "  --concurrency-limit C   at most C requests in flight; later arrivals wait (default none)\n"
             "  --slo-ttft-ms X         goodput SLO on TTFT (default 2000)\n"
@@ -718,6 +727,42 @@ static int parse_len(const char *s, double *mean, double *sd)
     return parse_double(buf, mean) || *mean < 1 || *mean > 100000 ? -1 : 0;
 }
 
+/* Reads --workload: one JSON object per line with a string "chat" or "prompt" (tools/workloads). 0 on success. */
+static int load_workload(bs_opts *o)
+{
+    FILE *f = fopen(o->workload, "r");
+    if (!f) {
+        fprintf(stderr, "baton bench-serve: cannot open the workload %s: %s\n", o->workload, strerror(errno));
+        return -1;
+    }
+    char line[65536];
+    int lineno = 0, rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        lineno++;
+        if (line[strspn(line, " \t\r\n")] == 0) continue;
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "chat") : NULL;
+        if (!cJSON_IsString(t)) t = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
+        char **w = cJSON_IsString(t) ? realloc(o->wl, sizeof(char *) * (size_t)(o->n_wl + 1)) : NULL;
+        if (!w) {
+            fprintf(stderr, "baton bench-serve: %s:%d: want a JSON object with a string \"chat\" or \"prompt\"\n",
+                    o->workload, lineno);
+            rc = -1;
+        } else {
+            o->wl = w;
+            if (!(o->wl[o->n_wl] = strdup(t->valuestring))) rc = -1;
+            else o->n_wl++;
+        }
+        cJSON_Delete(j);
+    }
+    fclose(f);
+    if (!rc && o->n_wl == 0) {
+        fprintf(stderr, "baton bench-serve: %s holds no prompt\n", o->workload);
+        rc = -1;
+    }
+    return rc;
+}
+
 static int parse_rates(const char *s, bs_opts *o)
 {
     char buf[1024];
@@ -766,6 +811,7 @@ int cmd_bench_serve(int argc, char **argv)
         else if (!strcmp(a, "--model")) bad = !*(o.model = v);
         else if (!strcmp(a, "--api-key")) o.api_key = v;
         else if (!strcmp(a, "--json")) bad = !*(o.json = v);
+        else if (!strcmp(a, "--workload")) bad = !*(o.workload = v);
         else if (!strcmp(a, "--api")) {
             if (!strcmp(v, "chat")) o.chat = 1;
             else if (!strcmp(v, "completions")) o.chat = 0;
@@ -804,6 +850,7 @@ int cmd_bench_serve(int argc, char **argv)
         return 2;
     }
     o.requests = o.duration > 0 ? 0 : have_requests ? requests : 50;
+    if (o.workload && load_workload(&o)) return 2;
     /* with every arrival at t = 0, --duration would never end the drawing */
     for (int i = 0; i < o.n_rates; i++)
         if (isinf(o.rates[i]) && o.duration > 0) {
@@ -870,6 +917,8 @@ int cmd_bench_serve(int argc, char **argv)
     }
 out:
     for (int i = 0; i < BS_MAX_RATES; i++) cJSON_Delete(runs[i].errors);
+    for (int i = 0; i < o.n_wl; i++) free(o.wl[i]);
+    free(o.wl);
     free(model);
     curl_slist_free_all(hdrs);
     curl_global_cleanup();

@@ -30,6 +30,7 @@ typedef struct bs_opts {
     const char *model, *workload, *json, *conc;
     bt_spec_config spec;
     long threads, reps, decode_n;
+    int fixed_k;
     float temperature;
     unsigned long long seed;
 } bs_opts;
@@ -51,7 +52,7 @@ static void bs_usage(FILE *out)
 {
     fprintf(out,
             "usage: baton bench --spec none|ngram|draft:PATH|self:L [--workload FILE] [--concurrency N[,N...]]\n"
-            "                   [--decode-tokens N] [--reps N] [--spec-k-max N] [--temperature T --seed S]\n"
+            "                   [--decode-tokens N] [--reps N] [--spec-k-max N] [--spec-fixed-k] [--temperature T --seed S]\n"
             "                   [--threads N] [--model PATH] [--json FILE]\n"
             "Runs every prompt of the workload (JSON lines {\"name\", \"chat\"} or {\"name\", \"prompt\"}; default\n"
             "tools/workloads/input-grounded.jsonl; tools/workloads/chat.jsonl holds open-ended chat) through the\n"
@@ -60,7 +61,8 @@ static void bs_usage(FILE *out)
             "prompt token, over those steps' time) as medians of --reps (default 3), the speed-up, the acceptance\n"
             "rate, the mean accepted drafts per verification, and the inputs of the adaptive-k rule. Both runs must\n"
             "produce the same tokens (the bench fails otherwise). --decode-tokens: output tokens per request\n"
-            "(default 128; generation also stops at end of turn). Greedy unless --temperature is given.\n");
+            "(default 128; generation also stops at end of turn). Greedy unless --temperature is given.\n"
+            "--spec-fixed-k always drafts --spec-k-max tokens (no adaptive k): what drafting alone would cost.\n");
 }
 
 static int parse_opts(int argc, char **argv, bs_opts *o)
@@ -75,6 +77,10 @@ static int parse_opts(int argc, char **argv, bs_opts *o)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             bs_usage(stdout);
             return 1;
+        }
+        if (!strcmp(a, "--spec-fixed-k")) {
+            o->fixed_k = 1;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "baton bench: unknown option or missing value: '%s'\n", a);
@@ -227,6 +233,7 @@ static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const b
     cfg.n_eog = n_eog;
     cfg.proposer = pr;
     cfg.spec_k_max = o->spec.k_max;
+    cfg.spec_fixed_k = o->fixed_k;
     bt_sched *s = NULL;
     if (bt_sched_create(m, be, &cfg, &s)) return -1;
     bs_track *tr = calloc((size_t)n, sizeof *tr);

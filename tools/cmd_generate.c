@@ -43,6 +43,7 @@ static void generate_usage(FILE *out)
             "  --spec S              speculative decoding: none (default), ngram, draft:PATH, self:L; the output\n"
             "                        is the same token for token, only the speed differs\n"
             "  --spec-k-max N        most draft tokens per step, 1..16 (default 4)\n"
+            "  --spec-fixed-k        always draft k-max tokens (no adaptive k): what drafting costs, for tests\n"
             "  --ids                 print token ids instead of text\n"
             "  --ignore-eos          keep generating past end-of-generation tokens\n"
             "  --quiet               no statistics on stderr\n");
@@ -81,7 +82,7 @@ typedef struct gen_opts {
     int kv_dtype;
     bt_sampling sp;
     bt_spec_config spec;
-    int ids, quiet;
+    int ids, quiet, spec_fixed_k;
 } gen_opts;
 
 static int parse_gen(int argc, char **argv, gen_opts *o)
@@ -101,6 +102,7 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
         if (!strcmp(a, "--ids")) { o->ids = 1; continue; }
         if (!strcmp(a, "--ignore-eos")) { o->sp.ignore_eos = true; continue; }
         if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+        if (!strcmp(a, "--spec-fixed-k")) { o->spec_fixed_k = 1; continue; }
         if (!v) {
             fprintf(stderr, "baton generate: unknown option or missing value: '%s'\n", a);
             return -1;
@@ -283,6 +285,7 @@ int cmd_generate(int argc, char **argv)
     }
     sc.proposer = proposer;
     sc.spec_k_max = o.spec.k_max;
+    sc.spec_fixed_k = o.spec_fixed_k;
     if (bt_sched_create(m, be, &sc, &sched)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;

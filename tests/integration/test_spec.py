@@ -8,6 +8,7 @@ speculation metrics appear by proposer, agree with each other and pass promtool;
 with every proposer, a draft that is the model itself has every draft accepted; bad --spec values and a draft model
 with another vocabulary stop the node at start-up with one clear line."""
 import concurrent.futures
+import time
 import re
 import subprocess
 
@@ -17,7 +18,6 @@ import pytest
 from harness.baton_procs import ProcError, start_decode, start_prefill
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
-from test_disagg_router import wait_nodes
 
 CODE = '''def parse_config(path):
     """Reads key=value lines into a dict, skipping comments."""
@@ -83,48 +83,73 @@ def run_all(cl, ps, opt_out_every=0):
         return [f.result(timeout=600) for f in futs]
 
 
-def test_ngram_cluster_bit_identical_and_metrics(default_model, tmp_path):
+@pytest.fixture(scope="module")
+def plain_answers(default_model):
+    """The 64 prompts' answers from a plain colocated cluster (no speculation): the reference."""
     ps = prompts()
-    with EtcdServer() as etcd:
-        with start_decode(etcd, default_model, threads=1, node_id="plain-dec", cluster="plain") as plain_dec, \
-                start_router(etcd, default_model, cluster="plain", prefill_mode="local") as plain_rtr:
-            wait_nodes_cluster(etcd, "plain", ["plain-dec"])
-            cl = openai.OpenAI(base_url=plain_rtr.base_url, api_key="x", max_retries=0, timeout=600)
-            want = run_all(cl, ps)
-            assert plain_dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"') is None
-        with start_prefill(etcd, default_model, threads=1, node_id="spec-pre", cluster="spec") as pre, \
-                start_decode(etcd, default_model, threads=1, node_id="spec-dec", cluster="spec",
-                             spec="ngram", spec_k_max=6) as dec, \
-                start_router(etcd, default_model, cluster="spec", prefill_mode="remote") as rtr:
-            wait_nodes_cluster(etcd, "spec", ["spec-pre", "spec-dec"])
-            assert "speculation ngram, k up to 6" in dec.log()
-            cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
-            got = run_all(cl, ps, opt_out_every=4)
-            assert pre.metric("baton_kv_transfer_bytes_total") > 0, "the prefill node was not used"
-            bad = [i for i in range(len(ps)) if got[i] != want[i]]
-            assert not bad, f"{len(bad)} of {len(ps)} differ, first: {ps[bad[0]][0]} #{bad[0]}"
+    with EtcdServer() as etcd, \
+            start_decode(etcd, default_model, threads=1, node_id="plain-dec", cluster="plain") as dec, \
+            start_router(etcd, default_model, cluster="plain", prefill_mode="local") as rtr:
+        wait_nodes_cluster(etcd, "plain", ["plain-dec"])
+        cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
+        want = run_all(cl, ps)
+        assert dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"') is None
+        return want
 
-            text = dec.metrics()
-            lab = 'proposer="ngram"'
-            proposed = dec.metric("baton_spec_proposed_tokens_total", lab)
-            accepted = dec.metric("baton_spec_accepted_tokens_total", lab)
-            n_verify = dec.metric("baton_spec_accepted_length_count", lab)
-            acc_sum = dec.metric("baton_spec_accepted_length_sum", lab)
-            generated = dec.metric("baton_generation_tokens_total")
-            streamed = sum(u for _, _, u in got)
-            print(f"ngram: {proposed:.0f} drafts proposed, {accepted:.0f} accepted in {n_verify:.0f} verifications; "
-                  f"{generated:.0f} tokens generated, {streamed} streamed")
-            assert proposed > 0 and 0 < accepted <= proposed
-            assert acc_sum == accepted and n_verify > 0
-            assert generated == streamed
-            assert accepted < generated
-            r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
-                               timeout=30)
-            assert r.returncode == 0, r.stdout + r.stderr
+
+# ngram: disaggregated (every prompt prefilled on a prefill node) and a KV pool of 48 MiB (2,133 tokens) for 16
+# concurrent requests of up to ~1,100 tokens, so sequences are preempted and recomputed with drafts in flight.
+# The draft proposers: colocated, default pool.
+@pytest.mark.parametrize("spec", ["ngram", "self:8", "draft"])
+def test_cluster_bit_identical_and_metrics(default_model, plain_answers, spec):
+    ps = prompts()
+    want = plain_answers
+    label = spec.split(":")[0]
+    arg = f"draft:{default_model}" if spec == "draft" else spec
+    disagg = spec == "ngram"
+    with EtcdServer() as etcd:
+        pre = start_prefill(etcd, default_model, threads=1, node_id="spec-pre", cluster="spec") if disagg else None
+        try:
+            with start_decode(etcd, default_model, threads=1, node_id="spec-dec", cluster="spec", spec=arg,
+                              spec_k_max=6, kv_mem="48M" if disagg else None) as dec, \
+                    start_router(etcd, default_model, cluster="spec",
+                                 prefill_mode="remote" if disagg else "local") as rtr:
+                wait_nodes_cluster(etcd, "spec", ["spec-dec"] + (["spec-pre"] if disagg else []))
+                assert f"speculation {label}, k up to 6" in dec.log()
+                cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
+                got = run_all(cl, ps, opt_out_every=4)
+                if disagg:
+                    assert pre.metric("baton_kv_transfer_bytes_total") > 0, "the prefill node was not used"
+                    assert dec.metric("baton_preemptions_total") > 0, "no sequence was preempted"
+                bad = [i for i in range(len(ps)) if got[i] != want[i]]
+                assert not bad, f"{len(bad)} of {len(ps)} differ, first: {ps[bad[0]][0]} #{bad[0]}"
+                check_spec_metrics(dec, label, got)
+        finally:
+            if pre:
+                pre.close()
+
+
+def check_spec_metrics(dec, label, got):
+    text = dec.metrics()
+    lab = f'proposer="{label}"'
+    proposed = dec.metric("baton_spec_proposed_tokens_total", lab)
+    accepted = dec.metric("baton_spec_accepted_tokens_total", lab)
+    n_verify = dec.metric("baton_spec_accepted_length_count", lab)
+    acc_sum = dec.metric("baton_spec_accepted_length_sum", lab)
+    generated = dec.metric("baton_generation_tokens_total")
+    streamed = sum(u for _, _, u in got)
+    print(f"{label}: {proposed:.0f} drafts proposed, {accepted:.0f} accepted in {n_verify:.0f} verifications; "
+          f"{generated:.0f} tokens generated, {streamed} streamed")
+    assert proposed > 0 and 0 <= accepted <= proposed and n_verify > 0
+    assert acc_sum == accepted
+    assert generated == streamed and accepted < generated
+    if label == "ngram":
+        assert accepted > 0
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def wait_nodes_cluster(etcd, cluster, ids, timeout=30.0):
-    import time
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if all(etcd.get(f"/baton/{cluster}/load/{i}") for i in ids):
@@ -152,7 +177,8 @@ def test_generate_every_proposer_same_ids(baton_bin, default_model, seeded):
             assert ids == plain, f"--spec {spec} changed the output"
             assert re.search(r"(\d+) drafts proposed, (\d+) accepted", err), err
         # the model as its own draft: every draft is accepted (past the end of turn too, so no draft is cut off by it)
-        args = ["--spec", f"draft:{default_model}", "--spec-k-max", "5", "--ignore-eos", *sampling]
+        # (--spec-fixed-k: adaptive k rightly stops drafting with a draft as slow as the model itself)
+        args = ["--spec", f"draft:{default_model}", "--spec-k-max", "5", "--spec-fixed-k", "--ignore-eos", *sampling]
         ids, err = generate_ids(baton_bin, default_model, q, *args)
         m = re.search(r"(\d+) drafts proposed, (\d+) accepted", err)
         assert m and int(m.group(1)) > 20 and m.group(1) == m.group(2), err
@@ -253,3 +279,61 @@ def test_bench_spec_cli(baton_bin, default_model, tmp_path):
         r = subprocess.run([str(baton_bin), "bench", "--model", str(default_model), *args], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and want in r.stderr, (args, r.stderr)
+
+
+def test_per_request_opt_out(default_model, tmp_path):
+    """Requests that opt out ("speculative": false over HTTP, disable_speculation over gRPC) never draft; the same
+    requests without the opt-out do, with the same text."""
+    import importlib
+    import sys
+    import grpc
+    from conftest import ROOT
+    out = tmp_path / "stubs"
+    out.mkdir()
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", "baton/v1/generate.proto"], check=True)
+    sys.path.insert(0, str(out))
+    pb2 = importlib.import_module("baton.v1.generate_pb2")
+    pb2_grpc = importlib.import_module("baton.v1.generate_pb2_grpc")
+    q = "Repeat exactly: north south east west, north south east west, north south east west."
+    with EtcdServer() as etcd, \
+            start_decode(etcd, default_model, threads=1, node_id="oo-dec", spec="ngram") as dec, \
+            start_router(etcd, default_model) as rtr:
+        wait_nodes_cluster(etcd, "default", ["oo-dec"])
+        cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=120)
+        proposed = lambda: dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"')
+
+        def http(opt_out):
+            kw = dict(model="", messages=[{"role": "user", "content": q}], max_tokens=40, temperature=0)
+            if opt_out:
+                kw["extra_body"] = {"speculative": False}
+            return cl.chat.completions.create(**kw).choices[0].message.content
+
+        with grpc.insecure_channel(rtr.grpc_addr) as ch:
+            stub = pb2_grpc.GenerationStub(ch)
+
+            def rpc(opt_out):
+                chat = pb2.ChatMessages(messages=[pb2.ChatMessage(role="user", content=q)])
+                req = pb2.GenerateRequest(chat=chat, max_tokens=40, sampling=pb2.SamplingParams(temperature=0),
+                                          disable_speculation=opt_out)
+                return "".join(m.text for m in stub.Generate(req, timeout=120))
+
+            before = proposed()
+            off = [http(True), http(True), rpc(True), rpc(True)]
+            time.sleep(0.3)  # the counters move on the node's load tick (100 ms)
+            assert proposed() == before, "an opted-out request drafted"
+            on = [http(False), http(False), rpc(False), rpc(False)]
+            time.sleep(0.3)
+            assert proposed() > before, "no request drafted"
+            assert off == on and len(set(on)) == 1 and on[0]
+        # bench-serve sends a workload file's prompts (the same ones baton bench --spec uses)
+        before = proposed()
+        js = tmp_path / "serve.json"
+        r = subprocess.run([str(build_bin("baton")), "bench-serve", "--url", rtr.base_url, "--api", "chat",
+                            "--workload", str(ROOT / "tools" / "workloads" / "input-grounded.jsonl"),
+                            "--requests", "4", "--rate", "inf", "--output-tokens", "24", "--quiet", "--json",
+                            str(js)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "from " in r.stdout and "(16)" in r.stdout, r.stdout
+        time.sleep(0.3)
+        assert proposed() > before

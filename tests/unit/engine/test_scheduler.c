@@ -574,7 +574,7 @@ static void test_spec_equal_plain(void)
             (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
             (unsigned long long)st.generated_tokens);
     CHECK(st.spec_accepted * 10 < st.spec_proposed);        /* acceptance near 0 */
-    CHECK(st.spec_proposed * 2 < st.generated_tokens * 4);  /* k fell well below k_max = 4 per token */
+    CHECK(st.spec_proposed * 2 < st.generated_tokens); /* k fell far below k_max = 4 drafts per token */
     proposer = NULL;
 }
 

@@ -118,21 +118,30 @@ static void test_adaptive_k(void)
 {
     bt_spec_stats st;
     bt_spec_stats_init(&st);
-    CHECK(fabsf(bt_spec_alpha(&st) - 0.5f) < 1e-6f);
-    /* cost unknown: alpha 0.5 gives 0.5, 0.25, 0.125 > 0.1: k = 3 */
-    CHECK(bt_spec_choose_k(&st, 8, 0) == 3);
-    CHECK(bt_spec_choose_k(&st, 2, 0) == 2);
-    /* every draft kept: alpha rises towards 1 and k reaches k_max */
+    CHECK(fabsf(bt_spec_alpha(&st) - 0.5f) < 1e-6f && fabsf(bt_spec_alpha_at(&st, 5) - 0.5f) < 1e-6f);
+    /* cost unknown: 0.5, 0.25, 0.125 > 0.1 floor: k = 3 */
+    CHECK(bt_spec_choose_k(&st, 8, 0, 1) == 3);
+    CHECK(bt_spec_choose_k(&st, 2, 0, 1) == 2);
+    /* every draft kept: every position's alpha rises (untried ones follow the last tried) and k reaches k_max */
     for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 4, 4);
-    CHECK(bt_spec_alpha(&st) > 0.95f);
-    CHECK(bt_spec_choose_k(&st, 8, 0) == 8);
-    /* a compute-bound step: the threshold nears 1; alpha 0.8 then drafts nothing, a near-certain proposer still does */
+    CHECK(bt_spec_alpha(&st) > 0.95f && bt_spec_alpha_at(&st, 7) > 0.95f);
+    CHECK(bt_spec_choose_k(&st, 8, 0, 1) == 8);
+    CHECK(bt_spec_choose_k(&st, 8, 0.5, 1) == 8);
+    /* a copying run: the first draft kept half the time, but once it is, the next ones always: the chain of
+     * positions drafts far more than one rate for all positions (0.5^k) would */
+    bt_spec_stats run;
+    bt_spec_stats_init(&run);
+    for (int i = 0; i < 20; i++) bt_spec_stats_update(&run, 6, i % 2 ? 6 : 0);
+    CHECK(fabsf(bt_spec_alpha(&run) - 0.5f) < 0.1f && bt_spec_alpha_at(&run, 3) > 0.9f);
+    CHECK(bt_spec_choose_k(&run, 8, 0.3, 1) == 8);
+    /* a compute-bound step: the threshold nears 1; a sequence kept at 0.8 drafts nothing */
     double thr = bt_spec_threshold(0.003, 0.001, 0, 64, 64);
     CHECK(thr > 0.9 && thr < 1);
-    CHECK(bt_spec_choose_k(&st, 8, thr) == 8);
-    bt_spec_stats mid = {.hits = 8, .tries = 10};
-    CHECK(bt_spec_choose_k(&mid, 8, thr) == 0);
-    CHECK(bt_spec_choose_k(&mid, 8, 0.5) == 3); /* 0.8, 0.64, 0.512 */
+    bt_spec_stats mid;
+    bt_spec_stats_init(&mid);
+    mid.hits[0] = 8, mid.tries[0] = 10;
+    CHECK(bt_spec_choose_k(&mid, 8, thr, 1) == 0);
+    CHECK(bt_spec_choose_k(&mid, 8, 0.5, 1) == 2); /* 0.8 then 0.8 * ~0.79 */
     CHECK(bt_spec_threshold(0.003, 0, 0, 1, 1) == 0);
     /* a draft model's round (1 ms) on a 4 ms batch-1 step: a draft must be accepted more than 1 time in 4 */
     CHECK(fabs(bt_spec_threshold(0.004, 0, 0.001, 1, 1) - 0.25) < 1e-9);
@@ -142,10 +151,10 @@ static void test_adaptive_k(void)
     st.probe_every = 16;
     st.idle_steps = 0;
     int probes = 0;
-    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.01);
+    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.01, 1);
     CHECK(probes == 4);
     probes = 0;
-    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.9);
+    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&st, 8, 0.9, 1);
     CHECK(probes == 0);
     /* each missed probe doubles the wait (up to 512 steps); a hit brings it back to 16 */
     bt_spec_stats_update(&st, 1, 0);
@@ -153,10 +162,21 @@ static void test_adaptive_k(void)
     for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 1, 0);
     CHECK(st.probe_every == 512);
     bt_spec_stats fresh;
-    bt_spec_stats_init_from(&fresh, &st); /* a new sequence inherits the proposer-wide estimate and wait */
-    CHECK(fresh.probe_every == 512 && fabsf(bt_spec_alpha(&fresh) - bt_spec_alpha(&st)) < 1e-6f && fresh.tries == 2);
+    bt_spec_stats_init_from(&fresh, &st); /* a new sequence inherits the proposer-wide estimate, not the wait */
+    CHECK(fresh.probe_every == 16 && bt_spec_alpha(&fresh) < 0.1f && fresh.tries[0] == 2);
+    /* probes the caller forbids (a draft model that has not seen the sequence) never happen */
+    probes = 0;
+    for (int i = 0; i < 64; i++) probes += bt_spec_choose_k(&fresh, 8, 0.01, 0);
+    CHECK(probes == 0);
     bt_spec_stats_update(&st, 2, 1);
     CHECK(st.probe_every == 16);
+    /* the proposer-wide estimate: a few misses leave it near 0.5, many bring it under the 0.1 floor */
+    bt_spec_stats g;
+    bt_spec_global_init(&g);
+    for (int i = 0; i < 3; i++) bt_spec_global_update(&g, 4, 0);
+    CHECK(bt_spec_alpha(&g) > 0.3f);
+    for (int i = 0; i < 60; i++) bt_spec_global_update(&g, 4, 0);
+    CHECK(bt_spec_alpha(&g) < 0.1f);
     /* proposing nothing leaves the estimate alone */
     float a = bt_spec_alpha(&st);
     bt_spec_stats_update(&st, 0, 0);
