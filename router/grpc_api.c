@@ -120,13 +120,10 @@ static bt_status parse_prompt(const rtr_model_t *m, const Baton__V1__GenerateReq
         return BT_OK;
     default: return bt_fail(BT_ERR_INVALID, "'prompt' is required (text, token_ids or chat)");
     }
-    if (st) {
-        tok_ids_free(&ids);
-        return st;
-    }
-    g->prompt = ids.ids;
+    if (st) tok_ids_free(&ids);
+    g->prompt = ids.ids; /* NULL after a failure */
     g->n_prompt = ids.n;
-    return BT_OK;
+    return st;
 }
 
 /* max_tokens (at least 1 when given) and the context bound of prompt + max_tokens. */
