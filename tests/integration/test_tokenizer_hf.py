@@ -200,7 +200,7 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
 # ---- SentencePiece ('llama' tokenizer model) ----
 
 def train_spm(tmp_path, corpus):
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm  # pinned in tests/requirements.txt
     text = tmp_path / "train.txt"
     text.write_text("\n".join(s.replace("\n", " ") for s in corpus[:1500] if s.strip()), encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "spm"), vocab_size=3000,
