@@ -217,11 +217,15 @@ def test_prefill_node_killed_with_32_in_flight(pb, cluster, etcd, default_model)
             with cf.ThreadPoolExecutor(max_workers=32) as ex:
                 t0 = time.monotonic()
                 futs = [ex.submit(run, pb, stub, *c, hint=hint, timeout=deadline_s) for c in cases]
-                # kill once the prefill node is busy with them
-                end = time.monotonic() + 30
-                while time.monotonic() < end and (pk.metric("baton_running_sequences") or 0) < 1:
+                # kill once the prefill node is computing them and has already moved KV (so the kill lands
+                # mid-stream, with transfers done and others pending); a wait that ran out fails the test
+                end = time.monotonic() + 60
+                running = moved = 0
+                while time.monotonic() < end and not (running >= 1 and moved > 0):
+                    running = max(running, pk.metric("baton_running_sequences") or 0)
+                    moved = pk.metric("baton_kv_transfer_bytes_total") or 0
                     time.sleep(0.02)
-                time.sleep(0.3)
+                assert running >= 1 and moved > 0, (running, moved, pk.log()[-3000:])
                 pk.kill()
                 got = [f.result() for f in futs]
                 elapsed = time.monotonic() - t0
@@ -229,7 +233,7 @@ def test_prefill_node_killed_with_32_in_flight(pb, cluster, etcd, default_model)
         assert elapsed < deadline_s
         ok = dk.metric("baton_remote_prefills_total", 'result="ok"') or 0
         fb = dk.metric("baton_remote_prefills_total", 'result="fallback"') or 0
-        assert ok + fb == 32 and fb >= 1, (ok, fb)
+        assert ok + fb == 32 and ok >= 1 and fb >= 1, (ok, fb)
         assert wait_metric(dk, "baton_kv_blocks_used", 0) == 0, dk.log()[-3000:]
         assert "prefilling locally" in dk.log()
         assert dk.stop() == 0
@@ -250,7 +254,11 @@ def test_client_cancel_drops_the_remote_prefill(pb, cluster):
                                            sampling=g.SamplingParams(temperature=0.0),
                                            prefill=n.PrefillHint(node_id="p", grpc_address=p.grpc_addr)),
                         timeout=120)
-    time.sleep(1.0)  # the prefill node is computing the first 1,024-token chunk (several seconds)
+    # cancel while the prefill node computes the prompt (its 1,024-token chunks take seconds): poll for that
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not (p.metric("baton_running_sequences") or 0) >= 1:
+        time.sleep(0.01)
+    assert (p.metric("baton_running_sequences") or 0) >= 1, p.log()[-3000:]
     call.cancel()
     assert wait_metric(p, "baton_requests_total", before + 1, 'status="cancelled"', timeout=30) == before + 1, \
         p.log()[-3000:]
