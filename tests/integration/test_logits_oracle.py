@@ -1,9 +1,12 @@
 """baton's forward pass against an independent numpy llama forward pass over weights dequantized by gguf-py.
 
 Teacher forcing on real prompts (English, code, Chinese, ...): every position's logits from `baton logits` are
-compared with the oracle's. Stated bounds: top-1 agreement >= 99% over >= 1,000 positions and a max relative logit
-error (max |baton - oracle| / max |oracle| per position) below 1%; baton quantizes activations to 16 bits per
-32-element block before each matmul and stores K/V in f16, the oracle computes in float64.
+compared with the oracle's. baton quantizes activations to 16 bits per 32-element block before each matmul (8 with
+BATON_ACT_BITS=8) and stores K/V in f16; the oracle computes in float64. Stated bounds over >= 1,000 positions, the
+README's figures: 16-bit activations agree on the top-1 token at every position (measured with the scalar, AVX2 and
+AVX-512 kernels) with a max relative logit error (max |baton - oracle| / max |oracle| per position) below 1%
+(0.24-0.35% measured); 8-bit activations agree at >= 96% of positions (96.5% AVX2, 97.0% AVX-512, 97.1% scalar) with
+a max relative error below 30% (11-23% measured).
 """
 import os
 import subprocess
@@ -114,10 +117,11 @@ def tokenize(baton_bin, model, text):
     return [int(t) for t in res.stdout.split()]
 
 
-def baton_logits(baton_bin, model, ids, tmp_path, chunk):
+def baton_logits(baton_bin, model, ids, tmp_path, chunk, act_bits=None):
     out = tmp_path / "logits.f32"
+    env = dict(os.environ, BATON_ACT_BITS=str(act_bits)) if act_bits else None
     subprocess.run([str(baton_bin), "logits", "--model", str(model), "--chunk", str(chunk), "--out", str(out),
-                    *map(str, ids)], check=True, timeout=300)
+                    *map(str, ids)], check=True, timeout=300, env=env)
     return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
 
 
@@ -126,23 +130,38 @@ def oracle(default_model):
     return Oracle(default_model)
 
 
-def test_logits_match_numpy_oracle(baton_bin, default_model, oracle, tmp_path):
+@pytest.fixture(scope="module")
+def oracle_logits(baton_bin, default_model, oracle):
+    """(ids, float64 oracle logits) of every prompt, computed once for both activation precisions."""
+    out = []
+    for text in PROMPTS:
+        ids = tokenize(baton_bin, default_model, text)
+        out.append((ids, oracle.logits(np.array(ids))))
+    return out
+
+
+# act_bits -> (least top-1 agreement, largest max relative logit error): the module docstring's figures
+BOUNDS = {16: (1.0, 0.01), 8: (0.96, 0.30)}
+
+
+@pytest.mark.parametrize("act_bits", sorted(BOUNDS, reverse=True))
+def test_logits_match_numpy_oracle(baton_bin, default_model, oracle_logits, tmp_path, act_bits):
     total = agree = 0
     worst = 0.0
-    for i, text in enumerate(PROMPTS):
-        ids = tokenize(baton_bin, default_model, text)
-        got = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=64)
-        want = oracle.logits(np.array(ids))
+    for i, (ids, want) in enumerate(oracle_logits):
+        got = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=64, act_bits=act_bits)
         rel = np.max(np.abs(got - want), axis=1) / np.max(np.abs(want), axis=1)
         worst = max(worst, float(rel.max()))
         agree += int(np.sum(np.argmax(got, axis=1) == np.argmax(want, axis=1)))
         total += len(ids)
         print(f"prompt {i}: {len(ids)} positions, max rel err {rel.max():.4f}, "
               f"top-1 agree {np.mean(np.argmax(got, axis=1) == np.argmax(want, axis=1)):.4f}")
-    print(f"overall: {total} positions, top-1 agreement {agree / total:.4f}, max rel err {worst:.4f}")
+    print(f"overall ({act_bits}-bit activations): {total} positions, top-1 agreement {agree / total:.4f}, "
+          f"max rel err {worst:.4f}")
+    least_agree, most_err = BOUNDS[act_bits]
     assert total >= 1000
-    assert agree / total >= 0.99
-    assert worst < 0.01
+    assert agree / total >= least_agree, f"top-1 agreement {agree / total:.4f} at {act_bits} bits"
+    assert worst < most_err, f"max relative logit error {worst:.4f} at {act_bits} bits"
 
 
 def test_logits_chunking_is_bit_identical(baton_bin, default_model, tmp_path):

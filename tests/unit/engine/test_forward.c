@@ -281,8 +281,9 @@ static void test_isa_agreement(void)
             int32_t V = 0;
             float *ref = isa_logits(path, "scalar", &V), *got = isa_logits(path, name, &V);
             REQUIRE(ref && got);
-            /* Activations are re-quantized before every matmul, so a last-bit difference in float accumulation
-             * order can flip a rounding and grow through the layers: compare in RMS, not bitwise. */
+            /* Activations are re-quantized (16-bit) before every matmul, so a last-bit difference in float
+             * accumulation order can flip a rounding and grow through the layers: compare in RMS, not bitwise.
+             * Measured: up to 1.8e-4 (AVX2 Q4_1), 1e-4 (AVX-512 Q8_0), 0 for the K-quants; 1e-3 leaves 5x. */
             double d2 = 0, v2 = 0;
             for (size_t i = 0; i < (size_t)40 * (size_t)V; i++) {
                 d2 += ((double)ref[i] - got[i]) * ((double)ref[i] - got[i]);
@@ -290,7 +291,7 @@ static void test_isa_agreement(void)
             }
             fprintf(stderr, "  %s %s: vs scalar relative RMS difference %.2e\n", name, bt_ggml_type_name(types[t]),
                     sqrt(d2 / v2));
-            CHECK_MSG(sqrt(d2 / v2) < 3e-2, "%s %s: vs scalar relative RMS difference %g", name,
+            CHECK_MSG(sqrt(d2 / v2) < 1e-3, "%s %s: vs scalar relative RMS difference %g", name,
                       bt_ggml_type_name(types[t]), sqrt(d2 / v2));
             free(ref);
             free(got);
