@@ -158,6 +158,7 @@ def test_n_choices(client):
                                        n=3, max_tokens=8, temperature=1.0, seed=7)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert all(c.message.content is not None for c in r.choices)
+    assert len({c.message.content for c in r.choices}) > 1, "3 sampled choices came out identical"
     assert r.usage.completion_tokens >= 3
     chunks = list(client.completions.create(model="", prompt=PROMPT, n=2, max_tokens=6, temperature=0, stream=True))
     by = {}
@@ -173,6 +174,17 @@ def test_seed_reproducible(client):
     a = client.completions.create(seed=1234, **kw).choices[0].text
     b = client.completions.create(seed=1234, **kw).choices[0].text
     assert a == b
+    assert client.completions.create(seed=4321, **kw).choices[0].text != a
+
+
+def test_no_temperature_is_greedy(client):
+    """README: a request without temperature decodes greedily (OpenAI's default is 1): it equals temperature 0,
+    whatever the seed."""
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    greedy = client.chat.completions.create(model="", messages=msgs, max_tokens=16, temperature=0)
+    for seed in (1, 2):
+        r = client.chat.completions.create(model="", messages=msgs, max_tokens=16, seed=seed)
+        assert r.choices[0].message.content == greedy.choices[0].message.content, seed
 
 
 def test_logprobs(client):
