@@ -6,7 +6,7 @@ JOBS     ?= $(shell nproc)
 VENV     := .venv
 PYTEST   := $(VENV)/bin/python -m pytest
 
-.PHONY: all setup build build-asan build-fuzz run test test-unit test-asan test-fuzz test-integration bench clean
+.PHONY: all setup build build-asan build-fuzz run test test-unit test-asan test-fuzz test-integration test-skips bench clean
 
 all: build
 
@@ -25,23 +25,34 @@ build-fuzz: setup
 	@cmake -S . -B $(FUZZ) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DBATON_FUZZ=ON -DBATON_TESTS=OFF >/dev/null
 	@cmake --build $(FUZZ) -j $(JOBS)
 
-# Every test: unit tests (release and ASan+UBSan builds), short fuzz runs, then the integration suite.
+# Each suite writes JUnit XML; tests/skip_report.py lists every skip from them, and with SKIP_ALLOW=FILE (.ci/run
+# passes tests/allowed-skips.txt) fails on a skip that the file does not allow.
+REPORTS  := unit=$(CURDIR)/$(BUILD)/ctest-junit.xml asan=$(CURDIR)/$(ASAN)/ctest-junit.xml \
+            fuzz=$(CURDIR)/$(FUZZ)/ctest-junit.xml integration=$(CURDIR)/$(BUILD)/pytest-junit.xml
+SKIP_ALLOW ?=
+
+# Every test: unit tests (release and ASan+UBSan builds), short fuzz runs, the integration suite, then the skips.
 test: build build-asan build-fuzz
+	@rm -f $(foreach r,$(REPORTS),$(lastword $(subst =, ,$(r))))
 	@$(MAKE) --no-print-directory test-unit test-asan test-fuzz test-integration
+	@$(MAKE) --no-print-directory test-skips
 	@echo "make test: all suites passed"
 
 test-unit:
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/$(BUILD)/ctest-junit.xml
 
 test-asan:
 	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	  ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/$(ASAN)/ctest-junit.xml
 
 test-fuzz:
-	@cd $(FUZZ) && ctest --output-on-failure -j $(JOBS)
+	@cd $(FUZZ) && ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/$(FUZZ)/ctest-junit.xml
 
 test-integration:
-	@BATON_BUILD_DIR=$(CURDIR)/$(BUILD) $(PYTEST) -q tests/integration
+	@BATON_BUILD_DIR=$(CURDIR)/$(BUILD) $(PYTEST) -q -rs tests/integration --junitxml=$(CURDIR)/$(BUILD)/pytest-junit.xml
+
+test-skips:
+	@python3 tests/skip_report.py $(if $(SKIP_ALLOW),--allow $(SKIP_ALLOW)) $(REPORTS)
 
 run: build
 	@deploy/local/cluster up

@@ -28,7 +28,7 @@ typedef struct decode_config {
                                 * always prefill locally */
     const char *node_id;       /* reported in the first message of each stream */
     const char *spec;          /* speculative decoding (--spec syntax); NULL or "" = none */
-    int32_t spec_k_max;        /* 0 = 4 */
+    int32_t spec_k_max;        /* 0 = the engine's default (8) */
     metrics_registry_t *metrics; /* must outlive the service */
     bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
 } decode_config_t;

@@ -153,7 +153,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     if (!cfg.max_batch_tokens) cfg.max_batch_tokens = 512;
     if (!cfg.max_running) cfg.max_running = 256;
     if (!cfg.max_context) cfg.max_context = m->hp.n_ctx_train < 8192 ? m->hp.n_ctx_train : 8192;
-    if (!cfg.spec_k_max) cfg.spec_k_max = 4;
+    if (!cfg.spec_k_max) cfg.spec_k_max = BT_SPEC_K_DEFAULT;
     if (cfg.spec_k_max < 1 || cfg.spec_k_max > BT_SPEC_K_LIMIT)
         return bt_fail(BT_ERR_INVALID, "speculative k_max %d outside 1..%d", cfg.spec_k_max, BT_SPEC_K_LIMIT);
     if (cfg.max_batch_tokens < 1 || cfg.max_running < 1 || cfg.max_context < 1 || cfg.n_eog < 0)

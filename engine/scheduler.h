@@ -34,7 +34,7 @@ typedef struct bt_sched_config {
     int32_t n_eog;
     bt_proposer *proposer;     /* optional speculative decoding (engine/spec.h); not owned, must outlive the
                                 * scheduler and is used only on its engine thread */
-    int32_t spec_k_max;        /* most drafts per sequence per step, 1..BT_SPEC_K_LIMIT (default 4) */
+    int32_t spec_k_max;        /* most drafts per sequence per step, 1..BT_SPEC_K_LIMIT (default BT_SPEC_K_DEFAULT) */
     int spec_fixed_k;          /* 1: always ask for spec_k_max drafts (no adaptive k, no cost rule): for tests and
                                 * for measuring what drafting costs */
 } bt_sched_config;

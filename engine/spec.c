@@ -10,8 +10,8 @@ bt_spec_config bt_spec_config_default(void)
     bt_spec_config c;
     memset(&c, 0, sizeof c);
     c.kind = BT_SPEC_NONE;
-    c.k_max = 4;
-    c.ngram_min = 1;
+    c.k_max = BT_SPEC_K_DEFAULT;
+    c.ngram_min = 2;
     c.ngram_max = 4;
     return c;
 }

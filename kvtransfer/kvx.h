@@ -134,7 +134,8 @@ typedef struct kvx_stats {
     uint64_t stale_completions; /* completions whose epoch no expectation held */
     uint64_t crc_mismatches;
     uint64_t dropped_writes;    /* AM data for no pending epoch or outside its blocks: not written */
-    uint64_t puts;              /* ucp_put_nbx calls */
+    uint64_t puts;              /* ranges posted (copies, puts or data messages, whatever the data path) */
+    uint64_t am_data_received;  /* data messages received: nonzero only where a sender used the AM data path */
     uint64_t bytes_pushed;
     uint64_t peers_built;
     uint32_t live_peers, live_eps, live_rkeys, live_pushes, live_expects, live_requests;

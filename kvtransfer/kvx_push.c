@@ -764,6 +764,7 @@ ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length,
 {
     kvx_context_t *ctx = arg;
     const uint8_t *h = header;
+    ctx->stats.am_data_received++;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != DATA_HDR || kvx_get32(h) != DATA_MAGIC) {
         ctx->stats.dropped_writes++;
         BT_WARN("kvx", "%s: malformed data message dropped", ctx->name);

@@ -178,7 +178,7 @@ void bt_node_usage(FILE *out, const char *prog)
             "                           sharing the vocabulary, or the model's own first L layers; output is\n"
             "                           bit-identical either way (BATON_SPEC; default none)\n"
             "  --spec-k-max N           most draft tokens per sequence per step, 1..16; k adapts below it to the\n"
-            "                           acceptance rate and the batch's cost (BATON_SPEC_K_MAX; default 4)\n",
+            "                           acceptance rate and the batch's cost (BATON_SPEC_K_MAX; default 8)\n",
             prog, BT_NODE_DEFAULT_ETCD, MBR_DEFAULT_CLUSTER, BT_NODE_DEFAULT_LISTEN, BT_NODE_DEFAULT_LISTEN,
             BT_NODE_DEFAULT_GRACE_MS);
 }

@@ -42,7 +42,7 @@ typedef struct bt_node_flags {
     int log_level;                     /* --log-level / BATON_LOG: bt_log_level, -1 = unchanged */
     int grace_ms;                      /* --grace-ms / BATON_GRACE_MS: drain time at shutdown */
     char spec[1100];                   /* --spec / BATON_SPEC (decode nodes): none|ngram|draft:PATH|self:L */
-    int32_t spec_k_max;                /* --spec-k-max / BATON_SPEC_K_MAX: drafts per sequence per step, 0 = 4 */
+    int32_t spec_k_max;                /* --spec-k-max / BATON_SPEC_K_MAX: drafts per sequence per step, 0 = 8 */
 } bt_node_flags_t;
 
 /* Parses argv into *f. *help is set to 1 (and nothing else checked) on --help / -h. Returns BT_ERR_INVALID with a

@@ -31,7 +31,7 @@ typedef struct bt_ne_config {
     int32_t max_running;      /* 0 = 256 */
     int disable_kvx;          /* 1: no kvtransfer (plain memory pool, no remote prefill) */
     const char *spec;         /* speculative decoding, bt_spec_parse syntax; NULL or "" = none */
-    int32_t spec_k_max;       /* 0 = 4 */
+    int32_t spec_k_max;       /* 0 = the engine's default (8) */
 } bt_ne_config_t;
 
 typedef struct bt_ne {

@@ -45,7 +45,8 @@ struct prefill_service {
     pthread_t finisher;
     int finisher_running;
 
-    metrics_counter_t *xfer_bytes, *xfer_descriptors, *prompt_tokens, *cached_tokens;
+    metrics_counter_t *xfer_bytes, *prompt_tokens, *cached_tokens;
+    metrics_counter_t *xfer_descriptors[KVX_PATH_AM + 1]; /* by the data path the peer used (AUTO unused) */
     metrics_histogram_t *xfer_seconds, *prefill_seconds, *queue_time;
     metrics_counter_t *requests[PS_N];
 
@@ -281,7 +282,8 @@ static void record_served(pf_call *c, uint64_t bytes)
     double secs = c->t_begin + span - c->t_last_layer;
     if (secs < 0) secs = 0;
     metrics_counter_add(s->xfer_bytes, bytes);
-    metrics_counter_add(s->xfer_descriptors, kvx_push_puts(c->push));
+    metrics_counter_t *desc = s->xfer_descriptors[kvx_peer_data_path(c->peer)];
+    if (desc) metrics_counter_add(desc, kvx_push_puts(c->push));
     metrics_histogram_observe(s->xfer_seconds, secs);
     metrics_counter_add(s->prompt_tokens, (uint64_t)c->n_prompt);
     metrics_counter_add(s->cached_tokens, (uint64_t)c->n_cached);
@@ -501,10 +503,16 @@ static bt_status register_metrics(prefill_service_t *s, metrics_registry_t *reg)
     if ((st = metrics_std_histogram(reg, METRICS_STD_QUEUE_TIME, &s->queue_time))) return st;
     if ((st = metrics_std_counter(reg, METRICS_STD_PROMPT_TOKENS, &s->prompt_tokens))) return st;
     if ((st = metrics_std_counter(reg, METRICS_STD_PREFIX_CACHE_HITS, &s->cached_tokens))) return st;
-    if ((st = metrics_counter_register(reg, "baton_kv_transfer_descriptors_total",
-                                       "Contiguous ranges (puts, copies or messages) posted for KV transfers.",
-                                       &s->xfer_descriptors)))
-        return st;
+    static const char *const path_label[] = {"path"};
+    metrics_desc_t dd = {.name = "baton_kv_transfer_descriptors_total",
+                         .help = "Contiguous ranges posted for KV transfers, by data path (mapped: copies into a "
+                                 "mapped shared-memory pool; put: ucp_put_nbx, the RDMA path; am: active messages).",
+                         .type = METRICS_COUNTER, .label_names = path_label, .n_labels = 1};
+    if ((st = metrics_family_register(reg, &dd, &f))) return st;
+    for (int k = KVX_PATH_MAPPED; k <= KVX_PATH_AM; k++) {
+        const char *lv[1] = {kvx_data_path_name((kvx_data_path_t)k)};
+        if ((st = metrics_family_counter(f, lv, &s->xfer_descriptors[k]))) return st;
+    }
     if ((st = metrics_histogram_register(reg, "baton_prefill_seconds",
                                          "Time from a Prefill/Run call's arrival to its first token, in seconds.",
                                          NULL, 0, &s->prefill_seconds)))

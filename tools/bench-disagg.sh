@@ -4,7 +4,8 @@
 #   disaggregated: baton-prefill pinned to $PREFILL_CPUS, baton-decode to $DECODE_CPUS, every prefill remote
 # Each set-up gets the same `baton bench-serve` run (same seed: same arrivals and lengths); results go to $OUT.
 # Usage: tools/bench-disagg.sh   (env: RATES REQUESTS PROMPT_TOKENS OUTPUT_TOKENS SLO_TTFT_MS SLO_TPOT_MS OUT
-#                                 COLO_CPUS PREFILL_CPUS DECODE_CPUS BATON_BUILD_DIR)
+#                                 COLO_CPUS PREFILL_CPUS DECODE_CPUS BATON_BUILD_DIR; the cluster's BATON_RUN_DIR,
+#                                 BATON_ETCD_LISTEN, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN)
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="${BATON_BUILD_DIR:-$top/build}/bin"
@@ -23,8 +24,8 @@ run_one() {
   echo "== $name: $*" >&2
   "$cluster" down >/dev/null 2>&1 || true
   "$cluster" up --detach "$@" >"$out/$name.up.log"
-  "$bin/baton" bench-serve --rate "$rates" --requests "$requests" --prompt-tokens "$prompt" \
-    --output-tokens "$output" --slo-ttft-ms "$slo_ttft" --slo-tpot-ms "$slo_tpot" --seed 1 --quiet \
+  "$bin/baton" bench-serve --url "http://${BATON_HTTP_LISTEN:-127.0.0.1:8000}" --rate "$rates" --requests "$requests" \
+    --prompt-tokens "$prompt" --output-tokens "$output" --slo-ttft-ms "$slo_ttft" --slo-tpot-ms "$slo_tpot" --seed 1 --quiet \
     --json "$out/$name.json" | tee "$out/$name.txt"
   local run_dir="${BATON_RUN_DIR:-${XDG_RUNTIME_DIR:-/tmp}/baton-local}" f addr
   for f in "$run_dir"/prefill-*.log "$run_dir"/decode-*.log; do

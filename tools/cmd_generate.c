@@ -42,7 +42,7 @@ static void generate_usage(FILE *out)
             "  --kv-dtype D          KV cache element type: f16 (default), f32, int8\n"
             "  --spec S              speculative decoding: none (default), ngram, draft:PATH, self:L; the output\n"
             "                        is the same token for token, only the speed differs\n"
-            "  --spec-k-max N        most draft tokens per step, 1..16 (default 4)\n"
+            "  --spec-k-max N        most draft tokens per step, 1..16 (default 8)\n"
             "  --spec-fixed-k        always draft k-max tokens (no adaptive k): what drafting costs, for tests\n"
             "  --ids                 print token ids instead of text\n"
             "  --ignore-eos          keep generating past end-of-generation tokens\n"

@@ -2,7 +2,7 @@
 
 Random blocks (random bytes, sane fp16 scales; fp16/bf16/f32 rows get every bit pattern class, NaNs compared as
 NaN) and real tensors of the default model. Runs the helper bt_cpu_dequant_tool from $BATON_BUILD_DIR/bin
-(default /work/main/build). Run: /work/main/.venv/bin/python -m pytest tests/integration/test_dequant_oracle.py
+(default build/ in this checkout). Run: .venv/bin/python -m pytest tests/integration/test_dequant_oracle.py
 """
 import functools
 import os
@@ -12,11 +12,11 @@ import subprocess
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (pinned in tests/requirements.txt: missing means a broken set-up, not a skip)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
-BUILD = pathlib.Path(os.environ.get("BATON_BUILD_DIR", "/work/main/build"))
+BUILD = pathlib.Path(os.environ.get("BATON_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
 TOOL = BUILD / "bin" / "bt_cpu_dequant_tool"
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 # byte offsets of the fp16 scale fields in each block
@@ -161,7 +161,12 @@ def test_act_quantizer_matches_numpy(tmp_path, bits):
     assert np.array_equal(got["ds"].view(np.uint32), (d * s.astype(np.float32)).astype(np.float32).view(np.uint32))
 
 
-def supported_isas():
+ISAS = ["scalar", "avx2", "avx512"]
+
+
+def isa_absent(isa):
+    """Why this host cannot run isa's kernels (None when it can). BATON_TEST_ISA_MAX=avx2 hides the ISAs above it,
+    as the C tests do (tests/unit/engine/test_isa.h)."""
     flags = set()
     try:
         for line in open("/proc/cpuinfo"):
@@ -170,12 +175,12 @@ def supported_isas():
                 break
     except OSError:
         pass
-    isas = ["scalar"]
-    if {"avx2", "fma", "f16c"} <= flags:
-        isas.append("avx2")
-        if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
-            isas.append("avx512")
-    return isas
+    cap = os.environ.get("BATON_TEST_ISA_MAX")
+    if cap and ISAS.index(isa) > ISAS.index(cap):
+        return f"{isa} kernels: BATON_TEST_ISA_MAX={cap} hides {isa}"
+    need = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
+            "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}}[isa]
+    return None if need <= flags else f"{isa} kernels: this host lacks {isa}"
 
 
 def matmul_cases():
@@ -195,16 +200,18 @@ def load_model_tensor(name):
     for t in reader.tensors:
         if t.name == name:
             return t
-    pytest.skip(f"{name} not in the model")
+    pytest.fail(f"{name} not in the default model")
 
 
 @pytest.mark.parametrize("bits", [8, 16])
-@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name,source", matmul_cases())
 def test_matmul_vs_numpy(tmp_path, isa, type_name, source, bits):
     """bt_cpu_matmul (2 threads, forced ISA, 8- or 16-bit activations) vs float64 numpy on the same quantized
     activations: within 2e-6 of sum |w * xq| per output (float accumulation order only). With 16-bit activations
     also vs the unquantized activations: within 5e-5 of sum |w * x| (8-bit is ~1e-2)."""
+    if isa_absent(isa):
+        pytest.skip(isa_absent(isa))
     if not TOOL.exists():
         pytest.fail(f"{TOOL} not built (set BATON_BUILD_DIR)")
     rng = np.random.default_rng(11)

@@ -1,9 +1,12 @@
 """baton's forward pass against an independent numpy llama forward pass over weights dequantized by gguf-py.
 
 Teacher forcing on real prompts (English, code, Chinese, ...): every position's logits from `baton logits` are
-compared with the oracle's. Stated bounds: top-1 agreement >= 99% over >= 1,000 positions and a max relative logit
-error (max |baton - oracle| / max |oracle| per position) below 1%; baton quantizes activations to 16 bits per
-32-element block before each matmul and stores K/V in f16, the oracle computes in float64.
+compared with the oracle's. baton quantizes activations to 16 bits per 32-element block before each matmul (8 with
+BATON_ACT_BITS=8) and stores K/V in f16; the oracle computes in float64. Stated bounds over >= 1,000 positions, the
+README's figures: 16-bit activations agree on the top-1 token at every position (measured with the scalar, AVX2 and
+AVX-512 kernels) with a max relative logit error (max |baton - oracle| / max |oracle| per position) below 1%
+(0.24-0.35% measured); 8-bit activations agree at >= 96% of positions (96.5% AVX2, 97.0% AVX-512, 97.1% scalar) with
+a max relative error below 30% (11-23% measured).
 """
 import os
 import subprocess
@@ -114,10 +117,12 @@ def tokenize(baton_bin, model, text):
     return [int(t) for t in res.stdout.split()]
 
 
-def baton_logits(baton_bin, model, ids, tmp_path, chunk):
+def baton_logits(baton_bin, model, ids, tmp_path, chunk, act_bits=None, kv_dtype=None):
     out = tmp_path / "logits.f32"
-    subprocess.run([str(baton_bin), "logits", "--model", str(model), "--chunk", str(chunk), "--out", str(out),
-                    *map(str, ids)], check=True, timeout=300)
+    env = dict(os.environ, BATON_ACT_BITS=str(act_bits)) if act_bits else None
+    kv = ["--kv-dtype", kv_dtype] if kv_dtype else []
+    subprocess.run([str(baton_bin), "logits", "--model", str(model), "--chunk", str(chunk), *kv, "--out", str(out),
+                    *map(str, ids)], check=True, timeout=300, env=env)
     return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
 
 
@@ -126,23 +131,38 @@ def oracle(default_model):
     return Oracle(default_model)
 
 
-def test_logits_match_numpy_oracle(baton_bin, default_model, oracle, tmp_path):
+@pytest.fixture(scope="module")
+def oracle_logits(baton_bin, default_model, oracle):
+    """(ids, float64 oracle logits) of every prompt, computed once for both activation precisions."""
+    out = []
+    for text in PROMPTS:
+        ids = tokenize(baton_bin, default_model, text)
+        out.append((ids, oracle.logits(np.array(ids))))
+    return out
+
+
+# act_bits -> (least top-1 agreement, largest max relative logit error): the module docstring's figures
+BOUNDS = {16: (1.0, 0.01), 8: (0.96, 0.30)}
+
+
+@pytest.mark.parametrize("act_bits", sorted(BOUNDS, reverse=True))
+def test_logits_match_numpy_oracle(baton_bin, default_model, oracle_logits, tmp_path, act_bits):
     total = agree = 0
     worst = 0.0
-    for i, text in enumerate(PROMPTS):
-        ids = tokenize(baton_bin, default_model, text)
-        got = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=64)
-        want = oracle.logits(np.array(ids))
+    for i, (ids, want) in enumerate(oracle_logits):
+        got = baton_logits(baton_bin, default_model, ids, tmp_path, chunk=64, act_bits=act_bits)
         rel = np.max(np.abs(got - want), axis=1) / np.max(np.abs(want), axis=1)
         worst = max(worst, float(rel.max()))
         agree += int(np.sum(np.argmax(got, axis=1) == np.argmax(want, axis=1)))
         total += len(ids)
         print(f"prompt {i}: {len(ids)} positions, max rel err {rel.max():.4f}, "
               f"top-1 agree {np.mean(np.argmax(got, axis=1) == np.argmax(want, axis=1)):.4f}")
-    print(f"overall: {total} positions, top-1 agreement {agree / total:.4f}, max rel err {worst:.4f}")
+    print(f"overall ({act_bits}-bit activations): {total} positions, top-1 agreement {agree / total:.4f}, "
+          f"max rel err {worst:.4f}")
+    least_agree, most_err = BOUNDS[act_bits]
     assert total >= 1000
-    assert agree / total >= 0.99
-    assert worst < 0.01
+    assert agree / total >= least_agree, f"top-1 agreement {agree / total:.4f} at {act_bits} bits"
+    assert worst < most_err, f"max relative logit error {worst:.4f} at {act_bits} bits"
 
 
 def test_logits_chunking_is_bit_identical(baton_bin, default_model, tmp_path):
@@ -169,3 +189,25 @@ def test_int8_kv_agrees_with_f16(baton_bin, default_model, tmp_path):
         total += len(ids)
     print(f"int8 vs f16 KV: top-1 agreement {agree / total:.4f} over {total} positions")
     assert total >= 1000 and agree / total >= 0.99
+
+
+WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("type_name", WEIGHT_TYPES)
+def test_tiny_model_of_every_weight_type(baton_bin, tmp_path, type_name):
+    """The same float64 oracle on tiny random models that the project's GGUF writer makes with every weight type
+    (embedding, projections and output matrix all of that type; tests/unit/engine/tiny_model_tool.c), with an f32
+    KV cache so that the weight type is what is measured: 48 teacher-forced positions agree on the top-1 token, and
+    the max relative logit error stays below 5e-3 (measured: 2e-7 F16/BF16, 3e-6 Q5_1/Q4_K/Q5_K, 1e-4 to 3e-4
+    Q8_0/Q4_0/Q4_1, 8e-4 Q6_K, 9e-4 F32, 1.1e-3 Q5_0)."""
+    tool = baton_bin.parent / "tiny_model_tool"
+    path = tmp_path / f"tiny-{type_name}.gguf"
+    subprocess.run([str(tool), str(path), type_name.lower()], check=True, timeout=60)
+    ids = [int(x) for x in np.random.default_rng(5).integers(0, 256, size=48)]
+    got = baton_logits(baton_bin, path, ids, tmp_path, chunk=16, kv_dtype="f32")
+    want = Oracle(path).logits(np.array(ids))
+    rel = np.max(np.abs(got - want), axis=1) / np.max(np.abs(want), axis=1)
+    agree = float(np.mean(np.argmax(got, axis=1) == np.argmax(want, axis=1)))
+    print(f"{type_name}: top-1 agreement {agree:.4f}, max rel err {rel.max():.2e}")
+    assert agree == 1.0 and rel.max() < 5e-3, (type_name, agree, float(rel.max()))

@@ -158,6 +158,7 @@ def test_n_choices(client):
                                        n=3, max_tokens=8, temperature=1.0, seed=7)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert all(c.message.content is not None for c in r.choices)
+    assert len({c.message.content for c in r.choices}) > 1, "3 sampled choices came out identical"
     assert r.usage.completion_tokens >= 3
     chunks = list(client.completions.create(model="", prompt=PROMPT, n=2, max_tokens=6, temperature=0, stream=True))
     by = {}
@@ -173,6 +174,17 @@ def test_seed_reproducible(client):
     a = client.completions.create(seed=1234, **kw).choices[0].text
     b = client.completions.create(seed=1234, **kw).choices[0].text
     assert a == b
+    assert client.completions.create(seed=4321, **kw).choices[0].text != a
+
+
+def test_no_temperature_is_greedy(client):
+    """README: a request without temperature decodes greedily (OpenAI's default is 1): it equals temperature 0,
+    whatever the seed."""
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    greedy = client.chat.completions.create(model="", messages=msgs, max_tokens=16, temperature=0)
+    for seed in (1, 2):
+        r = client.chat.completions.create(model="", messages=msgs, max_tokens=16, seed=seed)
+        assert r.choices[0].message.content == greedy.choices[0].message.content, seed
 
 
 def test_logprobs(client):
@@ -409,8 +421,12 @@ def test_no_decode_node_503(default_model):
 
 
 def test_kill9_mid_stream_migrates_without_gap_or_duplicate(default_model):
+    """Two greedy and three seeded sampled streams; the decode node running most of them dies: every stream
+    continues on the other node with exactly the tokens an uninterrupted run gives (seeded sampling is keyed by
+    position, so it survives migration). Sampling is real: other seeds, and the n choices of one request, differ."""
     import threading
-    prompts = [PROMPT, "Once upon a time", "The best way to learn to cook is", "def fibonacci(n):"]
+    cook = "The best way to learn to cook is"
+    cases = [(PROMPT, None), ("Once upon a time", None), (cook, 11), (cook, 12), ("def fibonacci(n):", 13)]
     with EtcdServer() as etcd, \
             start_decode(etcd, default_model, threads=1, node_id="dec-1") as d1, \
             start_decode(etcd, default_model, threads=1, node_id="dec-2") as d2, \
@@ -418,43 +434,48 @@ def test_kill9_mid_stream_migrates_without_gap_or_duplicate(default_model):
         wait_nodes(rtr, 2)
         cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=120)
 
-        def kw(p):
+        def kw(p, seed):
             # long enough that the streams are still running when the node dies (60 tokens can finish in under a
             # second, before the kill)
-            return dict(model="", prompt=p, max_tokens=240, temperature=0, extra_body={"ignore_eos": True})
+            sampling = dict(temperature=0) if seed is None else dict(temperature=0.9, top_p=0.95, seed=seed)
+            return dict(model="", prompt=p, max_tokens=240, extra_body={"ignore_eos": True}, **sampling)
 
-        want = {p: cl.completions.create(**kw(p)).choices[0].text for p in prompts}
-        got = {p: [] for p in prompts}
-        started = threading.Barrier(len(prompts) + 1)
+        want = [cl.completions.create(**kw(*c)).choices[0].text for c in cases]
+        assert want[2] != want[3], "seeds 11 and 12 sampled the same 240 tokens"
+        two = cl.completions.create(model="", prompt=cook, max_tokens=40, temperature=0.9, seed=5, n=2)
+        assert len(two.choices) == 2 and two.choices[0].text != two.choices[1].text, two
+        got = [[] for _ in cases]
+        started = threading.Barrier(len(cases) + 1)
         errors = []
 
-        def consume(p):
+        def consume(i):
             try:
-                it = iter(cl.completions.create(stream=True, **kw(p)))
+                it = iter(cl.completions.create(stream=True, **kw(*cases[i])))
                 first = next(it)
-                got[p].append(first.choices[0].text)
+                got[i].append(first.choices[0].text)
                 started.wait(60)
                 for ch in it:
                     if ch.choices:
-                        got[p].append(ch.choices[0].text)
+                        got[i].append(ch.choices[0].text)
             except Exception as e:  # reported below
                 errors.append(e)
 
-        threads = [threading.Thread(target=consume, args=(p,)) for p in prompts]
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(cases))]
         for t in threads:
             t.start()
         started.wait(60)
         time.sleep(0.3)
         run = {d: d.metric("baton_running_sequences") or 0 for d in (d1, d2)}
         victim = max(run, key=run.get)
-        assert run[victim] > 0, run
+        # 5 streams on 2 nodes: the victim runs at least 3, so at least one of them is a sampled stream
+        assert sum(run.values()) == len(cases) and run[victim] >= 3, run
         victim.kill()
         for t in threads:
             t.join(120)
         assert not errors, errors
-        for p in prompts:
-            assert "".join(got[p]) == want[p], p
-        assert rtr.metric("baton_migrations_total") >= 1
+        for c, g, w in zip(cases, got, want):
+            assert "".join(g) == w, c
+        assert rtr.metric("baton_migrations_total") >= 3
 
 
 def test_64_concurrent_streams(client):

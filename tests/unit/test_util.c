@@ -1,19 +1,32 @@
 #include "test_util.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 int test_failures;
 int test_checks;
+static int test_skips;
 
 static char tmpdir_path[256];
 
+void test_skip(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("SKIP: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    test_skips++;
+}
+
 int test_summary(void)
 {
-    fprintf(stderr, "%d checks, %d failures\n", test_checks, test_failures);
+    fprintf(stderr, "%d checks, %d failures, %d skipped\n", test_checks, test_failures, test_skips);
     if (test_failures == 0) test_tmpdir_cleanup();
-    return test_failures ? 1 : 0;
+    return test_failures ? 1 : test_skips ? TEST_SKIPPED : 0;
 }
 
 const char *test_tmpdir(void)

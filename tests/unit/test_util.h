@@ -1,6 +1,6 @@
 /* Minimal unit-test helpers shared by every tests/unit executable.
- * CHECK records a failure and continues; REQUIRE stops the current test function.
- * A test binary's main() calls RUN(fn) for each test and returns test_summary(). */
+ * CHECK records a failure and continues; REQUIRE stops the current test function; test_skip records coverage that
+ * could not run here. A test binary's main() calls RUN(fn) for each test and returns test_summary(). */
 #ifndef BATON_TEST_UTIL_H
 #define BATON_TEST_UTIL_H
 
@@ -48,7 +48,16 @@ extern int test_checks;
         fprintf(stderr, "%s %s\n", test_failures == before_ ? "ok  " : "FAIL", #fn);        \
     } while (0)
 
-/* Prints the totals; returns the process exit code (0 when nothing failed). */
+/* Exit code of a test binary that passed but skipped part of what it covers: ctest's SKIP_RETURN_CODE for every
+ * unit test (tests/CMakeLists.txt), so the skip shows in ctest's summary instead of passing for a full run. */
+#define TEST_SKIPPED 77
+
+/* Records that part of this binary's coverage did not run here, and why: prints "SKIP: <why>" (the line the skip
+ * report quotes, tests/skip_report.py) and makes test_summary return TEST_SKIPPED unless a check failed. */
+void test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints the totals; returns the process exit code: 1 when a check failed, else TEST_SKIPPED when test_skip was
+ * called, else 0. */
 int test_summary(void);
 
 /* Creates a fresh temporary directory (removed by test_tmpdir_cleanup or left for inspection on failure).

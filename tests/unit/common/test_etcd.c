@@ -260,7 +260,9 @@ static void test_watch_and_resume(void)
 
     int64_t t0 = mono_ms();
     etcd_watch_stop(w);
-    CHECK(mono_ms() - t0 < 1000);
+    /* milliseconds when it interrupts the stream; 2 s leaves room for a loaded machine under ASan and still
+     * fails a stop that waits out the 2 s call timeout or a longer keepalive */
+    CHECK_MSG(mono_ms() - t0 < 2000, "watch stop took %lld ms", (long long)(mono_ms() - t0));
     CHECK(l.puts == 3 && l.deletes == 1);
 
     /* a watch started at an old revision replays history */
@@ -411,7 +413,8 @@ static void test_malformed_answers(void)
     int64_t t0 = mono_ms();
     CHECK(etcd_range(c, "k", NULL, &r) == BT_ERR_TIMEOUT);
     int64_t took = mono_ms() - t0;
-    CHECK_MSG(took >= 450 && took < 1500, "took %lld ms", (long long)took);
+    /* the 500 ms timeout, not the 2 s default: 1.4 s of slack for a loaded machine */
+    CHECK_MSG(took >= 450 && took < 1900, "took %lld ms", (long long)took);
     fake_http_set_hang(&f, 0);
 
     /* a 503 member fails over to the next endpoint */
@@ -519,7 +522,7 @@ static void test_tls(void)
              "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2",
              dir);
     if (system(cmd) != 0) {
-        fprintf(stderr, "openssl not usable; skipping the TLS test\n");
+        test_skip("TLS test: openssl could not make certificates");
         return;
     }
     char args[1024], ca[300], cert[300], key[300];

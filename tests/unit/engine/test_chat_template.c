@@ -152,7 +152,7 @@ static void test_on_default_model(void)
 {
     const char *path = test_default_model();
     if (!path) {
-        fprintf(stderr, "  (default model not cached: skipped)\n");
+        test_skip("test_on_default_model: default model not cached (run deploy/fetch-model.sh)");
         return;
     }
     gguf_file *f;

@@ -7,13 +7,14 @@
 
 #include "engine/cpu/cpu_kernels.h"
 #include "test_cpu_util.h"
+#include "test_isa.h"
 
 static void test_attn_ops_match_scalar(void)
 {
     uint64_t s = 61;
     const bt_cpu_ops *ref = bt_cpu_ops_get(BT_CPU_ISA_SCALAR);
     for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
         for (int rep = 0; rep < 40; rep++) {
             int64_t n = 8 * (1 + (int64_t)(test_rand_next(&s) % 32)), nk = 1 + (int64_t)(test_rand_next(&s) % 20);
@@ -80,7 +81,7 @@ static void test_expf_and_swiglu(void)
                       a[i], want);
     }
     for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
         for (int n = 1; n <= N; n += 97) {
             ops->swiglu(n, g, u, b);
@@ -168,7 +169,7 @@ static void test_attn_block(void)
             acc[isa] = calloc((size_t)(nq * n), sizeof(float));
             REQUIRE(acc[isa]);
             for (int h = 0; h < nq; h++) m[isa][h] = -INFINITY, l[isa][h] = 0;
-            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            if (isa != 0 && !test_isa_covers((bt_cpu_isa)isa)) continue; /* scalar: the reference, always */
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
             for (int b = 0; b < nblk; b++)
                 ops->attn_block(n, nq, q, 0.125f, &kc[rep0 ? 0 : b].rows, b == nblk - 1 ? nk_last : BT_CPU_ATTN_BLOCK,
@@ -234,7 +235,7 @@ static void test_rmsnorm(void)
         for (int64_t i = 0; i < n; i++)
             CHECK(fabs(a[i] - x[i] * sc * w[i]) <= 4e-7 * fabs(x[i] * sc * w[i]) + 1e-30);
         for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            if (!test_isa_covers((bt_cpu_isa)isa)) continue;
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
             memcpy(b, x, sizeof(float) * (size_t)n);
             ops->rmsnorm(n, b, w, 1e-5f, b);
@@ -247,9 +248,11 @@ static void test_rmsnorm(void)
 
 int main(void)
 {
+    if (!test_isa_begin()) return test_summary();
     RUN(test_rmsnorm);
     RUN(test_attn_ops_match_scalar);
     RUN(test_expf_and_swiglu);
     RUN(test_attn_block);
+    test_isa_report();
     return test_summary();
 }

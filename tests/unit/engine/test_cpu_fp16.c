@@ -5,6 +5,7 @@
 
 #include "engine/cpu/cpu_kernels.h"
 #include "test_cpu_util.h"
+#include "test_isa.h"
 
 static void test_fp16_known_values(void)
 {
@@ -80,7 +81,7 @@ static void test_rows_match_scalar(void)
     uint16_t *h = malloc(N * sizeof *h), *h2 = malloc(N * sizeof *h2);
     REQUIRE(f && g && h && h2 && ref);
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
-        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
         uint64_t s = 11;
         int bad = 0;
@@ -118,9 +119,11 @@ static void test_rows_match_scalar(void)
 
 int main(void)
 {
+    if (!test_isa_begin()) return test_summary();
     RUN(test_fp16_known_values);
     RUN(test_fp16_roundtrip_all);
     RUN(test_fp16_rounding_is_nearest);
     RUN(test_rows_match_scalar);
+    test_isa_report();
     return test_summary();
 }

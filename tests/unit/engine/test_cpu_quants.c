@@ -5,6 +5,7 @@
 
 #include "engine/cpu/cpu_kernels.h"
 #include "test_cpu_util.h"
+#include "test_isa.h"
 
 static void test_geometry(void)
 {
@@ -103,7 +104,7 @@ static void test_act_quant(void)
             }
         CHECK_MSG(bad == 0, "reference activation quantization off in %d places", bad);
         for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            if (!test_isa_covers((bt_cpu_isa)isa)) continue;
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
             memset(s32, 0xaa, N / 32 * sizeof *s32);
             memset(s256, 0xaa, N / 256 * sizeof *s256);
@@ -154,7 +155,7 @@ static void test_act_quant16(void)
         CHECK_MSG(bad == 0, "reference 16-bit activation quantization off in %d places", bad);
         CHECK(rep == 1 || full >= N / 32); /* every non-zero block reaches +-32767 */
         for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-            if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+            if (!test_isa_covers((bt_cpu_isa)isa)) continue;
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
             memset(s32, 0xaa, N / 32 * sizeof *s32);
             memset(s256, 0xaa, N / 256 * sizeof *s256);
@@ -285,7 +286,7 @@ static void test_simd_vs_ref(void)
 {
     uint64_t s = 23;
     for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
         for (int bi = 0; bi < 2; bi++) {
             int bits = act_bits_list[bi];
@@ -400,7 +401,7 @@ static void test_integer_parts_exact(void)
                 unit_act_scales(&c, &s);
                 float ref = bt_cpu_vec_dot_ref(t, bits, c.n, c.w, c.xa);
                 for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
-                    if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+                    if (!test_isa_covers((bt_cpu_isa)isa)) continue;
                     const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
                     float got = bt_cpu_vec_dot(ops, t, bits, c.n, c.w, c.xa);
                     CHECK_MSG(got == ref, "%s %s/%d n=%lld: %.1f vs %.1f", ops->name, bt_ggml_type_name(t), bits,
@@ -448,7 +449,7 @@ static void test_q16_extremes(void)
             for (int64_t i = 0; i < n; i++) want += fabs((double)wf[i]) * 32767.0; /* codes +-32767, d folded in */
             float d = 1.0f / 32767.0f;
             for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
-                if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+                if (!test_isa_covers((bt_cpu_isa)isa)) continue;
                 const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
                 double got = bt_cpu_vec_dot(ops, t, 16, n, w, xa);
                 double exp_ = want * d;
@@ -465,7 +466,7 @@ static void test_dot_rows_invariant(void)
 {
     uint64_t s = 31;
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
-        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
         for (int bi = 0; bi < 2; bi++) {
             int bits = act_bits_list[bi];
@@ -501,6 +502,7 @@ static void test_dot_rows_invariant(void)
 
 int main(void)
 {
+    if (!test_isa_begin()) return test_summary();
     RUN(test_geometry);
     RUN(test_dequant_known);
     RUN(test_act_quant);
@@ -510,5 +512,6 @@ int main(void)
     RUN(test_integer_parts_exact);
     RUN(test_q16_extremes);
     RUN(test_dot_rows_invariant);
+    test_isa_report();
     return test_summary();
 }

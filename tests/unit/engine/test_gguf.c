@@ -387,7 +387,7 @@ static void test_default_model_file(void)
 {
     const char *path = test_default_model();
     if (!path) {
-        fprintf(stderr, "skip: default model not cached (run `baton model fetch`)\n");
+        test_skip("test_default_model_file: default model not cached (run deploy/fetch-model.sh)");
         return;
     }
     gguf_file *f = NULL;

@@ -10,7 +10,7 @@
 static void test_parse(void)
 {
     bt_spec_config c = bt_spec_config_default();
-    CHECK(c.kind == BT_SPEC_NONE && c.k_max == 4);
+    CHECK(c.kind == BT_SPEC_NONE && c.k_max == BT_SPEC_K_DEFAULT && c.ngram_min == 2 && c.ngram_max == 4);
     CHECK(bt_spec_parse("ngram", &c) == BT_OK && c.kind == BT_SPEC_NGRAM);
     CHECK(bt_spec_parse("self:8", &c) == BT_OK && c.kind == BT_SPEC_SELF && c.self_layers == 8);
     CHECK(bt_spec_parse("draft:/m/small.gguf", &c) == BT_OK && c.kind == BT_SPEC_DRAFT &&

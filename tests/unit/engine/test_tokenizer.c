@@ -366,10 +366,10 @@ static void test_spm(void)
 
 /* ---- the default model, when cached ---- */
 
-static double now_s(void)
+static double cpu_s(void) /* CPU time of this process */
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -377,7 +377,7 @@ static void test_on_default_model(void)
 {
     const char *path = test_default_model();
     if (!path) {
-        fprintf(stderr, "  (default model not cached: skipped)\n");
+        test_skip("test_on_default_model: default model not cached (run deploy/fetch-model.sh)");
         return;
     }
     tok_tokenizer *t;
@@ -408,7 +408,9 @@ static void test_on_default_model(void)
     CHECK(jl == strlen(text) && !memcmp(joined, text, jl));
     tok_stream_free(&s);
 
-    /* 100 KB in well under a second, and a 100 KB single piece */
+    /* 100 KB in well under a second, and a 100 KB single piece: CPU time of this (single-threaded) process, so a
+     * loaded machine does not count; 0.5 s is ~15x the release build's time and ~4x ASan's, and far below the
+     * seconds a quadratic merge would take */
     size_t big = 100000;
     char *buf = malloc(big + 1);
     REQUIRE(buf);
@@ -416,17 +418,17 @@ static void test_on_default_model(void)
     size_t ul = strlen(unit);
     for (size_t i = 0; i < big; i++) buf[i] = unit[i % ul];
     ids.n = 0;
-    double t0 = now_s();
+    double t0 = cpu_s();
     CHECK(tok_encode(t, buf, big, 0, &ids) == BT_OK);
-    double dt = now_s() - t0;
-    fprintf(stderr, "  100 KB mixed text: %zu tokens in %.1f ms\n", ids.n, dt * 1e3);
+    double dt = cpu_s() - t0;
+    fprintf(stderr, "  100 KB mixed text: %zu tokens in %.1f ms of CPU\n", ids.n, dt * 1e3);
     CHECK(dt < 0.5);
     memset(buf, 'a', big);
     ids.n = 0;
-    t0 = now_s();
+    t0 = cpu_s();
     CHECK(tok_encode(t, buf, big, 0, &ids) == BT_OK);
-    dt = now_s() - t0;
-    fprintf(stderr, "  100 KB single word: %zu tokens in %.1f ms\n", ids.n, dt * 1e3);
+    dt = cpu_s() - t0;
+    fprintf(stderr, "  100 KB single word: %zu tokens in %.1f ms of CPU\n", ids.n, dt * 1e3);
     CHECK(dt < 0.5);
     CHECK(roundtrip(t, buf, big, 0));
     free(buf);

@@ -53,6 +53,11 @@ static uint8_t *random_tensor(uint32_t type, int64_t n_in, int64_t n_out, float 
             memcpy(blk, &v, 2);
             break;
         }
+        case BT_TYPE_BF16: { /* random bytes would hold NaNs and infinities */
+            uint16_t v = bt_f32_to_bf16(scale * frand(s));
+            memcpy(blk, &v, 2);
+            break;
+        }
         case BT_TYPE_Q8_0: d = bt_f32_to_fp16(scale / 127.0f * 4); memcpy(blk, &d, 2); break;
         case BT_TYPE_Q4_0: case BT_TYPE_Q5_0: memcpy(blk, &d, 2); break;
         case BT_TYPE_Q4_1: case BT_TYPE_Q5_1: memcpy(blk, &d, 2); memcpy(blk + 2, &m, 2); break;

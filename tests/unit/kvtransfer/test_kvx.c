@@ -1,5 +1,7 @@
 /* tests kvtransfer end to end with two processes on loopback: this binary re-executes itself as an "agent"
- * (the other node) driven over a socketpair. ctest runs it once with UCX_TLS=tcp and once with shared memory.
+ * (the other node) driven over a socketpair. ctest runs it over tcp (active messages), over shared memory (the
+ * mapped pool) and over shared memory with BATON_KVX_DATA_PATH=put (ucp_put_nbx, the RDMA path); each entry names
+ * the data path it must get in BATON_TEST_KVX_PATH, and the tests check that it did.
  * BATON_KVX_SOAK=N sets the soak test's transfer count (default 300). */
 #include <errno.h>
 #include <signal.h>
@@ -521,6 +523,23 @@ typedef struct cb_rec {
     bt_status st;
 } cb_rec_t;
 
+/* The data path a peer must use in this run (BATON_TEST_KVX_PATH, set by every ctest entry), else -1. */
+static int wanted_path(void)
+{
+    const char *w = getenv("BATON_TEST_KVX_PATH");
+    for (int k = KVX_PATH_MAPPED; w && k <= KVX_PATH_AM; k++)
+        if (!strcmp(w, kvx_data_path_name((kvx_data_path_t)k))) return k;
+    return -1;
+}
+
+static void check_path(const kvx_peer_t *peer)
+{
+    const char *w = getenv("BATON_TEST_KVX_PATH");
+    CHECK_MSG(w && wanted_path() >= 0, "BATON_TEST_KVX_PATH=%s: expected mapped, put or am", w ? w : "(unset)");
+    CHECK_MSG((int)kvx_peer_data_path(peer) == wanted_path(), "data path %s, this run wants %s",
+              kvx_data_path_name(kvx_peer_data_path(peer)), w ? w : "(unset)");
+}
+
 static void push_cb(kvx_push_t *push, bt_status st, void *arg)
 {
     cb_rec_t *r = arg;
@@ -536,11 +555,13 @@ static void test_bitexact(void)
     REQUIRE(agent_init(&a, &DST_L, 22) == 0);
     kvx_peer_t *peer = NULL;
     REQUIRE(kvx_peer_get(s.ctx, 1, a.desc, a.desc_len, &peer) == BT_OK);
+    check_path(peer);
+    fprintf(stderr, "  data path: %s\n", kvx_data_path_name(kvx_peer_data_path(peer)));
     kvx_peer_t *again = NULL;
     CHECK(kvx_peer_get(s.ctx, 1, a.desc, a.desc_len, &again) == BT_OK && again == peer); /* cached */
     kvx_peer_release(again);
 
-    uint64_t seed = 1234;
+    uint64_t seed = 1234, ranges = 0;
     uint32_t src[40], dst[40];
     size_t total_src_blocks = 0, all_src[96 * 8], all_dst[96 * 8];
     uint8_t dst_used[96] = {0};
@@ -575,6 +596,7 @@ static void test_bitexact(void)
         kvx_push_t *push = NULL;
         REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
         size_t runs = count_runs(src, dst, n);
+        ranges += runs * SRC_L.n_layers;
         CHECK(kvx_push_plan(push)->n_runs == runs);
         if (contiguous) CHECK(runs == 1);
         /* Layers in a shuffled order, as a pipelined prefill might finish them. */
@@ -606,6 +628,11 @@ static void test_bitexact(void)
     CHECK(verify_agent_pool(&a, s.pool, s32, d32, total_src_blocks) == 0);
     kvx_stats_t st = agent_stats(&a);
     CHECK(st.expects_ok == 8 && st.expects_failed == 0 && st.crc_mismatches == 0);
+    /* the receiver's side of the path: data messages only on the AM path, one per range */
+    uint64_t want_am = kvx_peer_data_path(peer) == KVX_PATH_AM ? ranges : 0;
+    CHECK_MSG(st.am_data_received == want_am, "%s path: receiver got %llu data messages, want %llu",
+              kvx_data_path_name(kvx_peer_data_path(peer)), (unsigned long long)st.am_data_received,
+              (unsigned long long)want_am);
     kvx_peer_release(peer);
     agent_close(&a);
     sender_free(&s);
@@ -745,6 +772,7 @@ static void test_deadline_and_cancel(void)
     REQUIRE(agent_init(&a, &DST_L, 20) == 0);
     kvx_peer_t *peer = NULL;
     REQUIRE(kvx_peer_get(s.ctx, 8, a.desc, a.desc_len, &peer) == BT_OK);
+    check_path(peer);
     uint32_t blocks[6] = {1, 2, 3, 4, 5, 6};
     uint64_t e = agent_expect(&a, blocks, 6, 0, 0, 10000, NULL, 0, NULL);
     REQUIRE(e != 0);
@@ -855,6 +883,7 @@ static void test_receiver_killed(void)
     REQUIRE(agent_init(&a, &big, 6) == 0);
     kvx_peer_t *peer = NULL;
     REQUIRE(kvx_peer_get(s.ctx, 42, a.desc, a.desc_len, &peer) == BT_OK);
+    check_path(peer);
     uint32_t blocks[48];
     for (uint32_t i = 0; i < 48; i++) blocks[i] = i;
     uint64_t e = agent_expect(&a, blocks, 48, 0, 0, 10000, NULL, 0, NULL);
@@ -991,6 +1020,7 @@ static void test_soak(void)
     for (int i = 0; i < count; i++) {
         kvx_peer_t *peer = NULL;
         REQUIRE(kvx_peer_get(s.ctx, 5, a.desc, a.desc_len, &peer) == BT_OK);
+        check_path(peer);
         uint32_t src[16], dst[16];
         size_t n = 1 + test_rand_next(&seed) % 16;
         pick_blocks(&seed, src, n, SRC_L.n_blocks, i % 2);

@@ -199,7 +199,7 @@ int main(void)
 {
     const char *path = test_default_model();
     if (!path) {
-        fprintf(stderr, "  (default model not cached: skipped)\n");
+        test_skip("every gRPC parse test: default model not cached (run deploy/fetch-model.sh)");
         return test_summary();
     }
     if (rtr_model_load(path, 0, &model) != BT_OK) {

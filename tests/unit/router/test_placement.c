@@ -200,7 +200,7 @@ static void test_model_kv_bytes(void)
 {
     const char *path = test_default_model();
     if (!path) {
-        fprintf(stderr, "skip: default model not cached\n");
+        test_skip("test_model_kv_bytes: default model not cached (run deploy/fetch-model.sh)");
         return;
     }
     rtr_model_t m;

@@ -131,7 +131,7 @@ int main(void)
     RUN(test_utf8_sanitize);
     const char *path = test_default_model();
     if (!path) {
-        fprintf(stderr, "  (default model not cached: tokenizer tests skipped)\n");
+        test_skip("tokenizer tests: default model not cached (run deploy/fetch-model.sh)");
         return test_summary();
     }
     if (tok_load(path, &tok) != BT_OK) {
