@@ -91,6 +91,7 @@ struct bt_sched {
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
     bt_spec_stats spec_global; /* every verification's outcome: where new sequences' estimates start */
     int32_t spec_idle_steps;   /* steps with sequences to draft for and no drafts (the proposer-wide probe) */
+    int32_t spec_n_open;       /* running requests with an open proposer state */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
@@ -125,10 +126,20 @@ bt_req_params bt_req_params_default(void)
     return p;
 }
 
+/* Closes r's proposer state (a draft model's KV goes back to its pool); r may open a new one later. */
+static void spec_close(bt_sched *s, sreq *r)
+{
+    if (r->spec_open != 1) return;
+    s->cfg.proposer->ops->seq_close(s->cfg.proposer, r->spec_state);
+    r->spec_state = NULL;
+    r->spec_open = 0;
+    s->spec_n_open--;
+}
+
 static void req_free(bt_sched *s, sreq *r)
 {
     if (!r) return;
-    if (r->spec_open == 1) s->cfg.proposer->ops->seq_close(s->cfg.proposer, r->spec_state);
+    spec_close(s, r);
     bt_sampler_seq_free(r->sampler);
     free(r->tokens);
     free(r);
@@ -281,11 +292,7 @@ static void requeue(bt_sched *s, sreq *r)
 {
     bt_bm_seq_free(s->bm, r->seq);
     r->seq = -1;
-    if (r->spec_open == 1) { /* a draft model's KV too: a waiting request holds no memory a running one could use */
-        s->cfg.proposer->ops->seq_close(s->cfg.proposer, r->spec_state);
-        r->spec_state = NULL;
-        r->spec_open = 0;
-    }
+    spec_close(s, r); /* a draft model's KV too: a waiting request holds no memory a running one could use */
     for (int32_t i = 0; i < s->n_running; i++)
         if (s->running[i] == r) {
             memmove(&s->running[i], &s->running[i + 1], sizeof(sreq *) * (size_t)(s->n_running - i - 1));
@@ -730,24 +737,25 @@ static int32_t draft_room(const bt_sched *s, const sreq *r)
 }
 
 #define SPEC_GLOBAL_PROBE 256 /* steps without any draft before one sequence probes for all (~0.4% of steps) */
+#define SPEC_EXPLORE 8        /* verifications before more than one sequence at a time tries a draft model */
 
 /* The cost threshold of drafting in this step (bt_spec_threshold) from the decode-step fit, the rows and decoding
- * sequences placed so far, and the proposer's cost of a drafting round (*round). */
-static double draft_threshold(const bt_sched *s, bt_proposer *pr, double *round)
+ * sequences placed so far, and the proposer's cost of a drafting round. */
+static double draft_threshold(const bt_sched *s, bt_proposer *pr)
 {
     int32_t n_decode = 0, rows = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         rows += s->running[i]->feed_n > 0 ? s->running[i]->feed_n : 0;
         n_decode += is_plain_decode(s->running[i]);
     }
-    *round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
+    double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
     /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
-    return bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, *round, n_decode, rows);
+    return bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
 }
 
 /* How many drafts r asks for this step, or -1 when r cannot draft at all now (not a plain decode, opted out, no
  * room before its limit). *global_probe: the proposer-wide probe is due; cleared when r takes it. */
-static int32_t draft_k(bt_sched *s, sreq *r, double thr, double round, int *global_probe)
+static int32_t draft_k(bt_sched *s, sreq *r, double thr, int *global_probe)
 {
     if (!is_plain_decode(r) || r->p.no_spec || r->spec_open < 0) return -1;
     int32_t k_max = draft_room(s, r);
@@ -758,9 +766,13 @@ static int32_t draft_k(bt_sched *s, sreq *r, double thr, double round, int *glob
         bt_spec_stats_init_from(&r->spec, &s->spec_global);
         r->spec_seeded = 1;
     }
-    /* a probe is one row with a free proposer, but a whole catch-up for a draft model that has not seen the
-     * sequence: those probe only proposer-wide, one sequence after SPEC_GLOBAL_PROBE idle steps */
-    int32_t k = bt_spec_choose_k(&r->spec, k_max, thr, round <= 0 || r->spec_open == 1);
+    /* A draft model first catches up on a sequence it has not seen (its whole prompt): until the proposer has shown
+     * what it is worth (SPEC_EXPLORE verifications), one sequence at a time explores it; and a probe is one row
+     * with a free proposer but a catch-up with a draft model, which then probes only proposer-wide, one sequence
+     * after SPEC_GLOBAL_PROBE idle steps. */
+    int costly = s->cfg.proposer->ops->round_cost != NULL;
+    if (costly && r->spec_open == 0 && s->st.spec_verifications < SPEC_EXPLORE && s->spec_n_open > 0) return 0;
+    int32_t k = bt_spec_choose_k(&r->spec, k_max, thr, !costly || r->spec_open == 1);
     if (k == 0 && *global_probe) {
         k = 1;
         *global_probe = 0;
@@ -772,13 +784,13 @@ static int32_t draft_k(bt_sched *s, sreq *r, double thr, double round, int *glob
  * the mean acceptance estimate and k of the sequences that could draft (bench output explains k with them). */
 static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
 {
-    double round, thr = draft_threshold(s, pr, &round);
+    double thr = draft_threshold(s, pr);
     int global_probe = s->spec_idle_steps >= SPEC_GLOBAL_PROBE && thr < 0.5;
     int32_t ni = 0, n_considered = 0;
     double alpha_sum = 0, k_sum = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
-        int32_t k = draft_k(s, r, thr, round, &global_probe);
+        int32_t k = draft_k(s, r, thr, &global_probe);
         if (k < 0) continue;
         n_considered++;
         alpha_sum += bt_spec_alpha(&r->spec);
@@ -787,6 +799,7 @@ static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
         if (r->spec_open == 0) {
             r->spec_open = pr->ops->seq_open(pr, &r->spec_state) == BT_OK ? 1 : -1;
             if (r->spec_open < 0) continue;
+            s->spec_n_open++;
         }
         s->b_items[ni] = (bt_spec_item){.state = r->spec_state, .tokens = r->tokens, .n_tokens = r->n_tokens,
                                         .sampler = r->sampler, .k = k};

@@ -28,8 +28,8 @@ const char *bt_spec_kind_name(bt_spec_kind k)
 
 bt_status bt_spec_parse(const char *text, bt_spec_config *c)
 {
-    static const char forms[] = "none, ngram, draft:PATH (a GGUF sharing the model's vocabulary) or self:L "
-                                "(the model's first L layers)";
+    static const char forms[] = "none, ngram, ngram:MIN-MAX (n-gram lengths, 1..8), draft:PATH (a GGUF sharing the "
+                                "model's vocabulary) or self:L (the model's first L layers)";
     if (!text) return bt_fail(BT_ERR_INVALID, "--spec needs a value: %s", forms);
     if (!strcmp(text, "none")) {
         c->kind = BT_SPEC_NONE;
@@ -37,6 +37,17 @@ bt_status bt_spec_parse(const char *text, bt_spec_config *c)
     }
     if (!strcmp(text, "ngram")) {
         c->kind = BT_SPEC_NGRAM;
+        return BT_OK;
+    }
+    if (!strncmp(text, "ngram:", 6)) {
+        char *end = NULL, *end2 = NULL;
+        long lo = strtol(text + 6, &end, 10), hi = *end == '-' ? strtol(end + 1, &end2, 10) : -1;
+        if (end == text + 6 || *end != '-' || end2 == end + 1 || !end2 || *end2 || lo < 1 || hi < lo || hi > 8)
+            return bt_fail(BT_ERR_INVALID, "--spec '%s': ngram:MIN-MAX wants 1 <= MIN <= MAX <= 8, e.g. ngram:2-4",
+                           text);
+        c->kind = BT_SPEC_NGRAM;
+        c->ngram_min = (int32_t)lo;
+        c->ngram_max = (int32_t)hi;
         return BT_OK;
     }
     if (!strncmp(text, "draft:", 6)) {

@@ -48,7 +48,8 @@ typedef struct bt_spec_config {
 /* Defaults: none, k_max BT_SPEC_K_DEFAULT, n-grams 2..4. Can't fail. */
 bt_spec_config bt_spec_config_default(void);
 
-/* Parses a --spec value into c (other fields kept): "none", "ngram", "draft:PATH", "self:L" (L >= 1).
+/* Parses a --spec value into c (other fields kept): "none", "ngram", "ngram:MIN-MAX" (n-gram lengths), "draft:PATH",
+ * "self:L" (L >= 1).
  * BT_ERR_INVALID with a message that quotes the value and lists the accepted forms. */
 bt_status bt_spec_parse(const char *text, bt_spec_config *c);
 

@@ -51,7 +51,7 @@ typedef struct bs_track {
 static void bs_usage(FILE *out)
 {
     fprintf(out,
-            "usage: baton bench --spec none|ngram|draft:PATH|self:L [--workload FILE] [--concurrency N[,N...]]\n"
+            "usage: baton bench --spec ngram[:MIN-MAX]|draft:PATH|self:L [--workload FILE] [--concurrency N[,N...]]\n"
             "                   [--decode-tokens N] [--reps N] [--spec-k-max N] [--spec-fixed-k] [--temperature T --seed S]\n"
             "                   [--threads N] [--model PATH] [--json FILE]\n"
             "Runs every prompt of the workload (JSON lines {\"name\", \"chat\"} or {\"name\", \"prompt\"}; default\n"

@@ -40,7 +40,7 @@ static void generate_usage(FILE *out)
             "  --threads N           compute threads (default: all CPUs)\n"
             "  --ctx N               context length (default: the model's, at most 8192)\n"
             "  --kv-dtype D          KV cache element type: f16 (default), f32, int8\n"
-            "  --spec S              speculative decoding: none (default), ngram, draft:PATH, self:L; the output\n"
+            "  --spec S              speculative decoding: none (default), ngram[:MIN-MAX], draft:PATH, self:L; the output\n"
             "                        is the same token for token, only the speed differs\n"
             "  --spec-k-max N        most draft tokens per step, 1..16 (default 8)\n"
             "  --spec-fixed-k        always draft k-max tokens (no adaptive k): what drafting costs, for tests\n"

@@ -12,11 +12,13 @@ static void test_parse(void)
     bt_spec_config c = bt_spec_config_default();
     CHECK(c.kind == BT_SPEC_NONE && c.k_max == BT_SPEC_K_DEFAULT && c.ngram_min == 2 && c.ngram_max == 4);
     CHECK(bt_spec_parse("ngram", &c) == BT_OK && c.kind == BT_SPEC_NGRAM);
+    CHECK(bt_spec_parse("ngram:3-6", &c) == BT_OK && c.kind == BT_SPEC_NGRAM && c.ngram_min == 3 && c.ngram_max == 6);
     CHECK(bt_spec_parse("self:8", &c) == BT_OK && c.kind == BT_SPEC_SELF && c.self_layers == 8);
     CHECK(bt_spec_parse("draft:/m/small.gguf", &c) == BT_OK && c.kind == BT_SPEC_DRAFT &&
           !strcmp(c.draft_path, "/m/small.gguf"));
     CHECK(bt_spec_parse("none", &c) == BT_OK && c.kind == BT_SPEC_NONE);
-    const char *bad[] = {"", "ngrams", "self:", "self:0", "self:3x", "draft:", "eagle", NULL};
+    const char *bad[] = {"", "ngrams", "self:", "self:0", "self:3x", "draft:", "eagle", "ngram:", "ngram:3",
+                         "ngram:0-2", "ngram:4-2", "ngram:2-9", "ngram:2-4x", "ngram:-4", NULL};
     for (int i = 0; bad[i]; i++) {
         CHECK_MSG(bt_spec_parse(bad[i], &c) == BT_ERR_INVALID, "'%s' accepted", bad[i]);
         CHECK(strstr(bt_last_error(), "--spec") != NULL);
