@@ -1,7 +1,12 @@
 /* The compute backend interface (DESIGN 4.2): a table of function pointers plus a context. The forward pass
  * (engine/forward.c) is written once against it; `cpu` is the first implementation, `cuda` follows.
  * Tensors are plain pointers into memory the backend can address (host memory for cpu); shapes are documented
- * at each slot. Every op must be batch-invariant: a row's result may not depend on the other rows. */
+ * at each slot. Every op must be batch-invariant: a row's result may not depend on the other rows.
+ *
+ * Threads: the ops of one backend are called from one thread at a time (the engine thread); a backend spreads an op
+ * over its own threads, and run_lanes is the only way to run ops of one backend concurrently. Weights (bt_weight.data)
+ * must stay at a fixed address and unchanged while a backend uses them: backends may keep derived copies keyed by
+ * the pointer (the CPU backend's packed layouts). The CPU backend's constructor lives in engine/backend_cpu.h. */
 #ifndef BATON_ENGINE_BACKEND_H
 #define BATON_ENGINE_BACKEND_H
 
@@ -78,17 +83,6 @@ struct bt_backend {
     const bt_backend_ops *ops;
     void *ctx;
 };
-
-/* Creates the CPU backend with n_threads threads (0 = one per online CPU). The ISA comes from BATON_CPU_ISA or the
- * best this CPU has; activations of quantized matmuls are 16-bit unless BATON_ACT_BITS=8.
- * Errors: BT_ERR_INVALID / BT_ERR_UNSUPPORTED (bad BATON_CPU_ISA or BATON_ACT_BITS), BT_ERR_NOMEM. */
-bt_status bt_backend_cpu_create(int n_threads, bt_backend **out);
-
-/* Name of the CPU kernel ISA in use ("avx512", "avx2", "scalar"); be must be a cpu backend. */
-const char *bt_backend_cpu_isa(const bt_backend *be);
-int bt_backend_cpu_threads(const bt_backend *be);
-/* Activation precision of quantized matmuls: 16 (default) or 8 (BATON_ACT_BITS=8). */
-int bt_backend_cpu_act_bits(const bt_backend *be);
 
 /* Destroys any backend; NULL allowed. */
 static inline void bt_backend_destroy(bt_backend *be)

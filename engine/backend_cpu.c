@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_hostmem.h"
 #include "engine/cpu/cpu_kernels.h"

@@ -44,15 +44,15 @@ enum { REMOTE_NONE = 0, REMOTE_PENDING = 1, REMOTE_ENDED = 2 };
 /* Requests from other threads, applied by the engine thread in arrival order. */
 typedef enum ctl_kind { CTL_ABORT, CTL_REMOTE_DONE, CTL_RELEASE } ctl_kind;
 
-typedef struct abort_item {
+typedef struct ctl_item {
     ctl_kind kind;
     uint64_t id;
     bt_status st;      /* CTL_REMOTE_DONE */
     int32_t token;
     int has_so;
     bt_sample_out so;
-    struct abort_item *next;
-} abort_item;
+    struct ctl_item *next;
+} ctl_item;
 
 /* Blocks kept after a request's last event: a hold_kv request's (its transfer may still read them) or a request's
  * that ended while a remote prefill could still write into them. */
@@ -103,7 +103,7 @@ struct bt_sched {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     sreq *inbox, *inbox_tail;
-    abort_item *aborts, *aborts_tail;
+    ctl_item *ctl, *ctl_tail; /* control messages: aborts, remote prefill ends, KV releases */
     uint64_t next_id;
     bt_sched_stats snap;
     int thread_running, stop;
@@ -160,10 +160,10 @@ static int grow(void **arr, int32_t *cap, int32_t need, size_t elem)
 bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_config *cfg_in, bt_sched **out)
 {
     bt_sched_config cfg = *cfg_in;
-    if (!cfg.kv_mem) cfg.kv_mem = (size_t)256 << 20;
-    if (!cfg.max_batch_tokens) cfg.max_batch_tokens = 512;
-    if (!cfg.max_running) cfg.max_running = 256;
-    if (!cfg.max_context) cfg.max_context = m->hp.n_ctx_train < 8192 ? m->hp.n_ctx_train : 8192;
+    if (!cfg.kv_mem) cfg.kv_mem = BT_SCHED_DEFAULT_KV_MEM;
+    if (!cfg.max_batch_tokens) cfg.max_batch_tokens = BT_SCHED_DEFAULT_BATCH_TOKENS;
+    if (!cfg.max_running) cfg.max_running = BT_SCHED_DEFAULT_MAX_RUNNING;
+    if (!cfg.max_context) cfg.max_context = bt_sched_default_context(m);
     if (!cfg.spec_k_max) cfg.spec_k_max = BT_SPEC_K_DEFAULT;
     if (cfg.spec_k_max < 1 || cfg.spec_k_max > BT_SPEC_K_LIMIT)
         return bt_fail(BT_ERR_INVALID, "speculative k_max %d outside 1..%d", cfg.spec_k_max, BT_SPEC_K_LIMIT);
@@ -324,7 +324,7 @@ void bt_sched_destroy(bt_sched *s)
         emit_end(r, BT_END_ABORT, BT_OK);
         req_free(s, r);
     }
-    for (abort_item *a = s->aborts, *n; a; a = n) {
+    for (ctl_item *a = s->ctl, *n; a; a = n) {
         n = a->next;
         free(a);
     }
@@ -406,20 +406,20 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     return BT_OK;
 }
 
-static void ctl_post(bt_sched *s, abort_item *a)
+static void ctl_post(bt_sched *s, ctl_item *a)
 {
     a->next = NULL;
     pthread_mutex_lock(&s->mu);
-    if (s->aborts_tail) s->aborts_tail->next = a;
-    else s->aborts = a;
-    s->aborts_tail = a;
+    if (s->ctl_tail) s->ctl_tail->next = a;
+    else s->ctl = a;
+    s->ctl_tail = a;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
 
 void bt_sched_abort(bt_sched *s, uint64_t req_id)
 {
-    abort_item *a = calloc(1, sizeof *a);
+    ctl_item *a = calloc(1, sizeof *a);
     if (!a) return; /* the request then simply runs to completion */
     a->kind = CTL_ABORT;
     a->id = req_id;
@@ -428,7 +428,7 @@ void bt_sched_abort(bt_sched *s, uint64_t req_id)
 
 void bt_sched_remote_done(bt_sched *s, uint64_t req_id, bt_status st, int32_t token, const bt_sample_out *so)
 {
-    abort_item *a = calloc(1, sizeof *a);
+    ctl_item *a = calloc(1, sizeof *a);
     if (!a) {
         /* cannot happen in practice; without the item the request would wait for its deadline */
         BT_ERROR("sched", "out of memory ending the remote prefill of request %llu", (unsigned long long)req_id);
@@ -447,7 +447,7 @@ void bt_sched_remote_done(bt_sched *s, uint64_t req_id, bt_status st, int32_t to
 
 void bt_sched_release_kv(bt_sched *s, uint64_t req_id)
 {
-    abort_item *a = calloc(1, sizeof *a);
+    ctl_item *a = calloc(1, sizeof *a);
     if (!a) {
         BT_ERROR("sched", "out of memory releasing the KV blocks of request %llu", (unsigned long long)req_id);
         return;
@@ -492,7 +492,7 @@ static int accept_token(bt_sched *s, sreq *r, int32_t tok, const bt_sample_out *
 /* A remote prefill ended: on success the prompt's KV is in r's blocks and a->token is its first token; otherwise r
  * computes its prompt here, from the end of its prefix-cache hit (the blocks a failed transfer may have touched
  * are simply overwritten). */
-static void remote_end(bt_sched *s, sreq *r, const abort_item *a)
+static void remote_end(bt_sched *s, sreq *r, const ctl_item *a)
 {
     r->remote = REMOTE_ENDED;
     s->n_remote_pending--;
@@ -506,14 +506,15 @@ static void remote_end(bt_sched *s, sreq *r, const abort_item *a)
              bt_status_str(a->st));
 }
 
-/* Moves the inbox into the waiting list and applies aborts. */
+/* Moves the inbox into the waiting list and applies the control messages (aborts, remote prefill ends, KV
+ * releases) in arrival order. */
 static void drain_inbox(bt_sched *s)
 {
     pthread_mutex_lock(&s->mu);
     sreq *in = s->inbox;
-    abort_item *ab = s->aborts;
+    ctl_item *ab = s->ctl;
     s->inbox = s->inbox_tail = NULL;
-    s->aborts = s->aborts_tail = NULL;
+    s->ctl = s->ctl_tail = NULL;
     pthread_mutex_unlock(&s->mu);
     for (sreq *r = in, *n; r; r = n) {
         n = r->next;
@@ -523,7 +524,7 @@ static void drain_inbox(bt_sched *s)
             req_free(s, r);
         }
     }
-    for (abort_item *a = ab, *n; a; a = n) {
+    for (ctl_item *a = ab, *n; a; a = n) {
         n = a->next;
         sreq *r = find_req(s, a->id);
         switch (a->kind) {
@@ -1015,7 +1016,7 @@ int bt_sched_step(bt_sched *s)
 int bt_sched_idle(bt_sched *s)
 {
     pthread_mutex_lock(&s->mu);
-    int empty = !s->inbox && !s->aborts;
+    int empty = !s->inbox && !s->ctl;
     pthread_mutex_unlock(&s->mu);
     return empty && s->n_waiting == 0 && s->n_running == 0;
 }
@@ -1031,7 +1032,7 @@ static void *engine_main(void *arg)
     bt_sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->inbox && !s->aborts && !has_work(s)) pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stop && !s->inbox && !s->ctl && !has_work(s)) pthread_cond_wait(&s->cv, &s->mu);
         int stop = s->stop;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;

@@ -21,8 +21,20 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 
+/* The scheduler's defaults, used wherever a caller leaves a setting at 0 (nodes, CLI, benchmarks). */
+#define BT_SCHED_DEFAULT_KV_MEM ((size_t)256 << 20)
+#define BT_SCHED_DEFAULT_BATCH_TOKENS 512
+#define BT_SCHED_DEFAULT_MAX_RUNNING 256
+#define BT_SCHED_MAX_CONTEXT 8192 /* default context: the model's, at most this */
+
+/* The default context for m: its training context, at most BT_SCHED_MAX_CONTEXT. */
+static inline int32_t bt_sched_default_context(const bt_model *m)
+{
+    return m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < BT_SCHED_MAX_CONTEXT ? m->hp.n_ctx_train : BT_SCHED_MAX_CONTEXT;
+}
+
 typedef struct bt_sched_config {
-    size_t kv_mem;             /* bytes for the KV pool (default 256 MiB) */
+    size_t kv_mem;             /* bytes for the KV pool (default BT_SCHED_DEFAULT_KV_MEM, 256 MiB) */
     void *kv_memory;           /* optional: the pool lives in these kv_mem bytes (memory registered with UCX);
                                 * the caller keeps ownership and frees it after bt_sched_destroy */
     bt_kv_dtype kv_dtype;      /* default f16 */

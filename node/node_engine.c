@@ -1,6 +1,7 @@
 #include "node/node_engine.h"
 
 #include "common/log.h"
+#include "engine/backend_cpu.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -63,11 +64,10 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     }
     snprintf(ne->fingerprint, sizeof ne->fingerprint, "%016" PRIx64, ne->m->fingerprint);
     ne->n_vocab = ne->m->hp.n_vocab;
-    ne->max_context = ne->m->hp.n_ctx_train > 0 && ne->m->hp.n_ctx_train < BT_NE_MAX_CONTEXT ? ne->m->hp.n_ctx_train
-                                                                                            : BT_NE_MAX_CONTEXT;
+    ne->max_context = bt_sched_default_context(ne->m);
     size_t stride = bt_kv_block_stride(&ne->m->hp, BT_KV_F16);
     ne->kv_block_bytes = stride * (size_t)ne->m->hp.n_layer;
-    size_t kv_mem = cfg->kv_mem ? cfg->kv_mem : BT_NE_DEFAULT_KV_MEM;
+    size_t kv_mem = cfg->kv_mem ? cfg->kv_mem : BT_SCHED_DEFAULT_KV_MEM;
     size_t n_blocks = kv_mem / ne->kv_block_bytes;
     if (n_blocks < 1 || n_blocks > KVX_MAX_BLOCKS * 64u) {
         st = bt_fail(BT_ERR_INVALID, "--kv-mem %zu bytes holds %zu KV blocks of %s (%zu bytes each)", kv_mem, n_blocks,
@@ -81,8 +81,8 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
                 n_blocks * BT_KV_BLOCK, kv_mem >> 20, ne->max_context);
         ne->max_context = (int32_t)(n_blocks * BT_KV_BLOCK);
     }
-    ne->max_running = cfg->max_running > 0 ? cfg->max_running : 256;
-    ne->max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens : 512;
+    ne->max_running = cfg->max_running > 0 ? cfg->max_running : BT_SCHED_DEFAULT_MAX_RUNNING;
+    ne->max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens : BT_SCHED_DEFAULT_BATCH_TOKENS;
     ne->layout = (kvx_layout_t){.n_layers = (uint32_t)ne->m->hp.n_layer, .n_blocks = (uint32_t)n_blocks,
                                 .block_stride = stride, .fingerprint = layout_fingerprint(ne->m, BT_KV_F16)};
     void *kv_memory = NULL;

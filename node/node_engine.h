@@ -18,15 +18,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BT_NE_MAX_CONTEXT 8192
-#define BT_NE_DEFAULT_KV_MEM ((size_t)256 << 20)
 #define BT_NE_MAX_EOG 16
 
 typedef struct bt_ne_config {
     const char *model_path;   /* GGUF file; required */
     const char *name;         /* "decode" / "prefill": logs and the UCX worker name */
     int threads;              /* compute threads, 0 = all CPUs */
-    size_t kv_mem;            /* KV pool bytes, 0 = BT_NE_DEFAULT_KV_MEM */
+    size_t kv_mem;            /* KV pool bytes, 0 = BT_SCHED_DEFAULT_KV_MEM */
     int32_t max_batch_tokens; /* 0 = 512 */
     int32_t max_running;      /* 0 = 256 */
     int disable_kvx;          /* 1: no kvtransfer (plain memory pool, no remote prefill) */

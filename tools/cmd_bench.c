@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/paths.h"
+#include "engine/backend_cpu.h"
 #include "engine/cpu/cpu_hostmem.h"
 #include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/cpu_pool.h"
@@ -90,7 +91,7 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen,
     cfg.kv_dtype = dtype;
     cfg.kv_mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer *
                  (size_t)(n * ((plen + gen) / BT_KV_BLOCK + 2));
-    cfg.max_batch_tokens = 512;
+    cfg.max_batch_tokens = BT_SCHED_DEFAULT_BATCH_TOKENS;
     cfg.disable_prefix_cache = 1; /* distinct work per request, as distinct prompts would be */
     bt_sched *s;
     if (bt_sched_create(m, be, &cfg, &s)) return -1;
@@ -152,7 +153,7 @@ static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int
 {
     bt_sched_config cfg = {0};
     cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)(2 * (shared + 64) / 16);
-    cfg.max_batch_tokens = 512;
+    cfg.max_batch_tokens = BT_SCHED_DEFAULT_BATCH_TOKENS;
     bt_sched *s;
     if (bt_sched_create(m, be, &cfg, &s)) return -1;
     int32_t n = shared + 32;

@@ -10,6 +10,7 @@
 
 #include "common/paths.h"
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 #include "engine/chat_template.h"
 #include "engine/scheduler.h"
 #include "engine/spec.h"

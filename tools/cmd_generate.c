@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common/paths.h"
+#include "engine/backend_cpu.h"
 #include "engine/chat_template.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -258,7 +259,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "baton generate: the prompt is empty\n");
         goto out;
     }
-    long ctx = o.ctx ? o.ctx : (m->hp.n_ctx_train < 8192 ? m->hp.n_ctx_train : 8192);
+    long ctx = o.ctx ? o.ctx : bt_sched_default_context(m);
     if ((long)ids.n + o.max_tokens > ctx) {
         fprintf(stderr,
                 "baton generate: prompt of %zu tokens + max_tokens %ld exceeds the context of %ld tokens "

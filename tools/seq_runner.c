@@ -1,5 +1,7 @@
 #include "tools/seq_runner.h"
 
+#include "engine/backend_cpu.h"
+
 #include <stdlib.h>
 #include <string.h>
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/kv_pool.h"
 #include "test_util.h"

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 #include "engine/forward.h"
 #include "engine/ggml_type.h"
 #include "engine/kv_pool.h"

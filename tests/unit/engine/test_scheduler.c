@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
 #include "test_util.h"
