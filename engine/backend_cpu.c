@@ -10,8 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
 #include "engine/backend_cpu.h"
+
+#include "common/env.h"
+#include "engine/backend.h"
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_hostmem.h"
 #include "engine/cpu/cpu_kernels.h"
@@ -754,16 +756,6 @@ static const bt_backend_ops cpu_ops = {
 
 /* *out = the number in environment variable name, which must be one of a and b when set and non-empty; def when
  * unset or empty. BT_ERR_INVALID otherwise. */
-static bt_status env_choice(const char *name, const char *a, const char *b, int def, int *out)
-{
-    const char *v = getenv(name);
-    *out = def;
-    if (!v || !*v) return BT_OK;
-    if (strcmp(v, a) && strcmp(v, b)) return bt_fail(BT_ERR_INVALID, "%s must be %s or %s, not '%s'", name, a, b, v);
-    *out = atoi(v);
-    return BT_OK;
-}
-
 bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
 {
     bt_cpu_isa isa;
@@ -784,13 +776,16 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
     /* BATON_ACT_BITS=8 trades accuracy for speed: 8-bit activations flip near-tied greedy tokens on small models;
      * BATON_CPU_REPACK=0 keeps every weight in its GGUF layout (no extra memory, slower batched matmuls);
      * BATON_CPU_LANES=0: decode steps never split over lanes (every op forks over the pool instead) */
-    if ((st = env_choice("BATON_ACT_BITS", "8", "16", 16, &c->act_bits)) ||
-        (st = env_choice("BATON_CPU_REPACK", "0", "1", 1, &c->repack)) ||
-        (st = env_choice("BATON_CPU_LANES", "0", "1", 1, &c->lanes_on))) {
+    static const char *const bits[] = {"8", "16"}, *const off_on[] = {"0", "1"};
+    int wide = 1;
+    if ((st = bt_env_choice("BATON_ACT_BITS", bits, 2, 1, &wide)) ||
+        (st = bt_env_choice("BATON_CPU_REPACK", off_on, 2, 1, &c->repack)) ||
+        (st = bt_env_choice("BATON_CPU_LANES", off_on, 2, 1, &c->lanes_on))) {
         free(be);
         free(c);
         return st;
     }
+    c->act_bits = wide ? 16 : 8;
     if ((st = bt_pool_create(n_threads, &c->pool))) {
         free(be);
         free(c);

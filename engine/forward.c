@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/env.h"
 #include "common/log.h"
 
 /* BATON_PROFILE=1: wall time per op kind, summed separately over decode-only steps (one new token per sequence)
@@ -114,8 +115,12 @@ bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_token
     fw->m = m;
     fw->be = be;
     fw->max_tokens = max_tokens;
-    const char *pe = getenv("BATON_PROFILE");
-    fw->profile = pe && *pe && strcmp(pe, "0") != 0;
+    static const char *const off_on[] = {"0", "1"};
+    bt_status st = bt_env_choice("BATON_PROFILE", off_on, 2, 0, &fw->profile);
+    if (st) {
+        free(fw);
+        return st;
+    }
     const bt_hparams *hp = &m->hp;
     size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd;
     size_t Q = (size_t)hp->n_head * (size_t)hp->head_dim, KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "kvtransfer/kvx_internal.h"
 
@@ -175,11 +176,13 @@ bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out
     snprintf(ctx->name, sizeof ctx->name, "%s", opts && opts->name ? opts->name : "kvx");
     ctx->keepalive_ms = opts && opts->keepalive_ms ? opts->keepalive_ms : 200;
     ctx->data_path = opts ? opts->data_path : KVX_PATH_AUTO;
-    const char *dp = getenv("BATON_KVX_DATA_PATH");
-    if (dp && ctx->data_path == KVX_PATH_AUTO) {
-        for (int k = KVX_PATH_AUTO; k <= KVX_PATH_AM; k++)
-            if (!strcmp(dp, kvx_data_path_name((kvx_data_path_t)k))) ctx->data_path = (kvx_data_path_t)k;
+    static const char *const paths[] = {"auto", "mapped", "put", "am"}; /* kvx_data_path_t order */
+    int dp = KVX_PATH_AUTO;
+    if ((st = bt_env_choice("BATON_KVX_DATA_PATH", paths, 4, KVX_PATH_AUTO, &dp))) {
+        free(ctx);
+        return st;
     }
+    if (ctx->data_path == KVX_PATH_AUTO) ctx->data_path = (kvx_data_path_t)dp;
     ctx->instance = random_u64();
     /* Epochs from a random high start so a restarted receiver does not reuse its predecessor's. */
     ctx->next_epoch = (random_u64() >> 16) | 1;

@@ -88,7 +88,10 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     void *kv_memory = NULL;
     if (!cfg->disable_kvx) {
         kvx_context_opts_t ko = {.name = name};
-        if (kvx_context_create(&ko, &ne->kvx) != BT_OK) {
+        if ((st = kvx_context_create(&ko, &ne->kvx)) == BT_ERR_INVALID) { /* a bad setting, e.g. BATON_KVX_DATA_PATH */
+            bt_fail(st, "kvtransfer: %s", bt_last_error());
+            goto fail;
+        } else if (st != BT_OK) {
             BT_WARN(name, "kvtransfer unavailable (%s): serving without KV transfer (no remote prefill)",
                     bt_last_error());
             ne->kvx = NULL;

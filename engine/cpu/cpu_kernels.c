@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_impl.h"
 
@@ -261,16 +262,16 @@ int bt_cpu_isa_supported(bt_cpu_isa isa)
 
 bt_status bt_cpu_isa_select(bt_cpu_isa *out)
 {
-    const char *env = getenv("BATON_CPU_ISA");
-    if (env && *env) {
-        for (int i = 0; i < BT_CPU_ISA_COUNT; i++) {
-            if (strcmp(env, bt_cpu_isa_name((bt_cpu_isa)i)) != 0) continue;
-            if (!bt_cpu_isa_supported((bt_cpu_isa)i))
-                return bt_fail(BT_ERR_UNSUPPORTED, "BATON_CPU_ISA=%s: this CPU lacks the instructions", env);
-            *out = (bt_cpu_isa)i;
-            return BT_OK;
-        }
-        return bt_fail(BT_ERR_INVALID, "BATON_CPU_ISA=%s: expected scalar, avx2 or avx512", env);
+    const char *names[BT_CPU_ISA_COUNT];
+    for (int i = 0; i < BT_CPU_ISA_COUNT; i++) names[i] = bt_cpu_isa_name((bt_cpu_isa)i);
+    int want = -1;
+    bt_status st = bt_env_choice("BATON_CPU_ISA", names, BT_CPU_ISA_COUNT, -1, &want);
+    if (st) return st;
+    if (want >= 0) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)want))
+            return bt_fail(BT_ERR_UNSUPPORTED, "BATON_CPU_ISA=%s: this CPU lacks the instructions", names[want]);
+        *out = (bt_cpu_isa)want;
+        return BT_OK;
     }
     for (int i = BT_CPU_ISA_COUNT - 1; i > 0; i--) {
         if (bt_cpu_isa_supported((bt_cpu_isa)i)) {
