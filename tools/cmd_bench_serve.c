@@ -14,6 +14,7 @@
 #include <curl/curl.h>
 
 #include "tools/commands.h"
+#include "tools/workload.h"
 
 #define BS_MAX_RATES 32
 #define BS_ERR_BODY_MAX 4096
@@ -37,7 +38,7 @@ typedef struct bs_opts {
     double request_timeout; /* s */
     int quiet;
     const char *workload;   /* --workload: prompts from this JSON-lines file instead of random words */
-    char **wl;              /* [n_wl] each line's "chat" or "prompt" text */
+    workload_item *wl;      /* [n_wl] the workload's prompts */
     int n_wl;
 } bs_opts;
 
@@ -310,7 +311,7 @@ static long draw_requests(const bs_opts *o, int rate_index, bs_req **out)
 
 static char *make_body(const bs_opts *o, const char *model, const bs_req *r)
 {
-    char *prompt = o->n_wl ? strdup(o->wl[r->wl_index]) : make_prompt(r->prompt_seed, r->prompt_len);
+    char *prompt = o->n_wl ? strdup(o->wl[r->wl_index].text) : make_prompt(r->prompt_seed, r->prompt_len);
     cJSON *b = cJSON_CreateObject();
     if (!prompt || !b) {
         free(prompt);
@@ -727,42 +728,6 @@ static int parse_len(const char *s, double *mean, double *sd)
     return parse_double(buf, mean) || *mean < 1 || *mean > 100000 ? -1 : 0;
 }
 
-/* Reads --workload: one JSON object per line with a string "chat" or "prompt" (tools/workloads). 0 on success. */
-static int load_workload(bs_opts *o)
-{
-    FILE *f = fopen(o->workload, "r");
-    if (!f) {
-        fprintf(stderr, "baton bench-serve: cannot open the workload %s: %s\n", o->workload, strerror(errno));
-        return -1;
-    }
-    char line[65536];
-    int lineno = 0, rc = 0;
-    while (!rc && fgets(line, sizeof line, f)) {
-        lineno++;
-        if (line[strspn(line, " \t\r\n")] == 0) continue;
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "chat") : NULL;
-        if (!cJSON_IsString(t)) t = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
-        char **w = cJSON_IsString(t) ? realloc(o->wl, sizeof(char *) * (size_t)(o->n_wl + 1)) : NULL;
-        if (!w) {
-            fprintf(stderr, "baton bench-serve: %s:%d: want a JSON object with a string \"chat\" or \"prompt\"\n",
-                    o->workload, lineno);
-            rc = -1;
-        } else {
-            o->wl = w;
-            if (!(o->wl[o->n_wl] = strdup(t->valuestring))) rc = -1;
-            else o->n_wl++;
-        }
-        cJSON_Delete(j);
-    }
-    fclose(f);
-    if (!rc && o->n_wl == 0) {
-        fprintf(stderr, "baton bench-serve: %s holds no prompt\n", o->workload);
-        rc = -1;
-    }
-    return rc;
-}
-
 static int parse_rates(const char *s, bs_opts *o)
 {
     char buf[1024];
@@ -806,7 +771,7 @@ int cmd_bench_serve(int argc, char **argv)
         }
         i++;
         int bad = 0;
-        long l;
+        long l = 0;
         if (!strcmp(a, "--url")) o.url = v;
         else if (!strcmp(a, "--model")) bad = !*(o.model = v);
         else if (!strcmp(a, "--api-key")) o.api_key = v;
@@ -850,7 +815,7 @@ int cmd_bench_serve(int argc, char **argv)
         return 2;
     }
     o.requests = o.duration > 0 ? 0 : have_requests ? requests : 50;
-    if (o.workload && load_workload(&o)) return 2;
+    if (o.workload && workload_load("baton bench-serve", o.workload, 1 << 20, &o.wl, &o.n_wl)) return 2;
     /* with every arrival at t = 0, --duration would never end the drawing */
     for (int i = 0; i < o.n_rates; i++)
         if (isinf(o.rates[i]) && o.duration > 0) {
@@ -917,8 +882,7 @@ int cmd_bench_serve(int argc, char **argv)
     }
 out:
     for (int i = 0; i < BS_MAX_RATES; i++) cJSON_Delete(runs[i].errors);
-    for (int i = 0; i < o.n_wl; i++) free(o.wl[i]);
-    free(o.wl);
+    workload_free(o.wl, o.n_wl);
     free(model);
     curl_slist_free_all(hdrs);
     curl_global_cleanup();

@@ -1,7 +1,6 @@
 /* `baton bench --spec SPEC`: decode speed with and without speculative decoding on a workload of real prompts
  * (the JSON-lines files in tools/workloads), alternating the two in every repetition, through the continuous-batching scheduler at
  * each concurrency asked for. Checks that both runs produce the same tokens, and says why k was what it was. */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +16,7 @@
 #include "engine/tokenizer.h"
 #include "tools/bench_spec.h"
 #include "tools/bench_util.h"
+#include "tools/workload.h"
 
 #define BS_MAX_PROMPTS 256
 #define BS_MAX_REPS 50
@@ -128,38 +128,26 @@ static int parse_opts(int argc, char **argv, bs_opts *o)
     return 0;
 }
 
-/* Tokenizes one workload line: a chat message through the model's template, or a raw prompt with BOS rules. */
-static int load_line(const char *line, int lineno, const char *path, tok_tokenizer *tok, chat_tmpl *tmpl,
-                     bs_prompt *p)
+/* Tokenizes one workload item: a chat message through the model's template, or a raw prompt with BOS rules. */
+static int tokenize_item(const workload_item *it, const char *path, tok_tokenizer *tok, chat_tmpl *tmpl, bs_prompt *p)
 {
-    cJSON *j = cJSON_Parse(line);
-    const cJSON *chat = j ? cJSON_GetObjectItemCaseSensitive(j, "chat") : NULL;
-    const cJSON *raw = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
-    const cJSON *name = j ? cJSON_GetObjectItemCaseSensitive(j, "name") : NULL;
-    const char *text = cJSON_IsString(chat) ? chat->valuestring : cJSON_IsString(raw) ? raw->valuestring : NULL;
-    if (!text) {
-        fprintf(stderr, "baton bench: %s:%d: want a JSON object with a string \"chat\" or \"prompt\"\n", path, lineno);
-        cJSON_Delete(j);
-        return -1;
-    }
-    snprintf(p->name, sizeof p->name, "%s", cJSON_IsString(name) ? name->valuestring : "");
+    snprintf(p->name, sizeof p->name, "%s", it->name);
     char *rendered = NULL;
+    const char *text = it->text;
     size_t len = strlen(text);
-    if (text == (chat ? chat->valuestring : NULL)) {
+    if (it->chat) {
         chat_msg m = {"user", text, len};
         if (chat_tmpl_render(tmpl, &m, 1, 1, &rendered, &len)) {
-            fprintf(stderr, "baton bench: %s:%d: %s\n", path, lineno, bt_last_error());
-            cJSON_Delete(j);
+            fprintf(stderr, "baton bench: %s (%s): %s\n", path, it->name, bt_last_error());
             return -1;
         }
         text = rendered;
     }
     tok_ids ids = {0};
-    bt_status st = tok_encode(tok, text, len, TOK_PARSE_SPECIAL | (rendered ? 0u : TOK_ADD_SPECIAL), &ids);
+    bt_status st = tok_encode(tok, text, len, TOK_PARSE_SPECIAL | (it->chat ? 0u : TOK_ADD_SPECIAL), &ids);
     free(rendered);
-    cJSON_Delete(j);
     if (st || ids.n == 0) {
-        fprintf(stderr, "baton bench: %s:%d: %s\n", path, lineno, st ? bt_last_error() : "empty prompt");
+        fprintf(stderr, "baton bench: %s (%s): %s\n", path, it->name, st ? bt_last_error() : "empty prompt");
         tok_ids_free(&ids);
         return -1;
     }
@@ -170,40 +158,23 @@ static int load_line(const char *line, int lineno, const char *path, tok_tokeniz
 
 static int load_workload(const char *path, const bt_model *m, bs_prompt *ps, int *n_out)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "baton bench: cannot open the workload %s: %s\n", path, strerror(errno));
-        return -1;
-    }
+    workload_item *w = NULL;
+    int n_w = 0, rc = 0, n = 0;
+    if (workload_load("baton bench", path, BS_MAX_PROMPTS, &w, &n_w)) return -1;
     tok_tokenizer *tok = NULL;
     chat_tmpl tmpl;
-    int have_tmpl = 0, rc = 0, n = 0, lineno = 0;
+    int have_tmpl = 0;
     if (tok_create(m->file, &tok) || chat_tmpl_init_gguf(&tmpl, m->file, NULL)) {
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
         rc = -1;
     } else {
         have_tmpl = 1;
     }
-    char line[65536];
-    while (!rc && fgets(line, sizeof line, f)) {
-        lineno++;
-        if (line[strspn(line, " \t\r\n")] == 0) continue;
-        if (n >= BS_MAX_PROMPTS) {
-            fprintf(stderr, "baton bench: %s: more than %d prompts\n", path, BS_MAX_PROMPTS);
-            rc = -1;
-        } else if (load_line(line, lineno, path, tok, &tmpl, &ps[n]) == 0) {
-            n++;
-        } else {
-            rc = -1;
-        }
-    }
-    fclose(f);
+    for (int i = 0; i < n_w && !rc; i++)
+        if ((rc = tokenize_item(&w[i], path, tok, &tmpl, &ps[n])) == 0) n++;
     if (have_tmpl) chat_tmpl_free(&tmpl);
     tok_free(tok);
-    if (!rc && n == 0) {
-        fprintf(stderr, "baton bench: %s holds no prompt\n", path);
-        rc = -1;
-    }
+    workload_free(w, n_w);
     *n_out = n;
     return rc;
 }
