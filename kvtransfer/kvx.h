@@ -2,7 +2,9 @@
  *
  * Roles: the sender (a prefill node) pushes; the receiver (a decode node) registers an expectation for the
  * blocks it handed out, under an epoch, and learns by an active message sent after the sender's flush that they
- * arrived. The receiver checks the epoch, the block list and (optionally) a crc32c per block, ends the
+ * arrived. On the one-sided paths (MAPPED, PUT) the sender first claims the epoch and block list and writes
+ * nothing until the receiver confirms them. Epochs are random 64-bit values: only the sender that was told one can
+ * claim or complete it. The receiver checks the epoch, the block list and (optionally) a crc32c per block, ends the
  * expectation and answers; the sender's push completes only with that answer. So a dead, stale or unhappy
  * receiver always surfaces as an error status on the sender within the push's deadline, and a dead sender ends
  * the receiver's expectation (at once when the expectation names the sender's peer, else at its deadline).
@@ -270,7 +272,7 @@ typedef void (*kvx_expect_cb)(kvx_expect_t *expect, bt_status st, void *arg);
 typedef struct kvx_expect_args {
     const uint32_t *blocks; /* [n_blocks] destination blocks in this pool, in the sender's dst order */
     size_t n_blocks;
-    uint64_t epoch;      /* 0 = a fresh epoch from the context (read it with kvx_expect_epoch) */
+    uint64_t epoch;      /* 0 = a fresh random epoch (read it with kvx_expect_epoch); hand it only to the sender */
     uint32_t flags;      /* KVX_F_CRC: require per-block checksums and verify them */
     uint32_t timeout_ms; /* deadline from creation; 0 = 30 s */
     kvx_peer_t *sender;  /* optional: the sender's peer; its death ends the expectation with BT_ERR_PEER */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,16 +49,21 @@ void kvx_notify_push(kvx_context_t *ctx, kvx_notify_t *n)
     kvx_kick(ctx);
 }
 
-static uint64_t random_u64(void)
+uint64_t kvx_random_u64(void)
 {
     uint64_t v = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t n = read(fd, &v, sizeof v);
-        close(fd);
+    for (int tries = 0; tries < 4; tries++) {
+        ssize_t n = getrandom(&v, sizeof v, 0);
         if (n == (ssize_t)sizeof v && v) return v;
+        if (n < 0 && errno != EINTR) break;
     }
-    return kvx_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&v;
+    /* no kernel randomness (pre-3.17 kernel or seccomp): unique but guessable; say so once */
+    static int warned;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        BT_WARN("kvx", "getrandom() failed (%s): epochs are unique but predictable", strerror(errno));
+    static uint64_t counter;
+    uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    return (kvx_now_ns() ^ ((uint64_t)getpid() << 32) ^ (c * 0x9e3779b97f4a7c15ull)) | 1;
 }
 
 /* Runs queued user callbacks with mu released; returns with mu held. */
@@ -183,9 +189,8 @@ bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out
         return st;
     }
     if (ctx->data_path == KVX_PATH_AUTO) ctx->data_path = (kvx_data_path_t)dp;
-    ctx->instance = random_u64();
+    ctx->instance = kvx_random_u64();
     /* Epochs from a random high start so a restarted receiver does not reuse its predecessor's. */
-    ctx->next_epoch = (random_u64() >> 16) | 1;
     ctx->next_push_id = 1;
     ctx->wake_fd = -1;
     pthread_mutex_init(&ctx->mu, NULL);
@@ -250,6 +255,11 @@ bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out
     if (us == UCS_OK) {
         am.id = KVX_AM_DATA;
         am.cb = kvx_am_data_cb;
+        us = ucp_worker_set_am_recv_handler(ctx->worker, &am);
+    }
+    if (us == UCS_OK) {
+        am.id = KVX_AM_CLAIM;
+        am.cb = kvx_am_claim_cb;
         us = ucp_worker_set_am_recv_handler(ctx->worker, &am);
     }
     if (us != UCS_OK) {

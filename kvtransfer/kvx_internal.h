@@ -16,6 +16,7 @@
 #define KVX_AM_DONE 0x4b01u /* sender -> receiver after the flush: epoch, block list digest, checksums */
 #define KVX_AM_ACK 0x4b02u  /* receiver -> sender: the verdict */
 #define KVX_AM_DATA 0x4b03u /* sender -> receiver on the AM data path: one range of one layer */
+#define KVX_AM_CLAIM 0x4b04u /* sender -> receiver before any byte moves one-sidedly: epoch and block list */
 #define KVX_DONE_AM 0x100u  /* DONE flag: the data came as KVX_AM_DATA (receiver counts the bytes) */
 #define KVX_ERRLEN 200
 
@@ -53,7 +54,6 @@ struct kvx_context {
     ucp_address_t *worker_addr;
     size_t worker_addr_len;
     uint64_t instance;
-    uint64_t next_epoch;
     uint64_t next_push_id;
 
     kvx_pool_t *pools;
@@ -100,7 +100,9 @@ struct kvx_peer {
     char err[KVX_ERRLEN];
 };
 
-enum { KVX_PUSH_POSTING = 0, KVX_PUSH_FLUSHING, KVX_PUSH_ACKING, KVX_PUSH_DONE };
+/* CLAIMING: MAPPED and PUT pushes wait for the receiver to confirm that it holds the epoch for exactly these
+ * blocks before any byte is written (AM pushes skip it: the receiver checks every data message). */
+enum { KVX_PUSH_CLAIMING = 0, KVX_PUSH_POSTING, KVX_PUSH_FLUSHING, KVX_PUSH_ACKING, KVX_PUSH_DONE };
 
 struct kvx_push {
     kvx_context_t *ctx;
@@ -125,6 +127,7 @@ struct kvx_push {
     uint32_t *crcs;       /* [n_layers][n_blocks] per-layer block checksums when KVX_F_CRC */
     uint8_t *am_hdrs;     /* AM path: [n_layers][n_runs] data headers, alive until the push is freed */
     uint8_t *msg;         /* DONE message, alive until the push is freed */
+    uint8_t claim[32];    /* CLAIM message, alive until the push is freed */
     size_t msg_len;
     size_t puts;
     int64_t test_flip_layer; /* test hook: >= 0 flips a bit of the first source block of that layer after its
@@ -151,6 +154,7 @@ struct kvx_expect {
     uint32_t blocks_crc;
     uint32_t *sorted;        /* [n_blocks] the blocks in ascending order (AM data ownership checks) */
     uint64_t bytes_received; /* AM data path */
+    int claimed;             /* a sender claimed the epoch (one sender per expectation) */
     kvx_expect_cb cb;
     void *cb_arg;
     char err[KVX_ERRLEN];
@@ -183,6 +187,12 @@ void kvx_peers_reap(kvx_context_t *ctx);
 uint64_t kvx_deadlines(kvx_context_t *ctx, uint64_t now_ms);
 
 /* Active message handlers registered by the context. */
+/* 64 bits from the kernel's CSPRNG, never 0. Epochs come from it: a receiver's epoch is a capability that only
+ * the sender it was handed to knows, so nobody else can claim or complete it. */
+uint64_t kvx_random_u64(void);
+
+ucs_status_t kvx_am_claim_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                             const ucp_am_recv_param_t *param);
 ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
                             const ucp_am_recv_param_t *param);
 ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,

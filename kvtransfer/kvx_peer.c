@@ -20,6 +20,32 @@ void kvx_peer_unref(kvx_peer_t *peer)
     if (--peer->refs == 0) peer_free(peer);
 }
 
+/* Bytes from addr to the end of the mapping that holds it, following directly adjacent mappings of the same
+ * object (/proc/self/maps); 0 when addr is not mapped or the table cannot be read. */
+static uint64_t mapping_extent(const void *addr)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f) return 0;
+    uint64_t a = (uint64_t)(uintptr_t)addr, end = 0, dev_ino = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi, off, ino;
+        unsigned maj, mnr;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &off, &maj, &mnr, &ino) != 7) continue;
+        uint64_t id = ((uint64_t)maj << 48) ^ ((uint64_t)mnr << 32) ^ ino;
+        if (!end) {
+            if (a >= lo && a < hi) end = hi, dev_ino = id;
+        } else if (lo == end && id == dev_ino && ino) {
+            end = hi;
+        } else {
+            break;
+        }
+    }
+    fclose(f);
+    return end ? end - a : 0;
+}
+
 /* Runs inside ucp_worker_progress (mu held). */
 static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -176,6 +202,17 @@ bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, s
         } else {
             peer->path = KVX_PATH_AM;
         }
+    } else if (ucp_rkey_ptr(peer->rkey, peer->d.base, &mapped) != UCS_OK) {
+        mapped = NULL; /* PUT over a fabric: the NIC checks the key's bounds */
+    }
+    /* Shared memory: the transport copies into the mapped segment without a bounds check, so a descriptor that
+     * declares a larger pool than the segment it names must not be used (it would write past the segment). */
+    uint64_t extent = mapped ? mapping_extent(mapped) : UINT64_MAX;
+    if (extent < peer->d.len) {
+        st = bt_fail(BT_ERR_FORMAT,
+                     "kvx: node %llu's descriptor declares a pool of %llu bytes but its shared segment maps %llu",
+                     (unsigned long long)node_id, (unsigned long long)peer->d.len, (unsigned long long)extent);
+        goto fail_rkey;
     }
     BT_DEBUG("kvx", "%s: peer %llu connected, data path %s", ctx->name, (unsigned long long)node_id,
              kvx_data_path_name(peer->path));
@@ -192,6 +229,8 @@ bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, s
     *out = peer;
     return BT_OK;
 
+fail_rkey:
+    ucp_rkey_destroy(peer->rkey);
 fail_ep: {
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     void *req = ucp_ep_close_nbx(peer->ep, &rp);

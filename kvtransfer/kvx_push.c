@@ -1,6 +1,10 @@
 /* kvx_push (sender) and kvx_expect (receiver), and the two active messages between them.
  *
- * Sender: puts per layer -> ucp_ep_flush_nbx -> DONE message -> waits for the receiver's ACK.
+ * Sender: [CLAIM -> waits for the receiver's claim ACK] -> puts per layer -> ucp_ep_flush_nbx -> DONE message ->
+ * waits for the receiver's ACK. The claim is made on the MAPPED and PUT paths, where bytes land one-sidedly: no
+ * byte is written until the receiver has confirmed that a pending expectation holds the epoch for exactly this
+ * block list. Epochs are random 64-bit values (kvx_random_u64), so only the sender the receiver handed an epoch
+ * to can claim it, and an expectation accepts one claim.
  * Receiver: DONE for a pending epoch -> checks the block list digest and checksums -> ends the expectation
  * -> ACK with the verdict. A DONE for an epoch no expectation holds is counted stale and answered
  * BT_ERR_STALE, so late completions never touch blocks that were re-assigned.
@@ -8,7 +12,9 @@
  * DONE, little-endian: u32 magic "KXDN", u16 version 1, u16 flags, u64 push id, u64 epoch, u64 fingerprint,
  *   u32 n_blocks, u32 digest of the destination ids, u32 n_layers, u32 reserved, then u32 crc[n_blocks] when
  *   flags has KVX_F_CRC. A block's crc is the crc32c of its per-layer crc32c values in layer order.
- * ACK: u32 magic "KXAK", i32 status, u64 push id, u64 epoch.
+ * ACK: u32 magic "KXAK" (answer to DONE) or "KXCA" (answer to CLAIM), i32 status, u64 push id, u64 epoch.
+ * CLAIM: u32 magic "KXCL", u16 version 1, u16 reserved, u64 push id, u64 epoch, u32 n_blocks, u32 digest of the
+ *   destination ids.
  * DATA (AM path only; the payload is the range's bytes): header u32 magic "KXDT", u32 layer, u64 epoch,
  *   u64 receiver pool base, u32 first destination block, u32 block count. The receiver writes it only when a
  *   pending expectation holds the epoch and every named block, so late or stray data never lands. */
@@ -27,6 +33,9 @@
 #define ACK_LEN 24u
 #define DATA_MAGIC 0x5444584bu /* "KXDT" */
 #define DATA_HDR 32u
+#define CLAIM_MAGIC 0x4c43584bu     /* "KXCL" */
+#define CLAIM_ACK_MAGIC 0x4143584bu /* "KXCA" */
+#define CLAIM_LEN 32u
 
 uint32_t kvx_blocks_digest(const uint32_t *blocks, size_t n)
 {
@@ -219,6 +228,37 @@ static void push_flush(kvx_push_t *p)
     }
 }
 
+/* Asks the receiver to confirm the epoch and block list before the first byte moves (mu held). */
+static void push_send_claim(kvx_push_t *p)
+{
+    kvx_context_t *ctx = p->ctx;
+    if (p->peer->failed || !p->peer->ep) {
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: %s", p->peer->err);
+        return;
+    }
+    uint8_t *m = p->claim;
+    kvx_put32(m, CLAIM_MAGIC);
+    kvx_put16(m + 4, 1);
+    kvx_put16(m + 6, 0);
+    kvx_put64(m + 8, p->id);
+    kvx_put64(m + 16, p->epoch);
+    kvx_put32(m + 24, (uint32_t)p->plan.n_blocks);
+    kvx_put32(m + 28, kvx_blocks_digest(p->dst_blocks, p->plan.n_blocks));
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = push_am_cb,
+        .user_data = p,
+    };
+    void *req = ucp_am_send_nbx(p->peer->ep, KVX_AM_CLAIM, NULL, 0, m, CLAIM_LEN, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_push_finish(p, BT_ERR_PEER, "kvx: claim message: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+    } else if (req) {
+        p->refs++;
+        ctx->stats.live_requests++;
+    }
+}
+
 bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_args_t *a, kvx_push_t **out)
 {
     bt_status st;
@@ -268,6 +308,8 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     if (ctx->pushes) ctx->pushes->prev = p;
     ctx->pushes = p;
     ctx->stats.live_pushes++;
+    p->state = peer->path == KVX_PATH_AM ? KVX_PUSH_POSTING : KVX_PUSH_CLAIMING;
+    if (p->state == KVX_PUSH_CLAIMING) push_send_claim(p);
     kvx_kick(ctx); /* the deadline sweep must see it */
     pthread_mutex_unlock(&ctx->mu);
     *out = p;
@@ -305,6 +347,8 @@ bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
     }
 
     pthread_mutex_lock(&ctx->mu);
+    /* one-sided paths: nothing is written before the receiver confirmed the claim (or the push failed) */
+    while (p->state == KVX_PUSH_CLAIMING) pthread_cond_wait(&ctx->cv, &ctx->mu);
     if (p->state == KVX_PUSH_DONE) {
         bt_status st = bt_fail(p->status, "%s", p->err);
         pthread_mutex_unlock(&ctx->mu);
@@ -510,6 +554,14 @@ void kvx_expect_finish(kvx_expect_t *e, bt_status st, const char *fmt, ...)
     pthread_cond_broadcast(&ctx->cv);
 }
 
+/* 1 when a pending expectation holds epoch (mu held). */
+static int epoch_pending(const kvx_context_t *ctx, uint64_t epoch)
+{
+    for (const kvx_expect_t *o = ctx->expects; o; o = o->next)
+        if (!o->done && o->epoch == epoch) return 1;
+    return 0;
+}
+
 bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_expect_t **out)
 {
     bt_status st;
@@ -547,15 +599,16 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
     e->deadline_ms = kvx_now_ms() + (a->timeout_ms ? a->timeout_ms : KVX_DEFAULT_TIMEOUT_MS);
 
     pthread_mutex_lock(&ctx->mu);
-    e->epoch = a->epoch ? a->epoch : ctx->next_epoch++;
-    for (kvx_expect_t *o = ctx->expects; o; o = o->next) {
-        if (!o->done && o->epoch == e->epoch) {
+    e->epoch = a->epoch;
+    while (!e->epoch || epoch_pending(ctx, e->epoch)) {
+        if (a->epoch) {
             pthread_mutex_unlock(&ctx->mu);
             free(e->sorted);
             free(e->blocks);
             free(e);
             return bt_fail(BT_ERR_INVALID, "kvx: epoch %llu already pending", (unsigned long long)a->epoch);
         }
+        e->epoch = kvx_random_u64(); /* fresh, unguessable; drawn again on the 2^-64 chance that it is taken */
     }
     if (a->sender) {
         if (a->sender->failed) {
@@ -651,7 +704,7 @@ static void ack_sent_cb(void *req, ucs_status_t status, void *user_data)
     free(user_data);
 }
 
-static void send_ack(kvx_context_t *ctx, ucp_ep_h ep, bt_status st, uint64_t push_id, uint64_t epoch)
+static void send_ack(kvx_context_t *ctx, ucp_ep_h ep, uint32_t magic, bt_status st, uint64_t push_id, uint64_t epoch)
 {
     if (!ep) {
         BT_WARN("kvx", "%s: cannot acknowledge push %llu: no reply endpoint", ctx->name,
@@ -663,7 +716,7 @@ static void send_ack(kvx_context_t *ctx, ucp_ep_h ep, bt_status st, uint64_t pus
     if (!buf) return;
     memcpy(buf, &ctx, sizeof ctx);
     uint8_t *m = buf + sizeof(kvx_context_t *);
-    kvx_put32(m, ACK_MAGIC);
+    kvx_put32(m, magic);
     kvx_put32(m + 4, (uint32_t)(int32_t)st);
     kvx_put64(m + 8, push_id);
     kvx_put64(m + 16, epoch);
@@ -701,6 +754,41 @@ static long verify_crcs(const kvx_expect_t *e, const uint8_t *crcs)
     return -1;
 }
 
+/* CLAIM: the sender asks before writing one-sidedly. Accepted once per expectation, for its exact block list; a
+ * claim naming other blocks ends the expectation (the sender is confused or hostile). */
+ucs_status_t kvx_am_claim_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                             const ucp_am_recv_param_t *param)
+{
+    kvx_context_t *ctx = arg;
+    const uint8_t *m = data;
+    ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length != CLAIM_LEN || kvx_get32(m) != CLAIM_MAGIC ||
+        kvx_get16(m + 4) != 1) {
+        BT_WARN("kvx", "%s: malformed claim message (%zu bytes) dropped", ctx->name, length);
+        return UCS_OK;
+    }
+    uint64_t push_id = kvx_get64(m + 8), epoch = kvx_get64(m + 16);
+    uint32_t n = kvx_get32(m + 24), digest = kvx_get32(m + 28);
+    kvx_expect_t *e = ctx->expects;
+    while (e && (e->done || e->epoch != epoch)) e = e->next;
+    bt_status st = BT_OK;
+    if (!e) {
+        ctx->stats.stale_completions++;
+        BT_DEBUG("kvx", "%s: claim for stale epoch %llu refused", ctx->name, (unsigned long long)epoch);
+        st = BT_ERR_STALE;
+    } else if (e->claimed) {
+        st = BT_ERR_STALE; /* one sender per epoch; the first claim stands */
+        BT_WARN("kvx", "%s: second claim for epoch %llu refused", ctx->name, (unsigned long long)epoch);
+    } else if (n != e->n_blocks || digest != e->blocks_crc) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: sender claimed a different block list", (unsigned long long)epoch);
+    } else {
+        e->claimed = 1;
+    }
+    send_ack(ctx, reply, CLAIM_ACK_MAGIC, st, push_id, epoch);
+    return UCS_OK;
+}
+
 ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
                             const ucp_am_recv_param_t *param)
 {
@@ -722,7 +810,7 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
     if (!e) {
         ctx->stats.stale_completions++;
         BT_DEBUG("kvx", "%s: completion for stale epoch %llu ignored", ctx->name, (unsigned long long)epoch);
-        send_ack(ctx, reply, BT_ERR_STALE, push_id, epoch);
+        send_ack(ctx, reply, ACK_MAGIC, BT_ERR_STALE, push_id, epoch);
         return UCS_OK;
     }
     bt_status st = BT_OK;
@@ -732,6 +820,9 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
     } else if (n != e->n_blocks || digest != e->blocks_crc) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender wrote a different block list", (unsigned long long)epoch);
+    } else if (!(flags & KVX_DONE_AM) && !e->claimed) {
+        st = BT_ERR_FORMAT;
+        kvx_expect_finish(e, st, "kvx: epoch %llu: one-sided completion without a claim", (unsigned long long)epoch);
     } else if (length != DONE_HDR + (has_crc ? 4ull * n : 0)) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: completion message has %zu bytes", (unsigned long long)epoch,
@@ -755,7 +846,7 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
         }
     }
     if (st == BT_OK) kvx_expect_finish(e, BT_OK, NULL);
-    send_ack(ctx, reply, st, push_id, epoch);
+    send_ack(ctx, reply, ACK_MAGIC, st, push_id, epoch);
     return UCS_OK;
 }
 
@@ -789,12 +880,45 @@ ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length,
     return UCS_OK;
 }
 
+/* The receiver's answer to a CLAIM: the push may write (POSTING) or has failed. */
+static void claim_answered(kvx_push_t *p, bt_status st, uint64_t epoch)
+{
+    switch (st) {
+    case BT_OK: p->state = KVX_PUSH_POSTING; break;
+    case BT_ERR_STALE:
+        kvx_push_finish(p, st, "kvx: receiver holds no claimable epoch %llu; nothing was written",
+                        (unsigned long long)epoch);
+        break;
+    case BT_ERR_FORMAT:
+        kvx_push_finish(p, st, "kvx: receiver refused the claim (block list mismatch); nothing was written");
+        break;
+    default: kvx_push_finish(p, st, "kvx: receiver answered the claim: %s", bt_status_str(st)); break;
+    }
+    pthread_cond_broadcast(&p->ctx->cv);
+}
+
+/* The receiver's verdict on DONE. */
+static void done_answered(kvx_push_t *p, bt_status st, uint64_t epoch)
+{
+    switch (st) {
+    case BT_OK: kvx_push_finish(p, BT_OK, NULL); break;
+    case BT_ERR_STALE:
+        kvx_push_finish(p, st, "kvx: receiver no longer holds epoch %llu", (unsigned long long)epoch);
+        break;
+    case BT_ERR_FORMAT:
+        kvx_push_finish(p, st, "kvx: receiver rejected the transfer (checksum or block list mismatch)");
+        break;
+    default: kvx_push_finish(p, st, "kvx: receiver answered: %s", bt_status_str(st)); break;
+    }
+}
+
 ucs_status_t kvx_am_ack_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
                            const ucp_am_recv_param_t *param)
 {
     kvx_context_t *ctx = arg;
     const uint8_t *m = data;
-    if (length != ACK_LEN || kvx_get32(m) != ACK_MAGIC) {
+    uint32_t magic = length == ACK_LEN ? kvx_get32(m) : 0;
+    if (magic != ACK_MAGIC && magic != CLAIM_ACK_MAGIC) {
         BT_WARN("kvx", "%s: malformed acknowledgement dropped", ctx->name);
         return UCS_OK;
     }
@@ -803,17 +927,8 @@ ucs_status_t kvx_am_ack_cb(void *arg, const void *header, size_t header_length, 
     uint64_t push_id = kvx_get64(m + 8), epoch = kvx_get64(m + 16);
     for (kvx_push_t *p = ctx->pushes; p; p = p->next) {
         if (p->id != push_id || p->epoch != epoch) continue;
-        if (p->state != KVX_PUSH_ACKING) break;
-        switch (st) {
-        case BT_OK: kvx_push_finish(p, BT_OK, NULL); break;
-        case BT_ERR_STALE:
-            kvx_push_finish(p, st, "kvx: receiver no longer holds epoch %llu", (unsigned long long)epoch);
-            break;
-        case BT_ERR_FORMAT:
-            kvx_push_finish(p, st, "kvx: receiver rejected the transfer (checksum or block list mismatch)");
-            break;
-        default: kvx_push_finish(p, st, "kvx: receiver answered: %s", bt_status_str(st)); break;
-        }
+        if (magic == CLAIM_ACK_MAGIC && p->state == KVX_PUSH_CLAIMING) claim_answered(p, st, epoch);
+        if (magic == ACK_MAGIC && p->state == KVX_PUSH_ACKING) done_answered(p, st, epoch);
         break;
     }
     return UCS_OK;

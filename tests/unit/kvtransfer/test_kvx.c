@@ -688,6 +688,53 @@ static void test_refusals(void)
     sender_free(&s);
 }
 
+/* A descriptor that declares a bigger pool than the receiver registered (a forged one, re-checksummed): on shared
+ * memory the peer is refused before any copy could run past the segment; over tcp the receiver drops every data
+ * message outside its own pool. Fresh epochs are random, not a counter a third party could guess. */
+static void test_forged_descriptor(void)
+{
+    sender_t s;
+    agent_t a;
+    REQUIRE(sender_init(&s, &SRC_L, 91) == 0);
+    REQUIRE(agent_init(&a, &DST_L, 92) == 0);
+    uint8_t *forged = malloc(a.desc_len);
+    REQUIRE(forged != NULL);
+    memcpy(forged, a.desc, a.desc_len);
+    uint32_t big = DST_L.n_blocks * 64;
+    memcpy(forged + 16, &big, 4); /* n_blocks (little-endian host) */
+    uint32_t crc = bt_crc32c(0, forged, a.desc_len - 4);
+    memcpy(forged + a.desc_len - 4, &crc, 4);
+    kvx_desc_t d;
+    REQUIRE(kvx_desc_parse(forged, a.desc_len, &d) == BT_OK && d.layout.n_blocks == big);
+    kvx_peer_t *peer = NULL;
+    bt_status st = kvx_peer_get(s.ctx, 9, forged, a.desc_len, &peer);
+    const char *want = getenv("BATON_TEST_KVX_PATH");
+    if (want && strcmp(want, "am") != 0) {
+        CHECK_MSG(st == BT_ERR_FORMAT && peer == NULL, "status %d", st);
+        CHECK(strstr(bt_last_error(), "declares a pool") != NULL);
+    } else if (st == BT_OK) {
+        uint32_t src[2] = {1, 2}, dst[2] = {big - 2, big - 1};
+        kvx_push_args_t args = {.src_blocks = src, .dst_blocks = dst, .n_blocks = 2, .epoch = 5, .timeout_ms = 5000};
+        kvx_push_t *push = NULL;
+        REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
+        kvx_push_all(push);
+        CHECK(kvx_push_wait(push) != BT_OK);
+        kvx_push_destroy(push);
+        CHECK(agent_stats(&a).dropped_writes > 0);
+        kvx_peer_release(peer);
+    }
+    CHECK(verify_agent_pool(&a, s.pool, NULL, NULL, 0) == 0);
+    uint32_t b1[1] = {3}, b2[1] = {4};
+    uint64_t e1 = agent_expect(&a, b1, 1, 0, 0, 10000, NULL, 0, NULL);
+    uint64_t e2 = agent_expect(&a, b2, 1, 0, 0, 10000, NULL, 0, NULL);
+    uint64_t gap = e1 > e2 ? e1 - e2 : e2 - e1;
+    CHECK_MSG(e1 && e2 && gap > (1ull << 32), "epochs %llu and %llu look sequential", (unsigned long long)e1,
+              (unsigned long long)e2);
+    free(forged);
+    agent_close(&a);
+    sender_free(&s);
+}
+
 static void test_stale_epoch(void)
 {
     sender_t s;
@@ -714,11 +761,14 @@ static void test_stale_epoch(void)
     kvx_push_args_t args = {.src_blocks = src, .dst_blocks = dst, .n_blocks = 4, .epoch = e1, .timeout_ms = 10000};
     kvx_push_t *push = NULL;
     REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
-    CHECK(kvx_push_all(push) == BT_OK);
+    /* one-sided paths fail at the claim, before writing; the AM path posts and the receiver drops the data */
+    int one_sided = kvx_peer_data_path(peer) != KVX_PATH_AM;
+    CHECK(kvx_push_all(push) == (one_sided ? BT_ERR_STALE : BT_OK));
     CHECK_MSG(kvx_push_wait(push) == BT_ERR_STALE, "%s", kvx_push_error(push));
     kvx_push_destroy(push);
     kvx_stats_t as = agent_stats(&a);
     CHECK(as.stale_completions == 1 && as.expects_ok == 0);
+    CHECK(verify_agent_pool(&a, s.pool, NULL, NULL, 0) == 0); /* no byte of the stale push landed, on any path */
     /* e2 is untouched by the stale completion and completes with its own push. */
     args.epoch = e2;
     REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
@@ -748,15 +798,14 @@ static void test_wrong_blocks(void)
     kvx_push_args_t args = {.src_blocks = src, .dst_blocks = other, .n_blocks = 3, .epoch = e, .timeout_ms = 10000};
     kvx_push_t *push = NULL;
     REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
-    CHECK(kvx_push_all(push) == BT_OK);
+    int one_sided = kvx_peer_data_path(peer) != KVX_PATH_AM;
+    CHECK(kvx_push_all(push) == (one_sided ? BT_ERR_FORMAT : BT_OK));
     CHECK_MSG(kvx_push_wait(push) == BT_ERR_FORMAT, "%s", kvx_push_error(push));
     kvx_push_destroy(push);
     uint64_t pending = 1;
     CHECK(agent_expect_wait(&a, e, &pending) == BT_ERR_FORMAT && pending == 0);
-    if (kvx_peer_data_path(peer) == KVX_PATH_AM) {
-        CHECK(verify_agent_pool(&a, s.pool, NULL, NULL, 0) == 0); /* nothing landed */
-        CHECK(agent_stats(&a).dropped_writes == 4);              /* one run per layer */
-    }
+    CHECK(verify_agent_pool(&a, s.pool, NULL, NULL, 0) == 0); /* nothing landed, on any path */
+    if (!one_sided) CHECK(agent_stats(&a).dropped_writes == 4); /* one run per layer */
     kvx_peer_release(peer);
     agent_close(&a);
     sender_free(&s);
@@ -1084,6 +1133,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "UCX_TLS=%s\n", tls ? tls : "(unset)");
     RUN(test_bitexact);
     RUN(test_refusals);
+    RUN(test_forged_descriptor);
     RUN(test_stale_epoch);
     RUN(test_wrong_blocks);
     RUN(test_deadline_and_cancel);
