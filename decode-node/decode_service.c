@@ -11,6 +11,7 @@
 #include "node/calls.h"
 #include "node/node.h"
 #include "node/node_engine.h"
+#include "node/peer_check.h"
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -37,12 +38,13 @@
 typedef struct dec_call dec_call;
 
 enum { RS_OK, RS_ABORTED, RS_CANCELLED, RS_TIMEOUT, RS_ERROR, RS_INVALID, RS_REJECTED, RS_N };
-enum { REMOTE_OK, REMOTE_FALLBACK, REMOTE_N };
-static const char *const REMOTE_NAMES[REMOTE_N] = {"ok", "fallback"};
+enum { REMOTE_OK, REMOTE_FALLBACK, REMOTE_REFUSED, REMOTE_N };
+static const char *const REMOTE_NAMES[REMOTE_N] = {"ok", "fallback", "refused"};
 static const char *const RS_NAMES[RS_N] = {"ok", "aborted", "cancelled", "timeout", "error", "invalid", "rejected"};
 
 struct decode_service {
     char node_id[MBR_NODE_ID_MAX];
+    mbr_watcher_t *members; /* which prefill nodes a hint may name (node/peer_check.h); NULL: none */
     bt_ne_t *ne;
     bt_sched *sched; /* ne->sched */
     int32_t n_vocab, max_context;
@@ -581,12 +583,37 @@ static int remote_start(void *user, uint64_t sched_id, const int32_t *blocks, in
     return 0;
 }
 
+/* A prefill hint is a claim by the caller: follow it only to a prefill node registered in this cluster with our
+ * model, at the address it registered (never one the caller made up). 0 and c->prefill_node/addr filled, else -1
+ * with the refusal logged and counted. */
+static int remote_verify(dec_call *c, const Baton__V1__PrefillHint *h)
+{
+    decode_service_t *s = c->svc;
+    char why[256];
+    mbr_node_t rec;
+    bt_status st = bt_peer_lookup(s->members, h->node_id, MBR_ROLE_PREFILL, s->ne->fingerprint, &rec, why, sizeof why);
+    if (st == BT_OK && h->grpc_address[0] && strcmp(h->grpc_address, rec.info.grpc_addr) != 0) {
+        snprintf(why, sizeof why, "hint address %.128s is not the address %.128s that prefill node '%.64s' registered",
+                 h->grpc_address, rec.info.grpc_addr, h->node_id);
+        st = BT_ERR_INVALID;
+    }
+    if (st == BT_OK) {
+        snprintf(c->prefill_node, sizeof c->prefill_node, "%s", rec.info.node_id);
+        snprintf(c->prefill_addr, sizeof c->prefill_addr, "%s", rec.info.grpc_addr);
+    }
+    mbr_node_info_free(&rec.info);
+    if (st != BT_OK) {
+        metrics_counter_inc(s->remote[REMOTE_REFUSED]);
+        BT_WARN(DEC_LOG, "request %s: prefill hint refused (%s); prefilling locally", c->base.request_id, why);
+        return -1;
+    }
+    return 0;
+}
+
 /* Copies what the prefill worker needs out of the request (it outlives the handler). 0 on success. */
 static int remote_prepare(dec_call *c, const Baton__V1__DecodeRunRequest *q, const bt_req_params *rp,
                           const int32_t *ids)
 {
-    snprintf(c->prefill_node, sizeof c->prefill_node, "%s", q->prefill->node_id);
-    snprintf(c->prefill_addr, sizeof c->prefill_addr, "%s", q->prefill->grpc_address);
     c->ids = malloc(sizeof(int32_t) * (size_t)c->n_submitted);
     if (!c->ids) return -1;
     memcpy(c->ids, ids, sizeof(int32_t) * (size_t)c->n_submitted);
@@ -668,7 +695,8 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     }
     c->t_arrive = t_arrive;
     /* remote prefill when the router hinted a prefill node and kvtransfer runs here; otherwise local */
-    if (q->prefill && q->prefill->grpc_address[0] && s->ne->kvx_pool && s->remote_timeout_ms > 0) {
+    if (q->prefill && (q->prefill->node_id[0] || q->prefill->grpc_address[0]) && s->ne->kvx_pool &&
+        s->remote_timeout_ms > 0 && remote_verify(c, q->prefill) == 0) {
         if (remote_prepare(c, q, &rp, ids) == 0) rp.remote = &s->remote_hooks;
         else BT_WARN(DEC_LOG, "request %s: out of memory preparing a remote prefill; prefilling locally", rid);
     }
@@ -696,7 +724,8 @@ static bt_status register_metrics(decode_service_t *s, metrics_registry_t *reg)
         return st;
     static const char *const result_label[1] = {"result"};
     metrics_desc_t rd = {.name = "baton_remote_prefills_total",
-                         .help = "Remote prefills by outcome (fallback: the decode node prefilled locally).",
+                         .help = "Remote prefills by outcome (fallback: the remote prefill failed and the decode node prefilled "
+                                 "locally; refused: the hinted prefill node is not a registered node of this model).",
                          .type = METRICS_COUNTER, .label_names = result_label, .n_labels = 1};
     if ((st = metrics_family_register(reg, &rd, &f))) return st;
     for (int i = 0; i < REMOTE_N; i++) {
@@ -720,6 +749,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->load_mu, NULL);
     snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
+    s->members = cfg->members;
     bt_calls_init(&s->calls, cfg->max_inflight > 0 ? cfg->max_inflight : DECODE_MAX_INFLIGHT, DEC_LOG);
     s->remote_timeout_ms = cfg->remote_timeout_ms ? cfg->remote_timeout_ms : DECODE_REMOTE_TIMEOUT_MS;
     s->remote_hooks = (bt_remote_prefill){remote_start};

@@ -31,6 +31,8 @@ typedef struct decode_config {
     int32_t spec_k_max;        /* 0 = the engine's default (8) */
     metrics_registry_t *metrics; /* must outlive the service */
     bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
+    mbr_watcher_t *members;    /* the cluster's members (must outlive the service); a prefill hint is followed
+                                * only to a prefill node registered there with this model. NULL: hints ignored */
 } decode_config_t;
 
 typedef struct decode_service decode_service_t;

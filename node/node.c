@@ -31,6 +31,7 @@ struct bt_node {
     http_server_t *http;
     etcd_client_t *etcd;
     mbr_registration_t *reg;
+    mbr_watcher_t *members; /* the cluster as etcd shows it: which peers requests may name (peer_check.h) */
     char grpc_addr[128]; /* published: fits mbr_node_info_t */
     char http_addr[128];
     atomic_int draining;
@@ -349,6 +350,11 @@ bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char 
 
 /* ---- node ---- */
 
+mbr_watcher_t *bt_node_members(bt_node_t *n)
+{
+    return n->members;
+}
+
 metrics_registry_t *bt_node_metrics(bt_node_t *n) { return n->metrics; }
 bt_rpc_server_t *bt_node_rpc(bt_node_t *n) { return n->rpc; }
 const bt_node_flags_t *bt_node_flags(const bt_node_t *n) { return &n->flags; }
@@ -390,6 +396,7 @@ bt_status bt_node_create(const bt_node_flags_t *f, mbr_role role, bt_node_t **ou
     if (f->etcd[0]) {
         etcd_config_t ec = {.endpoints = f->etcd};
         if ((st = etcd_client_create(&ec, &n->etcd))) goto fail;
+        if ((st = mbr_watcher_create(n->etcd, f->cluster, NULL, &n->members))) goto fail;
     }
     char host[BT_NODE_ADDR_MAX];
     int port;
@@ -570,6 +577,7 @@ void bt_node_destroy(bt_node_t *n)
     bt_node_stop(n, 0);
     bt_rpc_server_destroy(n->rpc);
     http_server_destroy(n->http);
+    mbr_watcher_destroy(n->members);
     etcd_client_destroy(n->etcd);
     metrics_registry_destroy(n->metrics);
     pthread_mutex_destroy(&n->mu);

@@ -68,6 +68,8 @@ bt_status bt_node_create(const bt_node_flags_t *f, mbr_role role, bt_node_t **ou
 
 /* Accessors; valid until bt_node_destroy. */
 metrics_registry_t *bt_node_metrics(bt_node_t *n);
+/* The cluster's members as this node's etcd watch sees them (NULL without etcd): the peers it may believe. */
+mbr_watcher_t *bt_node_members(bt_node_t *n);
 bt_rpc_server_t *bt_node_rpc(bt_node_t *n);
 const bt_node_flags_t *bt_node_flags(const bt_node_t *n);
 /* The published addresses ("127.0.0.1:41234"); the HTTP one is "" before bt_node_start. */

@@ -14,6 +14,7 @@ static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **sv
         .node_id = flags->node_id,
         .metrics = bt_node_metrics(node),
         .rpc = bt_node_rpc(node),
+        .members = bt_node_members(node),
     };
     prefill_service_t *s = NULL;
     bt_status st = prefill_service_create(&pc, &s);

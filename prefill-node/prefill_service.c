@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "node/calls.h"
 #include "node/node_engine.h"
+#include "node/peer_check.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -34,6 +35,7 @@ static const char *const PS_NAMES[PS_N] = {"ok", "transfer_failed", "cancelled",
 
 struct prefill_service {
     char node_id[MBR_NODE_ID_MAX];
+    mbr_watcher_t *members; /* which decode nodes may receive KV (node/peer_check.h); NULL: none */
     bt_ne_t *ne;
     bt_calls_t calls;
     bt_kv_export export_hooks;
@@ -72,6 +74,7 @@ struct pf_call {
     kvx_push_t *push;
     int push_failed_early;      /* creating the push failed: message in err */
     int layer_failed;
+    bt_status layer_status;     /* why posting a layer failed (the push's own status); message in err */
     double t_begin, t_last_layer; /* push created; last layer posted (monotonic seconds) */
     uint32_t n_layers;
     char err[256];
@@ -171,7 +174,12 @@ static void export_layer(void *user, int32_t layer)
         c->layer_failed = 1;
         return;
     }
-    if (kvx_push_layer(c->push, (uint32_t)layer) != BT_OK) c->layer_failed = 1; /* the completion says why */
+    bt_status st = kvx_push_layer(c->push, (uint32_t)layer);
+    if (st != BT_OK) { /* e.g. the receiver refused the claim: nothing was written */
+        c->layer_failed = 1;
+        c->layer_status = st;
+        snprintf(c->err, sizeof c->err, "%s", bt_last_error());
+    }
     if ((uint32_t)layer + 1 == c->n_layers) c->t_last_layer = bt_sched_now();
 }
 
@@ -199,7 +207,7 @@ static void on_event(void *user, const bt_sched_event *ev)
         c->push = NULL;
         pthread_mutex_lock(&c->base.mu);
         c->push_running = 0;
-        c->push_status = BT_ERR_CANCELLED;
+        c->push_status = c->layer_status ? c->layer_status : BT_ERR_CANCELLED;
         pthread_mutex_unlock(&c->base.mu);
     }
     pthread_mutex_lock(&c->base.mu);
@@ -237,7 +245,7 @@ static bt_rpc_code answer_status(pf_call *c, char *msg, size_t cap, int *ps)
     if (!c->push || c->push_status != BT_OK) {
         *ps = PS_TRANSFER_FAILED;
         snprintf(msg, cap, "KV transfer to %s failed: %s: %s", c->dest_node, bt_status_str(c->push_status),
-                 c->push ? kvx_push_error(c->push) : "no transfer");
+                 c->push ? kvx_push_error(c->push) : c->err[0] ? c->err : "no transfer");
         return c->push_status == BT_ERR_TIMEOUT ? BT_RPC_DEADLINE_EXCEEDED : BT_RPC_UNAVAILABLE;
     }
     *ps = PS_OK;
@@ -353,11 +361,32 @@ static void *finisher_main(void *arg)
 
 /* ---- Run ---- */
 
+/* KV goes only into a pool its owner registered: the destination must be a decode node of this cluster serving our
+ * model, and the descriptor must be the one it published, byte for byte. */
+static bt_rpc_code check_destination(prefill_service_t *s, const Baton__V1__KvDestination *d, char *err, size_t cap)
+{
+    char why[256];
+    mbr_node_t rec;
+    if (bt_peer_lookup(s->members, d->decode_node_id, MBR_ROLE_DECODE, s->ne->fingerprint, &rec, why, sizeof why)) {
+        snprintf(err, cap, "destination refused: %s", why);
+        return BT_RPC_PERMISSION_DENIED;
+    }
+    int same = bt_peer_desc_matches(&rec, d->pool_descriptor.data, d->pool_descriptor.len);
+    mbr_node_info_free(&rec.info);
+    if (!same) {
+        snprintf(err, cap, "destination refused: destination.pool_descriptor is not the KV pool decode node '%.64s' "
+                 "registered", d->decode_node_id);
+        return BT_RPC_PERMISSION_DENIED;
+    }
+    return BT_RPC_OK;
+}
+
 /* Validates q; fills rp. Returns the gRPC code and a message. */
 static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
                                  char *err, size_t cap)
 {
     bt_ne_t *ne = s->ne;
+    bt_rpc_code code;
     if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, ne->fingerprint) != 0) {
         snprintf(err, cap, "model_fingerprint %.32s does not match this node's model %s (%s)", q->model_fingerprint,
                  ne->fingerprint, ne->m->name);
@@ -408,6 +437,7 @@ static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillR
         snprintf(err, cap, "destination.pool_descriptor is empty");
         return BT_RPC_INVALID_ARGUMENT;
     }
+    if ((code = check_destination(s, d, err, cap)) != BT_RPC_OK) return code;
     bt_sampling *sp = &rp->sampling;
     if (bt_ne_sampling_from_proto(ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
                                   bt_ne_random_seed(), sp, err, cap))
@@ -536,6 +566,7 @@ bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t 
     pthread_mutex_init(&s->bw_mu, NULL);
     bt_calls_init(&s->calls, PREFILL_MAX_INFLIGHT, PF_LOG);
     snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
+    s->members = cfg->members;
     s->export_hooks = (bt_kv_export){export_begin, export_layer};
     bt_status st;
     bt_ne_config_t nc = {.model_path = cfg->model_path, .name = PF_LOG, .threads = cfg->threads,

@@ -30,6 +30,9 @@ typedef struct prefill_config {
     const char *node_id;
     metrics_registry_t *metrics; /* must outlive the service */
     bt_rpc_server_t *rpc;        /* not started yet: the methods are added to it */
+    mbr_watcher_t *members;      /* the cluster's members (must outlive the service); KV is pushed only to a decode
+                                  * node registered there with this model and the very pool descriptor the request
+                                  * names. NULL: every destination is refused */
 } prefill_config_t;
 
 typedef struct prefill_service prefill_service_t;

@@ -100,7 +100,7 @@ def descriptors_by_path(p):
 def check_remote_equals_colocated(pb, p, dr, s_remote, s_local, cases, path):
     """cases through p into dr (remote prefill) and on s_local (colocated): bit-identical outputs, every request
     prefilled remotely, the KV bytes of every block moved on the data path `path` and on no other."""
-    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id="p", grpc_address=p.grpc_addr)
+    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id=p.node_id, grpc_address=p.grpc_addr)
     # the two paths run side by side (one core each): remote on dr+p, colocated on the other decode node
     with cf.ThreadPoolExecutor(max_workers=2) as ex:
         remote = ex.map(lambda c: run(pb, s_remote, *c, hint=hint, rid="r"), cases)
@@ -156,7 +156,7 @@ def test_put_path_over_shm(pb, etcd, default_model):
 
 def test_decode_prefix_hit_is_not_resent(pb, cluster):
     p, dr = cluster["p"], cluster["dr"]
-    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id="p", grpc_address=p.grpc_addr)
+    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id=p.node_id, grpc_address=p.grpc_addr)
     chans, s_remote, s_local = stubs(pb, cluster)
     rng = random.Random(11)
     shared = [rng.randrange(200, 40000) for _ in range(512)]
@@ -210,7 +210,7 @@ def test_prefill_node_killed_with_32_in_flight(pb, cluster, etcd, default_model)
     want = [run(pb, s_local, *c) for c in cases]
     with start_prefill(etcd, default_model, node_id=f"pk-{t}", threads=1, kv_mem="128M", env=env) as pk, \
             start_decode(etcd, default_model, node_id=f"dk-{t}", threads=1, kv_mem="256M", env=env) as dk:
-        hint = pb["baton.v1.node_pb2"].PrefillHint(node_id="pk", grpc_address=pk.grpc_addr)
+        hint = pb["baton.v1.node_pb2"].PrefillHint(node_id=pk.node_id, grpc_address=pk.grpc_addr)
         with grpc.insecure_channel(dk.grpc_addr) as ch:
             stub = pb["baton.v1.node_pb2_grpc"].DecodeStub(ch)
             deadline_s = 120
@@ -252,7 +252,7 @@ def test_client_cancel_drops_the_remote_prefill(pb, cluster):
     before = p.metric("baton_requests_total", 'status="cancelled"') or 0
     call = s_remote.Run(n.DecodeRunRequest(request_id="gone", prompt_token_ids=ids, max_tokens=4,
                                            sampling=g.SamplingParams(temperature=0.0),
-                                           prefill=n.PrefillHint(node_id="p", grpc_address=p.grpc_addr)),
+                                           prefill=n.PrefillHint(node_id=p.node_id, grpc_address=p.grpc_addr)),
                         timeout=120)
     # cancel while the prefill node computes the prompt (its 1,024-token chunks take seconds): poll for that
     end = time.monotonic() + 30
@@ -273,7 +273,7 @@ def test_remote_equals_baton_generate(pb, cluster, baton_bin, default_model):
     import json
     import subprocess
     p = cluster["p"]
-    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id="p", grpc_address=p.grpc_addr)
+    hint = pb["baton.v1.node_pb2"].PrefillHint(node_id=p.node_id, grpc_address=p.grpc_addr)
     chans, s_remote, _ = stubs(pb, cluster)
     for q in ["What is the capital of France?", "Write a haiku about rain."]:
         conv = json.dumps([{"role": "user", "content": q}])

@@ -203,8 +203,10 @@ def start_decode(etcd, model, *, extra_args: Sequence[str] = (), env: Optional[d
     flags.setdefault("grpc_listen", "127.0.0.1:0")
     flags.setdefault("http_listen", "127.0.0.1:0")
     args = ["--model", str(model), "--etcd", _etcd_endpoint(etcd), *flag_args(flags), *extra_args]
-    return start_proc("baton-decode", args, name=f"decode-{flags.get('node_id', 'node')}", env=env,
+    proc = start_proc("baton-decode", args, name=f"decode-{flags.get('node_id', 'node')}", env=env,
                       timeout=timeout, wait=wait)
+    proc.node_id = flags.get("node_id")  # None: the node picked its own (<role>-<host>-<pid>)
+    return proc
 
 
 def start_prefill(etcd, model, *, extra_args: Sequence[str] = (), env: Optional[dict] = None,
@@ -214,8 +216,10 @@ def start_prefill(etcd, model, *, extra_args: Sequence[str] = (), env: Optional[
     flags.setdefault("grpc_listen", "127.0.0.1:0")
     flags.setdefault("http_listen", "127.0.0.1:0")
     args = ["--model", str(model), "--etcd", _etcd_endpoint(etcd), *flag_args(flags), *extra_args]
-    return start_proc("baton-prefill", args, name=f"prefill-{flags.get('node_id', 'node')}", env=env,
+    proc = start_proc("baton-prefill", args, name=f"prefill-{flags.get('node_id', 'node')}", env=env,
                       timeout=timeout, wait=wait)
+    proc.node_id = flags.get("node_id")  # None: the node picked its own (<role>-<host>-<pid>)
+    return proc
 
 
 def wait_registered(etcd, node_id: str, cluster: str = "default", timeout: float = 10.0) -> dict:
