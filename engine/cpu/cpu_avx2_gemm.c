@@ -10,6 +10,7 @@
  *     so it never saturates) then vpmaddwd against ones (s32) then vpaddd: the same integer as vpdpbusd.
  *     Q8_0's 8-bit layout (codes + 128) would saturate vpmaddubsw, so AVX2 has no 8-bit Q8_0 kernel: such weights
  *     stay unpacked and take dot_rows.
+ * Q4_K (16-bit activations) is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format.
  * Per lane and block the integer dot is exact, then converted and accumulated exactly as bt_cpu_gemm_packed_ref
  * does (fma of the converted sum by d_w * d_a, then for Q4_1 fma of m_w by the activation's d * sum), so neither
  * the pass split nor nr changes a bit. */
@@ -42,6 +43,7 @@ AI __m256i bcast32(const void *p)
 /* Block b of a packed group: its unit, its 16 d (then 16 m for Q4_1) and its code vectors. */
 AI const uint8_t *unit_base(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
+    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
     return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
 }
 
@@ -52,14 +54,36 @@ AI const uint16_t *blk_scales(const uint8_t *group, int64_t b, const int type, c
 
 AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
+    if (type == BT_TYPE_Q4_K) return unit_base(group, b, type, cb) + 128;
     return unit_base(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
+}
+
+/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
+ * super-block (bt_block_q16_256). */
+AI const int16_t *act16_qs(const void *act, size_t act_stride, int r, int64_t b, const int type)
+{
+    if (type == BT_TYPE_Q4_K)
+        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3))->qs + 32 * (b & 7);
+    return ACT16(r, b)->qs;
+}
+
+/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
+AI void act16_scales(const void *act, size_t act_stride, int r, int64_t b, const int type, float *d, float *ds)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3);
+        const int s = (int)(b & 7);
+        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
+        return;
+    }
+    *d = ACT16(r, b)->d, *ds = ACT16(r, b)->ds;
 }
 
 /* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks */
 AI void prefetch_block(const void *next, int64_t b, const int type)
 {
     if (!next) return;
-    const int per = type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544; /* unit bytes / blocks */
+    const int per = type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
     const char *p = (const char *)next + (size_t)b * per;
 #pragma GCC unroll 9
     for (int i = 0; i < per; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
@@ -103,26 +127,44 @@ AI void store_rows(const int NR, const __m256 (*acc)[2], float *out, size_t out_
     }
 }
 
-/* Adds every row's block ends into its float accumulators. */
-#define ACCUM_ROWS(ACT)                                                                                        \
+/* The 16 rows' d and m of block b as two halves each (m zero for types without one). */
+AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m256 *d, __m256 *m)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const float *f = (const float *)unit_base(group, b, type, cb);
+        d[0] = _mm256_load_ps(f), d[1] = _mm256_load_ps(f + 8);
+        m[0] = _mm256_load_ps(f + 16), m[1] = _mm256_load_ps(f + 24);
+        return;
+    }
+    const uint16_t *sc = blk_scales(group, b, type, cb);
+    load_scales(sc, &d[0], &d[1]);
+    if (type == BT_TYPE_Q4_1)
+        load_scales(sc + BT_CPU_PACK_ROWS, &m[0], &m[1]);
+    else
+        m[0] = m[1] = _mm256_setzero_ps();
+}
+
+/* Adds every row's block ends into its float accumulators (ad, ads: the row's activation d and d * sum). */
+#define ACCUM_ROWS(SCALES)                                                                                     \
     do {                                                                                                       \
-        __m256 dlo, dhi, mlo = _mm256_setzero_ps(), mhi = _mm256_setzero_ps();                                 \
-        load_scales(sc, &dlo, &dhi);                                                                           \
-        if (mins) load_scales(sc + BT_CPU_PACK_ROWS, &mlo, &mhi);                                              \
+        __m256 dw[2], mw[2];                                                                                   \
+        load_w_scales(group, b, type, cb, dw, mw);                                                             \
         _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)                                                   \
         {                                                                                                      \
-            acc[r][0] = block_accum(acc[r][0], s[r][0], dlo, mlo, mins, ACT(r, b)->d, ACT(r, b)->ds);          \
-            acc[r][1] = block_accum(acc[r][1], s[r][1], dhi, mhi, mins, ACT(r, b)->d, ACT(r, b)->ds);          \
+            float ad, ads;                                                                                     \
+            SCALES;                                                                                            \
+            acc[r][0] = block_accum(acc[r][0], s[r][0], dw[0], mw[0], mins, ad, ads);                          \
+            acc[r][1] = block_accum(acc[r][1], s[r][1], dw[1], mw[1], mins, ad, ads);                          \
         }                                                                                                      \
     } while (0)
 
 /* 16-bit activations: every row's sums += the operand pair (lo, hi) times the row's activation dword idx. */
 AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
-                   int64_t b, const int idx)
+                   int64_t b, const int idx, const int type)
 {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        const __m256i a = bcast32(ACT16(r, b)->qs + 2 * idx);
+        const __m256i a = bcast32(act16_qs(act, act_stride, r, b, type) + 2 * idx);
         s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(lo, a));
         s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(hi, a));
     }
@@ -132,40 +174,39 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
-    const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const int mins = type == BT_TYPE_Q4_1 || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
     const __m256i m4 = _mm256_set1_epi32(0x000f000f);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = blk_codes(group, b, type, cb);
-        const uint16_t *sc = blk_scales(group, b, type, cb);
         prefetch_block(next, b, type);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT16(r, b)->sum);
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
         if (type == BT_TYPE_Q8_0) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
                 const __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k + 16)));
-                dot16_rows(NR, s, lo, hi, act, act_stride, b, k);
+                dot16_rows(NR, s, lo, hi, act, act_stride, b, k, type);
             }
         } else {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-                dot16_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, 2 * k);
+                dot16_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, 2 * k, type);
                 dot16_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4),
-                           _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4), act, act_stride, b, 2 * k + 1);
+                           _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4), act, act_stride, b, 2 * k + 1, type);
                 dot16_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
-                           _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, 2 * k + 8);
+                           _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, 2 * k + 8, type);
                 dot16_rows(NR, s, _mm256_srli_epi16(vl, 12), _mm256_srli_epi16(vh, 12), act, act_stride, b,
-                           2 * k + 9);
+                           2 * k + 9, type);
             }
         }
-        ACCUM_ROWS(ACT16);
+        ACCUM_ROWS(act16_scales(act, act_stride, r, b, type, &ad, &ads));
     }
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
@@ -195,7 +236,6 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = blk_codes(group, b, type, cb);
-        const uint16_t *sc = blk_scales(group, b, type, cb);
         prefetch_block(next, b, type);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
@@ -208,7 +248,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             dot8_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
                       _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4);
         }
-        ACCUM_ROWS(ACT8);
+        ACCUM_ROWS((ad = ACT8(r, b)->d, ads = ACT8(r, b)->ds));
     }
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
@@ -233,3 +273,4 @@ BT_CPU_GEMM_DECL(avx2, q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
+BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
