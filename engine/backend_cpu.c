@@ -831,6 +831,34 @@ const char *bt_backend_cpu_isa(const bt_backend *be)
     return ((const cpu_ctx *)be->ctx)->ops->name;
 }
 
+/* Counts the model's matrices by weight type. */
+static void count_matrix(const bt_weight *w, int *count)
+{
+    if (w->data && w->n_out > 1 && w->type < BT_TYPE_COUNT) count[w->type]++;
+}
+
+void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf, size_t cap)
+{
+    const cpu_ctx *c = be->ctx;
+    int count[BT_TYPE_COUNT] = {0};
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        const bt_layer *L = &m->layers[l];
+        const bt_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) count_matrix(ws[i], count);
+    }
+    count_matrix(&m->output, count);
+    size_t used = 0;
+    if (cap) buf[0] = 0;
+    for (uint32_t t = 0; t < BT_TYPE_COUNT && used < cap; t++) {
+        if (!count[t]) continue;
+        int packed = c->repack && bt_cpu_pack_supported(c->ops, t, c->act_bits);
+        int k = snprintf(buf + used, cap - used, "%s%s x%d %s", used ? ", " : "", bt_ggml_type_name(t), count[t],
+                         packed ? "packed" : c->repack ? "row kernels (no packed layout)" : "row kernels");
+        if (k < 0) break;
+        used += (size_t)k;
+    }
+}
+
 int bt_backend_cpu_threads(const bt_backend *be)
 {
     return bt_pool_size(((const cpu_ctx *)be->ctx)->pool);

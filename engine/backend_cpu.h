@@ -16,4 +16,9 @@ int bt_backend_cpu_threads(const bt_backend *be);
 /* Activation precision of quantized matmuls: 16 (default) or 8 (BATON_ACT_BITS=8). */
 int bt_backend_cpu_act_bits(const bt_backend *be);
 
+/* Which kernels the model's matrices run on, per weight type, e.g. "q4_1 x210 packed, q8_0 x1 packed" or
+ * "q6_k x1 row kernels (no packed layout)": a user sees at once when a type takes the slower unpacked path.
+ * Writes at most cap bytes (always NUL-terminated). */
+void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf, size_t cap);
+
 #endif

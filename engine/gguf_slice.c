@@ -42,10 +42,12 @@ static bt_status copy_array(gguf_writer *w, const char *key, const gguf_kv *kv)
 }
 
 static bt_status copy_key(gguf_writer *w, const gguf_kv *kv, const char *key, const char *count_key,
-                          int32_t n_layers, const char *name_suffix)
+                          int32_t n_layers, const char *name_suffix, int file_type)
 {
     if (!strcmp(key, "general.alignment")) return gguf_writer_set_alignment(w, (uint32_t)kv->num.u64);
-    if (!strcmp(key, count_key)) return gguf_writer_add_u32(w, key, (uint32_t)n_layers);
+    if (n_layers > 0 && !strcmp(key, count_key)) return gguf_writer_add_u32(w, key, (uint32_t)n_layers);
+    if (file_type >= 0 && !strcmp(key, "general.file_type") && kv->type == GGUF_VT_UINT32)
+        return gguf_writer_add_u32(w, key, (uint32_t)file_type);
     switch (kv->type) {
     case GGUF_VT_UINT32: return gguf_writer_add_u32(w, key, (uint32_t)kv->num.u64);
     case GGUF_VT_INT32: return gguf_writer_add_i32(w, key, (int32_t)kv->num.i64);
@@ -69,16 +71,17 @@ static bt_status copy_key(gguf_writer *w, const gguf_kv *kv, const char *key, co
     }
 }
 
-/* 1 when the tensor belongs to a layer at or past n_layers. */
+/* 1 when the tensor belongs to a layer at or past n_layers (0: none is dropped). */
 static int dropped(const gguf_tensor *t, int32_t n_layers)
 {
+    if (n_layers <= 0) return 0;
     char name[256];
     gguf_str_copy(t->name, name, sizeof name);
     if (strncmp(name, "blk.", 4)) return 0;
     return atoi(name + 4) >= n_layers;
 }
 
-bt_status gguf_slice_layers(const char *in_path, const char *out_path, int32_t n_layers)
+bt_status gguf_rewrite(const char *in_path, const char *out_path, const gguf_rewrite_opts *o)
 {
     gguf_file *f = NULL;
     bt_status st = gguf_open(in_path, &f);
@@ -87,6 +90,7 @@ bt_status gguf_slice_layers(const char *in_path, const char *out_path, int32_t n
     char arch[64], count_key[128], suffix[64];
     gguf_str a;
     uint32_t blocks = 0;
+    int32_t n_layers = o->n_layers;
     if (gguf_get_str(f, "general.architecture", &a)) {
         st = bt_fail(BT_ERR_INVALID, "%s has no general.architecture", in_path);
         goto out;
@@ -97,32 +101,46 @@ bt_status gguf_slice_layers(const char *in_path, const char *out_path, int32_t n
         st = bt_fail(BT_ERR_INVALID, "%s has no %s", in_path, count_key);
         goto out;
     }
-    if (n_layers < 1 || (uint32_t)n_layers >= blocks) {
+    if (n_layers < 0 || (n_layers > 0 && (uint32_t)n_layers >= blocks)) {
         st = bt_fail(BT_ERR_INVALID, "cannot keep %d layers of %s: it has %u (keep 1..%u)", n_layers, in_path, blocks,
                      blocks - 1);
         goto out;
     }
-    snprintf(suffix, sizeof suffix, " (layers 0-%d)", n_layers - 1);
+    if (o->name_suffix)
+        snprintf(suffix, sizeof suffix, "%s", o->name_suffix);
+    else if (n_layers > 0)
+        snprintf(suffix, sizeof suffix, " (layers 0-%d)", n_layers - 1);
+    else
+        suffix[0] = 0;
     if (!(w = gguf_writer_create())) {
-        st = bt_fail(BT_ERR_NOMEM, "out of memory slicing %s", in_path);
+        st = bt_fail(BT_ERR_NOMEM, "out of memory rewriting %s", in_path);
         goto out;
     }
     for (uint64_t i = 0; i < gguf_n_kv(f) && !st; i++) {
         const gguf_kv *kv = gguf_kv_at(f, i);
         char key[256];
         gguf_str_copy(kv->key, key, sizeof key);
-        st = copy_key(w, kv, key, count_key, n_layers, suffix);
+        st = copy_key(w, kv, key, count_key, n_layers, suffix, o->file_type);
     }
     for (uint64_t i = 0; i < gguf_n_tensors(f) && !st; i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         if (dropped(t, n_layers)) continue;
         char name[256];
         gguf_str_copy(t->name, name, sizeof name);
-        st = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, (size_t)t->n_bytes);
+        gguf_tensor_out to = {.type = t->type, .data = t->data, .n_bytes = (size_t)t->n_bytes};
+        if (o->tensor && (st = o->tensor(o->ud, t, &to))) break;
+        st = gguf_writer_add_tensor(w, name, to.type, t->n_dims, t->ne, to.data, to.n_bytes);
     }
     if (!st) st = gguf_writer_write_file(w, out_path);
 out:
     gguf_writer_free(w);
     gguf_close(f);
     return st;
+}
+
+bt_status gguf_slice_layers(const char *in_path, const char *out_path, int32_t n_layers)
+{
+    if (n_layers < 1) return bt_fail(BT_ERR_INVALID, "cannot keep %d layers of %s", n_layers, in_path);
+    gguf_rewrite_opts o = {.n_layers = n_layers, .file_type = -1};
+    return gguf_rewrite(in_path, out_path, &o);
 }

@@ -180,14 +180,15 @@ bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *inf
 
 void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap)
 {
-    char kmax[16] = "";
+    char kmax[16] = "", kinds[256];
     if (ne->proposer) snprintf(kmax, sizeof kmax, "%d", ne->spec.k_max);
+    bt_backend_cpu_describe(ne->be, ne->m, kinds, sizeof kinds);
     snprintf(buf, cap,
-             "model %s (fingerprint %s, %d layers, vocab %d) | cpu %s, %d threads, %d-bit activations | "
+             "model %s (fingerprint %s, %d layers, vocab %d) | cpu %s, %d threads, %d-bit activations, matmuls %s | "
              "KV %lld blocks x %d tokens (%.0f MiB f16, %s) | batch %d tokens, %d running, context %d | "
              "speculation %s%s%s",
              ne->m->name, ne->fingerprint, ne->m->hp.n_layer, ne->n_vocab, bt_backend_cpu_isa(ne->be),
-             bt_backend_cpu_threads(ne->be), bt_backend_cpu_act_bits(ne->be), (long long)ne->kv_blocks_total,
+             bt_backend_cpu_threads(ne->be), bt_backend_cpu_act_bits(ne->be), kinds, (long long)ne->kv_blocks_total,
              BT_KV_BLOCK, (double)ne->kv_block_bytes * (double)ne->kv_blocks_total / (1024.0 * 1024.0),
              ne->kvx_pool ? "registered with UCX" : "no kvtransfer", ne->max_batch_tokens, ne->max_running,
              ne->max_context, bt_spec_kind_name(ne->spec.kind), ne->proposer ? ", k up to " : "", kmax);

@@ -408,7 +408,10 @@ int cmd_bench(int argc, char **argv)
         double p128 = bench_median(pre128, (int)reps), p512 = bench_median(pre512, (int)reps), d = bench_median(dec, (int)reps);
         double roof = bwn / wbytes; /* tokens/s if decode only streamed the weights once per token */
         printf("model               %s\n", m->name);
-        printf("kernels             %s, %d threads\n", bt_backend_cpu_isa(r.be), nth);
+        char kinds[256];
+        bt_backend_cpu_describe(r.be, m, kinds, sizeof kinds);
+        printf("kernels             %s, %d threads, %d-bit activations: %s\n", bt_backend_cpu_isa(r.be), nth,
+               bt_backend_cpu_act_bits(r.be), kinds);
         printf("prefill 128 tokens  %8.1f tok/s   (median of %ld)\n", p128, reps);
         printf("prefill 512 tokens  %8.1f tok/s\n", p512);
         printf("decode batch 1      %8.1f tok/s   (%.2f ms/token, %ld tokens after a 128-token prompt)\n", d,

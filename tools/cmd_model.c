@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/paths.h"
+#include "engine/cpu/cpu_kernels.h"
 #include "engine/ggml_type.h"
 #include "engine/gguf.h"
 #include "engine/gguf_slice.h"
@@ -21,6 +22,9 @@ static void model_usage(FILE *out)
             "                                          write the model's layers 0..N (inclusive) as a model of their\n"
             "                                          own: a draft for speculative decoding (--spec draft:FILE;\n"
             "                                          --spec self:N+1 does the same without a file)\n"
+            "       baton model quantize [PATH] --type q4_k --out FILE\n"
+            "                                          write the model with every matrix (rows a multiple of 256)\n"
+            "                                          requantized to Q4_K (a K-quant file to test and measure with)\n"
             "       baton model path                print the default model's path\n"
             "\n--all prints every array element instead of the first few.\n",
             BT_DEFAULT_MODEL_FILE);
@@ -221,6 +225,79 @@ static int model_slice(const char *path, const char *layers, const char *out)
     return 0;
 }
 
+/* `model quantize`: each matrix (2-D ".weight" tensor with rows a multiple of 256) rewritten as Q4_K. */
+typedef struct quant_job {
+    uint64_t done, total;
+    void *buf;   /* the current tensor's Q4_K bytes */
+    float *row;  /* one dequantized row */
+    size_t row_cap;
+} quant_job;
+
+static int quantizable(const gguf_tensor *t)
+{
+    char name[256];
+    gguf_str_copy(t->name, name, sizeof name);
+    size_t n = strlen(name);
+    return t->n_dims == 2 && n > 7 && !strcmp(name + n - 7, ".weight") && t->ne[0] % BT_QK_K == 0 &&
+           t->type != BT_TYPE_Q4_K;
+}
+
+static bt_status quantize_tensor(void *ud, const gguf_tensor *t, gguf_tensor_out *out)
+{
+    quant_job *q = ud;
+    q->done++;
+    if (!quantizable(t)) return BT_OK;
+    int64_t n_in = (int64_t)t->ne[0], n_out = (int64_t)t->ne[1];
+    size_t src_row = bt_cpu_row_bytes(t->type, n_in), dst_row = bt_cpu_row_bytes(BT_TYPE_Q4_K, n_in);
+    if (!src_row) return bt_fail(BT_ERR_UNSUPPORTED, "cannot read tensor type %s", bt_ggml_type_name(t->type));
+    free(q->buf);
+    q->buf = malloc(dst_row * (size_t)n_out);
+    if ((size_t)n_in > q->row_cap) {
+        free(q->row);
+        q->row = malloc(sizeof(float) * (size_t)n_in);
+        q->row_cap = q->row ? (size_t)n_in : 0;
+    }
+    if (!q->buf || !q->row) return bt_fail(BT_ERR_NOMEM, "out of memory quantizing a %lld x %lld tensor",
+                                           (long long)n_out, (long long)n_in);
+    for (int64_t o = 0; o < n_out; o++) {
+        if (bt_cpu_dequantize_row_ref(t->type, n_in, (const uint8_t *)t->data + (size_t)o * src_row, q->row))
+            return bt_fail(BT_ERR_UNSUPPORTED, "cannot dequantize %s rows", bt_ggml_type_name(t->type));
+        bt_cpu_quantize_row_q4_k(n_in, q->row, (bt_block_q4_k *)((uint8_t *)q->buf + (size_t)o * dst_row));
+    }
+    out->type = BT_TYPE_Q4_K, out->data = q->buf, out->n_bytes = dst_row * (size_t)n_out;
+    fprintf(stderr, "\r  quantized %llu of %llu tensors", (unsigned long long)q->done, (unsigned long long)q->total);
+    return BT_OK;
+}
+
+/* `model quantize PATH --type q4_k --out FILE`. */
+static int model_quantize(const char *path, const char *type, const char *out)
+{
+    if (!type || !out || strcmp(type, "q4_k")) {
+        fprintf(stderr, "baton model quantize: give --type q4_k and --out FILE%s%s%s\n", type ? " (not '" : "",
+                type ? type : "", type ? "': only q4_k is written today)" : "");
+        return 2;
+    }
+    gguf_file *f = NULL;
+    if (gguf_open(path, &f)) {
+        fprintf(stderr, "baton model quantize: %s\n", bt_last_error());
+        return 1;
+    }
+    quant_job q = {.total = gguf_n_tensors(f)};
+    gguf_close(f);
+    gguf_rewrite_opts o = {.name_suffix = " (Q4_K)", .file_type = 14 /* llama.cpp's MOSTLY_Q4_K_S */,
+                           .tensor = quantize_tensor, .ud = &q};
+    bt_status st = gguf_rewrite(path, out, &o);
+    fprintf(stderr, "\n");
+    free(q.buf);
+    free(q.row);
+    if (st) {
+        fprintf(stderr, "baton model quantize: %s\n", bt_last_error());
+        return 1;
+    }
+    printf("wrote %s: the matrices of %s as Q4_K\n", out, path);
+    return 0;
+}
+
 int cmd_model(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -229,11 +306,12 @@ int cmd_model(int argc, char **argv)
     }
     const char *sub = argv[1];
     int all = 0, force = 0;
-    const char *path = NULL, *layers = NULL, *out = NULL;
+    const char *path = NULL, *layers = NULL, *out = NULL, *type = NULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--all")) all = 1;
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
         else if (!strcmp(argv[i], "--force")) force = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             model_usage(stdout);
@@ -261,6 +339,7 @@ int cmd_model(int argc, char **argv)
         return access(path, R_OK) == 0 ? 0 : 1;
     }
     if (!strcmp(sub, "slice")) return model_slice(path, layers, out);
+    if (!strcmp(sub, "quantize")) return model_quantize(path, type, out);
     if (!strcmp(sub, "inspect")) {
         if (path == def && access(path, R_OK) != 0) {
             fprintf(stderr, "baton model inspect: the default model is not cached at %s; run `baton model fetch`\n", path);

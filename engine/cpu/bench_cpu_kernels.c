@@ -5,7 +5,8 @@
  *                          [--bits 8,16] [--hot] [--ms MILLISECONDS_PER_CASE] [--memory-only] [--decode-only] [--gemm]
  * --bits: activation precisions of quantized types (both by default; float types run once).
  * Also times the matmuls of one SmolLM2-135M decode step (batch 1) and prefill chunk (batch 16).
- * --gemm: only the packed AVX-512 kernels against the measured vpdpwssd rate (bench_gemm_kernels). */
+ * --gemm: only the packed kernels of --isa (default: the best here) against its measured dot rate
+ *         (bench_gemm_kernels). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,49 +216,26 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
     free(w), free(wout), free(x), free(y), free(xq);
 }
 
-/* vpdpwssd zmm per second on this thread: 8 independent chains, so throughput, not latency, bounds it */
-__attribute__((target("avx512f,avx512vnni"))) static double dpwssd_rate(void)
-{
-    __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    const __m512i w = _mm512_set1_epi32(3);
-    const long iters = 2 * 1000 * 1000;
-    double t0 = now_s();
-    for (long it = 0; it < iters; it++)
-        __asm__ volatile("vpdpwssd %8, %8, %0\n\tvpdpwssd %8, %8, %1\n\tvpdpwssd %8, %8, %2\n\t"
-                         "vpdpwssd %8, %8, %3\n\tvpdpwssd %8, %8, %4\n\tvpdpwssd %8, %8, %5\n\t"
-                         "vpdpwssd %8, %8, %6\n\tvpdpwssd %8, %8, %7"
-                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
-                         : "v"(w));
-    double dt = now_s() - t0;
-    __m512i t = _mm512_xor_si512(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)),
-                                 _mm512_xor_si512(_mm512_xor_si512(a4, a5), _mm512_xor_si512(a6, a7)));
-    if (_mm512_reduce_or_epi32(t) == 42) printf(" "); /* keeps the loop; the sums wrap, harmlessly */
-    return (double)iters * 8 / dt;
-}
-
 typedef struct gemm_variant {
     const char *name;
     bt_cpu_gemm_fn fn;
     int nr, ahead;
 } gemm_variant;
 
-/* --gemm: the packed kernels alone on one thread: all groups of a matrix times 16 activation rows in tiles of nr,
- * variants alternated, median of 15; "cold" rotates through copies of the packed matrix totalling >= 128 MB, as
- * decode streams the weights. Efficiency: dot instructions (vpdpwssd or vpdpbusd, 16 rows x 32 codes / 2 or / 4
- * each) over the measured vpdpwssd rate. */
-static void bench_gemm_kernels(void)
+/* --gemm: the packed kernels of one ISA alone on one thread: all groups of a matrix times 16 activation rows in
+ * tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the packed matrix totalling
+ * >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's measured dot-instruction rate
+ * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). */
+static void bench_gemm_kernels(bt_cpu_isa isa)
 {
-    if (!bt_cpu_isa_supported(BT_CPU_ISA_AVX512)) {
-        printf("--gemm: no AVX-512 here\n");
+    const bt_cpu_ops *ops = bt_cpu_isa_supported(isa) ? bt_cpu_ops_get(isa) : NULL;
+    if (!ops || (!ops->gemm16[BT_TYPE_Q4_1] && !ops->gemm8[BT_TYPE_Q4_1])) {
+        printf("--gemm: no packed kernels for %s here\n", bt_cpu_isa_name(isa));
         return;
     }
-    double peak = 0; /* best of many short runs: other processes share these cores */
-    for (int i = 0; i < 50; i++) {
-        double r = dpwssd_rate();
-        peak = r > peak ? r : peak;
-    }
-    printf("vpdpwssd zmm: %.2f G/s on one thread (best of 50)\n", peak * 1e-9);
-    const bt_cpu_ops *ops = bt_cpu_ops_get(BT_CPU_ISA_AVX512);
+    double peak[2] = {bt_cpu_dot_macs_rate(isa, 8), bt_cpu_dot_macs_rate(isa, 16)};
+    printf("%s dot rate on one thread: %.1f G MAC/s with 16-bit activations, %.1f with 8-bit\n", bt_cpu_isa_name(isa),
+           peak[1] * 1e-9, peak[0] * 1e-9);
     static const struct { uint32_t t; int64_t n_in, n_out; int cold, rows; } cases[] = {
         {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},
         {BT_TYPE_Q8_0, 576, 49152, 0, 16}, {BT_TYPE_Q8_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 1},
@@ -269,6 +247,8 @@ static void bench_gemm_kernels(void)
         for (int bits = 16; bits >= 8; bits -= 8) {
             uint32_t t = cases[ci].t;
             const int64_t rows = cases[ci].rows;
+            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[t] : ops->gemm8[t];
+            if (!fn) continue; /* no packed kernel for this type and width on this ISA */
             int64_t n_in = cases[ci].n_in, n_out = cases[ci].n_out;
             size_t wb = bt_cpu_row_bytes(t, n_in) * (size_t)n_out, ab = bt_cpu_act_row_bytes(t, bits, n_in);
             uint8_t *w = malloc(wb), *xq = malloc(ab * rows);
@@ -282,7 +262,6 @@ static void bench_gemm_kernels(void)
             bt_cpu_packed *p = calloc((size_t)copies, sizeof *p);
             for (int c = 0; c < copies; c++)
                 if (!p || bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
-            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[t] : ops->gemm8[t];
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
             gemm_variant vs[] = {{"pf", fn, BT_CPU_GEMM_NR, 1}, {"pf", fn, 4, 1}, {"nopf", fn, BT_CPU_GEMM_NR, 0},
                                  {"pf2", fn, BT_CPU_GEMM_NR, 2}};
@@ -302,14 +281,14 @@ static void bench_gemm_kernels(void)
                                          : NULL);
                     samples[v][rep] = now_s() - t0;
                 }
-            double dots = (double)(n_in / (bits == 16 ? 2 : 4)) * (double)(n_out / 16) * (double)rows;
+            double macs = (double)n_in * (double)n_out * (double)rows;
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)n_in, (long long)n_out);
             for (int v = 0; v < NV; v++) {
                 qsort(samples[v], REPS, sizeof(double), cmp_double);
                 double med = samples[v][REPS / 2];
                 printf("%-5s %-10s %4d %4d %4d %-6s %3d %10.1f %7.1f%%\n", bt_ggml_type_name(t), shape, (int)rows, cases[ci].cold,
-                       bits, vs[v].name, vs[v].nr, med * 1e6, 100.0 * dots / med / peak);
+                       bits, vs[v].name, vs[v].nr, med * 1e6, 100.0 * macs / med / peak[bits == 16]);
             }
             fflush(stdout);
             for (int k = 0; k < copies; k++) bt_cpu_packed_free(&p[k]);
@@ -351,8 +330,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (only == 3) {
-        bench_gemm_kernels();
+    if (only == 3) { /* --isa names the kernels (default: the best this CPU has) */
+        bt_cpu_isa gi = BT_CPU_ISA_SCALAR;
+        for (int i = 0; i < BT_CPU_ISA_COUNT; i++)
+            if (bt_cpu_isa_supported((bt_cpu_isa)i) &&
+                (!strcmp(isa_arg, "all") || !strcmp(isa_arg, bt_cpu_isa_name((bt_cpu_isa)i))))
+                gi = (bt_cpu_isa)i;
+        bench_gemm_kernels(gi);
         return 0;
     }
     if (only != 2) bench_memory();

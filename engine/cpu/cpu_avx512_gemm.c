@@ -36,9 +36,11 @@ AI __m512i dpwssd_b(__m512i acc, __m512i w, const void *p)
 #define GEMM_ARGS int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, \
                   float *out, size_t out_stride, int n_valid
 
-/* Block b of a packed group (layout in cpu_gemm.c): its 16 d (then 16 m for Q4_1) and its code vectors. */
+/* Block b of a packed group (layout in cpu_gemm.c): its 16 d (then 16 m for Q4_1; fp32 d and m for Q4_K) and its
+ * code vectors. */
 AI const uint8_t *unit_base(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
+    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
     return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
 }
 
@@ -49,7 +51,43 @@ AI const uint16_t *blk_scales(const uint8_t *group, int64_t b, const int type, c
 
 AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
+    if (type == BT_TYPE_Q4_K) return unit_base(group, b, type, cb) + 128;
     return unit_base(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
+}
+
+/* The 16 rows' d and m of block b as floats (m zero for types without one). */
+AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m512 *dw, __m512 *mw)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const float *f = (const float *)unit_base(group, b, type, cb);
+        *dw = _mm512_load_ps(f), *mw = _mm512_load_ps(f + BT_CPU_PACK_ROWS);
+        return;
+    }
+    const uint16_t *sc = blk_scales(group, b, type, cb);
+    *dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
+    *mw = type == BT_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
+                               : _mm512_setzero_ps();
+}
+
+/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
+ * super-block (bt_block_q16_256). */
+AI const int16_t *act16_qs(const void *act, size_t act_stride, int r, int64_t b, const int type)
+{
+    if (type == BT_TYPE_Q4_K)
+        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3))->qs + 32 * (b & 7);
+    return ACT16(r, b)->qs;
+}
+
+/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
+AI void act16_scales(const void *act, size_t act_stride, int r, int64_t b, const int type, float *d, float *ds)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3);
+        const int s = (int)(b & 7);
+        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
+        return;
+    }
+    *d = ACT16(r, b)->d, *ds = ACT16(r, b)->ds;
 }
 
 /* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so with few rows per pass a row's
@@ -61,7 +99,7 @@ AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, con
 AI void prefetch_block(const void *next, int64_t b, const int type)
 {
     if (!next) return;
-    const int per = type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544; /* unit bytes / blocks */
+    const int per = type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
     const char *p = (const char *)next + (size_t)b * per;
 #pragma GCC unroll 9
     for (int i = 0; i < per; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
@@ -152,10 +190,10 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 
 /* chain ch of every row += code vector c times the row's activation dword idx of block b */
 AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const void *act, size_t act_stride,
-                   int64_t b, const int idx)
+                   int64_t b, const int idx, const int type)
 {
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r][ch] = dpwssd_b(s[r][ch], c, ACT16(r, b)->qs + 2 * idx);
+    for (int r = 0; r < NR; r++) s[r][ch] = dpwssd_b(s[r][ch], c, act16_qs(act, act_stride, r, b, type) + 2 * idx);
 }
 
 /* 16-bit activations: 16 int16-pair code vectors per block, each used by every row as soon as it is decoded (the
@@ -164,7 +202,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
-    const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const int mins = type == BT_TYPE_Q4_1 || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi32(0x000f000f);
     __m512 acc[BT_CPU_GEMM_NR];
@@ -173,12 +211,11 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = blk_codes(group, b, type, cb);
-        const uint16_t *sc = blk_scales(group, b, type, cb);
         prefetch_block(next, b, type);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            s[r][0] = chain_init(off, ACT16(r, b)->sum);
+            s[r][0] = chain_init(off, off ? ACT16(r, b)->sum : 0);
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
@@ -186,29 +223,30 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
-                dot16_rows(NR, s, k % NC, c, act, act_stride, b, k);
+                dot16_rows(NR, s, k % NC, c, act, act_stride, b, k, type);
             }
         } else {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
                 const __m512i v = _mm512_load_si512(cp + 64 * k);
-                dot16_rows(NR, s, (4 * k) % NC, _mm512_and_si512(v, m4), act, act_stride, b, 2 * k);
+                dot16_rows(NR, s, (4 * k) % NC, _mm512_and_si512(v, m4), act, act_stride, b, 2 * k, type);
                 dot16_rows(NR, s, (4 * k + 1) % NC, _mm512_and_si512(_mm512_srli_epi16(v, 8), m4), act, act_stride, b,
-                           2 * k + 1);
+                           2 * k + 1, type);
                 dot16_rows(NR, s, (4 * k + 2) % NC, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), act, act_stride, b,
-                           2 * k + 8);
-                dot16_rows(NR, s, (4 * k + 3) % NC, _mm512_srli_epi16(v, 12), act, act_stride, b, 2 * k + 9);
+                           2 * k + 8, type);
+                dot16_rows(NR, s, (4 * k + 3) % NC, _mm512_srli_epi16(v, 12), act, act_stride, b, 2 * k + 9, type);
             }
         }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
-        const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
-                               : _mm512_setzero_ps();
+        __m512 dw, mw;
+        load_w_scales(group, b, type, cb, &dw, &mw);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             __m512i t = s[r][0];
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
-            acc[r] = block_accum(acc[r], t, dw, mw, mins, ACT16(r, b)->d, ACT16(r, b)->ds);
+            float ad, ads;
+            act16_scales(act, act_stride, r, b, type, &ad, &ads);
+            acc[r] = block_accum(acc[r], t, dw, mw, mins, ad, ads);
         }
     }
     store_rows(NR, acc, out, out_stride, n_valid);
@@ -233,4 +271,5 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
 GEMM(q8_0, BT_TYPE_Q8_0)
+BT_CPU_GEMM_DECL(avx512, q4_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q4_K) }
 

@@ -7,6 +7,12 @@
  *   Q4_1:       unit = 1 block:  [d: 16][m: 16] [codes: 256 bytes]
  *   Q4_0, Q8_0: unit = 2 blocks: [d of b: 16][d of b+1: 16] [codes of b][codes of b+1] (an odd last block leaves
  *               its partner's space zero)
+ *   Q4_K:       unit = 1 block (a 32-element sub-block of a super-block), 16-bit activations only:
+ *               [d: 16 fp32][m: 16 fp32] [codes: 256 bytes] with d = d_super * scale and m = -(dmin * min), both
+ *               exact in fp32, so the block is a Q4_1 block with wider scales; its codes are laid out as Q4_1's
+ *               (low nibble element i, high nibble element 16 + i). Activations stay in the K-quant format
+ *               (bt_block_q16_256): the block's activations are qs[32 s ..] of super-block b / 8 (s = b % 8), d is the
+ *               super-block's and ds = d * (bsums[2s] + bsums[2s+1]).
  * Code vector k of a block (dword j = 4 bytes of row j):
  *   Q4_0 / Q4_1, 8-bit act:  bytes qs[4k .. 4k+3] (k < 4): low nibbles are elements 4k+t, high ones 16+4k+t, the
  *                            pairing vpdpbusd needs against activation dwords k and k + 4;
@@ -36,7 +42,8 @@ static size_t code_bytes(uint32_t t)
 {
     switch (t) {
     case BT_TYPE_Q4_0:
-    case BT_TYPE_Q4_1: return 4 * 64;
+    case BT_TYPE_Q4_1:
+    case BT_TYPE_Q4_K: return 4 * 64;
     case BT_TYPE_Q8_0: return 8 * 64;
     default: return 0;
     }
@@ -44,7 +51,19 @@ static size_t code_bytes(uint32_t t)
 
 static int has_min(uint32_t t)
 {
-    return t == BT_TYPE_Q4_1;
+    return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K;
+}
+
+/* bytes of a unit's scales: 64 (fp16 d, and m or a partner block's d) or, for Q4_K, 128 (fp32 d and m) */
+static size_t scale_bytes(uint32_t t)
+{
+    return t == BT_TYPE_Q4_K ? 128 : 64;
+}
+
+/* elements of the GGUF block a row is made of (the packed blocks are 32 elements whatever the type) */
+static int64_t src_block_elems(uint32_t t)
+{
+    return t == BT_TYPE_Q4_K ? BT_QK_K : BT_QK;
 }
 
 /* integer offset of the codes: isum = sum(code * a) - offset * sum(a) */
@@ -63,7 +82,7 @@ static int unit_blocks(uint32_t t)
 
 static size_t unit_bytes(uint32_t t)
 {
-    return 64 + (size_t)unit_blocks(t) * code_bytes(t);
+    return scale_bytes(t) + (size_t)unit_blocks(t) * code_bytes(t);
 }
 
 static size_t group_bytes(uint32_t t, int64_t n_in)
@@ -82,20 +101,21 @@ static uint16_t *block_scales(uint32_t t, uint8_t *group, int64_t b)
 static uint8_t *block_codes(uint32_t t, uint8_t *group, int64_t b)
 {
     int u = unit_blocks(t);
-    return group + (size_t)(b / u) * unit_bytes(t) + 64 + (size_t)(b % u) * code_bytes(t);
+    return group + (size_t)(b / u) * unit_bytes(t) + scale_bytes(t) + (size_t)(b % u) * code_bytes(t);
 }
 
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 {
     if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t) || (act_bits != 0 && act_bits != 8 && act_bits != 16))
         return 0;
+    if (t == BT_TYPE_Q4_K && norm_bits(act_bits) != 16) return 0; /* no 8-bit layout */
     return (norm_bits(act_bits) == 8 ? ops->gemm8[t] : ops->gemm16[t]) != NULL;
 }
 
 size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out)
 {
     (void)act_bits; /* both layouts have the same size */
-    if (t >= BT_TYPE_COUNT || !code_bytes(t) || n_in <= 0 || n_in % BT_QK || n_out <= 0) return 0;
+    if (t >= BT_TYPE_COUNT || !code_bytes(t) || n_in <= 0 || n_in % src_block_elems(t) || n_out <= 0) return 0;
     int64_t ng = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
     return (size_t)ng * group_bytes(t, n_in);
 }
@@ -107,6 +127,20 @@ typedef struct pack_job {
     int64_t n_groups;
 } pack_job;
 
+/* Sub-block s of a Q4_K super-block as row j of a packed Q4_K block: its fp32 scale and min into f (d[16], m[16]),
+ * its 32 codes as Q4_1 stores them (low nibble element i, high nibble element 16 + i) into q32. */
+static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, float *f, uint8_t q32[BT_QK / 2])
+{
+    uint8_t sc6, m6;
+    bt_q4k_scale_min(sb->scales, s, &sc6, &m6);
+    f[j] = bt_fp16_to_f32(sb->d) * (float)sc6;
+    f[BT_CPU_PACK_ROWS + j] = -(bt_fp16_to_f32(sb->dmin) * (float)m6);
+    const uint8_t *qs = sb->qs + 32 * (s / 2); /* element l of the sub-block: low nibble (s even) or high nibble */
+    const int shift = (s & 1) * 4;
+    for (int i = 0; i < BT_QK / 2; i++)
+        q32[i] = (uint8_t)(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
+}
+
 /* Writes row j (< 16) of group g from the GGUF row src into the packed group dst. */
 static void pack_row(const bt_cpu_packed *p, const uint8_t *src, int j, uint8_t *dst)
 {
@@ -116,6 +150,13 @@ static void pack_row(const bt_cpu_packed *p, const uint8_t *src, int j, uint8_t 
         uint8_t *c = block_codes(p->wtype, dst, b) + 4 * (size_t)j;
         uint16_t *sc = block_scales(p->wtype, dst, b);
         const uint8_t *qs;
+        uint8_t q32[BT_QK / 2];
+        if (p->wtype == BT_TYPE_Q4_K) {
+            pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q32);
+            for (int k = 0; k < 4; k++)
+                for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
+            continue;
+        }
         if (p->wtype == BT_TYPE_Q8_0) {
             const bt_block_q8_0 *blk = (const bt_block_q8_0 *)src + b;
             sc[j] = blk->d;
@@ -165,6 +206,8 @@ static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_ou
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
+    if (t == BT_TYPE_Q4_K && norm_bits(act_bits) != 16)
+        return bt_fail(BT_ERR_UNSUPPORTED, "pack: Q4_K has a packed layout for 16-bit activations only");
     *bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
     if (!*bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
     return BT_OK;
@@ -258,7 +301,13 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 int64_t isum = 0;
                 float ad, ads;
                 int32_t asum;
-                if (p->act_bits == 8) {
+                if (p->wtype == BT_TYPE_Q4_K) { /* K-quant activations: sub-block b % 8 of super-block b / 8 */
+                    const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + b / 8;
+                    const int sb = (int)(b % 8);
+                    for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[32 * sb + e];
+                    asum = a->bsums[2 * sb] + a->bsums[2 * sb + 1];
+                    ad = a->d, ads = a->d * (float)asum;
+                } else if (p->act_bits == 8) {
                     const bt_block_q8_32 *a = (const bt_block_q8_32 *)arow + b;
                     for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[e];
                     ad = a->d, ads = a->ds, asum = a->sum;
@@ -269,8 +318,11 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 }
                 isum -= (int64_t)off * asum;
                 const uint16_t *sc = block_scales(p->wtype, g, b);
-                acc = fmaf((float)isum, bt_fp16_to_f32(sc[j]) * ad, acc);
-                if (mins) acc = fmaf(bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]), ads, acc);
+                const float *f = (const float *)sc; /* Q4_K: fp32 scales */
+                float dw = p->wtype == BT_TYPE_Q4_K ? f[j] : bt_fp16_to_f32(sc[j]);
+                float mw = p->wtype == BT_TYPE_Q4_K ? f[BT_CPU_PACK_ROWS + j] : bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
+                acc = fmaf((float)isum, dw * ad, acc);
+                if (mins) acc = fmaf(mw, ads, acc);
             }
             out[(size_t)r * out_stride + (size_t)j] = acc;
         }

@@ -562,3 +562,59 @@ float bt_cpu_vec_dot_ref(uint32_t t, int act_bits, int64_t n, const void *w_row,
     default: return 0.0f;
     }
 }
+
+/* The 12 scale bytes of a Q4_K super-block from its 8 six-bit scales and mins (inverse of bt_q4k_scale_min). */
+static void q4k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[12])
+{
+    memset(out, 0, 12);
+    for (int j = 0; j < 4; j++) {
+        out[j] = sc[j] & 63;
+        out[j + 4] = m[j] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        out[j + 4] = (uint8_t)((sc[j] & 15) | ((m[j] & 15) << 4));
+        out[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+        out[j] |= (uint8_t)((m[j] >> 4) << 6);
+    }
+}
+
+static uint8_t round_6bit(float v)
+{
+    long r = lrintf(v);
+    return (uint8_t)(r < 0 ? 0 : r > 63 ? 63 : r);
+}
+
+void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y)
+{
+    for (int64_t b = 0; b < n / BT_QK_K; b++, x += BT_QK_K) {
+        float scale[8], mins[8], max_scale = 0, max_min = 0;
+        for (int j = 0; j < 8; j++) {
+            float lo = x[32 * j], hi = x[32 * j];
+            for (int i = 1; i < 32; i++) {
+                lo = x[32 * j + i] < lo ? x[32 * j + i] : lo;
+                hi = x[32 * j + i] > hi ? x[32 * j + i] : hi;
+            }
+            if (lo > 0) lo = 0; /* the min only subtracts */
+            scale[j] = (hi - lo) / 15.0f;
+            mins[j] = -lo;
+            max_scale = scale[j] > max_scale ? scale[j] : max_scale;
+            max_min = mins[j] > max_min ? mins[j] : max_min;
+        }
+        y[b].d = bt_f32_to_fp16(max_scale / 63.0f);
+        y[b].dmin = bt_f32_to_fp16(max_min / 63.0f);
+        float d = bt_fp16_to_f32(y[b].d), dmin = bt_fp16_to_f32(y[b].dmin);
+        uint8_t sc[8], m[8], q[BT_QK_K];
+        for (int j = 0; j < 8; j++) {
+            sc[j] = d > 0 ? round_6bit(scale[j] / d) : 0;
+            m[j] = dmin > 0 ? round_6bit(mins[j] / dmin) : 0;
+            float es = d * (float)sc[j], em = dmin * (float)m[j];
+            for (int i = 0; i < 32; i++) {
+                long v = es > 0 ? lrintf((x[32 * j + i] + em) / es) : 0;
+                q[32 * j + i] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+            }
+        }
+        q4k_pack_scales(sc, m, y[b].scales);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) y[b].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+    }
+}

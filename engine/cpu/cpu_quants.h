@@ -92,6 +92,12 @@ size_t bt_cpu_act_row_bytes(uint32_t t, int act_bits, int64_t n);
  * gguf.quants.dequantize. Returns 0, or -1 when t is not one of the supported types. */
 int bt_cpu_dequantize_row_ref(uint32_t t, int64_t n, const void *x, float *y);
 
+/* Quantizes n floats (n % 256 == 0) to Q4_K: per 32-element sub-block a scale (max - min) / 15 and a min -min(x, 0),
+ * both stored as 6-bit multiples of the super-block's fp16 d and dmin, then each code is the nearest 4-bit level
+ * under the stored (rounded) scale and min. A plain min/max fit, not llama.cpp's search: a little more error, the
+ * same format. NaN inputs give unspecified codes. */
+void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y);
+
 /* Scalar reference activation quantizers: d = max|x| / 127, qs = round-half-even(x * (1 / d)). x must be finite
  * (a NaN or infinity gives unspecified codes, and different ISAs may then disagree). */
 void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y);   /* y[n/32] */

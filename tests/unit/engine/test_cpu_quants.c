@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_kernels.h"
 #include "test_cpu_util.h"
 #include "test_isa.h"
@@ -500,9 +501,48 @@ static void test_dot_rows_invariant(void)
     }
 }
 
+/* bt_cpu_quantize_row_q4_k: every element dequantizes back to within half a step of the sub-block's stored scale
+ * (plus the rounding of that scale), the scale bytes round-trip through bt_q4k_scale_min, and an all-zero row
+ * stays zero. */
+static void test_quantize_q4_k(void)
+{
+    uint64_t s = 61;
+    enum { N = 4 * BT_QK_K };
+    float x[N], y[N];
+    bt_block_q4_k q[N / BT_QK_K];
+    for (int rep = 0; rep < 20; rep++) {
+        float spread = rep % 4 == 0 ? 1e-3f : rep % 4 == 1 ? 1.0f : 30.0f;
+        for (int i = 0; i < N; i++) x[i] = ((float)(test_rand_next(&s) % 20001) / 10000.0f - (rep & 1 ? 0.3f : 1.0f)) * spread;
+        bt_cpu_quantize_row_q4_k(N, x, q);
+        REQUIRE(bt_cpu_dequantize_row_ref(BT_TYPE_Q4_K, N, q, y) == 0);
+        int bad = 0;
+        for (int b = 0; b < N / BT_QK_K; b++)
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, m;
+                bt_q4k_scale_min(q[b].scales, j, &sc, &m);
+                float step = bt_fp16_to_f32(q[b].d) * (float)sc;
+                float lo = x[b * BT_QK_K + 32 * j], hi = lo;
+                for (int i = 0; i < 32; i++) {
+                    float v = x[b * BT_QK_K + 32 * j + i];
+                    lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+                }
+                /* the stored scale and min are 6-bit multiples of fp16 d, dmin: allow their rounding too */
+                float tol = 0.5f * step + 0.02f * (hi - lo) + 1e-6f * spread;
+                for (int i = 0; i < 32; i++)
+                    if (fabsf(y[b * BT_QK_K + 32 * j + i] - x[b * BT_QK_K + 32 * j + i]) > tol) bad++;
+            }
+        CHECK_MSG(bad == 0, "rep %d (spread %g): %d elements off by more than half a step", rep, spread, bad);
+    }
+    for (int i = 0; i < N; i++) x[i] = 0;
+    bt_cpu_quantize_row_q4_k(N, x, q);
+    REQUIRE(bt_cpu_dequantize_row_ref(BT_TYPE_Q4_K, N, q, y) == 0);
+    for (int i = 0; i < N; i++) CHECK(y[i] == 0.0f);
+}
+
 int main(void)
 {
     if (!test_isa_begin()) return test_summary();
+    RUN(test_quantize_q4_k);
     RUN(test_geometry);
     RUN(test_dequant_known);
     RUN(test_act_quant);

@@ -3,7 +3,8 @@
  * tests/CMakeLists.txt): that entry covers that ISA alone and returns 77 (skipped) where the CPU lacks it, so the
  * others still count. Run by hand without BATON_CPU_ISA, a test covers every ISA the CPU has and records each
  * missing one as a skip. BATON_TEST_ISA_MAX=<isa> treats every higher ISA as missing: a rehearsal, on a big host,
- * of a smaller one (BATON_TEST_ISA_MAX=avx2: an AVX2-only machine such as AMD Zen 3).
+ * of a smaller one (BATON_TEST_ISA_MAX=avx2: an AVX2-only machine such as AMD Zen 3). BATON_REQUIRE_ISA=avx2,avx512
+ * turns a missing ISA from a skip into a failure.
  * One translation unit per test binary includes this (its state is static). */
 #ifndef BATON_TEST_ISA_H
 #define BATON_TEST_ISA_H
@@ -37,10 +38,30 @@ static inline int test_isa_present(bt_cpu_isa isa)
     return !test_isa_hidden(isa) && bt_cpu_isa_supported(isa);
 }
 
-/* Records why isa cannot run here. */
+/* True when BATON_REQUIRE_ISA (a comma-separated list, e.g. "avx2,avx512") names isa: a CI host that must test
+ * those kernels fails instead of skipping them. */
+static inline int test_isa_required(bt_cpu_isa isa)
+{
+    const char *req = getenv("BATON_REQUIRE_ISA"), *name = bt_cpu_isa_name(isa);
+    size_t n = strlen(name);
+    for (const char *p = req; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Records why isa cannot run here: a skip, or a failure when BATON_REQUIRE_ISA names it. */
 static inline void test_isa_skip(bt_cpu_isa isa)
 {
     const char *name = bt_cpu_isa_name(isa);
+    if (test_isa_required(isa)) {
+        CHECK_MSG(0, "BATON_REQUIRE_ISA=%s, but the %s kernels cannot run here (%s)", getenv("BATON_REQUIRE_ISA"),
+                  name, test_isa_hidden(isa) ? "hidden by BATON_TEST_ISA_MAX" : "the CPU lacks them");
+        return;
+    }
     if (test_isa_hidden(isa))
         test_skip("%s kernels: BATON_TEST_ISA_MAX=%s hides %s", name, getenv("BATON_TEST_ISA_MAX"), name);
     else

@@ -1,0 +1,276 @@
+/* AVX2 tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to BT_CPU_GEMM_NR (8)
+ * activation rows, taken in passes of up to AVX2_NR rows so that every accumulator stays in one of the 16 ymm
+ * registers (the group is read again by the second pass, from L1: a group of the default model is 6-16 KB).
+ *
+ * A 64-byte code vector (dword j = row j) is two ymm halves: rows 0-7 and rows 8-15. The activation dword it pairs
+ * with is broadcast, so each row's block dot stays in its own lane with no horizontal sum, as on AVX-512:
+ *   16-bit activations: vpmaddwd (s16 x s16, pairs summed into s32) then vpaddd: the same exact integer as
+ *     vpdpwssd;
+ *   8-bit activations (Q4_0, Q4_1): vpmaddubsw (u8 code 0..15 x s8, pairs summed into s16: |sum| <= 2 * 15 * 128,
+ *     so it never saturates) then vpmaddwd against ones (s32) then vpaddd: the same integer as vpdpbusd.
+ *     Q8_0's 8-bit layout (codes + 128) would saturate vpmaddubsw, so AVX2 has no 8-bit Q8_0 kernel: such weights
+ *     stay unpacked and take dot_rows.
+ * Q4_K (16-bit activations) is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format.
+ * Per lane and block the integer dot is exact, then converted and accumulated exactly as bt_cpu_gemm_packed_ref
+ * does (fma of the converted sum by d_w * d_a, then for Q4_1 fma of m_w by the activation's d * sum), so neither
+ * the pass split nor nr changes a bit. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* rows per pass: 2 float accumulators + 2 integer sums per row, plus an operand pair, a broadcast and a mask
+ * (GEMM_PASSES dispatches 1, 2 or 3) */
+#define AVX2_NR 3
+
+#define ACT8(r, b) ((const bt_block_q8_32 *)((const char *)act + (size_t)(r) * act_stride) + (b))
+#define ACT16(r, b) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (b))
+
+#define GEMM_ARGS                                                                                              \
+    int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, float *out, \
+        size_t out_stride, int n_valid
+
+/* the 4-byte activation word at p in every lane */
+AI __m256i bcast32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Block b of a packed group: its unit, its 16 d (then 16 m for Q4_1) and its code vectors. */
+AI const uint8_t *unit_base(const uint8_t *group, int64_t b, const int type, const size_t cb)
+{
+    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
+    return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
+}
+
+AI const uint16_t *blk_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
+{
+    return (const uint16_t *)(unit_base(group, b, type, cb) + (type == BT_TYPE_Q4_1 ? 0 : 32 * (b & 1)));
+}
+
+AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
+{
+    if (type == BT_TYPE_Q4_K) return unit_base(group, b, type, cb) + 128;
+    return unit_base(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
+}
+
+/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
+ * super-block (bt_block_q16_256). */
+AI const int16_t *act16_qs(const void *act, size_t act_stride, int r, int64_t b, const int type)
+{
+    if (type == BT_TYPE_Q4_K)
+        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3))->qs + 32 * (b & 7);
+    return ACT16(r, b)->qs;
+}
+
+/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
+AI void act16_scales(const void *act, size_t act_stride, int r, int64_t b, const int type, float *d, float *ds)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3);
+        const int s = (int)(b & 7);
+        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
+        return;
+    }
+    *d = ACT16(r, b)->d, *ds = ACT16(r, b)->ds;
+}
+
+/* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks */
+AI void prefetch_block(const void *next, int64_t b, const int type)
+{
+    if (!next) return;
+    const int per = type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
+    const char *p = (const char *)next + (size_t)b * per;
+#pragma GCC unroll 9
+    for (int i = 0; i < per; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+/* Integer sums of a block start at -off * sum(a) when the codes carry an offset (Q4_0: 8), else 0. */
+AI __m256i chain_init(int off, int32_t sum)
+{
+    return off ? _mm256_set1_epi32(-off * sum) : _mm256_setzero_si256();
+}
+
+/* acc = fma((float)isum, dw * d_a, acc), then for Q4_1 acc = fma(mw, ds_a, acc): bt_cpu_gemm_packed_ref's order */
+AI __m256 block_accum(__m256 acc, __m256i isum, __m256 dw, __m256 mw, const int mins, float a_d, float a_ds)
+{
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(a_d)), acc);
+    return mins ? _mm256_fmadd_ps(mw, _mm256_set1_ps(a_ds), acc) : acc;
+}
+
+/* The 16 scales at sc as two halves (rows 0-7, 8-15). */
+AI void load_scales(const uint16_t *sc, __m256 *lo, __m256 *hi)
+{
+    *lo = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
+    *hi = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + 8)));
+}
+
+AI void store_rows(const int NR, const __m256 (*acc)[2], float *out, size_t out_stride, int n_valid)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i k_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), idx);
+    const __m256i k_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid - 8), idx);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        float *o = out + (size_t)r * out_stride;
+        if (n_valid == BT_CPU_PACK_ROWS) {
+            _mm256_storeu_ps(o, acc[r][0]);
+            _mm256_storeu_ps(o + 8, acc[r][1]);
+        } else {
+            _mm256_maskstore_ps(o, k_lo, acc[r][0]);
+            _mm256_maskstore_ps(o + 8, k_hi, acc[r][1]);
+        }
+    }
+}
+
+/* The 16 rows' d and m of block b as two halves each (m zero for types without one). */
+AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m256 *d, __m256 *m)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const float *f = (const float *)unit_base(group, b, type, cb);
+        d[0] = _mm256_load_ps(f), d[1] = _mm256_load_ps(f + 8);
+        m[0] = _mm256_load_ps(f + 16), m[1] = _mm256_load_ps(f + 24);
+        return;
+    }
+    const uint16_t *sc = blk_scales(group, b, type, cb);
+    load_scales(sc, &d[0], &d[1]);
+    if (type == BT_TYPE_Q4_1)
+        load_scales(sc + BT_CPU_PACK_ROWS, &m[0], &m[1]);
+    else
+        m[0] = m[1] = _mm256_setzero_ps();
+}
+
+/* Adds every row's block ends into its float accumulators (ad, ads: the row's activation d and d * sum). */
+#define ACCUM_ROWS(SCALES)                                                                                     \
+    do {                                                                                                       \
+        __m256 dw[2], mw[2];                                                                                   \
+        load_w_scales(group, b, type, cb, dw, mw);                                                             \
+        _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)                                                   \
+        {                                                                                                      \
+            float ad, ads;                                                                                     \
+            SCALES;                                                                                            \
+            acc[r][0] = block_accum(acc[r][0], s[r][0], dw[0], mw[0], mins, ad, ads);                          \
+            acc[r][1] = block_accum(acc[r][1], s[r][1], dw[1], mw[1], mins, ad, ads);                          \
+        }                                                                                                      \
+    } while (0)
+
+/* 16-bit activations: every row's sums += the operand pair (lo, hi) times the row's activation dword idx. */
+AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
+                   int64_t b, const int idx, const int type)
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const __m256i a = bcast32(act16_qs(act, act_stride, r, b, type) + 2 * idx);
+        s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(lo, a));
+        s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(hi, a));
+    }
+}
+
+AI void gemm16_kernel(GEMM_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
+    const int mins = type == BT_TYPE_Q4_1 || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const __m256i m4 = _mm256_set1_epi32(0x000f000f);
+    __m256 acc[AVX2_NR][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *cp = blk_codes(group, b, type, cb);
+        prefetch_block(next, b, type);
+        __m256i s[AVX2_NR][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
+        if (type == BT_TYPE_Q8_0) {
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
+                const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
+                const __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k + 16)));
+                dot16_rows(NR, s, lo, hi, act, act_stride, b, k, type);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
+                const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
+                const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
+                dot16_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, 2 * k, type);
+                dot16_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4), act, act_stride, b, 2 * k + 1, type);
+                dot16_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, 2 * k + 8, type);
+                dot16_rows(NR, s, _mm256_srli_epi16(vl, 12), _mm256_srli_epi16(vh, 12), act, act_stride, b,
+                           2 * k + 9, type);
+            }
+        }
+        ACCUM_ROWS(act16_scales(act, act_stride, r, b, type, &ad, &ads));
+    }
+    store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
+}
+
+/* 8-bit activations, Q4_0 / Q4_1: code vector k holds bytes qs[4k .. 4k+3] of each row; its low nibbles pair with
+ * activation dword k, its high nibbles with dword k + 4. */
+AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
+                  int64_t b, const int idx)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const __m256i a = bcast32(ACT8(r, b)->qs + 4 * idx);
+        s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a), ones));
+        s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a), ones));
+    }
+}
+
+AI void gemm8_kernel(GEMM_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    const size_t cb = 256;
+    const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[AVX2_NR][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *cp = blk_codes(group, b, type, cb);
+        prefetch_block(next, b, type);
+        __m256i s[AVX2_NR][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT8(r, b)->sum);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
+            const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
+            dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k);
+            dot8_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
+                      _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4);
+        }
+        ACCUM_ROWS((ad = ACT8(r, b)->d, ads = ACT8(r, b)->ds));
+    }
+    store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
+}
+
+/* nr rows in passes of up to AVX2_NR; each pass is the kernel specialised for its row count */
+#define GEMM_PASSES(kernel, TYPE)                                                                              \
+    for (int r0 = 0; r0 < nr; r0 += AVX2_NR) {                                                                 \
+        const int k = nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR;                                                   \
+        const void *a = (const char *)act + (size_t)r0 * act_stride;                                           \
+        float *o = out + (size_t)r0 * out_stride;                                                              \
+        const void *nx = r0 + k >= nr ? next : NULL; /* prefetch the next group once, in the last pass */     \
+        if (k == 1)                                                                                            \
+            kernel(n, group, nx, a, act_stride, 1, o, out_stride, n_valid, TYPE);                              \
+        else if (k == 2)                                                                                       \
+            kernel(n, group, nx, a, act_stride, 2, o, out_stride, n_valid, TYPE);                              \
+        else                                                                                                   \
+            kernel(n, group, nx, a, act_stride, 3, o, out_stride, n_valid, TYPE);                              \
+    }
+
+BT_CPU_GEMM_DECL(avx2, q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0) }
+BT_CPU_GEMM_DECL(avx2, q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1) }
+BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
+BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
+BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
+BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
