@@ -10,6 +10,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +32,7 @@ typedef struct decode_config {
     int32_t spec_k_max;        /* 0 = the engine's default (8) */
     metrics_registry_t *metrics; /* must outlive the service */
     bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
+    const bt_tls_files_t *tls; /* calls to prefill nodes: verify them against ca, present cert; NULL = insecure */
 } decode_config_t;
 
 typedef struct decode_service decode_service_t;
