@@ -124,8 +124,10 @@ bt_status rtr_dispatch_wait_synced(rtr_dispatch_t *d, int timeout_ms)
 /* A node of this role with an address, serving the router's model (a node of another model is never used). */
 static int usable_role(const rtr_dispatch_t *d, const mbr_node_t *n, mbr_role role)
 {
+    /* an address that is not host:port (a "unix:" or other gRPC target URI from a forged record) is never dialled */
     return n->info.role == role && n->info.grpc_addr[0] &&
-           (!d->fingerprint[0] || !strcasecmp(n->info.model, d->fingerprint));
+           (!d->fingerprint[0] || !strcasecmp(n->info.model, d->fingerprint)) &&
+           bt_tls_check_member_addr(n->info.grpc_addr) == BT_OK;
 }
 
 static int usable(const rtr_dispatch_t *d, const mbr_node_t *n)
