@@ -586,9 +586,10 @@ bt_status bt_node_start(bt_node_t *n, const mbr_node_info_t *info, bt_node_load_
             return bt_fail(BT_ERR_INTERNAL, "cannot start the load thread");
         n->load_running = 1;
     }
-    BT_INFO(NODE_LOG, "baton-%s %s ready: %s | node %s cluster %s etcd %s | listening grpc=%s http=%s",
+    BT_INFO(NODE_LOG, "baton-%s %s ready: %s | node %s cluster %s etcd %s | listening grpc=%s http=%s | grpc %s",
             mbr_role_name(n->role), BATON_VERSION, summary ? summary : "", n->flags.node_id, n->flags.cluster,
-            n->flags.etcd[0] ? n->flags.etcd : "none", n->grpc_addr, n->http_addr);
+            n->flags.etcd[0] ? n->flags.etcd : "none", n->grpc_addr, n->http_addr,
+            bt_tls_mutual(&n->flags.tls) ? "mTLS" : n->flags.tls.cert[0] ? "TLS" : "insecure");
     return BT_OK;
 }
 

@@ -268,3 +268,38 @@ def test_forged_member_is_not_used(cluster):
         finally:
             cluster.etcdctl("root", "del", member_key("decode-9"))
             cluster.etcdctl("root", "del", member_key("decode-8"))
+
+
+def prefill_runs(c):
+    return metric(urllib.request.urlopen(f"http://{c.http_addr('prefill-1')}/metrics", timeout=10).read().decode(),
+                  "baton_prefill_seconds_count")
+
+
+def test_prefill_hint_with_another_identity_is_refused(cluster, tmp_path_factory):
+    """A caller with a cluster certificate hints the real prefill node's address under another node id: the decode
+    node dials it expecting that id, the handshake fails, and it prefills locally; the same hint with the right id
+    is served remotely (the control)."""
+    from harness import pygen
+    pb = pygen.generate(ROOT / "proto", tmp_path_factory.mktemp("protos"), tmp_path_factory.mktemp("pygen"))
+    n = pb["baton.v1.node_pb2"]
+    ca = open(cluster.path("ca.pem"), "rb").read()
+    creds = grpc.ssl_channel_credentials(ca, open(cluster.path("router-key.pem"), "rb").read(),
+                                         open(cluster.path("router.pem"), "rb").read())
+    ch = grpc.secure_channel(cluster.grpc_addr("decode-1"), creds, [("grpc.ssl_target_name_override", "decode-1")])
+    run = pb["baton.v1.node_pb2_grpc"].DecodeStub(ch).Run
+    paddr = cluster.grpc_addr("prefill-1")
+    dmet = f'baton_remote_prefills_total{{result="%s"}}'
+    for node_id, remote in (("prefill-9", False), ("prefill-1", True)):
+        before = (metric(node_metrics(cluster, "decode-1"), dmet % "ok"),
+                  metric(node_metrics(cluster, "decode-1"), dmet % "fallback"), prefill_runs(cluster))
+        ids = [1000 + 7 * i + (0 if remote else 3) for i in range(64)]  # no prefix shared between the two runs
+        msgs = list(run(n.DecodeRunRequest(prompt_token_ids=ids, max_tokens=2, ignore_eos=True,
+                                           prefill=n.PrefillHint(node_id=node_id, grpc_address=paddr)), timeout=60))
+        assert sum(len(m.token_ids) for m in msgs) == 2
+        after = (metric(node_metrics(cluster, "decode-1"), dmet % "ok"),
+                 metric(node_metrics(cluster, "decode-1"), dmet % "fallback"), prefill_runs(cluster))
+        if remote:
+            assert after[0] == before[0] + 1 and after[2] == before[2] + 1, (before, after)
+        else:
+            assert after[0] == before[0] and after[2] == before[2], f"the prefill node served a hint for {node_id}"
+    ch.close()
