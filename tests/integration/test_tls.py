@@ -303,3 +303,15 @@ def test_prefill_hint_with_another_identity_is_refused(cluster, tmp_path_factory
         else:
             assert after[0] == before[0] and after[2] == before[2], f"the prefill node served a hint for {node_id}"
     ch.close()
+
+
+def test_bench_serve_over_https(cluster, tmp_path):
+    out = tmp_path / "bs.json"
+    args = [str(build_dir() / "bin" / "baton"), "bench-serve", "--url", f"https://{cluster.http}", "--rate", "inf",
+            "--requests", "3", "--prompt-tokens", "16", "--output-tokens", "4", "--quiet", "--json", str(out)]
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=120)  # the system CAs do not know ours
+    assert refused.returncode == 1, refused.stderr
+    r = subprocess.run([*args, "--tls-ca", cluster.path("ca.pem")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["completed"] == 3 and run["errors"] == 0, run
