@@ -1463,9 +1463,9 @@ static chc_entry *chc_slot(bt_rpc_chcache_t *c)
     for (int i = 0; i < c->n; i++)
         if (c->e[i].refs == 0 && (!lru || c->e[i].last_used < lru->last_used)) lru = &c->e[i];
     if (lru) {
+        if (lru->ch) c->evictions++; /* (an entry whose channel could not be made holds none) */
         bt_rpc_channel_destroy(lru->ch);
         memset(lru, 0, sizeof *lru);
-        c->evictions++;
     }
     return lru;
 }
