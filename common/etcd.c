@@ -709,7 +709,7 @@ struct etcd_watch {
     atomic_int stop;
     CURLM *multi;
     /* per stream, watch thread only */
-    etcd_buf line;
+    etcd_lines_t lines;
     int connected;
     int failed;         /* the stream must be dropped and reconnected */
     int auth_failed;
@@ -783,28 +783,21 @@ static int watch_line(etcd_watch_t *w, const char *p, size_t n)
     return rc;
 }
 
+static int watch_line_cb(void *ud, const char *line, size_t len)
+{
+    return watch_line(ud, line, len);
+}
+
 static size_t watch_write_cb(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     etcd_watch_t *w = ud;
     size_t n = size * nmemb;
     if (atomic_load(&w->stop)) return 0;
-    if (buf_append(&w->line, ptr, n)) {
-        BT_WARN("etcd", "watch %s: message larger than %zu bytes", w->key, w->line.limit);
+    bt_status st = etcd_lines_feed(&w->lines, ptr, n, watch_line_cb, w);
+    if (st != BT_OK) {
+        if (st != BT_ERR_CANCELLED) BT_WARN("etcd", "watch %s: %s", w->key, bt_last_error());
         w->failed = 1;
         return 0;
-    }
-    size_t start = 0;
-    for (size_t i = w->line.len - n; i < w->line.len; i++) {
-        if (w->line.data[i] != '\n') continue;
-        if (watch_line(w, w->line.data + start, i - start)) {
-            w->failed = 1;
-            return 0;
-        }
-        start = i + 1;
-    }
-    if (start) {
-        memmove(w->line.data, w->line.data + start, w->line.len - start);
-        w->line.len -= start;
     }
     return n;
 }
@@ -832,8 +825,8 @@ static void watch_stream(etcd_watch_t *w, CURL *h, const char *token)
         w->failed = 1;
         return;
     }
-    w->line.len = 0;
-    w->line.limit = c->max_response;
+    etcd_lines_reset(&w->lines);
+    w->lines.limit = c->max_response;
     w->connected = 0;
     w->failed = 0;
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, watch_write_cb);
@@ -961,7 +954,7 @@ void etcd_watch_stop(etcd_watch_t *w)
     curl_multi_cleanup(w->multi);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    buf_free(&w->line);
+    etcd_lines_free(&w->lines);
     free(w->key);
     free(w);
 }

@@ -376,3 +376,50 @@ void etcd_range_result_free(etcd_range_result_t *r)
     free(r->kvs);
     memset(r, 0, sizeof *r);
 }
+
+/* ---- watch stream splitter ---- */
+
+bt_status etcd_lines_feed(etcd_lines_t *s, const char *p, size_t n, int (*on_line)(void *ud, const char *line, size_t len),
+                          void *ud)
+{
+    while (n) {
+        const char *nl = memchr(p, '\n', n);
+        size_t take = nl ? (size_t)(nl - p) : n;
+        if (take > s->limit - s->len || s->len > s->limit)
+            return bt_fail(BT_ERR_EXHAUSTED, "etcd watch: a message longer than %zu bytes", s->limit);
+        if (s->len == 0 && nl) { /* a whole line in the chunk: no copy */
+            if (on_line(ud, p, take)) return bt_fail(BT_ERR_CANCELLED, "etcd watch: stream dropped by its reader");
+        } else {
+            if (s->len + take > s->cap) {
+                size_t cap = s->cap ? s->cap : 1024;
+                while (cap < s->len + take) cap *= 2;
+                char *d = realloc(s->data, cap);
+                if (!d) return bt_fail(BT_ERR_NOMEM, "etcd watch: out of memory");
+                s->data = d;
+                s->cap = cap;
+            }
+            if (take) memcpy(s->data + s->len, p, take);
+            s->len += take;
+            if (nl) {
+                size_t len = s->len;
+                s->len = 0;
+                if (on_line(ud, s->data, len)) return bt_fail(BT_ERR_CANCELLED, "etcd watch: stream dropped by its reader");
+            }
+        }
+        if (!nl) break;
+        p = nl + 1;
+        n -= take + 1;
+    }
+    return BT_OK;
+}
+
+void etcd_lines_reset(etcd_lines_t *s)
+{
+    s->len = 0;
+}
+
+void etcd_lines_free(etcd_lines_t *s)
+{
+    free(s->data);
+    memset(s, 0, sizeof *s);
+}

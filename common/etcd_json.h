@@ -46,6 +46,25 @@ typedef struct etcd_watch_msg {
 bt_status etcd_json_parse_watch(const char *body, size_t len, etcd_watch_msg_t *out);
 void etcd_watch_msg_free(etcd_watch_msg_t *m);
 
+/* The watch stream splitter: the gateway streams one JSON object per line, cut into chunks anywhere. Bytes are
+ * kept until their line is complete; each complete line (without its '\n') goes to on_line in order. */
+typedef struct etcd_lines {
+    char *data;   /* the incomplete last line */
+    size_t len, cap;
+    size_t limit; /* longest line accepted, bytes */
+} etcd_lines_t;
+
+/* Feeds n bytes. Returns BT_ERR_EXHAUSTED (a line longer than limit), BT_ERR_CANCELLED (on_line returned nonzero;
+ * the rest of the chunk is not read) or BT_ERR_NOMEM; after an error the splitter must be reset. */
+bt_status etcd_lines_feed(etcd_lines_t *s, const char *p, size_t n, int (*on_line)(void *ud, const char *line, size_t len),
+                          void *ud);
+
+/* Drops what is buffered (a new stream starts). */
+void etcd_lines_reset(etcd_lines_t *s);
+
+/* Frees the buffer and zeroes the splitter (limit included). */
+void etcd_lines_free(etcd_lines_t *s);
+
 /* Frees what a kv owns and zeroes it. */
 void etcd_kv_free(etcd_kv_t *kv);
 

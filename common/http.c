@@ -6,6 +6,7 @@
 #include "common/http.h"
 
 #include "common/log.h"
+#include "common/tls.h"
 
 #include <microhttpd.h>
 #include <netdb.h>
@@ -40,6 +41,7 @@ struct http_server {
     char **keys;
     size_t n_keys;
     metrics_registry_t *metrics;
+    char *tls_cert, *tls_key; /* PEM text: HTTPS when set */
 
     route_t *routes;
     size_t n_routes;
@@ -153,6 +155,18 @@ bt_status http_server_create(const http_config_t *cfg, http_server_t **out)
     s->metrics = cfg->metrics;
     if (s->max_connections < s->threads) s->max_connections = s->threads;
     if (!(s->address = strdup(cfg->address))) goto oom;
+    if (!cfg->tls_cert_file != !cfg->tls_key_file) {
+        http_server_destroy(s);
+        return bt_fail(BT_ERR_INVALID, "http: HTTPS needs both a certificate and a key file");
+    }
+    if (cfg->tls_cert_file) {
+        bt_status st = bt_tls_load_file("https certificate", cfg->tls_cert_file, &s->tls_cert);
+        if (!st) st = bt_tls_load_file("https key", cfg->tls_key_file, &s->tls_key);
+        if (st) {
+            http_server_destroy(s);
+            return st;
+        }
+    }
     if (cfg->n_api_keys) {
         if (!cfg->api_keys) goto invalid;
         if (!(s->keys = calloc(cfg->n_api_keys, sizeof *s->keys))) goto oom;
@@ -229,6 +243,12 @@ bt_status http_server_start(http_server_t *s)
     if (gai != 0 || !ai) return bt_fail(BT_ERR_IO, "http: cannot resolve %s: %s", s->address, gai_strerror(gai));
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+    if (s->tls_cert) { /* libmicrohttpd with GnuTLS (Debian 12: MHD_FEATURE_TLS) */
+        flags |= MHD_USE_TLS;
+        tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
+        tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
+    }
     s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg_port, NULL, NULL, on_access, s,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_THREAD_POOL_SIZE, s->threads,
@@ -237,6 +257,7 @@ bt_status http_server_start(http_server_t *s)
                                  MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, s,
+                                 MHD_OPTION_ARRAY, tls,
                                  MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon) return bt_fail(BT_ERR_IO, "http: cannot listen on %s:%d (in use or not permitted)", s->address,
@@ -250,7 +271,7 @@ bt_status http_server_start(http_server_t *s)
     }
     s->hb_running = 1;
     s->started = 1;
-    BT_INFO("http", "listening on %s port %d", s->address, s->port);
+    BT_INFO("http", "listening on %s port %d%s", s->address, s->port, s->tls_cert ? " (HTTPS)" : "");
     return BT_OK;
 }
 
@@ -320,6 +341,9 @@ void http_server_destroy(http_server_t *s)
     for (size_t i = 0; i < s->n_keys; i++) free(s->keys[i]);
     free(s->keys);
     free(s->address);
+    free(s->tls_cert);
+    if (s->tls_key) memset(s->tls_key, 0, strlen(s->tls_key));
+    free(s->tls_key);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -45,6 +45,8 @@ typedef struct http_config {
     const char *const *api_keys;   /* n_api_keys accepted bearer keys for HTTP_ROUTE_AUTH routes; none: no check */
     size_t n_api_keys;
     metrics_registry_t *metrics;   /* non-NULL: GET /metrics serves it (no API key); must outlive the server */
+    const char *tls_cert_file;     /* PEM chain + key: HTTPS instead of HTTP (read at create); NULL = plain HTTP */
+    const char *tls_key_file;
 } http_config_t;
 
 typedef struct http_server http_server_t;

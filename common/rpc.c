@@ -9,6 +9,7 @@
 #include "common/rpc.h"
 
 #include "common/log.h"
+#include "common/tls.h"
 
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -551,6 +552,59 @@ void bt_rpc_call_peer(const bt_rpc_call_t *c, char *buf, size_t buf_len)
     char *p = grpc_call_get_peer(c->call);
     snprintf(buf, buf_len, "%s", p ? p : "");
     gpr_free(p);
+}
+
+/* Calls fn on each value of the auth-context property name (SAN or CN) until it returns nonzero. */
+static int auth_each(grpc_auth_context *ctx, const char *name, int (*fn)(const grpc_auth_property *p, void *ud),
+                     void *ud)
+{
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, name);
+    for (const grpc_auth_property *p; (p = grpc_auth_property_iterator_next(&it));)
+        if (fn(p, ud)) return 1;
+    return 0;
+}
+
+typedef struct ident_copy {
+    char *buf;
+    size_t cap;
+} ident_copy;
+
+static int take_first(const grpc_auth_property *p, void *ud)
+{
+    ident_copy *ic = ud;
+    size_t n = p->value_length < ic->cap - 1 ? p->value_length : ic->cap - 1;
+    memcpy(ic->buf, p->value, n);
+    ic->buf[n] = 0;
+    return 1;
+}
+
+static int equals_name(const grpc_auth_property *p, void *ud)
+{
+    const char *want = ud;
+    return p->value_length == strlen(want) && !memcmp(p->value, want, p->value_length);
+}
+
+bt_status bt_rpc_call_peer_identity(const bt_rpc_call_t *c, char *buf, size_t buf_len)
+{
+    if (buf_len == 0) return bt_fail(BT_ERR_INVALID, "no room for the peer identity");
+    buf[0] = 0;
+    grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+    ident_copy ic = {buf, buf_len};
+    int found = ctx && grpc_auth_context_peer_is_authenticated(ctx) &&
+                (auth_each(ctx, GRPC_X509_SAN_PROPERTY_NAME, take_first, &ic) ||
+                 auth_each(ctx, GRPC_X509_CN_PROPERTY_NAME, take_first, &ic));
+    if (ctx) grpc_auth_context_release(ctx);
+    return found ? BT_OK : bt_fail(BT_ERR_NOT_FOUND, "the peer presented no verified certificate");
+}
+
+int bt_rpc_call_peer_has_identity(const bt_rpc_call_t *c, const char *identity)
+{
+    grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+    int yes = ctx && identity && *identity && grpc_auth_context_peer_is_authenticated(ctx) &&
+              (auth_each(ctx, GRPC_X509_SAN_PROPERTY_NAME, equals_name, (void *)identity) ||
+               auth_each(ctx, GRPC_X509_CN_PROPERTY_NAME, equals_name, (void *)identity));
+    if (ctx) grpc_auth_context_release(ctx);
+    return yes;
 }
 
 static void call_unref(bt_rpc_call_t *c)
@@ -1358,4 +1412,136 @@ void bt_rpc_stream_close(bt_rpc_stream_t *s)
     gpr_free((void *)s->err_str);
     free(s->method);
     free(s);
+}
+
+/* ---- channel cache ---- */
+
+typedef struct chc_entry {
+    char target[256];
+    char identity[128]; /* the name the server's certificate must carry; "" = the target's host */
+    bt_rpc_channel_t *ch;
+    int refs;           /* holders between get and release; only unheld entries are evicted */
+    uint64_t last_used; /* the cache's clock at the last get */
+} chc_entry;
+
+struct bt_rpc_chcache {
+    pthread_mutex_t mu;
+    char ca[4096], cert[4096], key[4096];
+    int keepalive_ms;
+    size_t max_message;
+    int cap, n;
+    uint64_t clock;
+    uint64_t evictions;
+    chc_entry *e; /* [cap] */
+};
+
+bt_status bt_rpc_chcache_create(const bt_rpc_chcache_config_t *cfg, bt_rpc_chcache_t **out)
+{
+    int cap = cfg->capacity > 0 ? cfg->capacity : BT_RPC_CHCACHE_DEFAULT_CAP;
+    bt_rpc_chcache_t *c = calloc(1, sizeof *c);
+    if (!c || !(c->e = calloc((size_t)cap, sizeof *c->e))) {
+        free(c);
+        return bt_fail(BT_ERR_NOMEM, "out of memory creating the channel cache");
+    }
+    snprintf(c->ca, sizeof c->ca, "%s", cfg->tls_ca_file ? cfg->tls_ca_file : "");
+    snprintf(c->cert, sizeof c->cert, "%s", cfg->tls_cert_file ? cfg->tls_cert_file : "");
+    snprintf(c->key, sizeof c->key, "%s", cfg->tls_key_file ? cfg->tls_key_file : "");
+    c->keepalive_ms = cfg->keepalive_ms;
+    c->max_message = cfg->max_message;
+    c->cap = cap;
+    pthread_mutex_init(&c->mu, NULL);
+    *out = c;
+    return BT_OK;
+}
+
+/* The slot for a new channel: a free one, else the least recently used one nobody holds (its channel closed).
+ * NULL when every slot is held. Under c->mu. */
+static chc_entry *chc_slot(bt_rpc_chcache_t *c)
+{
+    if (c->n < c->cap) return &c->e[c->n++];
+    chc_entry *lru = NULL;
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].refs == 0 && (!lru || c->e[i].last_used < lru->last_used)) lru = &c->e[i];
+    if (lru) {
+        if (lru->ch) c->evictions++; /* (an entry whose channel could not be made holds none) */
+        bt_rpc_channel_destroy(lru->ch);
+        memset(lru, 0, sizeof *lru);
+    }
+    return lru;
+}
+
+static bt_status chc_open(bt_rpc_chcache_t *c, chc_entry *e, const char *target, const char *identity)
+{
+    bt_rpc_channel_config_t cc = {
+        .target = target,
+        .tls_ca_file = c->ca[0] ? c->ca : NULL,
+        .tls_cert_file = c->cert[0] ? c->cert : NULL,
+        .tls_key_file = c->key[0] ? c->key : NULL,
+        .tls_server_name = identity && *identity ? identity : NULL,
+        .max_message = c->max_message,
+        .keepalive_ms = c->keepalive_ms,
+    };
+    bt_status st = bt_rpc_channel_create(&cc, &e->ch);
+    if (st) return st;
+    snprintf(e->target, sizeof e->target, "%s", target);
+    snprintf(e->identity, sizeof e->identity, "%s", identity ? identity : "");
+    return BT_OK;
+}
+
+bt_status bt_rpc_chcache_get(bt_rpc_chcache_t *c, const char *target, const char *identity, bt_rpc_channel_t **out)
+{
+    bt_status st = bt_tls_check_member_addr(target);
+    if (st) return st;
+    if (identity && strlen(identity) >= sizeof c->e[0].identity)
+        return bt_fail(BT_ERR_INVALID, "peer identity longer than %zu bytes", sizeof c->e[0].identity - 1);
+    const char *id = identity ? identity : "";
+    pthread_mutex_lock(&c->mu);
+    chc_entry *e = NULL;
+    for (int i = 0; i < c->n && !e; i++)
+        if (c->e[i].ch && !strcmp(c->e[i].target, target) && !strcmp(c->e[i].identity, id)) e = &c->e[i];
+    if (!e) {
+        if (!(e = chc_slot(c))) {
+            st = bt_fail(BT_ERR_EXHAUSTED, "all %d cached channels are in use", c->cap);
+        } else if ((st = chc_open(c, e, target, id)) != BT_OK) {
+            memset(e, 0, sizeof *e); /* stays free: found by chc_slot as an unheld, oldest entry */
+        }
+    }
+    if (st == BT_OK) {
+        e->refs++;
+        e->last_used = ++c->clock;
+        *out = e->ch;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+void bt_rpc_chcache_release(bt_rpc_chcache_t *c, bt_rpc_channel_t *ch)
+{
+    if (!c || !ch) return;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].ch == ch && c->e[i].refs > 0) {
+            c->e[i].refs--;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void bt_rpc_chcache_stats(bt_rpc_chcache_t *c, int *open, uint64_t *evictions)
+{
+    pthread_mutex_lock(&c->mu);
+    int k = 0;
+    for (int i = 0; i < c->n; i++) k += c->e[i].ch != NULL;
+    if (open) *open = k;
+    if (evictions) *evictions = c->evictions;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void bt_rpc_chcache_destroy(bt_rpc_chcache_t *c)
+{
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) bt_rpc_channel_destroy(c->e[i].ch);
+    pthread_mutex_destroy(&c->mu);
+    free(c->e);
+    free(c);
 }

@@ -191,6 +191,14 @@ bt_status bt_rpc_call_metadata(const bt_rpc_call_t *call, const char *key, char 
 /* The peer's address ("ipv4:127.0.0.1:53412") into buf, truncated to fit. Can't fail. */
 void bt_rpc_call_peer(const bt_rpc_call_t *call, char *buf, size_t buf_len);
 
+/* The peer's verified identity over mutual TLS: the first subject alternative name of its certificate, else its
+ * common name, into buf (truncated to fit). BT_ERR_NOT_FOUND when the call did not come with a verified client
+ * certificate. Can't block. */
+bt_status bt_rpc_call_peer_identity(const bt_rpc_call_t *call, char *buf, size_t buf_len);
+
+/* 1 when the peer's verified certificate names identity exactly (any SAN, or the CN); 0 otherwise (no mTLS). */
+int bt_rpc_call_peer_has_identity(const bt_rpc_call_t *call, const char *identity);
+
 /* ---- client ---- */
 
 typedef struct bt_rpc_channel bt_rpc_channel_t;
@@ -255,5 +263,42 @@ void bt_rpc_stream_cancel(bt_rpc_stream_t *s);
 /* Cancels the call if it has not ended, waits for gRPC to release it, and frees it. Not concurrent with
  * bt_rpc_stream_next. NULL is a no-op. */
 void bt_rpc_stream_close(bt_rpc_stream_t *s);
+
+/* ---- channel cache ----
+ * Channels to peers named by untrusted sources (etcd records, prefill hints), keyed by (target, identity), with
+ * the process's TLS settings applied to each. At most capacity channels stay open: a new target closes the least
+ * recently used channel that no caller holds (issue 16 item 8: an attacker choosing addresses cannot grow it). */
+
+typedef struct bt_rpc_chcache bt_rpc_chcache_t;
+
+#define BT_RPC_CHCACHE_DEFAULT_CAP 64
+
+typedef struct bt_rpc_chcache_config {
+    const char *tls_ca_file;   /* NULL = insecure channels; else TLS verifying servers against this CA (copied) */
+    const char *tls_cert_file; /* client certificate + key for mTLS; NULL = none (copied) */
+    const char *tls_key_file;
+    int keepalive_ms;          /* as bt_rpc_channel_config_t */
+    size_t max_message;
+    int capacity;              /* open channels at most; 0 = BT_RPC_CHCACHE_DEFAULT_CAP */
+} bt_rpc_chcache_config_t;
+
+/* Creates an empty cache (files are read when a channel is made). BT_ERR_NOMEM; *out set only on success. */
+bt_status bt_rpc_chcache_create(const bt_rpc_chcache_config_t *cfg, bt_rpc_chcache_t **out);
+
+/* A channel to target, held by the caller until bt_rpc_chcache_release. With TLS, identity (a node id; NULL or ""
+ * = the target's host) is the name the server's certificate must carry: a server holding another identity fails
+ * the handshake (its calls end UNAVAILABLE). Returns BT_ERR_INVALID (target not host:port: see
+ * bt_tls_check_member_addr; unreadable TLS files), BT_ERR_EXHAUSTED (every cached channel is held) or
+ * BT_ERR_NOMEM. Thread-safe; does not connect. */
+bt_status bt_rpc_chcache_get(bt_rpc_chcache_t *c, const char *target, const char *identity, bt_rpc_channel_t **out);
+
+/* Gives back a channel from bt_rpc_chcache_get (it stays cached). NULL is a no-op. Thread-safe. */
+void bt_rpc_chcache_release(bt_rpc_chcache_t *c, bt_rpc_channel_t *ch);
+
+/* Open channels now and channels closed by eviction so far; either pointer may be NULL. */
+void bt_rpc_chcache_stats(bt_rpc_chcache_t *c, int *open, uint64_t *evictions);
+
+/* Closes every channel; none may be held. NULL is a no-op. */
+void bt_rpc_chcache_destroy(bt_rpc_chcache_t *c);
 
 #endif

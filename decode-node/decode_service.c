@@ -51,9 +51,9 @@ struct decode_service {
     bt_remote_prefill remote_hooks;
     int remote_timeout_ms;
 
-    pthread_mutex_t mu; /* guards the channels */
+    pthread_mutex_t mu;
     bt_calls_t calls;
-    struct dec_channel *channels;      /* to prefill nodes, by address */
+    bt_rpc_chcache_t *channels;        /* to prefill nodes, by (address, node id); capped, with the node's TLS */
 
     metrics_histogram_t *ttft, *tpot, *e2e, *queue_time, *remote_seconds;
     metrics_counter_t *prompt_tokens, *gen_tokens, *prefix_hits, *prefix_queries;
@@ -63,12 +63,6 @@ struct decode_service {
     pthread_mutex_t load_mu; /* the load sampler's memory, below */
     uint64_t load_hits, load_queries;
 };
-
-typedef struct dec_channel {
-    char addr[BT_NODE_ADDR_MAX];
-    bt_rpc_channel_t *ch;
-    struct dec_channel *next;
-} dec_channel;
 
 struct dec_call {
     bt_call_t base; /* first (calls.h) */
@@ -345,24 +339,16 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
 
 /* ---- remote prefill (DESIGN 2 step 4, 3) ---- */
 
-static bt_rpc_channel_t *channel_for(decode_service_t *s, const char *addr)
+/* A held channel to the prefill node node_id at addr (with mTLS its certificate must name node_id); give it back
+ * with bt_rpc_chcache_release. NULL when addr is malformed or every cached channel is busy (logged). */
+static bt_rpc_channel_t *channel_for(decode_service_t *s, const char *addr, const char *node_id)
 {
-    pthread_mutex_lock(&s->mu);
-    dec_channel *d = s->channels;
-    while (d && strcmp(d->addr, addr) != 0) d = d->next;
-    if (!d && (d = calloc(1, sizeof *d))) {
-        snprintf(d->addr, sizeof d->addr, "%s", addr);
-        bt_rpc_channel_config_t cc = {.target = d->addr, .keepalive_ms = BT_RPC_MIN_KEEPALIVE_MS};
-        if (bt_rpc_channel_create(&cc, &d->ch) != BT_OK) {
-            free(d);
-            d = NULL;
-        } else {
-            d->next = s->channels;
-            s->channels = d;
-        }
+    bt_rpc_channel_t *ch = NULL;
+    if (bt_rpc_chcache_get(s->channels, addr, node_id, &ch) != BT_OK) {
+        BT_WARN(DEC_LOG, "no channel to prefill node %s: %s", node_id, bt_last_error());
+        return NULL;
     }
-    pthread_mutex_unlock(&s->mu);
-    return d ? d->ch : NULL;
+    return ch;
 }
 
 /* Prefill/Run as a cancellable call (the wire format of a unary call): if the request ends meanwhile (client gone,
@@ -520,7 +506,7 @@ static void *prefill_worker(void *arg)
     int timeout_ms = bt_deadline_timeout_ms(c->deadline, t0, s->remote_timeout_ms);
     Baton__V1__SamplingParams *sp = (Baton__V1__SamplingParams *)protobuf_c_message_unpack(
         &baton__v1__sampling_params__descriptor, NULL, c->sampling_len, c->sampling_pb);
-    bt_rpc_channel_t *ch = channel_for(s, c->prefill_addr);
+    bt_rpc_channel_t *ch = channel_for(s, c->prefill_addr, c->prefill_node);
     if (!sp || !ch) {
         snprintf(why, sizeof why, "%s", !sp ? "cannot re-read the sampling parameters" : "cannot open a channel");
     } else {
@@ -536,6 +522,7 @@ static void *prefill_worker(void *arg)
         }
     }
     if (sp) protobuf_c_message_free_unpacked(&sp->base, NULL);
+    bt_rpc_chcache_release(s->channels, ch);
     kvx_expect_destroy(c->expect); /* a pending epoch becomes stale: late completions are ignored */
     c->expect = NULL;
     record_remote(c, st, bt_sched_now() - t0, why);
@@ -753,7 +740,13 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     bt_calls_init(&s->calls, cfg->max_inflight > 0 ? cfg->max_inflight : DECODE_MAX_INFLIGHT, DEC_LOG);
     s->remote_timeout_ms = cfg->remote_timeout_ms ? cfg->remote_timeout_ms : DECODE_REMOTE_TIMEOUT_MS;
     s->remote_hooks = (bt_remote_prefill){remote_start};
-    bt_status st;
+    const bt_tls_files_t *t = cfg->tls;
+    bt_rpc_chcache_config_t chc = {.tls_ca_file = t && t->ca[0] ? t->ca : NULL,
+                                   .tls_cert_file = t && t->cert[0] ? t->cert : NULL,
+                                   .tls_key_file = t && t->key[0] ? t->key : NULL,
+                                   .keepalive_ms = BT_RPC_MIN_KEEPALIVE_MS};
+    bt_status st = bt_rpc_chcache_create(&chc, &s->channels);
+    if (st) goto fail;
     bt_ne_config_t nc = {.model_path = cfg->model_path, .name = DEC_LOG, .threads = cfg->threads,
                          .kv_mem = cfg->kv_mem, .max_batch_tokens = cfg->max_batch_tokens,
                          .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0,
@@ -822,11 +815,7 @@ void decode_service_destroy(void *svc)
     decode_service_t *s = svc;
     if (!s) return;
     bt_ne_destroy(s->ne); /* aborts what is left; with the RPC server shut down nothing is */
-    for (dec_channel *d = s->channels, *n; d; d = n) {
-        n = d->next;
-        bt_rpc_channel_destroy(d->ch);
-        free(d);
-    }
+    bt_rpc_chcache_destroy(s->channels);
     bt_calls_destroy(&s->calls);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->load_mu);

@@ -10,6 +10,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -33,6 +34,7 @@ typedef struct decode_config {
     bt_rpc_server_t *rpc;      /* not started yet: the methods are added to it */
     mbr_watcher_t *members;    /* the cluster's members (must outlive the service); a prefill hint is followed
                                 * only to a prefill node registered there with this model. NULL: hints ignored */
+    const bt_tls_files_t *tls; /* calls to prefill nodes: verify them against ca, present cert; NULL = insecure */
 } decode_config_t;
 
 typedef struct decode_service decode_service_t;

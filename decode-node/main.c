@@ -17,6 +17,7 @@ static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **sv
         .metrics = bt_node_metrics(node),
         .rpc = bt_node_rpc(node),
         .members = bt_node_members(node),
+        .tls = &flags->tls,
     };
     decode_service_t *s = NULL;
     bt_status st = decode_service_create(&dc, &s);

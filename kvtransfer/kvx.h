@@ -118,7 +118,11 @@ typedef struct kvx_context_opts {
     const char *name;           /* for logs and the UCX worker name; NULL = "kvx" */
     uint32_t keepalive_ms;      /* UCX keepalive (peer death on idle shared memory); 0 = 200 ms */
     kvx_data_path_t data_path;  /* AUTO unless BATON_KVX_DATA_PATH=auto|mapped|put|am says otherwise */
+    uint32_t max_peers;         /* cached peers at most (LRU: the least recently used idle one is closed when a new
+                                 * one is needed); 0 = KVX_DEFAULT_MAX_PEERS */
 } kvx_context_opts_t;
+
+#define KVX_DEFAULT_MAX_PEERS 128 /* node ids come from requests: bounded so that made-up ids cannot grow it */
 
 /* Creates the UCX context and worker and starts the progress thread. opts may be NULL.
  * BT_ERR_UNAVAILABLE when UCX cannot start (no transport, bad UCX_TLS); *out set on success only. */
@@ -140,6 +144,7 @@ typedef struct kvx_stats {
     uint64_t am_data_received;  /* data messages received: nonzero only where a sender used the AM data path */
     uint64_t bytes_pushed;
     uint64_t peers_built;
+    uint64_t peers_evicted;     /* idle peers closed to keep the cache within max_peers */
     uint32_t live_peers, live_eps, live_rkeys, live_pushes, live_expects, live_requests;
 } kvx_stats_t;
 

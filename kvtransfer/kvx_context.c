@@ -182,6 +182,7 @@ bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out
     snprintf(ctx->name, sizeof ctx->name, "%s", opts && opts->name ? opts->name : "kvx");
     ctx->keepalive_ms = opts && opts->keepalive_ms ? opts->keepalive_ms : 200;
     ctx->data_path = opts ? opts->data_path : KVX_PATH_AUTO;
+    ctx->max_peers = opts && opts->max_peers ? opts->max_peers : KVX_DEFAULT_MAX_PEERS;
     static const char *const paths[] = {"auto", "mapped", "put", "am"}; /* kvx_data_path_t order */
     int dp = KVX_PATH_AUTO;
     if ((st = bt_env_choice("BATON_KVX_DATA_PATH", paths, 4, KVX_PATH_AUTO, &dp))) {

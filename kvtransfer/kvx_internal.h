@@ -57,7 +57,8 @@ struct kvx_context {
     uint64_t next_push_id;
 
     kvx_pool_t *pools;
-    kvx_peer_t *peers; /* cache: healthy peers only */
+    kvx_peer_t *peers; /* cache: healthy peers only, most recently used first */
+    uint32_t n_peers, max_peers;
     kvx_peer_t *dead;  /* failed peers whose endpoint still has to be closed */
     kvx_push_t *pushes;
     kvx_expect_t *expects;

@@ -72,6 +72,7 @@ void kvx_peer_fail(kvx_peer_t *peer, bt_status st, const char *why)
                 break;
             }
         }
+        ctx->n_peers--;
         peer->cached = 0; /* the cache's reference now belongs to the dead list */
     } else {
         peer->refs++;
@@ -138,6 +139,21 @@ void kvx_peers_reap(kvx_context_t *ctx)
     }
 }
 
+/* Keeps the cache under max_peers before one more peer joins it: closes the least recently used peer that only the
+ * cache holds. BT_ERR_EXHAUSTED when every cached peer is in use. mu held. */
+static bt_status make_room(kvx_context_t *ctx)
+{
+    if (ctx->n_peers < ctx->max_peers) return BT_OK;
+    kvx_peer_t *victim = NULL;
+    for (kvx_peer_t *p = ctx->peers; p; p = p->next)
+        if (p->refs == 1 && !p->copying) victim = p; /* the last idle one in LRU order */
+    if (!victim)
+        return bt_fail(BT_ERR_EXHAUSTED, "kvx: all %u cached peers are in use", (unsigned)ctx->max_peers);
+    kvx_peer_fail(victim, BT_ERR_CANCELLED, "closed to make room in the peer cache");
+    ctx->stats.peers_evicted++;
+    return BT_OK;
+}
+
 bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, size_t desc_len, kvx_peer_t **out)
 {
     bt_status st;
@@ -146,9 +162,13 @@ bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, s
     if ((st = kvx_desc_parse(desc, desc_len, &d)) != BT_OK) return st;
 
     pthread_mutex_lock(&ctx->mu);
-    for (kvx_peer_t *peer = ctx->peers; peer; peer = peer->next) {
+    for (kvx_peer_t **pp = &ctx->peers; *pp; pp = &(*pp)->next) {
+        kvx_peer_t *peer = *pp;
         if (peer->node_id != node_id) continue;
         if (peer->desc_len == desc_len && !memcmp(peer->desc, desc, desc_len)) {
+            *pp = peer->next; /* to the front: the list is in LRU order */
+            peer->next = ctx->peers;
+            ctx->peers = peer;
             peer->refs++;
             pthread_mutex_unlock(&ctx->mu);
             *out = peer;
@@ -157,6 +177,7 @@ bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, s
         kvx_peer_fail(peer, BT_ERR_PEER, "descriptor changed (node restarted)");
         break;
     }
+    if ((st = make_room(ctx)) != BT_OK) goto fail;
 
     kvx_peer_t *peer = calloc(1, sizeof *peer);
     if (!peer) {
@@ -220,6 +241,7 @@ bt_status kvx_peer_get(kvx_context_t *ctx, uint64_t node_id, const void *desc, s
     peer->cached = 1;
     peer->next = ctx->peers;
     ctx->peers = peer;
+    ctx->n_peers++;
     ctx->stats.live_peers++;
     ctx->stats.live_eps++;
     ctx->stats.live_rkeys++;

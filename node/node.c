@@ -140,7 +140,8 @@ typedef struct flag_def {
 
 enum {
     F_MODEL, F_ETCD, F_CLUSTER, F_NODE_ID, F_GRPC, F_HTTP, F_THREADS, F_KV_MEM, F_MBT, F_LOG, F_GRACE, F_SPEC,
-    F_SPEC_K, F_N
+    F_SPEC_K, F_TLS_CERT, F_TLS_KEY, F_TLS_CA, F_INSECURE, F_ETCD_USER, F_ETCD_PW, F_ETCD_CA, F_ETCD_CERT,
+    F_ETCD_KEY, F_N
 };
 
 static const flag_def FLAGS[F_N] = {
@@ -157,6 +158,15 @@ static const flag_def FLAGS[F_N] = {
     [F_GRACE] = {"--grace-ms", "BATON_GRACE_MS"},
     [F_SPEC] = {"--spec", "BATON_SPEC"},
     [F_SPEC_K] = {"--spec-k-max", "BATON_SPEC_K_MAX"},
+    [F_TLS_CERT] = {"--tls-cert", "BATON_TLS_CERT"},
+    [F_TLS_KEY] = {"--tls-key", "BATON_TLS_KEY"},
+    [F_TLS_CA] = {"--tls-ca", "BATON_TLS_CA"},
+    [F_INSECURE] = {"--insecure", "BATON_INSECURE"}, /* a switch: takes no value on the command line */
+    [F_ETCD_USER] = {"--etcd-user", "BATON_ETCD_USER"},
+    [F_ETCD_PW] = {"--etcd-password-file", "BATON_ETCD_PASSWORD_FILE"},
+    [F_ETCD_CA] = {"--etcd-ca", "BATON_ETCD_CA"},
+    [F_ETCD_CERT] = {"--etcd-cert", "BATON_ETCD_CERT"},
+    [F_ETCD_KEY] = {"--etcd-key", "BATON_ETCD_KEY"},
 };
 
 void bt_node_usage(FILE *out, const char *prog)
@@ -180,7 +190,17 @@ void bt_node_usage(FILE *out, const char *prog)
             "                           sharing the vocabulary, or the model's own first L layers; output is\n"
             "                           bit-identical either way (BATON_SPEC; default none)\n"
             "  --spec-k-max N           most draft tokens per sequence per step, 1..16; k adapts below it to the\n"
-            "                           acceptance rate and the batch's cost (BATON_SPEC_K_MAX; default 8)\n",
+            "                           acceptance rate and the batch's cost (BATON_SPEC_K_MAX; default 8)\n"
+            "  --tls-cert PEM           this node's certificate chain; its DNS SAN must be the node id\n"
+            "  --tls-key PEM            its private key (BATON_TLS_KEY)\n"
+            "  --tls-ca PEM             CA of the cluster: with cert and key, mutual TLS on the gRPC listener and on\n"
+            "                           calls to other nodes (BATON_TLS_CERT, BATON_TLS_CA)\n"
+            "  --insecure               allow a non-loopback --grpc-listen without mutual TLS (BATON_INSECURE=1)\n"
+            "  --etcd-user NAME         authenticate to etcd as NAME (BATON_ETCD_USER)\n"
+            "  --etcd-password-file F   its password, first line of F (BATON_ETCD_PASSWORD_FILE)\n"
+            "  --etcd-ca PEM, --etcd-cert PEM, --etcd-key PEM\n"
+            "                           TLS to https:// etcd endpoints: CA, client certificate and key\n"
+            "                           (BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY)\n",
             prog, BT_NODE_DEFAULT_ETCD, MBR_DEFAULT_CLUSTER, BT_NODE_DEFAULT_LISTEN, BT_NODE_DEFAULT_LISTEN,
             BT_NODE_DEFAULT_GRACE_MS);
 }
@@ -218,7 +238,9 @@ static bt_status collect_values(int argc, char **argv, flag_values *fv, int *hel
         for (int j = 0; j < F_N; j++)
             if (strlen(FLAGS[j].flag) == alen && !strncmp(a, FLAGS[j].flag, alen)) k = j;
         if (k < 0) return bt_fail(BT_ERR_INVALID, "unknown option '%s'", a);
-        if (eq) {
+        if (k == F_INSECURE && !eq) {
+            val[k] = "1";
+        } else if (eq) {
             val[k] = eq + 1;
         } else {
             if (i + 1 >= argc) return bt_fail(BT_ERR_INVALID, "%s needs a value", a);
@@ -331,6 +353,44 @@ static bt_status take_spec(bt_node_flags_t *o, const flag_values *fv, mbr_role r
     return BT_OK;
 }
 
+static bt_status take_tls_files(bt_tls_files_t *t, const flag_values *fv, int fc, int fk, int fa, const char *what)
+{
+    const char *const *val = fv->val, *const *src = fv->src;
+    bt_status st;
+    if (val[fc] && (st = copy_str(t->cert, sizeof t->cert, src[fc], val[fc]))) return st;
+    if (val[fk] && (st = copy_str(t->key, sizeof t->key, src[fk], val[fk]))) return st;
+    if (val[fa] && (st = copy_str(t->ca, sizeof t->ca, src[fa], val[fa]))) return st;
+    return bt_tls_files_check(t, what, 1);
+}
+
+/* TLS files, --insecure, etcd credentials (the password read from its file here: secrets never come from argv),
+ * and the rule that a non-loopback gRPC listener needs mutual TLS. */
+static bt_status take_security(bt_node_flags_t *o, const flag_values *fv)
+{
+    const char *const *val = fv->val, *const *src = fv->src;
+    bt_status st;
+    if ((st = take_tls_files(&o->tls, fv, F_TLS_CERT, F_TLS_KEY, F_TLS_CA, "--tls"))) return st;
+    if (o->tls.cert[0] && !o->tls.ca[0])
+        return bt_fail(BT_ERR_INVALID, "--tls-cert needs --tls-ca: nodes verify the certificates of their peers");
+    if (val[F_INSECURE]) {
+        if (strcmp(val[F_INSECURE], "1") && strcmp(val[F_INSECURE], "0"))
+            return bt_fail(BT_ERR_INVALID, "%s expects 1 or 0, got '%s'", src[F_INSECURE], val[F_INSECURE]);
+        o->insecure = !strcmp(val[F_INSECURE], "1");
+    }
+    if ((st = bt_tls_check_listen(src[F_GRPC] ? src[F_GRPC] : "--grpc-listen", o->grpc_listen, &o->tls,
+                                  o->insecure)))
+        return st;
+    if ((st = take_tls_files(&o->etcd_tls, fv, F_ETCD_CERT, F_ETCD_KEY, F_ETCD_CA, "--etcd"))) return st;
+    if (val[F_ETCD_USER] && (st = copy_str(o->etcd_user, sizeof o->etcd_user, src[F_ETCD_USER], val[F_ETCD_USER])))
+        return st;
+    if (!val[F_ETCD_USER] != !val[F_ETCD_PW])
+        return bt_fail(BT_ERR_INVALID, "%s needs %s as well", val[F_ETCD_USER] ? "--etcd-user" : "--etcd-password-file",
+                       val[F_ETCD_USER] ? "--etcd-password-file" : "--etcd-user");
+    if (val[F_ETCD_PW])
+        return bt_tls_read_secret(src[F_ETCD_PW], val[F_ETCD_PW], o->etcd_password, sizeof o->etcd_password);
+    return BT_OK;
+}
+
 bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char **argv, int *help)
 {
     flag_values fv = {{0}, {0}};
@@ -342,7 +402,7 @@ bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char 
     o.log_level = -1;
     o.grace_ms = BT_NODE_DEFAULT_GRACE_MS;
     if ((st = take_identity(&o, &fv, role)) || (st = take_listeners(&o, &fv)) || (st = take_tuning(&o, &fv)) ||
-        (st = take_spec(&o, &fv, role)))
+        (st = take_spec(&o, &fv, role)) || (st = take_security(&o, &fv)))
         return st;
     *f = o;
     return BT_OK;
@@ -394,14 +454,23 @@ bt_status bt_node_create(const bt_node_flags_t *f, mbr_role role, bt_node_t **ou
     bt_status st = metrics_registry_create(&n->metrics);
     if (st) goto fail;
     if (f->etcd[0]) {
-        etcd_config_t ec = {.endpoints = f->etcd};
+        etcd_config_t ec = {.endpoints = f->etcd,
+                            .user = f->etcd_user,
+                            .password = f->etcd_password,
+                            .ca_file = f->etcd_tls.ca[0] ? f->etcd_tls.ca : NULL,
+                            .cert_file = f->etcd_tls.cert[0] ? f->etcd_tls.cert : NULL,
+                            .key_file = f->etcd_tls.key[0] ? f->etcd_tls.key : NULL};
         if ((st = etcd_client_create(&ec, &n->etcd))) goto fail;
         if ((st = mbr_watcher_create(n->etcd, f->cluster, NULL, &n->members))) goto fail;
     }
     char host[BT_NODE_ADDR_MAX];
     int port;
     if ((st = bt_node_split_addr(f->grpc_listen, host, sizeof host, &port))) goto fail;
-    bt_rpc_server_config_t rc = {.listen = f->grpc_listen};
+    /* with the node's certificate: TLS; with the CA too: clients must present a certificate from it (mTLS) */
+    bt_rpc_server_config_t rc = {.listen = f->grpc_listen,
+                                 .tls_cert_file = f->tls.cert[0] ? f->tls.cert : NULL,
+                                 .tls_key_file = f->tls.key[0] ? f->tls.key : NULL,
+                                 .tls_client_ca_file = f->tls.cert[0] && f->tls.ca[0] ? f->tls.ca : NULL};
     if ((st = bt_rpc_server_create(&rc, &n->rpc))) {
         bt_fail(st, "gRPC listener %s: %s", f->grpc_listen, bt_last_error());
         goto fail;
@@ -524,9 +593,10 @@ bt_status bt_node_start(bt_node_t *n, const mbr_node_info_t *info, bt_node_load_
             return bt_fail(BT_ERR_INTERNAL, "cannot start the load thread");
         n->load_running = 1;
     }
-    BT_INFO(NODE_LOG, "baton-%s %s ready: %s | node %s cluster %s etcd %s | listening grpc=%s http=%s",
+    BT_INFO(NODE_LOG, "baton-%s %s ready: %s | node %s cluster %s etcd %s | listening grpc=%s http=%s | grpc %s",
             mbr_role_name(n->role), BATON_VERSION, summary ? summary : "", n->flags.node_id, n->flags.cluster,
-            n->flags.etcd[0] ? n->flags.etcd : "none", n->grpc_addr, n->http_addr);
+            n->flags.etcd[0] ? n->flags.etcd : "none", n->grpc_addr, n->http_addr,
+            bt_tls_mutual(&n->flags.tls) ? "mTLS" : n->flags.tls.cert[0] ? "TLS" : "insecure");
     return BT_OK;
 }
 

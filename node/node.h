@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -43,6 +44,13 @@ typedef struct bt_node_flags {
     int grace_ms;                      /* --grace-ms / BATON_GRACE_MS: drain time at shutdown */
     char spec[1100];                   /* --spec / BATON_SPEC (decode nodes): none|ngram|draft:PATH|self:L */
     int32_t spec_k_max;                /* --spec-k-max / BATON_SPEC_K_MAX: drafts per sequence per step, 0 = 8 */
+    /* --tls-cert/--tls-key/--tls-ca (BATON_TLS_*): all three = mTLS on the gRPC server (clients must present a
+     * certificate from the CA) and on this node's own calls to other nodes */
+    bt_tls_files_t tls;
+    int insecure;                      /* --insecure / BATON_INSECURE=1: allow a non-loopback listener without mTLS */
+    char etcd_user[128];               /* --etcd-user / BATON_ETCD_USER; "" = no etcd authentication */
+    char etcd_password[BT_TLS_SECRET_MAX]; /* read from --etcd-password-file / BATON_ETCD_PASSWORD_FILE */
+    bt_tls_files_t etcd_tls;           /* --etcd-ca/--etcd-cert/--etcd-key: TLS to etcd (https:// endpoints) */
 } bt_node_flags_t;
 
 /* Parses argv into *f. *help is set to 1 (and nothing else checked) on --help / -h. Returns BT_ERR_INVALID with a

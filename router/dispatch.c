@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/prefix_hash.h"
+#include "common/tls.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -50,6 +51,7 @@ struct rtr_dispatch {
     rtr_pindex_t *pindex;
     int log_fd;              /* decision log, -1 = off */
     pthread_mutex_t mu;
+    bt_tls_files_t tls;      /* calls to nodes: mTLS when set, each node verified as its node id */
     node_slot_t slots[MAX_TRACKED]; /* channels and in-flight counts by node (a restarted node gets a new slot) */
     int n_slots;
     uint64_t rng;
@@ -77,6 +79,7 @@ bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t *
     d->overhead_s = cfg->remote_overhead_s > 0 ? cfg->remote_overhead_s : 0;
     d->kv_bytes_per_token = cfg->kv_bytes_per_token;
     d->log_fd = -1;
+    if (cfg->tls) d->tls = *cfg->tls;
     pthread_mutex_init(&d->mu, NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -121,8 +124,10 @@ bt_status rtr_dispatch_wait_synced(rtr_dispatch_t *d, int timeout_ms)
 /* A node of this role with an address, serving the router's model (a node of another model is never used). */
 static int usable_role(const rtr_dispatch_t *d, const mbr_node_t *n, mbr_role role)
 {
+    /* an address that is not host:port (a "unix:" or other gRPC target URI from a forged record) is never dialled */
     return n->info.role == role && n->info.grpc_addr[0] &&
-           (!d->fingerprint[0] || !strcasecmp(n->info.model, d->fingerprint));
+           (!d->fingerprint[0] || !strcasecmp(n->info.model, d->fingerprint)) &&
+           bt_tls_check_member_addr(n->info.grpc_addr) == BT_OK;
 }
 
 static int usable(const rtr_dispatch_t *d, const mbr_node_t *n)
@@ -174,7 +179,17 @@ static node_slot_t *slot_get(rtr_dispatch_t *d, const mbr_node_info_t *info, int
         s->started_ms = info->started_ms;
     }
     if (with_channel && !s->ch) {
-        bt_rpc_channel_config_t cc = {.target = info->grpc_addr, .keepalive_ms = 10000};
+        /* the record is etcd's word: its address must be host:port, and with TLS the node's certificate must
+         * name its node id (a record pointing elsewhere fails the handshake) */
+        bt_rpc_channel_config_t cc = {.target = info->grpc_addr, .keepalive_ms = 10000,
+                                      .tls_ca_file = d->tls.ca[0] ? d->tls.ca : NULL,
+                                      .tls_cert_file = d->tls.cert[0] ? d->tls.cert : NULL,
+                                      .tls_key_file = d->tls.key[0] ? d->tls.key : NULL,
+                                      .tls_server_name = d->tls.ca[0] ? info->node_id : NULL};
+        if (bt_tls_check_member_addr(info->grpc_addr) != BT_OK) {
+            BT_WARN("router", "node %s: %s; not used", info->node_id, bt_last_error());
+            return NULL;
+        }
         if (bt_rpc_channel_create(&cc, &s->ch)) {
             s->ch = NULL;
             return NULL; /* the slot stays, empty: reused or retried later */

@@ -33,14 +33,91 @@ static void usage(FILE *f)
             "  --ttft-slo-ms MS          refuse at once (429 / RESOURCE_EXHAUSTED) a request whose best predicted\n"
             "                            time to first token exceeds MS (default 0: off)\n"
             "  --decision-log PATH       append every placement decision to PATH as one JSON object per line\n"
+            "  --tls-cert PEM, --tls-key PEM\n"
+            "                            the router's certificate and key: HTTPS on the OpenAI API, TLS on the gRPC\n"
+            "                            API, and the client certificate of calls to nodes\n"
+            "  --tls-ca PEM              CA of the cluster: calls to nodes verify each node's certificate names its\n"
+            "                            node id (mutual TLS with --tls-cert)\n"
+            "  --etcd-user NAME          authenticate to etcd as NAME\n"
+            "  --etcd-password-file F    its password, first line of F (never on the command line)\n"
+            "  --etcd-ca PEM, --etcd-cert PEM, --etcd-key PEM\n"
+            "                            TLS to https:// etcd endpoints: CA, client certificate and key\n"
             "Environment: BATON_MODEL, BATON_ETCD, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN, BATON_API_KEY,\n"
-            "BATON_CLUSTER (flags win).\n");
+            "BATON_CLUSTER, BATON_TLS_CERT, BATON_TLS_KEY, BATON_TLS_CA, BATON_ETCD_USER, BATON_ETCD_PASSWORD_FILE,\n"
+            "BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY (flags win).\n");
 }
 
 static const char *env_or(const char *name, const char *dflt)
 {
     const char *v = getenv(name);
     return v && *v ? v : dflt;
+}
+
+/* Copies a path flag into dst[cap]; 0 on success, else prints why. */
+static int take_path(const char *flag, const char *v, char *dst, size_t cap)
+{
+    if (strlen(v) >= cap) {
+        fprintf(stderr, "baton-router: %s is longer than %zu bytes\n", flag, cap - 1);
+        return -1;
+    }
+    snprintf(dst, cap, "%s", v);
+    return 0;
+}
+
+/* The TLS and etcd credential flags (value v for flag a); 1 = taken, 0 = not one of them, -1 = bad value. */
+static int take_security_flag(rtr_config_t *cfg, const char *a, const char *v, const char **pw_file)
+{
+    struct {
+        const char *flag;
+        char *dst;
+        size_t cap;
+    } paths[] = {
+        {"--tls-cert", cfg->tls.cert, sizeof cfg->tls.cert},    {"--tls-key", cfg->tls.key, sizeof cfg->tls.key},
+        {"--tls-ca", cfg->tls.ca, sizeof cfg->tls.ca},          {"--etcd-ca", cfg->etcd_tls.ca, sizeof cfg->etcd_tls.ca},
+        {"--etcd-cert", cfg->etcd_tls.cert, sizeof cfg->etcd_tls.cert},
+        {"--etcd-key", cfg->etcd_tls.key, sizeof cfg->etcd_tls.key},
+        {"--etcd-user", cfg->etcd_user, sizeof cfg->etcd_user},
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (!strcmp(a, paths[i].flag)) return take_path(a, v, paths[i].dst, paths[i].cap) ? -1 : 1;
+    if (!strcmp(a, "--etcd-password-file")) {
+        *pw_file = v;
+        return 1;
+    }
+    return 0;
+}
+
+/* Environment defaults of the security flags (flags given later win). */
+static int security_env(rtr_config_t *cfg, const char **pw_file)
+{
+    static const char *const pairs[][2] = {
+        {"BATON_TLS_CERT", "--tls-cert"}, {"BATON_TLS_KEY", "--tls-key"},     {"BATON_TLS_CA", "--tls-ca"},
+        {"BATON_ETCD_CA", "--etcd-ca"},   {"BATON_ETCD_CERT", "--etcd-cert"}, {"BATON_ETCD_KEY", "--etcd-key"},
+        {"BATON_ETCD_USER", "--etcd-user"}, {"BATON_ETCD_PASSWORD_FILE", "--etcd-password-file"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        const char *v = env_or(pairs[i][0], NULL);
+        if (v && take_security_flag(cfg, pairs[i][1], v, pw_file) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Checks the TLS files and reads the etcd password (secrets come from files only). */
+static int security_finish(rtr_config_t *cfg, const char *pw_file)
+{
+    if (bt_tls_files_check(&cfg->tls, "--tls", 1) != BT_OK || bt_tls_files_check(&cfg->etcd_tls, "--etcd", 1) != BT_OK)
+        goto bad;
+    if (!cfg->etcd_user[0] != !pw_file) {
+        fprintf(stderr, "baton-router: --etcd-user and --etcd-password-file go together\n");
+        return -1;
+    }
+    if (pw_file &&
+        bt_tls_read_secret("--etcd-password-file", pw_file, cfg->etcd_password, sizeof cfg->etcd_password) != BT_OK)
+        goto bad;
+    return 0;
+bad:
+    fprintf(stderr, "baton-router: %s\n", bt_last_error());
+    return -1;
 }
 
 int main(int argc, char **argv)
@@ -55,6 +132,8 @@ int main(int argc, char **argv)
     };
     const char *keys[16];
     size_t n_keys = 0;
+    const char *pw_file = NULL;
+    if (security_env(&cfg, &pw_file)) return 2;
     if (env_or("BATON_API_KEY", NULL)) keys[n_keys++] = getenv("BATON_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -69,6 +148,9 @@ int main(int argc, char **argv)
         }
         const char *v = argv[++i];
         char *end = NULL;
+        int sec = take_security_flag(&cfg, a, v, &pw_file);
+        if (sec < 0) return 2;
+        if (sec > 0) continue;
         if (!strcmp(a, "--model")) cfg.model_path = v;
         else if (!strcmp(a, "--etcd")) cfg.etcd = v;
         else if (!strcmp(a, "--http-listen")) cfg.http_listen = v;
@@ -120,6 +202,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (security_finish(&cfg, pw_file)) return 2;
     cfg.api_keys = keys;
     cfg.n_api_keys = n_keys;
 

@@ -158,7 +158,12 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
     if ((st = setup_metrics(r))) goto fail;
-    etcd_config_t ec = {.endpoints = cfg->etcd};
+    etcd_config_t ec = {.endpoints = cfg->etcd,
+                        .user = cfg->etcd_user,
+                        .password = cfg->etcd_password,
+                        .ca_file = cfg->etcd_tls.ca[0] ? cfg->etcd_tls.ca : NULL,
+                        .cert_file = cfg->etcd_tls.cert[0] ? cfg->etcd_tls.cert : NULL,
+                        .key_file = cfg->etcd_tls.key[0] ? cfg->etcd_tls.key : NULL};
     if ((st = etcd_client_create(&ec, &r->etcd))) goto fail;
     rtr_dispatch_config_t dc = {.etcd = r->etcd, .cluster = cfg->cluster, .max_migrations = cfg->max_migrations,
                                 .migrations = r->migrations, .fingerprint = r->model.fingerprint,
@@ -166,18 +171,25 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
                                 .remote_overhead_s = cfg->remote_prefill_overhead_ms / 1000.0,
                                 .kv_bytes_per_token = r->model.kv_bytes_per_token, .decision_log = cfg->decision_log,
                                 .decisions_local = r->decisions_local, .decisions_remote = r->decisions_remote,
-                                .predicted_ttft = r->predicted_ttft};
+                                .predicted_ttft = r->predicted_ttft, .tls = &r->cfg.tls};
     if ((st = rtr_dispatch_create(&dc, &r->dispatch))) goto fail;
 
     char host[256];
     int port;
     if ((st = rtr_split_hostport(cfg->http_listen, host, sizeof host, &port))) goto fail;
+    const bt_tls_files_t *t = &r->cfg.tls;
     http_config_t hc = {.address = host, .port = port, .threads = cfg->http_threads, .api_keys = cfg->api_keys,
-                        .n_api_keys = cfg->n_api_keys, .metrics = r->metrics};
+                        .n_api_keys = cfg->n_api_keys, .metrics = r->metrics,
+                        .tls_cert_file = t->cert[0] ? t->cert : NULL, .tls_key_file = t->key[0] ? t->key : NULL};
     if ((st = http_server_create(&hc, &r->http))) goto fail;
     if ((st = rtr_openai_register(r, r->http))) goto fail;
+    /* the public gRPC API: server TLS with the router's certificate; client certificates only with --grpc-tls-client-ca */
     bt_rpc_server_config_t gc = {.listen = cfg->grpc_listen, .tls_cert_file = cfg->grpc_tls_cert,
                                  .tls_key_file = cfg->grpc_tls_key, .tls_client_ca_file = cfg->grpc_tls_client_ca};
+    if (!gc.tls_cert_file && t->cert[0]) {
+        gc.tls_cert_file = t->cert;
+        gc.tls_key_file = t->key;
+    }
     if ((st = bt_rpc_server_create(&gc, &r->grpc))) goto fail;
     if ((st = rtr_grpc_register(r, r->grpc))) goto fail;
     *out = r;

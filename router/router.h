@@ -18,6 +18,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 
@@ -220,6 +221,7 @@ typedef struct rtr_dispatch_config {
     const char *decision_log;        /* append one JSON line per decision here; NULL = off */
     metrics_counter_t *decisions_local, *decisions_remote; /* optional */
     metrics_histogram_t *predicted_ttft;                   /* optional */
+    const bt_tls_files_t *tls; /* calls to nodes: verify each against ca as its node id, present cert; NULL = insecure */
 } rtr_dispatch_config_t;
 
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out);
@@ -355,6 +357,12 @@ typedef struct rtr_config {
     double remote_prefill_overhead_ms; /* fixed cost of a remote prefill in the cost model (main: 5) */
     double ttft_slo_ms;             /* > 0: refuse at once what is predicted to miss it (429 / RESOURCE_EXHAUSTED) */
     const char *decision_log;       /* JSON lines of every placement decision; NULL = off */
+    /* --tls-cert/--tls-key/--tls-ca: TLS on the public gRPC listener (unless --grpc-tls-* say otherwise) and HTTPS
+     * on the OpenAI API with cert + key; calls to nodes present cert and verify each node against ca (mTLS) */
+    bt_tls_files_t tls;
+    char etcd_user[128];            /* "" = no etcd authentication */
+    char etcd_password[BT_TLS_SECRET_MAX]; /* read from --etcd-password-file */
+    bt_tls_files_t etcd_tls;        /* TLS to https:// etcd endpoints */
 } rtr_config_t;
 
 #define RTR_PLANNER_WINDOW_S 30 /* the planner's demand is the token rate over this window */

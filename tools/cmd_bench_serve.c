@@ -23,6 +23,7 @@ typedef struct bs_opts {
     const char *url; /* base, without a trailing "/" or "/v1" */
     const char *model;
     const char *api_key;
+    const char *tls_ca;      /* --tls-ca: CA bundle that verifies an https:// router (NULL: the system's) */
     const char *json;
     int chat;                      /* /v1/chat/completions instead of /v1/completions */
     double rates[BS_MAX_RATES];    /* req/s; INFINITY = all at once */
@@ -388,6 +389,7 @@ static int run_rate(const bs_opts *o, const char *model, struct curl_slist *hdrs
                 break;
             }
             curl_easy_setopt(r->easy, CURLOPT_URL, path);
+            if (o->tls_ca) curl_easy_setopt(r->easy, CURLOPT_CAINFO, o->tls_ca);
             curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, hdrs);
             curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
             curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_write);
@@ -524,6 +526,7 @@ static int probe_models(const bs_opts *o, struct curl_slist *hdrs, char **name)
     CURL *c = curl_easy_init();
     if (!c) return -1;
     curl_easy_setopt(c, CURLOPT_URL, path);
+    if (o->tls_ca) curl_easy_setopt(c, CURLOPT_CAINFO, o->tls_ca);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_models);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
@@ -683,6 +686,7 @@ static void usage(FILE *out)
             "  --slo-tpot-ms Y         goodput SLO on TPOT (default 200)\n"
             "  --seed S                seed of arrivals, lengths and prompt words (default 0)\n"
             "  --api-key K             sent as 'Authorization: Bearer K'\n"
+            "  --tls-ca PEM            CA that verifies an https:// router (deploy/local/cluster up --tls: tls/ca.pem)\n"
             "  --request-timeout S     give up on one request after S seconds (default 600)\n"
             "  --json FILE             also write the results as JSON\n"
             "  --quiet                 no progress lines on stderr\n"
@@ -775,6 +779,7 @@ int cmd_bench_serve(int argc, char **argv)
         if (!strcmp(a, "--url")) o.url = v;
         else if (!strcmp(a, "--model")) bad = !*(o.model = v);
         else if (!strcmp(a, "--api-key")) o.api_key = v;
+        else if (!strcmp(a, "--tls-ca")) bad = !*(o.tls_ca = v);
         else if (!strcmp(a, "--json")) bad = !*(o.json = v);
         else if (!strcmp(a, "--workload")) bad = !*(o.workload = v);
         else if (!strcmp(a, "--api")) {

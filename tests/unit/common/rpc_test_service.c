@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-enum mode { MODE_FAST, MODE_SLOW, MODE_HANG, MODE_FAIL, MODE_META };
+enum mode { MODE_FAST, MODE_SLOW, MODE_HANG, MODE_FAIL, MODE_META, MODE_PEER };
 
 typedef struct stream {
     rpc_test_svc *svc;
@@ -171,6 +171,12 @@ static void *producer(void *arg)
         st = send_token(s, 0, value, 1);
         break;
     }
+    case MODE_PEER: {
+        char value[256];
+        if (bt_rpc_call_peer_identity(s->call, value, sizeof value) != BT_OK) snprintf(value, sizeof value, "<none>");
+        st = send_token(s, 0, value, 1);
+        break;
+    }
     default:
         for (unsigned i = 0; i < s->n && st == BT_OK; i++) {
             if (s->mode == MODE_FAIL && i == 3) {
@@ -208,6 +214,7 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *reqm
               : strcmp(text, "hang") == 0 ? MODE_HANG
               : strcmp(text, "fail") == 0 ? MODE_FAIL
               : strncmp(text, "meta:", 5) == 0 ? MODE_META
+              : strcmp(text, "peer") == 0 ? MODE_PEER
                                                 : MODE_FAST;
     if (s->mode == MODE_META) snprintf(s->meta_key, sizeof s->meta_key, "%s", text + 5);
     pthread_mutex_init(&s->mu, NULL);

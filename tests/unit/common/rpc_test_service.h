@@ -4,7 +4,8 @@
  *   Generate:   max_tokens messages, token_ids = {i}, from a producer thread; the last has finish_reason LENGTH.
  *               prompt text selects a mode: "" fast, "slow" (2 ms between messages), "hang" (one message, then
  *               wait for the cancel), "fail" (3 messages then INVALID_ARGUMENT), "meta:KEY" (one message whose text
- *               is request metadata KEY).
+ *               is request metadata KEY), "peer" (one message whose text is the caller's verified certificate
+ *               identity, bt_rpc_call_peer_identity, or "<none>").
  *   Detokenize: text = "cancelled=C finished=F active=A" (counters of Generate/Tokenize calls).
  *   ListModels: one model "test" whose `created` is the call's remaining deadline in ms (-1: none). */
 #ifndef BATON_TEST_RPC_SERVICE_H

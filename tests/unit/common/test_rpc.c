@@ -650,6 +650,121 @@ static void test_tls(void)
     fixture_down(&f);
 }
 
+/* CA, a server certificate naming node-a (and 127.0.0.1), one naming node-b, and a client certificate client-x. */
+static int make_node_certs(const char *dir)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "(cd '%s' && "
+             "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=t-ca "
+             "-keyout ca.key -out ca.pem && "
+             "for n in node-a node-b client-x; do "
+             "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=$n -keyout $n.key "
+             "-out $n.csr && printf \"subjectAltName=DNS:$n,IP:127.0.0.1\\n\" > $n.ext && "
+             "openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile $n.ext "
+             "-out $n.pem || exit 1; done) > openssl.log 2>&1",
+             dir);
+    return system(cmd);
+}
+
+/* The text of the one message a "peer" Generate call answers, or "" on failure. */
+static void peer_text(bt_rpc_channel_t *ch, char *out, size_t cap)
+{
+    out[0] = 0;
+    bt_rpc_stream_t *s;
+    if (open_generate(ch, "peer", 1, 5000, NULL, &s) != BT_OK) return;
+    ProtobufCMessage *m = NULL;
+    if (bt_rpc_stream_next(s, &m) == BT_OK && m) {
+        snprintf(out, cap, "%s", ((Baton__V1__GenerateResponse *)m)->text);
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    bt_rpc_stream_close(s);
+}
+
+/* Issue 16 items 3-4: the server sees the client's verified identity; a channel from the cache verifies that the
+ * server's certificate names the identity asked for (a server holding another name is refused); without mTLS the
+ * server sees no identity. */
+static void test_peer_identity(void)
+{
+    if (system("command -v openssl > /dev/null 2>&1") != 0) {
+        test_skip("test_peer_identity: no openssl CLI to make certificates");
+        return;
+    }
+    const char *dir = test_tmpdir();
+    REQUIRE(make_node_certs(dir) == 0);
+    char ca[512], cert[512], key[512], ccert[512], ckey[512];
+    snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+    snprintf(cert, sizeof cert, "%s/node-a.pem", dir);
+    snprintf(key, sizeof key, "%s/node-a.key", dir);
+    snprintf(ccert, sizeof ccert, "%s/client-x.pem", dir);
+    snprintf(ckey, sizeof ckey, "%s/client-x.key", dir);
+    bt_rpc_server_config_t cfg = {.listen = "127.0.0.1:0", .tls_cert_file = cert, .tls_key_file = key,
+                                  .tls_client_ca_file = ca};
+    bt_rpc_channel_config_t mc = {.tls_ca_file = ca, .tls_cert_file = ccert, .tls_key_file = ckey,
+                                  .tls_server_name = "node-a"};
+    fixture f;
+    REQUIRE(fixture_up(&f, &cfg, &mc) == 0);
+    char text[256];
+    peer_text(f.ch, text, sizeof text);
+    CHECK_MSG(!strcmp(text, "client-x"), "server saw identity '%s'", text);
+
+    bt_rpc_chcache_config_t cc = {.tls_ca_file = ca, .tls_cert_file = ccert, .tls_key_file = ckey};
+    bt_rpc_chcache_t *cache;
+    REQUIRE(bt_rpc_chcache_create(&cc, &cache) == BT_OK);
+    bt_rpc_channel_t *ch;
+    REQUIRE(bt_rpc_chcache_get(cache, f.target, "node-a", &ch) == BT_OK);
+    CHECK(health_ok(ch));
+    bt_rpc_chcache_release(cache, ch);
+    REQUIRE(bt_rpc_chcache_get(cache, f.target, "node-b", &ch) == BT_OK); /* a record naming node-b at A's address */
+    CHECK(!health_ok(ch));
+    bt_rpc_chcache_release(cache, ch);
+    bt_rpc_chcache_destroy(cache);
+    fixture_down(&f);
+
+    /* server TLS without client certificates: the handler sees no identity */
+    cfg.tls_client_ca_file = NULL;
+    bt_rpc_channel_config_t tc = {.tls_ca_file = ca, .tls_server_name = "node-a"};
+    REQUIRE(fixture_up(&f, &cfg, &tc) == 0);
+    peer_text(f.ch, text, sizeof text);
+    CHECK_MSG(!strcmp(text, "<none>"), "server saw identity '%s'", text);
+    fixture_down(&f);
+}
+
+/* Issue 16 item 8: the channel cache stays within its capacity (least recently used unheld channel closed), refuses
+ * when every channel is held, and refuses targets that are not host:port. */
+static void test_chcache(void)
+{
+    bt_rpc_chcache_config_t cc = {.capacity = 2};
+    bt_rpc_chcache_t *c;
+    REQUIRE(bt_rpc_chcache_create(&cc, &c) == BT_OK);
+    bt_rpc_channel_t *a, *b, *x, *a2;
+    REQUIRE(bt_rpc_chcache_get(c, "127.0.0.1:1", "n1", &a) == BT_OK);
+    REQUIRE(bt_rpc_chcache_get(c, "127.0.0.1:1", "n1", &a2) == BT_OK);
+    CHECK(a == a2);
+    bt_rpc_chcache_release(c, a2);
+    REQUIRE(bt_rpc_chcache_get(c, "127.0.0.1:2", "n2", &b) == BT_OK);
+    CHECK(bt_rpc_chcache_get(c, "127.0.0.1:3", "n3", &x) == BT_ERR_EXHAUSTED); /* both held */
+    bt_rpc_chcache_release(c, a);
+    bt_rpc_chcache_release(c, b);
+    for (int i = 0; i < 100; i++) { /* an attacker naming 100 addresses */
+        char t[64];
+        snprintf(t, sizeof t, "10.0.%d.%d:50051", i / 250, i % 250 + 1);
+        REQUIRE(bt_rpc_chcache_get(c, t, "evil", &x) == BT_OK);
+        bt_rpc_chcache_release(c, x);
+    }
+    int open = 0;
+    uint64_t ev = 0;
+    bt_rpc_chcache_stats(c, &open, &ev);
+    CHECK_MSG(open == 2 && ev == 100, "open %d evictions %llu", open, (unsigned long long)ev);
+    const char *bad[] = {"unix:/tmp/sock", "dns:///evil:1", "host", "host:0", "host:65536", "a b:1", "h:1/x",
+                         "[::1:1", "-x:1", "", "1.2.3.4:1\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_MSG(bt_rpc_chcache_get(c, bad[i], NULL, &x) == BT_ERR_INVALID, "accepted '%s'", bad[i]);
+    CHECK(bt_rpc_chcache_get(c, "[::1]:50051", NULL, &x) == BT_OK);
+    bt_rpc_chcache_release(c, x);
+    bt_rpc_chcache_destroy(c);
+}
+
 static void test_unreachable(void)
 {
     /* A port nobody listens on (bind one, then free it). */
@@ -834,6 +949,8 @@ int main(void)
     RUN(test_concurrent_streams);
     RUN(test_shutdown_inflight);
     RUN(test_tls);
+    RUN(test_peer_identity);
+    RUN(test_chcache);
     RUN(test_unreachable);
     RUN(test_peer_vanished);
     return test_summary();

@@ -547,6 +547,58 @@ static void push_cb(kvx_push_t *push, bt_status st, void *arg)
     r->st = st;
 }
 
+/* Issue 16 item 8: peers are cached by node ids that arrive in requests; the cache stays within max_peers by
+ * closing the least recently used idle peer, refuses when every peer is in use, and keeps a busy peer usable. */
+static void test_peer_cache_cap(void)
+{
+    agent_t a;
+    REQUIRE(agent_init(&a, &DST_L, 7) == 0);
+    kvx_context_opts_t o = {.name = "cap", .max_peers = 2};
+    kvx_context_t *ctx = NULL;
+    kvx_pool_t *pool = NULL;
+    REQUIRE(kvx_context_create(&o, &ctx) == BT_OK);
+    REQUIRE(kvx_pool_create(ctx, &SRC_L, &pool) == BT_OK);
+    for (uint64_t id = 1; id <= 10; id++) { /* ten made-up node ids for the same pool, each used for a push */
+        kvx_peer_t *p = NULL;
+        REQUIRE(kvx_peer_get(ctx, id, a.desc, a.desc_len, &p) == BT_OK);
+        uint32_t blk = (uint32_t)id;
+        uint64_t e = agent_expect(&a, &blk, 1, 0, 0, 10000, NULL, 0, NULL);
+        REQUIRE(e != 0);
+        kvx_push_args_t args = {.src_blocks = &blk, .dst_blocks = &blk, .n_blocks = 1, .epoch = e,
+                                .timeout_ms = 10000};
+        kvx_push_t *push = NULL;
+        REQUIRE(kvx_push_create(pool, p, &args, &push) == BT_OK);
+        REQUIRE(kvx_push_all(push) == BT_OK);
+        CHECK(kvx_push_wait(push) == BT_OK);
+        kvx_push_destroy(push);
+        CHECK(agent_expect_wait(&a, e, NULL) == BT_OK);
+        kvx_peer_release(p);
+    }
+    kvx_stats_t st;
+    kvx_context_stats(ctx, &st);
+    CHECK_MSG(st.peers_built == 10 && st.peers_evicted == 8, "built %llu evicted %llu",
+              (unsigned long long)st.peers_built, (unsigned long long)st.peers_evicted);
+    kvx_peer_t *h1 = NULL, *h2 = NULL, *h3 = NULL, *again = NULL;
+    REQUIRE(kvx_peer_get(ctx, 100, a.desc, a.desc_len, &h1) == BT_OK);
+    REQUIRE(kvx_peer_get(ctx, 101, a.desc, a.desc_len, &h2) == BT_OK);
+    CHECK(kvx_peer_get(ctx, 102, a.desc, a.desc_len, &h3) == BT_ERR_EXHAUSTED); /* both held: nothing to close */
+    CHECK(kvx_peer_status(h1) == BT_OK && kvx_peer_status(h2) == BT_OK);
+    CHECK(kvx_peer_get(ctx, 100, a.desc, a.desc_len, &again) == BT_OK && again == h1); /* a hit needs no room */
+    kvx_peer_release(again);
+    kvx_peer_release(h1);
+    kvx_peer_release(h2);
+    for (int i = 0; i < 100; i++) { /* closed endpoints are reaped by the progress thread */
+        kvx_context_stats(ctx, &st);
+        if (st.live_peers <= 2) break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_MSG(st.live_peers <= 2, "%u peers alive", st.live_peers);
+    CHECK(kvx_pool_destroy(pool) == BT_OK);
+    kvx_context_destroy(ctx);
+    agent_close(&a);
+}
+
 static void test_bitexact(void)
 {
     sender_t s;
@@ -1132,6 +1184,7 @@ int main(int argc, char **argv)
     const char *tls = getenv("UCX_TLS");
     fprintf(stderr, "UCX_TLS=%s\n", tls ? tls : "(unset)");
     RUN(test_bitexact);
+    RUN(test_peer_cache_cap);
     RUN(test_refusals);
     RUN(test_forged_descriptor);
     RUN(test_stale_epoch);

@@ -10,7 +10,10 @@
 static const char *const ENV_VARS[] = {"BATON_MODEL",   "BATON_ETCD",        "BATON_CLUSTER", "BATON_NODE_ID",
                                        "BATON_GRPC_LISTEN", "BATON_HTTP_LISTEN", "BATON_THREADS", "BATON_KV_MEM",
                                        "BATON_MAX_BATCH_TOKENS", "BATON_LOG", "BATON_GRACE_MS",
-                                       "BATON_SPEC", "BATON_SPEC_K_MAX"};
+                                       "BATON_SPEC", "BATON_SPEC_K_MAX", "BATON_TLS_CERT", "BATON_TLS_KEY",
+                                       "BATON_TLS_CA", "BATON_INSECURE", "BATON_ETCD_USER",
+                                       "BATON_ETCD_PASSWORD_FILE", "BATON_ETCD_CA", "BATON_ETCD_CERT",
+                                       "BATON_ETCD_KEY"};
 
 /* Each test starts from an environment without BATON_* so only what it sets can leak into the result. */
 static void clear_env(void)
@@ -227,6 +230,63 @@ static void test_help(void)
     CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--bogus", "--help", NULL}) == BT_ERR_INVALID);
 }
 
+/* Issue 16 item 3: TLS and etcd credential flags; a non-loopback gRPC listener needs mTLS or --insecure; the etcd
+ * password comes from a file and is never accepted on the command line. */
+static void test_security_flags(void)
+{
+    clear_env();
+    const char *dir = test_tmpdir();
+    char cert[512], key[512], ca[512], pw[512];
+    snprintf(cert, sizeof cert, "%s/n.pem", dir);
+    snprintf(key, sizeof key, "%s/n-key.pem", dir);
+    snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+    snprintf(pw, sizeof pw, "%s/pw", dir);
+    const char *pem = "-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n";
+    const char *kpem = "-----BEGIN PRIVATE KEY-----\nAA\n-----END PRIVATE KEY-----\n";
+    REQUIRE(test_write_file(cert, pem, strlen(pem)) == 0);
+    REQUIRE(test_write_file(ca, pem, strlen(pem)) == 0);
+    REQUIRE(test_write_file(key, kpem, strlen(kpem)) == 0);
+    REQUIRE(test_write_file(pw, "hunter2\n", 8) == 0);
+    bt_node_flags_t f;
+    int help;
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--etcd", "none", NULL}) == BT_OK);
+    CHECK(!f.tls.cert[0] && !f.insecure && !f.etcd_user[0]);
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--grpc-listen", "0.0.0.0:0", NULL}) ==
+          BT_ERR_INVALID);
+    CHECK_MSG(strstr(bt_last_error(), "mutual TLS") && strstr(bt_last_error(), "--insecure"), "%s", bt_last_error());
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--grpc-listen", "0.0.0.0:0", "--insecure", NULL}) ==
+          BT_OK);
+    CHECK(f.insecure == 1);
+    CHECK(parse(&f, MBR_ROLE_PREFILL, &help,
+                (const char *const[]){"--grpc-listen", "10.1.2.3:0", "--tls-cert", cert, "--tls-key", key, "--tls-ca",
+                                      ca, NULL}) == BT_OK);
+    CHECK(!strcmp(f.tls.cert, cert) && !strcmp(f.tls.key, key) && !strcmp(f.tls.ca, ca));
+    CHECK(parse(&f, MBR_ROLE_PREFILL, &help,
+                (const char *const[]){"--grpc-listen", "10.1.2.3:0", "--tls-cert", cert, "--tls-key", key, NULL}) ==
+          BT_ERR_INVALID);
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--tls-cert", cert, "--tls-key", ca, "--tls-ca", ca,
+                                                                   NULL}) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(bt_last_error(), "--tls-key") && strstr(bt_last_error(), "PRIVATE KEY"), "%s", bt_last_error());
+    setenv("BATON_INSECURE", "1", 1);
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--grpc-listen", "0.0.0.0:0", NULL}) == BT_OK);
+    setenv("BATON_INSECURE", "yes", 1);
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){NULL}) == BT_ERR_INVALID);
+    unsetenv("BATON_INSECURE");
+
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help,
+                (const char *const[]){"--etcd-user", "baton", "--etcd-password-file", pw, "--etcd-ca", ca, NULL}) ==
+          BT_OK);
+    CHECK(!strcmp(f.etcd_user, "baton") && !strcmp(f.etcd_password, "hunter2") && !strcmp(f.etcd_tls.ca, ca));
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--etcd-user", "baton", NULL}) == BT_ERR_INVALID);
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help, (const char *const[]){"--etcd-password", "hunter2", NULL}) ==
+          BT_ERR_INVALID); /* no flag takes a secret itself */
+    CHECK(parse(&f, MBR_ROLE_DECODE, &help,
+                (const char *const[]){"--etcd-user", "baton", "--etcd-password-file", "/nonexistent/pw", NULL}) ==
+          BT_ERR_INVALID);
+    CHECK_MSG(strstr(bt_last_error(), "/nonexistent/pw"), "%s", bt_last_error());
+    test_tmpdir_cleanup();
+}
+
 int main(void)
 {
     RUN(test_split_addr_accepts);
@@ -238,5 +298,6 @@ int main(void)
     RUN(test_errors);
     RUN(test_spec_flags);
     RUN(test_help);
+    RUN(test_security_flags);
     return test_summary();
 }
