@@ -381,6 +381,19 @@ static bt_rpc_code check_destination(prefill_service_t *s, const Baton__V1__KvDe
     return BT_RPC_OK;
 }
 
+/* Under mutual TLS the caller must be the destination itself: a decode node asks for KV only into its own pool. (Without
+ * mTLS nobody is verified; the random epoch and the claim before any write still keep a forged destination's pool
+ * untouched, see kvtransfer/kvx.h.) */
+static bt_rpc_code check_caller(bt_rpc_call_t *call, const Baton__V1__KvDestination *d, char *err, size_t cap)
+{
+    char who[128];
+    if (bt_rpc_call_peer_identity(call, who, sizeof who) != BT_OK) return BT_RPC_OK; /* no mTLS here */
+    if (bt_rpc_call_peer_has_identity(call, d->decode_node_id)) return BT_RPC_OK;
+    snprintf(err, cap, "destination refused: the caller's certificate names '%.64s', not decode node '%.64s'", who,
+             d->decode_node_id);
+    return BT_RPC_PERMISSION_DENIED;
+}
+
 /* Validates q; fills rp. Returns the gRPC code and a message. */
 static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
                                  char *err, size_t cap)
@@ -498,6 +511,7 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     bt_req_params rp = bt_req_params_default();
     rp.sampling = bt_sampling_default();
     bt_rpc_code code = check_request(s, q, &rp, err, sizeof err);
+    if (code == BT_RPC_OK) code = check_caller(call, q->destination, err, sizeof err);
     if (code != BT_RPC_OK) {
         bt_calls_reject(&s->calls, call, code, rid, err);
         return;

@@ -315,3 +315,33 @@ def test_bench_serve_over_https(cluster, tmp_path):
     assert r.returncode == 0, r.stderr
     run = json.loads(out.read_text())["runs"][0]
     assert run["completed"] == 3 and run["errors"] == 0, run
+
+
+def test_prefill_run_only_from_its_destination(cluster, tmp_path_factory):
+    """Under mTLS a Prefill/Run must come from the decode node it names: a caller with another cluster certificate
+    (the router's) that names decode-1 and carries decode-1's real pool descriptor (read from etcd) is refused with
+    PERMISSION_DENIED before any compute; decode-1's own certificate passes that check (and then meets the claim:
+    the made-up epoch is not one decode-1 handed out, so nothing is written)."""
+    from harness import pygen
+    pb = pygen.generate(ROOT / "proto", tmp_path_factory.mktemp("protos"), tmp_path_factory.mktemp("pygen"))
+    n = pb["baton.v1.node_pb2"]
+    rec = json.loads(cluster.etcdctl("root", "get", member_key("decode-1"), "--print-value-only").stdout)
+    desc = base64.b64decode(rec["ucx"])
+    fingerprint = int.from_bytes(desc[32:40], "little")
+    ca = open(cluster.path("ca.pem"), "rb").read()
+    ids = [1000 + 11 * i for i in range(40)]
+    dst = n.KvDestination(decode_node_id="decode-1", epoch=0x5eed5eed, block_ids=[0, 1, 2], layout_fingerprint=fingerprint,
+                          checksums=True, pool_descriptor=desc)
+    req = n.PrefillRunRequest(request_id="x", prompt_token_ids=ids, destination=dst)
+    codes = {}
+    for who in ("router", "decode-1"):
+        creds = grpc.ssl_channel_credentials(ca, open(cluster.path(f"{who}-key.pem"), "rb").read(),
+                                             open(cluster.path(f"{who}.pem"), "rb").read())
+        with grpc.secure_channel(cluster.grpc_addr("prefill-1"), creds,
+                                 [("grpc.ssl_target_name_override", "prefill-1")]) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                pb["baton.v1.node_pb2_grpc"].PrefillStub(ch).Run(req, timeout=60)
+            codes[who] = (e.value.code(), e.value.details())
+    assert codes["router"][0] == grpc.StatusCode.PERMISSION_DENIED, codes
+    assert "names 'router', not decode node 'decode-1'" in codes["router"][1], codes
+    assert codes["decode-1"][0] != grpc.StatusCode.PERMISSION_DENIED and "claim" in codes["decode-1"][1], codes
