@@ -167,3 +167,10 @@ bt_status bt_tls_check_member_addr(const char *addr)
         return bt_fail(BT_ERR_INVALID, "member address '%s': port must be 1..65535", shown);
     return BT_OK;
 }
+
+void bt_tls_etcd_paths(const bt_tls_files_t *t, const char **ca_file, const char **cert_file, const char **key_file)
+{
+    *ca_file = t->ca[0] ? t->ca : NULL;
+    *cert_file = t->cert[0] ? t->cert : NULL;
+    *key_file = t->key[0] ? t->key : NULL;
+}

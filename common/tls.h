@@ -24,6 +24,9 @@ typedef struct bt_tls_files {
     char ca[BT_TLS_PATH_MAX];   /* CA bundle peers' certificates must chain to */
 } bt_tls_files_t;
 
+/* Fills the TLS part of an etcd client config from t: each path, or NULL where "" (the strings stay t's). */
+void bt_tls_etcd_paths(const bt_tls_files_t *t, const char **ca_file, const char **cert_file, const char **key_file);
+
 /* 1 when cert, key and ca are all set (mutual TLS between baton processes). Can't fail. */
 int bt_tls_mutual(const bt_tls_files_t *t);
 

@@ -454,12 +454,8 @@ bt_status bt_node_create(const bt_node_flags_t *f, mbr_role role, bt_node_t **ou
     bt_status st = metrics_registry_create(&n->metrics);
     if (st) goto fail;
     if (f->etcd[0]) {
-        etcd_config_t ec = {.endpoints = f->etcd,
-                            .user = f->etcd_user,
-                            .password = f->etcd_password,
-                            .ca_file = f->etcd_tls.ca[0] ? f->etcd_tls.ca : NULL,
-                            .cert_file = f->etcd_tls.cert[0] ? f->etcd_tls.cert : NULL,
-                            .key_file = f->etcd_tls.key[0] ? f->etcd_tls.key : NULL};
+        etcd_config_t ec = {.endpoints = f->etcd, .user = f->etcd_user, .password = f->etcd_password};
+        bt_tls_etcd_paths(&f->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);
         if ((st = etcd_client_create(&ec, &n->etcd))) goto fail;
         if ((st = mbr_watcher_create(n->etcd, f->cluster, NULL, &n->members))) goto fail;
     }

@@ -158,12 +158,8 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
     if ((st = setup_metrics(r))) goto fail;
-    etcd_config_t ec = {.endpoints = cfg->etcd,
-                        .user = cfg->etcd_user,
-                        .password = cfg->etcd_password,
-                        .ca_file = cfg->etcd_tls.ca[0] ? cfg->etcd_tls.ca : NULL,
-                        .cert_file = cfg->etcd_tls.cert[0] ? cfg->etcd_tls.cert : NULL,
-                        .key_file = cfg->etcd_tls.key[0] ? cfg->etcd_tls.key : NULL};
+    etcd_config_t ec = {.endpoints = cfg->etcd, .user = cfg->etcd_user, .password = cfg->etcd_password};
+    bt_tls_etcd_paths(&cfg->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);
     if ((st = etcd_client_create(&ec, &r->etcd))) goto fail;
     rtr_dispatch_config_t dc = {.etcd = r->etcd, .cluster = cfg->cluster, .max_migrations = cfg->max_migrations,
                                 .migrations = r->migrations, .fingerprint = r->model.fingerprint,

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "engine/cpu/cpu_gemm_layout.h"
 #include "engine/cpu/cpu_impl.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -25,8 +26,8 @@
  * (GEMM_PASSES dispatches 1, 2 or 3) */
 #define AVX2_NR 3
 
-#define ACT8(r, b) ((const bt_block_q8_32 *)((const char *)act + (size_t)(r) * act_stride) + (b))
-#define ACT16(r, b) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (b))
+#define ACT8(r, b) BT_GL_ACT8(act, act_stride, r, b)
+#define ACT16(r, b) BT_GL_ACT16(act, act_stride, r, b)
 
 #define GEMM_ARGS                                                                                              \
     int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, float *out, \
@@ -38,55 +39,6 @@ AI __m256i bcast32(const void *p)
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
-}
-
-/* Block b of a packed group: its unit, its 16 d (then 16 m for Q4_1) and its code vectors. */
-AI const uint8_t *unit_base(const uint8_t *group, int64_t b, const int type, const size_t cb)
-{
-    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
-    return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
-}
-
-AI const uint16_t *blk_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
-{
-    return (const uint16_t *)(unit_base(group, b, type, cb) + (type == BT_TYPE_Q4_1 ? 0 : 32 * (b & 1)));
-}
-
-AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
-{
-    if (type == BT_TYPE_Q4_K) return unit_base(group, b, type, cb) + 128;
-    return unit_base(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
-}
-
-/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
- * super-block (bt_block_q16_256). */
-AI const int16_t *act16_qs(const void *act, size_t act_stride, int r, int64_t b, const int type)
-{
-    if (type == BT_TYPE_Q4_K)
-        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3))->qs + 32 * (b & 7);
-    return ACT16(r, b)->qs;
-}
-
-/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
-AI void act16_scales(const void *act, size_t act_stride, int r, int64_t b, const int type, float *d, float *ds)
-{
-    if (type == BT_TYPE_Q4_K) {
-        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3);
-        const int s = (int)(b & 7);
-        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
-        return;
-    }
-    *d = ACT16(r, b)->d, *ds = ACT16(r, b)->ds;
-}
-
-/* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks */
-AI void prefetch_block(const void *next, int64_t b, const int type)
-{
-    if (!next) return;
-    const int per = type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
-    const char *p = (const char *)next + (size_t)b * per;
-#pragma GCC unroll 9
-    for (int i = 0; i < per; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
 }
 
 /* Integer sums of a block start at -off * sum(a) when the codes carry an offset (Q4_0: 8), else 0. */
@@ -131,12 +83,12 @@ AI void store_rows(const int NR, const __m256 (*acc)[2], float *out, size_t out_
 AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m256 *d, __m256 *m)
 {
     if (type == BT_TYPE_Q4_K) {
-        const float *f = (const float *)unit_base(group, b, type, cb);
+        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
         d[0] = _mm256_load_ps(f), d[1] = _mm256_load_ps(f + 8);
         m[0] = _mm256_load_ps(f + 16), m[1] = _mm256_load_ps(f + 24);
         return;
     }
-    const uint16_t *sc = blk_scales(group, b, type, cb);
+    const uint16_t *sc = bt_gl_scales(group, b, type, cb);
     load_scales(sc, &d[0], &d[1]);
     if (type == BT_TYPE_Q4_1)
         load_scales(sc + BT_CPU_PACK_ROWS, &m[0], &m[1]);
@@ -164,7 +116,7 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
 {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        const __m256i a = bcast32(act16_qs(act, act_stride, r, b, type) + 2 * idx);
+        const __m256i a = bcast32(bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx);
         s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(lo, a));
         s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(hi, a));
     }
@@ -180,8 +132,8 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *cp = blk_codes(group, b, type, cb);
-        prefetch_block(next, b, type);
+        const uint8_t *cp = bt_gl_codes(group, b, type, cb);
+        bt_gl_prefetch_block(next, b, type);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
@@ -206,7 +158,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                            2 * k + 9, type);
             }
         }
-        ACCUM_ROWS(act16_scales(act, act_stride, r, b, type, &ad, &ads));
+        ACCUM_ROWS(bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads));
     }
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
@@ -235,8 +187,8 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *cp = blk_codes(group, b, type, cb);
-        prefetch_block(next, b, type);
+        const uint8_t *cp = bt_gl_codes(group, b, type, cb);
+        bt_gl_prefetch_block(next, b, type);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT8(r, b)->sum);

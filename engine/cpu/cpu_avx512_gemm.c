@@ -12,12 +12,13 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "engine/cpu/cpu_gemm_layout.h"
 #include "engine/cpu/cpu_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
-#define ACT8(r, b) ((const bt_block_q8_32 *)((const char *)act + (size_t)(r) * act_stride) + (b))
-#define ACT16(r, b) ((const bt_block_q16_32 *)((const char *)act + (size_t)(r) * act_stride) + (b))
+#define ACT8(r, b) BT_GL_ACT8(act, act_stride, r, b)
+#define ACT16(r, b) BT_GL_ACT16(act, act_stride, r, b)
 
 /* acc + (u8 x s8 | s16 x s16) products of w with the 4-byte word at p broadcast: written as inline asm because
  * GCC keeps the broadcast as a separate load instead of the instruction's {1to16} memory operand */
@@ -36,74 +37,24 @@ AI __m512i dpwssd_b(__m512i acc, __m512i w, const void *p)
 #define GEMM_ARGS int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, \
                   float *out, size_t out_stride, int n_valid
 
-/* Block b of a packed group (layout in cpu_gemm.c): its 16 d (then 16 m for Q4_1; fp32 d and m for Q4_K) and its
- * code vectors. */
-AI const uint8_t *unit_base(const uint8_t *group, int64_t b, const int type, const size_t cb)
-{
-    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
-    return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
-}
-
-AI const uint16_t *blk_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
-{
-    return (const uint16_t *)(unit_base(group, b, type, cb) + (type == BT_TYPE_Q4_1 ? 0 : 32 * (b & 1)));
-}
-
-AI const uint8_t *blk_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
-{
-    if (type == BT_TYPE_Q4_K) return unit_base(group, b, type, cb) + 128;
-    return unit_base(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
-}
-
 /* The 16 rows' d and m of block b as floats (m zero for types without one). */
 AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m512 *dw, __m512 *mw)
 {
     if (type == BT_TYPE_Q4_K) {
-        const float *f = (const float *)unit_base(group, b, type, cb);
+        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
         *dw = _mm512_load_ps(f), *mw = _mm512_load_ps(f + BT_CPU_PACK_ROWS);
         return;
     }
-    const uint16_t *sc = blk_scales(group, b, type, cb);
+    const uint16_t *sc = bt_gl_scales(group, b, type, cb);
     *dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
     *mw = type == BT_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
                                : _mm512_setzero_ps();
-}
-
-/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
- * super-block (bt_block_q16_256). */
-AI const int16_t *act16_qs(const void *act, size_t act_stride, int r, int64_t b, const int type)
-{
-    if (type == BT_TYPE_Q4_K)
-        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3))->qs + 32 * (b & 7);
-    return ACT16(r, b)->qs;
-}
-
-/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
-AI void act16_scales(const void *act, size_t act_stride, int r, int64_t b, const int type, float *d, float *ds)
-{
-    if (type == BT_TYPE_Q4_K) {
-        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * act_stride) + (b >> 3);
-        const int s = (int)(b & 7);
-        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
-        return;
-    }
-    *d = ACT16(r, b)->d, *ds = ACT16(r, b)->ds;
 }
 
 /* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so with few rows per pass a row's
  * products are spread over several independent accumulators (added exactly at the end of the block); from 4 rows
  * on, the other rows' instructions fill the latency and one chain per row leaves registers for 8 rows. */
 #define CHAINS(NR) ((NR) == 1 ? 4 : (NR) <= 3 ? 2 : 1)
-
-/* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks */
-AI void prefetch_block(const void *next, int64_t b, const int type)
-{
-    if (!next) return;
-    const int per = type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
-    const char *p = (const char *)next + (size_t)b * per;
-#pragma GCC unroll 9
-    for (int i = 0; i < per; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
-}
 
 /* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q8_0
  * with 8-bit activations: 128), so that the chain ends at the exact isum with no subtraction. */
@@ -148,9 +99,9 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *cp = blk_codes(group, b, type, cb);
-        const uint16_t *sc = blk_scales(group, b, type, cb);
-        prefetch_block(next, b, type);
+        const uint8_t *cp = bt_gl_codes(group, b, type, cb);
+        const uint16_t *sc = bt_gl_scales(group, b, type, cb);
+        bt_gl_prefetch_block(next, b, type);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -193,7 +144,8 @@ AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const
                    int64_t b, const int idx, const int type)
 {
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r][ch] = dpwssd_b(s[r][ch], c, act16_qs(act, act_stride, r, b, type) + 2 * idx);
+    for (int r = 0; r < NR; r++)
+        s[r][ch] = dpwssd_b(s[r][ch], c, bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx);
 }
 
 /* 16-bit activations: 16 int16-pair code vectors per block, each used by every row as soon as it is decoded (the
@@ -210,8 +162,8 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *cp = blk_codes(group, b, type, cb);
-        prefetch_block(next, b, type);
+        const uint8_t *cp = bt_gl_codes(group, b, type, cb);
+        bt_gl_prefetch_block(next, b, type);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -245,7 +197,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
             float ad, ads;
-            act16_scales(act, act_stride, r, b, type, &ad, &ads);
+            bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
             acc[r] = block_accum(acc[r], t, dw, mw, mins, ad, ads);
         }
     }

@@ -1,0 +1,76 @@
+/* Internal to engine/cpu: where things are in a packed group (layouts in cpu_gemm.c) and in the activation rows the
+ * tiled GEMM kernels read, written once for every ISA's kernels (cpu_avx2_gemm.c, cpu_avx512_gemm.c). Plain C: the
+ * ISA files include it after <immintrin.h> and their own flags; everything inlines. */
+#ifndef BATON_ENGINE_CPU_GEMM_LAYOUT_H
+#define BATON_ENGINE_CPU_GEMM_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/cpu/cpu_kernels.h"
+
+#define BT_GL_AI static inline __attribute__((always_inline))
+
+/* Activation block b of row r: 8-bit or 16-bit per-32 blocks (legacy weight types). */
+#define BT_GL_ACT8(act, stride, r, b) ((const bt_block_q8_32 *)((const char *)(act) + (size_t)(r) * (stride)) + (b))
+#define BT_GL_ACT16(act, stride, r, b) ((const bt_block_q16_32 *)((const char *)(act) + (size_t)(r) * (stride)) + (b))
+
+/* Block b's unit: Q4_1 and Q4_K one block per unit (64 or 128 bytes of scales, then cb code bytes), Q4_0 and Q8_0
+ * two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for Q8_0). */
+BT_GL_AI const uint8_t *bt_gl_unit(const uint8_t *group, int64_t b, const int type, const size_t cb)
+{
+    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
+    return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
+}
+
+/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1); Q4_K keeps fp32 d and m at bt_gl_unit instead. */
+BT_GL_AI const uint16_t *bt_gl_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
+{
+    return (const uint16_t *)(bt_gl_unit(group, b, type, cb) + (type == BT_TYPE_Q4_1 ? 0 : 32 * (b & 1)));
+}
+
+/* Block b's code vectors. */
+BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
+{
+    if (type == BT_TYPE_Q4_K) return bt_gl_unit(group, b, type, cb) + 128;
+    return bt_gl_unit(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
+}
+
+/* Bytes of the group per block, for prefetching a group block by block (unit bytes / blocks per unit). */
+BT_GL_AI int bt_gl_block_share(const int type)
+{
+    return type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
+}
+
+/* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks. */
+BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type)
+{
+    if (!next) return;
+    const int per = bt_gl_block_share(type);
+    const char *p = (const char *)next + (size_t)b * (size_t)per;
+#pragma GCC unroll 9
+    for (int i = 0; i < per; i += 64) __builtin_prefetch(p + i, 0, 3);
+}
+
+/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
+ * super-block (bt_block_q16_256). */
+BT_GL_AI const int16_t *bt_gl_act16_qs(const void *act, size_t stride, int r, int64_t b, const int type)
+{
+    if (type == BT_TYPE_Q4_K)
+        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3))->qs + 32 * (b & 7);
+    return BT_GL_ACT16(act, stride, r, b)->qs;
+}
+
+/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
+BT_GL_AI void bt_gl_act16_scales(const void *act, size_t stride, int r, int64_t b, const int type, float *d, float *ds)
+{
+    if (type == BT_TYPE_Q4_K) {
+        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
+        const int s = (int)(b & 7);
+        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
+        return;
+    }
+    *d = BT_GL_ACT16(act, stride, r, b)->d, *ds = BT_GL_ACT16(act, stride, r, b)->ds;
+}
+
+#endif
