@@ -119,7 +119,7 @@ static void *progress_main(void *arg)
         ucs_status_t us = ucp_worker_arm(ctx->worker);
         if (us == UCS_ERR_BUSY) continue;
         /* UCX's keepalive and endpoint closes advance only inside progress: tick while anything is live. */
-        int busy = ctx->pushes || ctx->expects || ctx->closing || ctx->dead;
+        int busy = !bt_list_empty(&ctx->pushes) || !bt_list_empty(&ctx->expects) || ctx->closing || ctx->dead;
         uint64_t tick = busy ? 50 : (ctx->peers ? ctx->keepalive_ms : 1000);
         if (wait_ms > tick) wait_ms = tick;
         ctx->sleeping = 1;
@@ -308,11 +308,11 @@ void kvx_context_destroy(kvx_context_t *ctx)
 
     /* Now single-threaded: end everything without callbacks, then close endpoints. */
     pthread_mutex_lock(&ctx->mu);
-    for (kvx_push_t *p = ctx->pushes; p; p = p->next) {
+    BT_LIST_FOR(p, &ctx->pushes, kvx_push_t, link) {
         p->user_gone = 1;
         kvx_push_finish(p, BT_ERR_CANCELLED, "kvx: context destroyed");
     }
-    for (kvx_expect_t *e = ctx->expects; e; e = e->next) {
+    BT_LIST_FOR(e, &ctx->expects, kvx_expect_t, link) {
         e->cb = NULL;
         kvx_expect_finish(e, BT_ERR_CANCELLED, "kvx: context destroyed");
     }
@@ -357,13 +357,13 @@ void kvx_context_destroy(kvx_context_t *ctx)
         ucp_request_free(freq);
     }
     /* Objects the user never released: free them so the UCX resources go. */
-    while (ctx->pushes) {
-        kvx_push_t *p = ctx->pushes;
+    while (!bt_list_empty(&ctx->pushes)) {
+        kvx_push_t *p = bt_list_entry(ctx->pushes.head, kvx_push_t, link);
         p->refs = 1;
         kvx_push_unref(p);
     }
-    while (ctx->expects) {
-        kvx_expect_t *e = ctx->expects;
+    while (!bt_list_empty(&ctx->expects)) {
+        kvx_expect_t *e = bt_list_entry(ctx->expects.head, kvx_expect_t, link);
         e->refs = 1;
         kvx_expect_unref(e);
     }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <ucp/api/ucp.h>
 
+#include "common/list.h"
 #include "kvtransfer/kvx.h"
 
 #define KVX_DEFAULT_TIMEOUT_MS 30000u
@@ -60,8 +61,8 @@ struct kvx_context {
     kvx_peer_t *peers; /* cache: healthy peers only, most recently used first */
     uint32_t n_peers, max_peers;
     kvx_peer_t *dead;  /* failed peers whose endpoint still has to be closed */
-    kvx_push_t *pushes;
-    kvx_expect_t *expects;
+    bt_list pushes;  /* kvx_push_t by link */
+    bt_list expects; /* kvx_expect_t by link */
     kvx_notify_t *notify_head, *notify_tail;
     kvx_closing_t *closing;
     const void *cb_running; /* object whose user callback is running now */
@@ -107,7 +108,7 @@ enum { KVX_PUSH_CLAIMING = 0, KVX_PUSH_POSTING, KVX_PUSH_FLUSHING, KVX_PUSH_ACKI
 
 struct kvx_push {
     kvx_context_t *ctx;
-    kvx_push_t *next, *prev;
+    bt_list_node link; /* in ctx->pushes */
     kvx_notify_t notify;
     int refs; /* user + outstanding UCX requests with callbacks + notify queue */
     int user_gone;
@@ -140,7 +141,7 @@ struct kvx_push {
 
 struct kvx_expect {
     kvx_context_t *ctx;
-    kvx_expect_t *next, *prev;
+    bt_list_node link; /* in ctx->expects */
     kvx_notify_t notify;
     int refs; /* user + notify queue */
     int done;

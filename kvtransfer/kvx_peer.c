@@ -79,9 +79,9 @@ void kvx_peer_fail(kvx_peer_t *peer, bt_status st, const char *why)
     }
     peer->next = ctx->dead;
     ctx->dead = peer;
-    for (kvx_push_t *p = ctx->pushes; p; p = p->next)
+    BT_LIST_FOR(p, &ctx->pushes, kvx_push_t, link)
         if (p->peer == peer && p->state != KVX_PUSH_DONE) kvx_push_finish(p, st, "kvx: %s", peer->err);
-    for (kvx_expect_t *e = ctx->expects; e; e = e->next)
+    BT_LIST_FOR(e, &ctx->expects, kvx_expect_t, link)
         if (e->sender == peer && !e->done) kvx_expect_finish(e, st, "kvx: sender %s", peer->err);
     kvx_kick(ctx);
 }

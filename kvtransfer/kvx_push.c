@@ -70,11 +70,7 @@ static uint32_t fold_block_crc(const uint32_t *crcs, uint32_t n_layers, size_t n
 static void push_free(kvx_push_t *p)
 {
     kvx_context_t *ctx = p->ctx;
-    if (p->prev)
-        p->prev->next = p->next;
-    else
-        ctx->pushes = p->next;
-    if (p->next) p->next->prev = p->prev;
+    bt_list_remove(&ctx->pushes, &p->link);
     ctx->stats.live_pushes--;
     p->pool->users--;
     kvx_peer_unref(p->peer);
@@ -304,9 +300,7 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     p->id = ctx->next_push_id++;
     peer->refs++;
     pool->users++;
-    p->next = ctx->pushes;
-    if (ctx->pushes) ctx->pushes->prev = p;
-    ctx->pushes = p;
+    bt_list_push_front(&ctx->pushes, &p->link);
     ctx->stats.live_pushes++;
     p->state = peer->path == KVX_PATH_AM ? KVX_PUSH_POSTING : KVX_PUSH_CLAIMING;
     if (p->state == KVX_PUSH_CLAIMING) push_send_claim(p);
@@ -510,11 +504,7 @@ static int expect_owns(const kvx_expect_t *e, uint32_t first, uint32_t count)
 static void expect_free(kvx_expect_t *e)
 {
     kvx_context_t *ctx = e->ctx;
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        ctx->expects = e->next;
-    if (e->next) e->next->prev = e->prev;
+    bt_list_remove(&ctx->expects, &e->link);
     ctx->stats.live_expects--;
     e->pool->users--;
     if (e->sender) kvx_peer_unref(e->sender);
@@ -554,12 +544,12 @@ void kvx_expect_finish(kvx_expect_t *e, bt_status st, const char *fmt, ...)
     pthread_cond_broadcast(&ctx->cv);
 }
 
-/* 1 when a pending expectation holds epoch (mu held). */
-static int epoch_pending(const kvx_context_t *ctx, uint64_t epoch)
+/* The pending expectation that holds epoch, or NULL (mu held). */
+static kvx_expect_t *expect_pending(kvx_context_t *ctx, uint64_t epoch)
 {
-    for (const kvx_expect_t *o = ctx->expects; o; o = o->next)
-        if (!o->done && o->epoch == epoch) return 1;
-    return 0;
+    BT_LIST_FOR(o, &ctx->expects, kvx_expect_t, link)
+        if (!o->done && o->epoch == epoch) return o;
+    return NULL;
 }
 
 bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_expect_t **out)
@@ -600,7 +590,7 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
 
     pthread_mutex_lock(&ctx->mu);
     e->epoch = a->epoch;
-    while (!e->epoch || epoch_pending(ctx, e->epoch)) {
+    while (!e->epoch || expect_pending(ctx, e->epoch)) {
         if (a->epoch) {
             pthread_mutex_unlock(&ctx->mu);
             free(e->sorted);
@@ -624,9 +614,7 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
     }
     pool->users++;
     pool->pending_blocks += e->n_blocks;
-    e->next = ctx->expects;
-    if (ctx->expects) ctx->expects->prev = e;
-    ctx->expects = e;
+    bt_list_push_front(&ctx->expects, &e->link);
     ctx->stats.live_expects++;
     kvx_kick(ctx);
     pthread_mutex_unlock(&ctx->mu);
@@ -673,7 +661,7 @@ void kvx_expect_destroy(kvx_expect_t *e)
 uint64_t kvx_deadlines(kvx_context_t *ctx, uint64_t now)
 {
     uint64_t next = UINT64_MAX;
-    for (kvx_push_t *p = ctx->pushes; p; p = p->next) {
+    BT_LIST_FOR(p, &ctx->pushes, kvx_push_t, link) {
         if (p->state == KVX_PUSH_DONE) continue;
         if (now >= p->deadline_ms) {
             kvx_push_finish(p, BT_ERR_TIMEOUT, "kvx: push %llu to node %llu missed its %llu ms deadline",
@@ -683,7 +671,7 @@ uint64_t kvx_deadlines(kvx_context_t *ctx, uint64_t now)
             next = p->deadline_ms - now;
         }
     }
-    for (kvx_expect_t *e = ctx->expects; e; e = e->next) {
+    BT_LIST_FOR(e, &ctx->expects, kvx_expect_t, link) {
         if (e->done) continue;
         if (now >= e->deadline_ms)
             kvx_expect_finish(e, BT_ERR_TIMEOUT, "kvx: expectation for epoch %llu timed out",
@@ -769,8 +757,7 @@ ucs_status_t kvx_am_claim_cb(void *arg, const void *header, size_t header_length
     }
     uint64_t push_id = kvx_get64(m + 8), epoch = kvx_get64(m + 16);
     uint32_t n = kvx_get32(m + 24), digest = kvx_get32(m + 28);
-    kvx_expect_t *e = ctx->expects;
-    while (e && (e->done || e->epoch != epoch)) e = e->next;
+    kvx_expect_t *e = expect_pending(ctx, epoch);
     bt_status st = BT_OK;
     if (!e) {
         ctx->stats.stale_completions++;
@@ -805,8 +792,7 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
     uint32_t n = kvx_get32(m + 32), digest = kvx_get32(m + 36), n_layers = kvx_get32(m + 40);
     int has_crc = (flags & KVX_F_CRC) != 0;
 
-    kvx_expect_t *e = ctx->expects;
-    while (e && (e->done || e->epoch != epoch)) e = e->next;
+    kvx_expect_t *e = expect_pending(ctx, epoch);
     if (!e) {
         ctx->stats.stale_completions++;
         BT_DEBUG("kvx", "%s: completion for stale epoch %llu ignored", ctx->name, (unsigned long long)epoch);
@@ -863,8 +849,7 @@ ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length,
     }
     uint32_t layer = kvx_get32(h + 4), first = kvx_get32(h + 24), count = kvx_get32(h + 28);
     uint64_t epoch = kvx_get64(h + 8), base = kvx_get64(h + 16);
-    kvx_expect_t *e = ctx->expects;
-    while (e && (e->done || e->epoch != epoch)) e = e->next;
+    kvx_expect_t *e = expect_pending(ctx, epoch);
     const kvx_layout_t *l = e ? &e->pool->layout : NULL;
     int ok = e && (uint64_t)(uintptr_t)e->pool->base == base && layer < l->n_layers && count > 0 &&
              first < l->n_blocks && count <= l->n_blocks - first && length == (uint64_t)count * l->block_stride;
@@ -925,7 +910,7 @@ ucs_status_t kvx_am_ack_cb(void *arg, const void *header, size_t header_length, 
     int32_t raw = (int32_t)kvx_get32(m + 4);
     bt_status st = raw <= 0 && raw >= BT_ERR_INTERNAL ? (bt_status)raw : BT_ERR_PEER;
     uint64_t push_id = kvx_get64(m + 8), epoch = kvx_get64(m + 16);
-    for (kvx_push_t *p = ctx->pushes; p; p = p->next) {
+    BT_LIST_FOR(p, &ctx->pushes, kvx_push_t, link) {
         if (p->id != push_id || p->epoch != epoch) continue;
         if (magic == CLAIM_ACK_MAGIC && p->state == KVX_PUSH_CLAIMING) claim_answered(p, st, epoch);
         if (magic == ACK_MAGIC && p->state == KVX_PUSH_ACKING) done_answered(p, st, epoch);

@@ -58,7 +58,7 @@ void bt_call_init(bt_call_t *c, bt_calls_t *l, bt_rpc_call_t *rpc, const char *r
     atomic_init(&c->abort_pending, 0);
     snprintf(c->request_id, sizeof c->request_id, "%s", request_id);
     c->free_fn = free_fn;
-    c->prev = c->next = NULL;
+    c->link.prev = c->link.next = NULL;
 }
 
 void bt_call_ref(bt_call_t *c) { atomic_fetch_add(&c->refs, 1); }
@@ -73,20 +73,14 @@ void bt_call_unref(bt_call_t *c)
 static void list_insert(bt_calls_t *l, bt_call_t *c)
 {
     pthread_mutex_lock(&l->mu);
-    c->prev = NULL;
-    c->next = l->head;
-    if (l->head) l->head->prev = c;
-    l->head = c;
+    bt_list_push_front(&l->list, &c->link);
     pthread_mutex_unlock(&l->mu);
 }
 
 static void list_remove(bt_calls_t *l, bt_call_t *c)
 {
     pthread_mutex_lock(&l->mu);
-    if (c->prev) c->prev->next = c->next;
-    else if (l->head == c) l->head = c->next;
-    if (c->next) c->next->prev = c->prev;
-    c->prev = c->next = NULL;
+    bt_list_remove(&l->list, &c->link);
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -164,7 +158,7 @@ int bt_calls_abort(bt_calls_t *l, const char *request_id)
 {
     int found = 0;
     pthread_mutex_lock(&l->mu);
-    for (bt_call_t *c = l->head; c; c = c->next) {
+    BT_LIST_FOR(c, &l->list, bt_call_t, link) {
         if (strcmp(c->request_id, request_id) != 0) continue;
         atomic_store(&c->abort_pending, 1);
         uint64_t id = atomic_load(&c->sched_id);

@@ -10,6 +10,7 @@
 #ifndef BATON_NODE_CALLS_H
 #define BATON_NODE_CALLS_H
 
+#include "common/list.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -38,12 +39,12 @@ struct bt_call {
     atomic_int abort_pending; /* Abort or a client cancel arrived; read after submission and by the role */
     char request_id[BT_CALL_ID_MAX];
     bt_call_free_fn free_fn;
-    bt_call_t *prev, *next;   /* under calls->mu */
+    bt_list_node link;        /* in calls->list, under calls->mu */
 };
 
 struct bt_calls {
     pthread_mutex_t mu;          /* the list */
-    bt_call_t *head;
+    bt_list list;                /* bt_call_t by link: calls in flight */
     bt_sched *sched;             /* set by the role once its engine exists, before the first call */
     const char *log;             /* log tag of the role */
     int32_t max_inflight;

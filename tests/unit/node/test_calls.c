@@ -121,13 +121,14 @@ static void test_abort_by_request_id(void)
 
     list_remove(&l, &b->base); /* the middle one */
     CHECK(bt_calls_abort(&l, "b") == 0);
-    CHECK(l.head == &a2->base && a2->base.next == &a1->base && a1->base.prev == &a2->base && !a1->base.next);
+    CHECK(l.list.head == &a2->base.link && a2->base.link.next == &a1->base.link &&
+          a1->base.link.prev == &a2->base.link && !a1->base.link.next);
     list_remove(&l, &a2->base); /* the head */
-    CHECK(l.head == &a1->base && !a1->base.prev);
+    CHECK(l.list.head == &a1->base.link && !a1->base.link.prev);
     list_remove(&l, &a1->base);
-    CHECK(l.head == NULL);
+    CHECK(l.list.head == NULL);
     list_remove(&l, &a1->base); /* removing twice is harmless */
-    CHECK(l.head == NULL);
+    CHECK(l.list.head == NULL);
     CHECK(bt_calls_abort(&l, "a") == 0);
     counted_call *all[3] = {a1, b, a2};
     for (int i = 0; i < 3; i++) {
