@@ -37,6 +37,16 @@
 #define RTR_DEFAULT_MAX_CONTEXT 8192 /* the nodes' default context cap (baton generate's too) */
 #define RTR_DEFAULT_MIGRATIONS 3
 #define RTR_DEFAULT_MAX_INFLIGHT 1024
+/* Failure detection (dispatch.c's opening comment). The stall bound sits well above a busy step on this hardware
+ * (a 512-token prefill chunk mixed into a decode step takes ~1 s on 2 CPU cores) and below the lease TTL (5 s), so
+ * that a frozen node's streams move before it even leaves the membership. */
+#define RTR_DEFAULT_STALL_MS 3000          /* --stall-timeout-ms */
+#define RTR_STALL_STEPS 50.0               /* ... or this many of the node's own steps, when longer */
+#define RTR_SILENT_STEPS 5.0               /* new work avoids a node whose decoding streams went silent this long */
+#define RTR_SILENT_MIN_MS 500
+#define RTR_DEFAULT_LOAD_STALE_MS 3000     /* --load-stale-ms: three missed heartbeats (nodes write every 1 s) */
+#define RTR_DEFAULT_REJOIN_GRACE_MS 10000  /* --rejoin-grace-ms: two TTLs; nodes re-register within ~1 s */
+#define RTR_DEFAULT_REQUEST_TIMEOUT_MS (1200 * 1000) /* --request-timeout-s: 8192 tokens at 7 tok/s still fit */
 
 /* ---- rmodel.c ---- */
 
@@ -220,6 +230,11 @@ typedef struct rtr_dispatch_config {
     const char *decision_log;        /* append one JSON line per decision here; NULL = off */
     metrics_counter_t *decisions_local, *decisions_remote; /* optional */
     metrics_histogram_t *predicted_ttft;                   /* optional */
+    /* failure detection and deadlines: 0 = the RTR_DEFAULT_*, < 0 = off */
+    int load_stale_ms;       /* a decode node without a load report this long (while etcd answers) gets no work */
+    int stall_ms;            /* a stream without a token this long moves */
+    int rejoin_grace_ms;     /* nodes whose lease vanished as etcd came back stay this long (mbr_watcher) */
+    int request_timeout_ms;  /* deadline of a request's Decode/Run calls, all attempts together */
 } rtr_dispatch_config_t;
 
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out);
@@ -250,6 +265,7 @@ typedef struct rtr_run_ops {
     /* Nonzero when the client went away: the decode stream is cancelled. Polled about every 50 ms. */
     int (*cancelled)(void *ud);
     void *ud;
+    int timeout_ms;  /* the client's own deadline, ms from the call (gRPC); 0 = the router's --request-timeout-s */
 } rtr_run_ops_t;
 
 typedef struct rtr_run_result {
@@ -355,6 +371,7 @@ typedef struct rtr_config {
     double remote_prefill_overhead_ms; /* fixed cost of a remote prefill in the cost model (main: 5) */
     double ttft_slo_ms;             /* > 0: refuse at once what is predicted to miss it (429 / RESOURCE_EXHAUSTED) */
     const char *decision_log;       /* JSON lines of every placement decision; NULL = off */
+    int load_stale_ms, stall_ms, rejoin_grace_ms, request_timeout_ms; /* as rtr_dispatch_config_t */
 } rtr_config_t;
 
 #define RTR_PLANNER_WINDOW_S 30 /* the planner's demand is the token rate over this window */
