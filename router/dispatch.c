@@ -247,31 +247,37 @@ static double score(rtr_dispatch_t *d, const mbr_node_t *n)
     return headroom - (double)running / cap;
 }
 
-/* A stream that got no token for this long has stalled: --stall-timeout-ms, or RTR_STALL_STEPS of its node's step
- * time when that is longer (a slow node is not a stuck one). */
-static int64_t stall_bound_ms(const rtr_dispatch_t *d, double step_s)
+int64_t rtr_stall_bound_ms(int stall_ms, double step_s)
 {
     double steps = step_s > 0 ? RTR_STALL_STEPS * step_s * 1000.0 : 0;
-    return steps > d->stall_ms ? (int64_t)steps : d->stall_ms;
+    return steps > stall_ms ? (int64_t)steps : stall_ms;
 }
 
-/* Why node n should not be trusted now, or NULL; under d->mu. confirmed: for how long etcd has answered (a report
- * ages only while it could have been renewed). strict adds "silent": streams of ours decode there and none got a
- * token for longer than its own step time allows (RTR_SILENT_STEPS steps, at least RTR_SILENT_MIN_MS) - cheap
- * evidence of a frozen node, good enough to steer new work away, not to move streams. */
+const char *rtr_liveness_unfit(const rtr_liveness_t *l, int load_stale_ms, int strict)
+{
+    if (l->gone) return "left the cluster";
+    if (load_stale_ms > 0 && l->confirmed_ms > load_stale_ms && l->report_age_ms > load_stale_ms)
+        return "no load report";
+    if (l->suspect) return "a stream stalled there";
+    int64_t silent = (int64_t)(RTR_SILENT_STEPS * (l->step_s > 0 ? l->step_s : 0) * 1000.0);
+    if (silent < RTR_SILENT_MIN_MS) silent = RTR_SILENT_MIN_MS;
+    if (strict && l->decoding > 0 && l->silent_ms > silent) return "its streams went silent";
+    return NULL;
+}
+
+/* rtr_liveness_unfit for node n as of now; under d->mu. */
 static const char *node_unfit(rtr_dispatch_t *d, const mbr_node_t *n, int64_t now, int64_t confirmed, int strict)
 {
     node_slot_t *s = slot_find(d, &n->info);
-    if (s && s->gone) return "left the cluster";
-    if (d->load_stale_ms > 0 && confirmed > d->load_stale_ms && now - n->seen_ms > d->load_stale_ms)
-        return "no load report";
-    if (!s) return NULL;
-    if (s->suspect_ms && n->seen_ms <= s->suspect_ms) return "a stream stalled there";
-    double step = n->has_load ? n->load.step_s : 0;
-    int64_t silent = (int64_t)(RTR_SILENT_STEPS * step * 1000.0);
-    if (silent < RTR_SILENT_MIN_MS) silent = RTR_SILENT_MIN_MS;
-    if (strict && s->decoding > 0 && now - s->last_token_ms > silent) return "its streams went silent";
-    return NULL;
+    rtr_liveness_t l = {.report_age_ms = now - n->seen_ms, .confirmed_ms = confirmed,
+                        .step_s = n->has_load ? n->load.step_s : 0};
+    if (s) {
+        l.gone = s->gone;
+        l.suspect = s->suspect_ms && n->seen_ms <= s->suspect_ms;
+        l.decoding = s->decoding;
+        l.silent_ms = now - s->last_token_ms;
+    }
+    return rtr_liveness_unfit(&l, d->load_stale_ms, strict);
 }
 
 static uint64_t next_rand(rtr_dispatch_t *d)
@@ -769,7 +775,7 @@ static void note_token(rtr_dispatch_t *d, picked_t *p, attempt_t *a)
  * A stall also makes the node suspect. */
 static const char *should_move(rtr_dispatch_t *d, picked_t *p, const attempt_t *a, char *why, size_t cap)
 {
-    int64_t now = mono_ms(), quiet = now - a->last_ms, bound = stall_bound_ms(d, p->step_s);
+    int64_t now = mono_ms(), quiet = now - a->last_ms, bound = rtr_stall_bound_ms(d->stall_ms, p->step_s);
     pthread_mutex_lock(&d->mu);
     int gone = p->slot->gone;
     pthread_mutex_unlock(&d->mu);

@@ -237,6 +237,28 @@ typedef struct rtr_dispatch_config {
     int request_timeout_ms;  /* deadline of a request's Decode/Run calls, all attempts together */
 } rtr_dispatch_config_t;
 
+/* What this router knows of one decode node's liveness, as plain numbers (dispatch.c fills it from the view and its
+ * own streams). */
+typedef struct rtr_liveness {
+    int gone;               /* it left the membership */
+    int64_t report_age_ms;  /* since its last record (load report or NodeInfo) arrived */
+    int64_t confirmed_ms;   /* for how long etcd has answered (mbr_watcher_confirmed_ms): reports age only then */
+    int suspect;            /* a stream of ours stalled there, and no record of it arrived since */
+    int decoding;           /* streams of ours past their first token there */
+    int64_t silent_ms;      /* since the last token any stream of ours got from it */
+    double step_s;          /* its reported step time (0 = unknown) */
+} rtr_liveness_t;
+
+/* Why such a node should not be trusted, or NULL; a static string. Not strict (may a waiting stream stay?): gone,
+ * a load report older than load_stale_ms (<= 0: never) while etcd has answered for longer, or suspect. Strict (may
+ * it get new work?) adds: streams decode there and none got a token for RTR_SILENT_STEPS of its steps (at least
+ * RTR_SILENT_MIN_MS) - a frozen node's first sign, enough to steer work away, not to move streams. Pure. */
+const char *rtr_liveness_unfit(const rtr_liveness_t *l, int load_stale_ms, int strict);
+
+/* A stream without a token this long has stalled: stall_ms, or RTR_STALL_STEPS of its node's step when longer
+ * (a slow node is not a stuck one). Pure. */
+int64_t rtr_stall_bound_ms(int stall_ms, double step_s);
+
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out);
 void rtr_dispatch_destroy(rtr_dispatch_t *d);
 /* Waits for the first read of etcd (up to timeout_ms). */

@@ -594,6 +594,74 @@ static void test_etcd_restart(void)
     etcd_client_destroy(c);
 }
 
+/* etcd frozen (SIGSTOP) past every lease, then resumed: with a rejoin grace the watcher keeps a node that
+ * re-registers (no leave, never missing from the view) and drops one that does not come back once the grace runs
+ * out; with etcd steadily answering, a deregistered node leaves at once, grace or not. Without the grace (the old
+ * behaviour) the first node would leave as its lease expires on resume. */
+static void test_rejoin_grace(void)
+{
+    enum { TTL = 2, GRACE = 3000 };
+    etcd_client_t *c = client();
+    REQUIRE(c);
+    events ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    mbr_watch_ops_t ops = {.on_join = ev_join, .on_leave = ev_leave, .arg = &ev};
+    mbr_watcher_t *w;
+    REQUIRE(mbr_watcher_create(c, "grace", &ops, &w) == BT_OK);
+    REQUIRE(mbr_watcher_set_rejoin_grace(w, GRACE) == BT_OK);
+    CHECK(mbr_watcher_set_rejoin_grace(w, GRACE) == BT_ERR_INVALID);
+    REQUIRE(mbr_watcher_wait_synced(w, 5000) == BT_OK);
+    mbr_node_info_t i1 = sample_info("g-1"), i2 = sample_info("g-2");
+    mbr_config_t cfg = {.cluster = "grace", .ttl_s = TTL};
+    mbr_registration_t *r1, *r2;
+    REQUIRE(mbr_registration_create(c, &cfg, &i1, &r1) == BT_OK);
+    REQUIRE(mbr_registration_create(c, &cfg, &i2, &r2) == BT_OK);
+    REQUIRE(wait_node(w, "g-1", 1, 5000) >= 0 && wait_node(w, "g-2", 1, 5000) >= 0);
+    sleep_ms(1200); /* a probe or two: etcd confirmed */
+    CHECK(mbr_watcher_confirmed_ms(w) > 0);
+
+    kill(etcd.pid, SIGSTOP);
+    sleep_ms(1000);
+    mbr_registration_destroy(r2, 0); /* g-2 dies while etcd is away: its lease will expire */
+    sleep_ms((TTL + 2) * 1000);
+    CHECK(mbr_watcher_confirmed_ms(w) == 0);
+    kill(etcd.pid, SIGCONT);
+    int64_t resumed = mono_ms();
+    int missing = 0, held_seen = 0;
+    while (mono_ms() - resumed < 1500) {
+        mbr_node_t n;
+        if (mbr_watcher_get(w, "g-1", &n) != BT_OK) missing++;
+        else mbr_node_info_free(&n.info);
+        if (mbr_watcher_get(w, "g-2", &n) == BT_OK) {
+            held_seen |= n.held;
+            mbr_node_info_free(&n.info);
+        }
+        sleep_ms(10);
+    }
+    CHECK(mbr_registration_wait(r1, 1000) == BT_OK);
+    fprintf(stderr, "etcd resumed -> g-1 registered again: %lld ms\n", (long long)(mono_ms() - resumed));
+    CHECK_MSG(missing == 0, "g-1 was missing from the view %d times", missing);
+    CHECK(held_seen);
+    int64_t gone = wait_node(w, "g-2", 0, GRACE + 3000);
+    fprintf(stderr, "g-2 (dead) left %lld ms after the first 1.5 s\n", (long long)gone);
+    CHECK(gone >= 0);
+    pthread_mutex_lock(&ev.mu);
+    CHECK_MSG(ev.leaves == 1, "%d leaves", ev.leaves);
+    pthread_mutex_unlock(&ev.mu);
+    mbr_node_t n;
+    REQUIRE(mbr_watcher_get(w, "g-1", &n) == BT_OK);
+    CHECK(!n.held);
+    mbr_node_info_free(&n.info);
+
+    sleep_ms(GRACE); /* etcd has answered steadily for longer than the grace: a deregistration is a departure */
+    mbr_registration_destroy(r1, 1);
+    int64_t left = wait_node(w, "g-1", 0, PROMPT_MS);
+    CHECK_MSG(left >= 0, "deregistered node still in the view after %d ms", PROMPT_MS);
+    mbr_node_info_free(&i1);
+    mbr_node_info_free(&i2);
+    mbr_watcher_destroy(w);
+    etcd_client_destroy(c);
+}
+
 int main(void)
 {
     RUN(test_json_round_trip);
@@ -607,6 +675,7 @@ int main(void)
     RUN(test_register_and_watch);
     RUN(test_load_rate);
     RUN(test_sigstop_sigcont);
+    RUN(test_rejoin_grace);
     RUN(test_etcd_restart);
     etcd_harness_destroy(&etcd);
     return test_summary();
