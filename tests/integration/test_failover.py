@@ -341,3 +341,29 @@ def test_kill9_decode_node_seeded_sampled_streams_identical(default_model):
         for i, (g, w) in enumerate(zip(streams.text, want)):
             assert "".join(g) == w, f"stream {i} (seed {seeds[i]}) differs from the uninterrupted run"
         assert rtr.metric("baton_migrations_total") >= run[victim]
+
+
+def test_request_deadline_reaches_the_decode_node(default_model):
+    """--request-timeout-s is the deadline of the Decode/Run call (before, it was opened without one): a request
+    that would generate for much longer ends at the deadline, and the decode node stops generating it then."""
+    with EtcdServer() as etcd, \
+            start_decode(etcd, default_model, threads=1, node_id="dec-a") as da, \
+            start_router(etcd, default_model, request_timeout_s=2) as rtr:
+        wait_nodes(rtr, 1)
+        cl = client(rtr)
+        t = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:
+            cl.completions.create(model="", prompt=PROMPTS[0], max_tokens=4000, temperature=0,
+                                  extra_body={"ignore_eos": True})
+        took = time.monotonic() - t
+        deadline = time.monotonic() + 5
+        while running(da) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"\ndeadline 2 s: answered {e.value.status_code} after {took:.2f} s; decode node running "
+              f"{running(da):.0f} sequence(s) afterwards")
+        assert took < 6.0, took
+        assert running(da) == 0
+        ended = {k: da.metric("baton_requests_total", f'status="{k}"') for k in ("timeout", "cancelled", "ok")}
+        assert ended["timeout"] or ended["cancelled"], ended
+        # a short request still works
+        assert cl.completions.create(model="", prompt=PROMPTS[1], max_tokens=4, temperature=0).choices[0].text
