@@ -11,8 +11,9 @@
  * offset, so nothing is delivered twice or skipped.
  *
  * Failure detection (DESIGN 3, issue 17): a stream moves to another node at once when its node leaves the
- * membership; when it got no token for the stall bound (max(--stall-timeout-ms, RTR_STALL_STEPS of the node's step
- * time)); and, before its first token, when it waited that long on a node that is stale (no load report for
+ * membership; when neither it nor any other stream of ours on that node got a token for the stall bound
+ * (max(--stall-timeout-ms, RTR_STALL_STEPS of the node's step time): one preempted stream on a busy node stays);
+ * and, before its first token, when it waited that long on a node that is stale (no load report for
  * --load-stale-ms while etcd answers: nodes rewrite theirs every second) or suspect (another stream of ours stalled
  * there, and no record of the node arrived since). New work avoids such nodes, and nodes whose streams went silent
  * for longer than their own step time allows, as long as another node is fit; with none fit, the last view stands.
@@ -793,10 +794,14 @@ static const char *should_move(rtr_dispatch_t *d, picked_t *p, const attempt_t *
         if (!u) return NULL;
         return snprintf(why, cap, "no first token after %.1f s on a node where %s", quiet / 1000.0, u), why;
     }
+    /* only when the whole node went quiet: a stream preempted on a busy node waits while its neighbours decode */
     pthread_mutex_lock(&d->mu);
-    p->slot->suspect_ms = now;
+    int64_t node_quiet = now - p->slot->last_token_ms;
+    if (node_quiet > bound) p->slot->suspect_ms = now;
     pthread_mutex_unlock(&d->mu);
-    return snprintf(why, cap, "no token for %.1f s (stall bound %.1f s)", quiet / 1000.0, bound / 1000.0), why;
+    if (node_quiet <= bound) return NULL;
+    return snprintf(why, cap, "no token from the node for %.1f s (stall bound %.1f s)", quiet / 1000.0,
+                    bound / 1000.0), why;
 }
 
 /* Abandons the attempt when should_move says so: 1 when it did. */

@@ -232,7 +232,7 @@ typedef struct rtr_dispatch_config {
     metrics_histogram_t *predicted_ttft;                   /* optional */
     /* failure detection and deadlines: 0 = the RTR_DEFAULT_*, < 0 = off */
     int load_stale_ms;       /* a decode node without a load report this long (while etcd answers) gets no work */
-    int stall_ms;            /* a stream without a token this long moves */
+    int stall_ms;            /* a stream without a token this long, on a node silent as long, moves */
     int rejoin_grace_ms;     /* nodes whose lease vanished as etcd came back stay this long (mbr_watcher) */
     int request_timeout_ms;  /* deadline of a request's Decode/Run calls, all attempts together */
 } rtr_dispatch_config_t;

@@ -372,3 +372,14 @@ def test_request_deadline_reaches_the_decode_node(default_model):
         assert ended["timeout"] or ended["cancelled"], ended
         # a short request still works
         assert cl.completions.create(model="", prompt=PROMPTS[1], max_tokens=4, temperature=0).choices[0].text
+
+
+@pytest.mark.parametrize("flag,value", [("--stall-timeout-ms", "-1"), ("--load-stale-ms", "3s"),
+                                        ("--rejoin-grace-ms", ""), ("--request-timeout-s", "99999999")])
+def test_bad_failover_flags_name_the_flag(default_model, flag, value):
+    import subprocess
+    from harness.baton_procs import bin_path
+    out = subprocess.run([bin_path("baton-router"), "--model", str(default_model), "--etcd", "http://127.0.0.1:1",
+                          flag, value], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out
+    assert flag in out.stderr and "is not a number" in out.stderr, out.stderr
