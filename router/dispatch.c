@@ -258,11 +258,11 @@ const char *rtr_liveness_unfit(const rtr_liveness_t *l, int load_stale_ms, int s
 {
     if (l->gone) return "left the cluster";
     if (load_stale_ms > 0 && l->confirmed_ms > load_stale_ms && l->report_age_ms > load_stale_ms)
-        return "no load report";
-    if (l->suspect) return "a stream stalled there";
+        return "sends no load report";
+    if (l->suspect) return "stalled another stream";
     int64_t silent = (int64_t)(RTR_SILENT_STEPS * (l->step_s > 0 ? l->step_s : 0) * 1000.0);
     if (silent < RTR_SILENT_MIN_MS) silent = RTR_SILENT_MIN_MS;
-    if (strict && l->decoding > 0 && l->silent_ms > silent) return "its streams went silent";
+    if (strict && l->decoding > 0 && l->silent_ms > silent) return "went silent";
     return NULL;
 }
 
@@ -772,36 +772,46 @@ static void note_token(rtr_dispatch_t *d, picked_t *p, attempt_t *a)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Why a stream that has waited on the picked node since a->last_ms should move, or NULL (see the opening comment).
- * A stall also makes the node suspect. */
-static const char *should_move(rtr_dispatch_t *d, picked_t *p, const attempt_t *a, char *why, size_t cap)
+/* Why the picked node is unfit for a stream still waiting for its first token (node_unfit, not strict), or NULL.
+ * Waiting is normal on a busy node: only an unfit one makes it move. */
+static const char *waiting_unfit(rtr_dispatch_t *d, const picked_t *p, int64_t now)
+{
+    mbr_node_t n;
+    if (mbr_watcher_get(d->watcher, p->slot->node_id, &n) != BT_OK) return "left the cluster";
+    int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
+    pthread_mutex_lock(&d->mu);
+    const char *u = n.info.started_ms == p->slot->started_ms ? node_unfit(d, &n, now, confirmed, 0) : "restarted";
+    pthread_mutex_unlock(&d->mu);
+    mbr_node_info_free(&n.info);
+    return u;
+}
+
+/* 1 when a stream that has waited on the picked node since a->last_ms should move, with why[cap] saying why (see
+ * the opening comment). A stall of the whole node also makes it suspect. */
+static int should_move(rtr_dispatch_t *d, picked_t *p, const attempt_t *a, char *why, size_t cap)
 {
     int64_t now = mono_ms(), quiet = now - a->last_ms, bound = rtr_stall_bound_ms(d->stall_ms, p->step_s);
     pthread_mutex_lock(&d->mu);
     int gone = p->slot->gone;
     pthread_mutex_unlock(&d->mu);
-    if (gone) return snprintf(why, cap, "the node left the cluster"), why;
-    if (d->stall_ms <= 0 || quiet <= bound) return NULL;
-    if (!a->got_token) { /* waiting for a first token is normal on a busy node: only on an unfit one it is not */
-        mbr_node_t n;
-        if (mbr_watcher_get(d->watcher, p->slot->node_id, &n) != BT_OK)
-            return snprintf(why, cap, "the node left the cluster"), why;
-        int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
-        pthread_mutex_lock(&d->mu);
-        const char *u = n.info.started_ms == p->slot->started_ms ? node_unfit(d, &n, now, confirmed, 0) : "restarted";
-        pthread_mutex_unlock(&d->mu);
-        mbr_node_info_free(&n.info);
-        if (!u) return NULL;
-        return snprintf(why, cap, "no first token after %.1f s on a node where %s", quiet / 1000.0, u), why;
+    if (gone) {
+        snprintf(why, cap, "the node left the cluster");
+        return 1;
+    }
+    if (d->stall_ms <= 0 || quiet <= bound) return 0;
+    if (!a->got_token) {
+        const char *u = waiting_unfit(d, p, now);
+        if (u) snprintf(why, cap, "no first token after %.1f s from a node that %s", quiet / 1000.0, u);
+        return u != NULL;
     }
     /* only when the whole node went quiet: a stream preempted on a busy node waits while its neighbours decode */
     pthread_mutex_lock(&d->mu);
     int64_t node_quiet = now - p->slot->last_token_ms;
     if (node_quiet > bound) p->slot->suspect_ms = now;
     pthread_mutex_unlock(&d->mu);
-    if (node_quiet <= bound) return NULL;
-    return snprintf(why, cap, "no token from the node for %.1f s (stall bound %.1f s)", quiet / 1000.0,
-                    bound / 1000.0), why;
+    if (node_quiet <= bound) return 0;
+    snprintf(why, cap, "no token from the node for %.1f s (stall bound %.1f s)", node_quiet / 1000.0, bound / 1000.0);
+    return 1;
 }
 
 /* Abandons the attempt when should_move says so: 1 when it did. */
