@@ -314,7 +314,7 @@ struct mbr_registration {
     etcd_client_t *c;
     char node_key[MBR_KEY_MAX];
     char load_key[MBR_KEY_MAX];
-    int ttl_s, load_min_ms, load_refresh_ms, backoff_max_ms;
+    int ttl_s, load_min_ms, load_refresh_ms, backoff_max_ms, load_heartbeat_ms;
     void (*on_state)(void *arg, mbr_reg_state state, int64_t lease);
     void *arg;
     pthread_t thread;
@@ -365,11 +365,19 @@ static bt_status reg_put_info(mbr_registration_t *r, int64_t lease)
     return st;
 }
 
-/* Writes the latest load report when one is pending and allowed (force: any change, refresh interval waived). */
+/* 1 when the latest load differs from what etcd holds, or the heartbeat is due; under r->mu. */
+static int reg_load_pending(const mbr_registration_t *r, int64_t now)
+{
+    if (!r->has_load) return 0;
+    if (!r->has_written || !load_same(&r->load, &r->written)) return 1;
+    return now - r->last_load_write >= r->load_heartbeat_ms;
+}
+
+/* Writes the latest load report when it changed or the heartbeat is due. */
 static bt_status reg_put_load(mbr_registration_t *r, int64_t lease, int64_t now)
 {
     pthread_mutex_lock(&r->mu);
-    if (!r->has_load || (r->has_written && load_same(&r->load, &r->written))) {
+    if (!reg_load_pending(r, now)) {
         pthread_mutex_unlock(&r->mu);
         return BT_OK;
     }
@@ -393,12 +401,14 @@ static bt_status reg_put_load(mbr_registration_t *r, int64_t lease, int64_t now)
     return st;
 }
 
-/* Next load write time, or INT64_MAX when nothing is pending. */
+/* Next load write time (a change, else the heartbeat), or INT64_MAX before the first report. */
 static int64_t reg_load_due(mbr_registration_t *r)
 {
     pthread_mutex_lock(&r->mu);
     int64_t due = INT64_MAX;
-    if (r->has_load && !(r->has_written && load_same(&r->load, &r->written))) {
+    if (r->has_load && r->has_written && load_same(&r->load, &r->written)) {
+        due = r->last_load_write + r->load_heartbeat_ms;
+    } else if (r->has_load) {
         int large = r->load_large || !r->has_written;
         due = r->last_load_write + (large ? r->load_min_ms : r->load_refresh_ms);
         int64_t min = r->last_load_write + r->load_min_ms;
@@ -408,6 +418,8 @@ static int64_t reg_load_due(mbr_registration_t *r)
     return due;
 }
 
+/* 250 ms doubling up to backoff_max_ms (1 s by default): short, because a node that misses etcd's return misses
+ * routing for as long (leases expire together after an outage); up to 50 % jitter so nodes do not herd. */
 static int reg_next_backoff(mbr_registration_t *r, int backoff)
 {
     int next = backoff ? backoff * 2 : 250;
@@ -415,7 +427,7 @@ static int reg_next_backoff(mbr_registration_t *r, int backoff)
     r->rng ^= r->rng << 13;
     r->rng ^= r->rng >> 7;
     r->rng ^= r->rng << 17;
-    return next - (int)(r->rng % (uint64_t)(next / 5 + 1)); /* up to 20 % jitter so nodes do not herd */
+    return next - (int)(r->rng % (uint64_t)(next / 2 + 1));
 }
 
 static void *reg_main(void *arg)
@@ -520,7 +532,8 @@ bt_status mbr_registration_create(etcd_client_t *c, const mbr_config_t *cfg, con
     mbr_config_t dflt = {0};
     if (!cfg) cfg = &dflt;
     if (!c || !info) return bt_fail(BT_ERR_INVALID, "membership: NULL argument");
-    if (cfg->ttl_s < 0 || cfg->load_min_interval_ms < 0 || cfg->load_refresh_ms < 0 || cfg->backoff_max_ms < 0)
+    if (cfg->ttl_s < 0 || cfg->load_min_interval_ms < 0 || cfg->load_refresh_ms < 0 || cfg->backoff_max_ms < 0 ||
+        cfg->load_heartbeat_ms < 0)
         return bt_fail(BT_ERR_INVALID, "membership: negative interval");
     mbr_registration_t *r = calloc(1, sizeof *r);
     if (!r) return bt_fail(BT_ERR_NOMEM, "membership: out of memory");
@@ -534,6 +547,7 @@ bt_status mbr_registration_create(etcd_client_t *c, const mbr_config_t *cfg, con
     r->load_min_ms = cfg->load_min_interval_ms ? cfg->load_min_interval_ms : MBR_LOAD_MIN_INTERVAL_MS;
     r->load_refresh_ms = cfg->load_refresh_ms ? cfg->load_refresh_ms : MBR_LOAD_REFRESH_MS;
     r->backoff_max_ms = cfg->backoff_max_ms ? cfg->backoff_max_ms : MBR_BACKOFF_MAX_MS;
+    r->load_heartbeat_ms = cfg->load_heartbeat_ms ? cfg->load_heartbeat_ms : MBR_LOAD_HEARTBEAT_MS;
     r->on_state = cfg->on_state;
     r->arg = cfg->arg;
     r->last_load_write = mono_ms() - r->load_refresh_ms;
@@ -636,6 +650,7 @@ bt_status mbr_registration_wait(mbr_registration_t *r, int timeout_ms)
 typedef struct mbr_entry {
     char node_id[MBR_NODE_ID_MAX];
     int has_info;
+    int64_t hold_until;      /* monotonic ms; while node.held */
     mbr_node_t node; /* info valid when has_info, load when node.has_load */
 } mbr_entry;
 
@@ -661,7 +676,16 @@ struct mbr_watcher {
     /* guarded by mu */
     mbr_entry *entries; /* sorted by node_id */
     size_t n_entries, cap_entries;
-    int synced, connected;
+    int synced, connected, ever_connected;
+    int64_t connected_since;    /* monotonic ms the watch stream came up; 0 while down */
+    /* rejoin grace (guarded by mu): see mbr_watcher_set_rejoin_grace */
+    int grace_ms;
+    int64_t last_ok;            /* the last probe etcd answered */
+    int64_t probe_up_since;     /* since when every probe was answered; 0 after a failure */
+    int64_t recovered;          /* etcd answered again after a failed probe or a lost watch */
+    int probe_failed, stop_probe, probe_started;
+    pthread_t probe;
+    pthread_mutex_t cb_mu;      /* callbacks run one at a time, from the watch thread or the probe thread */
 };
 
 static void cb_push(mbr_cb_list *l, mbr_cb_kind kind, const mbr_node_t *node)
@@ -682,6 +706,7 @@ static void cb_push(mbr_cb_list *l, mbr_cb_kind kind, const mbr_node_t *node)
 
 static void cb_run(mbr_watcher_t *w, mbr_cb_list *l)
 {
+    pthread_mutex_lock(&w->cb_mu);
     for (size_t i = 0; i < l->n; i++) {
         const mbr_node_t *n = &l->v[i].node;
         switch (l->v[i].kind) {
@@ -699,8 +724,28 @@ static void cb_run(mbr_watcher_t *w, mbr_cb_list *l)
         }
         mbr_node_info_free(&l->v[i].node.info);
     }
+    pthread_mutex_unlock(&w->cb_mu);
     free(l->v);
     memset(l, 0, sizeof *l);
+}
+
+/* Whether a vanished lease now is more likely etcd's outage than the node's death; under w->mu. Every lease of a
+ * cluster expires together when etcd comes back after more than a TTL, just as the nodes are re-registering. */
+static int recovering(const mbr_watcher_t *w, int64_t now)
+{
+    if (w->grace_ms <= 0) return 0;
+    if (w->recovered && now - w->recovered < w->grace_ms) return 1;
+    return w->last_ok && now - w->last_ok > 3 * MBR_PROBE_MS; /* etcd just answered the watch, not yet a probe */
+}
+
+/* Keeps a node whose NodeInfo was deleted while etcd recovers; under w->mu. */
+static void hold_entry(mbr_watcher_t *w, mbr_entry *e, int64_t now)
+{
+    if (!e->node.held)
+        BT_INFO("membership", "node %s: lease gone while etcd recovers; kept in the view for up to %d ms",
+                e->node_id, w->grace_ms);
+    e->node.held = 1;
+    e->hold_until = now + w->grace_ms;
 }
 
 static mbr_entry *entry_find(mbr_entry *v, size_t n, const char *id, size_t *pos)
@@ -777,9 +822,12 @@ static void apply_record(mbr_watcher_t *w, const char *key, const char *value, s
     if (!parse_key(w, key, &is_load, id)) return;
     mbr_entry *e = value ? entry_get(w, id) : entry_find(w->entries, w->n_entries, id, NULL);
     if (!e) return;
+    int64_t now = mono_ms();
     if (!is_load) {
         if (!value) {
-            if (e->has_info) {
+            if (e->has_info && recovering(w, now)) {
+                hold_entry(w, e, now);
+            } else if (e->has_info) {
                 cb_push(cbs, CB_LEAVE, &e->node);
                 mbr_node_info_free(&e->node.info);
                 e->has_info = 0;
@@ -794,13 +842,17 @@ static void apply_record(mbr_watcher_t *w, const char *key, const char *value, s
             snprintf(info.node_id, sizeof info.node_id, "%s", id); /* the key is authoritative */
             int joined = !e->has_info;
             if (e->has_info) mbr_node_info_free(&e->node.info);
+            if (e->node.held) BT_INFO("membership", "node %s registered again while held", id);
             e->node.info = info;
             e->node.lease = lease;
             e->has_info = 1;
+            e->node.held = 0;
             e->node.mod_revision = rev;
+            e->node.seen_ms = now;
             cb_push(cbs, joined ? CB_JOIN : CB_UPDATE, &e->node);
         }
     } else {
+        if (!value && e->has_info && (e->node.held || recovering(w, now))) return; /* the last report stands */
         if (!value) {
             e->node.has_load = 0;
             memset(&e->node.load, 0, sizeof e->node.load);
@@ -813,6 +865,7 @@ static void apply_record(mbr_watcher_t *w, const char *key, const char *value, s
             }
             e->node.load = l;
             e->node.has_load = 1;
+            e->node.seen_ms = now;
         }
         if (rev > e->node.mod_revision) e->node.mod_revision = rev;
         if (e->has_info) cb_push(cbs, CB_UPDATE, &e->node);
@@ -838,6 +891,25 @@ static void free_entries(mbr_entry *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) mbr_node_info_free(&v[i].node.info);
     free(v);
+}
+
+/* Moves a node missing from a reloaded view back into it, held; under w->mu. 0 when it cannot (no memory). */
+static int resync_keep(mbr_watcher_t *w, mbr_entry *old, int64_t now)
+{
+    mbr_entry *e = entry_get(w, old->node_id);
+    if (!e) return 0;
+    mbr_load_report_t load = e->node.load;
+    int has_load = e->node.has_load;
+    e->node = old->node; /* the info's buffer moves */
+    e->has_info = 1;
+    old->has_info = 0;
+    old->node.info.ucx_desc = NULL;
+    if (has_load) {
+        e->node.load = load;
+        e->node.has_load = 1;
+    }
+    hold_entry(w, e, now);
+    return 1;
 }
 
 /* Reads the whole prefix and replaces the view, reporting the differences (first load and after compaction). */
@@ -866,9 +938,12 @@ static bt_status watcher_resync(void *arg, int64_t *start_revision)
         if (!o || !o->has_info) cb_push(&cbs, CB_JOIN, &e->node);
         else if (o->node.mod_revision != e->node.mod_revision) cb_push(&cbs, CB_UPDATE, &e->node);
     }
+    int64_t now = mono_ms();
     for (size_t i = 0; i < n_old; i++) {
         mbr_entry *e = entry_find(w->entries, w->n_entries, old[i].node_id, NULL);
-        if (old[i].has_info && (!e || !e->has_info)) cb_push(&cbs, CB_LEAVE, &old[i].node);
+        if (!old[i].has_info || (e && e->has_info)) continue;
+        if (recovering(w, now) && resync_keep(w, &old[i], now)) continue;
+        cb_push(&cbs, CB_LEAVE, &old[i].node);
     }
     free_entries(old, n_old);
     w->synced = 1;
@@ -885,6 +960,9 @@ static void watcher_state(void *arg, int connected)
     mbr_watcher_t *w = arg;
     pthread_mutex_lock(&w->mu);
     w->connected = connected;
+    w->connected_since = connected ? mono_ms() : 0;
+    if (connected && w->ever_connected) w->recovered = w->connected_since;
+    if (connected) w->ever_connected = 1;
     pthread_mutex_unlock(&w->mu);
     if (!connected) BT_WARN("membership", "lost the etcd watch on %s; keeping the last view", w->prefix);
     if (w->ops.on_connection) w->ops.on_connection(w->ops.arg, connected);
@@ -908,6 +986,11 @@ bt_status mbr_watcher_create(etcd_client_t *c, const char *cluster, const mbr_wa
         st = bt_fail(BT_ERR_INTERNAL, "membership: mutex init failed");
         goto fail;
     }
+    if (pthread_mutex_init(&w->cb_mu, NULL)) {
+        st = bt_fail(BT_ERR_INTERNAL, "membership: mutex init failed");
+        pthread_mutex_destroy(&w->mu);
+        goto fail;
+    }
     if (cond_init_mono(&w->cv)) {
         st = bt_fail(BT_ERR_INTERNAL, "membership: condvar init failed");
         goto fail_mu;
@@ -919,18 +1002,110 @@ bt_status mbr_watcher_create(etcd_client_t *c, const char *cluster, const mbr_wa
 fail_cv:
     pthread_cond_destroy(&w->cv);
 fail_mu:
+    pthread_mutex_destroy(&w->cb_mu);
     pthread_mutex_destroy(&w->mu);
 fail:
     free(w);
     return st;
 }
 
+/* Drops held nodes whose grace ran out; under w->mu. */
+static void expire_holds(mbr_watcher_t *w, int64_t now, mbr_cb_list *cbs)
+{
+    for (size_t i = w->n_entries; i-- > 0;) {
+        mbr_entry *e = &w->entries[i];
+        if (!e->has_info || !e->node.held || now < e->hold_until) continue;
+        cb_push(cbs, CB_LEAVE, &e->node);
+        mbr_node_info_free(&e->node.info);
+        e->has_info = 0;
+        e->node.has_load = 0;
+        entry_drop_if_empty(w, e);
+    }
+}
+
+/* One probe's answer; under w->mu. */
+static void probe_note(mbr_watcher_t *w, int ok, int64_t now)
+{
+    if (!ok) {
+        if (!w->probe_failed) BT_WARN("membership", "etcd does not answer %s; keeping the last view", w->prefix);
+        w->probe_failed = 1;
+        w->probe_up_since = 0;
+        return;
+    }
+    if (w->probe_failed) {
+        BT_INFO("membership", "etcd answers again; nodes whose lease vanished stay for up to %d ms", w->grace_ms);
+        w->recovered = now;
+    }
+    w->probe_failed = 0;
+    if (!w->probe_up_since) w->probe_up_since = now;
+    w->last_ok = now;
+}
+
+static void *probe_main(void *arg)
+{
+    mbr_watcher_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop_probe) {
+        pthread_mutex_unlock(&w->mu);
+        int64_t t0 = mono_ms();
+        etcd_range_opts_t o = {.prefix = 1, .count_only = 1};
+        etcd_range_result_t r;
+        bt_status st = etcd_range(w->c, w->prefix, &o, &r);
+        if (!st) etcd_range_result_free(&r);
+        mbr_cb_list cbs = {0};
+        pthread_mutex_lock(&w->mu);
+        int64_t now = mono_ms();
+        probe_note(w, st == BT_OK, now);
+        expire_holds(w, now, &cbs);
+        pthread_mutex_unlock(&w->mu);
+        cb_run(w, &cbs);
+        pthread_mutex_lock(&w->mu);
+        while (!w->stop_probe && mono_ms() < t0 + MBR_PROBE_MS) cond_wait_until(&w->cv, &w->mu, t0 + MBR_PROBE_MS);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+bt_status mbr_watcher_set_rejoin_grace(mbr_watcher_t *w, int grace_ms)
+{
+    if (grace_ms <= 0 || w->probe_started) return bt_fail(BT_ERR_INVALID, "membership: bad rejoin grace");
+    pthread_mutex_lock(&w->mu);
+    w->grace_ms = grace_ms;
+    pthread_mutex_unlock(&w->mu);
+    if (pthread_create(&w->probe, NULL, probe_main, w)) {
+        pthread_mutex_lock(&w->mu);
+        w->grace_ms = 0;
+        pthread_mutex_unlock(&w->mu);
+        return bt_fail(BT_ERR_INTERNAL, "membership: cannot start the etcd probe thread");
+    }
+    w->probe_started = 1;
+    return BT_OK;
+}
+
+int64_t mbr_watcher_confirmed_ms(mbr_watcher_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    int64_t since = w->connected ? w->connected_since : 0;
+    if (since && w->grace_ms > 0) /* and every probe since then answered */
+        since = !w->probe_up_since ? 0 : w->probe_up_since > since ? w->probe_up_since : since;
+    pthread_mutex_unlock(&w->mu);
+    return since ? mono_ms() - since : 0;
+}
+
 void mbr_watcher_destroy(mbr_watcher_t *w)
 {
     if (!w) return;
+    if (w->probe_started) {
+        pthread_mutex_lock(&w->mu);
+        w->stop_probe = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->probe, NULL);
+    }
     etcd_watch_stop(w->watch);
     free_entries(w->entries, w->n_entries);
     pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->cb_mu);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }

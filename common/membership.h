@@ -2,11 +2,16 @@
  *
  * Keys: /baton/<cluster>/nodes/<node_id> holds a NodeInfo JSON and /baton/<cluster>/load/<node_id> a LoadReport
  * JSON, both under the node's lease. A node keeps one mbr_registration_t: a background thread grants the lease
- * (TTL 5 s by default), renews it every TTL/3, writes load reports at most 4 times a second, notices a lost lease
- * (keepalive answered without a TTL) and registers again with a new lease, and backs off up to 30 s while etcd is
- * unreachable, without ever giving up. The router keeps one mbr_watcher_t: it reads the prefix once, then
- * watches it, holds the view of every node in memory, calls join/update/leave callbacks, and keeps its last view
- * while etcd is unreachable. */
+ * (TTL 5 s by default), renews it every TTL/3, writes load reports at most 4 times a second and at least once a
+ * heartbeat (1 s) even when nothing changed, so that a report's age tells a frozen node from an idle one; notices
+ * a lost lease (keepalive answered without a TTL) and registers again at once with a new lease; while etcd does not
+ * answer it retries every 0.25-1 s (jittered), without ever giving up, so that it is back within about a second of
+ * etcd answering (a long backoff would leave it out of routing for that long after every etcd outage).
+ * The router keeps one mbr_watcher_t: it reads the prefix once, then watches it, holds the view of every node in
+ * memory, calls join/update/leave callbacks, and keeps its last view while etcd is unreachable. With a rejoin
+ * grace set, it also probes etcd twice a second and, when a node's lease vanishes while etcd is coming back from
+ * an outage (every lease of the cluster expires together then), keeps that node in the view for the grace period
+ * instead of dropping it, since the node re-registers within about a second. */
 #ifndef BATON_COMMON_MEMBERSHIP_H
 #define BATON_COMMON_MEMBERSHIP_H
 
@@ -20,7 +25,9 @@
 #define MBR_DEFAULT_TTL_S 5
 #define MBR_LOAD_MIN_INTERVAL_MS 250 /* at most 4 load writes per second per node */
 #define MBR_LOAD_REFRESH_MS 1000     /* small load changes are coalesced into one write per second */
-#define MBR_BACKOFF_MAX_MS 30000
+#define MBR_BACKOFF_MAX_MS 1000     /* retry period cap while etcd does not answer (jittered) */
+#define MBR_LOAD_HEARTBEAT_MS 1000  /* an unchanged load report is written again this often */
+#define MBR_PROBE_MS 500            /* the watcher's etcd probe period (with a rejoin grace set) */
 #define MBR_NODE_ID_MAX 64
 #define MBR_KEY_MAX 256
 
@@ -103,6 +110,7 @@ typedef struct mbr_config {
     int load_min_interval_ms; /* 0 = MBR_LOAD_MIN_INTERVAL_MS */
     int load_refresh_ms;      /* 0 = MBR_LOAD_REFRESH_MS */
     int backoff_max_ms;       /* 0 = MBR_BACKOFF_MAX_MS */
+    int load_heartbeat_ms;    /* 0 = MBR_LOAD_HEARTBEAT_MS */
     /* Optional; called on the registration thread whenever the state changes (lease is 0 unless registered). */
     void (*on_state)(void *arg, mbr_reg_state state, int64_t lease);
     void *arg;
@@ -142,6 +150,8 @@ typedef struct mbr_node {
     int has_load;
     int64_t lease;          /* lease of the NodeInfo key */
     int64_t mod_revision;   /* etcd revision of the last change to either record */
+    int64_t seen_ms;        /* monotonic ms (CLOCK_MONOTONIC of this process) when either record last arrived */
+    int held;               /* its lease vanished while etcd was coming back: kept for the rejoin grace */
 } mbr_node_t;
 
 typedef struct mbr_watch_ops {
@@ -161,6 +171,19 @@ typedef struct mbr_watcher mbr_watcher_t;
  * the watcher. BT_ERR_INVALID, BT_ERR_NOMEM, BT_ERR_INTERNAL; *out is set only on success. */
 bt_status mbr_watcher_create(etcd_client_t *c, const char *cluster, const mbr_watch_ops_t *ops,
                              mbr_watcher_t **out);
+
+/* Turns on the rejoin grace (grace_ms > 0; call once, right after create): a probe thread asks etcd for a count
+ * every MBR_PROBE_MS, and a node whose NodeInfo is deleted while etcd is recovering (the probe or the watch failed
+ * and etcd answered again less than grace_ms ago, or no probe has succeeded for 3 periods) stays in the view,
+ * marked held, until it registers again (no callback: it never left) or grace_ms pass (then on_leave). A node
+ * deleted while etcd is steadily answering leaves at once. Callbacks may then also run on the probe thread, still
+ * one at a time. BT_ERR_INTERNAL (thread), BT_ERR_INVALID (called twice). */
+bt_status mbr_watcher_set_rejoin_grace(mbr_watcher_t *w, int grace_ms);
+
+/* For how long etcd has answered without a break, in ms (the watch stream up and, with a rejoin grace, every probe
+ * answered); 0 while it does not answer. What a reader of node ages (seen_ms) checks first: while etcd is away,
+ * every record ages. Can't fail. */
+int64_t mbr_watcher_confirmed_ms(mbr_watcher_t *w);
 
 /* Stops the watch thread and frees the view. Not from a callback. NULL is a no-op. */
 void mbr_watcher_destroy(mbr_watcher_t *w);

@@ -489,6 +489,14 @@ static void record_remote(dec_call *c, bt_status st, double dt, const char *why)
     }
 }
 
+/* How long a remote prefill may take from now: what is left of the request's deadline, never more than
+ * remote_timeout_ms (past it D prefills locally; the router's requests carry long deadlines since issue 16). */
+static int remote_wait_ms(const decode_service_t *s, const dec_call *c, double now)
+{
+    int left = bt_deadline_timeout_ms(c->deadline, now, s->remote_timeout_ms);
+    return left < s->remote_timeout_ms ? left : s->remote_timeout_ms;
+}
+
 /* Calls Prefill/Run on the hinted prefill node and waits for its answer and for the blocks' arrival; then tells the
  * scheduler (first token, or local prefill). Runs on its own thread: the wait is the network's. */
 static void *prefill_worker(void *arg)
@@ -502,8 +510,8 @@ static void *prefill_worker(void *arg)
     bt_sample_out so;
     memset(&so, 0, sizeof so);
     /* The call waits for P's queue and compute as well as the transfer: it gets the request's deadline (P bounds
-     * the transfer itself by the KV transfer deadline); without one, remote_timeout_ms. */
-    int timeout_ms = bt_deadline_timeout_ms(c->deadline, t0, s->remote_timeout_ms);
+     * the transfer itself by the KV transfer deadline), at most remote_timeout_ms. */
+    int timeout_ms = remote_wait_ms(s, c, t0);
     Baton__V1__SamplingParams *sp = (Baton__V1__SamplingParams *)protobuf_c_message_unpack(
         &baton__v1__sampling_params__descriptor, NULL, c->sampling_len, c->sampling_pb);
     bt_rpc_channel_t *ch = channel_for(s, c->prefill_addr, c->prefill_node);
@@ -545,7 +553,7 @@ static int remote_start(void *user, uint64_t sched_id, const int32_t *blocks, in
     c->skip = skip;
     atomic_store(&c->base.sched_id, sched_id); /* the worker may need it before bt_sched_submit has returned */
     /* the expectation outlives the prefill node's push deadline (the call's), so no late write can land after it */
-    int left_ms = bt_deadline_timeout_ms(c->deadline, bt_sched_now(), s->remote_timeout_ms);
+    int left_ms = remote_wait_ms(s, c, bt_sched_now());
     if (left_ms > DEC_EXPECT_MAX_MS) left_ms = DEC_EXPECT_MAX_MS;
     kvx_expect_args_t a = {.blocks = c->blocks + skip, .n_blocks = (size_t)(n_blocks - (int32_t)skip),
                            .flags = KVX_F_CRC, .timeout_ms = (uint32_t)left_ms + DEC_EXPECT_SLACK_MS};

@@ -8,7 +8,16 @@
  * prefills, and the approximate prefix index (what this router already sent where). Migration: when a stream fails
  * before its end, the choice and the placement are made again without that node and the new call carries the prompt
  * plus every token already delivered, so the node continues exactly after them; responses are placed by their
- * offset, so nothing is delivered twice or skipped. */
+ * offset, so nothing is delivered twice or skipped.
+ *
+ * Failure detection (DESIGN 3, issue 17): a stream moves to another node at once when its node leaves the
+ * membership; when neither it nor any other stream of ours on that node got a token for the stall bound
+ * (max(--stall-timeout-ms, RTR_STALL_STEPS of the node's step time): one preempted stream on a busy node stays);
+ * and, before its first token, when it waited that long on a node that is stale (no load report for
+ * --load-stale-ms while etcd answers: nodes rewrite theirs every second) or suspect (another stream of ours stalled
+ * there, and no record of the node arrived since). New work avoids such nodes, and nodes whose streams went silent
+ * for longer than their own step time allows, as long as another node is fit; with none fit, the last view stands.
+ * Every Decode/Run carries the request's deadline (the front end's, else --request-timeout-s). */
 #include "router/router.h"
 
 #include "common/log.h"
@@ -37,6 +46,10 @@ typedef struct node_slot {
     bt_rpc_channel_t *ch;      /* decode nodes only; opened on first use */
     int inflight;
     int64_t pending_prefill;   /* prompt tokens this router sent here to prefill whose first token has not come */
+    int gone;                  /* left the membership: its streams move at once */
+    int decoding;              /* streams of ours on it past their first token */
+    int64_t last_token_ms;     /* monotonic ms of the last token any stream of ours got from it */
+    int64_t suspect_ms;        /* when a stream of ours stalled here (0 = none); a later token or record clears it */
 } node_slot_t;
 
 struct rtr_dispatch {
@@ -50,6 +63,8 @@ struct rtr_dispatch {
     double overhead_s, kv_bytes_per_token;
     rtr_pindex_t *pindex;
     int log_fd;              /* decision log, -1 = off */
+    int load_stale_ms, stall_ms, request_timeout_ms; /* <= 0: off */
+    int64_t last_unfit_log_ms; /* under mu */
     pthread_mutex_t mu;
     bt_tls_files_t tls;      /* calls to nodes: mTLS when set, each node verified as its node id */
     node_slot_t slots[MAX_TRACKED]; /* channels and in-flight counts by node (a restarted node gets a new slot) */
@@ -57,11 +72,34 @@ struct rtr_dispatch {
     uint64_t rng;
 };
 
-/* A node that left the view takes its cache with it (or will come back empty). */
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Marks this incarnation's slots gone (or back); under no lock. */
+static void mark_gone(rtr_dispatch_t *d, const mbr_node_info_t *info, int gone)
+{
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < d->n_slots; i++)
+        if (!strcmp(d->slots[i].node_id, info->node_id) && d->slots[i].started_ms == info->started_ms)
+            d->slots[i].gone = gone;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* A node that left the view takes its cache with it (or will come back empty), and its streams move now. */
 static void on_leave(void *arg, const mbr_node_t *n)
 {
     rtr_dispatch_t *d = arg;
+    mark_gone(d, &n->info, 1);
     rtr_pindex_forget(d->pindex, n->info.node_id);
+}
+
+static void on_join(void *arg, const mbr_node_t *n)
+{
+    mark_gone(arg, &n->info, 0);
 }
 
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out)
@@ -79,6 +117,10 @@ bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t *
     d->overhead_s = cfg->remote_overhead_s > 0 ? cfg->remote_overhead_s : 0;
     d->kv_bytes_per_token = cfg->kv_bytes_per_token;
     d->log_fd = -1;
+    d->load_stale_ms = cfg->load_stale_ms ? cfg->load_stale_ms : RTR_DEFAULT_LOAD_STALE_MS;
+    d->stall_ms = cfg->stall_ms ? cfg->stall_ms : RTR_DEFAULT_STALL_MS;
+    d->request_timeout_ms = cfg->request_timeout_ms ? cfg->request_timeout_ms : RTR_DEFAULT_REQUEST_TIMEOUT_MS;
+    int grace = cfg->rejoin_grace_ms ? cfg->rejoin_grace_ms : RTR_DEFAULT_REJOIN_GRACE_MS;
     if (cfg->tls) d->tls = *cfg->tls;
     pthread_mutex_init(&d->mu, NULL);
     struct timespec ts;
@@ -93,8 +135,12 @@ bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t *
             goto fail;
         }
     }
-    mbr_watch_ops_t ops = {.on_leave = on_leave, .arg = d};
+    mbr_watch_ops_t ops = {.on_join = on_join, .on_leave = on_leave, .arg = d};
     if ((st = mbr_watcher_create(cfg->etcd, cfg->cluster, &ops, &d->watcher))) goto fail;
+    if (grace > 0 && (st = mbr_watcher_set_rejoin_grace(d->watcher, grace))) {
+        mbr_watcher_destroy(d->watcher);
+        goto fail;
+    }
     *out = d;
     return BT_OK;
 fail:
@@ -217,6 +263,39 @@ static double score(rtr_dispatch_t *d, const mbr_node_t *n)
     return headroom - (double)running / cap;
 }
 
+int64_t rtr_stall_bound_ms(int stall_ms, double step_s)
+{
+    double steps = step_s > 0 ? RTR_STALL_STEPS * step_s * 1000.0 : 0;
+    return steps > stall_ms ? (int64_t)steps : stall_ms;
+}
+
+const char *rtr_liveness_unfit(const rtr_liveness_t *l, int load_stale_ms, int strict)
+{
+    if (l->gone) return "left the cluster";
+    if (load_stale_ms > 0 && l->confirmed_ms > load_stale_ms && l->report_age_ms > load_stale_ms)
+        return "sends no load report";
+    if (l->suspect) return "stalled another stream";
+    int64_t silent = (int64_t)(RTR_SILENT_STEPS * (l->step_s > 0 ? l->step_s : 0) * 1000.0);
+    if (silent < RTR_SILENT_MIN_MS) silent = RTR_SILENT_MIN_MS;
+    if (strict && l->decoding > 0 && l->silent_ms > silent) return "went silent";
+    return NULL;
+}
+
+/* rtr_liveness_unfit for node n as of now; under d->mu. */
+static const char *node_unfit(rtr_dispatch_t *d, const mbr_node_t *n, int64_t now, int64_t confirmed, int strict)
+{
+    node_slot_t *s = slot_find(d, &n->info);
+    rtr_liveness_t l = {.report_age_ms = now - n->seen_ms, .confirmed_ms = confirmed,
+                        .step_s = n->has_load ? n->load.step_s : 0};
+    if (s) {
+        l.gone = s->gone;
+        l.suspect = s->suspect_ms && n->seen_ms <= s->suspect_ms;
+        l.decoding = s->decoding;
+        l.silent_ms = now - s->last_token_ms;
+    }
+    return rtr_liveness_unfit(&l, d->load_stale_ms, strict);
+}
+
 static uint64_t next_rand(rtr_dispatch_t *d)
 {
     d->rng ^= d->rng << 13;
@@ -235,6 +314,7 @@ typedef struct plan_req {
 
 typedef struct picked {
     node_slot_t *slot;          /* D, with its call counted in flight */
+    double step_s;              /* D's step time in its last load report (0 = unknown) */
     node_slot_t *pending_slot;  /* the node that prefills, holding `pending` tokens of ours */
     int64_t pending;
     char fingerprint[128];
@@ -415,6 +495,30 @@ static void log_json(rtr_dispatch_t *d, const plan_req_t *rq, const plan_t *pl)
     cJSON_free(txt);
 }
 
+/* Keeps the candidates idx[k] that are fit (node_unfit, strict), in order, unless none is: then all stay (the last
+ * view is the best there is). Returns the new count; under d->mu. */
+static size_t keep_fit(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t *idx, size_t k, int64_t confirmed)
+{
+    int64_t now = mono_ms();
+    size_t fit = 0;
+    char why[256];
+    size_t off = 0;
+    why[0] = '\0';
+    for (size_t i = 0; i < k; i++) {
+        const char *u = node_unfit(d, &nodes[idx[i]], now, confirmed, 1);
+        if (!u) idx[fit++] = idx[i];
+        else if (off < sizeof why) {
+            int w = snprintf(why + off, sizeof why - off, "%s%s: %s", off ? "; " : "", nodes[idx[i]].info.node_id, u);
+            if (w > 0) off += (size_t)w;
+        }
+    }
+    if (!fit && now - d->last_unfit_log_ms >= 1000) { /* at most once a second */
+        d->last_unfit_log_ms = now;
+        BT_WARN("router", "no decode node looks fit (%s); using the last view", why);
+    }
+    return fit ? fit : k; /* with none fit nothing was overwritten */
+}
+
 /* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
  * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
 static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req_t *rq, picked_t *out)
@@ -431,7 +535,9 @@ static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req
         mbr_nodes_free(nodes, n);
         return bt_fail(BT_ERR_UNAVAILABLE, "no healthy decode node");
     }
+    int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
     pthread_mutex_lock(&d->mu);
+    k = keep_fit(d, nodes, idx, k, confirmed);
     size_t a = idx[next_rand(d) % k], b = a;
     if (k > 1) {
         size_t j = next_rand(d) % (k - 1);
@@ -459,6 +565,7 @@ static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req
     if (s) {
         s->inflight++;
         out->slot = s;
+        out->step_s = dn->has_load ? dn->load.step_s : 0;
         out->remote = ps != NULL; /* no slot for P (table full): local is always safe */
         out->pending_slot = out->remote ? ps : s;
         out->pending = out->remote ? pl->cands[pl->dec.best].uncached_tokens : pl->dec.uncached_local;
@@ -613,11 +720,15 @@ typedef struct run_state {
     uint64_t *hashes; /* computed here when the caller sent none */
     const uint64_t *hv;
     size_t n_hashes;
+    int64_t deadline_ms; /* monotonic; 0 = none */
 } run_state_t;
 
 /* How one attempt on one decode node ended. */
 typedef struct attempt {
     int finished, stopped, cancelled;
+    int moved;          /* abandoned by this router: the node left or stalled (rr says why) */
+    int got_token;      /* counted in the slot's decoding streams */
+    int64_t last_ms;    /* monotonic: the last token, or the open */
     bt_status st;       /* the stream's: BT_OK while it delivers, BT_ERR_PEER when the node skipped tokens */
     bt_status err;      /* this router's own failure (out of memory) */
     bt_rpc_result_t rr; /* the node's result when the stream failed */
@@ -639,8 +750,13 @@ static bt_status attempt_open(run_state_t *r, const picked_t *p, bt_rpc_stream_t
         hint.grpc_address = (char *)p->prefill_addr;
         req.prefill = &hint;
     }
+    int timeout_ms = 0;
+    if (r->deadline_ms) {
+        int64_t left = r->deadline_ms - mono_ms();
+        timeout_ms = left < 1 ? 1 : left > INT32_MAX ? INT32_MAX : (int)left;
+    }
     return bt_rpc_stream_open(p->slot->ch, "/baton.v1.Decode/Run", &req.base,
-                              &baton__v1__decode_run_response__descriptor, 0, NULL, s);
+                              &baton__v1__decode_run_response__descriptor, timeout_ms, NULL, s);
 }
 
 /* Appends n delivered tokens. BT_ERR_NOMEM. */
@@ -659,6 +775,72 @@ static bt_status keep_tokens(run_state_t *r, const int32_t *ids, size_t n)
     return BT_OK;
 }
 
+/* Tokens came from the picked node: it lives, and this stream decodes there. */
+static void note_token(rtr_dispatch_t *d, picked_t *p, attempt_t *a)
+{
+    a->last_ms = mono_ms();
+    pthread_mutex_lock(&d->mu);
+    if (!a->got_token) p->slot->decoding++;
+    a->got_token = 1;
+    p->slot->last_token_ms = a->last_ms;
+    p->slot->suspect_ms = 0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Why the picked node is unfit for a stream still waiting for its first token (node_unfit, not strict), or NULL.
+ * Waiting is normal on a busy node: only an unfit one makes it move. */
+static const char *waiting_unfit(rtr_dispatch_t *d, const picked_t *p, int64_t now)
+{
+    mbr_node_t n;
+    if (mbr_watcher_get(d->watcher, p->slot->node_id, &n) != BT_OK) return "left the cluster";
+    int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
+    pthread_mutex_lock(&d->mu);
+    const char *u = n.info.started_ms == p->slot->started_ms ? node_unfit(d, &n, now, confirmed, 0) : "restarted";
+    pthread_mutex_unlock(&d->mu);
+    mbr_node_info_free(&n.info);
+    return u;
+}
+
+/* 1 when a stream that has waited on the picked node since a->last_ms should move, with why[cap] saying why (see
+ * the opening comment). A stall of the whole node also makes it suspect. */
+static int should_move(rtr_dispatch_t *d, picked_t *p, const attempt_t *a, char *why, size_t cap)
+{
+    int64_t now = mono_ms(), quiet = now - a->last_ms, bound = rtr_stall_bound_ms(d->stall_ms, p->step_s);
+    pthread_mutex_lock(&d->mu);
+    int gone = p->slot->gone;
+    pthread_mutex_unlock(&d->mu);
+    if (gone) {
+        snprintf(why, cap, "the node left the cluster");
+        return 1;
+    }
+    if (d->stall_ms <= 0 || quiet <= bound) return 0;
+    if (!a->got_token) {
+        const char *u = waiting_unfit(d, p, now);
+        if (u) snprintf(why, cap, "no first token after %.1f s from a node that %s", quiet / 1000.0, u);
+        return u != NULL;
+    }
+    /* only when the whole node went quiet: a stream preempted on a busy node waits while its neighbours decode */
+    pthread_mutex_lock(&d->mu);
+    int64_t node_quiet = now - p->slot->last_token_ms;
+    if (node_quiet > bound) p->slot->suspect_ms = now;
+    pthread_mutex_unlock(&d->mu);
+    if (node_quiet <= bound) return 0;
+    snprintf(why, cap, "no token from the node for %.1f s (stall bound %.1f s)", node_quiet / 1000.0, bound / 1000.0);
+    return 1;
+}
+
+/* Abandons the attempt when should_move says so: 1 when it did. */
+static int attempt_check(run_state_t *r, picked_t *p, attempt_t *a)
+{
+    char why[160];
+    if (!should_move(r->d, p, a, why, sizeof why)) return 0;
+    a->moved = 1;
+    a->st = BT_ERR_UNAVAILABLE;
+    a->rr.code = BT_RPC_UNAVAILABLE;
+    snprintf(a->rr.message, sizeof a->rr.message, "%s", why);
+    return 1;
+}
+
 /* Takes one response: tokens past what was delivered go to the client (placed by offset, so a migrated stream
  * neither repeats nor skips), a finish reason ends the attempt. Returns 1 when the attempt is over. */
 static int take_response(run_state_t *r, picked_t *p, const Baton__V1__DecodeRunResponse *m, attempt_t *a)
@@ -670,7 +852,10 @@ static int take_response(run_state_t *r, picked_t *p, const Baton__V1__DecodeRun
         a->st = BT_ERR_PEER;
         return 1;
     }
-    if (m->n_token_ids) settle(r->d, p); /* the first token means the prefill is done */
+    if (m->n_token_ids) {
+        settle(r->d, p); /* the first token means the prefill is done */
+        note_token(r->d, p, a);
+    }
     size_t skip = r->n_done - off;
     if (skip < m->n_token_ids) {
         size_t nn = m->n_token_ids - skip;
@@ -701,7 +886,10 @@ static void attempt_read(run_state_t *r, picked_t *p, bt_rpc_stream_t *s, attemp
         ProtobufCMessage *m = NULL;
         int ready = 0;
         a->st = bt_rpc_stream_next_wait(s, POLL_MS, &m, &ready);
-        if (a->st == BT_OK && !ready) continue;
+        if (a->st == BT_OK && !ready) {
+            if (attempt_check(r, p, a)) return;
+            continue;
+        }
         if (a->st != BT_OK || !m) {
             bt_rpc_stream_result(s, &a->rr);
             if (a->st == BT_OK && !a->finished) { /* ended OK without a finish reason: treat as a stop */
@@ -713,7 +901,7 @@ static void attempt_read(run_state_t *r, picked_t *p, bt_rpc_stream_t *s, attemp
         }
         int over = take_response(r, p, (const Baton__V1__DecodeRunResponse *)m, a);
         protobuf_c_message_free_unpacked(m, NULL);
-        if (over) return;
+        if (over || attempt_check(r, p, a)) return;
     }
 }
 
@@ -721,6 +909,7 @@ static void attempt_read(run_state_t *r, picked_t *p, bt_rpc_stream_t *s, attemp
 static bt_status attempt_run(run_state_t *r, picked_t *p, attempt_t *a)
 {
     memset(a, 0, sizeof *a);
+    a->last_ms = mono_ms();
     bt_rpc_stream_t *s = NULL;
     bt_status st = attempt_open(r, p, &s);
     if (st) {
@@ -730,8 +919,13 @@ static bt_status attempt_run(run_state_t *r, picked_t *p, attempt_t *a)
         return st;
     }
     attempt_read(r, p, s, a);
-    if (a->stopped || a->cancelled || (!a->finished && a->st == BT_OK)) bt_rpc_stream_cancel(s);
+    if (a->stopped || a->cancelled || a->moved || (!a->finished && a->st == BT_OK)) bt_rpc_stream_cancel(s);
     bt_rpc_stream_close(s);
+    if (a->got_token) {
+        pthread_mutex_lock(&r->d->mu);
+        p->slot->decoding--;
+        pthread_mutex_unlock(&r->d->mu);
+    }
     unpick(r->d, p);
     return BT_OK;
 }
@@ -802,9 +996,17 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
         return ret;
     }
     r.hv = r.hashes ? r.hashes : tmpl->block_hashes;
+    int timeout_ms = ops->timeout_ms > 0 ? ops->timeout_ms : d->request_timeout_ms;
+    if (timeout_ms > 0) r.deadline_ms = mono_ms() + timeout_ms;
     for (int attempt = 0;; attempt++) {
         picked_t p;
         attempt_t a;
+        if (r.deadline_ms && mono_ms() >= r.deadline_ms) {
+            res->code = BT_RPC_DEADLINE_EXCEEDED;
+            snprintf(res->message, sizeof res->message, "request deadline (%d ms) passed", timeout_ms);
+            ret = bt_fail(BT_ERR_TIMEOUT, "%s", res->message);
+            break;
+        }
         if ((ret = attempt_pick(&r, attempt, &p)) != BT_OK) break;
         if ((ret = attempt_run(&r, &p, &a)) != BT_OK) break;
         if (attempt_settle(&r, &p, &a, attempt, &ret)) break;

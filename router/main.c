@@ -42,6 +42,16 @@ static void usage(FILE *f)
             "  --etcd-password-file F    its password, first line of F (never on the command line)\n"
             "  --etcd-ca PEM, --etcd-cert PEM, --etcd-key PEM\n"
             "                            TLS to https:// etcd endpoints: CA, client certificate and key\n"
+            "  --stall-timeout-ms MS     a stream whose decode node sent no token to it or any other stream for MS\n"
+            "                            (or 50 of the node's steps, when longer) moves to another decode node;\n"
+            "                            0: off (default 3000)\n"
+            "  --load-stale-ms MS        a decode node whose load report is older than MS while etcd answers gets\n"
+            "                            no new work while another node is fit (nodes report every second); 0: off\n"
+            "                            (default 3000)\n"
+            "  --rejoin-grace-ms MS      nodes whose leases vanish as etcd comes back from an outage stay in the\n"
+            "                            view this long while they re-register; 0: off (default 10000)\n"
+            "  --request-timeout-s S     deadline of a request at the decode (and prefill) nodes, all migrations\n"
+            "                            together; 0: none (default 1200)\n"
             "Environment: BATON_MODEL, BATON_ETCD, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN, BATON_API_KEY,\n"
             "BATON_CLUSTER, BATON_TLS_CERT, BATON_TLS_KEY, BATON_TLS_CA, BATON_ETCD_USER, BATON_ETCD_PASSWORD_FILE,\n"
             "BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY (flags win).\n");
@@ -180,6 +190,19 @@ int main(int argc, char **argv)
                 return 2;
             }
             keys[n_keys++] = v;
+        } else if (!strcmp(a, "--stall-timeout-ms") || !strcmp(a, "--load-stale-ms") ||
+                   !strcmp(a, "--rejoin-grace-ms") || !strcmp(a, "--request-timeout-s")) {
+            long n = strtol(v, &end, 10);
+            long max = !strcmp(a, "--request-timeout-s") ? 86400 * 7 : 3600 * 1000;
+            if (!*v || *end || n < 0 || n > max) {
+                fprintf(stderr, "baton-router: %s: '%s' is not a number from 0 to %ld\n", a, v, max);
+                return 2;
+            }
+            int x = n ? (int)n : -1; /* 0 on the command line: off */
+            if (!strcmp(a, "--stall-timeout-ms")) cfg.stall_ms = x;
+            else if (!strcmp(a, "--load-stale-ms")) cfg.load_stale_ms = x;
+            else if (!strcmp(a, "--rejoin-grace-ms")) cfg.rejoin_grace_ms = x;
+            else cfg.request_timeout_ms = n ? (int)(n * 1000) : -1;
         } else if (!strcmp(a, "--max-context") || !strcmp(a, "--max-migrations") || !strcmp(a, "--http-threads") ||
                    !strcmp(a, "--max-inflight")) {
             long n = strtol(v, &end, 10);

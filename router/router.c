@@ -167,7 +167,9 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
                                 .remote_overhead_s = cfg->remote_prefill_overhead_ms / 1000.0,
                                 .kv_bytes_per_token = r->model.kv_bytes_per_token, .decision_log = cfg->decision_log,
                                 .decisions_local = r->decisions_local, .decisions_remote = r->decisions_remote,
-                                .predicted_ttft = r->predicted_ttft, .tls = &r->cfg.tls};
+                                .predicted_ttft = r->predicted_ttft, .load_stale_ms = cfg->load_stale_ms,
+                                .stall_ms = cfg->stall_ms, .rejoin_grace_ms = cfg->rejoin_grace_ms,
+                                .request_timeout_ms = cfg->request_timeout_ms, .tls = &r->cfg.tls};
     if ((st = rtr_dispatch_create(&dc, &r->dispatch))) goto fail;
 
     char host[256];

@@ -38,6 +38,16 @@
 #define RTR_DEFAULT_MAX_CONTEXT 8192 /* the nodes' default context cap (baton generate's too) */
 #define RTR_DEFAULT_MIGRATIONS 3
 #define RTR_DEFAULT_MAX_INFLIGHT 1024
+/* Failure detection (dispatch.c's opening comment). The stall bound sits well above a busy step on this hardware
+ * (a 512-token prefill chunk mixed into a decode step takes ~1 s on 2 CPU cores) and below the lease TTL (5 s), so
+ * that a frozen node's streams move before it even leaves the membership. */
+#define RTR_DEFAULT_STALL_MS 3000          /* --stall-timeout-ms */
+#define RTR_STALL_STEPS 50.0               /* ... or this many of the node's own steps, when longer */
+#define RTR_SILENT_STEPS 5.0               /* new work avoids a node whose decoding streams went silent this long */
+#define RTR_SILENT_MIN_MS 500
+#define RTR_DEFAULT_LOAD_STALE_MS 3000     /* --load-stale-ms: three missed heartbeats (nodes write every 1 s) */
+#define RTR_DEFAULT_REJOIN_GRACE_MS 10000  /* --rejoin-grace-ms: two TTLs; nodes re-register within ~1 s */
+#define RTR_DEFAULT_REQUEST_TIMEOUT_MS (1200 * 1000) /* --request-timeout-s: 8192 tokens at 7 tok/s still fit */
 
 /* ---- rmodel.c ---- */
 
@@ -222,7 +232,34 @@ typedef struct rtr_dispatch_config {
     metrics_counter_t *decisions_local, *decisions_remote; /* optional */
     metrics_histogram_t *predicted_ttft;                   /* optional */
     const bt_tls_files_t *tls; /* calls to nodes: verify each against ca as its node id, present cert; NULL = insecure */
+    /* failure detection and deadlines: 0 = the RTR_DEFAULT_*, < 0 = off */
+    int load_stale_ms;       /* a decode node without a load report this long (while etcd answers) gets no work */
+    int stall_ms;            /* a stream without a token this long, on a node silent as long, moves */
+    int rejoin_grace_ms;     /* nodes whose lease vanished as etcd came back stay this long (mbr_watcher) */
+    int request_timeout_ms;  /* deadline of a request's Decode/Run calls, all attempts together */
 } rtr_dispatch_config_t;
+
+/* What this router knows of one decode node's liveness, as plain numbers (dispatch.c fills it from the view and its
+ * own streams). */
+typedef struct rtr_liveness {
+    int gone;               /* it left the membership */
+    int64_t report_age_ms;  /* since its last record (load report or NodeInfo) arrived */
+    int64_t confirmed_ms;   /* for how long etcd has answered (mbr_watcher_confirmed_ms): reports age only then */
+    int suspect;            /* a stream of ours stalled there, and no record of it arrived since */
+    int decoding;           /* streams of ours past their first token there */
+    int64_t silent_ms;      /* since the last token any stream of ours got from it */
+    double step_s;          /* its reported step time (0 = unknown) */
+} rtr_liveness_t;
+
+/* Why such a node should not be trusted, or NULL; a static string. Not strict (may a waiting stream stay?): gone,
+ * a load report older than load_stale_ms (<= 0: never) while etcd has answered for longer, or suspect. Strict (may
+ * it get new work?) adds: streams decode there and none got a token for RTR_SILENT_STEPS of its steps (at least
+ * RTR_SILENT_MIN_MS) - a frozen node's first sign, enough to steer work away, not to move streams. Pure. */
+const char *rtr_liveness_unfit(const rtr_liveness_t *l, int load_stale_ms, int strict);
+
+/* A stream without a token this long has stalled: stall_ms, or RTR_STALL_STEPS of its node's step when longer
+ * (a slow node is not a stuck one). Pure. */
+int64_t rtr_stall_bound_ms(int stall_ms, double step_s);
 
 bt_status rtr_dispatch_create(const rtr_dispatch_config_t *cfg, rtr_dispatch_t **out);
 void rtr_dispatch_destroy(rtr_dispatch_t *d);
@@ -252,6 +289,7 @@ typedef struct rtr_run_ops {
     /* Nonzero when the client went away: the decode stream is cancelled. Polled about every 50 ms. */
     int (*cancelled)(void *ud);
     void *ud;
+    int timeout_ms;  /* the client's own deadline, ms from the call (gRPC); 0 = the router's --request-timeout-s */
 } rtr_run_ops_t;
 
 typedef struct rtr_run_result {
@@ -363,6 +401,7 @@ typedef struct rtr_config {
     char etcd_user[128];            /* "" = no etcd authentication */
     char etcd_password[BT_TLS_SECRET_MAX]; /* read from --etcd-password-file */
     bt_tls_files_t etcd_tls;        /* TLS to https:// etcd endpoints */
+    int load_stale_ms, stall_ms, rejoin_grace_ms, request_timeout_ms; /* as rtr_dispatch_config_t */
 } rtr_config_t;
 
 #define RTR_PLANNER_WINDOW_S 30 /* the planner's demand is the token rate over this window */
