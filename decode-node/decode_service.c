@@ -278,13 +278,12 @@ static void on_event(void *user, const bt_sched_event *ev)
     bt_call_done(&c->base);
 }
 
-/* Fills *rp from the request; returns the gRPC code and a message for the client. */
-static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunRequest *q, bt_req_params *rp,
-                              char *err, size_t cap)
+bt_rpc_code decode_run_params(const bt_ne_t *ne, const Baton__V1__DecodeRunRequest *q, bt_req_params *rp, char *err,
+                              size_t cap)
 {
-    if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, s->ne->fingerprint) != 0) {
+    if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, ne->fingerprint) != 0) {
         snprintf(err, cap, "model_fingerprint %.32s does not match this node's model %s (%s)", q->model_fingerprint,
-                 s->ne->fingerprint, s->ne->m->name);
+                 ne->fingerprint, ne->m->name);
         return BT_RPC_FAILED_PRECONDITION;
     }
     if (q->n_prompt_token_ids == 0) {
@@ -292,15 +291,15 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
         return BT_RPC_INVALID_ARGUMENT;
     }
     for (size_t i = 0; i < q->n_prompt_token_ids; i++)
-        if (q->prompt_token_ids[i] < 0 || q->prompt_token_ids[i] >= s->n_vocab) {
+        if (q->prompt_token_ids[i] < 0 || q->prompt_token_ids[i] >= ne->n_vocab) {
             snprintf(err, cap, "prompt_token_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
-                     q->prompt_token_ids[i], s->n_vocab);
+                     q->prompt_token_ids[i], ne->n_vocab);
             return BT_RPC_INVALID_ARGUMENT;
         }
     for (size_t i = 0; i < q->n_generated_token_ids; i++)
-        if (q->generated_token_ids[i] < 0 || q->generated_token_ids[i] >= s->n_vocab) {
+        if (q->generated_token_ids[i] < 0 || q->generated_token_ids[i] >= ne->n_vocab) {
             snprintf(err, cap, "generated_token_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
-                     q->generated_token_ids[i], s->n_vocab);
+                     q->generated_token_ids[i], ne->n_vocab);
             return BT_RPC_INVALID_ARGUMENT;
         }
     bt_sampling *sp = &rp->sampling;
@@ -308,7 +307,7 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
         snprintf(err, cap, "stop_token_ids has %zu entries (at most %d)", q->n_stop_token_ids, BT_MAX_STOP_IDS);
         return BT_RPC_INVALID_ARGUMENT;
     }
-    if (bt_ne_sampling_from_proto(s->ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
+    if (bt_ne_sampling_from_proto(ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
                                   bt_ne_random_seed(), sp, err, cap))
         return BT_RPC_INVALID_ARGUMENT;
     rp->sample_index = (int32_t)q->sample_index;
@@ -316,11 +315,15 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
     sp->n_stop_ids = (int32_t)q->n_stop_token_ids;
     for (size_t i = 0; i < q->n_stop_token_ids; i++) sp->stop_ids[i] = q->stop_token_ids[i];
     sp->ignore_eos = q->ignore_eos;
-    if (bt_sampling_check_vocab(sp, s->n_vocab) != BT_OK) {
+    if (bt_sampling_check_vocab(sp, ne->n_vocab) != BT_OK) {
         snprintf(err, cap, "%s", bt_last_error());
         return BT_RPC_INVALID_ARGUMENT;
     }
     int64_t n_total = (int64_t)q->n_prompt_token_ids + (int64_t)q->n_generated_token_ids;
+    if (q->max_tokens > (uint32_t)ne->max_context) { /* also keeps the int32 below from wrapping negative */
+        snprintf(err, cap, "max_tokens %u exceeds the context of %d tokens", q->max_tokens, ne->max_context);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
     if (q->max_tokens > 0) {
         if (q->n_generated_token_ids >= q->max_tokens) {
             snprintf(err, cap, "max_tokens %u already reached by the %zu generated_token_ids", q->max_tokens,
@@ -329,9 +332,9 @@ static bt_rpc_code run_params(decode_service_t *s, const Baton__V1__DecodeRunReq
         }
         sp->max_tokens = (int32_t)(q->max_tokens - q->n_generated_token_ids);
     }
-    if (n_total >= s->max_context || (q->max_tokens > 0 && n_total + sp->max_tokens > s->max_context)) {
+    if (n_total >= ne->max_context || (q->max_tokens > 0 && n_total + sp->max_tokens > ne->max_context)) {
         snprintf(err, cap, "prompt of %lld tokens + max_tokens %u exceeds the context of %d tokens",
-                 (long long)n_total, q->max_tokens, s->max_context);
+                 (long long)n_total, q->max_tokens, ne->max_context);
         return BT_RPC_INVALID_ARGUMENT;
     }
     return BT_RPC_OK;
@@ -669,7 +672,7 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     char err[320];
     bt_req_params rp = bt_req_params_default();
     rp.sampling = bt_sampling_default();
-    bt_rpc_code code = run_params(s, q, &rp, err, sizeof err);
+    bt_rpc_code code = decode_run_params(s->ne, q, &rp, err, sizeof err);
     if (code != BT_RPC_OK) {
         bt_calls_reject(&s->calls, call, code, rid, err);
         return;

@@ -11,6 +11,8 @@
 #include "common/rpc.h"
 #include "common/status.h"
 #include "common/tls.h"
+#include "node/node_engine.h"
+#include "baton/v1/node.pb-c.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -43,6 +45,12 @@ typedef struct decode_service decode_service_t;
  * adds /baton.v1.Decode/Run and /baton.v1.Decode/Abort to cfg->rpc. Returns the model loader's errors (message
  * names the file), BT_ERR_INVALID, BT_ERR_NOMEM; *out set only on success. */
 bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **out);
+
+/* Decode/Run's validation, as a pure function of the engine's limits (model fingerprint, vocabulary, context): fills
+ * *rp (sampling, stop ids, max_tokens) from q and returns the gRPC code, with a message for the client in err when it
+ * is not OK. Reads nothing but ne's limits (fuzzed by tests/fuzz/fuzz_node_request.c). */
+bt_rpc_code decode_run_params(const bt_ne_t *ne, const Baton__V1__DecodeRunRequest *q, bt_req_params *rp, char *err,
+                              size_t cap);
 
 /* The functions below are the slots of bt_node_service_ops_t (node/node_main.h): svc is a decode_service_t. */
 

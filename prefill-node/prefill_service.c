@@ -394,12 +394,9 @@ static bt_rpc_code check_caller(bt_rpc_call_t *call, const Baton__V1__KvDestinat
     return BT_RPC_PERMISSION_DENIED;
 }
 
-/* Validates q; fills rp. Returns the gRPC code and a message. */
-static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
-                                 char *err, size_t cap)
+bt_rpc_code prefill_check_request(const bt_ne_t *ne, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
+                                  char *err, size_t cap)
 {
-    bt_ne_t *ne = s->ne;
-    bt_rpc_code code;
     if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, ne->fingerprint) != 0) {
         snprintf(err, cap, "model_fingerprint %.32s does not match this node's model %s (%s)", q->model_fingerprint,
                  ne->fingerprint, ne->m->name);
@@ -450,7 +447,6 @@ static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillR
         snprintf(err, cap, "destination.pool_descriptor is empty");
         return BT_RPC_INVALID_ARGUMENT;
     }
-    if ((code = check_destination(s, d, err, cap)) != BT_RPC_OK) return code;
     bt_sampling *sp = &rp->sampling;
     if (bt_ne_sampling_from_proto(ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
                                   bt_ne_random_seed(), sp, err, cap))
@@ -458,9 +454,18 @@ static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillR
     rp->sample_index = (int32_t)q->sample_index;
     sp->max_tokens = 1;
     sp->ignore_eos = 1; /* stop rules are the decode node's business; the first token is sampled the same */
-    rp->kv_export = &s->export_hooks;
     rp->hold_kv = 1;
     return BT_RPC_OK;
+}
+
+/* Validates q as prefill_check_request does, then its destination against the membership; fills rp. */
+static bt_rpc_code check_request(prefill_service_t *s, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
+                                 char *err, size_t cap)
+{
+    bt_rpc_code code = prefill_check_request(s->ne, q, rp, err, cap);
+    if (code == BT_RPC_OK) code = check_destination(s, q->destination, err, cap);
+    rp->kv_export = &s->export_hooks;
+    return code;
 }
 
 /* Builds the call of a checked request: its copy of the destination and a handle on the decode node's pool.

@@ -15,6 +15,8 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "node/node_engine.h"
+#include "baton/v1/node.pb-c.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,6 +42,13 @@ typedef struct prefill_service prefill_service_t;
 /* Loads the model, starts the engine and kvtransfer (required: BT_ERR_UNAVAILABLE without UCX), registers
  * metrics and adds the Prefill methods to cfg->rpc. *out set only on success. */
 bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t **out);
+
+/* Prefill/Run's validation of the request itself, as a pure function of the engine's limits (model fingerprint,
+ * vocabulary, context, KV layout): fills *rp and returns the gRPC code, with a message in err when it is not OK. The
+ * destination's membership and the caller's identity are checked apart (they need the cluster). Fuzzed by
+ * tests/fuzz/fuzz_node_request.c. */
+bt_rpc_code prefill_check_request(const bt_ne_t *ne, const Baton__V1__PrefillRunRequest *q, bt_req_params *rp,
+                                  char *err, size_t cap);
 
 /* The slots of bt_node_service_ops_t (node/node_main.h): svc is a prefill_service_t. */
 /* Model fingerprint, capacity and the kvtransfer descriptor. BT_ERR_NOMEM. */

@@ -237,6 +237,9 @@ def test_bad_requests(pb, stub, node, chat_ids, etcd):
         (dict(prompt_token_ids=[-1]), "outside the vocabulary"),
         (dict(prompt_token_ids=ids, generated_token_ids=[10 ** 6]), "generated_token_ids"),
         (dict(prompt_token_ids=ids, max_tokens=9000), "exceeds the context"),
+        # found by fuzz_node_request: max_tokens past 2^31 wrapped to a negative limit (refused later as "must be >= 0")
+        (dict(prompt_token_ids=ids, max_tokens=2 ** 32 - 1), "exceeds the context"),
+        (dict(prompt_token_ids=ids, max_tokens=2 ** 31 + 5), "exceeds the context"),
         (dict(prompt_token_ids=[1] * 8192), "exceeds the context"),
         (dict(prompt_token_ids=ids, logprobs=True, top_logprobs=21), "top_logprobs"),
         (dict(prompt_token_ids=ids, top_logprobs=3), "logprobs"),
