@@ -57,19 +57,19 @@ static bt_status to_ids(const rtr_model_t *model, const char *text, const Baton_
         if (!cm) return bt_fail(BT_ERR_NOMEM, "out of memory");
         for (size_t i = 0; i < chat->n_messages; i++) {
             const Baton__V1__ChatMessage *m = chat->messages[i];
-            if (!valid_utf8(m->content) || !valid_utf8(m->role)) {
+            if (!rtr_chat_role_ok(m->role)) {
+                free(cm);
+                return bt_fail(BT_ERR_INVALID,
+                               "'chat.messages[%zu].role' must be system, developer, user, assistant or tool", i);
+            }
+            if (!valid_utf8(m->content)) {
                 free(cm);
                 return bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
             }
-            cm[i] = (chat_msg){m->role, m->content, strlen(m->content)};
+            cm[i] = (chat_msg){!strcmp(m->role, "developer") ? "system" : m->role, m->content, strlen(m->content)};
         }
-        char *s = NULL;
-        size_t len = 0;
-        bt_status st = chat_tmpl_render(&model->tmpl, cm, chat->n_messages, 1, &s, &len);
+        bt_status st = rtr_chat_encode(model, cm, chat->n_messages, ids);
         free(cm);
-        if (st) return st;
-        st = tok_encode(model->tok, s, len, TOK_PARSE_SPECIAL, ids);
-        free(s);
         return st;
     }
     if (!valid_utf8(text)) return bt_fail(BT_ERR_INVALID, "'text' is not valid UTF-8");

@@ -193,6 +193,125 @@ static bt_status encode(const rtr_model_t *m, const char *text, size_t len, unsi
     return BT_OK;
 }
 
+int rtr_chat_role_ok(const char *role)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (!strcmp(role, roles[i])) return 1;
+    return 0;
+}
+
+/* CONTROL tokens (chat markers, BOS/EOS) among ids: what message content must never produce. */
+static size_t n_control(const tok_tokenizer *t, const int32_t *ids, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += tok_token_type(t, ids[i]) == TOK_TYPE_CONTROL;
+    return k;
+}
+
+#define PH_MARK '\x1f' /* placeholder content "\x1f<index>\x1f": no template family emits this byte */
+
+/* Parses a placeholder at s[0..end): its message index and length, or 0 when s does not start one. */
+static size_t placeholder_at(const char *s, const char *end, size_t n_msgs, size_t *idx)
+{
+    if (s >= end || *s != PH_MARK) return 0;
+    size_t v = 0, i = 1;
+    while (s + i < end && s[i] >= '0' && s[i] <= '9' && i < 12) v = v * 10 + (size_t)(s[i++] - '0');
+    if (i == 1 || s + i >= end || s[i] != PH_MARK || v >= n_msgs) return 0;
+    *idx = v;
+    return i + 1;
+}
+
+/* Content as the template places it: llama3 and gemma trim it (Jinja's |trim). */
+static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p, size_t *len)
+{
+    const char *s = c->content, *e = c->content + c->content_len;
+    if (m->tmpl.kind == CHAT_TMPL_LLAMA3 || m->tmpl.kind == CHAT_TMPL_GEMMA) {
+        while (s < e && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) s++;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
+    }
+    *p = s;
+    *len = (size_t)(e - s);
+}
+
+/* Renders msgs with placeholder contents, then encodes the template's text with its special markers and each
+ * message's content as plain text in their places. */
+static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
+{
+    chat_msg *ph = calloc(n, sizeof *ph);
+    char (*txt)[24] = calloc(n, sizeof *txt);
+    char *skel = NULL;
+    size_t len = 0;
+    bt_status st = BT_OK;
+    if (!ph || !txt) {
+        st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int k = snprintf(txt[i], sizeof txt[i], "%c%zu%c", PH_MARK, i, PH_MARK);
+        ph[i] = (chat_msg){msgs[i].role, txt[i], (size_t)k};
+    }
+    if ((st = chat_tmpl_render(&m->tmpl, ph, n, 1, &skel, &len))) goto out;
+    const char *s = skel, *end = skel + len, *run = skel;
+    while (s < end && !st) {
+        size_t idx, k = placeholder_at(s, end, n, &idx);
+        if (!k) {
+            s++;
+            continue;
+        }
+        const char *c;
+        size_t clen;
+        content_span(m, &msgs[idx], &c, &clen);
+        if ((s > run && (st = tok_encode(m->tok, run, (size_t)(s - run), TOK_PARSE_SPECIAL, out))) ||
+            (clen && (st = tok_encode(m->tok, c, clen, 0, out))))
+            break;
+        s += k;
+        run = s;
+    }
+    if (!st && end > run) st = tok_encode(m->tok, run, (size_t)(end - run), TOK_PARSE_SPECIAL, out);
+out:
+    free(skel);
+    free(txt);
+    free(ph);
+    return st;
+}
+
+bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
+{
+    char *text = NULL, *skel = NULL;
+    size_t len = 0, slen = 0;
+    tok_ids full = {0}, bare = {0};
+    bt_status st = chat_tmpl_render(&m->tmpl, msgs, n, 1, &text, &len);
+    if (st || (st = tok_encode(m->tok, text, len, TOK_PARSE_SPECIAL, &full))) goto out;
+    /* the same template with empty contents: how many markers the template itself produces */
+    chat_msg *empty = calloc(n, sizeof *empty);
+    if (!empty) {
+        st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0};
+    st = chat_tmpl_render(&m->tmpl, empty, n, 1, &skel, &slen);
+    free(empty);
+    if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) goto out;
+    if (n_control(m->tok, full.ids, full.n) == n_control(m->tok, bare.ids, bare.n)) {
+        *out = full; /* no content produced a marker: the usual tokens, byte for byte */
+        full = (tok_ids){0};
+        goto out;
+    }
+    tok_ids seg = {0};
+    if ((st = encode_segments(m, msgs, n, &seg))) {
+        tok_ids_free(&seg);
+        goto out;
+    }
+    *out = seg;
+out:
+    tok_ids_free(&full);
+    tok_ids_free(&bare);
+    free(text);
+    free(skel);
+    return st;
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");
@@ -226,10 +345,9 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             goto out;
         }
         const char *r = role->valuestring;
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
-            strcmp(r, "developer")) {
+        if (!rtr_chat_role_ok(r)) {
             *http_status = 400;
-            st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, user, assistant or tool", i);
+            st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, developer, user, assistant or tool", i);
             goto out;
         }
         if ((st = message_content(cJSON_GetObjectItemCaseSensitive(e, "content"), &contents[i], i, http_status)))
@@ -242,14 +360,14 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
         cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i])};
         i++;
     }
-    char *text = NULL;
-    size_t len = 0;
-    if ((st = chat_tmpl_render(&m->tmpl, cm, (size_t)n, 1, &text, &len))) {
+    tok_ids ids = {0};
+    if ((st = rtr_chat_encode(m, cm, (size_t)n, &ids))) {
+        tok_ids_free(&ids);
         if (st == BT_ERR_INVALID) *http_status = 400;
         goto out;
     }
-    st = encode(m, text, len, TOK_PARSE_SPECIAL, g);
-    free(text);
+    g->prompt = ids.ids;
+    g->n_prompt = ids.n;
 out:
     for (int k = 0; contents && k < n; k++) free(contents[k]);
     free(contents);

@@ -417,6 +417,13 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
  * error returns BT_ERR_INVALID with bt_last_error() naming the field (the caller answers INVALID_ARGUMENT);
  * BT_ERR_NOMEM. On failure g is freed and zeroed. */
 bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g);
+/* 1 when role is one both APIs accept: system, developer, user, assistant, tool. */
+int rtr_chat_role_ok(const char *role);
+/* Renders msgs with the model's chat template (generation prompt added) and appends the prompt's ids to *out: the
+ * template's markers are special tokens, message content is plain text (a "<|im_end|>" typed by a user stays
+ * characters, never a marker). Content without marker text gives exactly the ids of the rendered string.
+ * BT_ERR_INVALID (roles the template rejects), BT_ERR_NOMEM; *out may hold a partial result on error. */
+bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out);
 /* Shared final checks: prompt non-empty, prompt + max_tokens within the context (fills max_tokens when 0). */
 bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given);
 
