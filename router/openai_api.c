@@ -312,6 +312,36 @@ out:
     return st;
 }
 
+size_t rtr_prompt_max_bytes(const rtr_model_t *m)
+{
+    size_t b = (size_t)m->n_ctx * RTR_PROMPT_BYTES_PER_TOKEN;
+    return b < RTR_PROMPT_MIN_BYTES ? RTR_PROMPT_MIN_BYTES : b;
+}
+
+/* Bytes of text in a message's content (string or text parts), without copying it. */
+static size_t content_bytes(const cJSON *c)
+{
+    if (cJSON_IsString(c)) return strlen(c->valuestring);
+    size_t n = 0;
+    const cJSON *p;
+    if (cJSON_IsArray(c))
+        cJSON_ArrayForEach(p, c) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+            if (cJSON_IsString(t)) n += strlen(t->valuestring);
+        }
+    return n;
+}
+
+/* Issue 16.5: text that cannot fit the context is refused before it is copied, rendered or tokenized. */
+static bt_status check_prompt_bytes(const rtr_model_t *m, size_t bytes, int *http_status)
+{
+    size_t max = rtr_prompt_max_bytes(m);
+    if (bytes <= max) return BT_OK;
+    *http_status = 400;
+    return bt_fail(BT_ERR_INVALID, "the prompt has %zu bytes of text; at most %zu fit this model's context of %d tokens",
+                   bytes, max, m->n_ctx);
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");
@@ -323,15 +353,18 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
         *http_status = 400;
         return bt_fail(BT_ERR_INVALID, "this model has no chat template: use /v1/completions");
     }
+    size_t total = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, msgs) total += content_bytes(cJSON_GetObjectItemCaseSensitive(e, "content"));
+    bt_status st = check_prompt_bytes(m, total, http_status);
+    if (st) return st;
     chat_msg *cm = calloc((size_t)n, sizeof *cm);
     char **contents = calloc((size_t)n, sizeof *contents);
-    bt_status st = BT_OK;
     if (!cm || !contents) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
     int i = 0;
-    const cJSON *e;
     cJSON_ArrayForEach(e, msgs) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
         if (!cJSON_IsObject(e)) {
@@ -382,6 +415,8 @@ static bt_status completion_prompt(const rtr_model_t *m, const cJSON *body, rtr_
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
         p = cJSON_GetArrayItem(p, 0);
     if (cJSON_IsString(p)) {
+        bt_status st = check_prompt_bytes(m, strlen(p->valuestring), http_status);
+        if (st) return st;
         if (!valid_utf8(p->valuestring)) return bad(http_status, "'%s' is not valid UTF-8", "prompt");
         if (!*p->valuestring) return bad(http_status, "'%s' must not be empty", "prompt");
         return encode(m, p->valuestring, strlen(p->valuestring), TOK_PARSE_SPECIAL | TOK_ADD_SPECIAL, g);
@@ -470,8 +505,10 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
     }
     const cJSON *seed = field(body, "seed");
     if (seed) {
-        if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble))
-            return bad(http_status, "'%s' must be an integer", "seed");
+        /* a double converts to int64 only inside [-2^63, 2^63): 1e400 (inf) or 1e30 would be undefined */
+        if (!cJSON_IsNumber(seed) || !isfinite(seed->valuedouble) || seed->valuedouble != floor(seed->valuedouble) ||
+            seed->valuedouble < -9223372036854775808.0 || seed->valuedouble >= 9223372036854775808.0)
+            return bad(http_status, "'%s' must be an integer in [-2^63, 2^63)", "seed");
         g->seed = (uint64_t)(int64_t)seed->valuedouble;
         g->has_seed = 1;
     }
@@ -512,12 +549,41 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
         *http_status = 400;
         return st;
     }
+    /* a non-streaming answer is held whole until the end: bound what it may hold (issue 16.5) */
+    double units = (double)g->n * g->max_tokens * (1.0 + (g->logprobs ? g->top_logprobs : 0));
+    if (!g->stream && units > RTR_MAX_NONSTREAM_UNITS)
+        return bad(http_status,
+                   "'n' x 'max_tokens' x (1 + top_logprobs) = %.0f exceeds %d for a non-streaming answer: lower them or "
+                   "set 'stream': true",
+                   units, RTR_MAX_NONSTREAM_UNITS);
     *http_status = 200;
     return BT_OK;
 }
 
+static void refuse_429(rtr_t *r, http_request_t *req, const char *msg, int retry_after_s)
+{
+    char ra[16];
+    snprintf(ra, sizeof ra, "%d", retry_after_s);
+    rtr_count_request(r, "overloaded");
+    http_response_header(req, "Retry-After", ra);
+    http_respond_error(req, 429, msg, NULL, NULL);
+}
+
 static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
 {
+    char msg[200];
+    int retry = 1;
+    /* admission first: a refused request costs no parsing, templating or tokenizing */
+    if (!rtr_admit_quick(r, msg, sizeof msg, &retry)) {
+        refuse_429(r, req, msg, retry);
+        return;
+    }
+    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
+        rtr_count_request(r, "unavailable");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
+        return;
+    }
     cJSON *body = NULL;
     if (http_request_json(req, &body)) {
         rtr_count_request(r, "client_error");
@@ -537,26 +603,15 @@ static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
         else http_respond_error(req, status, bt_last_error(), NULL, NULL);
         return;
     }
-    if (!rtr_admit(r)) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "overloaded");
-        http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 429, "too many requests in progress", NULL, NULL);
-        return;
-    }
-    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "unavailable");
-        http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
-        return;
-    }
     char slo_msg[160];
     if (!rtr_slo_admit(r, &g, slo_msg, sizeof slo_msg)) {
         rtr_gen_free(&g);
-        rtr_count_request(r, "overloaded");
-        http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 429, slo_msg, NULL, NULL);
+        refuse_429(r, req, slo_msg, 1);
+        return;
+    }
+    if (!rtr_admit_gen(r, &g, &g.adm, msg, sizeof msg, &retry)) {
+        rtr_gen_free(&g);
+        refuse_429(r, req, msg, retry);
         return;
     }
     if ((st = rtr_job_start_http(r, &g, req))) {
