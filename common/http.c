@@ -465,6 +465,11 @@ bt_status http_request_json(const http_request_t *req, cJSON **out)
 {
     size_t len;
     const char *body = http_request_body(req, &len);
+    return http_json_parse(body, len, out);
+}
+
+bt_status http_json_parse(const char *body, size_t len, cJSON **out)
+{
     if (len == 0) return bt_fail(BT_ERR_FORMAT, "request body is empty; expected a JSON object");
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, 0);

@@ -110,6 +110,9 @@ const char *http_request_query(http_request_t *req, const char *key);
  * an object, with a message fit for a 400 answer. */
 bt_status http_request_json(const http_request_t *req, cJSON **out);
 
+/* What http_request_json does to a body of len bytes (which need not be NUL-terminated). */
+bt_status http_json_parse(const char *body, size_t len, cJSON **out);
+
 /* Adds a header to the answer that follows (e.g. Retry-After). Copied. BT_ERR_NOMEM / BT_ERR_INVALID. */
 bt_status http_response_header(http_request_t *req, const char *name, const char *value);
 

@@ -164,6 +164,7 @@ static bt_status parse_stops(const rtr_model_t *m, const Baton__V1__GenerateRequ
         if (strlen(q->stop[i]) > RTR_MAX_STOP_LEN)
             return bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
         if (!*q->stop[i]) continue;
+        if (!valid_utf8(q->stop[i])) return bt_fail(BT_ERR_INVALID, "'stop' strings must be valid UTF-8");
         if (!(g->stops[g->n_stop] = strdup(q->stop[i]))) return bt_fail(BT_ERR_NOMEM, "out of memory");
         g->n_stop++;
     }
@@ -325,16 +326,35 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
     }
 }
 
+bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids)
+{
+    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) return to_ids(m, NULL, q->chat, 0, ids);
+    return to_ids(m, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
+                  q->add_special_tokens ? TOK_ADD_SPECIAL : 0, ids);
+}
+
+bt_status rtr_grpc_detokenize(const rtr_model_t *m, const Baton__V1__DetokenizeRequest *q, char **text)
+{
+    size_t max_ids = rtr_prompt_max_bytes(m) / 4; /* decoded text up to about the prompt bound */
+    if (q->n_token_ids > max_ids)
+        return bt_fail(BT_ERR_INVALID, "'token_ids' holds %zu ids; at most %zu per call", q->n_token_ids, max_ids);
+    char *s = NULL;
+    size_t len = 0;
+    bt_status st = tok_decode(m->tok, q->token_ids, q->n_token_ids, q->skip_special_tokens ? TOK_SKIP_SPECIAL : 0,
+                              &s, &len);
+    if (st) return st;
+    *text = rtr_utf8_sanitize(s, len);
+    free(s);
+    return *text ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
+}
+
 static void tokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     rtr_t *r = ud;
     const Baton__V1__TokenizeRequest *q = (const Baton__V1__TokenizeRequest *)msg;
     if (!check_auth(r, call) || !check_model(r, call, q->model) || !admit_quick(r, call)) return;
     tok_ids ids = {0};
-    bt_status st;
-    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) st = to_ids(&r->model, NULL, q->chat, 0, &ids);
-    else st = to_ids(&r->model, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
-                     q->add_special_tokens ? TOK_ADD_SPECIAL : 0, &ids);
+    bt_status st = rtr_grpc_tokenize(&r->model, q, &ids);
     if (st) {
         tok_ids_free(&ids);
         bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
@@ -355,23 +375,13 @@ static void detokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *ms
     rtr_t *r = ud;
     const Baton__V1__DetokenizeRequest *q = (const Baton__V1__DetokenizeRequest *)msg;
     if (!check_auth(r, call) || !check_model(r, call, q->model) || !admit_quick(r, call)) return;
-    size_t max_ids = rtr_prompt_max_bytes(&r->model) / 4; /* decoded text up to about the prompt bound */
-    if (q->n_token_ids > max_ids) {
-        char m[160];
-        snprintf(m, sizeof m, "'token_ids' holds %zu ids; at most %zu per call", q->n_token_ids, max_ids);
-        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, m);
-        return;
-    }
-    char *s = NULL;
-    size_t len = 0;
-    bt_status st = tok_decode(r->model.tok, q->token_ids, q->n_token_ids, q->skip_special_tokens ? TOK_SKIP_SPECIAL : 0,
-                              &s, &len);
+    char *clean = NULL;
+    bt_status st = rtr_grpc_detokenize(&r->model, q, &clean);
     if (st) {
-        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, bt_last_error());
+        bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
+                           bt_last_error());
         return;
     }
-    char *clean = rtr_utf8_sanitize(s, len);
-    free(s);
     Baton__V1__DetokenizeResponse resp = BATON__V1__DETOKENIZE_RESPONSE__INIT;
     resp.text = clean ? clean : "";
     st = bt_rpc_call_send(call, &resp.base);

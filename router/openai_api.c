@@ -100,6 +100,7 @@ static bt_status parse_stop(const cJSON *body, rtr_gen_t *g, int *http_status)
             *http_status = 400;
             return bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
         }
+        if (!valid_utf8(s)) return bad(http_status, "'%s' strings must be valid UTF-8", "stop");
         g->stops[g->n_stop] = strdup(s);
         if (!g->stops[g->n_stop]) return bt_fail(BT_ERR_NOMEM, "out of memory");
         g->n_stop++;

@@ -489,6 +489,10 @@ int rtr_chat_role_ok(const char *role);
  * characters, never a marker). Content without marker text gives exactly the ids of the rendered string.
  * BT_ERR_INVALID (roles the template rejects), BT_ERR_NOMEM; *out may hold a partial result on error. */
 bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out);
+/* Tokenize / Detokenize as validated and computed for the gRPC API (exposed for unit tests and fuzzers).
+ * BT_ERR_INVALID naming the field, BT_ERR_NOMEM. detokenize's *text is malloc'd valid UTF-8. */
+bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids);
+bt_status rtr_grpc_detokenize(const rtr_model_t *m, const Baton__V1__DetokenizeRequest *q, char **text);
 /* Shared final checks: prompt non-empty, prompt + max_tokens within the context (fills max_tokens when 0). */
 bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given);
 

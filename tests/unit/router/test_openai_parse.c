@@ -78,9 +78,13 @@ static void test_errors(void)
     BAD("\"n\":0", "n");
     BAD("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop");
     BAD("\"stop\":7", "stop");
+    BAD("\"stop\":\"a\xbd\"", "stop"); /* a stop string starting inside a character split output (fuzz_textgen) */
     BAD("\"logprobs\":\"yes\"", "logprobs");
     BAD("\"top_logprobs\":3", "top_logprobs");
     BAD("\"seed\":1.5", "seed");
+    BAD("\"seed\":1e400", "seed");    /* inf: converting it to an integer was undefined (issue 16.8) */
+    BAD("\"seed\":1e30", "seed");
+    BAD("\"n\":16,\"max_tokens\":4096,\"logprobs\":true,\"top_logprobs\":20", "stream"); /* non-streaming bound */
     BAD("\"stream\":1", "stream");
     BAD("\"logit_bias\":{\"x\":1}", "logit_bias");
     BAD("\"presence_penalty\":9", "presence_penalty");
