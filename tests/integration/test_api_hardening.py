@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import http.client
 import importlib
+import importlib.util
 import json
 import pathlib
 import socket
@@ -30,7 +31,9 @@ import grpc
 import openai
 import pytest
 
-from harness.baton_procs import start_decode
+from concurrent import futures
+
+from harness.baton_procs import start_decode, wait_registered
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
 from test_router_openai import wait_nodes
@@ -86,6 +89,17 @@ def pb(tmp_path_factory):
                     f"--grpc_python_out={out}", "baton/v1/generate.proto"], check=True)
     sys.path.insert(0, str(out))
     return importlib.import_module("baton.v1.generate_pb2"), importlib.import_module("baton.v1.generate_pb2_grpc")
+
+
+@pytest.fixture(scope="module")
+def node_pb(pb, tmp_path_factory):
+    out = tmp_path_factory.mktemp("node_stubs")
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", "baton/v1/node.proto"], check=True)
+    spec = importlib.util.spec_from_file_location("node_pb2_hostile", out / "baton" / "v1" / "node_pb2.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
@@ -330,3 +344,48 @@ def test_300_concurrent_requests_shed_fast(cluster, default_model, pb):
               f"p99 {lat[int(len(lat) * 0.99)] * 1000:.0f} ms in the burst; {len(p)} probes while loaded: "
               f"p50 {p[len(p) // 2] * 1000 if p else 0:.1f} ms, max {p[-1] * 1000 if p else 0:.1f} ms")
         assert p[len(p) // 2] < 0.05 and p[-1] < 0.5
+
+
+def test_router_enforces_max_tokens_and_names_sequences(cluster, default_model, node_pb, pb):
+    """A hostile "decode node" (a Python gRPC server registered in etcd like a real one) streams 40 tokens for a
+    request of max_tokens 5 and records the sequence ids it is sent: the client gets 5 tokens, finish "length",
+    and no sequence is named with the client's request_id (so it cannot be aborted by another client knowing it)."""
+    g, g_grpc = pb
+    real = wait_registered(cluster[0], "dec-h")
+    seen = []
+
+    def run(req, ctx):
+        seen.append(req.request_id)
+        yield node_pb.DecodeRunResponse(offset=0, token_ids=[504] * 20, node_id="hostile")
+        yield node_pb.DecodeRunResponse(offset=20, token_ids=[3458] * 20)
+
+    srv = grpc.server(futures.ThreadPoolExecutor(4))
+    handler = grpc.method_handlers_generic_handler("baton.v1.Decode", {"Run": grpc.unary_stream_rpc_method_handler(
+        run, request_deserializer=node_pb.DecodeRunRequest.FromString,
+        response_serializer=node_pb.DecodeRunResponse.SerializeToString)})
+    srv.add_generic_rpc_handlers((handler,))
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    try:
+        with EtcdServer() as etcd:
+            info = dict(real, node_id="hostile", grpc_addr=f"127.0.0.1:{port}", started_ms=int(time.time() * 1000))
+            etcd.put("/baton/default/nodes/hostile", json.dumps(info))
+            with start_router(etcd, default_model) as rtr:
+                wait_nodes(rtr, 1)
+                status, _, body = post(rtr.http_addr, "/v1/completions", {"prompt": "Hi", "max_tokens": 5})
+                assert status == 200, body
+                out = json.loads(body)
+                assert out["usage"]["completion_tokens"] == 5 and out["choices"][0]["finish_reason"] == "length"
+                with grpc.insecure_channel(rtr.grpc_addr) as ch:
+                    msgs = list(g_grpc.GenerationStub(ch).Generate(
+                        g.GenerateRequest(text="Hi", max_tokens=5, request_id="victim-1"), timeout=30))
+                assert sum(len(m.token_ids) for m in msgs) == 5
+                assert msgs[-1].finish_reason == g.FINISH_REASON_LENGTH and msgs[0].request_id == "victim-1"
+                with grpc.insecure_channel(rtr.grpc_addr) as ch:
+                    with pytest.raises(grpc.RpcError) as e:
+                        list(g_grpc.GenerationStub(ch).Generate(
+                            g.GenerateRequest(text="Hi", max_tokens=5, request_id="x\n[fake log line]"), timeout=30))
+                    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in e.value.details()
+        assert len(seen) == 2 and not any(s.startswith("victim-1") for s in seen), seen
+    finally:
+        srv.stop(0)
