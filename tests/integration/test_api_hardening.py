@@ -314,19 +314,19 @@ def test_300_concurrent_requests_shed_fast(cluster, default_model, pb):
         with cf.ThreadPoolExecutor(300) as ex:
             futs = [ex.submit(one_request, rtr.http_addr, i) for i in range(300)]
             time.sleep(2.0)
-            # while admitted work runs, requests that cannot fit (2,048 tokens each) are refused without waiting
-            # behind it: one at a time, so each time is the router's own answer time plus loopback
+            # while admitted work runs, requests that cannot fit (64 x 2,048 tokens each) are refused without
+            # waiting behind it: one at a time, so each time is the router's own answer time plus loopback
             probes = []
             for i in range(20):
                 dt, (status, headers, _) = timed(lambda: post(rtr.http_addr, "/v1/completions", {
-                    "prompt": f"Probe {i}", "max_tokens": 2048, "ignore_eos": True}, timeout=60))
+                    "prompt": f"Probe {i}", "n": 64, "max_tokens": 2048, "ignore_eos": True}, timeout=60))
                 assert status == 429 and int(headers["Retry-After"]) >= 1
                 probes.append(dt)
             g, g_grpc = pb
             with grpc.insecure_channel(rtr.grpc_addr) as ch:
                 with pytest.raises(grpc.RpcError) as e:
                     list(g_grpc.GenerationStub(ch).Generate(
-                        g.GenerateRequest(text="Probe", max_tokens=2048, ignore_eos=True), timeout=30))
+                        g.GenerateRequest(text="Probe", n=64, max_tokens=2048, ignore_eos=True), timeout=30))
                 assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
             res = [f.result() for f in futs]
         ok = [r for r in res if r[0] == 200]
