@@ -246,7 +246,7 @@ def test_nonstreaming_clients_that_hang_up_are_cancelled(cluster, default_model)
             peak_rss = max(peak_rss, rss_mb(rtr.pid))
             time.sleep(0.2)
         freed_s = time.monotonic() - t0
-        cancelled = rtr.metric("baton_requests_total", 'status="cancelled"')
+        cancelled = rtr.metric("baton_requests_total", 'status="cancelled"') or 0
         print(f"\nhang-ups: 8 x n=16 x max_tokens=1024, {running:.0f} sequences running: KV {base:.0f} -> peak "
               f"{peak_kv:.0f} -> {kv:.0f} blocks {freed_s:.1f} s after the clients left; router RSS {rss0:.0f} -> "
               f"peak {peak_rss:.0f} MB; {cancelled:.0f} cancelled")
@@ -293,9 +293,10 @@ def test_flood_of_4mib_prompts(router, cluster):
     print(f"\n4 MiB flood (16 senders, {len(statuses)} prompts): statuses {sorted(set(statuses))}; normal 4-token "
           f"completion {statistics.median(normal) * 1000:.0f} ms median, {max(normal) * 1000:.0f} ms max; router RSS "
           f"{rss0:.0f} -> peak {peak[0]:.0f} MB")
+    # before the prompt cap (measured): 1.6 s median, 4.2 s max, RSS +290 MB, as 4 MiB prompts were tokenized
     assert statuses and set(statuses) <= {400, 503}
-    assert max(normal) < 5.0
-    assert peak[0] < rss0 + 300
+    assert statistics.median(normal) < 0.5 and max(normal) < 2.0
+    assert peak[0] < rss0 + 200
 
 
 def one_request(addr, i):
