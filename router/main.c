@@ -24,7 +24,7 @@ static void usage(FILE *f)
             "  --max-inflight N          choices in progress at once (a request counts n), beyond: 429\n"
             "                            (default 1024)\n"
             "  --max-queue-s S           refuse (429 + Retry-After / RESOURCE_EXHAUSTED) a request whose predicted\n"
-            "                            completion, from the cluster's measured token rate and the work in\n"
+            "                            queue time, from the cluster's measured token rate and the work in\n"
             "                            flight, exceeds S seconds (default 30; 0 = off)\n"
             "  --http-max-connections N  open HTTP connections (default 1024)\n"
             "  --http-max-connections-per-ip N\n"

@@ -67,7 +67,7 @@ static double predict_locked(rtr_t *r, int n, int64_t n_prompt, int64_t o, doubl
 {
     double w, pp;
     admit_backlog(r, o, &w, &pp);
-    return (pp + (double)n * (double)n_prompt) / pr + (w + (double)n * (double)o) / dr;
+    return (pp + (double)(n - 1) * (double)n_prompt) / pr + (w + (double)(n - 1) * (double)o) / dr;
 }
 
 double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o)
@@ -104,8 +104,7 @@ static int admit_check_locked(rtr_t *r, int n, int64_t n_prompt, int64_t o, doub
     if (bound < 0) return 1;
     double t = predict_locked(r, n, n_prompt, o, dr, pr);
     if (t <= bound) return 1;
-    snprintf(msg, cap, "overloaded: predicted completion in %.1f s exceeds the bound of %.0f s: retry later", t,
-             bound);
+    snprintf(msg, cap, "overloaded: predicted queue time %.1f s exceeds the bound of %.0f s: retry later", t, bound);
     double wait = ceil(t - bound);
     *retry = wait < 1 ? 1 : wait > 60 ? 60 : (int)wait;
     return 0;

@@ -340,11 +340,12 @@ bt_status rtr_job_start_grpc(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call);
 
 /* ---- admission (router.c; issues 16.5 and 17.3) ----
  * A request is admitted before its choices run, counted as n choices. It is refused (429 / RESOURCE_EXHAUSTED,
- * with a Retry-After) when the choices in flight would pass --max-inflight, or when its predicted completion time
- * passes --max-queue-s (default 30 s). The prediction treats the decode nodes as processor sharing at the cluster's
- * measured token rate R: each new choice waits for its own o tokens plus, from every choice in flight, the smaller
- * of that choice's remaining tokens and o, plus the prefill of every prompt not started yet at rate P:
- *     t = (pending prompt tokens + n * prompt) / P + (sum_i min(rem_i, o) + n * o) / R
+ * with a Retry-After) when the choices in flight would pass --max-inflight, or when its predicted queue time passes
+ * --max-queue-s (default 30 s). The prediction treats the decode nodes as processor sharing at the cluster's
+ * measured token rate R: until a new choice of o tokens is done, every choice in flight takes the smaller of its
+ * remaining tokens and o, and so do the request's other n - 1 choices; every prompt not started yet is prefilled
+ * first at rate P. The queue time is what that work adds to the choice's own (so an idle cluster takes any size):
+ *     t = (pending prompt tokens + (n - 1) * prompt) / P + (sum_i min(rem_i, o) + (n - 1) * o) / R
  * R = max(the router's generated tokens/s over the last 5 s, the nodes' reported decode rates summed,
  * RTR_ADMIT_FLOOR_DECODE_TOK_S per decode node); P likewise with prefill rates. o = max_tokens with ignore_eos,
  * else min(max_tokens, the mean output length of recent choices). */
@@ -378,7 +379,7 @@ int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size
 void rtr_admit_choice_end(rtr_t *r, rtr_adm_t *a, int i, uint32_t n_tokens, int natural);
 /* Drops the claim (every choice ended or never started). NULL is a no-op. */
 void rtr_admit_release(rtr_t *r, rtr_adm_t *a);
-/* Predicted completion time of a new request of n choices of o output tokens after a prompt of n_prompt. */
+/* Predicted queue time of a new request of n choices of o output tokens after a prompt of n_prompt. */
 double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o);
 
 /* ---- the router ---- */
@@ -395,7 +396,7 @@ typedef struct rtr_config {
     int max_migrations;
     unsigned http_threads;
     int max_inflight;               /* choices in progress at once; beyond: 429 / RESOURCE_EXHAUSTED. 0 = default */
-    double max_queue_s;             /* predicted completion bound (see admission); 0 = default, < 0 = off */
+    double max_queue_s;             /* predicted queue time bound (see admission); 0 = default, < 0 = off */
     unsigned http_max_connections;  /* 0 = HTTP_DEFAULT_MAX_CONNECTIONS */
     unsigned http_max_per_ip;       /* connections one client address may hold; 0 = default */
     unsigned http_idle_timeout_s;   /* 0 = default */

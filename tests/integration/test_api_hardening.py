@@ -312,6 +312,16 @@ def test_300_concurrent_requests_shed_fast(cluster, default_model, pb):
     with start_router(etcd, default_model) as rtr:  # default flags
         wait_nodes(rtr, 1)
         idle_base(dec)
+        # an idle cluster takes one request of any length (8,000 tokens here: longer than the bound at the floor rate)
+        host, port = rtr.http_addr.rsplit(":", 1)
+        c = http.client.HTTPConnection(host, int(port), timeout=60)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 8000, "ignore_eos": True,
+                                                               "stream": True}), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200 and b"data: " in r.read1(4096)
+        c.sock.close()
+        c.close()
+        idle_base(dec)
         with cf.ThreadPoolExecutor(300) as ex:
             futs = [ex.submit(one_request, rtr.http_addr, i) for i in range(300)]
             time.sleep(2.0)
