@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/tls.h"
 
+#include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -33,11 +34,23 @@ typedef struct route {
     void *arg;
 } route_t;
 
+/* One open connection, for the read deadline: listed from MHD's start notice to its close notice, under the
+ * server's mu. MHD closes the socket only after the close notice, so shutdown() on a listed fd is safe. */
+typedef struct conn_track {
+    MHD_socket fd;
+    atomic_ullong since_ms; /* when the connection started or its last answer was done */
+    atomic_int busy;        /* a request has fully arrived and is being answered: no read deadline */
+    int shut;
+    struct conn_track *next, *prev;
+} conn_track_t;
+
 struct http_server {
     char *address;
     int cfg_port;
-    unsigned threads, max_connections, heartbeat_ms, timeout_s;
-    size_t max_body, stream_buffer;
+    unsigned threads, max_connections, heartbeat_ms, timeout_s, max_per_ip, read_timeout_s;
+    size_t max_body, stream_buffer, max_memory;
+    atomic_size_t mem_used;    /* bytes reserved by request bodies and SSE buffers */
+    conn_track_t *conns;       /* under mu */
     char **keys;
     size_t n_keys;
     metrics_registry_t *metrics;
@@ -79,7 +92,8 @@ struct http_request {
     const route_t *route;
     char *body;
     size_t body_len, body_cap, discarded;
-    int too_large, handled;
+    int too_large, handled, over_budget;
+    size_t mem; /* bytes of body reserved against the server's memory budget */
     hdr_t *hdrs;
     size_t n_hdrs;
 
@@ -152,6 +166,10 @@ bt_status http_server_create(const http_config_t *cfg, http_server_t **out)
     s->heartbeat_ms = cfg->heartbeat_ms ? cfg->heartbeat_ms : HTTP_DEFAULT_HEARTBEAT_MS;
     s->stream_buffer = cfg->stream_buffer ? cfg->stream_buffer : HTTP_DEFAULT_STREAM_BUFFER;
     s->timeout_s = cfg->timeout_s ? cfg->timeout_s : HTTP_DEFAULT_TIMEOUT_S;
+    s->max_per_ip = cfg->max_per_ip ? cfg->max_per_ip : HTTP_DEFAULT_MAX_PER_IP;
+    s->read_timeout_s = cfg->read_timeout_s ? cfg->read_timeout_s : HTTP_DEFAULT_READ_TIMEOUT_S;
+    s->max_memory = cfg->max_memory ? cfg->max_memory : HTTP_DEFAULT_MAX_MEMORY;
+    atomic_init(&s->mem_used, 0);
     s->metrics = cfg->metrics;
     if (s->max_connections < s->threads) s->max_connections = s->threads;
     if (!(s->address = strdup(cfg->address))) goto oom;
@@ -231,6 +249,74 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe);
 static void *heartbeat_main(void *arg);
 
+/* Reserves n bytes of the memory budget: 1, or 0 when they do not fit. */
+static int mem_take(http_server_t *s, size_t n)
+{
+    size_t cur = atomic_load(&s->mem_used);
+    do {
+        if (n > s->max_memory || cur > s->max_memory - n) return 0;
+    } while (!atomic_compare_exchange_weak(&s->mem_used, &cur, cur + n));
+    return 1;
+}
+
+static void mem_give(http_server_t *s, size_t n)
+{
+    if (n) atomic_fetch_sub(&s->mem_used, n);
+}
+
+size_t http_server_memory(const http_server_t *s)
+{
+    return s ? atomic_load((atomic_size_t *)&s->mem_used) : 0;
+}
+
+/* MHD's start and close notices: the connection list the read deadline walks. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    http_server_t *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_track_t *t = ci ? calloc(1, sizeof *t) : NULL;
+        *socket_context = t;
+        if (!t) return; /* untracked: only the idle timeout applies */
+        t->fd = ci->connect_fd;
+        atomic_init(&t->since_ms, now_ms());
+        atomic_init(&t->busy, 0);
+        pthread_mutex_lock(&s->mu);
+        t->next = s->conns;
+        if (s->conns) s->conns->prev = t;
+        s->conns = t;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    conn_track_t *t = *socket_context;
+    if (!t) return;
+    pthread_mutex_lock(&s->mu);
+    if (t->prev) t->prev->next = t->next;
+    else s->conns = t->next;
+    if (t->next) t->next->prev = t->prev;
+    pthread_mutex_unlock(&s->mu);
+    *socket_context = NULL;
+    free(t);
+}
+
+static conn_track_t *conn_track_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Under s->mu: closes every connection whose request is overdue (headers or body still trickling in). */
+static void reap_slow_locked(http_server_t *s, uint64_t now)
+{
+    uint64_t limit = (uint64_t)s->read_timeout_s * 1000u;
+    for (conn_track_t *t = s->conns; t; t = t->next) {
+        if (t->shut || atomic_load(&t->busy) || now - atomic_load(&t->since_ms) < limit) continue;
+        shutdown(t->fd, SHUT_RDWR); /* MHD sees the end of the stream and closes the connection itself */
+        t->shut = 1;
+    }
+}
+
 bt_status http_server_start(http_server_t *s)
 {
     if (!s) return bt_fail(BT_ERR_INVALID, "http: no server");
@@ -253,6 +339,8 @@ bt_status http_server_start(http_server_t *s)
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_THREAD_POOL_SIZE, s->threads,
                                  MHD_OPTION_CONNECTION_LIMIT, s->max_connections,
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, s->max_per_ip,
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                                  MHD_OPTION_CONNECTION_TIMEOUT, s->timeout_s,
                                  MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
@@ -356,6 +444,7 @@ static void stream_release(struct http_stream *st);
 static void request_release(http_request_t *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    mem_give(r->srv, r->mem);
     if (r->resp) MHD_destroy_response(r->resp);
     if (r->stream) stream_release(r->stream);
     for (size_t i = 0; i < r->n_hdrs; i++) {
@@ -400,6 +489,11 @@ bt_status http_request_json(const http_request_t *req, cJSON **out)
 {
     size_t len;
     const char *body = http_request_body(req, &len);
+    return http_json_parse(body, len, out);
+}
+
+bt_status http_json_parse(const char *body, size_t len, cJSON **out)
+{
     if (len == 0) return bt_fail(BT_ERR_FORMAT, "request body is empty; expected a JSON object");
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, 0);
@@ -573,11 +667,36 @@ bt_status http_request_defer(http_request_t *req)
     return BT_OK;
 }
 
+/* The peer closed or reset fd: a zero-length peek is its FIN; pipelined bytes (a next request) mean it is there. */
+static int socket_closed(MHD_socket fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return 0;
+    if (n == 0) return 1;
+    return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+int http_request_client_gone(http_request_t *req)
+{
+    if (!req) return 1;
+    pthread_mutex_lock(&req->mu);
+    int gone = req->state == REQ_DROPPED || !req->conn;
+    /* while suspended MHD neither reads nor closes the socket: it stays valid under req->mu */
+    if (!gone && req->suspended) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        gone = ci && socket_closed(ci->connect_fd);
+    }
+    pthread_mutex_unlock(&req->mu);
+    return gone;
+}
+
 /* ---- streams ---- */
 
 static void stream_release(struct http_stream *st)
 {
     if (atomic_fetch_sub(&st->refs, 1) != 1) return;
+    mem_give(st->srv, st->cap);
     free(st->buf);
     pthread_mutex_destroy(&st->mu);
     free(st);
@@ -733,8 +852,13 @@ static bt_status stream_queue(http_stream_t *st, const char *const *parts, const
     if (st->len + need > st->cap) {
         size_t cap = st->cap ? st->cap : 1024;
         while (cap < st->len + need) cap *= 2;
+        if (!mem_take(st->srv, cap - st->cap)) {
+            rc = bt_fail(BT_ERR_EXHAUSTED, "http: the server's memory budget for streams is spent");
+            goto out;
+        }
         char *nb = realloc(st->buf, cap);
         if (!nb) {
+            mem_give(st->srv, cap - st->cap);
             rc = bt_fail(BT_ERR_NOMEM, "http: out of memory");
             goto out;
         }
@@ -840,16 +964,19 @@ static void *heartbeat_main(void *arg)
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         if (atomic_load(&s->stopping)) break;
         uint64_t now = now_ms();
+        reap_slow_locked(s, now);
         for (struct http_stream *st = s->streams; st; st = st->next) {
             pthread_mutex_lock(&st->mu);
             if (st->conn && !st->ended && !st->closing && st->len == st->off &&
                 now - st->last_ms >= s->heartbeat_ms) {
                 size_t need = sizeof ping - 1;
-                if (st->cap < need) {
+                if (st->cap < need && mem_take(s, 1024 - st->cap)) {
                     char *nb = realloc(st->buf, 1024);
                     if (nb) {
                         st->buf = nb;
                         st->cap = 1024;
+                    } else {
+                        mem_give(s, 1024 - st->cap);
                     }
                 }
                 if (st->cap >= need) {
@@ -982,6 +1109,13 @@ static enum MHD_Result queue_503(struct MHD_Connection *conn)
     return rc;
 }
 
+/* The memory budget for bodies is spent: 503 with Retry-After, before the body is read. */
+static enum MHD_Result early_busy(http_request_t *req, struct MHD_Connection *conn)
+{
+    http_response_header(req, "Retry-After", "1");
+    return early_error(req, conn, 503, "server busy: too much request data in flight, retry later", NULL);
+}
+
 /* Phase 1, headers only: route, method, API key and declared body size are decided before any body is read. */
 static enum MHD_Result access_begin(http_server_t *s, struct MHD_Connection *conn, const char *url,
                                    const char *method, void **con_cls)
@@ -1009,6 +1143,8 @@ static enum MHD_Result access_begin(http_server_t *s, struct MHD_Connection *con
         unsigned long long n = strtoull(cl, NULL, 10);
         if (n > s->max_body) return early_error(req, conn, 413, "request body too large", NULL);
         if (n) {
+            if (!mem_take(s, (size_t)n + 1)) return early_busy(req, conn);
+            req->mem = (size_t)n + 1;
             req->body = malloc((size_t)n + 1);
             if (!req->body) return early_error(req, conn, 500, "out of memory", NULL);
             req->body_cap = (size_t)n + 1;
@@ -1029,9 +1165,15 @@ static enum MHD_Result access_body(http_server_t *s, http_request_t *req, const 
         /* a chunked body that never ends: stop reading it */
         return req->discarded > 4 * s->max_body + (1u << 20) ? MHD_NO : MHD_YES;
     }
+    if (req->over_budget) return MHD_YES;
     if (req->body_len + n + 1 > req->body_cap) {
         size_t cap = req->body_cap ? req->body_cap : 4096;
         while (cap < req->body_len + n + 1) cap *= 2;
+        if (!mem_take(s, cap - req->mem)) {
+            req->over_budget = 1;
+            return MHD_YES;
+        }
+        req->mem = cap;
         char *nb = realloc(req->body, cap);
         if (!nb) {
             req->too_large = 1;
@@ -1051,6 +1193,9 @@ static enum MHD_Result access_handle(http_server_t *s, http_request_t *req, stru
 {
     req->handled = 1;
     if (req->too_large) return early_error(req, conn, 413, "request body too large", NULL);
+    if (req->over_budget) return early_busy(req, conn);
+    conn_track_t *t = conn_track_of(conn);
+    if (t) atomic_store(&t->busy, 1);
     req->route->fn(req, req->route->arg);
     pthread_mutex_lock(&req->mu);
     enum MHD_Result rc = MHD_YES;
@@ -1118,6 +1263,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 {
     http_server_t *s = cls;
     http_request_t *req = *con_cls;
+    conn_track_t *t = conn_track_of(conn);
+    if (t) { /* a keep-alive connection's next request gets a fresh deadline */
+        atomic_store(&t->since_ms, now_ms());
+        atomic_store(&t->busy, 0);
+    }
     if (!req) return;
     *con_cls = NULL;
     if (req->stream) stream_detach(req->stream, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);

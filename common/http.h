@@ -11,7 +11,9 @@
  *
  * Before a handler runs, the server itself answers: 404 (unknown path), 405 with Allow (known path, other
  * method), 401 (HTTP_ROUTE_AUTH route without a valid key), 413 (body over max_body, decided from
- * Content-Length before the body is read, or while reading a chunked body), all with OpenAI-style JSON errors.
+ * Content-Length before the body is read, or while reading a chunked body), 503 with Retry-After (the body does
+ * not fit the memory budget), all with OpenAI-style JSON errors. A connection is closed when its request has not
+ * fully arrived within read_timeout_s (slow-loris clients), and one client address holds at most max_per_ip.
  * HEAD is served by the GET route. libmicrohttpd sends with MSG_NOSIGNAL: no SIGPIPE handling is needed.
  *
  * Errors: BT_ERR_INVALID (bad argument), BT_ERR_IO (cannot bind or start), BT_ERR_NOMEM, BT_ERR_UNAVAILABLE
@@ -31,7 +33,10 @@
 #define HTTP_DEFAULT_MAX_BODY (4u << 20)
 #define HTTP_DEFAULT_HEARTBEAT_MS 15000
 #define HTTP_DEFAULT_STREAM_BUFFER (4u << 20)
-#define HTTP_DEFAULT_TIMEOUT_S 300
+#define HTTP_DEFAULT_TIMEOUT_S 60
+#define HTTP_DEFAULT_MAX_PER_IP 256         /* connections one client address may hold */
+#define HTTP_DEFAULT_READ_TIMEOUT_S 30      /* a request's headers and body must arrive within this */
+#define HTTP_DEFAULT_MAX_MEMORY (256u << 20) /* request bodies + SSE buffers, all connections together */
 
 typedef struct http_config {
     const char *address;           /* numeric IPv4 or IPv6 address or host name to bind; required (DESIGN 9) */
@@ -42,6 +47,11 @@ typedef struct http_config {
     unsigned heartbeat_ms;         /* SSE ": ping" after this long without data; 0 = HTTP_DEFAULT_HEARTBEAT_MS */
     size_t stream_buffer;          /* bytes an SSE stream may queue for a slow client; 0 = default */
     unsigned timeout_s;            /* idle connection timeout (not counted while suspended); 0 = default */
+    unsigned max_per_ip;           /* connections per client address (more are closed at once); 0 = default */
+    unsigned read_timeout_s;       /* from a connection's start (or its previous answer) to a complete request:
+                                    * past it the connection is closed, however slowly bytes trickle; 0 = default */
+    size_t max_memory;             /* bytes all request bodies and SSE buffers may hold; a body over it gets 503,
+                                    * an SSE stream BT_ERR_EXHAUSTED; 0 = default */
     const char *const *api_keys;   /* n_api_keys accepted bearer keys for HTTP_ROUTE_AUTH routes; none: no check */
     size_t n_api_keys;
     metrics_registry_t *metrics;   /* non-NULL: GET /metrics serves it (no API key); must outlive the server */
@@ -73,6 +83,9 @@ bt_status http_server_route(http_server_t *s, const char *method, const char *pa
 /* Binds and starts serving. BT_ERR_IO when the address cannot be bound (message says why). */
 bt_status http_server_start(http_server_t *s);
 
+/* Bytes request bodies and SSE buffers hold now (what max_memory bounds). Lock-free. */
+size_t http_server_memory(const http_server_t *s);
+
 /* The bound port (the one picked when config port was 0); 0 before start. */
 int http_server_port(const http_server_t *s);
 
@@ -99,6 +112,9 @@ const char *http_request_query(http_request_t *req, const char *key);
  * an object, with a message fit for a 400 answer. */
 bt_status http_request_json(const http_request_t *req, cJSON **out);
 
+/* What http_request_json does to a body of len bytes (which need not be NUL-terminated). */
+bt_status http_json_parse(const char *body, size_t len, cJSON **out);
+
 /* Adds a header to the answer that follows (e.g. Retry-After). Copied. BT_ERR_NOMEM / BT_ERR_INVALID. */
 bt_status http_response_header(http_request_t *req, const char *name, const char *value);
 
@@ -121,6 +137,11 @@ bt_status http_respond_error(http_request_t *req, int status, const char *messag
  * first, the client gets 503 and the later answer is dropped (still call it, to release req). Only in the
  * handler. BT_ERR_INVALID (already answered or deferred). */
 bt_status http_request_defer(http_request_t *req);
+
+/* For a deferred request: 1 when its client has gone (the connection closed, reset, or the client shut down its
+ * sending side: a suspended connection does not notice by itself), or the server dropped the request; 0 while the
+ * client waits. Looks at the socket without reading from it; any thread; does not block. */
+int http_request_client_gone(http_request_t *req);
 
 /* Called at most once, under the stream's lock, when the connection closes before the stream's end was sent
  * (client disconnect, network error, server stop). It must only flag or signal (no http_stream_* calls, no

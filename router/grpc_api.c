@@ -9,7 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 1 when the call may proceed: no keys configured, or `authorization: Bearer <key>` names one. */
+/* 1 when given equals key, in time that depends on the key's length only (issue 16.8: strcmp leaks how long a
+ * guessed prefix is). */
+int rtr_key_equal(const char *given, const char *key)
+{
+    size_t glen = strlen(given), klen = strlen(key);
+    unsigned char diff = (unsigned char)(glen != klen);
+    for (size_t i = 0; i < klen; i++) diff |= (unsigned char)(key[i] ^ (i < glen ? given[i] : 0));
+    return diff == 0;
+}
+
+/* 1 when the call may proceed: no keys configured, or `authorization: Bearer <key>` names one. Every key is
+ * compared, so the time does not tell which matched. */
 static int authorized(rtr_t *r, bt_rpc_call_t *call)
 {
     if (!r->cfg.n_api_keys) return 1;
@@ -17,9 +28,9 @@ static int authorized(rtr_t *r, bt_rpc_call_t *call)
     if (bt_rpc_call_metadata(call, "authorization", buf, sizeof buf) != BT_OK) return 0;
     const char *k = buf;
     if (!strncmp(k, "Bearer ", 7) || !strncmp(k, "bearer ", 7)) k += 7;
-    for (size_t i = 0; i < r->cfg.n_api_keys; i++)
-        if (!strcmp(k, r->cfg.api_keys[i])) return 1;
-    return 0;
+    int ok = 0;
+    for (size_t i = 0; i < r->cfg.n_api_keys; i++) ok |= rtr_key_equal(k, r->cfg.api_keys[i]);
+    return ok;
 }
 
 static int check_auth(rtr_t *r, bt_rpc_call_t *call)
@@ -53,25 +64,33 @@ static bt_status to_ids(const rtr_model_t *model, const char *text, const Baton_
     if (chat) {
         if (!chat->n_messages) return bt_fail(BT_ERR_INVALID, "'chat.messages' must not be empty");
         if (!model->has_tmpl) return bt_fail(BT_ERR_INVALID, "this model has no chat template");
+        size_t total = 0;
+        for (size_t i = 0; i < chat->n_messages; i++) total += strlen(chat->messages[i]->content);
+        if (total > rtr_prompt_max_bytes(model))
+            return bt_fail(BT_ERR_INVALID, "'chat' has %zu bytes of text; at most %zu fit this model's context of %d tokens",
+                           total, rtr_prompt_max_bytes(model), model->n_ctx);
         chat_msg *cm = calloc(chat->n_messages, sizeof *cm);
         if (!cm) return bt_fail(BT_ERR_NOMEM, "out of memory");
         for (size_t i = 0; i < chat->n_messages; i++) {
             const Baton__V1__ChatMessage *m = chat->messages[i];
-            if (!valid_utf8(m->content) || !valid_utf8(m->role)) {
+            if (!rtr_chat_role_ok(m->role)) {
+                free(cm);
+                return bt_fail(BT_ERR_INVALID,
+                               "'chat.messages[%zu].role' must be system, developer, user, assistant or tool", i);
+            }
+            if (!valid_utf8(m->content)) {
                 free(cm);
                 return bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
             }
-            cm[i] = (chat_msg){m->role, m->content, strlen(m->content)};
+            cm[i] = (chat_msg){!strcmp(m->role, "developer") ? "system" : m->role, m->content, strlen(m->content)};
         }
-        char *s = NULL;
-        size_t len = 0;
-        bt_status st = chat_tmpl_render(&model->tmpl, cm, chat->n_messages, 1, &s, &len);
+        bt_status st = rtr_chat_encode(model, cm, chat->n_messages, ids);
         free(cm);
-        if (st) return st;
-        st = tok_encode(model->tok, s, len, TOK_PARSE_SPECIAL, ids);
-        free(s);
         return st;
     }
+    if (strlen(text) > rtr_prompt_max_bytes(model))
+        return bt_fail(BT_ERR_INVALID, "'text' has %zu bytes; at most %zu fit this model's context of %d tokens",
+                       strlen(text), rtr_prompt_max_bytes(model), model->n_ctx);
     if (!valid_utf8(text)) return bt_fail(BT_ERR_INVALID, "'text' is not valid UTF-8");
     return tok_encode(model->tok, text, strlen(text), TOK_PARSE_SPECIAL | flags, ids);
 }
@@ -145,6 +164,7 @@ static bt_status parse_stops(const rtr_model_t *m, const Baton__V1__GenerateRequ
         if (strlen(q->stop[i]) > RTR_MAX_STOP_LEN)
             return bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
         if (!*q->stop[i]) continue;
+        if (!valid_utf8(q->stop[i])) return bt_fail(BT_ERR_INVALID, "'stop' strings must be valid UTF-8");
         if (!(g->stops[g->n_stop] = strdup(q->stop[i]))) return bt_fail(BT_ERR_NOMEM, "out of memory");
         g->n_stop++;
     }
@@ -199,6 +219,21 @@ static bt_status parse_sampling(const rtr_model_t *m, const Baton__V1__SamplingP
     return copy_logit_bias(m, sp, g);
 }
 
+/* The client's request id is only echoed back (the router names the sequences it sends to nodes itself, so an id
+ * cannot reach, or abort, another client's stream); it must be printable ASCII without quotes or backslashes,
+ * so it is safe in logs. */
+static bt_status copy_request_id(const char *id, rtr_gen_t *g)
+{
+    size_t n = strlen(id);
+    if (n >= sizeof g->request_id)
+        return bt_fail(BT_ERR_INVALID, "'request_id' may be at most %zu bytes", sizeof g->request_id - 1);
+    for (size_t i = 0; i < n; i++)
+        if (id[i] < 0x21 || id[i] > 0x7e || id[i] == '"' || id[i] == '\\')
+            return bt_fail(BT_ERR_INVALID, "'request_id' byte %zu is not printable ASCII (or is a quote or backslash)", i);
+    memcpy(g->request_id, id, n + 1);
+    return BT_OK;
+}
+
 bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
 {
     memset(g, 0, sizeof *g);
@@ -218,7 +253,7 @@ bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest 
     g->top_logprobs = (int)q->top_logprobs;
     g->ignore_eos = q->ignore_eos;
     g->no_spec = q->disable_speculation;
-    snprintf(g->request_id, sizeof g->request_id, "%s", q->request_id);
+    if ((st = copy_request_id(q->request_id, g))) goto fail;
     if (q->sampling && (st = parse_sampling(m, q->sampling, g))) goto fail;
     return BT_OK;
 fail:
@@ -238,20 +273,32 @@ static void refuse(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call, const char *stat
  * call is answered and counted. */
 static int admit(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call)
 {
-    char slo_msg[160];
-    if (!rtr_admit(r)) {
-        refuse(r, g, call, "overloaded", BT_RPC_RESOURCE_EXHAUSTED, "too many requests in progress");
-        return 0;
-    }
+    char msg[200];
+    int retry;
     if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
         refuse(r, g, call, "unavailable", BT_RPC_UNAVAILABLE, "no healthy decode node");
         return 0;
     }
-    if (!rtr_slo_admit(r, g, slo_msg, sizeof slo_msg)) {
-        refuse(r, g, call, "overloaded", BT_RPC_RESOURCE_EXHAUSTED, slo_msg);
+    if (!rtr_slo_admit(r, g, msg, sizeof msg)) {
+        refuse(r, g, call, "overloaded", BT_RPC_RESOURCE_EXHAUSTED, msg);
+        return 0;
+    }
+    if (!rtr_admit_gen(r, g, &g->adm, msg, sizeof msg, &retry)) {
+        refuse(r, g, call, "overloaded", BT_RPC_RESOURCE_EXHAUSTED, msg);
         return 0;
     }
     return 1;
+}
+
+/* Before any parsing: the in-flight and predicted-time bounds for one small request. 1 to go on. */
+static int admit_quick(rtr_t *r, bt_rpc_call_t *call)
+{
+    char msg[200];
+    int retry;
+    if (rtr_admit_quick(r, msg, sizeof msg, &retry)) return 1;
+    rtr_count_request(r, "overloaded");
+    bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, msg);
+    return 0;
 }
 
 /* Generation/Generate: authorise, parse, admit, start the job (which answers the call). */
@@ -263,6 +310,7 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
         rtr_count_request(r, "client_error");
         return;
     }
+    if (!admit_quick(r, call)) return;
     rtr_gen_t g;
     bt_status st = rtr_grpc_parse(&r->model, q, &g);
     if (st) {
@@ -278,16 +326,35 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
     }
 }
 
+bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids)
+{
+    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) return to_ids(m, NULL, q->chat, 0, ids);
+    return to_ids(m, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
+                  q->add_special_tokens ? TOK_ADD_SPECIAL : 0, ids);
+}
+
+bt_status rtr_grpc_detokenize(const rtr_model_t *m, const Baton__V1__DetokenizeRequest *q, char **text)
+{
+    size_t max_ids = rtr_prompt_max_bytes(m) / 4; /* decoded text up to about the prompt bound */
+    if (q->n_token_ids > max_ids)
+        return bt_fail(BT_ERR_INVALID, "'token_ids' holds %zu ids; at most %zu per call", q->n_token_ids, max_ids);
+    char *s = NULL;
+    size_t len = 0;
+    bt_status st = tok_decode(m->tok, q->token_ids, q->n_token_ids, q->skip_special_tokens ? TOK_SKIP_SPECIAL : 0,
+                              &s, &len);
+    if (st) return st;
+    *text = rtr_utf8_sanitize(s, len);
+    free(s);
+    return *text ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
+}
+
 static void tokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     rtr_t *r = ud;
     const Baton__V1__TokenizeRequest *q = (const Baton__V1__TokenizeRequest *)msg;
-    if (!check_auth(r, call) || !check_model(r, call, q->model)) return;
+    if (!check_auth(r, call) || !check_model(r, call, q->model) || !admit_quick(r, call)) return;
     tok_ids ids = {0};
-    bt_status st;
-    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) st = to_ids(&r->model, NULL, q->chat, 0, &ids);
-    else st = to_ids(&r->model, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
-                     q->add_special_tokens ? TOK_ADD_SPECIAL : 0, &ids);
+    bt_status st = rtr_grpc_tokenize(&r->model, q, &ids);
     if (st) {
         tok_ids_free(&ids);
         bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
@@ -307,17 +374,14 @@ static void detokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *ms
 {
     rtr_t *r = ud;
     const Baton__V1__DetokenizeRequest *q = (const Baton__V1__DetokenizeRequest *)msg;
-    if (!check_auth(r, call) || !check_model(r, call, q->model)) return;
-    char *s = NULL;
-    size_t len = 0;
-    bt_status st = tok_decode(r->model.tok, q->token_ids, q->n_token_ids, q->skip_special_tokens ? TOK_SKIP_SPECIAL : 0,
-                              &s, &len);
+    if (!check_auth(r, call) || !check_model(r, call, q->model) || !admit_quick(r, call)) return;
+    char *clean = NULL;
+    bt_status st = rtr_grpc_detokenize(&r->model, q, &clean);
     if (st) {
-        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, bt_last_error());
+        bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
+                           bt_last_error());
         return;
     }
-    char *clean = rtr_utf8_sanitize(s, len);
-    free(s);
     Baton__V1__DetokenizeResponse resp = BATON__V1__DETOKENIZE_RESPONSE__INIT;
     resp.text = clean ? clean : "";
     st = bt_rpc_call_send(call, &resp.base);

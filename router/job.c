@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 typedef struct choice {
@@ -24,6 +25,7 @@ typedef struct choice {
     double t_first, t_last;
     const char *finish;
     int stop_index;      /* -1: none */
+    int overrun;         /* the node sent more than max_tokens: cut there, finish "length" */
     int sent_role;
 } choice_t;
 
@@ -33,6 +35,7 @@ struct rtr_job {
     pthread_mutex_t mu;
     int remaining;
     atomic_int gone;
+    atomic_llong next_probe_ms; /* non-streaming HTTP: when to look at the client's socket next */
     http_request_t *hreq;
     http_stream_t *hst;
     bt_rpc_call_t *call;
@@ -68,6 +71,8 @@ void rtr_gen_free(rtr_gen_t *g)
 
 static void job_free(rtr_job_t *j)
 {
+    rtr_admit_release(j->r, j->g.adm);
+    j->g.adm = NULL;
     for (int i = 0; i < j->g.n; i++) {
         rtr_textgen_free(&j->ch[i].tg);
         free(j->ch[i].text);
@@ -304,6 +309,12 @@ static int on_tokens(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLog
     c->t_last = t;
     if (j->g.logprobs && j->g.stream && j->g.api != RTR_API_GRPC)
         lp = j->g.api == RTR_API_CHAT ? cJSON_CreateArray() : cmpl_lp_new();
+    /* a node never gets to stream past max_tokens (issue 16.8): the rest is dropped and the choice ends */
+    size_t room = c->n_tokens < j->g.max_tokens ? j->g.max_tokens - c->n_tokens : 0;
+    if (n > room) {
+        c->overrun = 1;
+        n = room;
+    }
     for (size_t i = 0; i < n && !stop; i++) {
         const char *txt;
         size_t len;
@@ -325,8 +336,13 @@ static int on_tokens(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLog
     }
     c->n_tokens += (uint32_t)used;
     j->completion_tokens += (uint32_t)used;
+    atomic_fetch_add(&j->r->tokens_seen, (long long)used);
+    if (j->g.adm) {
+        atomic_store(&j->g.adm->c[c->index].started, 1);
+        atomic_store(&j->g.adm->c[c->index].got, (long long)c->n_tokens);
+    }
     if (j->g.api == RTR_API_GRPC) {
-        grpc_send(j, c, ids, used, lps, n_lps < used ? n_lps : used, delta ? delta : "", n_delta,
+        if (used) grpc_send(j, c, ids, used, lps, n_lps < used ? n_lps : used, delta ? delta : "", n_delta,
                   BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, 0);
     } else if (j->g.stream) {
         if (n_delta || lp) sse_chunk(j, c, delta ? delta : "", n_delta, lp, NULL);
@@ -336,12 +352,25 @@ static int on_tokens(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLog
     }
     pthread_mutex_unlock(&j->mu);
     free(delta);
-    return stop;
+    return stop || c->overrun;
+}
+
+#define CLIENT_PROBE_MS 200 /* how often a non-streaming job looks at its client's socket (issue 16.6) */
+
+/* A deferred (non-streaming) answer has no write that would fail when the client leaves: look at the socket,
+ * at most every CLIENT_PROBE_MS per job whichever choice asks. */
+static void probe_client(rtr_job_t *j)
+{
+    if (!j->hreq || j->g.stream) return;
+    long long now = (long long)(now_s() * 1000.0), next = atomic_load(&j->next_probe_ms);
+    if (now < next || !atomic_compare_exchange_strong(&j->next_probe_ms, &next, now + CLIENT_PROBE_MS)) return;
+    if (http_request_client_gone(j->hreq)) atomic_store(&j->gone, 1);
 }
 
 static int is_cancelled(void *ud)
 {
     choice_t *c = ud;
+    probe_client(c->job);
     return atomic_load(&c->job->gone) || atomic_load(&c->job->r->stopping);
 }
 
@@ -507,6 +536,7 @@ static void *choice_main(void *arg)
     if (st == BT_OK) {
         if (fr == BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED || c->stop_index >= 0)
             fr = BATON__V1__FINISH_REASON__FINISH_REASON_STOP;
+        if (c->overrun && c->stop_index < 0) fr = BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH;
         c->finish = fr == BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH ? "length"
                   : fr == BATON__V1__FINISH_REASON__FINISH_REASON_ABORT ? "abort" : "stop";
         if (res.cached_prompt_tokens > j->cached) j->cached = res.cached_prompt_tokens;
@@ -521,6 +551,8 @@ static void *choice_main(void *arg)
         }
     }
     if (c->n_tokens > 1) metrics_histogram_observe(j->r->tpot, (c->t_last - c->t_first) / (c->n_tokens - 1));
+    rtr_admit_choice_end(j->r, j->g.adm, c->index, c->n_tokens,
+                         st == BT_OK && fr != BATON__V1__FINISH_REASON__FINISH_REASON_ABORT && !c->overrun);
     int last = --j->remaining == 0;
     if (!atomic_load(&j->gone) && !(st != BT_OK && j->g.api != RTR_API_GRPC && !j->g.stream)) {
         if (j->g.api == RTR_API_GRPC) {
@@ -548,6 +580,7 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
 {
     rtr_job_t *j = calloc(1, sizeof *j);
     if (!j) {
+        rtr_admit_release(r, g->adm);
         rtr_gen_free(g);
         return bt_fail(BT_ERR_NOMEM, "out of memory");
     }
@@ -561,9 +594,13 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
     j->created = (int64_t)time(NULL);
     unsigned long long seq = atomic_fetch_add(&r->next_id, 1);
     const char *prefix = j->g.api == RTR_API_CHAT ? "chatcmpl-" : j->g.api == RTR_API_COMPLETION ? "cmpl-" : "gen-";
-    if (j->g.request_id[0]) snprintf(j->id, sizeof j->id, "%s", j->g.request_id);
-    else snprintf(j->id, sizeof j->id, "%s%016llx%llx", prefix, (unsigned long long)mix64((uint64_t)time(NULL) ^ seq),
-                  seq);
+    /* nodes only ever see the router's own unguessable id (issue 16.8): a client-chosen id is echoed back to its
+     * client, never used to name a sequence, so it cannot collide with or abort another client's stream */
+    uint64_t rnd;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) rnd = mix64((uint64_t)(now_s() * 1e9) ^ seq);
+    char own[80];
+    snprintf(own, sizeof own, "%s%016llx%llx", prefix, (unsigned long long)rnd, seq);
+    snprintf(j->id, sizeof j->id, "%s", j->g.request_id[0] ? j->g.request_id : own);
     j->ch = calloc((size_t)j->g.n, sizeof *j->ch);
     j->seq_ids = calloc((size_t)j->g.n, sizeof *j->seq_ids);
     j->sp = calloc((size_t)j->g.n, sizeof *j->sp);
@@ -599,7 +636,7 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
         if (j->g.logprobs && !j->g.stream && j->g.api != RTR_API_GRPC)
             c->lp = j->g.api == RTR_API_CHAT ? cJSON_CreateArray() : cmpl_lp_new();
         char buf[120];
-        snprintf(buf, sizeof buf, "%s-%d", j->id, i);
+        snprintf(buf, sizeof buf, "%s-%d", own, i);
         j->seq_ids[i] = strdup(buf);
         Baton__V1__SamplingParams *sp = &j->sp[i];
         baton__v1__sampling_params__init(sp);

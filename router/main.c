@@ -21,7 +21,18 @@ static void usage(FILE *f)
             "  --max-context N           cap on prompt + output tokens (default 8192)\n"
             "  --max-migrations N        decode-node failures one stream survives (default 3)\n"
             "  --http-threads N          HTTP worker threads (default 4)\n"
-            "  --max-inflight N          requests in progress at once, beyond: 429 (default 1024)\n"
+            "  --max-inflight N          choices in progress at once (a request counts n), beyond: 429\n"
+            "                            (default 1024)\n"
+            "  --max-queue-s S           refuse (429 + Retry-After / RESOURCE_EXHAUSTED) a request whose predicted\n"
+            "                            queue time, from the cluster's measured token rate and the work in\n"
+            "                            flight, exceeds S seconds (default 30; 0 = off)\n"
+            "  --http-max-connections N  open HTTP connections (default 1024)\n"
+            "  --http-max-connections-per-ip N\n"
+            "                            open HTTP connections per client address (default 256)\n"
+            "  --http-idle-timeout S     close an HTTP connection idle this long (default 60)\n"
+            "  --http-read-timeout S     close an HTTP connection whose request has not fully arrived S seconds\n"
+            "                            after it started or after its previous answer (default 30)\n"
+            "  --http-max-memory-mb MB   request bodies and SSE buffers together; beyond: 503 (default 256)\n"
             "  --grpc-tls-cert PEM       certificate chain: TLS on the gRPC listener (with --grpc-tls-key)\n"
             "  --grpc-tls-key PEM        its private key\n"
             "  --grpc-tls-client-ca PEM  require client certificates signed by this CA (mTLS)\n"
@@ -203,8 +214,17 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--load-stale-ms")) cfg.load_stale_ms = x;
             else if (!strcmp(a, "--rejoin-grace-ms")) cfg.rejoin_grace_ms = x;
             else cfg.request_timeout_ms = n ? (int)(n * 1000) : -1;
+        } else if (!strcmp(a, "--max-queue-s")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x >= 0) || x > 86400) {
+                fprintf(stderr, "baton-router: --max-queue-s: '%s' is not a number of seconds in [0, 86400]\n", v);
+                return 2;
+            }
+            cfg.max_queue_s = x == 0 ? -1 : x; /* 0 on the command line: off */
         } else if (!strcmp(a, "--max-context") || !strcmp(a, "--max-migrations") || !strcmp(a, "--http-threads") ||
-                   !strcmp(a, "--max-inflight")) {
+                   !strcmp(a, "--max-inflight") || !strcmp(a, "--http-max-connections") ||
+                   !strcmp(a, "--http-max-connections-per-ip") || !strcmp(a, "--http-idle-timeout") ||
+                   !strcmp(a, "--http-read-timeout") || !strcmp(a, "--http-max-memory-mb")) {
             long n = strtol(v, &end, 10);
             if (!*v || *end || n < 0 || n > (1 << 24)) {
                 fprintf(stderr, "baton-router: %s: '%s' is not a valid number\n", a, v);
@@ -213,6 +233,11 @@ int main(int argc, char **argv)
             if (!strcmp(a, "--max-context")) cfg.max_context = (int32_t)n;
             else if (!strcmp(a, "--max-migrations")) cfg.max_migrations = (int)n;
             else if (!strcmp(a, "--max-inflight")) cfg.max_inflight = (int)n;
+            else if (!strcmp(a, "--http-max-connections")) cfg.http_max_connections = (unsigned)n;
+            else if (!strcmp(a, "--http-max-connections-per-ip")) cfg.http_max_per_ip = (unsigned)n;
+            else if (!strcmp(a, "--http-idle-timeout")) cfg.http_idle_timeout_s = (unsigned)n;
+            else if (!strcmp(a, "--http-read-timeout")) cfg.http_read_timeout_s = (unsigned)n;
+            else if (!strcmp(a, "--http-max-memory-mb")) cfg.http_max_memory = (size_t)n << 20;
             else cfg.http_threads = (unsigned)n;
         } else {
             fprintf(stderr, "baton-router: unknown option %s\n", a);

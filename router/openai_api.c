@@ -100,6 +100,7 @@ static bt_status parse_stop(const cJSON *body, rtr_gen_t *g, int *http_status)
             *http_status = 400;
             return bt_fail(BT_ERR_INVALID, "'stop' strings may be at most %d bytes", RTR_MAX_STOP_LEN);
         }
+        if (!valid_utf8(s)) return bad(http_status, "'%s' strings must be valid UTF-8", "stop");
         g->stops[g->n_stop] = strdup(s);
         if (!g->stops[g->n_stop]) return bt_fail(BT_ERR_NOMEM, "out of memory");
         g->n_stop++;
@@ -193,6 +194,155 @@ static bt_status encode(const rtr_model_t *m, const char *text, size_t len, unsi
     return BT_OK;
 }
 
+int rtr_chat_role_ok(const char *role)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (!strcmp(role, roles[i])) return 1;
+    return 0;
+}
+
+/* CONTROL tokens (chat markers, BOS/EOS) among ids: what message content must never produce. */
+static size_t n_control(const tok_tokenizer *t, const int32_t *ids, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += tok_token_type(t, ids[i]) == TOK_TYPE_CONTROL;
+    return k;
+}
+
+#define PH_MARK '\x1f' /* placeholder content "\x1f<index>\x1f": no template family emits this byte */
+
+/* Parses a placeholder at s[0..end): its message index and length, or 0 when s does not start one. */
+static size_t placeholder_at(const char *s, const char *end, size_t n_msgs, size_t *idx)
+{
+    if (s >= end || *s != PH_MARK) return 0;
+    size_t v = 0, i = 1;
+    while (s + i < end && s[i] >= '0' && s[i] <= '9' && i < 12) v = v * 10 + (size_t)(s[i++] - '0');
+    if (i == 1 || s + i >= end || s[i] != PH_MARK || v >= n_msgs) return 0;
+    *idx = v;
+    return i + 1;
+}
+
+/* Content as the template places it: llama3 and gemma trim it (Jinja's |trim). */
+static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p, size_t *len)
+{
+    const char *s = c->content, *e = c->content + c->content_len;
+    if (m->tmpl.kind == CHAT_TMPL_LLAMA3 || m->tmpl.kind == CHAT_TMPL_GEMMA) {
+        while (s < e && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) s++;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
+    }
+    *p = s;
+    *len = (size_t)(e - s);
+}
+
+/* Renders msgs with placeholder contents, then encodes the template's text with its special markers and each
+ * message's content as plain text in their places. */
+static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
+{
+    chat_msg *ph = calloc(n, sizeof *ph);
+    char (*txt)[24] = calloc(n, sizeof *txt);
+    char *skel = NULL;
+    size_t len = 0;
+    bt_status st = BT_OK;
+    if (!ph || !txt) {
+        st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int k = snprintf(txt[i], sizeof txt[i], "%c%zu%c", PH_MARK, i, PH_MARK);
+        ph[i] = (chat_msg){msgs[i].role, txt[i], (size_t)k};
+    }
+    if ((st = chat_tmpl_render(&m->tmpl, ph, n, 1, &skel, &len))) goto out;
+    const char *s = skel, *end = skel + len, *run = skel;
+    while (s < end && !st) {
+        size_t idx, k = placeholder_at(s, end, n, &idx);
+        if (!k) {
+            s++;
+            continue;
+        }
+        const char *c;
+        size_t clen;
+        content_span(m, &msgs[idx], &c, &clen);
+        if ((s > run && (st = tok_encode(m->tok, run, (size_t)(s - run), TOK_PARSE_SPECIAL, out))) ||
+            (clen && (st = tok_encode(m->tok, c, clen, 0, out))))
+            break;
+        s += k;
+        run = s;
+    }
+    if (!st && end > run) st = tok_encode(m->tok, run, (size_t)(end - run), TOK_PARSE_SPECIAL, out);
+out:
+    free(skel);
+    free(txt);
+    free(ph);
+    return st;
+}
+
+bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
+{
+    char *text = NULL, *skel = NULL;
+    size_t len = 0, slen = 0;
+    tok_ids full = {0}, bare = {0};
+    bt_status st = chat_tmpl_render(&m->tmpl, msgs, n, 1, &text, &len);
+    if (st || (st = tok_encode(m->tok, text, len, TOK_PARSE_SPECIAL, &full))) goto out;
+    /* the same template with empty contents: how many markers the template itself produces */
+    chat_msg *empty = calloc(n, sizeof *empty);
+    if (!empty) {
+        st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0};
+    st = chat_tmpl_render(&m->tmpl, empty, n, 1, &skel, &slen);
+    free(empty);
+    if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) goto out;
+    if (n_control(m->tok, full.ids, full.n) == n_control(m->tok, bare.ids, bare.n)) {
+        *out = full; /* no content produced a marker: the usual tokens, byte for byte */
+        full = (tok_ids){0};
+        goto out;
+    }
+    tok_ids seg = {0};
+    if ((st = encode_segments(m, msgs, n, &seg))) {
+        tok_ids_free(&seg);
+        goto out;
+    }
+    *out = seg;
+out:
+    tok_ids_free(&full);
+    tok_ids_free(&bare);
+    free(text);
+    free(skel);
+    return st;
+}
+
+size_t rtr_prompt_max_bytes(const rtr_model_t *m)
+{
+    size_t b = (size_t)m->n_ctx * RTR_PROMPT_BYTES_PER_TOKEN;
+    return b < RTR_PROMPT_MIN_BYTES ? RTR_PROMPT_MIN_BYTES : b;
+}
+
+/* Bytes of text in a message's content (string or text parts), without copying it. */
+static size_t content_bytes(const cJSON *c)
+{
+    if (cJSON_IsString(c)) return strlen(c->valuestring);
+    size_t n = 0;
+    const cJSON *p;
+    if (cJSON_IsArray(c))
+        cJSON_ArrayForEach(p, c) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+            if (cJSON_IsString(t)) n += strlen(t->valuestring);
+        }
+    return n;
+}
+
+/* Issue 16.5: text that cannot fit the context is refused before it is copied, rendered or tokenized. */
+static bt_status check_prompt_bytes(const rtr_model_t *m, size_t bytes, int *http_status)
+{
+    size_t max = rtr_prompt_max_bytes(m);
+    if (bytes <= max) return BT_OK;
+    *http_status = 400;
+    return bt_fail(BT_ERR_INVALID, "the prompt has %zu bytes of text; at most %zu fit this model's context of %d tokens",
+                   bytes, max, m->n_ctx);
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");
@@ -204,15 +354,18 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
         *http_status = 400;
         return bt_fail(BT_ERR_INVALID, "this model has no chat template: use /v1/completions");
     }
+    size_t total = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, msgs) total += content_bytes(cJSON_GetObjectItemCaseSensitive(e, "content"));
+    bt_status st = check_prompt_bytes(m, total, http_status);
+    if (st) return st;
     chat_msg *cm = calloc((size_t)n, sizeof *cm);
     char **contents = calloc((size_t)n, sizeof *contents);
-    bt_status st = BT_OK;
     if (!cm || !contents) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
     int i = 0;
-    const cJSON *e;
     cJSON_ArrayForEach(e, msgs) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
         if (!cJSON_IsObject(e)) {
@@ -226,10 +379,9 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             goto out;
         }
         const char *r = role->valuestring;
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
-            strcmp(r, "developer")) {
+        if (!rtr_chat_role_ok(r)) {
             *http_status = 400;
-            st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, user, assistant or tool", i);
+            st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, developer, user, assistant or tool", i);
             goto out;
         }
         if ((st = message_content(cJSON_GetObjectItemCaseSensitive(e, "content"), &contents[i], i, http_status)))
@@ -242,14 +394,14 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
         cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i])};
         i++;
     }
-    char *text = NULL;
-    size_t len = 0;
-    if ((st = chat_tmpl_render(&m->tmpl, cm, (size_t)n, 1, &text, &len))) {
+    tok_ids ids = {0};
+    if ((st = rtr_chat_encode(m, cm, (size_t)n, &ids))) {
+        tok_ids_free(&ids);
         if (st == BT_ERR_INVALID) *http_status = 400;
         goto out;
     }
-    st = encode(m, text, len, TOK_PARSE_SPECIAL, g);
-    free(text);
+    g->prompt = ids.ids;
+    g->n_prompt = ids.n;
 out:
     for (int k = 0; contents && k < n; k++) free(contents[k]);
     free(contents);
@@ -264,6 +416,8 @@ static bt_status completion_prompt(const rtr_model_t *m, const cJSON *body, rtr_
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
         p = cJSON_GetArrayItem(p, 0);
     if (cJSON_IsString(p)) {
+        bt_status st = check_prompt_bytes(m, strlen(p->valuestring), http_status);
+        if (st) return st;
         if (!valid_utf8(p->valuestring)) return bad(http_status, "'%s' is not valid UTF-8", "prompt");
         if (!*p->valuestring) return bad(http_status, "'%s' must not be empty", "prompt");
         return encode(m, p->valuestring, strlen(p->valuestring), TOK_PARSE_SPECIAL | TOK_ADD_SPECIAL, g);
@@ -352,8 +506,10 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
     }
     const cJSON *seed = field(body, "seed");
     if (seed) {
-        if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble))
-            return bad(http_status, "'%s' must be an integer", "seed");
+        /* a double converts to int64 only inside [-2^63, 2^63): 1e400 (inf) or 1e30 would be undefined */
+        if (!cJSON_IsNumber(seed) || !isfinite(seed->valuedouble) || seed->valuedouble != floor(seed->valuedouble) ||
+            seed->valuedouble < -9223372036854775808.0 || seed->valuedouble >= 9223372036854775808.0)
+            return bad(http_status, "'%s' must be an integer in [-2^63, 2^63)", "seed");
         g->seed = (uint64_t)(int64_t)seed->valuedouble;
         g->has_seed = 1;
     }
@@ -394,12 +550,41 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
         *http_status = 400;
         return st;
     }
+    /* a non-streaming answer is held whole until the end: bound what it may hold (issue 16.5) */
+    double units = (double)g->n * g->max_tokens * (1.0 + (g->logprobs ? g->top_logprobs : 0));
+    if (!g->stream && units > RTR_MAX_NONSTREAM_UNITS)
+        return bad(http_status,
+                   "'n' x 'max_tokens' x (1 + top_logprobs) = %.0f exceeds %d for a non-streaming answer: lower them or "
+                   "set 'stream': true",
+                   units, RTR_MAX_NONSTREAM_UNITS);
     *http_status = 200;
     return BT_OK;
 }
 
+static void refuse_429(rtr_t *r, http_request_t *req, const char *msg, int retry_after_s)
+{
+    char ra[16];
+    snprintf(ra, sizeof ra, "%d", retry_after_s);
+    rtr_count_request(r, "overloaded");
+    http_response_header(req, "Retry-After", ra);
+    http_respond_error(req, 429, msg, NULL, NULL);
+}
+
 static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
 {
+    char msg[200];
+    int retry = 1;
+    /* admission first: a refused request costs no parsing, templating or tokenizing */
+    if (!rtr_admit_quick(r, msg, sizeof msg, &retry)) {
+        refuse_429(r, req, msg, retry);
+        return;
+    }
+    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
+        rtr_count_request(r, "unavailable");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
+        return;
+    }
     cJSON *body = NULL;
     if (http_request_json(req, &body)) {
         rtr_count_request(r, "client_error");
@@ -419,26 +604,15 @@ static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
         else http_respond_error(req, status, bt_last_error(), NULL, NULL);
         return;
     }
-    if (!rtr_admit(r)) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "overloaded");
-        http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 429, "too many requests in progress", NULL, NULL);
-        return;
-    }
-    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
-        rtr_gen_free(&g);
-        rtr_count_request(r, "unavailable");
-        http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
-        return;
-    }
     char slo_msg[160];
     if (!rtr_slo_admit(r, &g, slo_msg, sizeof slo_msg)) {
         rtr_gen_free(&g);
-        rtr_count_request(r, "overloaded");
-        http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 429, slo_msg, NULL, NULL);
+        refuse_429(r, req, slo_msg, 1);
+        return;
+    }
+    if (!rtr_admit_gen(r, &g, &g.adm, msg, sizeof msg, &retry)) {
+        rtr_gen_free(&g);
+        refuse_429(r, req, msg, retry);
         return;
     }
     if ((st = rtr_job_start_http(r, &g, req))) {

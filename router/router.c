@@ -4,6 +4,7 @@
 #include "common/etcd.h"
 #include "common/log.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,10 +31,165 @@ bt_status rtr_split_hostport(const char *s, char *host, size_t cap, int *port)
     return BT_OK;
 }
 
-int rtr_admit(rtr_t *r)
+/* ---- admission (see router.h) ---- */
+
+static double dmax(double a, double b) { return a > b ? a : b; }
+
+/* Cluster token rates for the prediction: measured, reported or the floor, whichever is highest. */
+static void admit_rates(rtr_t *r, double *decode_tok_s, double *prefill_tok_s)
 {
-    int max = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : RTR_DEFAULT_MAX_INFLIGHT;
-    return atomic_load(&r->active_jobs) < max;
+    rtr_cluster_rates_t cr;
+    rtr_dispatch_rates(r->dispatch, &cr);
+    int nd = cr.n_decode > 0 ? cr.n_decode : 1, np = cr.n_prefill > 0 ? cr.n_prefill : nd;
+    double measured = (double)atomic_load(&r->gen_rate_milli) / 1000.0;
+    *decode_tok_s = dmax(dmax(measured, cr.decode_tok_s * nd), RTR_ADMIT_FLOOR_DECODE_TOK_S * nd);
+    *prefill_tok_s = dmax(cr.prefill_tok_s * np, RTR_ADMIT_FLOOR_PREFILL_TOK_S * np);
+}
+
+/* Under adm_mu: the tokens that compete with a new choice of o tokens, and the prompt tokens not started yet. */
+static void admit_backlog(rtr_t *r, int64_t o, double *compete, double *pending_prompt)
+{
+    double w = 0, pp = 0;
+    for (size_t k = 0; k < r->n_adm; k++) {
+        const rtr_adm_t *a = r->adm[k];
+        for (int i = 0; i < a->n; i++) {
+            if (atomic_load(&a->c[i].ended)) continue;
+            int64_t rem = a->expect_out - atomic_load(&a->c[i].got);
+            if (rem > 0) w += (double)(rem < o ? rem : o);
+            if (!atomic_load(&a->c[i].started)) pp += (double)a->n_prompt;
+        }
+    }
+    *compete = w;
+    *pending_prompt = pp;
+}
+
+static double predict_locked(rtr_t *r, int n, int64_t n_prompt, int64_t o, double dr, double pr)
+{
+    double w, pp;
+    admit_backlog(r, o, &w, &pp);
+    return (pp + (double)(n - 1) * (double)n_prompt) / pr + (w + (double)(n - 1) * (double)o) / dr;
+}
+
+double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o)
+{
+    double dr, pr;
+    admit_rates(r, &dr, &pr);
+    pthread_mutex_lock(&r->adm_mu);
+    double t = predict_locked(r, n, n_prompt, o, dr, pr);
+    pthread_mutex_unlock(&r->adm_mu);
+    return t;
+}
+
+static int max_choices(const rtr_t *r)
+{
+    return r->cfg.max_inflight > 0 ? r->cfg.max_inflight : RTR_DEFAULT_MAX_INFLIGHT;
+}
+
+static double max_queue(const rtr_t *r)
+{
+    return r->cfg.max_queue_s == 0 ? RTR_DEFAULT_MAX_QUEUE_S : r->cfg.max_queue_s;
+}
+
+/* Under adm_mu: 1 when n more choices of o tokens fit both bounds; else msg and *retry set. */
+static int admit_check_locked(rtr_t *r, int n, int64_t n_prompt, int64_t o, double dr, double pr, char *msg,
+                              size_t cap, int *retry)
+{
+    if (r->active_choices + n > max_choices(r)) {
+        snprintf(msg, cap, "too many requests in progress (%d choices running, at most %d): retry later",
+                 r->active_choices, max_choices(r));
+        *retry = 1;
+        return 0;
+    }
+    double bound = max_queue(r);
+    if (bound < 0) return 1;
+    double t = predict_locked(r, n, n_prompt, o, dr, pr);
+    if (t <= bound) return 1;
+    snprintf(msg, cap, "overloaded: predicted queue time %.1f s exceeds the bound of %.0f s: retry later", t, bound);
+    double wait = ceil(t - bound);
+    *retry = wait < 1 ? 1 : wait > 60 ? 60 : (int)wait;
+    return 0;
+}
+
+int rtr_admit_quick(rtr_t *r, char *msg, size_t cap, int *retry_after_s)
+{
+    double dr, pr;
+    admit_rates(r, &dr, &pr);
+    pthread_mutex_lock(&r->adm_mu);
+    int ok = admit_check_locked(r, 1, 0, RTR_ADMIT_QUICK_OUT, dr, pr, msg, cap, retry_after_s);
+    pthread_mutex_unlock(&r->adm_mu);
+    return ok;
+}
+
+/* Expected output tokens of one choice of g. */
+static int64_t expected_out(const rtr_t *r, const rtr_gen_t *g)
+{
+    if (g->ignore_eos) return g->max_tokens;
+    int64_t mean = (int64_t)ceil(r->mean_out);
+    return mean < (int64_t)g->max_tokens ? mean : (int64_t)g->max_tokens;
+}
+
+int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size_t cap, int *retry_after_s)
+{
+    int n = g->n > 0 ? g->n : 1;
+    rtr_adm_t *a = calloc(1, sizeof *a + (size_t)n * sizeof a->c[0]);
+    if (!a) {
+        snprintf(msg, cap, "out of memory");
+        *retry_after_s = 1;
+        return 0;
+    }
+    a->n = n;
+    a->n_prompt = (int64_t)g->n_prompt;
+    double dr, pr;
+    admit_rates(r, &dr, &pr);
+    pthread_mutex_lock(&r->adm_mu);
+    a->expect_out = expected_out(r, g);
+    int ok = admit_check_locked(r, n, a->n_prompt, a->expect_out, dr, pr, msg, cap, retry_after_s);
+    if (ok && r->n_adm == r->cap_adm) {
+        size_t nc = r->cap_adm ? 2 * r->cap_adm : 64;
+        rtr_adm_t **na = realloc(r->adm, nc * sizeof *na);
+        if (na) {
+            r->adm = na;
+            r->cap_adm = nc;
+        } else {
+            ok = 0;
+            snprintf(msg, cap, "out of memory");
+            *retry_after_s = 1;
+        }
+    }
+    if (ok) {
+        a->slot = r->n_adm;
+        r->adm[r->n_adm++] = a;
+        r->active_choices += n;
+    }
+    pthread_mutex_unlock(&r->adm_mu);
+    if (!ok) {
+        free(a);
+        return 0;
+    }
+    *out = a;
+    return 1;
+}
+
+void rtr_admit_choice_end(rtr_t *r, rtr_adm_t *a, int i, uint32_t n_tokens, int natural)
+{
+    if (!a || i < 0 || i >= a->n || atomic_exchange(&a->c[i].ended, 1)) return;
+    pthread_mutex_lock(&r->adm_mu);
+    r->active_choices--;
+    if (natural) r->mean_out += ((double)n_tokens - r->mean_out) / 16.0;
+    if (r->mean_out < 1) r->mean_out = 1;
+    pthread_mutex_unlock(&r->adm_mu);
+}
+
+void rtr_admit_release(rtr_t *r, rtr_adm_t *a)
+{
+    if (!a) return;
+    for (int i = 0; i < a->n; i++) rtr_admit_choice_end(r, a, i, 0, 0);
+    pthread_mutex_lock(&r->adm_mu);
+    size_t k = a->slot;
+    r->adm[k] = r->adm[--r->n_adm];
+    r->adm[k]->slot = k;
+    pthread_mutex_unlock(&r->adm_mu);
+    free(a);
 }
 
 void rtr_count_request(rtr_t *r, const char *status)
@@ -103,6 +259,11 @@ static void planner_tick(rtr_t *r)
     double *o = r->samples[oldest];
     double dt = s[0] - o[0];
     double prompt_tok_s = dt > 0 ? (s[1] - o[1]) / dt : 0, gen_tok_s = dt > 0 ? (s[2] - o[2]) / dt : 0;
+    /* admission's measured rate: tokens streamed to clients over the last 5 ticks */
+    double *g = r->gen_ring[r->gen_n % 6], *b = r->gen_ring[(r->gen_n + 1) % 6];
+    g[0] = s[0];
+    g[1] = (double)atomic_load(&r->tokens_seen);
+    if (++r->gen_n >= 6 && g[0] > b[0]) atomic_store(&r->gen_rate_milli, (long long)((g[1] - b[1]) / (g[0] - b[0]) * 1e3));
     rtr_cluster_rates_t cr;
     rtr_dispatch_rates(r->dispatch, &cr);
     int np = rtr_planner_replicas(prompt_tok_s, cr.prefill_tok_s, cr.n_prefill);
@@ -148,12 +309,15 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
     r->cfg = *cfg;
     pthread_mutex_init(&r->planner_mu, NULL);
     pthread_cond_init(&r->planner_cv, NULL);
+    pthread_mutex_init(&r->adm_mu, NULL);
+    r->mean_out = RTR_ADMIT_PRIOR_OUT;
     bt_status st;
     if ((st = rtr_model_load(cfg->model_path, cfg->max_context, &r->model))) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", bt_last_error());
         pthread_cond_destroy(&r->planner_cv);
         pthread_mutex_destroy(&r->planner_mu);
+        pthread_mutex_destroy(&r->adm_mu);
         free(r);
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
@@ -178,6 +342,9 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
     const bt_tls_files_t *t = &r->cfg.tls;
     http_config_t hc = {.address = host, .port = port, .threads = cfg->http_threads, .api_keys = cfg->api_keys,
                         .n_api_keys = cfg->n_api_keys, .metrics = r->metrics,
+                        .max_connections = cfg->http_max_connections, .max_per_ip = cfg->http_max_per_ip,
+                        .timeout_s = cfg->http_idle_timeout_s, .read_timeout_s = cfg->http_read_timeout_s,
+                        .max_memory = cfg->http_max_memory,
                         .tls_cert_file = t->cert[0] ? t->cert : NULL, .tls_key_file = t->key[0] ? t->key : NULL};
     if ((st = http_server_create(&hc, &r->http))) goto fail;
     if ((st = rtr_openai_register(r, r->http))) goto fail;
@@ -254,5 +421,7 @@ void rtr_destroy(rtr_t *r)
     rtr_model_free(&r->model);
     pthread_cond_destroy(&r->planner_cv);
     pthread_mutex_destroy(&r->planner_mu);
+    pthread_mutex_destroy(&r->adm_mu);
+    free(r->adm);
     free(r);
 }

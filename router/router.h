@@ -37,6 +37,9 @@
 #define RTR_MAX_LOGIT_BIAS 300
 #define RTR_DEFAULT_MAX_CONTEXT 8192 /* the nodes' default context cap (baton generate's too) */
 #define RTR_DEFAULT_MIGRATIONS 3
+#define RTR_PROMPT_BYTES_PER_TOKEN 32 /* prompt text allowed per context token (tokens average ~4 bytes) */
+#define RTR_PROMPT_MIN_BYTES (64u << 10)
+#define RTR_MAX_NONSTREAM_UNITS (1 << 20) /* n x max_tokens x (1 + top_logprobs) of a non-streaming answer */
 #define RTR_DEFAULT_MAX_INFLIGHT 1024
 /* Failure detection (dispatch.c's opening comment). The stall bound sits well above a busy step on this hardware
  * (a 512-token prefill chunk mixed into a decode step takes ~1 s on 2 CPU cores) and below the lease TTL (5 s), so
@@ -362,6 +365,7 @@ typedef struct rtr_gen {
     int32_t logit_bias_ids[RTR_MAX_LOGIT_BIAS];
     float logit_bias[RTR_MAX_LOGIT_BIAS];
     char request_id[64];
+    struct rtr_adm *adm; /* admission claim (rtr_admit_gen); the job releases it */
 } rtr_gen_t;
 
 void rtr_gen_free(rtr_gen_t *g);
@@ -373,6 +377,50 @@ typedef struct rtr_job rtr_job_t;
 bt_status rtr_job_start_http(rtr_t *r, rtr_gen_t *g, http_request_t *req);
 /* Same for a gRPC Generate call: the job answers and finishes the call. */
 bt_status rtr_job_start_grpc(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call);
+
+/* ---- admission (router.c; issues 16.5 and 17.3) ----
+ * A request is admitted before its choices run, counted as n choices. It is refused (429 / RESOURCE_EXHAUSTED,
+ * with a Retry-After) when the choices in flight would pass --max-inflight, or when its predicted queue time passes
+ * --max-queue-s (default 30 s). The prediction treats the decode nodes as processor sharing at the cluster's
+ * measured token rate R: until a new choice of o tokens is done, every choice in flight takes the smaller of its
+ * remaining tokens and o, and so do the request's other n - 1 choices; every prompt not started yet is prefilled
+ * first at rate P. The queue time is what that work adds to the choice's own (so an idle cluster takes any size):
+ *     t = (pending prompt tokens + (n - 1) * prompt) / P + (sum_i min(rem_i, o) + (n - 1) * o) / R
+ * R = max(the router's generated tokens/s over the last 5 s, the nodes' reported decode rates summed,
+ * RTR_ADMIT_FLOOR_DECODE_TOK_S per decode node); P likewise with prefill rates. o = max_tokens with ignore_eos,
+ * else min(max_tokens, the mean output length of recent choices). */
+#define RTR_DEFAULT_MAX_QUEUE_S 30.0
+#define RTR_ADMIT_FLOOR_DECODE_TOK_S 256.0  /* a cold or idle cluster's rate is unmeasured or understated */
+#define RTR_ADMIT_FLOOR_PREFILL_TOK_S 1024.0
+#define RTR_ADMIT_PRIOR_OUT 128             /* mean output tokens before any choice has finished */
+#define RTR_ADMIT_QUICK_OUT 16              /* tokens assumed for the check made before a body is parsed */
+
+/* One admitted request's claim on the cluster, owned by its job; the router lists it until released. */
+typedef struct rtr_adm_choice {
+    atomic_llong got;    /* tokens received so far */
+    atomic_int started;  /* first token seen: its prompt is no longer pending */
+    atomic_int ended;
+} rtr_adm_choice_t;
+
+typedef struct rtr_adm {
+    int n;
+    int64_t n_prompt, expect_out;
+    size_t slot;         /* index in the router's list */
+    rtr_adm_choice_t c[];
+} rtr_adm_t;
+
+/* The cheap check made before a request body is parsed (no work done for a request that would be refused):
+ * 1 to go on; 0 with msg and *retry_after_s set. */
+int rtr_admit_quick(rtr_t *r, char *msg, size_t cap, int *retry_after_s);
+/* Admits a parsed request: on success *out is its claim (give it to the job). 0 with msg and *retry_after_s set
+ * when it is refused (or BT_ERR_NOMEM: then msg says so and *retry_after_s is 1). */
+int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size_t cap, int *retry_after_s);
+/* A choice ended after n_tokens (natural: finished by the model, counts toward the mean output length). */
+void rtr_admit_choice_end(rtr_t *r, rtr_adm_t *a, int i, uint32_t n_tokens, int natural);
+/* Drops the claim (every choice ended or never started). NULL is a no-op. */
+void rtr_admit_release(rtr_t *r, rtr_adm_t *a);
+/* Predicted queue time of a new request of n choices of o output tokens after a prompt of n_prompt. */
+double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o);
 
 /* ---- the router ---- */
 
@@ -387,7 +435,13 @@ typedef struct rtr_config {
     int32_t max_context;      /* 0 = RTR_DEFAULT_MAX_CONTEXT */
     int max_migrations;
     unsigned http_threads;
-    int max_inflight;               /* requests in progress at once; beyond: 429 / RESOURCE_EXHAUSTED. 0 = default */
+    int max_inflight;               /* choices in progress at once; beyond: 429 / RESOURCE_EXHAUSTED. 0 = default */
+    double max_queue_s;             /* predicted queue time bound (see admission); 0 = default, < 0 = off */
+    unsigned http_max_connections;  /* 0 = HTTP_DEFAULT_MAX_CONNECTIONS */
+    unsigned http_max_per_ip;       /* connections one client address may hold; 0 = default */
+    unsigned http_idle_timeout_s;   /* 0 = default */
+    unsigned http_read_timeout_s;   /* whole request (headers and body) must arrive within this; 0 = default */
+    size_t http_max_memory;         /* request bodies + SSE buffers, bytes; 0 = default */
     const char *grpc_tls_cert;      /* PEM chain + key: TLS on the gRPC listener; NULL = insecure */
     const char *grpc_tls_key;
     const char *grpc_tls_client_ca; /* also: mTLS, clients must present a certificate signed by this CA */
@@ -415,6 +469,16 @@ struct rtr {
     http_server_t *http;
     bt_rpc_server_t *grpc;
     atomic_int active_jobs;
+    /* admission (router.c): claims of admitted requests, under adm_mu */
+    pthread_mutex_t adm_mu;
+    rtr_adm_t **adm;
+    size_t n_adm, cap_adm;
+    int active_choices;        /* under adm_mu */
+    double mean_out;           /* under adm_mu: mean output tokens of recent choices (exponential, 1/16) */
+    atomic_llong gen_rate_milli; /* generated tokens/s over the last 5 s, x1000 (planner thread) */
+    atomic_llong tokens_seen;    /* tokens received from decode nodes, all requests */
+    double gen_ring[6][2];       /* planner thread: (monotonic s, tokens_seen) of the last 6 ticks */
+    int gen_n;
     atomic_int stopping;
     atomic_ullong next_id;
     /* metrics, looked up once */
@@ -435,9 +499,6 @@ struct rtr {
 
 /* Splits "host:port" into host (cap bytes) and port. BT_ERR_INVALID. */
 bt_status rtr_split_hostport(const char *s, char *host, size_t cap, int *port);
-
-/* 1 when one more request may start (under the in-flight bound). */
-int rtr_admit(rtr_t *r);
 
 /* Counts a finished request by status label ("ok", "client_error", "server_error", "cancelled", ...). */
 void rtr_count_request(rtr_t *r, const char *status);
@@ -464,6 +525,22 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
  * error returns BT_ERR_INVALID with bt_last_error() naming the field (the caller answers INVALID_ARGUMENT);
  * BT_ERR_NOMEM. On failure g is freed and zeroed. */
 bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g);
+/* Bytes of prompt text a request may carry: RTR_PROMPT_BYTES_PER_TOKEN per context token, at least
+ * RTR_PROMPT_MIN_BYTES. */
+size_t rtr_prompt_max_bytes(const rtr_model_t *m);
+/* 1 when given equals key; the time taken depends only on strlen(key). */
+int rtr_key_equal(const char *given, const char *key);
+/* 1 when role is one both APIs accept: system, developer, user, assistant, tool. */
+int rtr_chat_role_ok(const char *role);
+/* Renders msgs with the model's chat template (generation prompt added) and appends the prompt's ids to *out: the
+ * template's markers are special tokens, message content is plain text (a "<|im_end|>" typed by a user stays
+ * characters, never a marker). Content without marker text gives exactly the ids of the rendered string.
+ * BT_ERR_INVALID (roles the template rejects), BT_ERR_NOMEM; *out may hold a partial result on error. */
+bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out);
+/* Tokenize / Detokenize as validated and computed for the gRPC API (exposed for unit tests and fuzzers).
+ * BT_ERR_INVALID naming the field, BT_ERR_NOMEM. detokenize's *text is malloc'd valid UTF-8. */
+bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids);
+bt_status rtr_grpc_detokenize(const rtr_model_t *m, const Baton__V1__DetokenizeRequest *q, char **text);
 /* Shared final checks: prompt non-empty, prompt + max_tokens within the context (fills max_tokens when 0). */
 bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given);
 

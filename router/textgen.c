@@ -43,9 +43,9 @@ void rtr_textgen_free(rtr_textgen_t *tg)
 static int release(rtr_textgen_t *tg, size_t n, const char **text, size_t *len)
 {
     if (reserve(&tg->out, &tg->out_cap, n + 1)) return -1;
-    memcpy(tg->out, tg->held, n);
+    if (n) memcpy(tg->out, tg->held, n); /* held is NULL before the first piece: memcpy(x, NULL, 0) is undefined */
     tg->out[n] = '\0';
-    memmove(tg->held, tg->held + n, tg->n_held - n);
+    if (tg->n_held > n) memmove(tg->held, tg->held + n, tg->n_held - n);
     tg->n_held -= n;
     *text = tg->out;
     *len = n;

@@ -927,6 +927,52 @@ static void test_bad_config(void)
           strcmp(http_status_text(413), "Content Too Large") == 0);
 }
 
+/* Issue 16.5: bodies past the memory budget get 503 + Retry-After before they are read; a request whose headers
+ * trickle in is closed at the read deadline; the budget is whole again afterwards. */
+static void test_memory_budget_and_read_deadline(void)
+{
+    http_server_t *srv;
+    http_config_t cfg = {.address = "127.0.0.1", .threads = 2, .max_body = 100000, .max_memory = 50000,
+                         .read_timeout_s = 1};
+    REQUIRE(http_server_create(&cfg, &srv) == BT_OK);
+    REQUIRE(http_server_route(srv, "POST", "/echo", 0, h_echo, NULL) == BT_OK);
+    REQUIRE(http_server_start(srv) == BT_OK);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/echo", http_server_port(srv));
+    char *big = malloc(60001);
+    REQUIRE(big);
+    memset(big, ' ', 60000);
+    big[0] = '{', big[59999] = '}', big[60000] = 0;
+    reply_t r;
+    request(url, "POST", big, NULL, &r);
+    CHECK_MSG(r.status == 503 && strstr(r.headers, "Retry-After: 1"), "%ld %s", r.status, r.headers);
+    big[20000] = 0, big[19999] = '}';
+    request(url, "POST", big, NULL, &r);
+    CHECK_MSG(r.status == 200, "%ld %s", r.status, r.body);
+    free(big);
+    for (int i = 0; i < 100 && http_server_memory(srv); i++) usleep(10000); /* released when MHD ends the request */
+    CHECK_MSG(http_server_memory(srv) == 0, "%zu bytes still reserved", http_server_memory(srv));
+
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)http_server_port(srv))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    struct timeval tv = {.tv_sec = 1};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    static const char part[] = "POST /echo HTTP/1.1\r\nHost: x\r\n";
+    int closed = 0;
+    for (int i = 0; i < 6 && !closed; i++) { /* a header byte every half second: never idle, never complete */
+        if (send(fd, i ? "X" : part, i ? 1 : sizeof part - 1, MSG_NOSIGNAL) < 0) closed = 1;
+        char b[256];
+        struct timeval half = {.tv_usec = 500000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &half, sizeof half);
+        if (recv(fd, b, sizeof b, 0) == 0) closed = 1;
+    }
+    CHECK_MSG(closed, "a request trickling in for 3 s was not closed at the 1 s read deadline");
+    close(fd);
+    http_server_destroy(srv);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -941,6 +987,7 @@ int main(void)
     RUN(test_sse_heartbeat);
     RUN(test_sse_many_streams);
     RUN(test_stop_with_open_streams);
+    RUN(test_memory_budget_and_read_deadline);
     curl_global_cleanup();
     return test_summary();
 }

@@ -1,0 +1,73 @@
+/* libFuzzer target: the router's gRPC request validators. Byte 0 picks the method (0 Generate through
+ * rtr_grpc_parse, 1 Tokenize, 2 Detokenize); the rest is the protobuf request as it arrives on the wire. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "fuzz_router_model.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    bt_log_set_level(BT_LOG_ERROR);
+    fuzz_model_load();
+    return 0;
+}
+
+static void generate(const uint8_t *p, size_t n)
+{
+    Baton__V1__GenerateRequest *q = baton__v1__generate_request__unpack(NULL, n, p);
+    if (!q) return;
+    rtr_gen_t g;
+    if (rtr_grpc_parse(&fuzz_model, q, &g) == BT_OK) {
+        if (!g.n_prompt || g.n < 1 || g.n > RTR_MAX_N || (int64_t)g.n_prompt + g.max_tokens > fuzz_model.n_ctx)
+            abort();
+        for (size_t i = 0; i < g.n_prompt; i++)
+            if (g.prompt[i] < 0 || g.prompt[i] >= tok_n_vocab(fuzz_model.tok)) abort();
+        for (const char *c = g.request_id; *c; c++)
+            if (*c < 0x21 || *c > 0x7e || *c == '"' || *c == '\\') abort(); /* safe to log as it is */
+        rtr_gen_free(&g);
+    } else if (g.prompt || g.n_stop) {
+        abort(); /* on failure g is freed and zeroed */
+    }
+    baton__v1__generate_request__free_unpacked(q, NULL);
+}
+
+static void tokenize(const uint8_t *p, size_t n)
+{
+    Baton__V1__TokenizeRequest *q = baton__v1__tokenize_request__unpack(NULL, n, p);
+    if (!q) return;
+    tok_ids ids = {0};
+    if (rtr_grpc_tokenize(&fuzz_model, q, &ids) == BT_OK)
+        for (size_t i = 0; i < ids.n; i++)
+            if (ids.ids[i] < 0 || ids.ids[i] >= tok_n_vocab(fuzz_model.tok)) abort();
+    tok_ids_free(&ids);
+    baton__v1__tokenize_request__free_unpacked(q, NULL);
+}
+
+static void detokenize(const uint8_t *p, size_t n)
+{
+    Baton__V1__DetokenizeRequest *q = baton__v1__detokenize_request__unpack(NULL, n, p);
+    if (!q) return;
+    char *text = NULL;
+    if (rtr_grpc_detokenize(&fuzz_model, q, &text) == BT_OK) {
+        char *again = rtr_utf8_sanitize(text, strlen(text)); /* the answer is already valid UTF-8 */
+        if (again && strcmp(again, text)) abort();
+        free(again);
+        free(text);
+    }
+    baton__v1__detokenize_request__free_unpacked(q, NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    switch (data[0] % 3) {
+    case 0: generate(data + 1, size - 1); break;
+    case 1: tokenize(data + 1, size - 1); break;
+    default: detokenize(data + 1, size - 1); break;
+    }
+    return 0;
+}

@@ -1,0 +1,28 @@
+/* The served model for the router fuzzers: the default model's tokenizer and chat template (real special tokens,
+ * the ChatML markers that issue 16.7 is about), loaded once. BATON_MODEL overrides the cached default. The model is
+ * what `make test` fetches; without it the fuzzer stops with a message instead of fuzzing nothing. */
+#ifndef BATON_FUZZ_ROUTER_MODEL_H
+#define BATON_FUZZ_ROUTER_MODEL_H
+
+#include "router/router.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static rtr_model_t fuzz_model;
+
+static void fuzz_model_load(void)
+{
+    static char path[1024];
+    const char *env = getenv("BATON_MODEL"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (env && *env) snprintf(path, sizeof path, "%s", env);
+    else if (xdg && *xdg) snprintf(path, sizeof path, "%s/baton/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
+    else snprintf(path, sizeof path, "%s/.cache/baton/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/root");
+    if (access(path, R_OK) != 0 || rtr_model_load(path, 2048, &fuzz_model) != BT_OK) {
+        fprintf(stderr, "fuzz: cannot load the default model %s (run deploy/fetch-model.sh)\n", path);
+        exit(1);
+    }
+}
+
+#endif
