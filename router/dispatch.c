@@ -996,7 +996,9 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
         return ret;
     }
     r.hv = r.hashes ? r.hashes : tmpl->block_hashes;
-    int timeout_ms = ops->timeout_ms > 0 ? ops->timeout_ms : d->request_timeout_ms;
+    /* the shorter of the client's own deadline (gRPC) and the router's --request-timeout-s */
+    int timeout_ms = d->request_timeout_ms;
+    if (ops->timeout_ms > 0 && (timeout_ms <= 0 || ops->timeout_ms < timeout_ms)) timeout_ms = ops->timeout_ms;
     if (timeout_ms > 0) r.deadline_ms = mono_ms() + timeout_ms;
     for (int attempt = 0;; attempt++) {
         picked_t p;

@@ -505,6 +505,16 @@ static void set_sample_index(Baton__V1__DecodeRunRequest *req, int index)
     }
 }
 
+/* What is left of a gRPC client's deadline, in ms (at least 1 once it passed), or 0 when it set none. */
+static int client_timeout_ms(const rtr_job_t *j)
+{
+    if (!j->call) return 0;
+    int64_t deadline = bt_rpc_call_deadline_ms(j->call);
+    if (deadline == INT64_MAX) return 0;
+    double left = (double)deadline - now_s() * 1000.0;
+    return left < 1 ? 1 : left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
 static void *choice_main(void *arg)
 {
     choice_t *c = arg;
@@ -524,7 +534,8 @@ static void *choice_main(void *arg)
     req.logprobs = g->logprobs;
     req.top_logprobs = (uint32_t)g->top_logprobs;
     set_sample_index(&req, c->index);
-    rtr_run_ops_t ops = {.on_tokens = on_tokens, .cancelled = is_cancelled, .ud = c};
+    rtr_run_ops_t ops = {.on_tokens = on_tokens, .cancelled = is_cancelled, .ud = c,
+                         .timeout_ms = client_timeout_ms(j)};
     rtr_run_result_t res;
     bt_status st = rtr_dispatch_run(j->r->dispatch, &req, &ops, &res);
 

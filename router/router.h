@@ -292,7 +292,7 @@ typedef struct rtr_run_ops {
     /* Nonzero when the client went away: the decode stream is cancelled. Polled about every 50 ms. */
     int (*cancelled)(void *ud);
     void *ud;
-    int timeout_ms;  /* the client's own deadline, ms from the call (gRPC); 0 = the router's --request-timeout-s */
+    int timeout_ms;  /* the client's own deadline, ms from now (gRPC); 0 = none. The shorter of it and --request-timeout-s holds */
 } rtr_run_ops_t;
 
 typedef struct rtr_run_result {

@@ -205,3 +205,40 @@ def test_grpc_tls(default_model, pb, tmp_path):
         with grpc.insecure_channel(rtr.grpc_addr) as ch:
             with pytest.raises(grpc.RpcError):
                 pb2_grpc.GenerationStub(ch).ListModels(pb2.ListModelsRequest(), timeout=3)
+
+
+def test_deadlines_end_the_work(cluster, stub, pb, default_model):
+    """A gRPC client's own deadline reaches the decode node (its Decode/Run carries what is left of it), and the
+    router's --request-timeout-s bounds an HTTP request: both end a 2,000-token generation early with
+    DEADLINE_EXCEEDED / HTTP 504, and every KV block comes back."""
+    import requests
+
+    etcd, dec, _ = cluster
+    pb2 = pb[0]
+    time.sleep(0.3)
+    base = dec.metric("baton_kv_blocks_used")
+
+    def blocks_back():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and dec.metric("baton_kv_blocks_used") > base:
+            time.sleep(0.1)
+        return dec.metric("baton_kv_blocks_used") <= base
+
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(pb2.GenerateRequest(text=PROMPT, max_tokens=2000, ignore_eos=True), timeout=1.5))
+    took = time.monotonic() - t0
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert took < 5, took
+    assert blocks_back()
+
+    with start_router(etcd, default_model, request_timeout_s=1) as rtr:
+        wait_nodes(rtr, 1)
+        t0 = time.monotonic()
+        r = requests.post(rtr.base_url + "/completions", timeout=60,
+                          json={"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True})
+        took = time.monotonic() - t0
+        assert r.status_code == 504, r.text
+        assert "deadline" in r.json()["error"]["message"].lower()
+        assert took < 5, took
+    assert blocks_back()
