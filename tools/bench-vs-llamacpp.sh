@@ -50,8 +50,13 @@ print(f"llama-cpp-python {meta['info']['version']}", file=sys.stderr)
 EOF
     fi
     echo "building llama-bench and llama-batched-bench in $dir/build ..." >&2
+    # AMX off: baton has no AMX path (so both sides use the same dot instructions), and ggml's AMX matmul crashes on
+    # VMs whose kernel does not grant the AMX tile state
+    local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    grep -q ' amx' /proc/cpuinfo 2>/dev/null || noamx=""
     cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >/dev/null
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
+        "-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx" >/dev/null
     cmake --build "$dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench >/dev/null
 }
 lb="$dir/build/bin/llama-bench" lbb="$dir/build/bin/llama-batched-bench"
