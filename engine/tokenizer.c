@@ -708,7 +708,7 @@ typedef struct work {
     size_t cap_chars;
     sym *syms;
     heap_ent *heap;
-    size_t cap_syms, heap_n;
+    size_t cap_syms, cap_heap, heap_n;
     char *buf; /* SentencePiece: the segment with spaces replaced */
     size_t cap_buf;
 } work;
@@ -755,11 +755,10 @@ static int work_chars(work *w, size_t n)
 
 static int work_syms(work *w, size_t n)
 {
-    size_t c1 = w->cap_syms, c2 = w->cap_syms;
-    if (grow((void **)&w->syms, &c1, n, sizeof *w->syms)) return -1;
-    if (grow((void **)&w->heap, &c2, n, sizeof *w->heap)) return -1;
-    w->cap_syms = c1 < c2 ? c1 : c2;
-    return 0;
+    if (grow((void **)&w->syms, &w->cap_syms, n, sizeof *w->syms)) return -1;
+    /* The merge heap keeps stale entries: it starts with n - 1 pairs, and each merge pops one entry and pushes at
+     * most two, so it never holds more than 2n. (Sizing it n overflowed on long runs of one letter: fuzz_chat_template.) */
+    return grow((void **)&w->heap, &w->cap_heap, 2 * n, sizeof *w->heap);
 }
 
 static int heap_less(heap_ent a, heap_ent b) { return a.rank != b.rank ? a.rank < b.rank : a.pos < b.pos; }
