@@ -9,15 +9,6 @@
 #include "common/log.h"
 #include "fuzz_router_model.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    bt_log_set_level(BT_LOG_ERROR);
-    fuzz_model_load();
-    return 0;
-}
-
 static size_t n_control(const tok_ids *v)
 {
     size_t k = 0;

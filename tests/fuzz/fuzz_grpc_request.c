@@ -7,15 +7,6 @@
 #include "common/log.h"
 #include "fuzz_router_model.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    bt_log_set_level(BT_LOG_ERROR);
-    fuzz_model_load();
-    return 0;
-}
-
 static void generate(const uint8_t *p, size_t n)
 {
     Baton__V1__GenerateRequest *q = baton__v1__generate_request__unpack(NULL, n, p);

@@ -4,6 +4,7 @@
 #ifndef BATON_FUZZ_ROUTER_MODEL_H
 #define BATON_FUZZ_ROUTER_MODEL_H
 
+#include "common/log.h"
 #include "router/router.h"
 
 #include <stdio.h>
@@ -23,6 +24,16 @@ static void fuzz_model_load(void)
         fprintf(stderr, "fuzz: cannot load the default model %s (run deploy/fetch-model.sh)\n", path);
         exit(1);
     }
+}
+
+/* Every router fuzzer starts the same way: quiet logs, the model loaded once. */
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    bt_log_set_level(BT_LOG_ERROR);
+    fuzz_model_load();
+    return 0;
 }
 
 #endif

@@ -13,15 +13,6 @@
 #include "common/log.h"
 #include "fuzz_router_model.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    bt_log_set_level(BT_LOG_ERROR);
-    fuzz_model_load();
-    return 0;
-}
-
 /* Valid UTF-8, NUL bytes allowed (a byte token can stand for one): each NUL-free run sanitizes to itself. */
 static int valid_utf8(const char *s, size_t n)
 {
