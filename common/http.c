@@ -492,6 +492,49 @@ bt_status http_request_json(const http_request_t *req, cJSON **out)
     return http_json_parse(body, len, out);
 }
 
+/* 1 when a JSON string in s holds the escape \u0000: cJSON keeps C strings, so the text after it would silently
+ * vanish. s is valid JSON (cJSON accepted it). */
+static int json_has_nul_escape(const char *s, size_t n)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!in_string) {
+            in_string = s[i] == '"';
+        } else if (s[i] == '"') {
+            in_string = 0;
+        } else if (s[i] == '\\') {
+            if (i + 5 < n && s[i + 1] == 'u' && !memcmp(s + i + 2, "0000", 4)) return 1;
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The first key that appears twice in an object of j (at any depth) into dup, or "" when none does; cJSON would
+ * silently take the first. Sorting keeps it O(n log n) for objects of many keys. BT_ERR_NOMEM. */
+static bt_status json_duplicate_key(const cJSON *j, char *dup, size_t cap)
+{
+    size_t n = 0;
+    for (const cJSON *c = j->child; c; c = c->next) n++;
+    if (cJSON_IsObject(j) && n > 1) {
+        char **names = malloc(n * sizeof *names);
+        if (!names) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        size_t k = 0;
+        for (const cJSON *c = j->child; c; c = c->next) names[k++] = c->string ? c->string : "";
+        qsort(names, n, sizeof *names, cmp_names);
+        for (size_t i = 1; i < n && !*dup; i++)
+            if (!strcmp(names[i - 1], names[i])) snprintf(dup, cap, "%s", names[i]);
+        free(names);
+    }
+    for (const cJSON *c = j->child; c && !*dup; c = c->next) {
+        bt_status st = json_duplicate_key(c, dup, cap);
+        if (st) return st;
+    }
+    return BT_OK;
+}
+
 bt_status http_json_parse(const char *body, size_t len, cJSON **out)
 {
     if (len == 0) return bt_fail(BT_ERR_FORMAT, "request body is empty; expected a JSON object");
@@ -511,6 +554,16 @@ bt_status http_json_parse(const char *body, size_t len, cJSON **out)
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return bt_fail(BT_ERR_FORMAT, "request body must be a JSON object");
+    }
+    if (json_has_nul_escape(body, len)) {
+        cJSON_Delete(j);
+        return bt_fail(BT_ERR_FORMAT, "request body holds \\u0000 in a string: NUL characters are not accepted");
+    }
+    char dup[128] = "";
+    bt_status st = json_duplicate_key(j, dup, sizeof dup);
+    if (st || *dup) {
+        cJSON_Delete(j);
+        return st ? st : bt_fail(BT_ERR_FORMAT, "request body has the key '%s' twice in one object", dup);
     }
     *out = j;
     return BT_OK;

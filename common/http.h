@@ -108,8 +108,9 @@ const char *http_request_body(const http_request_t *req, size_t *len);
 /* A header (case-insensitive name) or query argument; NULL when absent. Only inside the handler. */
 const char *http_request_header(http_request_t *req, const char *name);
 const char *http_request_query(http_request_t *req, const char *key);
-/* Parses the body as JSON into *out (caller frees with cJSON_Delete). BT_ERR_FORMAT when it is not JSON or not
- * an object, with a message fit for a 400 answer. */
+/* Parses the body as JSON into *out (caller frees with cJSON_Delete). BT_ERR_FORMAT, with a message fit for a 400
+ * answer, when it is not JSON, not an object, has a string holding \u0000 (C strings would cut it short) or an
+ * object holding one key twice (cJSON would take the first silently). */
 bt_status http_request_json(const http_request_t *req, cJSON **out);
 
 /* What http_request_json does to a body of len bytes (which need not be NUL-terminated). */

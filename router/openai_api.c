@@ -343,6 +343,19 @@ static bt_status check_prompt_bytes(const rtr_model_t *m, size_t bytes, int *htt
                    bytes, max, m->n_ctx);
 }
 
+/* A tool message answers a call: it must name it. Assistant messages that carry calls need tool calling. */
+static bt_status check_tool_fields(const cJSON *msg, const char *role, int idx, int *http_status)
+{
+    const cJSON *id = field(msg, "tool_call_id");
+    if (!strcmp(role, "tool") && !(cJSON_IsString(id) && id->valuestring[0]))
+        return bad(http_status, "'messages[%d].tool_call_id' is required for role 'tool'", idx);
+    const cJSON *calls = field(msg, "tool_calls");
+    if (calls && !(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 0))
+        return bad(http_status, "'messages[%d].tool_calls' is not supported yet (tool calling is planned)", idx);
+    if (field(msg, "function_call")) return bad(http_status, "'messages[%d].function_call' is not supported", idx);
+    return BT_OK;
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");
@@ -384,6 +397,7 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, developer, user, assistant or tool", i);
             goto out;
         }
+        if ((st = check_tool_fields(e, r, i, http_status))) goto out;
         if ((st = message_content(cJSON_GetObjectItemCaseSensitive(e, "content"), &contents[i], i, http_status)))
             goto out;
         if (!valid_utf8(contents[i])) {
@@ -453,6 +467,46 @@ bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_toke
     return BT_OK;
 }
 
+/* OpenAI fields baton does not honour yet are refused with 400 naming them, never ignored (a client would believe
+ * its tools or JSON schema were applied). Values that ask for nothing are accepted: tools: [], tool_choice: "none",
+ * response_format {"type": "text"}, modalities ["text"], store: false, suffix "", service_tier "auto"/"default". */
+static bt_status check_unsupported(rtr_api api, const cJSON *body, int *http_status)
+{
+    static const char *const never[] = {"functions", "function_call", "prediction", "audio", "reasoning_effort",
+                                        "web_search_options"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        if (field(body, never[i])) return bad(http_status, "'%s' is not supported", never[i]);
+    const cJSON *f = field(body, "tools");
+    if (f && !(cJSON_IsArray(f) && cJSON_GetArraySize(f) == 0))
+        return bad(http_status, "'%s' is not supported yet (tool calling is planned)", "tools");
+    f = field(body, "tool_choice");
+    if (f && !(cJSON_IsString(f) && !strcmp(f->valuestring, "none")))
+        return bad(http_status, "'%s' other than \"none\" is not supported yet (tool calling is planned)", "tool_choice");
+    f = field(body, "parallel_tool_calls");
+    if (f && !cJSON_IsBool(f)) return bad(http_status, "'%s' must be a boolean", "parallel_tool_calls");
+    f = field(body, "response_format");
+    if (f) {
+        const cJSON *type = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
+        if (!cJSON_IsString(type)) return bad(http_status, "'%s' must be an object with a string 'type'", "response_format");
+        if (strcmp(type->valuestring, "text"))
+            return bad(http_status, "'%s' of type '%.40s' is not supported yet (structured output is planned)",
+                       "response_format", type->valuestring);
+    }
+    f = field(body, "modalities");
+    if (f && !(cJSON_IsArray(f) && cJSON_GetArraySize(f) == 1 && cJSON_IsString(f->child) &&
+               !strcmp(f->child->valuestring, "text")))
+        return bad(http_status, "'%s' other than [\"text\"] is not supported", "modalities");
+    f = field(body, "store");
+    if (f && !cJSON_IsFalse(f)) return bad(http_status, "'%s': true is not supported (baton stores nothing)", "store");
+    f = field(body, "service_tier");
+    if (f && !(cJSON_IsString(f) && (!strcmp(f->valuestring, "auto") || !strcmp(f->valuestring, "default"))))
+        return bad(http_status, "'%s' must be \"auto\" or \"default\"", "service_tier");
+    f = field(body, "suffix");
+    if (api == RTR_API_COMPLETION && f && !(cJSON_IsString(f) && !f->valuestring[0]))
+        return bad(http_status, "'%s' is not supported", "suffix");
+    return BT_OK;
+}
+
 bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     memset(g, 0, sizeof *g);
@@ -467,6 +521,7 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
         return bt_fail(BT_ERR_NOT_FOUND, "The model '%.100s' does not exist (this server serves '%s')",
                        model->valuestring, m->name);
     }
+    if ((st = check_unsupported(api, body, http_status))) return st;
     if ((st = get_bool(body, "stream", &g->stream, http_status))) return st;
     const cJSON *so = field(body, "stream_options");
     if (so) {

@@ -271,6 +271,19 @@ BAD = [
     ({"logit_bias": {"7": "x"}}, "logit_bias"),
     ({"model": 3}, "model"),
     ({"user": 3}, "user"),
+    # OpenAI fields baton does not honour are refused, never ignored (issue 23.5)
+    ({"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"store": True}, "store"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "4"}]}, "tool_call_id"),
+    ({"seed": 2e19}, "seed"),
     ({"messages": [{"role": "user", "content": "hello world " * 5000}]}, "context"),
 ]
 
@@ -300,6 +313,7 @@ BAD_CMPL = [
     ({"logprobs": 30}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"prompt": ""}, "prompt"),
+    ({"suffix": "return x"}, "suffix"),
 ]
 
 
@@ -326,6 +340,30 @@ def test_malformed_json_unknown_model_and_unknown_fields(cluster):
     # invalid UTF-8 inside a JSON string is refused
     status, _ = raw_post(rtr, "/v1/completions", b'{"prompt": "\xff\xfe", "max_tokens": 2}')
     assert status == 400
+    # a NUL escape cut the content short, and a repeated key took the first value: both refused now
+    status, data = raw_post(rtr, "/v1/chat/completions",
+                            b'{"messages": [{"role": "user", "content": "hi\\u0000 there"}], "max_tokens": 2}')
+    assert status == 400 and "u0000" in json.loads(data)["error"]["message"], data
+    status, data = raw_post(rtr, "/v1/chat/completions",
+                            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "max_tokens": 9}')
+    assert status == 400 and "'max_tokens' twice" in json.loads(data)["error"]["message"], data
+
+
+def test_unsupported_fields_with_the_openai_client(client):
+    """The openai client's tool-calling and JSON-mode calls get a 400 naming the field, never a 200 that ignored
+    it; the neutral values a client may send by default are accepted."""
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    tools = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
+                                               "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="", messages=msgs, tools=tools, max_tokens=4)
+    assert "tools" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="", messages=msgs, response_format={"type": "json_object"}, max_tokens=4)
+    assert "response_format" in str(e.value)
+    r = client.chat.completions.create(model="", messages=msgs, max_tokens=4, tools=[], tool_choice="none",
+                                       response_format={"type": "text"}, store=False, temperature=0)
+    assert r.choices[0].message.content
 
 
 def test_body_too_large_413(cluster):

@@ -973,9 +973,45 @@ static void test_memory_budget_and_read_deadline(void)
     http_server_destroy(srv);
 }
 
+/* http_json_parse refuses what cJSON would silently change: a \u0000 inside a string (the text after it vanished)
+ * and a key given twice in one object (the first one won), at any depth; an escaped backslash before u0000 is text. */
+static int json_ok(const char *s)
+{
+    cJSON *j = NULL;
+    bt_status st = http_json_parse(s, strlen(s), &j);
+    cJSON_Delete(j);
+    return st == BT_OK;
+}
+
+static void test_json_rules(void)
+{
+    CHECK(json_ok("{\"a\":\"x\\\\u0000\"}")); /* the text \u0000 after an escaped backslash */
+    CHECK(json_ok("{\"a\":\"\\u0001\",\"b\":{\"a\":1},\"c\":[{\"a\":1},{\"a\":2}]}"));
+    CHECK(!json_ok("{\"a\":\"hi\\u0000there\"}"));
+    CHECK(strstr(bt_last_error(), "\\u0000") != NULL);
+    CHECK(!json_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}"));
+    CHECK(!json_ok("{\"k\\u0000\":1}"));
+    CHECK(!json_ok("{\"model\":\"a\",\"model\":\"b\"}"));
+    CHECK(strstr(bt_last_error(), "'model' twice") != NULL);
+    CHECK(!json_ok("{\"m\":[{\"role\":\"user\",\"content\":\"x\",\"role\":\"system\"}]}"));
+    /* many keys: sorted, not compared pairwise */
+    size_t n = 200000, cap = n * 16 + 16, at = 0;
+    char *big = malloc(cap);
+    REQUIRE(big);
+    big[at++] = '{';
+    for (size_t i = 0; i < n; i++) at += (size_t)snprintf(big + at, cap - at, "%s\"k%zu\":1", i ? "," : "", i);
+    big[at++] = '}';
+    big[at] = 0;
+    CHECK(json_ok(big));
+    memcpy(big + at - 1, ",\"k7\":2}", 9);
+    CHECK(!json_ok(big));
+    free(big);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    RUN(test_json_rules);
     RUN(test_bad_config);
     RUN(test_plain_requests);
     RUN(test_many_deferred);

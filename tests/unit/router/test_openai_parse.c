@@ -88,7 +88,49 @@ static void test_errors(void)
     BAD("\"stream\":1", "stream");
     BAD("\"logit_bias\":{\"x\":1}", "logit_bias");
     BAD("\"presence_penalty\":9", "presence_penalty");
+    BAD("\"seed\":1e19", "seed"); /* past 2^63: it gave seed -2^63's output */
+    /* OpenAI fields baton does not honour are refused, not ignored (issue 23.5) */
+    BAD("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", "tools");
+    BAD("\"tool_choice\":\"required\"", "tool_choice");
+    BAD("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", "tool_choice");
+    BAD("\"functions\":[]", "functions");
+    BAD("\"function_call\":\"auto\"", "function_call");
+    BAD("\"parallel_tool_calls\":1", "parallel_tool_calls");
+    BAD("\"response_format\":{\"type\":\"json_object\"}", "response_format");
+    BAD("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}",
+        "response_format");
+    BAD("\"response_format\":\"json\"", "response_format");
+    BAD("\"modalities\":[\"text\",\"audio\"]", "modalities");
+    BAD("\"audio\":{\"voice\":\"x\"}", "audio");
+    BAD("\"prediction\":{\"type\":\"content\",\"content\":\"x\"}", "prediction");
+    BAD("\"store\":true", "store");
+    BAD("\"service_tier\":\"flex\"", "service_tier");
+    BAD("\"reasoning_effort\":\"low\"", "reasoning_effort");
 #undef BAD
+    /* what asks for nothing is accepted */
+    rtr_gen_t ok;
+    int status = 0;
+    CHECK(parse(RTR_API_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[],\"tool_choice\":\"none\","
+                "\"parallel_tool_calls\":false,\"response_format\":{\"type\":\"text\"},\"modalities\":[\"text\"],"
+                "\"store\":false,\"service_tier\":\"auto\",\"functions\":null}",
+                &ok, &status) == BT_OK);
+    rtr_gen_free(&ok);
+    CHECK(parse(RTR_API_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":\"\"}", &ok, &status) == BT_OK);
+    rtr_gen_free(&ok);
+    expect_error(RTR_API_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":\"end\"}", 400, "suffix");
+    /* a tool message must name the call it answers; assistant tool calls need tool calling */
+    expect_error(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"tool\",\"content\":\"4\"}]}",
+                 400, "tool_call_id");
+    expect_error(RTR_API_CHAT,
+                 "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\",\"type\":"
+                 "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
+                 400, "tool_calls");
+    CHECK(parse(RTR_API_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"tool\",\"tool_call_id\":\"c1\","
+                "\"content\":\"4\"}]}",
+                &ok, &status) == BT_OK);
+    rtr_gen_free(&ok);
     expect_error(RTR_API_CHAT, "{\"messages\":[]}", 400, "messages");
     expect_error(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\"}],\"model\":\"other\"}", 404, "other");
     expect_error(RTR_API_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "role");
