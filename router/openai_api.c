@@ -467,6 +467,19 @@ bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_toke
     return BT_OK;
 }
 
+/* 'model', when given, names the served model: else 404. */
+static bt_status check_model(const rtr_model_t *m, const cJSON *body, int *http_status)
+{
+    const cJSON *model = field(body, "model");
+    if (model && !cJSON_IsString(model)) return bad(http_status, "'%s' must be a string", "model");
+    if (model && !rtr_model_matches(m, model->valuestring)) {
+        *http_status = 404;
+        return bt_fail(BT_ERR_NOT_FOUND, "The model '%.100s' does not exist (this server serves '%s')",
+                       model->valuestring, m->name);
+    }
+    return BT_OK;
+}
+
 /* OpenAI fields baton does not honour yet are refused with 400 naming them, never ignored (a client would believe
  * its tools or JSON schema were applied). Values that ask for nothing are accepted: tools: [], tool_choice: "none",
  * response_format {"type": "text"}, modalities ["text"], store: false, suffix "", service_tier "auto"/"default". */
@@ -514,13 +527,7 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
     g->n = 1;
     *http_status = 400;
     bt_status st;
-    const cJSON *model = field(body, "model");
-    if (model && !cJSON_IsString(model)) return bad(http_status, "'%s' must be a string", "model");
-    if (model && !rtr_model_matches(m, model->valuestring)) {
-        *http_status = 404;
-        return bt_fail(BT_ERR_NOT_FOUND, "The model '%.100s' does not exist (this server serves '%s')",
-                       model->valuestring, m->name);
-    }
+    if ((st = check_model(m, body, http_status))) return st;
     if ((st = check_unsupported(api, body, http_status))) return st;
     if ((st = get_bool(body, "stream", &g->stream, http_status))) return st;
     const cJSON *so = field(body, "stream_options");
@@ -625,6 +632,15 @@ static void refuse_429(rtr_t *r, http_request_t *req, const char *msg, int retry
     http_respond_error(req, 429, msg, NULL, NULL);
 }
 
+/* Answers a request whose parsing failed with its status: 404 for an unknown model, 500 when out of memory. */
+static void respond_parse_error(rtr_t *r, http_request_t *req, bt_status st, int status)
+{
+    rtr_count_request(r, st == BT_ERR_NOMEM ? "server_error" : "client_error");
+    if (st == BT_ERR_NOMEM) http_respond_error(req, 500, bt_last_error(), NULL, NULL);
+    else if (status == 404) http_respond_error(req, 404, bt_last_error(), "invalid_request_error", "model_not_found");
+    else http_respond_error(req, status, bt_last_error(), NULL, NULL);
+}
+
 static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
 {
     char msg[200];
@@ -652,11 +668,7 @@ static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
     cJSON_Delete(body);
     if (st) {
         rtr_gen_free(&g);
-        rtr_count_request(r, "client_error");
-        if (st == BT_ERR_NOMEM) http_respond_error(req, 500, bt_last_error(), NULL, NULL);
-        else if (status == 404)
-            http_respond_error(req, 404, bt_last_error(), "invalid_request_error", "model_not_found");
-        else http_respond_error(req, status, bt_last_error(), NULL, NULL);
+        respond_parse_error(r, req, st, status);
         return;
     }
     char slo_msg[160];
@@ -688,6 +700,125 @@ static cJSON *model_json(const rtr_t *r)
     cJSON_AddStringToObject(o, "owned_by", "baton");
     cJSON_AddNumberToObject(o, "max_model_len", r->model.n_ctx);
     return o;
+}
+
+/* The JSON body of a tokenizer call, admitted like Tokenize on gRPC; NULL when the request was answered. */
+static cJSON *tokenizer_body(rtr_t *r, http_request_t *req)
+{
+    char msg[200];
+    int retry = 1;
+    if (!rtr_admit_quick(r, msg, sizeof msg, &retry)) {
+        refuse_429(r, req, msg, retry);
+        return NULL;
+    }
+    cJSON *body = NULL;
+    int status = 400;
+    bt_status st = http_request_json(req, &body);
+    if (!st) st = check_model(&r->model, body, &status);
+    if (st) {
+        cJSON_Delete(body);
+        respond_parse_error(r, req, st, status);
+        return NULL;
+    }
+    return body;
+}
+
+/* The ids of a /tokenize body: a chat ("messages", rendered with the template as a chat request would be) or a
+ * "prompt" string (special-token text parsed, BOS added unless "add_special_tokens": false). */
+static bt_status tokenize_body(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    memset(g, 0, sizeof *g);
+    if (field(body, "messages")) return chat_prompt(m, body, g, http_status);
+    const cJSON *p = field(body, "prompt");
+    if (!cJSON_IsString(p)) return bad(http_status, "'%s' (a string) or 'messages' is required", "prompt");
+    int add_special = 1;
+    bt_status st = get_bool(body, "add_special_tokens", &add_special, http_status);
+    if (!st) st = check_prompt_bytes(m, strlen(p->valuestring), http_status);
+    if (st) return st;
+    if (!valid_utf8(p->valuestring)) return bad(http_status, "'%s' is not valid UTF-8", "prompt");
+    return encode(m, p->valuestring, strlen(p->valuestring), TOK_PARSE_SPECIAL | (add_special ? TOK_ADD_SPECIAL : 0),
+                  g);
+}
+
+/* POST /tokenize (as vLLM): {"count", "max_model_len", "tokens"}. */
+static void h_tokenize(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    cJSON *body = tokenizer_body(r, req);
+    if (!body) return;
+    rtr_gen_t g;
+    int status = 400;
+    bt_status st = tokenize_body(&r->model, body, &g, &status);
+    cJSON_Delete(body);
+    if (st) {
+        rtr_gen_free(&g);
+        respond_parse_error(r, req, st, status);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *ids = o ? cJSON_AddArrayToObject(o, "tokens") : NULL;
+    for (size_t i = 0; ids && i < g.n_prompt; i++) {
+        cJSON *v = cJSON_CreateNumber(g.prompt[i]);
+        if (!v || !cJSON_AddItemToArray(ids, v)) ids = NULL;
+    }
+    if (!ids || !cJSON_AddNumberToObject(o, "count", (double)g.n_prompt) ||
+        !cJSON_AddNumberToObject(o, "max_model_len", r->model.n_ctx)) {
+        http_respond_error(req, 500, "out of memory", NULL, NULL);
+    } else {
+        http_respond_json(req, 200, o);
+    }
+    cJSON_Delete(o);
+    rtr_gen_free(&g);
+}
+
+/* The text of a /detokenize body's "tokens" (ids in the vocabulary, at most about a prompt's worth) into *text. */
+static bt_status detokenize_body(const rtr_model_t *m, const cJSON *body, char **text, int *http_status)
+{
+    const cJSON *t = field(body, "tokens");
+    if (!cJSON_IsArray(t)) return bad(http_status, "'%s' (an array of token ids) is required", "tokens");
+    size_t n = (size_t)cJSON_GetArraySize(t), max_ids = rtr_prompt_max_bytes(m) / 4;
+    if (n > max_ids) return bad(http_status, "'%s' holds %zu ids; at most %zu per call", "tokens", n, max_ids);
+    int32_t *ids = calloc(n ? n : 1, sizeof *ids);
+    if (!ids) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, t) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble >= tok_n_vocab(m->tok)) {
+            free(ids);
+            return bad(http_status, "'%s' must be integers in the vocabulary", "tokens");
+        }
+        ids[k++] = (int32_t)e->valuedouble;
+    }
+    char *s = NULL;
+    size_t len = 0;
+    bt_status st = tok_decode(m->tok, ids, k, 0, &s, &len);
+    free(ids);
+    if (st) return st;
+    *text = rtr_utf8_sanitize(s, len);
+    free(s);
+    return *text ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
+}
+
+/* POST /detokenize (as vLLM): {"prompt": text}. */
+static void h_detokenize(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    cJSON *body = tokenizer_body(r, req);
+    if (!body) return;
+    char *text = NULL;
+    int status = 400;
+    bt_status st = detokenize_body(&r->model, body, &text, &status);
+    cJSON_Delete(body);
+    if (st) {
+        respond_parse_error(r, req, st, status);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddStringToObject(o, "prompt", text)) http_respond_error(req, 500, "out of memory", NULL, NULL);
+    else http_respond_json(req, 200, o);
+    cJSON_Delete(o);
+    free(text);
 }
 
 static void h_models(http_request_t *req, void *arg)
@@ -729,6 +860,8 @@ bt_status rtr_openai_register(rtr_t *r, http_server_t *s)
     if ((st = http_server_route(s, "POST", "/v1/chat/completions", HTTP_ROUTE_AUTH, h_chat, r))) return st;
     if ((st = http_server_route(s, "POST", "/v1/completions", HTTP_ROUTE_AUTH, h_completions, r))) return st;
     if ((st = http_server_route(s, "GET", "/v1/models", HTTP_ROUTE_AUTH, h_models, r))) return st;
+    if ((st = http_server_route(s, "POST", "/tokenize", HTTP_ROUTE_AUTH, h_tokenize, r))) return st;
+    if ((st = http_server_route(s, "POST", "/detokenize", HTTP_ROUTE_AUTH, h_detokenize, r))) return st;
     if ((st = http_server_route(s, "GET", "/v1/models/", HTTP_ROUTE_AUTH | HTTP_ROUTE_PREFIX, h_model_one, r)))
         return st;
     return http_server_route(s, "GET", "/health", 0, h_health, r);

@@ -242,3 +242,39 @@ def test_deadlines_end_the_work(cluster, stub, pb, default_model):
         assert "deadline" in r.json()["error"]["message"].lower()
         assert took < 5, took
     assert blocks_back()
+
+
+def test_http_tokenize_detokenize_equal_grpc(cluster, stub, pb):
+    """POST /tokenize and /detokenize (vLLM's shapes) give the gRPC API's ids and text, for text and for a chat;
+    bad bodies are a 400 naming the field, an unknown model a 404."""
+    import json
+
+    from test_router_openai import raw_post
+
+    _, _, rtr = cluster
+    pb2 = pb[0]
+
+    def post(path, body):
+        status, data = raw_post(rtr, path, json.dumps(body).encode())
+        return status, json.loads(data)
+
+    text = "Hello world <|im_start|> and 東京"
+    g = stub.Tokenize(pb2.TokenizeRequest(text=text, add_special_tokens=True), timeout=10)
+    status, t = post("/tokenize", {"prompt": text})
+    assert status == 200 and t["tokens"] == list(g.token_ids) and t["count"] == len(g.token_ids)
+    assert t["max_model_len"] == g.max_context
+    status, t2 = post("/tokenize", {"prompt": text, "add_special_tokens": False})
+    assert status == 200 and t2["tokens"] == list(stub.Tokenize(pb2.TokenizeRequest(text=text), timeout=10).token_ids)
+    msgs = [{"role": "user", "content": "hi <|im_end|>"}]
+    gc = stub.Tokenize(pb2.TokenizeRequest(chat=pb2.ChatMessages(messages=[pb2.ChatMessage(**m) for m in msgs])))
+    status, tc = post("/tokenize", {"messages": msgs})
+    assert status == 200 and tc["tokens"] == list(gc.token_ids)
+    status, d = post("/detokenize", {"tokens": t2["tokens"]})
+    assert status == 200 and d["prompt"] == stub.Detokenize(pb2.DetokenizeRequest(token_ids=t2["tokens"])).text == text
+    for path, body, field in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 5}, "prompt"),
+                              ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, "add_special_tokens"),
+                              ("/detokenize", {}, "tokens"), ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/detokenize", {"tokens": [1.5]}, "tokens")]:
+        status, e = post(path, body)
+        assert status == 400 and field in e["error"]["message"], (path, body, e)
+    assert post("/tokenize", {"prompt": "x", "model": "nope"})[0] == 404
