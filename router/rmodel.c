@@ -4,8 +4,10 @@
 #include "common/log.h"
 #include "engine/gguf.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 /* A positive arch-prefixed integer key, or 0 when absent or out of range (the router only estimates with it). */
@@ -50,9 +52,10 @@ bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *out)
     if (dot && dot[5] == '\0') *dot = '\0';
     gguf_str s;
     if (gguf_get_str(f, "general.name", &s) == BT_OK && s.len)
-        gguf_str_copy(s, m.name, sizeof m.name);
+        gguf_str_copy(s, m.long_name, sizeof m.long_name);
     else
-        snprintf(m.name, sizeof m.name, "%s", m.base);
+        snprintf(m.long_name, sizeof m.long_name, "%s", m.base);
+    rtr_model_short_id(m.base, m.name, sizeof m.name);
     int64_t ctx = 2048;
     if (gguf_get_str(f, "general.architecture", &s) == BT_OK && s.len) {
         char arch[64], key[128];
@@ -84,10 +87,27 @@ void rtr_model_free(rtr_model_t *m)
     memset(m, 0, sizeof *m);
 }
 
+/* 1 when a file name's last tag is a GGUF quantization or float type: Q4_1, q4_k_m, IQ2_XS, F16, BF16, ... */
+static int quant_tag(const char *t)
+{
+    if (!strcasecmp(t, "f16") || !strcasecmp(t, "f32") || !strcasecmp(t, "bf16")) return 1;
+    if (tolower((unsigned char)t[0]) == 'i') t++;
+    return tolower((unsigned char)t[0]) == 'q' && isdigit((unsigned char)t[1]);
+}
+
+void rtr_model_short_id(const char *base, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", base);
+    for (char *p = out; *p; p++) *p = (char)tolower((unsigned char)*p);
+    char *dot = strrchr(out, '.'), *dash = strrchr(out, '-');
+    char *cut = dot > dash ? dot : dash;
+    if (cut && cut != out && quant_tag(cut + 1)) *cut = '\0';
+}
+
 int rtr_model_matches(const rtr_model_t *m, const char *name)
 {
     if (!name || !*name) return 1;
-    if (!strcmp(name, m->name) || !strcmp(name, m->base)) return 1;
+    if (!strcmp(name, m->name) || !strcmp(name, m->long_name) || !strcmp(name, m->base)) return 1;
     size_t lb = strlen(m->base), ln = strlen(name);
     return ln == lb + 5 && !strncmp(name, m->base, lb) && !strcmp(name + lb, ".gguf");
 }

@@ -58,8 +58,9 @@ typedef struct rtr_model {
     tok_tokenizer *tok;
     chat_tmpl tmpl;
     int has_tmpl;
-    char name[128];     /* general.name, or the file's base name */
-    char base[128];     /* the file's base name, also accepted as the model name */
+    char name[128];      /* the id served: a short id from the file name (rtr_model_short_id), or the operator's */
+    char long_name[128]; /* general.name, or the file's base name: accepted as an alias */
+    char base[128];      /* the file's base name, also accepted (with or without .gguf) */
     int32_t n_ctx;      /* prompt + generated tokens allowed */
     int64_t created;    /* unix seconds: the file's modification time */
     char fingerprint[17]; /* gguf_fingerprint as 16 lower-case hex digits, as nodes publish it */
@@ -73,8 +74,11 @@ typedef struct rtr_model {
  * get 400). *m is set only on success. */
 bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *m);
 void rtr_model_free(rtr_model_t *m);
-/* 1 when name (NULL or "" = any) names this model. */
+/* 1 when name (NULL or "" = any) names this model: its id, general.name or file name. */
 int rtr_model_matches(const rtr_model_t *m, const char *name);
+/* The short id of a model file's base name (no directory, no .gguf): lower case, without a trailing quantization
+ * tag ("SmolLM2-135M-Instruct.Q4_1" -> "smollm2-135m-instruct", "gemma-3-270m-q4_k_m" -> "gemma-3-270m"). */
+void rtr_model_short_id(const char *base, char *out, size_t cap);
 
 /* ---- textgen.c ---- */
 

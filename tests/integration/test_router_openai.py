@@ -84,6 +84,12 @@ def test_models(client, cluster):
     assert client.models.retrieve(name).id == name
     base = os.path.basename(str(default_model_path())).removesuffix(".gguf")
     assert client.models.retrieve(base).id == name
+    # a short id from the file name; the GGUF's general.name stays an alias
+    assert name == "smollm2-135m-instruct"
+    assert client.models.retrieve("Smollm2 135M 8k Lc100K Mix1 Ep2").id == name
+    r = client.chat.completions.create(model="Smollm2 135M 8k Lc100K Mix1 Ep2", max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert r.model == name
 
 
 def default_model_path():

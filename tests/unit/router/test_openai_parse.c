@@ -182,6 +182,19 @@ static void test_model_names(void)
     CHECK(rtr_model_matches(&model, model.name));
     CHECK(rtr_model_matches(&model, model.base));
     CHECK(!rtr_model_matches(&model, "gpt-4"));
+    /* the served id is short; general.name and the file name stay aliases */
+    CHECK_MSG(!strcmp(model.name, "smollm2-135m-instruct"), "id %s", model.name);
+    CHECK(rtr_model_matches(&model, model.long_name) && strcmp(model.long_name, model.name));
+    CHECK(rtr_model_matches(&model, "SmolLM2-135M-Instruct.Q4_1.gguf"));
+    static const char *const ids[][2] = {
+        {"SmolLM2-135M-Instruct.Q4_1", "smollm2-135m-instruct"}, {"gemma-3-270m-q4_k_m", "gemma-3-270m"},
+        {"Llama-3.2-1B-Instruct-Q8_0", "llama-3.2-1b-instruct"}, {"qwen2.5-0.5b-instruct-IQ2_XS", "qwen2.5-0.5b-instruct"},
+        {"model-f16", "model"},   {"Phi-3", "phi-3"},  {"tiny", "tiny"},  {"Q4_0", "q4_0"},  {"x.q", "x.q"}};
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++) {
+        char id[64];
+        rtr_model_short_id(ids[i][0], id, sizeof id);
+        CHECK_MSG(!strcmp(id, ids[i][1]), "%s -> %s (want %s)", ids[i][0], id, ids[i][1]);
+    }
     char host[64];
     int port;
     CHECK(rtr_split_hostport("127.0.0.1:8000", host, sizeof host, &port) == BT_OK && port == 8000 &&
