@@ -22,9 +22,10 @@ static void model_usage(FILE *out)
             "                                          write the model's layers 0..N (inclusive) as a model of their\n"
             "                                          own: a draft for speculative decoding (--spec draft:FILE;\n"
             "                                          --spec self:N+1 does the same without a file)\n"
-            "       baton model quantize [PATH] --type q4_k --out FILE\n"
-            "                                          write the model with every matrix (rows a multiple of 256)\n"
-            "                                          requantized to Q4_K (a K-quant file to test and measure with)\n"
+            "       baton model quantize [PATH] --type q4_k|q5_0 --out FILE\n"
+            "                                          write the model with every matrix requantized to Q4_K (rows\n"
+            "                                          a multiple of 256) or Q5_0 (a multiple of 32): files of those\n"
+            "                                          types to test and measure with\n"
             "       baton model path                print the default model's path\n"
             "\n--all prints every array element instead of the first few.\n",
             BT_DEFAULT_MODEL_FILE);
@@ -225,30 +226,32 @@ static int model_slice(const char *path, const char *layers, const char *out)
     return 0;
 }
 
-/* `model quantize`: each matrix (2-D ".weight" tensor with rows a multiple of 256) rewritten as Q4_K. */
+/* `model quantize`: each matrix (2-D ".weight" tensor with rows a multiple of the type's block) rewritten as Q4_K
+ * or Q5_0. */
 typedef struct quant_job {
+    uint32_t type; /* BT_TYPE_Q4_K or BT_TYPE_Q5_0 */
     uint64_t done, total;
-    void *buf;   /* the current tensor's Q4_K bytes */
+    void *buf;   /* the current tensor's new bytes */
     float *row;  /* one dequantized row */
     size_t row_cap;
 } quant_job;
 
-static int quantizable(const gguf_tensor *t)
+static int quantizable(const gguf_tensor *t, uint32_t type)
 {
     char name[256];
     gguf_str_copy(t->name, name, sizeof name);
     size_t n = strlen(name);
-    return t->n_dims == 2 && n > 7 && !strcmp(name + n - 7, ".weight") && t->ne[0] % BT_QK_K == 0 &&
-           t->type != BT_TYPE_Q4_K;
+    return t->n_dims == 2 && n > 7 && !strcmp(name + n - 7, ".weight") &&
+           t->ne[0] % (uint64_t)bt_cpu_block_elems(type) == 0 && t->type != type;
 }
 
 static bt_status quantize_tensor(void *ud, const gguf_tensor *t, gguf_tensor_out *out)
 {
     quant_job *q = ud;
     q->done++;
-    if (!quantizable(t)) return BT_OK;
+    if (!quantizable(t, q->type)) return BT_OK;
     int64_t n_in = (int64_t)t->ne[0], n_out = (int64_t)t->ne[1];
-    size_t src_row = bt_cpu_row_bytes(t->type, n_in), dst_row = bt_cpu_row_bytes(BT_TYPE_Q4_K, n_in);
+    size_t src_row = bt_cpu_row_bytes(t->type, n_in), dst_row = bt_cpu_row_bytes(q->type, n_in);
     if (!src_row) return bt_fail(BT_ERR_UNSUPPORTED, "cannot read tensor type %s", bt_ggml_type_name(t->type));
     free(q->buf);
     q->buf = malloc(dst_row * (size_t)n_out);
@@ -262,19 +265,22 @@ static bt_status quantize_tensor(void *ud, const gguf_tensor *t, gguf_tensor_out
     for (int64_t o = 0; o < n_out; o++) {
         if (bt_cpu_dequantize_row_ref(t->type, n_in, (const uint8_t *)t->data + (size_t)o * src_row, q->row))
             return bt_fail(BT_ERR_UNSUPPORTED, "cannot dequantize %s rows", bt_ggml_type_name(t->type));
-        bt_cpu_quantize_row_q4_k(n_in, q->row, (bt_block_q4_k *)((uint8_t *)q->buf + (size_t)o * dst_row));
+        void *dst = (uint8_t *)q->buf + (size_t)o * dst_row;
+        if (q->type == BT_TYPE_Q4_K) bt_cpu_quantize_row_q4_k(n_in, q->row, dst);
+        else bt_cpu_quantize_row_q5_0(n_in, q->row, dst);
     }
-    out->type = BT_TYPE_Q4_K, out->data = q->buf, out->n_bytes = dst_row * (size_t)n_out;
+    out->type = q->type, out->data = q->buf, out->n_bytes = dst_row * (size_t)n_out;
     fprintf(stderr, "\r  quantized %llu of %llu tensors", (unsigned long long)q->done, (unsigned long long)q->total);
     return BT_OK;
 }
 
-/* `model quantize PATH --type q4_k --out FILE`. */
+/* `model quantize PATH --type q4_k|q5_0 --out FILE`. */
 static int model_quantize(const char *path, const char *type, const char *out)
 {
-    if (!type || !out || strcmp(type, "q4_k")) {
-        fprintf(stderr, "baton model quantize: give --type q4_k and --out FILE%s%s%s\n", type ? " (not '" : "",
-                type ? type : "", type ? "': only q4_k is written today)" : "");
+    int q4k = type && !strcmp(type, "q4_k"), q50 = type && !strcmp(type, "q5_0");
+    if (!out || !(q4k || q50)) {
+        fprintf(stderr, "baton model quantize: give --type q4_k|q5_0 and --out FILE%s%s%s\n", type ? " (not '" : "",
+                type ? type : "", type ? "': q4_k and q5_0 are written today)" : "");
         return 2;
     }
     gguf_file *f = NULL;
@@ -282,9 +288,10 @@ static int model_quantize(const char *path, const char *type, const char *out)
         fprintf(stderr, "baton model quantize: %s\n", bt_last_error());
         return 1;
     }
-    quant_job q = {.total = gguf_n_tensors(f)};
+    quant_job q = {.type = q4k ? BT_TYPE_Q4_K : BT_TYPE_Q5_0, .total = gguf_n_tensors(f)};
     gguf_close(f);
-    gguf_rewrite_opts o = {.name_suffix = " (Q4_K)", .file_type = 14 /* llama.cpp's MOSTLY_Q4_K_S */,
+    /* llama.cpp's file types: MOSTLY_Q4_K_S 14, MOSTLY_Q5_0 8 */
+    gguf_rewrite_opts o = {.name_suffix = q4k ? " (Q4_K)" : " (Q5_0)", .file_type = q4k ? 14 : 8,
                            .tensor = quantize_tensor, .ud = &q};
     bt_status st = gguf_rewrite(path, out, &o);
     fprintf(stderr, "\n");
@@ -294,7 +301,7 @@ static int model_quantize(const char *path, const char *type, const char *out)
         fprintf(stderr, "baton model quantize: %s\n", bt_last_error());
         return 1;
     }
-    printf("wrote %s: the matrices of %s as Q4_K\n", out, path);
+    printf("wrote %s: the matrices of %s as %s\n", out, path, q4k ? "Q4_K" : "Q5_0");
     return 0;
 }
 

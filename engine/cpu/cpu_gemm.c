@@ -22,7 +22,9 @@
  *   Q8_0, 8-bit act:         qs[4k + t] ^ 0x80 (k < 8): codes + 128 as the u8 operand, 128 * sum(a) taken off;
  *   Q8_0, 16-bit act:        16 vectors of 32 bytes, word j of vector k (k < 16) = qs[2k], qs[2k+1] of row j: one
  *                            vpmovsxbw (load and sign-extend) makes the int16 pairs vpdpwssd needs.
- * Rows past n_out are zero (zero scales: they contribute nothing and are never stored). */
+ * Rows past n_out are zero (zero scales: they contribute nothing and are never stored).
+ * Q5_0 has no layout of its own: its codes q - 16 (5 bits) and scale d are stored as a Q8_0 block, exactly, and the
+ * Q8_0 kernels run it (bt_cpu_pack_layout). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,19 @@ static int norm_bits(int act_bits)
     return act_bits == 8 ? 8 : 16;
 }
 
-/* bytes of one block's code vectors for the 16 rows; 0 when t has no packed layout */
+uint32_t bt_cpu_pack_layout(uint32_t t)
+{
+    switch (t) {
+    case BT_TYPE_Q4_0:
+    case BT_TYPE_Q4_1:
+    case BT_TYPE_Q4_K:
+    case BT_TYPE_Q8_0: return t;
+    case BT_TYPE_Q5_0: return BT_TYPE_Q8_0;
+    default: return BT_TYPE_COUNT;
+    }
+}
+
+/* bytes of one block's code vectors for the 16 rows of layout t; 0 when t is not a layout */
 static size_t code_bytes(uint32_t t)
 {
     switch (t) {
@@ -106,6 +120,7 @@ static uint8_t *block_codes(uint32_t t, uint8_t *group, int64_t b)
 
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 {
+    t = bt_cpu_pack_layout(t);
     if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t) || (act_bits != 0 && act_bits != 8 && act_bits != 16))
         return 0;
     if (t == BT_TYPE_Q4_K && norm_bits(act_bits) != 16) return 0; /* no 8-bit layout */
@@ -115,14 +130,16 @@ int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out)
 {
     (void)act_bits; /* both layouts have the same size */
-    if (t >= BT_TYPE_COUNT || !code_bytes(t) || n_in <= 0 || n_in % src_block_elems(t) || n_out <= 0) return 0;
+    uint32_t l = bt_cpu_pack_layout(t);
+    if (l >= BT_TYPE_COUNT || n_in <= 0 || n_in % src_block_elems(t) || n_out <= 0) return 0;
     int64_t ng = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
-    return (size_t)ng * group_bytes(t, n_in);
+    return (size_t)ng * group_bytes(l, n_in);
 }
 
 typedef struct pack_job {
     const bt_cpu_packed *p;
-    const uint8_t *w; /* [n_out][row bytes] */
+    uint32_t src_type; /* the GGUF type of w (p->wtype is its layout) */
+    const uint8_t *w;  /* [n_out][row bytes] */
     size_t row_bytes;
     int64_t n_groups;
 } pack_job;
@@ -141,8 +158,21 @@ static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, float *f, uint
         q32[i] = (uint8_t)(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
 }
 
-/* Writes row j (< 16) of group g from the GGUF row src into the packed group dst. */
-static void pack_row(const bt_cpu_packed *p, const uint8_t *src, int j, uint8_t *dst)
+/* A Q5_0 block as the Q8_0 block of the same values: codes q - 16, the same d. */
+static bt_block_q8_0 q5_0_as_q8_0(const bt_block_q5_0 *b)
+{
+    bt_block_q8_0 o;
+    o.d = b->d;
+    uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        o.qs[j] = (int8_t)(((b->qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4) - 16);
+        o.qs[j + 16] = (int8_t)(((b->qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16);
+    }
+    return o;
+}
+
+/* Writes row j (< 16) of group g from the GGUF row src (type src_type) into the packed group dst. */
+static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *src, int j, uint8_t *dst)
 {
     int64_t nb = p->n_in / BT_QK;
     int bits = p->act_bits;
@@ -158,7 +188,12 @@ static void pack_row(const bt_cpu_packed *p, const uint8_t *src, int j, uint8_t 
             continue;
         }
         if (p->wtype == BT_TYPE_Q8_0) {
+            bt_block_q8_0 from_q5;
             const bt_block_q8_0 *blk = (const bt_block_q8_0 *)src + b;
+            if (src_type == BT_TYPE_Q5_0) {
+                from_q5 = q5_0_as_q8_0((const bt_block_q5_0 *)src + b);
+                blk = &from_q5;
+            }
             sc[j] = blk->d;
             qs = (const uint8_t *)blk->qs;
             if (bits == 16) {
@@ -194,7 +229,7 @@ static void pack_task(void *arg, int ith, int nth)
         uint8_t *dst = (uint8_t *)p->data + (size_t)g * p->group_bytes;
         for (int j = 0; j < BT_CPU_PACK_ROWS; j++) {
             int64_t o = g * BT_CPU_PACK_ROWS + j;
-            if (o < p->n_out) pack_row(p, job->w + (size_t)o * job->row_bytes, j, dst);
+            if (o < p->n_out) pack_row(p, job->src_type, job->w + (size_t)o * job->row_bytes, j, dst);
         }
     }
 }
@@ -202,7 +237,7 @@ static void pack_task(void *arg, int ith, int nth)
 /* Checks t, act_bits and the shape; *bytes = the packed size. */
 static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w, size_t *bytes)
 {
-    if (t >= BT_TYPE_COUNT || !code_bytes(t))
+    if (bt_cpu_pack_layout(t) >= BT_TYPE_COUNT)
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
@@ -217,9 +252,10 @@ static void pack_fill(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int
                       void *data, size_t bytes, bt_cpu_packed *out)
 {
     memset(data, 0, bytes); /* padding rows and tails: zero scales, so they contribute nothing */
-    bt_cpu_packed p = {.wtype = t, .act_bits = norm_bits(act_bits), .n_in = n_in, .n_out = n_out,
-                       .group_bytes = group_bytes(t, n_in), .data = data};
-    pack_job job = {.p = &p, .w = w, .row_bytes = bt_cpu_row_bytes(t, n_in),
+    uint32_t l = bt_cpu_pack_layout(t);
+    bt_cpu_packed p = {.wtype = l, .act_bits = norm_bits(act_bits), .n_in = n_in, .n_out = n_out,
+                       .group_bytes = group_bytes(l, n_in), .data = data};
+    pack_job job = {.p = &p, .src_type = t, .w = w, .row_bytes = bt_cpu_row_bytes(t, n_in),
                     .n_groups = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS};
     int nth = pool ? bt_pool_size(pool) : 1;
     if (nth > 1 && job.n_groups >= 2 * nth)

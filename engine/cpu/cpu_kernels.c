@@ -349,7 +349,7 @@ bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm)
     if (mm->wp) {
         const bt_cpu_packed *p = mm->wp;
         int bits = mm->act_bits == 8 ? 8 : 16;
-        if (p->wtype != mm->wtype || p->act_bits != bits || p->n_in != mm->n_in || p->n_out != mm->n_out ||
+        if (p->wtype != bt_cpu_pack_layout(mm->wtype) || p->act_bits != bits || p->n_in != mm->n_in || p->n_out != mm->n_out ||
             !p->data || !bt_cpu_pack_supported(mm->ops, mm->wtype, bits))
             return bt_fail(BT_ERR_INVALID, "matmul: packed weights do not match the matmul or the ISA");
     }
@@ -385,7 +385,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
     int64_t ng = (mm->n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
     int64_t lo = ng * ith / nth, hi = ng * (ith + 1) / nth;
     if (lo >= hi || mm->n_rows == 0) return;
-    bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[mm->wtype] : mm->ops->gemm16[mm->wtype];
+    bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[p->wtype] : mm->ops->gemm16[p->wtype];
     size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
     size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
     for (int64_t r0 = 0; r0 < mm->n_rows; r0 += PACKED_ROW_CHUNK) {

@@ -51,7 +51,7 @@ typedef void (*bt_cpu_dot_rows_fn)(int64_t n, const void *w_row, const void *act
 #define BT_CPU_GEMM_NR 8
 
 typedef struct bt_cpu_packed {
-    uint32_t wtype;
+    uint32_t wtype;     /* the layout and kernel: bt_cpu_pack_layout of the packed matrix's type */
     int act_bits;       /* 8 or 16: the precision the layout is for */
     int64_t n_in, n_out;
     size_t group_bytes; /* bytes per group of BT_CPU_PACK_ROWS rows, a multiple of 64 */
@@ -172,6 +172,10 @@ float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n,
  * precision act_bits (0 means 16); dst holds bt_cpu_act_row_bytes(t, act_bits, n) bytes. Can't fail for
  * supported t and act_bits and n a multiple of the block. */
 void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const float *x, void *dst);
+
+/* The packed layout (and tiled kernel) weight type t is packed into: itself for Q4_0, Q4_1, Q4_K and Q8_0; Q8_0 for
+ * Q5_0, whose values d * (q - 16) are exactly Q8_0 codes q - 16 with the same d; BT_TYPE_COUNT when none. */
+uint32_t bt_cpu_pack_layout(uint32_t t);
 
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);

@@ -584,6 +584,25 @@ static uint8_t round_6bit(float v)
     return (uint8_t)(r < 0 ? 0 : r > 63 ? 63 : r);
 }
 
+void bt_cpu_quantize_row_q5_0(int64_t n, const float *x, bt_block_q5_0 *y)
+{
+    for (int64_t b = 0; b < n / BT_QK; b++, x += BT_QK) {
+        float big = 0;
+        for (int i = 0; i < BT_QK; i++) big = fabsf(x[i]) > fabsf(big) ? x[i] : big;
+        y[b].d = bt_f32_to_fp16(big / -16.0f);
+        float d = bt_fp16_to_f32(y[b].d), id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = (int)lrintf(x[j] * id) + 16, hi = (int)lrintf(x[j + 16] * id) + 16;
+            lo = lo < 0 ? 0 : lo > 31 ? 31 : lo;
+            hi = hi < 0 ? 0 : hi > 31 ? 31 : hi;
+            y[b].qs[j] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+            qh |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + 16);
+        }
+        for (int k = 0; k < 4; k++) y[b].qh[k] = (uint8_t)(qh >> (8 * k));
+    }
+}
+
 void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y)
 {
     for (int64_t b = 0; b < n / BT_QK_K; b++, x += BT_QK_K) {

@@ -213,29 +213,42 @@ def test_tiny_model_of_every_weight_type(baton_bin, tmp_path, type_name):
     assert agree == 1.0 and rel.max() < 5e-3, (type_name, agree, float(rel.max()))
 
 
-@pytest.fixture(scope="module")
-def q4k_model(baton_bin, default_model, tmp_path_factory):
-    """The default model with every matrix whose rows are a multiple of 256 (SmolLM2: ffn_down) requantized to Q4_K
-    by `baton model quantize`: a K-quant file for the packed Q4_K kernels."""
-    path = tmp_path_factory.mktemp("q4k") / "smollm2-q4k.gguf"
-    subprocess.run([str(baton_bin), "model", "quantize", str(default_model), "--type", "q4_k", "--out", str(path)],
+def requantized(baton_bin, default_model, tmp_path_factory, qtype):
+    path = tmp_path_factory.mktemp(qtype) / f"smollm2-{qtype}.gguf"
+    subprocess.run([str(baton_bin), "model", "quantize", str(default_model), "--type", qtype, "--out", str(path)],
                    check=True, timeout=300, capture_output=True)
     return path
 
 
-def test_q4k_model_matches_numpy_oracle(baton_bin, q4k_model, tmp_path):
-    """The Q4_K file against the oracle over gguf-py's own Q4_K dequantization (so baton's quantizer's choices do not
-    matter, only that baton computes with what the file says): same bounds as the default model at 16 bits."""
-    oracle_q4k = Oracle(q4k_model)
-    assert any(t.tensor_type.name == "Q4_K" for t in GGUFReader(str(q4k_model)).tensors)
+@pytest.fixture(scope="module")
+def q4k_model(baton_bin, default_model, tmp_path_factory):
+    """The default model with every matrix whose rows are a multiple of 256 (SmolLM2: ffn_down) requantized to Q4_K
+    by `baton model quantize`: a K-quant file for the packed Q4_K kernels."""
+    return requantized(baton_bin, default_model, tmp_path_factory, "q4_k")
+
+
+@pytest.fixture(scope="module")
+def q50_model(baton_bin, default_model, tmp_path_factory):
+    """The default model with every matrix requantized to Q5_0: packed into the Q8_0 layout (bt_cpu_pack_layout)."""
+    return requantized(baton_bin, default_model, tmp_path_factory, "q5_0")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_0"])
+def test_requantized_model_matches_numpy_oracle(baton_bin, q4k_model, q50_model, qtype, tmp_path):
+    """A requantized file against the oracle over gguf-py's own dequantization of its type (so baton's quantizer's
+    choices do not matter, only that baton computes with what the file says): same bounds as the default model at
+    16 bits."""
+    model = q4k_model if qtype == "Q4_K" else q50_model
+    oracle_q = Oracle(model)
+    assert any(t.tensor_type.name == qtype for t in GGUFReader(str(model)).tensors)
     total = agree = 0
     worst = 0.0
     for text in PROMPTS[:3]:
-        ids = tokenize(baton_bin, q4k_model, text)
-        want = oracle_q4k.logits(np.array(ids))
-        got = baton_logits(baton_bin, q4k_model, ids, tmp_path, chunk=64)
+        ids = tokenize(baton_bin, model, text)
+        want = oracle_q.logits(np.array(ids))
+        got = baton_logits(baton_bin, model, ids, tmp_path, chunk=64)
         worst = max(worst, float((np.max(np.abs(got - want), axis=1) / np.max(np.abs(want), axis=1)).max()))
         agree += int(np.sum(np.argmax(got, axis=1) == np.argmax(want, axis=1)))
         total += len(ids)
-    print(f"Q4_K model: {total} positions, top-1 agreement {agree / total:.4f}, max rel err {worst:.4f}")
+    print(f"{qtype} model: {total} positions, top-1 agreement {agree / total:.4f}, max rel err {worst:.4f}")
     assert total >= 400 and agree / total >= 0.99 and worst < 0.01, (total, agree / total, worst)

@@ -9,7 +9,8 @@
 #include "test_cpu_util.h"
 #include "test_isa.h"
 
-static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K};
+/* Q5_0 packs into the Q8_0 layout (bt_cpu_pack_layout) */
+static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K, BT_TYPE_Q5_0};
 #define N_PACKED ((int)(sizeof packed_types / sizeof packed_types[0]))
 
 static int64_t rand_range(uint64_t *s, int64_t lo, int64_t hi) /* [lo, hi] */
@@ -97,7 +98,8 @@ static void test_gemm_each_width(void)
             uint32_t t = packed_types[k % N_PACKED];
             int bits = k < N_PACKED ? 8 : 16;
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
-            bt_cpu_gemm_fn gemm = bits == 8 ? ops->gemm8[t] : ops->gemm16[t];
+            uint32_t l = bt_cpu_pack_layout(t);
+            bt_cpu_gemm_fn gemm = bits == 8 ? ops->gemm8[l] : ops->gemm16[l];
             int64_t n_in = t == BT_TYPE_Q4_K ? 256 * rand_range(&s, 1, 3) : 32 * rand_range(&s, 1, 20), n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
             uint8_t *w = make_weights(t, n_in, n_out, &s);
             size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
