@@ -33,6 +33,7 @@ import pytest
 
 from concurrent import futures
 
+from harness import pygen
 from harness.baton_procs import start_decode, wait_registered
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
@@ -84,11 +85,7 @@ def idle_base(dec):
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    out = tmp_path_factory.mktemp("stubs")
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
-                    f"--grpc_python_out={out}", "baton/v1/generate.proto"], check=True)
-    sys.path.insert(0, str(out))
-    return importlib.import_module("baton.v1.generate_pb2"), importlib.import_module("baton.v1.generate_pb2_grpc")
+    return pygen.api_stubs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,14 @@ Generate (server-streaming, equal to the HTTP answer and to `baton generate`), T
 grpc.health.v1 Check, INVALID_ARGUMENT / NOT_FOUND / UNAUTHENTICATED / UNAVAILABLE."""
 from __future__ import annotations
 
-import importlib
 import pathlib
 import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 
+from harness import pygen
 from harness.baton_procs import start_decode
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
@@ -22,13 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    out = tmp_path_factory.mktemp("stubs")
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
-                    f"--grpc_python_out={out}", "baton/v1/generate.proto"], check=True)
-    sys.path.insert(0, str(out))
-    pb2 = importlib.import_module("baton.v1.generate_pb2")
-    pb2_grpc = importlib.import_module("baton.v1.generate_pb2_grpc")
-    return pb2, pb2_grpc
+    return pygen.api_stubs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

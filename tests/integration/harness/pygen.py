@@ -26,3 +26,10 @@ def generate(proto_dir: pathlib.Path, src: pathlib.Path, out: pathlib.Path) -> d
         return {name: importlib.import_module(name) for name in MODULES}
     finally:
         sys.path.remove(str(out))
+
+
+def api_stubs(tmp_path_factory) -> tuple:
+    """(generate_pb2, generate_pb2_grpc): the public baton.v1.Generation API, for tests that are its clients."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    mods = generate(root / "proto", tmp_path_factory.mktemp("protos"), tmp_path_factory.mktemp("pygen"))
+    return mods["baton.v1.generate_pb2"], mods["baton.v1.generate_pb2_grpc"]
