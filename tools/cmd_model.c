@@ -22,10 +22,10 @@ static void model_usage(FILE *out)
             "                                          write the model's layers 0..N (inclusive) as a model of their\n"
             "                                          own: a draft for speculative decoding (--spec draft:FILE;\n"
             "                                          --spec self:N+1 does the same without a file)\n"
-            "       baton model quantize [PATH] --type q4_k|q5_0 --out FILE\n"
+            "       baton model quantize [PATH] --type q4_k|q5_0|q5_1 --out FILE\n"
             "                                          write the model with every matrix requantized to Q4_K (rows\n"
-            "                                          a multiple of 256) or Q5_0 (a multiple of 32): files of those\n"
-            "                                          types to test and measure with\n"
+            "                                          a multiple of 256), Q5_0 or Q5_1 (a multiple of 32): files of\n"
+            "                                          those types to test and measure with\n"
             "       baton model path                print the default model's path\n"
             "\n--all prints every array element instead of the first few.\n",
             BT_DEFAULT_MODEL_FILE);
@@ -229,7 +229,7 @@ static int model_slice(const char *path, const char *layers, const char *out)
 /* `model quantize`: each matrix (2-D ".weight" tensor with rows a multiple of the type's block) rewritten as Q4_K
  * or Q5_0. */
 typedef struct quant_job {
-    uint32_t type; /* BT_TYPE_Q4_K or BT_TYPE_Q5_0 */
+    uint32_t type; /* BT_TYPE_Q4_K, BT_TYPE_Q5_0 or BT_TYPE_Q5_1 */
     uint64_t done, total;
     void *buf;   /* the current tensor's new bytes */
     float *row;  /* one dequantized row */
@@ -267,20 +267,33 @@ static bt_status quantize_tensor(void *ud, const gguf_tensor *t, gguf_tensor_out
             return bt_fail(BT_ERR_UNSUPPORTED, "cannot dequantize %s rows", bt_ggml_type_name(t->type));
         void *dst = (uint8_t *)q->buf + (size_t)o * dst_row;
         if (q->type == BT_TYPE_Q4_K) bt_cpu_quantize_row_q4_k(n_in, q->row, dst);
-        else bt_cpu_quantize_row_q5_0(n_in, q->row, dst);
+        else if (q->type == BT_TYPE_Q5_0) bt_cpu_quantize_row_q5_0(n_in, q->row, dst);
+        else bt_cpu_quantize_row_q5_1(n_in, q->row, dst);
     }
     out->type = q->type, out->data = q->buf, out->n_bytes = dst_row * (size_t)n_out;
     fprintf(stderr, "\r  quantized %llu of %llu tensors", (unsigned long long)q->done, (unsigned long long)q->total);
     return BT_OK;
 }
 
-/* `model quantize PATH --type q4_k|q5_0 --out FILE`. */
+/* What `model quantize --type` writes: the name, the tensor type, the file's name suffix and llama.cpp file type. */
+static const struct {
+    const char *name;
+    uint32_t type;
+    const char *suffix;
+    int file_type;
+} quant_types[] = {{"q4_k", BT_TYPE_Q4_K, " (Q4_K)", 14 /* MOSTLY_Q4_K_S */},
+                   {"q5_0", BT_TYPE_Q5_0, " (Q5_0)", 8 /* MOSTLY_Q5_0 */},
+                   {"q5_1", BT_TYPE_Q5_1, " (Q5_1)", 9 /* MOSTLY_Q5_1 */}};
+
+/* `model quantize PATH --type q4_k|q5_0|q5_1 --out FILE`. */
 static int model_quantize(const char *path, const char *type, const char *out)
 {
-    int q4k = type && !strcmp(type, "q4_k"), q50 = type && !strcmp(type, "q5_0");
-    if (!out || !(q4k || q50)) {
-        fprintf(stderr, "baton model quantize: give --type q4_k|q5_0 and --out FILE%s%s%s\n", type ? " (not '" : "",
-                type ? type : "", type ? "': q4_k and q5_0 are written today)" : "");
+    int k = -1;
+    for (int i = 0; type && i < (int)(sizeof quant_types / sizeof *quant_types); i++)
+        if (!strcmp(type, quant_types[i].name)) k = i;
+    if (!out || k < 0) {
+        fprintf(stderr, "baton model quantize: give --type q4_k|q5_0|q5_1 and --out FILE%s%s%s\n",
+                type ? " (not '" : "", type ? type : "", type ? "')" : "");
         return 2;
     }
     gguf_file *f = NULL;
@@ -288,10 +301,9 @@ static int model_quantize(const char *path, const char *type, const char *out)
         fprintf(stderr, "baton model quantize: %s\n", bt_last_error());
         return 1;
     }
-    quant_job q = {.type = q4k ? BT_TYPE_Q4_K : BT_TYPE_Q5_0, .total = gguf_n_tensors(f)};
+    quant_job q = {.type = quant_types[k].type, .total = gguf_n_tensors(f)};
     gguf_close(f);
-    /* llama.cpp's file types: MOSTLY_Q4_K_S 14, MOSTLY_Q5_0 8 */
-    gguf_rewrite_opts o = {.name_suffix = q4k ? " (Q4_K)" : " (Q5_0)", .file_type = q4k ? 14 : 8,
+    gguf_rewrite_opts o = {.name_suffix = quant_types[k].suffix, .file_type = quant_types[k].file_type,
                            .tensor = quantize_tensor, .ud = &q};
     bt_status st = gguf_rewrite(path, out, &o);
     fprintf(stderr, "\n");
@@ -301,7 +313,7 @@ static int model_quantize(const char *path, const char *type, const char *out)
         fprintf(stderr, "baton model quantize: %s\n", bt_last_error());
         return 1;
     }
-    printf("wrote %s: the matrices of %s as %s\n", out, path, q4k ? "Q4_K" : "Q5_0");
+    printf("wrote %s: the matrices of %s as %s\n", out, path, bt_ggml_type_name(quant_types[k].type));
     return 0;
 }
 

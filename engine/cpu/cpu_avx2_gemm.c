@@ -90,7 +90,7 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
     }
     const uint16_t *sc = bt_gl_scales(group, b, type, cb);
     load_scales(sc, &d[0], &d[1]);
-    if (type == BT_TYPE_Q4_1)
+    if (bt_gl_fp16_min(type))
         load_scales(sc + BT_CPU_PACK_ROWS, &m[0], &m[1]);
     else
         m[0] = m[1] = _mm256_setzero_ps();
@@ -125,8 +125,8 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
-    const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
-    const int mins = type == BT_TYPE_Q4_1 || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const int mins = bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
     const __m256i m4 = _mm256_set1_epi32(0x000f000f);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
@@ -137,7 +137,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
-        if (type == BT_TYPE_Q8_0) {
+        if (bt_gl_byte_codes(type)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
@@ -226,3 +226,4 @@ BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
 BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
+BT_CPU_GEMM_DECL(avx2, q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1) }

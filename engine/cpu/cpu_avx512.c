@@ -919,11 +919,13 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
         [BT_TYPE_Q4_0] = bt_cpu_avx512_gemm_q4_0,
         [BT_TYPE_Q4_1] = bt_cpu_avx512_gemm_q4_1,
         [BT_TYPE_Q8_0] = bt_cpu_avx512_gemm_q8_0,
+        [BT_TYPE_Q5_1] = bt_cpu_avx512_gemm_q5_1,
     },
     .gemm16 = {
         [BT_TYPE_Q4_0] = bt_cpu_avx512_gemm_q4_0_q16,
         [BT_TYPE_Q4_1] = bt_cpu_avx512_gemm_q4_1_q16,
         [BT_TYPE_Q8_0] = bt_cpu_avx512_gemm_q8_0_q16,
         [BT_TYPE_Q4_K] = bt_cpu_avx512_gemm_q4_k_q16,
+        [BT_TYPE_Q5_1] = bt_cpu_avx512_gemm_q5_1_q16,
     },
 };

@@ -47,7 +47,7 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
     }
     const uint16_t *sc = bt_gl_scales(group, b, type, cb);
     *dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
-    *mw = type == BT_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
+    *mw = bt_gl_fp16_min(type) ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
                                : _mm512_setzero_ps();
 }
 
@@ -90,8 +90,8 @@ AI void store_rows(const int NR, const __m512 *acc, float *out, size_t out_strid
 AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
-    const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
-    const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
+    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const int mins = bt_gl_fp16_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[BT_CPU_GEMM_NR];
@@ -112,7 +112,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) { /* code vectors k and k + 4 */
             __m512i c0, c1;
-            if (type == BT_TYPE_Q8_0) {
+            if (bt_gl_byte_codes(type)) {
                 c0 = _mm512_load_si512(cp + 64 * k), c1 = _mm512_load_si512(cp + 64 * (k + 4));
             } else {
                 __m512i v = _mm512_load_si512(cp + 64 * k);
@@ -153,8 +153,8 @@ AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
-    const size_t cb = type == BT_TYPE_Q8_0 ? 512 : 256;
-    const int mins = type == BT_TYPE_Q4_1 || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const int mins = bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi32(0x000f000f);
     __m512 acc[BT_CPU_GEMM_NR];
@@ -171,7 +171,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
-        if (type == BT_TYPE_Q8_0) {
+        if (bt_gl_byte_codes(type)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
@@ -223,5 +223,6 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
 GEMM(q8_0, BT_TYPE_Q8_0)
+GEMM(q5_1, BT_TYPE_Q5_1)
 BT_CPU_GEMM_DECL(avx512, q4_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q4_K) }
 

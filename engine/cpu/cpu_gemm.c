@@ -24,7 +24,9 @@
  *                            vpmovsxbw (load and sign-extend) makes the int16 pairs vpdpwssd needs.
  * Rows past n_out are zero (zero scales: they contribute nothing and are never stored).
  * Q5_0 has no layout of its own: its codes q - 16 (5 bits) and scale d are stored as a Q8_0 block, exactly, and the
- * Q8_0 kernels run it (bt_cpu_pack_layout). */
+ * Q8_0 kernels run it (bt_cpu_pack_layout).
+ *   Q5_1:       unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as Q8_0's
+ *               for the same precision (8-bit: without the 0x80 flip, since they are already valid u8 operands). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,8 @@ uint32_t bt_cpu_pack_layout(uint32_t t)
     case BT_TYPE_Q4_0:
     case BT_TYPE_Q4_1:
     case BT_TYPE_Q4_K:
-    case BT_TYPE_Q8_0: return t;
+    case BT_TYPE_Q8_0:
+    case BT_TYPE_Q5_1: return t;
     case BT_TYPE_Q5_0: return BT_TYPE_Q8_0;
     default: return BT_TYPE_COUNT;
     }
@@ -58,14 +61,15 @@ static size_t code_bytes(uint32_t t)
     case BT_TYPE_Q4_0:
     case BT_TYPE_Q4_1:
     case BT_TYPE_Q4_K: return 4 * 64;
-    case BT_TYPE_Q8_0: return 8 * 64;
+    case BT_TYPE_Q8_0:
+    case BT_TYPE_Q5_1: return 8 * 64;
     default: return 0;
     }
 }
 
 static int has_min(uint32_t t)
 {
-    return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K;
+    return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_1;
 }
 
 /* bytes of a unit's scales: 64 (fp16 d, and m or a partner block's d) or, for Q4_K, 128 (fp32 d and m) */
@@ -171,6 +175,16 @@ static bt_block_q8_0 q5_0_as_q8_0(const bt_block_q5_0 *b)
     return o;
 }
 
+/* The 32 codes q (0..31) of a Q5_1 block. */
+static void q5_1_codes(const bt_block_q5_1 *b, uint8_t q[BT_QK])
+{
+    uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (uint8_t)((b->qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
+        q[j + 16] = (uint8_t)((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
 /* Writes row j (< 16) of group g from the GGUF row src (type src_type) into the packed group dst. */
 static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *src, int j, uint8_t *dst)
 {
@@ -185,6 +199,21 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
             pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q32);
             for (int k = 0; k < 4; k++)
                 for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
+            continue;
+        }
+        if (p->wtype == BT_TYPE_Q5_1) {
+            const bt_block_q5_1 *blk = (const bt_block_q5_1 *)src + b;
+            sc[j] = blk->d;
+            sc[BT_CPU_PACK_ROWS + j] = blk->m;
+            uint8_t q[BT_QK];
+            q5_1_codes(blk, q);
+            if (bits == 16) {
+                uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+                for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
+            } else {
+                for (int k = 0; k < 8; k++)
+                    for (int t = 0; t < 4; t++) c[64 * k + t] = q[4 * k + t];
+            }
             continue;
         }
         if (p->wtype == BT_TYPE_Q8_0) {
@@ -303,17 +332,18 @@ void bt_cpu_packed_free(bt_cpu_packed *p)
 static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
 {
     const uint8_t *c = block_codes(p->wtype, group, b) + 4 * (size_t)j;
-    if (p->wtype == BT_TYPE_Q8_0 && p->act_bits == 16) {
+    const int bytes = p->wtype == BT_TYPE_Q8_0 || p->wtype == BT_TYPE_Q5_1; /* byte codes (Q5_1's are 0..31) */
+    if (bytes && p->act_bits == 16) {
         const uint8_t *c2 = block_codes(p->wtype, group, b) + 2 * (size_t)j;
         for (int k = 0; k < 16; k++) q[2 * k] = (int8_t)c2[32 * k], q[2 * k + 1] = (int8_t)c2[32 * k + 1];
         return;
     }
-    for (int k = 0; k < (p->wtype == BT_TYPE_Q8_0 ? 8 : 4); k++)
+    for (int k = 0; k < (bytes ? 8 : 4); k++)
         for (int t = 0; t < 4; t++) {
             uint8_t byte = c[64 * k + t];
             int e = 4 * k + (p->act_bits == 8 ? t : pair_order[t]); /* pair_order is its own inverse */
-            if (p->wtype == BT_TYPE_Q8_0) {
-                q[e] = byte; /* 8-bit layout: q + 128 */
+            if (bytes) {
+                q[e] = byte; /* 8-bit layout: Q8_0's q + 128, Q5_1's q */
             } else {
                 q[e] = byte & 15;
                 q[e + 16] = byte >> 4;

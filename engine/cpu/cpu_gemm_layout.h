@@ -15,31 +15,47 @@
 #define BT_GL_ACT8(act, stride, r, b) ((const bt_block_q8_32 *)((const char *)(act) + (size_t)(r) * (stride)) + (b))
 #define BT_GL_ACT16(act, stride, r, b) ((const bt_block_q16_32 *)((const char *)(act) + (size_t)(r) * (stride)) + (b))
 
-/* Block b's unit: Q4_1 and Q4_K one block per unit (64 or 128 bytes of scales, then cb code bytes), Q4_0 and Q8_0
- * two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for Q8_0). */
+/* Layouts with a min (Q4_1, Q5_1): one block per unit, fp16 d then fp16 m. */
+BT_GL_AI int bt_gl_fp16_min(const int type)
+{
+    return type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1;
+}
+
+/* Layouts whose codes are bytes (Q8_0, Q5_1: 512 code bytes per block), not nibbles. */
+BT_GL_AI int bt_gl_byte_codes(const int type)
+{
+    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1;
+}
+
+/* Block b's unit: Q4_1, Q5_1 and Q4_K one block per unit (64 or 128 bytes of scales, then cb code bytes), Q4_0 and
+ * Q8_0 two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for byte codes). */
 BT_GL_AI const uint8_t *bt_gl_unit(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
     if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
-    return type == BT_TYPE_Q4_1 ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
+    return bt_gl_fp16_min(type) ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
 }
 
-/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1); Q4_K keeps fp32 d and m at bt_gl_unit instead. */
+/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1 and Q5_1); Q4_K keeps fp32 d and m at bt_gl_unit instead. */
 BT_GL_AI const uint16_t *bt_gl_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
-    return (const uint16_t *)(bt_gl_unit(group, b, type, cb) + (type == BT_TYPE_Q4_1 ? 0 : 32 * (b & 1)));
+    return (const uint16_t *)(bt_gl_unit(group, b, type, cb) + (bt_gl_fp16_min(type) ? 0 : 32 * (b & 1)));
 }
 
 /* Block b's code vectors. */
 BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
     if (type == BT_TYPE_Q4_K) return bt_gl_unit(group, b, type, cb) + 128;
-    return bt_gl_unit(group, b, type, cb) + 64 + (type == BT_TYPE_Q4_1 ? 0 : cb * (size_t)(b & 1));
+    return bt_gl_unit(group, b, type, cb) + 64 + (bt_gl_fp16_min(type) ? 0 : cb * (size_t)(b & 1));
 }
 
 /* Bytes of the group per block, for prefetching a group block by block (unit bytes / blocks per unit). */
 BT_GL_AI int bt_gl_block_share(const int type)
 {
-    return type == BT_TYPE_Q4_K ? 384 : type == BT_TYPE_Q4_1 ? 320 : type == BT_TYPE_Q4_0 ? 288 : 544;
+    return type == BT_TYPE_Q4_K   ? 384
+           : type == BT_TYPE_Q4_1 ? 320
+           : type == BT_TYPE_Q4_0 ? 288
+           : type == BT_TYPE_Q5_1 ? 576
+                                  : 544;
 }
 
 /* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks. */

@@ -603,6 +603,29 @@ void bt_cpu_quantize_row_q5_0(int64_t n, const float *x, bt_block_q5_0 *y)
     }
 }
 
+void bt_cpu_quantize_row_q5_1(int64_t n, const float *x, bt_block_q5_1 *y)
+{
+    for (int64_t b = 0; b < n / BT_QK; b++, x += BT_QK) {
+        float lo = x[0], hi = x[0];
+        for (int i = 1; i < BT_QK; i++) {
+            lo = x[i] < lo ? x[i] : lo;
+            hi = x[i] > hi ? x[i] : hi;
+        }
+        y[b].d = bt_f32_to_fp16((hi - lo) / 31.0f);
+        y[b].m = bt_f32_to_fp16(lo);
+        float d = bt_fp16_to_f32(y[b].d), m = bt_fp16_to_f32(y[b].m), id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int)lrintf((x[j] - m) * id), q1 = (int)lrintf((x[j + 16] - m) * id);
+            q0 = q0 < 0 ? 0 : q0 > 31 ? 31 : q0;
+            q1 = q1 < 0 ? 0 : q1 > 31 ? 31 : q1;
+            y[b].qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        for (int k = 0; k < 4; k++) y[b].qh[k] = (uint8_t)(qh >> (8 * k));
+    }
+}
+
 void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y)
 {
     for (int64_t b = 0; b < n / BT_QK_K; b++, x += BT_QK_K) {

@@ -100,6 +100,9 @@ void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y);
 /* Quantizes n floats (n % 32 == 0) to Q5_0: per block d = (the value of largest magnitude) / -16 in fp16, then each
  * code the nearest level q in [0, 31] of d * (q - 16) under that rounded d. NaN inputs give unspecified codes. */
 void bt_cpu_quantize_row_q5_0(int64_t n, const float *x, bt_block_q5_0 *y);
+/* Quantizes n floats (n % 32 == 0) to Q5_1: per block m = min and d = (max - min) / 31 in fp16, then each code the
+ * nearest q in [0, 31] of d * q + m under those rounded values. NaN inputs give unspecified codes. */
+void bt_cpu_quantize_row_q5_1(int64_t n, const float *x, bt_block_q5_1 *y);
 
 /* Scalar reference activation quantizers: d = max|x| / 127, qs = round-half-even(x * (1 / d)). x must be finite
  * (a NaN or infinity gives unspecified codes, and different ISAs may then disagree). */

@@ -233,12 +233,18 @@ def q50_model(baton_bin, default_model, tmp_path_factory):
     return requantized(baton_bin, default_model, tmp_path_factory, "q5_0")
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_0"])
-def test_requantized_model_matches_numpy_oracle(baton_bin, q4k_model, q50_model, qtype, tmp_path):
+@pytest.fixture(scope="module")
+def q51_model(baton_bin, default_model, tmp_path_factory):
+    """The default model with every matrix requantized to Q5_1: the packed Q5_1 layout (byte codes, fp16 d and m)."""
+    return requantized(baton_bin, default_model, tmp_path_factory, "q5_1")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_0", "Q5_1"])
+def test_requantized_model_matches_numpy_oracle(baton_bin, request, qtype, tmp_path):
     """A requantized file against the oracle over gguf-py's own dequantization of its type (so baton's quantizer's
     choices do not matter, only that baton computes with what the file says): same bounds as the default model at
     16 bits."""
-    model = q4k_model if qtype == "Q4_K" else q50_model
+    model = request.getfixturevalue({"Q4_K": "q4k_model", "Q5_0": "q50_model", "Q5_1": "q51_model"}[qtype])
     oracle_q = Oracle(model)
     assert any(t.tensor_type.name == qtype for t in GGUFReader(str(model)).tensors)
     total = agree = 0

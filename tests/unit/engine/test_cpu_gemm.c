@@ -10,7 +10,8 @@
 #include "test_isa.h"
 
 /* Q5_0 packs into the Q8_0 layout (bt_cpu_pack_layout) */
-static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K, BT_TYPE_Q5_0};
+static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K, BT_TYPE_Q5_0,
+                                        BT_TYPE_Q5_1};
 #define N_PACKED ((int)(sizeof packed_types / sizeof packed_types[0]))
 
 static int64_t rand_range(uint64_t *s, int64_t lo, int64_t hi) /* [lo, hi] */
