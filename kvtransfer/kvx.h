@@ -295,6 +295,14 @@ uint64_t kvx_expect_epoch(const kvx_expect_t *expect);
 /* Blocks until the expectation ends and its callback has returned; returns its status. Not from a callback. */
 bt_status kvx_expect_wait(kvx_expect_t *expect);
 
+/* For a receiver that told the sender to stop (it cancelled the call that asked for the bytes): returns once no
+ * byte of this epoch can land any more. Unclaimed (no sender asked to write one-sidedly; AM data is checked on
+ * arrival): ends the expectation at once, as destroy would, and returns BT_OK; a later claim is refused and late
+ * data dropped. Claimed (MAPPED or PUT path: the sender may be writing): waits for the expectation to end by itself
+ * (the sender's completion message, the sender's death, or its deadline) and returns BT_OK, or BT_ERR_TIMEOUT when
+ * it is still pending after timeout_ms (writes may still land). Blocks; not from a callback. Call destroy after. */
+bt_status kvx_expect_settle(kvx_expect_t *expect, uint32_t timeout_ms);
+
 /* The failure reason once failed ("" otherwise); valid until destroy. */
 const char *kvx_expect_error(const kvx_expect_t *expect);
 
