@@ -762,6 +762,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
                          .kv_mem = cfg->kv_mem, .max_batch_tokens = cfg->max_batch_tokens,
                          .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0,
                          .spec = cfg->spec, .spec_k_max = cfg->spec_k_max};
+    if (cfg->env) nc.env = *cfg->env;
     if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
     s->sched = s->ne->sched;
     s->calls.sched = s->sched;

@@ -117,14 +117,19 @@ typedef enum kvx_data_path {
 typedef struct kvx_context_opts {
     const char *name;           /* for logs and the UCX worker name; NULL = "kvx" */
     uint32_t keepalive_ms;      /* UCX keepalive (peer death on idle shared memory); 0 = 200 ms */
-    kvx_data_path_t data_path;  /* AUTO unless BATON_KVX_DATA_PATH=auto|mapped|put|am says otherwise */
+    kvx_data_path_t data_path;  /* AUTO: MAPPED where possible, else AM (kvx_context_opts_from_env: the variable) */
     uint32_t max_peers;         /* cached peers at most (LRU: the least recently used idle one is closed when a new
                                  * one is needed); 0 = KVX_DEFAULT_MAX_PEERS */
 } kvx_context_opts_t;
 
 #define KVX_DEFAULT_MAX_PEERS 128 /* node ids come from requests: bounded so that made-up ids cannot grow it */
 
-/* Creates the UCX context and worker and starts the progress thread. opts may be NULL.
+/* The edge only: when o->data_path is AUTO, sets it from BATON_KVX_DATA_PATH=auto|mapped|put|am (unset or empty:
+ * AUTO). BT_ERR_INVALID naming the variable for any other value (o unchanged). Can't block. */
+bt_status kvx_context_opts_from_env(kvx_context_opts_t *o);
+
+/* Creates the UCX context and worker and starts the progress thread. opts may be NULL. Of the environment only UCX's
+ * own UCX_* variables count (UCX reads them; where one is set, the defaults chosen here yield to it).
  * BT_ERR_UNAVAILABLE when UCX cannot start (no transport, bad UCX_TLS); *out set on success only. */
 bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out);
 

@@ -153,7 +153,8 @@ static int agent_main(int fd)
             memcpy(&l, m, sizeof l);
             memcpy(&seed, m + sizeof l, 8);
             kvx_context_opts_t o = {.name = "agent"};
-            st = kvx_context_create(&o, &ctx);
+            st = kvx_context_opts_from_env(&o); /* BATON_KVX_DATA_PATH, as a process's edge reads it */
+            if (!st) st = kvx_context_create(&o, &ctx);
             if (!st) st = kvx_pool_create(ctx, &l, &pool);
             if (st) {
                 fprintf(stderr, "agent: init: %s\n", bt_last_error());
@@ -535,7 +536,7 @@ static int sender_init(sender_t *s, const kvx_layout_t *l, uint64_t seed)
     memset(s, 0, sizeof *s);
     s->seed = seed;
     kvx_context_opts_t o = {.name = "test"};
-    if (kvx_context_create(&o, &s->ctx) != BT_OK) return -1;
+    if (kvx_context_opts_from_env(&o) != BT_OK || kvx_context_create(&o, &s->ctx) != BT_OK) return -1;
     if (kvx_pool_create(s->ctx, l, &s->pool) != BT_OK) return -1;
     uint64_t bytes;
     kvx_layout_check(l, &bytes);
@@ -601,6 +602,7 @@ static void test_peer_cache_cap(void)
     kvx_context_opts_t o = {.name = "cap", .max_peers = 2};
     kvx_context_t *ctx = NULL;
     kvx_pool_t *pool = NULL;
+    REQUIRE(kvx_context_opts_from_env(&o) == BT_OK);
     REQUIRE(kvx_context_create(&o, &ctx) == BT_OK);
     REQUIRE(kvx_pool_create(ctx, &SRC_L, &pool) == BT_OK);
     for (uint64_t id = 1; id <= 10; id++) { /* ten made-up node ids for the same pool, each used for a push */
