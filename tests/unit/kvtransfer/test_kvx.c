@@ -409,10 +409,11 @@ static uint64_t agent_expect(agent_t *a, const uint32_t *blocks, size_t n, uint6
     return st ? 0 : e;
 }
 
-static int32_t agent_expect_wait(agent_t *a, uint64_t epoch, uint64_t *pending)
+/* An agent call answered by (status, pending blocks); BT_ERR_PEER when the answer is missing. */
+static int32_t agent_status_call(agent_t *a, uint32_t op, const void *req, size_t n, uint64_t *pending)
 {
     size_t len;
-    uint8_t *r = agent_call(a, OP_EXPECT_WAIT, &epoch, 8, &len);
+    uint8_t *r = agent_call(a, op, req, n, &len);
     int32_t st = BT_ERR_PEER;
     if (r && len == 12) {
         memcpy(&st, r, 4);
@@ -422,21 +423,18 @@ static int32_t agent_expect_wait(agent_t *a, uint64_t epoch, uint64_t *pending)
     return st;
 }
 
+static int32_t agent_expect_wait(agent_t *a, uint64_t epoch, uint64_t *pending)
+{
+    return agent_status_call(a, OP_EXPECT_WAIT, &epoch, 8, pending);
+}
+
 /* kvx_expect_settle in the agent; *pending: blocks its pool still holds for expectations afterwards. */
 static int32_t agent_expect_settle(agent_t *a, uint64_t epoch, uint32_t ms, uint64_t *pending)
 {
     uint8_t req[12];
     memcpy(req, &epoch, 8);
     memcpy(req + 8, &ms, 4);
-    size_t len;
-    uint8_t *r = agent_call(a, OP_EXPECT_SETTLE, req, sizeof req, &len);
-    int32_t st = BT_ERR_PEER;
-    if (r && len == 12) {
-        memcpy(&st, r, 4);
-        if (pending) memcpy(pending, r + 4, 8);
-    }
-    free(r);
-    return st;
+    return agent_status_call(a, OP_EXPECT_SETTLE, req, sizeof req, pending);
 }
 
 static kvx_stats_t agent_stats(agent_t *a)
