@@ -5,6 +5,7 @@
  * and the flag is cleared when the connection closes, so nothing resumes a connection MHD has freed. */
 #include "common/http.h"
 
+#include "common/list.h"
 #include "common/log.h"
 #include "common/tls.h"
 
@@ -41,7 +42,7 @@ typedef struct conn_track {
     atomic_ullong since_ms; /* when the connection started or its last answer was done */
     atomic_int busy;        /* a request has fully arrived and is being answered: no read deadline */
     int shut;
-    struct conn_track *next, *prev;
+    bt_list_node link; /* in the server's conns */
 } conn_track_t;
 
 struct http_server {
@@ -50,7 +51,7 @@ struct http_server {
     unsigned threads, max_connections, heartbeat_ms, timeout_s, max_per_ip, read_timeout_s;
     size_t max_body, stream_buffer, max_memory;
     atomic_size_t mem_used;    /* bytes reserved by request bodies and SSE buffers */
-    conn_track_t *conns;       /* under mu */
+    bt_list conns;             /* conn_track_t, under mu */
     char **keys;
     size_t n_keys;
     metrics_registry_t *metrics;
@@ -66,8 +67,8 @@ struct http_server {
     pthread_mutex_t mu;
     pthread_cond_t cv;     /* wakes the heartbeat thread on stop */
     atomic_int stopping;
-    struct http_stream *streams;       /* open streams (heartbeats, stop) */
-    struct http_request *deferred;     /* requests answered later (stop) */
+    bt_list streams;                   /* struct http_stream: open streams (heartbeats, stop) */
+    bt_list deferred;                  /* http_request_t: requests answered later (stop) */
     pthread_t hb_thread;
     int hb_running;
 };
@@ -104,8 +105,7 @@ struct http_request {
     int suspended;
     int producer; /* a deferred answer is still owed (the producer holds a reference) */
     atomic_int refs;
-    struct http_request *dnext, *dprev;
-    int in_deferred;
+    bt_list_node deferred_link; /* in the server's deferred list while an answer is owed */
     struct http_stream *stream; /* holds one reference */
 };
 
@@ -114,14 +114,14 @@ struct http_stream {
     struct MHD_Connection *conn; /* NULL once detached from the connection */
     char *buf;
     size_t off, len, cap, max;
-    int ended, suspended, closing, in_list, detached;
+    int ended, suspended, closing, detached;
     atomic_int gone;
     uint64_t last_ms; /* last time bytes were queued or written (heartbeat clock) */
     http_stream_gone_fn on_gone;
     void *gone_arg;
     atomic_int refs; /* producer + response + request */
     http_server_t *srv;
-    struct http_stream *next, *prev;
+    bt_list_node link; /* in the server's streams from http_stream_start until detached */
 };
 
 static uint64_t now_ms(void)
@@ -283,18 +283,14 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         atomic_init(&t->since_ms, now_ms());
         atomic_init(&t->busy, 0);
         pthread_mutex_lock(&s->mu);
-        t->next = s->conns;
-        if (s->conns) s->conns->prev = t;
-        s->conns = t;
+        bt_list_push_front(&s->conns, &t->link);
         pthread_mutex_unlock(&s->mu);
         return;
     }
     conn_track_t *t = *socket_context;
     if (!t) return;
     pthread_mutex_lock(&s->mu);
-    if (t->prev) t->prev->next = t->next;
-    else s->conns = t->next;
-    if (t->next) t->next->prev = t->prev;
+    bt_list_remove(&s->conns, &t->link);
     pthread_mutex_unlock(&s->mu);
     *socket_context = NULL;
     free(t);
@@ -310,7 +306,7 @@ static conn_track_t *conn_track_of(struct MHD_Connection *conn)
 static void reap_slow_locked(http_server_t *s, uint64_t now)
 {
     uint64_t limit = (uint64_t)s->read_timeout_s * 1000u;
-    for (conn_track_t *t = s->conns; t; t = t->next) {
+    BT_LIST_FOR(t, &s->conns, conn_track_t, link) {
         if (t->shut || atomic_load(&t->busy) || now - atomic_load(&t->since_ms) < limit) continue;
         shutdown(t->fd, SHUT_RDWR); /* MHD sees the end of the stream and closes the connection itself */
         t->shut = 1;
@@ -368,6 +364,12 @@ int http_server_port(const http_server_t *s)
     return s ? s->port : 0;
 }
 
+/* Under s->mu: a stream or a deferred request still has to close or get its 503. */
+static int draining_locked(const http_server_t *s)
+{
+    return !bt_list_empty(&s->streams) || !bt_list_empty(&s->deferred);
+}
+
 void http_server_stop(http_server_t *s)
 {
     if (!s || !s->daemon) return;
@@ -375,7 +377,7 @@ void http_server_stop(http_server_t *s)
     MHD_socket lfd = MHD_quiesce_daemon(s->daemon);
     pthread_mutex_lock(&s->mu);
     atomic_store(&s->stopping, 1);
-    for (struct http_stream *st = s->streams; st; st = st->next) {
+    BT_LIST_FOR(st, &s->streams, struct http_stream, link) {
         pthread_mutex_lock(&st->mu);
         st->closing = 1;
         if (st->suspended && st->conn) {
@@ -384,7 +386,7 @@ void http_server_stop(http_server_t *s)
         }
         pthread_mutex_unlock(&st->mu);
     }
-    for (http_request_t *r = s->deferred; r; r = r->dnext) {
+    BT_LIST_FOR(r, &s->deferred, http_request_t, deferred_link) {
         pthread_mutex_lock(&r->mu);
         if (r->suspended && r->conn) {
             r->suspended = 0;
@@ -408,9 +410,9 @@ void http_server_stop(http_server_t *s)
         deadline.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&s->mu);
-    while ((s->streams || s->deferred) && pthread_cond_timedwait(&s->cv, &s->mu, &deadline) == 0) {
+    while (draining_locked(s) && pthread_cond_timedwait(&s->cv, &s->mu, &deadline) == 0) {
     }
-    if (s->streams || s->deferred) BT_WARN("http", "stopping with connections still draining");
+    if (draining_locked(s)) BT_WARN("http", "stopping with connections still draining");
     pthread_mutex_unlock(&s->mu);
     MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
@@ -710,11 +712,7 @@ bt_status http_request_defer(http_request_t *req)
     req->state = REQ_DEFERRED;
     req->producer = 1;
     atomic_fetch_add(&req->refs, 1);
-    req->dnext = s->deferred;
-    req->dprev = NULL;
-    if (s->deferred) s->deferred->dprev = req;
-    s->deferred = req;
-    req->in_deferred = 1;
+    bt_list_push_front(&s->deferred, &req->deferred_link);
     pthread_mutex_unlock(&req->mu);
     pthread_mutex_unlock(&s->mu);
     return BT_OK;
@@ -762,15 +760,7 @@ static void stream_detach(struct http_stream *st, int completed_ok)
     http_server_t *s = st->srv;
     pthread_mutex_lock(&s->mu);
     pthread_mutex_lock(&st->mu);
-    if (st->in_list) {
-        if (st->prev)
-            st->prev->next = st->next;
-        else
-            s->streams = st->next;
-        if (st->next) st->next->prev = st->prev;
-        st->in_list = 0;
-        pthread_cond_broadcast(&s->cv);
-    }
+    if (bt_list_remove(&s->streams, &st->link)) pthread_cond_broadcast(&s->cv);
     if (!st->detached) {
         st->detached = 1;
         st->conn = NULL;
@@ -857,11 +847,7 @@ bt_status http_stream_start(http_request_t *req, http_stream_gone_fn on_gone, vo
         MHD_destroy_response(resp); /* runs stream_response_free, which frees st */
         return bt_fail(BT_ERR_UNAVAILABLE, "http: server is stopping");
     }
-    st->next = s->streams;
-    st->prev = NULL;
-    if (s->streams) s->streams->prev = st;
-    s->streams = st;
-    st->in_list = 1;
+    bt_list_push_front(&s->streams, &st->link);
     pthread_mutex_unlock(&s->mu);
 
     pthread_mutex_lock(&req->mu);
@@ -1018,7 +1004,7 @@ static void *heartbeat_main(void *arg)
         if (atomic_load(&s->stopping)) break;
         uint64_t now = now_ms();
         reap_slow_locked(s, now);
-        for (struct http_stream *st = s->streams; st; st = st->next) {
+        BT_LIST_FOR(st, &s->streams, struct http_stream, link) {
             pthread_mutex_lock(&st->mu);
             if (st->conn && !st->ended && !st->closing && st->len == st->off &&
                 now - st->last_ms >= s->heartbeat_ms) {
@@ -1325,15 +1311,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
     if (req->stream) stream_detach(req->stream, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     pthread_mutex_lock(&s->mu);
-    if (req->in_deferred) {
-        if (req->dprev)
-            req->dprev->dnext = req->dnext;
-        else
-            s->deferred = req->dnext;
-        if (req->dnext) req->dnext->dprev = req->dprev;
-        req->in_deferred = 0;
-        pthread_cond_broadcast(&s->cv);
-    }
+    if (bt_list_remove(&s->deferred, &req->deferred_link)) pthread_cond_broadcast(&s->cv);
     pthread_mutex_lock(&req->mu);
     req->conn = NULL;
     req->suspended = 0;

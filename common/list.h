@@ -5,6 +5,8 @@
  *   bt_list_push_front(&pending, &x->link);
  *   BT_LIST_FOR(it, &pending, struct x, link) { ... }   (the body must not remove `it`)
  *   bt_list_remove(&pending, &x->link);                 (a node not in the list, or removed twice, is a no-op)
+ *
+ * A node that was never inserted must be zeroed (calloc, or {0}) for bt_list_remove to know it is not listed.
  */
 #ifndef BATON_COMMON_LIST_H
 #define BATON_COMMON_LIST_H
@@ -30,16 +32,18 @@ static inline void bt_list_push_front(bt_list *l, bt_list_node *n)
     l->head = n;
 }
 
-static inline void bt_list_remove(bt_list *l, bt_list_node *n)
+/* Returns 1 when n was in l and is now out of it, 0 when it was not listed (nothing changes). */
+static inline int bt_list_remove(bt_list *l, bt_list_node *n)
 {
     if (n->prev)
         n->prev->next = n->next;
     else if (l->head == n)
         l->head = n->next;
     else
-        return; /* not in this list */
+        return 0; /* not in this list */
     if (n->next) n->next->prev = n->prev;
     n->prev = n->next = NULL;
+    return 1;
 }
 
 static inline int bt_list_empty(const bt_list *l)

@@ -8,7 +8,10 @@
 #include <strings.h>
 #include <time.h>
 
-/* -1 = not yet read from the environment. Process-wide by nature (one stderr). */
+/* -1 = not yet read from the environment. Process-wide by nature (one stderr).
+ * BATON_LOG stays lazy here, the one switch not read at the edge: logging runs before any main has parsed anything
+ * (library constructors, unit tests, the CLI's tools) and must honour the variable there too; the servers' mains
+ * still set the level from --log-level / BATON_LOG through bt_log_set_level, which wins. */
 static atomic_int log_threshold = -1;
 
 static int threshold_from_env(void)

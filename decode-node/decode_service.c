@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 #include <unistd.h>
 
 #define DEC_LOG "decode"
@@ -33,7 +32,7 @@
 #define DEC_PREFILL_POLL_MS 100  /* a waiting remote prefill checks this often whether its request ended */
 #define DEC_EXPECT_SLACK_MS 2000 /* the KV expectation outlives the prefill node's push deadline by this much */
 #define DEC_EXPECT_MAX_MS 86400000 /* a day: the longest expectation (its timeout is 32-bit milliseconds) */
-#define DEC_CANCEL_DRAIN_S 1     /* after cancelling a remote prefill, time for a copy under way to land */
+#define DEC_CANCEL_DRAIN_MS 1000 /* after cancelling a claimed remote prefill: most we wait for its writes to end */
 
 typedef struct dec_call dec_call;
 
@@ -468,12 +467,12 @@ static void wait_out_writes(dec_call *c, const bt_rpc_result_t *res)
     /* Alive and past our deadline, it may still be writing: wait for the expectation's own deadline (after the
      * push's). A dead or refusing prefill node writes nothing more. */
     if (res->code == BT_RPC_DEADLINE_EXCEEDED) kvx_expect_wait(c->expect);
-    /* We cancelled (the request ended): the prefill node stops posting layers once it sees the cancel; a copy
-     * already under way gets DEC_CANCEL_DRAIN_S to end. */
-    if (res->code == BT_RPC_CANCELLED && bt_call_finished(&c->base)) {
-        struct timespec ts = {DEC_CANCEL_DRAIN_S, 0};
-        nanosleep(&ts, NULL);
-    }
+    /* We cancelled (the request ended). Before the prefill node's claim nothing can land once the expectation
+     * ends; after it, its one-sided writes stop when its push completes (or it dies): wait for that, bounded. */
+    if (res->code == BT_RPC_CANCELLED && bt_call_finished(&c->base) &&
+        kvx_expect_settle(c->expect, DEC_CANCEL_DRAIN_MS) != BT_OK)
+        BT_WARN(DEC_LOG, "request %s: cancelled remote prefill on %s: %s; releasing its blocks anyway",
+                c->base.request_id, c->prefill_node, bt_last_error());
 }
 
 /* The remote prefill's outcome in the metrics and the log. */
@@ -762,6 +761,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
                          .kv_mem = cfg->kv_mem, .max_batch_tokens = cfg->max_batch_tokens,
                          .max_running = DEC_MAX_RUNNING, .disable_kvx = cfg->remote_timeout_ms < 0,
                          .spec = cfg->spec, .spec_k_max = cfg->spec_k_max};
+    if (cfg->env) nc.env = *cfg->env;
     if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
     s->sched = s->ne->sched;
     s->calls.sched = s->sched;

@@ -37,6 +37,7 @@ typedef struct decode_config {
     mbr_watcher_t *members;    /* the cluster's members (must outlive the service); a prefill hint is followed
                                 * only to a prefill node registered there with this model. NULL: hints ignored */
     const bt_tls_files_t *tls; /* calls to prefill nodes: verify them against ca, present cert; NULL = insecure */
+    const bt_ne_env_t *env;    /* the environment switches, read at the process's edge; NULL = defaults */
 } decode_config_t;
 
 typedef struct decode_service decode_service_t;

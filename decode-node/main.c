@@ -4,13 +4,14 @@
 #include "node/node_main.h"
 
 /* The Decode service configured by the node's flags, on the node's gRPC server and metrics registry. */
-static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **svc)
+static bt_status create(const bt_node_flags_t *flags, const bt_ne_env_t *env, bt_node_t *node, void **svc)
 {
     decode_config_t dc = {
         .model_path = flags->model,
         .threads = flags->threads,
         .kv_mem = flags->kv_mem,
         .max_batch_tokens = flags->max_batch_tokens,
+        .env = env,
         .node_id = flags->node_id,
         .spec = flags->spec,
         .spec_k_max = flags->spec_k_max,

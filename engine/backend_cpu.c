@@ -754,13 +754,33 @@ static const bt_backend_ops cpu_ops = {
     .add = cpu_add,
 };
 
-/* *out = the number in environment variable name, which must be one of a and b when set and non-empty; def when
- * unset or empty. BT_ERR_INVALID otherwise. */
-bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
+bt_status bt_cpu_opts_from_env(bt_cpu_opts *o)
 {
+    static const char *const bits[] = {"8", "16"}, *const off_on[] = {"0", "1"};
+    int isa = -1, wide = 1, repack = 1, lanes = 1;
+    bt_status st;
+    if ((st = bt_cpu_isa_env(&isa)) || (st = bt_env_choice("BATON_ACT_BITS", bits, 2, 1, &wide)) ||
+        (st = bt_env_choice("BATON_CPU_REPACK", off_on, 2, 1, &repack)) ||
+        (st = bt_env_choice("BATON_CPU_LANES", off_on, 2, 1, &lanes)))
+        return st;
+    o->force_isa = isa >= 0;
+    o->isa = isa >= 0 ? isa : 0;
+    o->act_bits = wide ? 16 : 8;
+    o->no_repack = !repack;
+    o->no_lanes = !lanes;
+    return BT_OK;
+}
+
+bt_status bt_backend_cpu_create(const bt_cpu_opts *o, bt_backend **out)
+{
+    static const bt_cpu_opts defaults = {0};
+    if (!o) o = &defaults;
+    if (o->act_bits != 0 && o->act_bits != 8 && o->act_bits != 16)
+        return bt_fail(BT_ERR_INVALID, "cpu backend: activations are 8 or 16 bits, not %d", o->act_bits);
     bt_cpu_isa isa;
-    bt_status st = bt_cpu_isa_select(&isa);
+    bt_status st = bt_cpu_isa_select(o->force_isa ? o->isa : -1, &isa);
     if (st) return st;
+    int n_threads = o->n_threads;
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
@@ -773,19 +793,9 @@ bt_status bt_backend_cpu_create(int n_threads, bt_backend **out)
         return bt_fail(BT_ERR_NOMEM, "out of memory creating the cpu backend");
     }
     c->ops = bt_cpu_ops_get(isa);
-    /* BATON_ACT_BITS=8 trades accuracy for speed: 8-bit activations flip near-tied greedy tokens on small models;
-     * BATON_CPU_REPACK=0 keeps every weight in its GGUF layout (no extra memory, slower batched matmuls);
-     * BATON_CPU_LANES=0: decode steps never split over lanes (every op forks over the pool instead) */
-    static const char *const bits[] = {"8", "16"}, *const off_on[] = {"0", "1"};
-    int wide = 1;
-    if ((st = bt_env_choice("BATON_ACT_BITS", bits, 2, 1, &wide)) ||
-        (st = bt_env_choice("BATON_CPU_REPACK", off_on, 2, 1, &c->repack)) ||
-        (st = bt_env_choice("BATON_CPU_LANES", off_on, 2, 1, &c->lanes_on))) {
-        free(be);
-        free(c);
-        return st;
-    }
-    c->act_bits = wide ? 16 : 8;
+    c->act_bits = o->act_bits ? o->act_bits : 16;
+    c->repack = !o->no_repack;
+    c->lanes_on = !o->no_lanes;
     if ((st = bt_pool_create(n_threads, &c->pool))) {
         free(be);
         free(c);

@@ -107,7 +107,13 @@ void bt_forward_destroy(bt_forward *fw)
     free(fw);
 }
 
-bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, bt_forward **out)
+bt_status bt_forward_profile_from_env(int *profile)
+{
+    static const char *const off_on[] = {"0", "1"};
+    return bt_env_choice("BATON_PROFILE", off_on, 2, 0, profile);
+}
+
+bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, int profile, bt_forward **out)
 {
     if (max_tokens < 1) return bt_fail(BT_ERR_INVALID, "forward: max_tokens must be >= 1");
     bt_forward *fw = calloc(1, sizeof *fw);
@@ -115,12 +121,7 @@ bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_token
     fw->m = m;
     fw->be = be;
     fw->max_tokens = max_tokens;
-    static const char *const off_on[] = {"0", "1"};
-    bt_status st = bt_env_choice("BATON_PROFILE", off_on, 2, 0, &fw->profile);
-    if (st) {
-        free(fw);
-        return st;
-    }
+    fw->profile = profile != 0;
     const bt_hparams *hp = &m->hp;
     size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd;
     size_t Q = (size_t)hp->n_head * (size_t)hp->head_dim, KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;

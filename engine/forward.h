@@ -30,8 +30,13 @@ typedef struct bt_batch {
 
 typedef struct bt_forward bt_forward;
 
-/* Scratch for batches of up to max_tokens tokens. The model and backend must outlive it. BT_ERR_NOMEM. */
-bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, bt_forward **out);
+/* Scratch for batches of up to max_tokens tokens. The model and backend must outlive it. profile = 1: wall time per
+ * op kind, logged when the forward pass is destroyed (BATON_PROFILE). BT_ERR_NOMEM. */
+bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, int profile, bt_forward **out);
+
+/* The edge only: *profile = 1 when BATON_PROFILE=1, 0 when it is 0, unset or empty; BT_ERR_INVALID (naming the
+ * variable) for any other value. Can't block. */
+bt_status bt_forward_profile_from_env(int *profile);
 void bt_forward_destroy(bt_forward *fw);
 int32_t bt_forward_max_tokens(const bt_forward *fw);
 

@@ -188,7 +188,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     bt_bm_config bc = {.n_blocks = s->kv->n_blocks, .window = 0, .fingerprint = m->fingerprint,
                        .disable_prefix_cache = cfg.disable_prefix_cache};
     if ((st = bt_bm_create(&bc, &s->bm))) goto fail;
-    if ((st = bt_forward_create(m, be, B, &s->fw))) goto fail;
+    if ((st = bt_forward_create(m, be, B, cfg.profile, &s->fw))) goto fail;
     s->logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
     s->scratch = malloc(sizeof(float) * 2 * (size_t)V);
     s->b_tokens = malloc(sizeof(int32_t) * (size_t)B);

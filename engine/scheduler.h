@@ -49,6 +49,7 @@ typedef struct bt_sched_config {
     int32_t spec_k_max;        /* most drafts per sequence per step, 1..BT_SPEC_K_LIMIT (default BT_SPEC_K_DEFAULT) */
     int spec_fixed_k;          /* 1: always ask for spec_k_max drafts (no adaptive k, no cost rule): for tests and
                                 * for measuring what drafting costs */
+    int profile;               /* the forward pass logs time per op kind (BATON_PROFILE, read at the edge) */
 } bt_sched_config;
 
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */

@@ -43,6 +43,7 @@ typedef struct bt_spec_config {
     int32_t ngram_max;      /* longest, tried first (default 4) */
     char draft_path[1024];  /* BT_SPEC_DRAFT: the draft model's GGUF */
     int32_t self_layers;    /* BT_SPEC_SELF: layers 0..self_layers-1 of the target */
+    int profile;            /* the draft's forward pass logs time per op kind (BATON_PROFILE, read at the edge) */
 } bt_spec_config;
 
 /* Defaults: none, k_max BT_SPEC_K_DEFAULT, n-grams 2..4. Can't fail. */

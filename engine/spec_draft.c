@@ -261,7 +261,7 @@ static const bt_proposer_ops self_ops = {
 
 /* Creates the proposer around c->m (set by the caller): pool for kv_tokens positions, scratch for max_items. */
 static bt_status dm_create(dm_ctx *c, const bt_proposer_ops *ops, bt_backend *be, int32_t kv_tokens,
-                           int32_t max_items, bt_proposer **out)
+                           int32_t max_items, int profile, bt_proposer **out)
 {
     bt_status st;
     bt_proposer *p = calloc(1, sizeof *p);
@@ -278,7 +278,7 @@ static bt_status dm_create(dm_ctx *c, const bt_proposer_ops *ops, bt_backend *be
     if ((st = bt_kv_pool_create(&c->m->hp, BT_KV_F16, blocks * stride, NULL, &c->kv))) goto fail;
     bt_bm_config bc = {.n_blocks = c->kv->n_blocks, .fingerprint = c->m->fingerprint, .disable_prefix_cache = 1};
     if ((st = bt_bm_create(&bc, &c->bm))) goto fail;
-    if ((st = bt_forward_create(c->m, be, DRAFT_MAX_TOKENS, &c->fw))) goto fail;
+    if ((st = bt_forward_create(c->m, be, DRAFT_MAX_TOKENS, profile, &c->fw))) goto fail;
     c->logits = malloc(sizeof(float) * DRAFT_MAX_TOKENS * (size_t)c->m->hp.n_vocab);
     c->scratch = malloc(sizeof(float) * (size_t)bt_sampler_scratch_floats(c->m->hp.n_vocab));
     c->views = malloc(sizeof(bt_seq_view) * (size_t)max_items);
@@ -322,7 +322,7 @@ bt_status bt_spec_create(const bt_spec_config *cfg, const bt_model *target, bt_b
         c->view = *target;
         c->view.hp.n_layer = cfg->self_layers;
         c->m = &c->view;
-        return dm_create(c, &self_ops, be, kv_tokens, max_seqs, out);
+        return dm_create(c, &self_ops, be, kv_tokens, max_seqs, cfg->profile, out);
     }
     bt_status st = bt_model_load(cfg->draft_path, &c->owned);
     if (st) {
@@ -343,5 +343,5 @@ bt_status bt_spec_create(const bt_spec_config *cfg, const bt_model *target, bt_b
     c->m = c->owned;
     BT_INFO("spec", "draft model %s: %d layers, d_model %d (target %s: %d layers)", c->owned->name,
             c->owned->hp.n_layer, c->owned->hp.n_embd, target->name, target->hp.n_layer);
-    return dm_create(c, &draft_ops, be, kv_tokens, max_seqs, out);
+    return dm_create(c, &draft_ops, be, kv_tokens, max_seqs, cfg->profile, out);
 }

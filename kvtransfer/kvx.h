@@ -117,14 +117,19 @@ typedef enum kvx_data_path {
 typedef struct kvx_context_opts {
     const char *name;           /* for logs and the UCX worker name; NULL = "kvx" */
     uint32_t keepalive_ms;      /* UCX keepalive (peer death on idle shared memory); 0 = 200 ms */
-    kvx_data_path_t data_path;  /* AUTO unless BATON_KVX_DATA_PATH=auto|mapped|put|am says otherwise */
+    kvx_data_path_t data_path;  /* AUTO: MAPPED where possible, else AM (kvx_context_opts_from_env: the variable) */
     uint32_t max_peers;         /* cached peers at most (LRU: the least recently used idle one is closed when a new
                                  * one is needed); 0 = KVX_DEFAULT_MAX_PEERS */
 } kvx_context_opts_t;
 
 #define KVX_DEFAULT_MAX_PEERS 128 /* node ids come from requests: bounded so that made-up ids cannot grow it */
 
-/* Creates the UCX context and worker and starts the progress thread. opts may be NULL.
+/* The edge only: when o->data_path is AUTO, sets it from BATON_KVX_DATA_PATH=auto|mapped|put|am (unset or empty:
+ * AUTO). BT_ERR_INVALID naming the variable for any other value (o unchanged). Can't block. */
+bt_status kvx_context_opts_from_env(kvx_context_opts_t *o);
+
+/* Creates the UCX context and worker and starts the progress thread. opts may be NULL. Of the environment only UCX's
+ * own UCX_* variables count (UCX reads them; where one is set, the defaults chosen here yield to it).
  * BT_ERR_UNAVAILABLE when UCX cannot start (no transport, bad UCX_TLS); *out set on success only. */
 bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out);
 
@@ -294,6 +299,14 @@ uint64_t kvx_expect_epoch(const kvx_expect_t *expect);
 
 /* Blocks until the expectation ends and its callback has returned; returns its status. Not from a callback. */
 bt_status kvx_expect_wait(kvx_expect_t *expect);
+
+/* For a receiver that told the sender to stop (it cancelled the call that asked for the bytes): returns once no
+ * byte of this epoch can land any more. Unclaimed (no sender asked to write one-sidedly; AM data is checked on
+ * arrival): ends the expectation at once, as destroy would, and returns BT_OK; a later claim is refused and late
+ * data dropped. Claimed (MAPPED or PUT path: the sender may be writing): waits for the expectation to end by itself
+ * (the sender's completion message, the sender's death, or its deadline) and returns BT_OK, or BT_ERR_TIMEOUT when
+ * it is still pending after timeout_ms (writes may still land). Blocks; not from a callback. Call destroy after. */
+bt_status kvx_expect_settle(kvx_expect_t *expect, uint32_t timeout_ms);
 
 /* The failure reason once failed ("" otherwise); valid until destroy. */
 const char *kvx_expect_error(const kvx_expect_t *expect);

@@ -138,6 +138,8 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
+/* Sets a UCX option unless its UCX_* variable is set: UCX reads its own variables (ucp_config_read), and a user's
+ * choice wins over our default. These are UCX's settings, not baton's switches (those are read at the edge). */
 static void config_default(ucp_config_t *cfg, const char *name, const char *value)
 {
     char env[96];
@@ -172,6 +174,15 @@ const char *kvx_data_path_name(kvx_data_path_t path)
     return "?";
 }
 
+bt_status kvx_context_opts_from_env(kvx_context_opts_t *o)
+{
+    static const char *const paths[] = {"auto", "mapped", "put", "am"}; /* kvx_data_path_t order */
+    int dp = KVX_PATH_AUTO;
+    bt_status st = bt_env_choice("BATON_KVX_DATA_PATH", paths, 4, KVX_PATH_AUTO, &dp);
+    if (st == BT_OK && o->data_path == KVX_PATH_AUTO) o->data_path = (kvx_data_path_t)dp;
+    return st;
+}
+
 bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out)
 {
     bt_status st;
@@ -183,13 +194,6 @@ bt_status kvx_context_create(const kvx_context_opts_t *opts, kvx_context_t **out
     ctx->keepalive_ms = opts && opts->keepalive_ms ? opts->keepalive_ms : 200;
     ctx->data_path = opts ? opts->data_path : KVX_PATH_AUTO;
     ctx->max_peers = opts && opts->max_peers ? opts->max_peers : KVX_DEFAULT_MAX_PEERS;
-    static const char *const paths[] = {"auto", "mapped", "put", "am"}; /* kvx_data_path_t order */
-    int dp = KVX_PATH_AUTO;
-    if ((st = bt_env_choice("BATON_KVX_DATA_PATH", paths, 4, KVX_PATH_AUTO, &dp))) {
-        free(ctx);
-        return st;
-    }
-    if (ctx->data_path == KVX_PATH_AUTO) ctx->data_path = (kvx_data_path_t)dp;
     ctx->instance = kvx_random_u64();
     /* Epochs from a random high start so a restarted receiver does not reuse its predecessor's. */
     ctx->next_push_id = 1;

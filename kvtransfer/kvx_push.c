@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -636,6 +637,30 @@ bt_status kvx_expect_wait(kvx_expect_t *e)
     if (st != BT_OK) bt_fail(st, "%s", e->err);
     pthread_mutex_unlock(&ctx->mu);
     return st;
+}
+
+bt_status kvx_expect_settle(kvx_expect_t *e, uint32_t timeout_ms)
+{
+    kvx_context_t *ctx = e->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    if (!e->done && !e->claimed) {
+        /* no claim yet: ending it now refuses any later claim and drops late AM data, so nothing more lands */
+        e->cb = NULL;
+        kvx_expect_finish(e, BT_ERR_CANCELLED, "kvx: expectation settled before any claim");
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* ctx->cv runs on the default (realtime) clock */
+    uint64_t ns = (uint64_t)until.tv_nsec + (uint64_t)timeout_ms * 1000000u;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    int rc = 0;
+    while ((!e->done || e->notify.pending) && rc == 0) rc = pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until);
+    bt_status st = e->done && !e->notify.pending ? BT_OK : BT_ERR_TIMEOUT;
+    pthread_mutex_unlock(&ctx->mu);
+    if (st != BT_OK)
+        return bt_fail(st, "kvx: epoch %llu: the sender claimed it and did not finish within %u ms",
+                       (unsigned long long)e->epoch, timeout_ms);
+    return BT_OK;
 }
 
 const char *kvx_expect_error(const kvx_expect_t *e)

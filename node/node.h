@@ -3,7 +3,8 @@
  * periodic load reports, and SIGINT/SIGTERM handling with a clean shutdown.
  *
  * bt_node_main (node_main.h) runs, for either role:
- *   bt_node_flags_parse -> bt_node_create (first: it blocks SIGINT/SIGTERM for every thread created later)
+ *   bt_node_flags_parse -> bt_ne_env_read (the engine's switches without a flag, node_engine.h)
+ *   -> bt_node_create (first: it blocks SIGINT/SIGTERM for every thread created later)
  *   -> the role's service adds its gRPC methods (bt_node_rpc) and metrics (bt_node_metrics)
  *   -> bt_node_start -> bt_node_wait (returns on SIGINT/SIGTERM) -> bt_node_stop -> service teardown
  *   -> bt_node_destroy.

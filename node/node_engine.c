@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "engine/backend_cpu.h"
+#include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -49,31 +50,43 @@ static uint64_t layout_fingerprint(const bt_model *m, bt_kv_dtype dtype)
     return h;
 }
 
-bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
+bt_status bt_ne_env_read(bt_ne_env_t *out)
 {
-    if (!cfg || !cfg->model_path) return bt_fail(BT_ERR_INVALID, "node engine: a model path is required");
-    const char *name = cfg->name ? cfg->name : "node";
-    bt_ne_t *ne = calloc(1, sizeof *ne);
-    if (!ne) return bt_fail(BT_ERR_NOMEM, "out of memory creating the %s engine", name);
-    pthread_mutex_init(&ne->load_mu, NULL);
+    bt_ne_env_t e;
+    memset(&e, 0, sizeof e);
+    kvx_context_opts_t ko = {.data_path = KVX_PATH_AUTO};
     bt_status st;
-    tok_tokenizer *tok = NULL;
-    if ((st = bt_model_load(cfg->model_path, &ne->m))) {
-        bt_fail(st, "cannot load model %s: %s", cfg->model_path, bt_last_error());
-        goto fail;
+    if ((st = bt_cpu_opts_from_env(&e.cpu)) || (st = bt_forward_profile_from_env(&e.profile)) ||
+        (st = kvx_context_opts_from_env(&ko))) {
+        memset(out, 0, sizeof *out);
+        return st;
     }
+    e.kvx_path = ko.data_path;
+    *out = e;
+    return BT_OK;
+}
+
+/* The model, its fingerprint and its context. */
+static bt_status load_model(bt_ne_t *ne, const char *path)
+{
+    bt_status st = bt_model_load(path, &ne->m);
+    if (st) return bt_fail(st, "cannot load model %s: %s", path, bt_last_error());
     snprintf(ne->fingerprint, sizeof ne->fingerprint, "%016" PRIx64, ne->m->fingerprint);
     ne->n_vocab = ne->m->hp.n_vocab;
     ne->max_context = bt_sched_default_context(ne->m);
+    return BT_OK;
+}
+
+/* How many KV blocks --kv-mem holds, the context they allow, the batch limits and the pool's layout. */
+static bt_status size_pool(bt_ne_t *ne, const bt_ne_config_t *cfg, const char *name, size_t *n_blocks_out)
+{
     size_t stride = bt_kv_block_stride(&ne->m->hp, BT_KV_F16);
     ne->kv_block_bytes = stride * (size_t)ne->m->hp.n_layer;
     size_t kv_mem = cfg->kv_mem ? cfg->kv_mem : BT_SCHED_DEFAULT_KV_MEM;
     size_t n_blocks = kv_mem / ne->kv_block_bytes;
-    if (n_blocks < 1 || n_blocks > KVX_MAX_BLOCKS * 64u) {
-        st = bt_fail(BT_ERR_INVALID, "--kv-mem %zu bytes holds %zu KV blocks of %s (%zu bytes each)", kv_mem, n_blocks,
-                     ne->m->name, ne->kv_block_bytes);
-        goto fail;
-    }
+    if (n_blocks < 1 || n_blocks > KVX_MAX_BLOCKS * 64u)
+        return bt_fail(BT_ERR_INVALID, "--kv-mem %zu bytes holds %zu KV blocks of %s (%zu bytes each)", kv_mem,
+                       n_blocks, ne->m->name, ne->kv_block_bytes);
     /* A sequence can never outgrow the pool: clamp the context so that max_tokens 0 ("up to the context") and the
      * capacity published to the router stay servable. */
     if (n_blocks * BT_KV_BLOCK < (size_t)ne->max_context) {
@@ -85,41 +98,64 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     ne->max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens : BT_SCHED_DEFAULT_BATCH_TOKENS;
     ne->layout = (kvx_layout_t){.n_layers = (uint32_t)ne->m->hp.n_layer, .n_blocks = (uint32_t)n_blocks,
                                 .block_stride = stride, .fingerprint = layout_fingerprint(ne->m, BT_KV_F16)};
-    void *kv_memory = NULL;
-    if (!cfg->disable_kvx) {
-        kvx_context_opts_t ko = {.name = name};
-        if ((st = kvx_context_create(&ko, &ne->kvx)) == BT_ERR_INVALID) { /* a bad setting, e.g. BATON_KVX_DATA_PATH */
-            bt_fail(st, "kvtransfer: %s", bt_last_error());
-            goto fail;
-        } else if (st != BT_OK) {
-            BT_WARN(name, "kvtransfer unavailable (%s): serving without KV transfer (no remote prefill)",
-                    bt_last_error());
-            ne->kvx = NULL;
-        } else if (kvx_pool_create(ne->kvx, &ne->layout, &ne->kvx_pool) != BT_OK) {
-            st = bt_fail(BT_ERR_NOMEM, "cannot register a KV pool of %zu MiB with UCX: %s",
-                         (n_blocks * ne->kv_block_bytes) >> 20, bt_last_error());
-            goto fail;
-        } else {
-            kv_memory = kvx_pool_base(ne->kvx_pool);
-        }
+    *n_blocks_out = n_blocks;
+    return BT_OK;
+}
+
+/* The kvtransfer context and the KV pool registered with it (*kv_memory: its base), unless disabled. When UCX
+ * cannot start the node serves without it (*kv_memory NULL: the scheduler allocates plain memory). */
+static bt_status start_kvx(bt_ne_t *ne, const bt_ne_config_t *cfg, const char *name, size_t n_blocks,
+                           void **kv_memory)
+{
+    *kv_memory = NULL;
+    if (cfg->disable_kvx) return BT_OK;
+    kvx_context_opts_t ko = {.name = name, .data_path = cfg->env.kvx_path};
+    bt_status st = kvx_context_create(&ko, &ne->kvx);
+    if (st == BT_ERR_INVALID) return bt_fail(st, "kvtransfer: %s", bt_last_error());
+    if (st != BT_OK) {
+        BT_WARN(name, "kvtransfer unavailable (%s): serving without KV transfer (no remote prefill)", bt_last_error());
+        ne->kvx = NULL;
+        return BT_OK;
     }
-    if ((st = tok_create(ne->m->file, &tok))) {
-        bt_fail(st, "cannot read the tokenizer of %s: %s", cfg->model_path, bt_last_error());
-        goto fail;
-    }
-    int32_t eog[BT_NE_MAX_EOG];
-    int32_t n_eog = 0;
-    for (int32_t i = 0; i < tok_n_vocab(tok) && n_eog < BT_NE_MAX_EOG; i++)
-        if (tok_is_eog(tok, i)) eog[n_eog++] = i;
+    if (kvx_pool_create(ne->kvx, &ne->layout, &ne->kvx_pool) != BT_OK)
+        return bt_fail(BT_ERR_NOMEM, "cannot register a KV pool of %zu MiB with UCX: %s",
+                       (n_blocks * ne->kv_block_bytes) >> 20, bt_last_error());
+    *kv_memory = kvx_pool_base(ne->kvx_pool);
+    return BT_OK;
+}
+
+/* The vocabulary's end-of-generation ids (at most BT_NE_MAX_EOG), from the model's tokenizer. */
+static bt_status read_eog(const bt_ne_t *ne, const char *path, int32_t *eog, int32_t *n_eog)
+{
+    tok_tokenizer *tok = NULL;
+    bt_status st = tok_create(ne->m->file, &tok);
+    if (st) return bt_fail(st, "cannot read the tokenizer of %s: %s", path, bt_last_error());
+    *n_eog = 0;
+    for (int32_t i = 0; i < tok_n_vocab(tok) && *n_eog < BT_NE_MAX_EOG; i++)
+        if (tok_is_eog(tok, i)) eog[(*n_eog)++] = i;
     tok_free(tok);
-    tok = NULL;
-    if ((st = bt_backend_cpu_create(cfg->threads, &ne->be))) goto fail;
+    return BT_OK;
+}
+
+/* The CPU backend and the speculative proposer (--spec; none by default). */
+static bt_status create_compute(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t n_blocks)
+{
+    bt_cpu_opts co = cfg->env.cpu;
+    co.n_threads = cfg->threads;
+    bt_status st = bt_backend_cpu_create(&co, &ne->be);
+    if (st) return st;
     ne->spec = bt_spec_config_default();
-    if (cfg->spec && cfg->spec[0] && (st = bt_spec_parse(cfg->spec, &ne->spec))) goto fail;
+    if (cfg->spec && cfg->spec[0] && (st = bt_spec_parse(cfg->spec, &ne->spec))) return st;
     if (cfg->spec_k_max) ne->spec.k_max = cfg->spec_k_max;
-    if ((st = bt_spec_create(&ne->spec, ne->m, ne->be, (int32_t)(n_blocks * BT_KV_BLOCK), ne->max_batch_tokens,
-                             &ne->proposer)))
-        goto fail;
+    ne->spec.profile = cfg->env.profile;
+    return bt_spec_create(&ne->spec, ne->m, ne->be, (int32_t)(n_blocks * BT_KV_BLOCK), ne->max_batch_tokens,
+                          &ne->proposer);
+}
+
+/* The scheduler over the pool (in kv_memory when kvtransfer registered it), and its engine thread. */
+static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t n_blocks, void *kv_memory,
+                                 const int32_t *eog, int32_t n_eog)
+{
     bt_sched_config sc = {0};
     sc.proposer = ne->proposer;
     sc.spec_k_max = ne->spec.k_max;
@@ -130,19 +166,34 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     sc.max_context = ne->max_context;
     sc.eog_ids = eog;
     sc.n_eog = n_eog;
-    if ((st = bt_sched_create(ne->m, ne->be, &sc, &ne->sched))) {
-        bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
-        goto fail;
-    }
+    sc.profile = cfg->env.profile;
+    bt_status st = bt_sched_create(ne->m, ne->be, &sc, &ne->sched);
+    if (st) return bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
     ne->kv_blocks_total = bt_sched_kv_pool(ne->sched)->n_blocks;
-    if ((st = bt_sched_start(ne->sched))) goto fail;
+    return bt_sched_start(ne->sched);
+}
+
+bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
+{
+    if (!cfg || !cfg->model_path) return bt_fail(BT_ERR_INVALID, "node engine: a model path is required");
+    const char *name = cfg->name ? cfg->name : "node";
+    bt_ne_t *ne = calloc(1, sizeof *ne);
+    if (!ne) return bt_fail(BT_ERR_NOMEM, "out of memory creating the %s engine", name);
+    pthread_mutex_init(&ne->load_mu, NULL);
+    size_t n_blocks = 0;
+    void *kv_memory = NULL;
+    int32_t eog[BT_NE_MAX_EOG], n_eog = 0;
+    bt_status st;
+    if ((st = load_model(ne, cfg->model_path)) || (st = size_pool(ne, cfg, name, &n_blocks)) ||
+        (st = start_kvx(ne, cfg, name, n_blocks, &kv_memory)) || (st = read_eog(ne, cfg->model_path, eog, &n_eog)) ||
+        (st = create_compute(ne, cfg, n_blocks)) ||
+        (st = start_scheduler(ne, cfg, n_blocks, kv_memory, eog, n_eog))) {
+        bt_ne_destroy(ne);
+        return st;
+    }
     ne->load_t = bt_sched_now();
     *out = ne;
     return BT_OK;
-fail:
-    tok_free(tok);
-    bt_ne_destroy(ne);
-    return st;
 }
 
 void bt_ne_destroy(bt_ne_t *ne)

@@ -10,6 +10,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
 #include "kvtransfer/kvx.h"
@@ -19,6 +20,19 @@
 #include <stdint.h>
 
 #define BT_NE_MAX_EOG 16
+
+/* The engine host's environment switches, the ones without a flag (README: environment variables). Read once at
+ * the process's edge (bt_node_main) by bt_ne_env_read and passed down; nothing below reads the environment. All
+ * zero = every default. */
+typedef struct bt_ne_env {
+    bt_cpu_opts cpu;           /* BATON_CPU_ISA, BATON_ACT_BITS, BATON_CPU_REPACK, BATON_CPU_LANES (n_threads unused) */
+    int profile;               /* BATON_PROFILE */
+    kvx_data_path_t kvx_path;  /* BATON_KVX_DATA_PATH */
+} bt_ne_env_t;
+
+/* Fills *out from the environment. BT_ERR_INVALID / BT_ERR_UNSUPPORTED with one line naming the variable and the
+ * values it takes; *out is then all defaults. Can't block. */
+bt_status bt_ne_env_read(bt_ne_env_t *out);
 
 typedef struct bt_ne_config {
     const char *model_path;   /* GGUF file; required */
@@ -30,6 +44,7 @@ typedef struct bt_ne_config {
     int disable_kvx;          /* 1: no kvtransfer (plain memory pool, no remote prefill) */
     const char *spec;         /* speculative decoding, bt_spec_parse syntax; NULL or "" = none */
     int32_t spec_k_max;       /* 0 = the engine's default (8) */
+    bt_ne_env_t env;          /* the environment switches, read at the edge; zero = defaults */
 } bt_ne_config_t;
 
 typedef struct bt_ne {

@@ -50,13 +50,18 @@ int bt_node_main(mbr_role role, const bt_node_service_ops_t *ops, int argc, char
     bt_node_flags_t flags;
     int rc = parse_flags(prog, role, argc, argv, &flags);
     if (rc >= 0) return rc;
+    bt_ne_env_t env;
+    if (bt_ne_env_read(&env) != BT_OK) {
+        fprintf(stderr, "%s: %s\n", prog, bt_last_error());
+        return 1;
+    }
     bt_node_t *node = NULL;
     if (bt_node_create(&flags, role, &node) != BT_OK) {
         fprintf(stderr, "%s: %s\n", prog, bt_last_error());
         return 1;
     }
     void *svc = NULL;
-    if (ops->create(&flags, node, &svc) != BT_OK) {
+    if (ops->create(&flags, &env, node, &svc) != BT_OK) {
         fprintf(stderr, "%s: %s\n", prog, bt_last_error());
         bt_node_destroy(node);
         return 1;

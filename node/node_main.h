@@ -7,15 +7,17 @@
 #include "common/membership.h"
 #include "common/status.h"
 #include "node/node.h"
+#include "node/node_engine.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 /* What a role's service offers the node main. svc is the pointer create returned. */
 typedef struct bt_node_service_ops {
-    /* Creates the service from the parsed flags, adding its gRPC methods to bt_node_rpc(node) and its metrics to
-     * bt_node_metrics(node). bt_status with the message set; *svc set only on success. */
-    bt_status (*create)(const bt_node_flags_t *flags, bt_node_t *node, void **svc);
+    /* Creates the service from the parsed flags and the environment switches (read once by bt_node_main), adding
+     * its gRPC methods to bt_node_rpc(node) and its metrics to bt_node_metrics(node). bt_status with the message
+     * set; *svc set only on success. */
+    bt_status (*create)(const bt_node_flags_t *flags, const bt_ne_env_t *env, bt_node_t *node, void **svc);
     /* Fills the role's part of the etcd record (model fingerprint, capacity, kvtransfer descriptor). */
     bt_status (*node_info)(const void *svc, mbr_node_info_t *info);
     /* One line for the ready log. */
@@ -28,8 +30,9 @@ typedef struct bt_node_service_ops {
 } bt_node_service_ops_t;
 
 /* Runs a node of role with ops until a signal or a fatal error and returns the process exit code: 0 after a clean
- * stop (or --help), 1 when start-up failed, 2 for bad flags. Errors go to stderr once, by the message that
- * bt_last_error holds. */
+ * stop (or --help), 1 when start-up failed (a bad environment switch included), 2 for bad flags. Errors go to
+ * stderr once, by the message that bt_last_error holds. The only place a node reads BATON_* switches that have no
+ * flag (bt_ne_env_read); flags and their variables are bt_node_flags_parse's. */
 int bt_node_main(mbr_role role, const bt_node_service_ops_t *ops, int argc, char **argv);
 
 #endif

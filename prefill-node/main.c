@@ -4,13 +4,14 @@
 #include "prefill-node/prefill_service.h"
 
 /* The Prefill service configured by the node's flags, on the node's gRPC server and metrics registry. */
-static bt_status create(const bt_node_flags_t *flags, bt_node_t *node, void **svc)
+static bt_status create(const bt_node_flags_t *flags, const bt_ne_env_t *env, bt_node_t *node, void **svc)
 {
     prefill_config_t pc = {
         .model_path = flags->model,
         .threads = flags->threads,
         .kv_mem = flags->kv_mem,
         .max_batch_tokens = flags->max_batch_tokens,
+        .env = env,
         .node_id = flags->node_id,
         .metrics = bt_node_metrics(node),
         .rpc = bt_node_rpc(node),

@@ -592,6 +592,7 @@ bt_status prefill_service_create(const prefill_config_t *cfg, prefill_service_t 
                          .kv_mem = cfg->kv_mem,
                          .max_batch_tokens = cfg->max_batch_tokens > 0 ? cfg->max_batch_tokens
                                                                        : PREFILL_DEFAULT_BATCH_TOKENS};
+    if (cfg->env) nc.env = *cfg->env;
     if ((st = bt_ne_create(&nc, &s->ne))) goto fail;
     if (!s->ne->kvx_pool) {
         st = bt_fail(BT_ERR_UNAVAILABLE, "a prefill node needs kvtransfer (UCX) to move KV to decode nodes");

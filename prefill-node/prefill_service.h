@@ -35,6 +35,7 @@ typedef struct prefill_config {
     mbr_watcher_t *members;      /* the cluster's members (must outlive the service); KV is pushed only to a decode
                                   * node registered there with this model and the very pool descriptor the request
                                   * names. NULL: every destination is refused */
+    const bt_ne_env_t *env;      /* the environment switches, read at the process's edge; NULL = defaults */
 } prefill_config_t;
 
 typedef struct prefill_service prefill_service_t;

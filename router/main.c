@@ -1,4 +1,6 @@
-/* baton-router: flags and signals; everything else is in router.c. */
+/* baton-router: flags and signals; everything else is in router.c.
+ * main = apply_env (defaults, BATON_* variables) -> parse_flags (each flag by the take_* step of its kind, then
+ * the checks that need them all) -> serve (signals, rtr_create, rtr_start, wait, rtr_destroy). */
 #include "router/router.h"
 
 #include "common/log.h"
@@ -141,9 +143,19 @@ bad:
     return -1;
 }
 
-int main(int argc, char **argv)
+/* What the command line and the environment say, before the router starts. */
+typedef struct rtr_args {
+    rtr_config_t cfg;
+    const char *keys[16]; /* --api-key values, BATON_API_KEY first */
+    size_t n_keys;
+    const char *pw_file;  /* --etcd-password-file / BATON_ETCD_PASSWORD_FILE */
+} rtr_args;
+
+/* The defaults and the BATON_* variables (flags given later win); -1 when a variable's value is bad (printed). */
+static int apply_env(rtr_args *a)
 {
-    rtr_config_t cfg = {
+    memset(a, 0, sizeof *a);
+    a->cfg = (rtr_config_t){
         .model_path = env_or("BATON_MODEL", NULL),
         .etcd = env_or("BATON_ETCD", NULL),
         .http_listen = env_or("BATON_HTTP_LISTEN", "127.0.0.1:8000"),
@@ -151,11 +163,134 @@ int main(int argc, char **argv)
         .cluster = env_or("BATON_CLUSTER", NULL),
         .remote_prefill_overhead_ms = RTR_PLACE_DEFAULT_OVERHEAD_MS,
     };
-    const char *keys[16];
-    size_t n_keys = 0;
-    const char *pw_file = NULL;
-    if (security_env(&cfg, &pw_file)) return 2;
-    if (env_or("BATON_API_KEY", NULL)) keys[n_keys++] = getenv("BATON_API_KEY");
+    if (security_env(&a->cfg, &a->pw_file)) return -1;
+    if (env_or("BATON_API_KEY", NULL)) a->keys[a->n_keys++] = getenv("BATON_API_KEY");
+    return 0;
+}
+
+/* Flags whose value is kept as given: addresses, names, files. 1 = taken, 0 = not one of them. */
+static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
+{
+    struct {
+        const char *flag;
+        const char **dst;
+    } texts[] = {
+        {"--model", &cfg->model_path},
+        {"--etcd", &cfg->etcd},
+        {"--http-listen", &cfg->http_listen},
+        {"--grpc-listen", &cfg->grpc_listen},
+        {"--cluster", &cfg->cluster},
+        {"--grpc-tls-cert", &cfg->grpc_tls_cert},
+        {"--grpc-tls-key", &cfg->grpc_tls_key},
+        {"--grpc-tls-client-ca", &cfg->grpc_tls_client_ca},
+        {"--decision-log", &cfg->decision_log},
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (!strcmp(a, texts[i].flag)) {
+            *texts[i].dst = v;
+            return 1;
+        }
+    return 0;
+}
+
+/* --prefill-mode and the placement model's milliseconds. 1 = taken, 0 = not one of them, -1 = bad (printed). */
+static int take_placement_flag(rtr_config_t *cfg, const char *a, const char *v)
+{
+    if (!strcmp(a, "--prefill-mode")) {
+        if (rtr_prefill_mode_parse(v, &cfg->prefill_mode) == BT_OK) return 1;
+        fprintf(stderr, "baton-router: --prefill-mode: %s\n", bt_last_error());
+        return -1;
+    }
+    if (strcmp(a, "--remote-prefill-overhead-ms") && strcmp(a, "--ttft-slo-ms")) return 0;
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x >= 0) || x > 3.6e6) {
+        fprintf(stderr, "baton-router: %s: '%s' is not a valid number of milliseconds\n", a, v);
+        return -1;
+    }
+    if (!strcmp(a, "--ttft-slo-ms")) cfg->ttft_slo_ms = x;
+    else cfg->remote_prefill_overhead_ms = x;
+    return 1;
+}
+
+/* The fail-over timers and the request deadline (0 on the command line: off). 1 = taken, 0 = not one of them,
+ * -1 = bad (printed). */
+static int take_timer_flag(rtr_config_t *cfg, const char *a, const char *v)
+{
+    if (strcmp(a, "--stall-timeout-ms") && strcmp(a, "--load-stale-ms") && strcmp(a, "--rejoin-grace-ms") &&
+        strcmp(a, "--request-timeout-s"))
+        return 0;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    long max = !strcmp(a, "--request-timeout-s") ? 86400 * 7 : 3600 * 1000;
+    if (!*v || *end || n < 0 || n > max) {
+        fprintf(stderr, "baton-router: %s: '%s' is not a number from 0 to %ld\n", a, v, max);
+        return -1;
+    }
+    int x = n ? (int)n : -1; /* 0 on the command line: off */
+    if (!strcmp(a, "--stall-timeout-ms")) cfg->stall_ms = x;
+    else if (!strcmp(a, "--load-stale-ms")) cfg->load_stale_ms = x;
+    else if (!strcmp(a, "--rejoin-grace-ms")) cfg->rejoin_grace_ms = x;
+    else cfg->request_timeout_ms = n ? (int)(n * 1000) : -1;
+    return 1;
+}
+
+/* Admission and HTTP limits: --max-queue-s and the counts. 1 = taken, 0 = not one of them, -1 = bad (printed). */
+static int take_limit_flag(rtr_config_t *cfg, const char *a, const char *v)
+{
+    char *end = NULL;
+    if (!strcmp(a, "--max-queue-s")) {
+        double x = strtod(v, &end);
+        if (!*v || *end || !(x >= 0) || x > 86400) {
+            fprintf(stderr, "baton-router: --max-queue-s: '%s' is not a number of seconds in [0, 86400]\n", v);
+            return -1;
+        }
+        cfg->max_queue_s = x == 0 ? -1 : x; /* 0 on the command line: off */
+        return 1;
+    }
+    if (strcmp(a, "--max-context") && strcmp(a, "--max-migrations") && strcmp(a, "--http-threads") &&
+        strcmp(a, "--max-inflight") && strcmp(a, "--http-max-connections") &&
+        strcmp(a, "--http-max-connections-per-ip") && strcmp(a, "--http-idle-timeout") &&
+        strcmp(a, "--http-read-timeout") && strcmp(a, "--http-max-memory-mb"))
+        return 0;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || n < 0 || n > (1 << 24)) {
+        fprintf(stderr, "baton-router: %s: '%s' is not a valid number\n", a, v);
+        return -1;
+    }
+    if (!strcmp(a, "--max-context")) cfg->max_context = (int32_t)n;
+    else if (!strcmp(a, "--max-migrations")) cfg->max_migrations = (int)n;
+    else if (!strcmp(a, "--max-inflight")) cfg->max_inflight = (int)n;
+    else if (!strcmp(a, "--http-max-connections")) cfg->http_max_connections = (unsigned)n;
+    else if (!strcmp(a, "--http-max-connections-per-ip")) cfg->http_max_per_ip = (unsigned)n;
+    else if (!strcmp(a, "--http-idle-timeout")) cfg->http_idle_timeout_s = (unsigned)n;
+    else if (!strcmp(a, "--http-read-timeout")) cfg->http_read_timeout_s = (unsigned)n;
+    else if (!strcmp(a, "--http-max-memory-mb")) cfg->http_max_memory = (size_t)n << 20;
+    else cfg->http_threads = (unsigned)n;
+    return 1;
+}
+
+/* One flag a with its value v. 1 = taken, 0 = unknown, -1 = bad value (printed). */
+static int take_flag(rtr_args *r, const char *a, const char *v)
+{
+    int t;
+    if ((t = take_security_flag(&r->cfg, a, v, &r->pw_file)) || (t = take_text_flag(&r->cfg, a, v)) ||
+        (t = take_placement_flag(&r->cfg, a, v)) || (t = take_timer_flag(&r->cfg, a, v)) ||
+        (t = take_limit_flag(&r->cfg, a, v)))
+        return t;
+    if (strcmp(a, "--api-key")) return 0;
+    if (r->n_keys == 16) {
+        fprintf(stderr, "baton-router: at most 16 --api-key\n");
+        return -1;
+    }
+    r->keys[r->n_keys++] = v;
+    return 1;
+}
+
+/* The command line over the environment, then the checks that need every flag. Returns -1 to go on, else the exit
+ * code (0 after --help, 2 for a bad or missing flag). */
+static int parse_flags(rtr_args *r, int argc, char **argv)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -167,93 +302,28 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        const char *v = argv[++i];
-        char *end = NULL;
-        int sec = take_security_flag(&cfg, a, v, &pw_file);
-        if (sec < 0) return 2;
-        if (sec > 0) continue;
-        if (!strcmp(a, "--model")) cfg.model_path = v;
-        else if (!strcmp(a, "--etcd")) cfg.etcd = v;
-        else if (!strcmp(a, "--http-listen")) cfg.http_listen = v;
-        else if (!strcmp(a, "--grpc-listen")) cfg.grpc_listen = v;
-        else if (!strcmp(a, "--cluster")) cfg.cluster = v;
-        else if (!strcmp(a, "--grpc-tls-cert")) cfg.grpc_tls_cert = v;
-        else if (!strcmp(a, "--grpc-tls-key")) cfg.grpc_tls_key = v;
-        else if (!strcmp(a, "--grpc-tls-client-ca")) cfg.grpc_tls_client_ca = v;
-        else if (!strcmp(a, "--decision-log")) cfg.decision_log = v;
-        else if (!strcmp(a, "--prefill-mode")) {
-            if (rtr_prefill_mode_parse(v, &cfg.prefill_mode) != BT_OK) {
-                fprintf(stderr, "baton-router: --prefill-mode: %s\n", bt_last_error());
-                return 2;
-            }
-        } else if (!strcmp(a, "--remote-prefill-overhead-ms") || !strcmp(a, "--ttft-slo-ms")) {
-            double x = strtod(v, &end);
-            if (!*v || *end || !(x >= 0) || x > 3.6e6) {
-                fprintf(stderr, "baton-router: %s: '%s' is not a valid number of milliseconds\n", a, v);
-                return 2;
-            }
-            if (!strcmp(a, "--ttft-slo-ms")) cfg.ttft_slo_ms = x;
-            else cfg.remote_prefill_overhead_ms = x;
-        }
-        else if (!strcmp(a, "--api-key")) {
-            if (n_keys == 16) {
-                fprintf(stderr, "baton-router: at most 16 --api-key\n");
-                return 2;
-            }
-            keys[n_keys++] = v;
-        } else if (!strcmp(a, "--stall-timeout-ms") || !strcmp(a, "--load-stale-ms") ||
-                   !strcmp(a, "--rejoin-grace-ms") || !strcmp(a, "--request-timeout-s")) {
-            long n = strtol(v, &end, 10);
-            long max = !strcmp(a, "--request-timeout-s") ? 86400 * 7 : 3600 * 1000;
-            if (!*v || *end || n < 0 || n > max) {
-                fprintf(stderr, "baton-router: %s: '%s' is not a number from 0 to %ld\n", a, v, max);
-                return 2;
-            }
-            int x = n ? (int)n : -1; /* 0 on the command line: off */
-            if (!strcmp(a, "--stall-timeout-ms")) cfg.stall_ms = x;
-            else if (!strcmp(a, "--load-stale-ms")) cfg.load_stale_ms = x;
-            else if (!strcmp(a, "--rejoin-grace-ms")) cfg.rejoin_grace_ms = x;
-            else cfg.request_timeout_ms = n ? (int)(n * 1000) : -1;
-        } else if (!strcmp(a, "--max-queue-s")) {
-            double x = strtod(v, &end);
-            if (!*v || *end || !(x >= 0) || x > 86400) {
-                fprintf(stderr, "baton-router: --max-queue-s: '%s' is not a number of seconds in [0, 86400]\n", v);
-                return 2;
-            }
-            cfg.max_queue_s = x == 0 ? -1 : x; /* 0 on the command line: off */
-        } else if (!strcmp(a, "--max-context") || !strcmp(a, "--max-migrations") || !strcmp(a, "--http-threads") ||
-                   !strcmp(a, "--max-inflight") || !strcmp(a, "--http-max-connections") ||
-                   !strcmp(a, "--http-max-connections-per-ip") || !strcmp(a, "--http-idle-timeout") ||
-                   !strcmp(a, "--http-read-timeout") || !strcmp(a, "--http-max-memory-mb")) {
-            long n = strtol(v, &end, 10);
-            if (!*v || *end || n < 0 || n > (1 << 24)) {
-                fprintf(stderr, "baton-router: %s: '%s' is not a valid number\n", a, v);
-                return 2;
-            }
-            if (!strcmp(a, "--max-context")) cfg.max_context = (int32_t)n;
-            else if (!strcmp(a, "--max-migrations")) cfg.max_migrations = (int)n;
-            else if (!strcmp(a, "--max-inflight")) cfg.max_inflight = (int)n;
-            else if (!strcmp(a, "--http-max-connections")) cfg.http_max_connections = (unsigned)n;
-            else if (!strcmp(a, "--http-max-connections-per-ip")) cfg.http_max_per_ip = (unsigned)n;
-            else if (!strcmp(a, "--http-idle-timeout")) cfg.http_idle_timeout_s = (unsigned)n;
-            else if (!strcmp(a, "--http-read-timeout")) cfg.http_read_timeout_s = (unsigned)n;
-            else if (!strcmp(a, "--http-max-memory-mb")) cfg.http_max_memory = (size_t)n << 20;
-            else cfg.http_threads = (unsigned)n;
-        } else {
+        int t = take_flag(r, a, argv[++i]);
+        if (t < 0) return 2;
+        if (t == 0) {
             fprintf(stderr, "baton-router: unknown option %s\n", a);
             usage(stderr);
             return 2;
         }
     }
-    if (!cfg.model_path || !cfg.etcd) {
+    if (!r->cfg.model_path || !r->cfg.etcd) {
         fprintf(stderr, "baton-router: --model and --etcd are required\n");
         usage(stderr);
         return 2;
     }
-    if (security_finish(&cfg, pw_file)) return 2;
-    cfg.api_keys = keys;
-    cfg.n_api_keys = n_keys;
+    if (security_finish(&r->cfg, r->pw_file)) return 2;
+    r->cfg.api_keys = r->keys;
+    r->cfg.n_api_keys = r->n_keys;
+    return -1;
+}
 
+/* Starts the router and serves until SIGINT or SIGTERM; the process exit code. */
+static int serve(const rtr_config_t *cfg)
+{
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -262,7 +332,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     rtr_t *r;
-    if (rtr_create(&cfg, &r) != BT_OK) {
+    if (rtr_create(cfg, &r) != BT_OK) {
         fprintf(stderr, "baton-router: %s\n", bt_last_error());
         return 1;
     }
@@ -276,4 +346,13 @@ int main(int argc, char **argv)
     BT_INFO("router", "signal %d: shutting down", sig);
     rtr_destroy(r);
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    rtr_args args;
+    if (apply_env(&args)) return 2;
+    int rc = parse_flags(&args, argc, argv);
+    if (rc >= 0) return rc;
+    return serve(&args.cfg);
 }

@@ -84,10 +84,11 @@ static void conc_emit(void *user, const bt_sched_event *ev)
 
 /* Offline continuous batching: n requests of plen random prompt tokens and `gen` output tokens each, submitted at
  * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
-static int bench_concurrency(const bt_model *m, bt_backend *be, int n, int plen, int gen, bt_kv_dtype dtype,
-                             const int32_t *toks, double *prefill, double *decode, double *kv_util)
+static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int n, int plen, int gen,
+                             bt_kv_dtype dtype, const int32_t *toks, double *prefill, double *decode, double *kv_util)
 {
     bt_sched_config cfg = {0};
+    cfg.profile = profile;
     cfg.kv_dtype = dtype;
     cfg.kv_mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer *
                  (size_t)(n * ((plen + gen) / BT_KV_BLOCK + 2));
@@ -148,10 +149,11 @@ static void ttft_emit(void *user, const bt_sched_event *ev)
 
 /* Prefix cache: time to first token of a prompt of `shared` + 32 tokens, cold, then of a second prompt that shares
  * the first `shared` tokens. Returns 0 on success. */
-static int bench_prefix(const bt_model *m, bt_backend *be, int shared, const int32_t *toks, double *cold,
-                        double *warm, int32_t *cached)
+static int bench_prefix(const bt_model *m, bt_backend *be, int profile, int shared, const int32_t *toks,
+                        double *cold, double *warm, int32_t *cached)
 {
     bt_sched_config cfg = {0};
+    cfg.profile = profile;
     cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)(2 * (shared + 64) / 16);
     cfg.max_batch_tokens = BT_SCHED_DEFAULT_BATCH_TOKENS;
     bt_sched *s;
@@ -249,6 +251,8 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "baton bench: --kv-dtype must be f16, f32 or int8, not '%s'\n", kv_name);
         return 2;
     }
+    cli_engine_env env;
+    if (cli_engine_env_read("bench", (int)threads, &env)) return 1;
     char def[4096];
     if (!model_path) {
         if (bt_default_model_path(def, sizeof def)) {
@@ -264,7 +268,7 @@ int cmd_bench(int argc, char **argv)
     }
     seq_runner r;
     int32_t ctx = 512 + (int32_t)decode_n + 16;
-    if (seq_runner_init(&r, m, (int)threads, ctx, 512, BT_KV_F16)) {
+    if (seq_runner_init(&r, m, &env, ctx, 512, BT_KV_F16)) {
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
         bt_model_free(m);
         return 1;
@@ -278,7 +282,7 @@ int cmd_bench(int argc, char **argv)
         int32_t cached = 0;
         int prc = 0;
         for (long k = 0; k < reps && !prc; k++)
-            if (bench_prefix(m, r.be, (int)prefix, ptoks, &cold[k], &warm[k], &cached)) prc = 1;
+            if (bench_prefix(m, r.be, env.profile, (int)prefix, ptoks, &cold[k], &warm[k], &cached)) prc = 1;
         if (prc) {
             fprintf(stderr, "baton bench: %s\n", bt_last_error());
         } else {
@@ -341,8 +345,8 @@ int cmd_bench(int argc, char **argv)
             }
             double pre[100], dec[100], util[100];
             for (long k = 0; k < reps; k++)
-                if (bench_concurrency(m, r.be, n, (int)prompt_n, (int)decode_n, (bt_kv_dtype)kv_dtype, ctoks, &pre[k],
-                                      &dec[k], &util[k])) {
+                if (bench_concurrency(m, r.be, env.profile, n, (int)prompt_n, (int)decode_n, (bt_kv_dtype)kv_dtype,
+                                      ctoks, &pre[k], &dec[k], &util[k])) {
                     fprintf(stderr, "baton bench: %s\n", bt_last_error());
                     crc = 1;
                     break;

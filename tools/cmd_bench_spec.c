@@ -16,6 +16,7 @@
 #include "engine/tokenizer.h"
 #include "tools/bench_spec.h"
 #include "tools/bench_util.h"
+#include "tools/engine_env.h"
 #include "tools/workload.h"
 
 #define BS_MAX_PROMPTS 256
@@ -34,6 +35,7 @@ typedef struct bs_opts {
     int fixed_k;
     float temperature;
     unsigned long long seed;
+    cli_engine_env env; /* the environment switches, read after the options */
 } bs_opts;
 
 /* One run's figures. */
@@ -197,6 +199,7 @@ static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const b
     for (int i = 0; i < n; i++) longest = ps[i].n > longest ? ps[i].n : longest;
     int32_t ctx = longest + (int32_t)o->decode_n + BT_SPEC_K_LIMIT + BT_KV_BLOCK;
     bt_sched_config cfg = {0};
+    cfg.profile = o->env.profile;
     cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)(conc * (ctx / BT_KV_BLOCK + 2));
     cfg.max_running = conc;
     cfg.max_context = ctx;
@@ -324,6 +327,8 @@ int bench_spec_main(int argc, char **argv)
     bs_opts o;
     int prc = parse_opts(argc, argv, &o);
     if (prc) return prc > 0 ? 0 : 2;
+    if (cli_engine_env_read("bench", (int)o.threads, &o.env)) return 1;
+    o.spec.profile = o.env.profile;
     char def[4096], wl[4096];
     if (!o.model) {
         if (bt_default_model_path(def, sizeof def)) {
@@ -349,7 +354,7 @@ int bench_spec_main(int argc, char **argv)
     int32_t eog[16];
     int32_t n_eog = find_eog(m, eog, 16);
     if (load_workload(o.workload, m, ps, &n)) goto out;
-    if (bt_backend_cpu_create((int)o.threads, &be)) {
+    if (bt_backend_cpu_create(&o.env.cpu, &be)) {
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
         goto out;
     }

@@ -209,6 +209,8 @@ int cmd_generate(int argc, char **argv)
     gen_opts o;
     int pr = parse_gen(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : 2;
+    cli_engine_env env;
+    if (cli_engine_env_read("generate", (int)o.threads, &env)) return 1;
     bt_model *m = load_model_or_report("generate", o.model);
     if (!m) return 1;
     int rc = 1;
@@ -267,7 +269,7 @@ int cmd_generate(int argc, char **argv)
                 ids.n, o.max_tokens, ctx);
         goto out;
     }
-    if (bt_backend_cpu_create((int)o.threads, &be)) {
+    if (bt_backend_cpu_create(&env.cpu, &be)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;
     }
@@ -280,6 +282,8 @@ int cmd_generate(int argc, char **argv)
     sc.max_context = (int32_t)ctx;
     sc.eog_ids = eog;
     sc.n_eog = n_eog;
+    sc.profile = env.profile;
+    o.spec.profile = env.profile;
     if (bt_spec_create(&o.spec, m, be, (int32_t)ctx, 1, &proposer)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;
@@ -376,6 +380,11 @@ int cmd_logits(int argc, char **argv)
         else goto usage;
     }
     if (!out || n == 0) goto usage;
+    cli_engine_env env;
+    if (cli_engine_env_read("logits", (int)threads, &env)) {
+        free(ids);
+        return 1;
+    }
     bt_model *m = load_model_or_report("logits", model);
     if (!m) {
         free(ids);
@@ -384,7 +393,7 @@ int cmd_logits(int argc, char **argv)
     int rc = 1;
     seq_runner r;
     FILE *f = NULL;
-    if (seq_runner_init(&r, m, (int)threads, n, (int32_t)chunk, (bt_kv_dtype)kv_dtype)) {
+    if (seq_runner_init(&r, m, &env, n, (int32_t)chunk, (bt_kv_dtype)kv_dtype)) {
         fprintf(stderr, "baton logits: %s\n", bt_last_error());
         goto done;
     }

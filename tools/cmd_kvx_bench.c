@@ -28,6 +28,7 @@ typedef struct bench_opts {
     int handoff;
     long soak;
     const char *json;
+    kvx_data_path_t data_path; /* BATON_KVX_DATA_PATH, read once in cmd_kvx_bench */
 } bench_opts_t;
 
 typedef struct size_row {
@@ -117,12 +118,12 @@ static uint8_t *ctl_call(int fd, uint32_t op, const void *p, uint32_t n, uint32_
 
 /* ---- the receiving process ----------------------------------------------------------------------------- */
 
-static int serve(int fd)
+static int serve(int fd, kvx_data_path_t data_path)
 {
     kvx_context_t *ctx = NULL;
     kvx_pool_t *pool = NULL;
     kvx_expect_t *exp[8] = {0};
-    kvx_context_opts_t o = {.name = "kvx-bench-recv"};
+    kvx_context_opts_t o = {.name = "kvx-bench-recv", .data_path = data_path};
     if (kvx_context_create(&o, &ctx) != BT_OK) {
         fprintf(stderr, "kvx-bench receiver: %s\n", bt_last_error());
         return 1;
@@ -411,7 +412,7 @@ static int run_transport(const bench_opts_t *o, int shm, tr_result_t *res)
         unsetenv("UCX_SYSV_ERROR_HANDLING");
     }
     bench_t b = {0};
-    kvx_context_opts_t co = {.name = "kvx-bench"};
+    kvx_context_opts_t co = {.name = "kvx-bench", .data_path = o->data_path};
     if (kvx_context_create(&co, &b.ctx) != BT_OK) {
         fprintf(stderr, "kvx-bench: %s: %s\n", res->name, bt_last_error());
         return -1;
@@ -642,8 +643,14 @@ static size_t parse_size(const char *s)
 
 int cmd_kvx_bench(int argc, char **argv)
 {
-    if (argc == 3 && !strcmp(argv[1], "--serve-fd")) return serve(atoi(argv[2]));
-    bench_opts_t o = {.tcp = 1, .shm = 1, .seconds = 0.5, .depth = 1, .perftest = 1, .handoff = 1};
+    kvx_context_opts_t env = {.data_path = KVX_PATH_AUTO};
+    if (kvx_context_opts_from_env(&env) != BT_OK) {
+        fprintf(stderr, "baton kvx-bench: %s\n", bt_last_error());
+        return 1;
+    }
+    if (argc == 3 && !strcmp(argv[1], "--serve-fd")) return serve(atoi(argv[2]), env.data_path);
+    bench_opts_t o = {.tcp = 1, .shm = 1, .seconds = 0.5, .depth = 1, .perftest = 1, .handoff = 1,
+                      .data_path = env.data_path};
     const char *sizes = "12K,64K,256K,1M,4M";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

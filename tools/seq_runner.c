@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-bt_status seq_runner_init(seq_runner *r, const bt_model *m, int n_threads, int32_t n_ctx, int32_t chunk,
+bt_status seq_runner_init(seq_runner *r, const bt_model *m, const cli_engine_env *env, int32_t n_ctx, int32_t chunk,
                           bt_kv_dtype dtype)
 {
     memset(r, 0, sizeof *r);
@@ -13,9 +13,9 @@ bt_status seq_runner_init(seq_runner *r, const bt_model *m, int n_threads, int32
     r->n_ctx = n_ctx;
     r->chunk = chunk;
     r->n_blocks = (n_ctx + BT_KV_BLOCK - 1) / BT_KV_BLOCK;
-    bt_status st = bt_backend_cpu_create(n_threads, &r->be);
+    bt_status st = bt_backend_cpu_create(&env->cpu, &r->be);
     if (st) return st;
-    if ((st = bt_forward_create(m, r->be, chunk, &r->fw))) goto fail;
+    if ((st = bt_forward_create(m, r->be, chunk, env->profile, &r->fw))) goto fail;
     size_t mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer * (size_t)r->n_blocks;
     if ((st = bt_kv_pool_create(&m->hp, dtype, mem, NULL, &r->kv))) goto fail;
     r->table = malloc((size_t)r->n_blocks * sizeof *r->table);

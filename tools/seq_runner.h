@@ -9,6 +9,7 @@
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "tools/engine_env.h"
 
 typedef struct seq_runner {
     const bt_model *model;
@@ -23,8 +24,9 @@ typedef struct seq_runner {
     float *logits;    /* [chunk][n_vocab] */
 } seq_runner;
 
-/* n_threads 0 = all CPUs; chunk = prefill chunk size. Errors from the backend, forward and pool constructors. */
-bt_status seq_runner_init(seq_runner *r, const bt_model *m, int n_threads, int32_t n_ctx, int32_t chunk,
+/* env: the backend's options (threads included) and profiling; chunk = prefill chunk size. Errors from the
+ * backend, forward and pool constructors. */
+bt_status seq_runner_init(seq_runner *r, const bt_model *m, const cli_engine_env *env, int32_t n_ctx, int32_t chunk,
                           bt_kv_dtype dtype);
 void seq_runner_free(seq_runner *r);
 

@@ -260,16 +260,25 @@ int bt_cpu_isa_supported(bt_cpu_isa isa)
     }
 }
 
-bt_status bt_cpu_isa_select(bt_cpu_isa *out)
+bt_status bt_cpu_isa_env(int *want)
 {
     const char *names[BT_CPU_ISA_COUNT];
     for (int i = 0; i < BT_CPU_ISA_COUNT; i++) names[i] = bt_cpu_isa_name((bt_cpu_isa)i);
-    int want = -1;
-    bt_status st = bt_env_choice("BATON_CPU_ISA", names, BT_CPU_ISA_COUNT, -1, &want);
+    bt_status st = bt_env_choice("BATON_CPU_ISA", names, BT_CPU_ISA_COUNT, -1, want);
     if (st) return st;
+    if (*want >= 0 && !bt_cpu_isa_supported((bt_cpu_isa)*want)) {
+        st = bt_fail(BT_ERR_UNSUPPORTED, "BATON_CPU_ISA=%s: this CPU lacks the instructions", names[*want]);
+        *want = -1;
+    }
+    return st;
+}
+
+bt_status bt_cpu_isa_select(int want, bt_cpu_isa *out)
+{
     if (want >= 0) {
-        if (!bt_cpu_isa_supported((bt_cpu_isa)want))
-            return bt_fail(BT_ERR_UNSUPPORTED, "BATON_CPU_ISA=%s: this CPU lacks the instructions", names[want]);
+        if (want >= BT_CPU_ISA_COUNT || !bt_cpu_isa_supported((bt_cpu_isa)want))
+            return bt_fail(BT_ERR_UNSUPPORTED, "the %s kernels cannot run on this CPU",
+                           want < BT_CPU_ISA_COUNT ? bt_cpu_isa_name((bt_cpu_isa)want) : "requested");
         *out = (bt_cpu_isa)want;
         return BT_OK;
     }

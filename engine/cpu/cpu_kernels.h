@@ -151,10 +151,14 @@ int bt_cpu_isa_supported(bt_cpu_isa isa);
  * lacks. */
 double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits);
 
-/* The ISA to use: BATON_CPU_ISA=scalar|avx2|avx512 when set, else the best this CPU supports. Meant to be called
- * once at start-up (it reads the environment and CPUID); keep the result in the engine struct.
- * Returns BT_ERR_INVALID for an unknown name and BT_ERR_UNSUPPORTED when the forced ISA cannot run here. */
-bt_status bt_cpu_isa_select(bt_cpu_isa *out);
+/* The process's edge only (a main, a CLI command, a test's setup): *want = the ISA that BATON_CPU_ISA names, -1
+ * when it is unset or empty. BT_ERR_INVALID for an unknown name, BT_ERR_UNSUPPORTED when this CPU cannot run it
+ * (the message names the variable); *want is then -1. */
+bt_status bt_cpu_isa_env(int *want);
+
+/* The ISA to use: want (a bt_cpu_isa) when >= 0, else the best this CPU supports. Reads CPUID, not the
+ * environment; keep the result in the engine struct. BT_ERR_UNSUPPORTED when want cannot run here. */
+bt_status bt_cpu_isa_select(int want, bt_cpu_isa *out);
 
 /* The op table of isa (static, never freed), or NULL when isa is out of range. Slots of an ISA without a special
  * kernel for a type hold the next lower ISA's kernel. */

@@ -9,6 +9,7 @@
 #include "engine/backend_cpu.h"
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/kv_pool.h"
+#include "test_engine_env.h"
 #include "test_util.h"
 
 #define N_HEAD 6
@@ -32,7 +33,7 @@ static int fixture_open(fixture *f, bt_kv_dtype dtype, uint64_t seed)
     f->hp.n_layer = 1, f->hp.n_head = N_HEAD, f->hp.n_head_kv = N_KV, f->hp.head_dim = HD;
     size_t per_block = bt_kv_block_stride(&f->hp, dtype);
     if (bt_kv_pool_create(&f->hp, dtype, per_block * 128, NULL, &f->kv)) return -1;
-    if (bt_backend_cpu_create(1, &f->be[0]) || bt_backend_cpu_create(2, &f->be[1])) return -1;
+    if (test_backend_cpu(1, &f->be[0]) || test_backend_cpu(2, &f->be[1])) return -1;
     int32_t nb = (LEN + BT_KV_BLOCK - 1) / BT_KV_BLOCK, ids[128];
     if (bt_kv_pool_alloc(f->kv, 2 * nb, ids)) return -1;
     for (int i = 2 * nb - 1; i > 0; i--) { /* tables scattered over the pool, interleaved */

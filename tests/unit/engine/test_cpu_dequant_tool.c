@@ -70,7 +70,9 @@ int main(int argc, char **argv)
         size_t wb = bt_cpu_row_bytes((uint32_t)t, n_in);
         if (n_in <= 0 || n_out <= 0 || n_rows <= 0 || wb == 0) return fprintf(stderr, "bad shape\n"), 2;
         bt_cpu_isa isa;
-        if (bt_cpu_isa_select(&isa) != BT_OK) return fprintf(stderr, "%s\n", bt_last_error()), 2;
+        int want = -1; /* this tool's edge: BATON_CPU_ISA forces an ISA */
+        if (bt_cpu_isa_env(&want) != BT_OK || bt_cpu_isa_select(want, &isa) != BT_OK)
+            return fprintf(stderr, "%s\n", bt_last_error()), 2;
         void *w = read_all(argv[6], wb * (size_t)n_out);
         float *x = read_all(argv[7], sizeof(float) * (size_t)(n_in * n_rows));
         float *out = malloc(sizeof(float) * (size_t)(n_out * n_rows));

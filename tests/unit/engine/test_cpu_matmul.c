@@ -198,18 +198,29 @@ static void test_matmul_multi(void)
     bt_pool_destroy(pool);
 }
 
+/* BATON_CPU_ISA is read once at the edge (bt_cpu_isa_env); bt_cpu_isa_select takes what it read. */
 static void test_isa_select(void)
 {
     bt_cpu_isa isa;
+    int want = 99;
     const char *entry = getenv("BATON_CPU_ISA"); /* this ctest entry's ISA (test_isa.h), restored below */
     char keep[16] = "";
     if (entry) snprintf(keep, sizeof keep, "%s", entry);
     setenv("BATON_CPU_ISA", "scalar", 1);
-    CHECK(bt_cpu_isa_select(&isa) == BT_OK && isa == BT_CPU_ISA_SCALAR);
+    CHECK(bt_cpu_isa_env(&want) == BT_OK && want == BT_CPU_ISA_SCALAR);
+    CHECK(bt_cpu_isa_select(want, &isa) == BT_OK && isa == BT_CPU_ISA_SCALAR);
     setenv("BATON_CPU_ISA", "bogus", 1);
-    CHECK(bt_cpu_isa_select(&isa) == BT_ERR_INVALID);
+    CHECK(bt_cpu_isa_env(&want) == BT_ERR_INVALID && want == -1);
+    CHECK(strstr(bt_last_error(), "BATON_CPU_ISA='bogus'") != NULL);
+    for (int i = 1; i < BT_CPU_ISA_COUNT; i++) {
+        if (bt_cpu_isa_supported((bt_cpu_isa)i)) continue;
+        setenv("BATON_CPU_ISA", bt_cpu_isa_name((bt_cpu_isa)i), 1); /* named, but this CPU lacks it */
+        CHECK(bt_cpu_isa_env(&want) == BT_ERR_UNSUPPORTED && want == -1);
+        CHECK(bt_cpu_isa_select(i, &isa) == BT_ERR_UNSUPPORTED);
+    }
     unsetenv("BATON_CPU_ISA");
-    CHECK(bt_cpu_isa_select(&isa) == BT_OK && bt_cpu_isa_supported(isa));
+    CHECK(bt_cpu_isa_env(&want) == BT_OK && want == -1);
+    CHECK(bt_cpu_isa_select(want, &isa) == BT_OK && bt_cpu_isa_supported(isa));
     fprintf(stderr, "best ISA here: %s\n", bt_cpu_isa_name(isa));
     if (entry) setenv("BATON_CPU_ISA", keep, 1);
 }

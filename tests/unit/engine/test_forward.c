@@ -12,6 +12,7 @@
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "test_isa.h"
+#include "test_engine_env.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -26,8 +27,8 @@ static int env_open(env *e, const char *path, int threads, int max_tokens)
 {
     memset(e, 0, sizeof *e);
     if (bt_model_load(path, &e->m)) return -1;
-    if (bt_backend_cpu_create(threads, &e->be)) return -1;
-    if (bt_forward_create(e->m, e->be, max_tokens, &e->fw)) return -1;
+    if (test_backend_cpu(threads, &e->be)) return -1;
+    if (bt_forward_create(e->m, e->be, max_tokens, 0, &e->fw)) return -1;
     size_t per_block = bt_kv_block_stride(&e->m->hp, BT_KV_F16) * (size_t)e->m->hp.n_layer;
     if (bt_kv_pool_create(&e->m->hp, BT_KV_F16, per_block * 256, NULL, &e->kv)) return -1;
     return 0;
@@ -155,7 +156,7 @@ static void test_batch_invariance(void)
     seq ref;
     seq_make(&ref, &e, 100, 1000);
     bt_forward_destroy(e.fw);
-    REQUIRE(bt_forward_create(e.m, e.be, 128, &e.fw) == BT_OK);
+    REQUIRE(bt_forward_create(e.m, e.be, 128, 0, &e.fw) == BT_OK);
     REQUIRE(run_alone(&e, &ref, 100) == 0);
     int32_t chunks[3] = {1, 7, 64};
     for (int c = 0; c < 3; c++) {
@@ -165,9 +166,9 @@ static void test_batch_invariance(void)
     }
     /* thread count does not change the bits either */
     bt_backend *be1;
-    REQUIRE(bt_backend_cpu_create(1, &be1) == BT_OK);
+    REQUIRE(test_backend_cpu(1, &be1) == BT_OK);
     bt_forward *fw1;
-    REQUIRE(bt_forward_create(e.m, be1, 64, &fw1) == BT_OK);
+    REQUIRE(bt_forward_create(e.m, be1, 64, 0, &fw1) == BT_OK);
     bt_forward *keep = e.fw;
     e.fw = fw1;
     REQUIRE(run_alone(&e, &alone[0], 64) == 0);
@@ -195,7 +196,7 @@ static void test_lanes(void)
     REQUIRE(path != NULL);
     bt_backend *bad = NULL;
     setenv("BATON_CPU_LANES", "2", 1);
-    CHECK(bt_backend_cpu_create(2, &bad) == BT_ERR_INVALID && bad == NULL);
+    CHECK(test_backend_cpu(2, &bad) == BT_ERR_INVALID && bad == NULL);
     CHECK(strstr(bt_last_error(), "BATON_CPU_LANES") != NULL);
     unsetenv("BATON_CPU_LANES");
     for (int cfg = 0; cfg < 3; cfg++) {

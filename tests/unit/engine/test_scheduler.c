@@ -8,6 +8,7 @@
 #include "engine/backend_cpu.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
+#include "test_engine_env.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -655,7 +656,7 @@ int main(void)
     char *path = model_path;
     snprintf(model_path, sizeof model_path, "%s/sched.gguf", test_tmpdir());
     tiny_model_opts o = {0};
-    if (tiny_model_write(path, &o) || bt_model_load(path, &model) || bt_backend_cpu_create(2, &backend)) {
+    if (tiny_model_write(path, &o) || bt_model_load(path, &model) || test_backend_cpu(2, &backend)) {
         fprintf(stderr, "setup failed: %s\n", bt_last_error());
         return 1;
     }

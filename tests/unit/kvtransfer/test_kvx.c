@@ -42,6 +42,7 @@ enum {
     OP_PUSH_START,  /* epoch, flags, timeout, n, src, dst -> status */
     OP_PUSH_LAYERS, /* from, to -> status */
     OP_PUSH_WAIT,   /* -> status */
+    OP_EXPECT_SETTLE, /* epoch, timeout ms -> settle's status, pending blocks (the expectation is kept) */
     OP_EXIT,
 };
 
@@ -152,7 +153,8 @@ static int agent_main(int fd)
             memcpy(&l, m, sizeof l);
             memcpy(&seed, m + sizeof l, 8);
             kvx_context_opts_t o = {.name = "agent"};
-            st = kvx_context_create(&o, &ctx);
+            st = kvx_context_opts_from_env(&o); /* BATON_KVX_DATA_PATH, as a process's edge reads it */
+            if (!st) st = kvx_context_create(&o, &ctx);
             if (!st) st = kvx_pool_create(ctx, &l, &pool);
             if (st) {
                 fprintf(stderr, "agent: init: %s\n", bt_last_error());
@@ -212,6 +214,19 @@ static int agent_main(int fd)
                 exp[slot] = NULL;
                 pending = kvx_pool_blocks_pending(pool);
             }
+            BUF_VAL(&out, st);
+            BUF_VAL(&out, pending);
+            break;
+        }
+        case OP_EXPECT_SETTLE: {
+            uint64_t epoch, pending = 0;
+            uint32_t ms;
+            memcpy(&epoch, m, 8);
+            memcpy(&ms, m + 8, 4);
+            int slot = 0;
+            while (slot < MAX_EXPECTS && !(exp[slot] && kvx_expect_epoch(exp[slot]) == epoch)) slot++;
+            st = slot == MAX_EXPECTS ? BT_ERR_NOT_FOUND : kvx_expect_settle(exp[slot], ms);
+            pending = kvx_pool_blocks_pending(pool);
             BUF_VAL(&out, st);
             BUF_VAL(&out, pending);
             break;
@@ -394,10 +409,11 @@ static uint64_t agent_expect(agent_t *a, const uint32_t *blocks, size_t n, uint6
     return st ? 0 : e;
 }
 
-static int32_t agent_expect_wait(agent_t *a, uint64_t epoch, uint64_t *pending)
+/* An agent call answered by (status, pending blocks); BT_ERR_PEER when the answer is missing. */
+static int32_t agent_status_call(agent_t *a, uint32_t op, const void *req, size_t n, uint64_t *pending)
 {
     size_t len;
-    uint8_t *r = agent_call(a, OP_EXPECT_WAIT, &epoch, 8, &len);
+    uint8_t *r = agent_call(a, op, req, n, &len);
     int32_t st = BT_ERR_PEER;
     if (r && len == 12) {
         memcpy(&st, r, 4);
@@ -405,6 +421,20 @@ static int32_t agent_expect_wait(agent_t *a, uint64_t epoch, uint64_t *pending)
     }
     free(r);
     return st;
+}
+
+static int32_t agent_expect_wait(agent_t *a, uint64_t epoch, uint64_t *pending)
+{
+    return agent_status_call(a, OP_EXPECT_WAIT, &epoch, 8, pending);
+}
+
+/* kvx_expect_settle in the agent; *pending: blocks its pool still holds for expectations afterwards. */
+static int32_t agent_expect_settle(agent_t *a, uint64_t epoch, uint32_t ms, uint64_t *pending)
+{
+    uint8_t req[12];
+    memcpy(req, &epoch, 8);
+    memcpy(req + 8, &ms, 4);
+    return agent_status_call(a, OP_EXPECT_SETTLE, req, sizeof req, pending);
 }
 
 static kvx_stats_t agent_stats(agent_t *a)
@@ -504,7 +534,7 @@ static int sender_init(sender_t *s, const kvx_layout_t *l, uint64_t seed)
     memset(s, 0, sizeof *s);
     s->seed = seed;
     kvx_context_opts_t o = {.name = "test"};
-    if (kvx_context_create(&o, &s->ctx) != BT_OK) return -1;
+    if (kvx_context_opts_from_env(&o) != BT_OK || kvx_context_create(&o, &s->ctx) != BT_OK) return -1;
     if (kvx_pool_create(s->ctx, l, &s->pool) != BT_OK) return -1;
     uint64_t bytes;
     kvx_layout_check(l, &bytes);
@@ -570,6 +600,7 @@ static void test_peer_cache_cap(void)
     kvx_context_opts_t o = {.name = "cap", .max_peers = 2};
     kvx_context_t *ctx = NULL;
     kvx_pool_t *pool = NULL;
+    REQUIRE(kvx_context_opts_from_env(&o) == BT_OK);
     REQUIRE(kvx_context_create(&o, &ctx) == BT_OK);
     REQUIRE(kvx_pool_create(ctx, &SRC_L, &pool) == BT_OK);
     for (uint64_t id = 1; id <= 10; id++) { /* ten made-up node ids for the same pool, each used for a push */
@@ -934,6 +965,65 @@ static void test_deadline_and_cancel(void)
     sender_free(&s); /* the pool goes only once nothing references it */
 }
 
+/* A receiver that cancelled the call asking for its blocks settles the expectation (decode-node's cancelled remote
+ * prefill): unclaimed, it ends at once and nothing lands afterwards; claimed by a one-sided sender that stalls, it
+ * stays pending and settle gives up at its bound; once the sender completed, settle returns at once. */
+static void test_settle(void)
+{
+    sender_t s;
+    agent_t a;
+    REQUIRE(sender_init(&s, &SRC_L, 23) == 0);
+    REQUIRE(agent_init(&a, &DST_L, 24) == 0);
+    kvx_peer_t *peer = NULL;
+    REQUIRE(kvx_peer_get(s.ctx, 9, a.desc, a.desc_len, &peer) == BT_OK);
+    int one_sided = kvx_peer_data_path(peer) != KVX_PATH_AM;
+    uint32_t src[3] = {5, 6, 7}, dst[3] = {30, 31, 32};
+    kvx_push_args_t args = {.src_blocks = src, .dst_blocks = dst, .n_blocks = 3, .timeout_ms = 10000};
+    kvx_push_t *push = NULL;
+
+    /* unclaimed: settled at once; the sender's push then writes nothing (claim refused, or its data dropped) */
+    uint64_t e = agent_expect(&a, dst, 3, 0, 0, 10000, NULL, 0, NULL), pending = 1;
+    REQUIRE(e != 0);
+    double t0 = now_s();
+    CHECK(agent_expect_settle(&a, e, 5000, &pending) == BT_OK && pending == 0);
+    CHECK_MSG(now_s() - t0 < 1.0, "settle took %.3f s", now_s() - t0);
+    args.epoch = e;
+    REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
+    kvx_push_all(push);
+    CHECK_MSG(kvx_push_wait(push) == BT_ERR_STALE, "%s", kvx_push_error(push));
+    kvx_push_destroy(push);
+    CHECK(verify_agent_pool(&a, s.pool, NULL, NULL, 0) == 0);
+    free(agent_call(&a, OP_EXPECT_DROP, &e, 8, NULL));
+
+    /* claimed (one-sided paths) and stalled after its first layer: still pending at the bound */
+    e = agent_expect(&a, dst, 3, 0, 0, 10000, NULL, 0, NULL);
+    REQUIRE(e != 0);
+    args.epoch = e;
+    REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
+    CHECK(kvx_push_layer(push, 0) == BT_OK);
+    t0 = now_s();
+    int32_t st = agent_expect_settle(&a, e, 300, &pending);
+    double dt = now_s() - t0;
+    if (one_sided) {
+        CHECK_MSG(st == BT_ERR_TIMEOUT && pending == 3, "status %d, %llu blocks pending", st,
+                  (unsigned long long)pending);
+        CHECK_MSG(dt >= 0.29 && dt < 2.0, "bound hit after %.3f s", dt);
+    } else {
+        CHECK(st == BT_OK && pending == 0); /* AM data is checked on arrival: no claim to wait for */
+    }
+    /* the sender completes: settle sees the end at once */
+    kvx_push_all(push);
+    CHECK(kvx_push_wait(push) == (one_sided ? BT_OK : BT_ERR_STALE));
+    kvx_push_destroy(push);
+    t0 = now_s();
+    CHECK(agent_expect_settle(&a, e, 5000, &pending) == BT_OK && pending == 0);
+    CHECK_MSG(now_s() - t0 < 1.0, "settle took %.3f s", now_s() - t0);
+    free(agent_call(&a, OP_EXPECT_DROP, &e, 8, NULL));
+    kvx_peer_release(peer);
+    agent_close(&a);
+    sender_free(&s);
+}
+
 static void test_crc_corruption(void)
 {
     sender_t s;
@@ -1198,6 +1288,7 @@ int main(int argc, char **argv)
     RUN(test_stale_epoch);
     RUN(test_wrong_blocks);
     RUN(test_deadline_and_cancel);
+    RUN(test_settle);
     RUN(test_crc_corruption);
     RUN(test_receiver_killed);
     RUN(test_sender_killed);

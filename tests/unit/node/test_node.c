@@ -1,6 +1,8 @@
-/* node/node.c: the flag parser (flags, BATON_* fallbacks, defaults, errors naming the source) and address splitting. */
+/* node/node.c: the flag parser (flags, BATON_* fallbacks, defaults, errors naming the source) and address splitting;
+ * node/node_engine.c's bt_ne_env_read, the nodes' one reader of the engine's switches without a flag. */
 #include "common/log.h"
 #include "node/node.h"
+#include "node/node_engine.h"
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -287,6 +289,41 @@ static void test_security_flags(void)
     test_tmpdir_cleanup();
 }
 
+/* The switches without a flag, read once at the edge: defaults when unset, each value taken, a bad one refused with
+ * the variable named and every field left at its default. */
+static void test_engine_env(void)
+{
+    static const char *const vars[] = {"BATON_CPU_ISA", "BATON_ACT_BITS", "BATON_CPU_REPACK", "BATON_CPU_LANES",
+                                       "BATON_PROFILE", "BATON_KVX_DATA_PATH"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    bt_ne_env_t e;
+    memset(&e, 0x5a, sizeof e);
+    REQUIRE(bt_ne_env_read(&e) == BT_OK);
+    CHECK(!e.cpu.force_isa && e.cpu.act_bits == 16 && !e.cpu.no_repack && !e.cpu.no_lanes);
+    CHECK(e.profile == 0 && e.kvx_path == KVX_PATH_AUTO);
+    setenv("BATON_CPU_ISA", "scalar", 1);
+    setenv("BATON_ACT_BITS", "8", 1);
+    setenv("BATON_CPU_REPACK", "0", 1);
+    setenv("BATON_CPU_LANES", "0", 1);
+    setenv("BATON_PROFILE", "1", 1);
+    setenv("BATON_KVX_DATA_PATH", "put", 1);
+    REQUIRE(bt_ne_env_read(&e) == BT_OK);
+    CHECK(e.cpu.force_isa && e.cpu.isa == 0 && e.cpu.act_bits == 8 && e.cpu.no_repack && e.cpu.no_lanes);
+    CHECK(e.profile == 1 && e.kvx_path == KVX_PATH_PUT);
+    static const char *const bad[][2] = {{"BATON_CPU_ISA", "sse"},    {"BATON_ACT_BITS", "4"},
+                                         {"BATON_CPU_REPACK", "yes"}, {"BATON_CPU_LANES", "2"},
+                                         {"BATON_PROFILE", "on"},     {"BATON_KVX_DATA_PATH", "rdma"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (size_t j = 0; j < sizeof vars / sizeof vars[0]; j++) unsetenv(vars[j]);
+        setenv(bad[i][0], bad[i][1], 1);
+        memset(&e, 0x5a, sizeof e);
+        CHECK_MSG(bt_ne_env_read(&e) == BT_ERR_INVALID, "%s=%s", bad[i][0], bad[i][1]);
+        CHECK_MSG(strstr(bt_last_error(), bad[i][0]) && strstr(bt_last_error(), bad[i][1]), "%s", bt_last_error());
+        CHECK(!e.cpu.force_isa && e.cpu.act_bits == 0 && e.profile == 0 && e.kvx_path == KVX_PATH_AUTO);
+    }
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
 int main(void)
 {
     RUN(test_split_addr_accepts);
@@ -299,5 +336,6 @@ int main(void)
     RUN(test_spec_flags);
     RUN(test_help);
     RUN(test_security_flags);
+    RUN(test_engine_env);
     return test_summary();
 }
