@@ -586,7 +586,7 @@ static int remote_start(void *user, uint64_t sched_id, const int32_t *blocks, in
 static int remote_verify(dec_call *c, const Baton__V1__PrefillHint *h)
 {
     decode_service_t *s = c->svc;
-    char why[256];
+    char why[448];
     mbr_node_t rec;
     bt_status st = bt_peer_lookup(s->members, h->node_id, MBR_ROLE_PREFILL, s->ne->fingerprint, &rec, why, sizeof why);
     if (st == BT_OK && h->grpc_address[0] && strcmp(h->grpc_address, rec.info.grpc_addr) != 0) {
