@@ -15,6 +15,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: baton-router --model PATH --etcd URL [options]\n"
             "  --model PATH              GGUF file (only tokenizer, chat template and metadata are read)\n"
+            "  --served-model-name NAME  the model id clients see and send (default: the file name in lower case\n"
+            "                            without its quantization tag, e.g. smollm2-135m-instruct); the GGUF's\n"
+            "                            general.name and the file name stay accepted\n"
             "  --etcd URL[,URL]          etcd endpoints\n"
             "  --http-listen HOST:PORT   OpenAI API, /health, /metrics (default 127.0.0.1:8000)\n"
             "  --grpc-listen HOST:PORT   baton.v1.Generation and health (default 127.0.0.1:50051)\n"
@@ -176,6 +179,7 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
         const char **dst;
     } texts[] = {
         {"--model", &cfg->model_path},
+        {"--served-model-name", &cfg->served_model_name},
         {"--etcd", &cfg->etcd},
         {"--http-listen", &cfg->http_listen},
         {"--grpc-listen", &cfg->grpc_listen},

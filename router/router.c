@@ -304,6 +304,15 @@ static bt_status setup_metrics(rtr_t *r)
 bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
 {
     if (!cfg->model_path || !cfg->etcd) return bt_fail(BT_ERR_INVALID, "--model and --etcd are required");
+    if (cfg->served_model_name) {
+        const char *n = cfg->served_model_name;
+        const size_t cap = sizeof(((rtr_model_t *)0)->name);
+        int ok = *n && strlen(n) < cap;
+        for (const char *p = n; ok && *p; p++) ok = *p > ' ' && *p < 127;
+        if (!ok)
+            return bt_fail(BT_ERR_INVALID, "--served-model-name: '%.200s' must be 1 to %zu printable characters "
+                           "without spaces", n, cap - 1);
+    }
     rtr_t *r = calloc(1, sizeof *r);
     if (!r) return bt_fail(BT_ERR_NOMEM, "out of memory");
     r->cfg = *cfg;
@@ -321,6 +330,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         free(r);
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
+    if (cfg->served_model_name) snprintf(r->model.name, sizeof r->model.name, "%s", cfg->served_model_name);
     if ((st = setup_metrics(r))) goto fail;
     etcd_config_t ec = {.endpoints = cfg->etcd, .user = cfg->etcd_user, .password = cfg->etcd_password};
     bt_tls_etcd_paths(&cfg->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);

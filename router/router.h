@@ -430,6 +430,7 @@ double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o);
 
 typedef struct rtr_config {
     const char *model_path;
+    const char *served_model_name; /* the id served for the model; NULL = the short id of its file name */
     const char *etcd;
     const char *http_listen;  /* host:port */
     const char *grpc_listen;

@@ -453,6 +453,21 @@ def test_api_key(default_model):
         assert rtr.http("/health")[0] == 200 and rtr.http("/metrics")[0] == 200
 
 
+def test_served_model_name(default_model, baton_bin):
+    """--served-model-name sets the id clients see and send; general.name stays an alias; a bad name stops start-up
+    with one line naming the flag."""
+    with EtcdServer() as etcd, start_router(etcd, default_model, served_model_name="team/smol-chat") as rtr:
+        cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0)
+        assert [m.id for m in cl.models.list().data] == ["team/smol-chat"]
+        assert cl.models.retrieve("Smollm2 135M 8k Lc100K Mix1 Ep2").id == "team/smol-chat"
+        status, data = raw_post(rtr, "/v1/completions", b'{"model": "smollm2-135m-instruct", "prompt": "hi"}')
+        assert status == 404 and b"team/smol-chat" in data
+    router = baton_bin.parent / "baton-router"
+    r = subprocess.run([str(router), "--model", str(default_model), "--etcd", "http://127.0.0.1:1",
+                        "--served-model-name", "two words"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--served-model-name" in r.stderr, r.stderr
+
+
 def test_no_decode_node_503(default_model):
     with EtcdServer() as etcd, start_router(etcd, default_model) as rtr:
         cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0)
