@@ -460,8 +460,9 @@ def test_served_model_name(default_model, baton_bin):
         cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0)
         assert [m.id for m in cl.models.list().data] == ["team/smol-chat"]
         assert cl.models.retrieve("Smollm2 135M 8k Lc100K Mix1 Ep2").id == "team/smol-chat"
-        status, data = raw_post(rtr, "/v1/completions", b'{"model": "smollm2-135m-instruct", "prompt": "hi"}')
-        assert status == 404 and b"team/smol-chat" in data
+        status, data = raw_post(rtr, "/tokenize", b'{"model": "smollm2-135m-instruct", "prompt": "hi"}')
+        assert status == 404 and b"team/smol-chat" in data, data
+        assert raw_post(rtr, "/tokenize", b'{"model": "team/smol-chat", "prompt": "hi"}')[0] == 200
     router = baton_bin.parent / "baton-router"
     r = subprocess.run([str(router), "--model", str(default_model), "--etcd", "http://127.0.0.1:1",
                         "--served-model-name", "two words"], capture_output=True, text=True, timeout=60)
