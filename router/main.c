@@ -63,9 +63,12 @@ static void usage(FILE *f)
             "                            view this long while they re-register; 0: off (default 10000)\n"
             "  --request-timeout-s S     deadline of a request at the decode (and prefill) nodes, all migrations\n"
             "                            together; 0: none (default 1200)\n"
+            "  --grace-ms MS             on SIGTERM/SIGINT: readiness turns false, new requests get 503 /\n"
+            "                            UNAVAILABLE, and requests in flight get MS to finish before the rest are\n"
+            "                            cancelled (BATON_GRACE_MS; default 30000)\n"
             "Environment: BATON_MODEL, BATON_ETCD, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN, BATON_API_KEY,\n"
             "BATON_CLUSTER, BATON_TLS_CERT, BATON_TLS_KEY, BATON_TLS_CA, BATON_ETCD_USER, BATON_ETCD_PASSWORD_FILE,\n"
-            "BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY (flags win).\n");
+            "BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY, BATON_GRACE_MS (flags win).\n");
 }
 
 static const char *env_or(const char *name, const char *dflt)
@@ -151,6 +154,10 @@ int main(int argc, char **argv)
         .cluster = env_or("BATON_CLUSTER", NULL),
         .remote_prefill_overhead_ms = RTR_PLACE_DEFAULT_OVERHEAD_MS,
     };
+    const char *grace_env = env_or("BATON_GRACE_MS", "30000");
+    char *grace_end = NULL;
+    long grace_ms = strtol(grace_env, &grace_end, 10);
+    if (*grace_end) grace_ms = -1;
     const char *keys[16];
     size_t n_keys = 0;
     const char *pw_file = NULL;
@@ -214,6 +221,9 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--load-stale-ms")) cfg.load_stale_ms = x;
             else if (!strcmp(a, "--rejoin-grace-ms")) cfg.rejoin_grace_ms = x;
             else cfg.request_timeout_ms = n ? (int)(n * 1000) : -1;
+        } else if (!strcmp(a, "--grace-ms")) {
+            grace_ms = strtol(v, &end, 10);
+            if (!*v || *end || grace_ms < 0 || grace_ms > 3600 * 1000) grace_ms = -1;
         } else if (!strcmp(a, "--max-queue-s")) {
             double x = strtod(v, &end);
             if (!*v || *end || !(x >= 0) || x > 86400) {
@@ -250,6 +260,10 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (grace_ms < 0 || grace_ms > 3600 * 1000) {
+        fprintf(stderr, "baton-router: --grace-ms / BATON_GRACE_MS expects milliseconds from 0 to 3600000\n");
+        return 2;
+    }
     if (security_finish(&cfg, pw_file)) return 2;
     cfg.api_keys = keys;
     cfg.n_api_keys = n_keys;
@@ -274,6 +288,7 @@ int main(int argc, char **argv)
     int sig = 0;
     sigwait(&set, &sig);
     BT_INFO("router", "signal %d: shutting down", sig);
+    rtr_drain(r, (int)grace_ms);
     rtr_destroy(r);
     return 0;
 }

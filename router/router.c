@@ -278,6 +278,7 @@ static void *planner_main(void *arg)
     pthread_mutex_lock(&r->planner_mu);
     while (!atomic_load(&r->stopping)) {
         planner_tick(r);
+        rtr_probes_tick(r);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
@@ -348,6 +349,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
                         .tls_cert_file = t->cert[0] ? t->cert : NULL, .tls_key_file = t->key[0] ? t->key : NULL};
     if ((st = http_server_create(&hc, &r->http))) goto fail;
     if ((st = rtr_openai_register(r, r->http))) goto fail;
+    if ((st = rtr_probes_register(r, r->http))) goto fail;
     /* the public gRPC API: server TLS with the router's certificate; client certificates only with --grpc-tls-client-ca */
     bt_rpc_server_config_t gc = {.listen = cfg->grpc_listen, .tls_cert_file = cfg->grpc_tls_cert,
                                  .tls_key_file = cfg->grpc_tls_key, .tls_client_ca_file = cfg->grpc_tls_client_ca};
@@ -372,9 +374,11 @@ bt_status rtr_start(rtr_t *r)
 {
     bt_status st;
     if ((st = http_server_start(r->http))) return st;
+    atomic_store(&r->grpc_ready, 1); /* the server starts SERVING: the first tick corrects it */
     if ((st = bt_rpc_server_start(r->grpc))) return st;
     if (rtr_dispatch_wait_synced(r->dispatch, 2000) != BT_OK)
         BT_WARN("router", "etcd at %s has not answered yet: no decode node known until it does", r->cfg.etcd);
+    rtr_probes_tick(r);
     if (pthread_create(&r->planner, NULL, planner_main, r) == 0) r->planner_started = 1;
     else BT_WARN("router", "cannot start the planner thread: planner gauges stay unset");
     char host[256];
