@@ -24,10 +24,34 @@ const char *rtr_not_ready_reason(rtr_t *r)
     return atomic_load(&r->draining) ? "the router is shutting down" : "no healthy decode node";
 }
 
+bt_status rtr_probes_metrics(rtr_t *r)
+{
+    static const char *const role[] = {"role"};
+    metrics_desc_t dd = {.name = "baton_router_nodes",
+                         .help = "Healthy nodes in the router's view of the cluster, by role (what the planner's "
+                                 "desired replicas compare with).",
+                         .type = METRICS_GAUGE, .label_names = role, .n_labels = 1};
+    metrics_family_t *f;
+    bt_status st;
+    const char *pre[] = {"prefill"}, *dec[] = {"decode"};
+    if ((st = metrics_family_register(r->metrics, &dd, &f)) || (st = metrics_family_gauge(f, pre, &r->nodes_prefill)) ||
+        (st = metrics_family_gauge(f, dec, &r->nodes_decode)))
+        return st;
+    return metrics_gauge_register(r->metrics, "baton_router_ready",
+                                  "1 while the router takes requests (a decode node is in view and it is not "
+                                  "draining), else 0: what /ready and gRPC health say.",
+                                  &r->ready_gauge);
+}
+
 void rtr_probes_tick(rtr_t *r)
 {
     int ready = rtr_ready(r);
     if (ready != atomic_exchange(&r->grpc_ready, ready)) bt_rpc_server_set_health(r->grpc, "", ready);
+    rtr_cluster_rates_t cr;
+    rtr_dispatch_rates(r->dispatch, &cr);
+    metrics_gauge_set(r->nodes_prefill, cr.n_prefill);
+    metrics_gauge_set(r->nodes_decode, cr.n_decode);
+    metrics_gauge_set(r->ready_gauge, ready);
 }
 
 static void h_live(http_request_t *req, void *arg)

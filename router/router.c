@@ -322,7 +322,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         free(r);
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
-    if ((st = setup_metrics(r))) goto fail;
+    if ((st = setup_metrics(r)) || (st = rtr_probes_metrics(r))) goto fail;
     etcd_config_t ec = {.endpoints = cfg->etcd, .user = cfg->etcd_user, .password = cfg->etcd_password};
     bt_tls_etcd_paths(&cfg->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);
     if ((st = etcd_client_create(&ec, &r->etcd))) goto fail;

@@ -490,6 +490,7 @@ struct rtr {
     metrics_counter_t *decisions_local, *decisions_remote;
     metrics_histogram_t *predicted_ttft;
     metrics_gauge_t *planner_prefill, *planner_decode;
+    metrics_gauge_t *nodes_prefill, *nodes_decode, *ready_gauge; /* probes.c */
     /* planner thread: samples the token counters once a second */
     pthread_t planner;
     int planner_started;
@@ -522,7 +523,9 @@ void rtr_destroy(rtr_t *r);
 int rtr_ready(rtr_t *r);
 /* Why rtr_ready is 0, for a 503 / UNAVAILABLE message (static string). */
 const char *rtr_not_ready_reason(rtr_t *r);
-/* Brings gRPC health ("") in line with rtr_ready; the planner thread calls it every second. */
+/* baton_router_nodes{role} and baton_router_ready. BT_ERR_NOMEM / BT_ERR_INVALID as metrics_family_register. */
+bt_status rtr_probes_metrics(rtr_t *r);
+/* Brings gRPC health ("") and the probe gauges in line with the view; the planner thread calls it every second. */
 void rtr_probes_tick(rtr_t *r);
 /* GET /live (always 200) and GET /ready (200 or 503, JSON body). */
 bt_status rtr_probes_register(rtr_t *r, http_server_t *s);
