@@ -251,7 +251,7 @@ static void planner_tick(rtr_t *r)
     double *s = r->samples[r->next_sample];
     s[0] = mono_s();
     s[1] = metrics_counter_value(r->prompt_tokens);
-    s[2] = metrics_counter_value(r->generation_tokens);
+    s[2] = (double)atomic_load(&r->tokens_seen); /* as they stream: the usage counter moves only as requests end */
     r->next_sample = (r->next_sample + 1) % (RTR_PLANNER_WINDOW_S + 1);
     if (r->n_samples < RTR_PLANNER_WINDOW_S + 1) r->n_samples++;
     /* the oldest sample in the ring is about RTR_PLANNER_WINDOW_S seconds old once it is full */
