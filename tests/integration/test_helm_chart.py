@@ -6,6 +6,7 @@
 - every rendered object of a built-in kind validates, strictly (no unknown field), against the Kubernetes JSON
   schemas of two Kubernetes versions (`kubernetes-validate`); custom resources (ServiceMonitor, PrometheusRule,
   ScaledObject, Certificate) are checked for the fields their operators require;
+- `helm lint` (the same SDK) reports no warning or error;
 - the PrometheusRule passes `promtool check rules` and the alert unit tests of deploy/helm/baton/tests/;
 - probes, drain grace, GPU and TLS settings land where they should;
 - the dashboard file is what deploy/grafana/dashboard.py writes, and every metric name the dashboard, the rules and
@@ -111,6 +112,13 @@ def test_objects_validate_against_kubernetes_schemas(rendered, values, version):
                         f"{version}: {e.message} at {'/'.join(map(str, e.path))}")
         checked += 1
     assert checked >= 5, [o["kind"] for o in objs]
+
+
+def test_helm_lint_finds_no_error():
+    res = helm.lint(str(CHART))
+    assert res["total_charts_linted"] == 1 and not res["errors"], res
+    # severity 1 is INFO (e.g. "icon is recommended"); anything above is a warning or an error
+    assert all(m["severity"] <= 1 for m in res["messages"]), res["messages"]
 
 
 def test_custom_resources_have_what_their_operators_require(rendered):
