@@ -268,13 +268,15 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
         /* decode: tokens per busy wall second (an idle node keeps its last figure), over at least
          * NE_RATE_MIN_BUSY_S: a step of many sequences emits all their tokens at once and can outlast the 100 ms
          * sample, so a rate per sample overstated it (1,200 tok/s reported for 180 delivered, 125 sequences) */
-        if (st->generated_tokens > ne->load_generated || st->running > 0) {
+        int busy = st->generated_tokens > ne->load_generated || st->running > 0;
+        if (busy) {
             ne->busy_s += dt;
             ne->busy_tokens += (double)(st->generated_tokens - ne->load_generated);
-            if (ne->busy_s >= NE_RATE_MIN_BUSY_S && ne->busy_tokens > 0) {
-                ne->decode_rate = ewma(ne->decode_rate, ne->busy_tokens / ne->busy_s);
-                ne->busy_s = ne->busy_tokens = 0;
-            }
+        }
+        /* ... or over a whole busy period that ended sooner */
+        if (ne->busy_tokens > 0 && (ne->busy_s >= NE_RATE_MIN_BUSY_S || !busy)) {
+            ne->decode_rate = ewma(ne->decode_rate, ne->busy_tokens / ne->busy_s);
+            ne->busy_s = ne->busy_tokens = 0;
         }
         if (st->decode_seq_steps > ne->load_dsteps)
             ne->tokens_per_step = ewma(ne->tokens_per_step, (double)(st->decode_tokens - ne->load_dtokens) /
