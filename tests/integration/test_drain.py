@@ -214,3 +214,12 @@ def test_router_sigterm_drains_streams_in_flight(default_model):
         assert refused in (503, "connection")
         assert rc == 0
         assert "drained" in rtr.log()
+
+
+def test_router_grace_flag_is_checked(default_model):
+    import subprocess
+    from harness.baton_procs import bin_path
+    for argv, env in ((["--grace-ms", "-5"], {}), (["--grace-ms", "5s"], {}), ([], {"BATON_GRACE_MS": "soon"})):
+        r = subprocess.run([bin_path("baton-router"), "--model", str(default_model), "--etcd", "http://127.0.0.1:9",
+                            *argv], capture_output=True, text=True, timeout=30, env={**__import__("os").environ, **env})
+        assert r.returncode == 2 and "--grace-ms / BATON_GRACE_MS" in r.stderr, (argv, env, r.stderr)
