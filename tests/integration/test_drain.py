@@ -109,7 +109,7 @@ def run_streams(cl, kws, started=None):
 
 
 def test_sigterm_decode_node_under_16_streams_loses_no_token(default_model):
-    max_tokens = 96
+    max_tokens = 192
     with EtcdServer() as etcd, \
             start_decode(etcd, default_model, threads=1, node_id="dec-a", grace_ms=5000) as da, \
             start_decode(etcd, default_model, threads=1, node_id="dec-b", grace_ms=5000) as db, \
@@ -129,7 +129,8 @@ def test_sigterm_decode_node_under_16_streams_loses_no_token(default_model):
 
         started = threading.Event()
         threads, got, got_n, errors = run_streams(cl, kws, started)
-        run = {d: running(d) for d in (da, db)}
+        run = wait_for(lambda: (lambda r: r if max(r.values()) >= 2 else None)({d: running(d) for d in (da, db)}),
+                       5, "streams running on the decode nodes")
         victim = max(run, key=run.get)
         victim_id = "dec-a" if victim is da else "dec-b"
         assert run[victim] >= 2, run
