@@ -6,7 +6,8 @@ JOBS     ?= $(shell nproc)
 VENV     := .venv
 PYTEST   := $(VENV)/bin/python -m pytest
 
-.PHONY: all setup build build-asan build-fuzz run test test-unit test-asan test-fuzz test-integration test-skips bench clean
+.PHONY: all setup build build-asan build-fuzz run test test-unit test-asan test-fuzz test-integration test-skips bench clean \
+        image test-image
 
 all: build
 
@@ -53,6 +54,15 @@ test-integration:
 
 test-skips:
 	@python3 tests/skip_report.py $(if $(SKIP_ALLOW),--allow $(SKIP_ALLOW)) $(REPORTS)
+
+# The CPU image (deploy/Dockerfile) built with podman on locally bootstrapped Debian 12 bases, then its programs run
+# from the image's root file system (tests/image explains why not in a container). Not part of `make test`: needs
+# podman and debootstrap, and a few minutes.
+image:
+	@deploy/image/build-local.sh
+
+test-image: build image
+	@BATON_BUILD_DIR=$(CURDIR)/$(BUILD) $(PYTEST) -q -rs tests/image
 
 run: build
 	@deploy/local/cluster up

@@ -584,6 +584,20 @@ static int equals_name(const grpc_auth_property *p, void *ud)
     return p->value_length == strlen(want) && !memcmp(p->value, want, p->value_length);
 }
 
+/* A DNS name "*.rest" (the whole leftmost label a wildcard, rest of two labels or more) names every identity
+ * "label.rest" with one non-empty label before rest: RFC 6125's rule, the one gRPC applies when a client checks a
+ * server's name, so a node's identity is checked the same way in both directions. */
+static int wildcard_names(const grpc_auth_property *p, void *ud)
+{
+    const char *want = ud;
+    size_t n = p->value_length, wl = strlen(want);
+    if (n < 4 || p->value[0] != '*' || p->value[1] != '.' || !memchr(p->value + 2, '.', n - 2)) return 0;
+    const char *dot = strchr(want, '.');
+    if (!dot || dot == want) return 0;
+    size_t rest = wl - (size_t)(dot - want); /* ".rest" */
+    return rest == n - 1 && !memcmp(dot, p->value + 1, rest);
+}
+
 bt_status bt_rpc_call_peer_identity(const bt_rpc_call_t *c, char *buf, size_t buf_len)
 {
     if (buf_len == 0) return bt_fail(BT_ERR_INVALID, "no room for the peer identity");
@@ -602,6 +616,7 @@ int bt_rpc_call_peer_has_identity(const bt_rpc_call_t *c, const char *identity)
     grpc_auth_context *ctx = grpc_call_auth_context(c->call);
     int yes = ctx && identity && *identity && grpc_auth_context_peer_is_authenticated(ctx) &&
               (auth_each(ctx, GRPC_X509_SAN_PROPERTY_NAME, equals_name, (void *)identity) ||
+               auth_each(ctx, GRPC_X509_SAN_PROPERTY_NAME, wildcard_names, (void *)identity) ||
                auth_each(ctx, GRPC_X509_CN_PROPERTY_NAME, equals_name, (void *)identity));
     if (ctx) grpc_auth_context_release(ctx);
     return yes;

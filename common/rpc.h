@@ -196,7 +196,8 @@ void bt_rpc_call_peer(const bt_rpc_call_t *call, char *buf, size_t buf_len);
  * certificate. Can't block. */
 bt_status bt_rpc_call_peer_identity(const bt_rpc_call_t *call, char *buf, size_t buf_len);
 
-/* 1 when the peer's verified certificate names identity exactly (any SAN, or the CN); 0 otherwise (no mTLS). */
+/* 1 when the peer's verified certificate names identity (any SAN exactly or as a wildcard "*.rest" matching
+ * "label.rest", or the CN exactly); 0 otherwise (no mTLS). */
 int bt_rpc_call_peer_has_identity(const bt_rpc_call_t *call, const char *identity);
 
 /* ---- client ---- */

@@ -35,6 +35,7 @@ struct bt_node {
     char grpc_addr[128]; /* published: fits mbr_node_info_t */
     char http_addr[128];
     atomic_int draining;
+    atomic_int registered; /* the last registration state was MBR_REG_REGISTERED (on_reg_state) */
     atomic_int stop_requested;
     int stopped;
 
@@ -496,6 +497,27 @@ static void health_handler(http_request_t *req, void *arg)
     http_respond(req, draining ? 503 : 200, "application/json", body, (size_t)len);
 }
 
+/* Liveness: the process answers. Kubernetes restarts a pod whose liveness fails, so a draining node stays live. */
+static void live_handler(http_request_t *req, void *arg)
+{
+    (void)arg;
+    static const char body[] = "{\"status\":\"alive\"}";
+    http_respond(req, 200, "application/json", body, sizeof body - 1);
+}
+
+/* Readiness: serving and, with etcd, registered (routers find the node only through its record). */
+static void ready_handler(http_request_t *req, void *arg)
+{
+    bt_node_t *n = arg;
+    const char *why = NULL;
+    if (atomic_load(&n->draining)) why = "draining";
+    else if (n->etcd && !atomic_load(&n->registered)) why = "not registered in etcd";
+    char body[256];
+    int len = snprintf(body, sizeof body, "{\"status\":\"%s\",\"role\":\"%s\",\"node_id\":\"%s\"}",
+                       why ? why : "ready", mbr_role_name(n->role), n->flags.node_id);
+    http_respond(req, why ? 503 : 200, "application/json", body, (size_t)len);
+}
+
 #define NODE_ETCD_WARN_MS 3000 /* not registered this long: say so (membership retries on its own) */
 
 static void *load_main(void *arg)
@@ -542,6 +564,7 @@ static void *load_main(void *arg)
 static void on_reg_state(void *arg, mbr_reg_state state, int64_t lease)
 {
     bt_node_t *n = arg;
+    atomic_store(&n->registered, state == MBR_REG_REGISTERED);
     if (state == MBR_REG_REGISTERED)
         BT_INFO(NODE_LOG, "registered in etcd as /baton/%s/nodes/%s (lease %lld)", n->flags.cluster,
                 n->flags.node_id, (long long)lease);
@@ -561,6 +584,8 @@ bt_status bt_node_start(bt_node_t *n, const mbr_node_info_t *info, bt_node_load_
     http_config_t hc = {.address = host, .port = port, .threads = 2, .metrics = n->metrics};
     if ((st = http_server_create(&hc, &n->http))) return st;
     if ((st = http_server_route(n->http, "GET", "/health", 0, health_handler, n))) return st;
+    if ((st = http_server_route(n->http, "GET", "/live", 0, live_handler, n))) return st;
+    if ((st = http_server_route(n->http, "GET", "/ready", 0, ready_handler, n))) return st;
     if ((st = http_server_start(n->http))) return bt_fail(st, "HTTP listener %s: %s", n->flags.http_listen,
                                                           bt_last_error());
     publish_addr(n->http_addr, sizeof n->http_addr, host, http_server_port(n->http));

@@ -72,6 +72,7 @@ typedef struct bt_ne {
     double load_t, busy_t0;
     uint64_t load_computed, load_generated, load_steps;
     double prefill_rate, decode_rate, step_s, tokens_per_step;
+    double busy_s, busy_tokens; /* decode rate: busy wall time and tokens since the rate was last updated */
     uint64_t load_dsteps, load_dtokens;
 } bt_ne_t;
 

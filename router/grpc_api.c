@@ -275,8 +275,8 @@ static int admit(rtr_t *r, rtr_gen_t *g, bt_rpc_call_t *call)
 {
     char msg[200];
     int retry;
-    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
-        refuse(r, g, call, "unavailable", BT_RPC_UNAVAILABLE, "no healthy decode node");
+    if (!rtr_ready(r)) {
+        refuse(r, g, call, "unavailable", BT_RPC_UNAVAILABLE, rtr_not_ready_reason(r));
         return 0;
     }
     if (!rtr_slo_admit(r, g, msg, sizeof msg)) {

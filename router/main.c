@@ -68,9 +68,12 @@ static void usage(FILE *f)
             "                            view this long while they re-register; 0: off (default 10000)\n"
             "  --request-timeout-s S     deadline of a request at the decode (and prefill) nodes, all migrations\n"
             "                            together; 0: none (default 1200)\n"
+            "  --grace-ms MS             on SIGTERM/SIGINT: readiness turns false, new requests get 503 /\n"
+            "                            UNAVAILABLE, and requests in flight get MS to finish before the rest are\n"
+            "                            cancelled (BATON_GRACE_MS; default 30000)\n"
             "Environment: BATON_MODEL, BATON_ETCD, BATON_HTTP_LISTEN, BATON_GRPC_LISTEN, BATON_API_KEY,\n"
             "BATON_CLUSTER, BATON_TLS_CERT, BATON_TLS_KEY, BATON_TLS_CA, BATON_ETCD_USER, BATON_ETCD_PASSWORD_FILE,\n"
-            "BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY (flags win).\n");
+            "BATON_ETCD_CA, BATON_ETCD_CERT, BATON_ETCD_KEY, BATON_GRACE_MS (flags win).\n");
 }
 
 static const char *env_or(const char *name, const char *dflt)
@@ -152,7 +155,18 @@ typedef struct rtr_args {
     const char *keys[16]; /* --api-key values, BATON_API_KEY first */
     size_t n_keys;
     const char *pw_file;  /* --etcd-password-file / BATON_ETCD_PASSWORD_FILE */
+    long grace_ms;        /* --grace-ms / BATON_GRACE_MS: the drain on SIGTERM; -1 = a bad value */
 } rtr_args;
+
+#define RTR_GRACE_MS_MAX (3600 * 1000)
+
+/* Milliseconds from 0 to RTR_GRACE_MS_MAX, else -1. */
+static long parse_grace_ms(const char *v)
+{
+    char *end = NULL;
+    long ms = strtol(v, &end, 10);
+    return !*v || *end || ms < 0 || ms > RTR_GRACE_MS_MAX ? -1 : ms;
+}
 
 /* The defaults and the BATON_* variables (flags given later win); -1 when a variable's value is bad (printed). */
 static int apply_env(rtr_args *a)
@@ -166,6 +180,7 @@ static int apply_env(rtr_args *a)
         .cluster = env_or("BATON_CLUSTER", NULL),
         .remote_prefill_overhead_ms = RTR_PLACE_DEFAULT_OVERHEAD_MS,
     };
+    a->grace_ms = parse_grace_ms(env_or("BATON_GRACE_MS", "30000"));
     if (security_env(&a->cfg, &a->pw_file)) return -1;
     if (env_or("BATON_API_KEY", NULL)) a->keys[a->n_keys++] = getenv("BATON_API_KEY");
     return 0;
@@ -282,6 +297,10 @@ static int take_flag(rtr_args *r, const char *a, const char *v)
         (t = take_placement_flag(&r->cfg, a, v)) || (t = take_timer_flag(&r->cfg, a, v)) ||
         (t = take_limit_flag(&r->cfg, a, v)))
         return t;
+    if (!strcmp(a, "--grace-ms")) {
+        r->grace_ms = parse_grace_ms(v);
+        return 1;
+    }
     if (strcmp(a, "--api-key")) return 0;
     if (r->n_keys == 16) {
         fprintf(stderr, "baton-router: at most 16 --api-key\n");
@@ -319,14 +338,19 @@ static int parse_flags(rtr_args *r, int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (r->grace_ms < 0) {
+        fprintf(stderr, "baton-router: --grace-ms / BATON_GRACE_MS expects milliseconds from 0 to %d\n",
+                RTR_GRACE_MS_MAX);
+        return 2;
+    }
     if (security_finish(&r->cfg, r->pw_file)) return 2;
     r->cfg.api_keys = r->keys;
     r->cfg.n_api_keys = r->n_keys;
     return -1;
 }
 
-/* Starts the router and serves until SIGINT or SIGTERM; the process exit code. */
-static int serve(const rtr_config_t *cfg)
+/* Starts the router and serves until SIGINT or SIGTERM, then drains for grace_ms; the process exit code. */
+static int serve(const rtr_config_t *cfg, long grace_ms)
 {
     sigset_t set;
     sigemptyset(&set);
@@ -348,6 +372,7 @@ static int serve(const rtr_config_t *cfg)
     int sig = 0;
     sigwait(&set, &sig);
     BT_INFO("router", "signal %d: shutting down", sig);
+    rtr_drain(r, (int)grace_ms);
     rtr_destroy(r);
     return 0;
 }
@@ -358,5 +383,5 @@ int main(int argc, char **argv)
     if (apply_env(&args)) return 2;
     int rc = parse_flags(&args, argc, argv);
     if (rc >= 0) return rc;
-    return serve(&args.cfg);
+    return serve(&args.cfg, args.grace_ms);
 }

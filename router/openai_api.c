@@ -650,10 +650,10 @@ static void handle_generate(rtr_t *r, http_request_t *req, rtr_api api)
         refuse_429(r, req, msg, retry);
         return;
     }
-    if (rtr_dispatch_n_healthy(r->dispatch) == 0) {
+    if (!rtr_ready(r)) {
         rtr_count_request(r, "unavailable");
         http_response_header(req, "Retry-After", "1");
-        http_respond_error(req, 503, "no healthy decode node", NULL, NULL);
+        http_respond_error(req, 503, rtr_not_ready_reason(r), NULL, NULL);
         return;
     }
     cJSON *body = NULL;

@@ -251,7 +251,7 @@ static void planner_tick(rtr_t *r)
     double *s = r->samples[r->next_sample];
     s[0] = mono_s();
     s[1] = metrics_counter_value(r->prompt_tokens);
-    s[2] = metrics_counter_value(r->generation_tokens);
+    s[2] = (double)atomic_load(&r->tokens_seen); /* as they stream: the usage counter moves only as requests end */
     r->next_sample = (r->next_sample + 1) % (RTR_PLANNER_WINDOW_S + 1);
     if (r->n_samples < RTR_PLANNER_WINDOW_S + 1) r->n_samples++;
     /* the oldest sample in the ring is about RTR_PLANNER_WINDOW_S seconds old once it is full */
@@ -278,6 +278,7 @@ static void *planner_main(void *arg)
     pthread_mutex_lock(&r->planner_mu);
     while (!atomic_load(&r->stopping)) {
         planner_tick(r);
+        rtr_probes_tick(r);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
@@ -331,7 +332,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
     if (cfg->served_model_name) snprintf(r->model.name, sizeof r->model.name, "%s", cfg->served_model_name);
-    if ((st = setup_metrics(r))) goto fail;
+    if ((st = setup_metrics(r)) || (st = rtr_probes_metrics(r))) goto fail;
     etcd_config_t ec = {.endpoints = cfg->etcd, .user = cfg->etcd_user, .password = cfg->etcd_password};
     bt_tls_etcd_paths(&cfg->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);
     if ((st = etcd_client_create(&ec, &r->etcd))) goto fail;
@@ -358,6 +359,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
                         .tls_cert_file = t->cert[0] ? t->cert : NULL, .tls_key_file = t->key[0] ? t->key : NULL};
     if ((st = http_server_create(&hc, &r->http))) goto fail;
     if ((st = rtr_openai_register(r, r->http))) goto fail;
+    if ((st = rtr_probes_register(r, r->http))) goto fail;
     /* the public gRPC API: server TLS with the router's certificate; client certificates only with --grpc-tls-client-ca */
     bt_rpc_server_config_t gc = {.listen = cfg->grpc_listen, .tls_cert_file = cfg->grpc_tls_cert,
                                  .tls_key_file = cfg->grpc_tls_key, .tls_client_ca_file = cfg->grpc_tls_client_ca};
@@ -382,9 +384,11 @@ bt_status rtr_start(rtr_t *r)
 {
     bt_status st;
     if ((st = http_server_start(r->http))) return st;
+    atomic_store(&r->grpc_ready, 1); /* the server starts SERVING: the first tick corrects it */
     if ((st = bt_rpc_server_start(r->grpc))) return st;
     if (rtr_dispatch_wait_synced(r->dispatch, 2000) != BT_OK)
         BT_WARN("router", "etcd at %s has not answered yet: no decode node known until it does", r->cfg.etcd);
+    rtr_probes_tick(r);
     if (pthread_create(&r->planner, NULL, planner_main, r) == 0) r->planner_started = 1;
     else BT_WARN("router", "cannot start the planner thread: planner gauges stay unset");
     char host[256];

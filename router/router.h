@@ -485,6 +485,8 @@ struct rtr {
     double gen_ring[6][2];       /* planner thread: (monotonic s, tokens_seen) of the last 6 ticks */
     int gen_n;
     atomic_int stopping;
+    atomic_int draining;       /* probes.c: set on SIGTERM; new requests are refused, readiness is false */
+    atomic_int grpc_ready;     /* probes.c: what gRPC health says now */
     atomic_ullong next_id;
     /* metrics, looked up once */
     metrics_histogram_t *ttft, *tpot, *e2e;
@@ -493,6 +495,7 @@ struct rtr {
     metrics_counter_t *decisions_local, *decisions_remote;
     metrics_histogram_t *predicted_ttft;
     metrics_gauge_t *planner_prefill, *planner_decode;
+    metrics_gauge_t *nodes_prefill, *nodes_decode, *ready_gauge; /* probes.c */
     /* planner thread: samples the token counters once a second */
     pthread_t planner;
     int planner_started;
@@ -518,6 +521,22 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out);
 bt_status rtr_start(rtr_t *r);
 /* Stops the listeners, cancels the jobs and waits for them (up to a few seconds), frees everything. */
 void rtr_destroy(rtr_t *r);
+
+/* ---- probes.c: liveness, readiness, drain ---- */
+
+/* 1 when the router should get traffic: not draining and a decode node in the view. Can't fail. */
+int rtr_ready(rtr_t *r);
+/* Why rtr_ready is 0, for a 503 / UNAVAILABLE message (static string). */
+const char *rtr_not_ready_reason(rtr_t *r);
+/* baton_router_nodes{role} and baton_router_ready. BT_ERR_NOMEM / BT_ERR_INVALID as metrics_family_register. */
+bt_status rtr_probes_metrics(rtr_t *r);
+/* Brings gRPC health ("") and the probe gauges in line with the view; the planner thread calls it every second. */
+void rtr_probes_tick(rtr_t *r);
+/* GET /live (always 200) and GET /ready (200 or 503, JSON body). */
+bt_status rtr_probes_register(rtr_t *r, http_server_t *s);
+/* Stops admitting (readiness false) and blocks until no request is in flight or grace_ms passed; rtr_destroy then
+ * cancels what is left. */
+void rtr_drain(rtr_t *r, int grace_ms);
 
 /* Front ends (register routes / methods). */
 bt_status rtr_openai_register(rtr_t *r, http_server_t *s);
