@@ -584,22 +584,29 @@ static uint8_t round_6bit(float v)
     return (uint8_t)(r < 0 ? 0 : r > 63 ? 63 : r);
 }
 
+/* The 32 values x of a 5-bit block as codes q = clamp(round((x - m) * id) + off, 0, 31) into qs (low 4 bits, element
+ * j and j + 16 in one byte) and qh (bit 4 of element j at bit j, little endian): Q5_0 (m 0, off 16) and Q5_1 (off 0). */
+static void pack_5bit(const float *x, float m, float id, int off, uint8_t qs[16], uint8_t qh[4])
+{
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = (int)lrintf((x[j] - m) * id) + off, hi = (int)lrintf((x[j + 16] - m) * id) + off;
+        lo = lo < 0 ? 0 : lo > 31 ? 31 : lo;
+        hi = hi < 0 ? 0 : hi > 31 ? 31 : hi;
+        qs[j] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+        h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(h >> (8 * k));
+}
+
 void bt_cpu_quantize_row_q5_0(int64_t n, const float *x, bt_block_q5_0 *y)
 {
     for (int64_t b = 0; b < n / BT_QK; b++, x += BT_QK) {
         float big = 0;
         for (int i = 0; i < BT_QK; i++) big = fabsf(x[i]) > fabsf(big) ? x[i] : big;
         y[b].d = bt_f32_to_fp16(big / -16.0f);
-        float d = bt_fp16_to_f32(y[b].d), id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint32_t qh = 0;
-        for (int j = 0; j < 16; j++) {
-            int lo = (int)lrintf(x[j] * id) + 16, hi = (int)lrintf(x[j + 16] * id) + 16;
-            lo = lo < 0 ? 0 : lo > 31 ? 31 : lo;
-            hi = hi < 0 ? 0 : hi > 31 ? 31 : hi;
-            y[b].qs[j] = (uint8_t)((lo & 15) | (hi & 15) << 4);
-            qh |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + 16);
-        }
-        for (int k = 0; k < 4; k++) y[b].qh[k] = (uint8_t)(qh >> (8 * k));
+        float d = bt_fp16_to_f32(y[b].d);
+        pack_5bit(x, 0.0f, d != 0.0f ? 1.0f / d : 0.0f, 16, y[b].qs, y[b].qh);
     }
 }
 
@@ -613,16 +620,8 @@ void bt_cpu_quantize_row_q5_1(int64_t n, const float *x, bt_block_q5_1 *y)
         }
         y[b].d = bt_f32_to_fp16((hi - lo) / 31.0f);
         y[b].m = bt_f32_to_fp16(lo);
-        float d = bt_fp16_to_f32(y[b].d), m = bt_fp16_to_f32(y[b].m), id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint32_t qh = 0;
-        for (int j = 0; j < 16; j++) {
-            int q0 = (int)lrintf((x[j] - m) * id), q1 = (int)lrintf((x[j + 16] - m) * id);
-            q0 = q0 < 0 ? 0 : q0 > 31 ? 31 : q0;
-            q1 = q1 < 0 ? 0 : q1 > 31 ? 31 : q1;
-            y[b].qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
-            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
-        }
-        for (int k = 0; k < 4; k++) y[b].qh[k] = (uint8_t)(qh >> (8 * k));
+        float d = bt_fp16_to_f32(y[b].d);
+        pack_5bit(x, bt_fp16_to_f32(y[b].m), d != 0.0f ? 1.0f / d : 0.0f, 0, y[b].qs, y[b].qh);
     }
 }
 

@@ -539,10 +539,51 @@ static void test_quantize_q4_k(void)
     for (int i = 0; i < N; i++) CHECK(y[i] == 0.0f);
 }
 
+/* bt_cpu_quantize_row_q5_0 / _q5_1: every element dequantizes back to within half a step (d, as stored) plus the
+ * fp16 rounding of d and m, or, past the ends of the block's grid, to its nearest end (Q5_0's grid d * (q - 16)
+ * reaches 16 steps on the side of the largest magnitude but only 15 on the other); an all-zero row stays zero. */
+static void test_quantize_q5(void)
+{
+    uint64_t s = 67;
+    enum { N = 8 * BT_QK };
+    float x[N], y[N];
+    bt_block_q5_0 q0[N / BT_QK];
+    bt_block_q5_1 q1[N / BT_QK];
+    for (int rep = 0; rep < 40; rep++) {
+        int t1 = rep & 1;
+        float spread = rep % 6 < 2 ? 1e-3f : rep % 6 < 4 ? 1.0f : 30.0f;
+        for (int i = 0; i < N; i++) x[i] = ((float)(test_rand_next(&s) % 20001) / 10000.0f - (rep & 2 ? 0.3f : 1.0f)) * spread;
+        if (t1) bt_cpu_quantize_row_q5_1(N, x, q1);
+        else bt_cpu_quantize_row_q5_0(N, x, q0);
+        REQUIRE(bt_cpu_dequantize_row_ref(t1 ? BT_TYPE_Q5_1 : BT_TYPE_Q5_0, N, t1 ? (void *)q1 : (void *)q0, y) == 0);
+        int bad = 0;
+        for (int b = 0; b < N / BT_QK; b++) {
+            float ds = bt_fp16_to_f32(t1 ? q1[b].d : q0[b].d), d = fabsf(ds), big = 0;
+            float g0 = t1 ? bt_fp16_to_f32(q1[b].m) : -16.0f * ds, g1 = t1 ? g0 + 31.0f * ds : 15.0f * ds;
+            float glo = g0 < g1 ? g0 : g1, ghi = g0 < g1 ? g1 : g0; /* the grid's ends */
+            for (int i = 0; i < BT_QK; i++) big = fabsf(x[b * BT_QK + i]) > big ? fabsf(x[b * BT_QK + i]) : big;
+            float tol = 0.5f * d + 2e-3f * big + 1e-7f * spread; /* fp16 rounding of d (and m) over 16-31 steps */
+            for (int i = 0; i < BT_QK; i++) {
+                float v = x[b * BT_QK + i], past = v < glo ? glo - v : v > ghi ? v - ghi : 0.0f;
+                if (fabsf(y[b * BT_QK + i] - v) > tol + past) bad++;
+            }
+        }
+        CHECK_MSG(bad == 0, "Q5_%d rep %d (spread %g): %d elements off by more than half a step", t1, rep, spread, bad);
+    }
+    for (int i = 0; i < N; i++) x[i] = 0;
+    bt_cpu_quantize_row_q5_0(N, x, q0);
+    REQUIRE(bt_cpu_dequantize_row_ref(BT_TYPE_Q5_0, N, q0, y) == 0);
+    for (int i = 0; i < N; i++) CHECK(y[i] == 0.0f);
+    bt_cpu_quantize_row_q5_1(N, x, q1);
+    REQUIRE(bt_cpu_dequantize_row_ref(BT_TYPE_Q5_1, N, q1, y) == 0);
+    for (int i = 0; i < N; i++) CHECK(y[i] == 0.0f);
+}
+
 int main(void)
 {
     if (!test_isa_begin()) return test_summary();
     RUN(test_quantize_q4_k);
+    RUN(test_quantize_q5);
     RUN(test_geometry);
     RUN(test_dequant_known);
     RUN(test_act_quant);
