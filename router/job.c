@@ -543,6 +543,7 @@ static void *choice_main(void *arg)
     const char *tail;
     size_t n_tail;
     rtr_textgen_finish(&c->tg, &tail, &n_tail);
+    if (c->stop_index < 0) c->stop_index = c->tg.stop_index; /* the flushed tail may complete a stop string */
     Baton__V1__FinishReason fr = res.finish;
     if (st == BT_OK) {
         if (fr == BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED || c->stop_index >= 0)

@@ -103,7 +103,8 @@ void rtr_textgen_free(rtr_textgen_t *tg);
  * string completed (the released text ends right before it), 0 otherwise; BT_ERR_INVALID (bad id) and
  * BT_ERR_NOMEM are negative. After a stop every call releases nothing. */
 int rtr_textgen_push(rtr_textgen_t *tg, int32_t id, const char **text, size_t *len);
-/* End of the choice without a stop string: releases everything held (an incomplete character as U+FFFD). */
+/* End of the choice without a stop string: releases everything held (an incomplete character as U+FFFD), up to a
+ * stop string that the flushed tail completes (then stopped and stop_index are set, as by a push). */
 void rtr_textgen_finish(rtr_textgen_t *tg, const char **text, size_t *len);
 
 /* Copies s[len] to a malloc'd NUL-terminated string with invalid UTF-8 replaced by U+FFFD (for JSON and proto

@@ -52,6 +52,32 @@ static int release(rtr_textgen_t *tg, size_t n, const char **text, size_t *len)
     return 0;
 }
 
+/* The earliest complete stop string in held whose match includes bytes from old on (the ones just added): releases
+ * the text before it, drops the rest and stops: 1. 0 when there is none, BT_ERR_NOMEM. */
+static int cut_at_stop(rtr_textgen_t *tg, size_t old, const char **text, size_t *len)
+{
+    size_t best = SIZE_MAX;
+    int which = -1;
+    for (int i = 0; i < tg->n_stop; i++) {
+        size_t L = tg->stop_len[i];
+        if (L > tg->n_held) continue;
+        size_t from = old + 1 > L ? old + 1 - L : 0;
+        for (size_t p = from; p + L <= tg->n_held && p < best; p++) {
+            if (!memcmp(tg->held + p, tg->stops[i], L)) {
+                best = p;
+                which = i;
+                break;
+            }
+        }
+    }
+    if (which < 0) return 0;
+    tg->stopped = 1;
+    tg->stop_index = which;
+    if (release(tg, best, text, len)) return BT_ERR_NOMEM;
+    tg->n_held = 0;
+    return 1;
+}
+
 int rtr_textgen_push(rtr_textgen_t *tg, int32_t id, const char **text, size_t *len)
 {
     *text = "";
@@ -68,28 +94,8 @@ int rtr_textgen_push(rtr_textgen_t *tg, int32_t id, const char **text, size_t *l
     tg->n_held += n;
     if (!tg->n_stop) return release(tg, tg->n_held, text, len) ? BT_ERR_NOMEM : 0;
 
-    /* Earliest complete stop string; only positions whose match could include the new bytes are searched. */
-    size_t best = SIZE_MAX;
-    int which = -1;
-    for (int i = 0; i < tg->n_stop; i++) {
-        size_t L = tg->stop_len[i];
-        if (L > tg->n_held) continue;
-        size_t from = old + 1 > L ? old + 1 - L : 0;
-        for (size_t p = from; p + L <= tg->n_held && p < best; p++) {
-            if (!memcmp(tg->held + p, tg->stops[i], L)) {
-                best = p;
-                which = i;
-                break;
-            }
-        }
-    }
-    if (which >= 0) {
-        tg->stopped = 1;
-        tg->stop_index = which;
-        if (release(tg, best, text, len)) return BT_ERR_NOMEM;
-        tg->n_held = 0;
-        return 1;
-    }
+    int stop = cut_at_stop(tg, old, text, len);
+    if (stop) return stop;
     /* Hold back the longest suffix that is a proper prefix of a stop string. */
     size_t keep = 0;
     for (int i = 0; i < tg->n_stop; i++) {
@@ -113,11 +119,15 @@ void rtr_textgen_finish(rtr_textgen_t *tg, const char **text, size_t *len)
     const char *tail;
     size_t n;
     tok_stream_flush(&tg->ts, &tail, &n);
+    size_t old = tg->n_held;
     if (n && reserve(&tg->held, &tg->held_cap, tg->n_held + n) == 0) {
         memcpy(tg->held + tg->n_held, tail, n);
         tg->n_held += n;
     }
-    if (release(tg, tg->n_held, text, len)) {
+    /* the tail (an incomplete character flushed as U+FFFD) can complete a stop string too (fuzz_textgen) */
+    int stop = n ? cut_at_stop(tg, old, text, len) : 0;
+    if (stop == 1) return;
+    if (stop < 0 || release(tg, tg->n_held, text, len)) {
         *text = "";
         *len = 0;
     }

@@ -116,6 +116,49 @@ static void test_partial_match_released_at_end(void)
     tok_ids_free(&ids);
 }
 
+/* A stop string that only the flushed tail completes: an incomplete character at the end is released as U+FFFD, so a
+ * stop string "\xEF\xBF\xBD" must cut there too (fuzz_textgen found it released). */
+static void test_stop_in_flushed_tail(void)
+{
+    const char *text = "ab \xE6\x9D"; /* ends inside a character */
+    tok_ids ids = {0};
+    REQUIRE(tok_encode(tok, text, strlen(text), 0, &ids) == BT_OK && ids.n >= 2);
+    const char *stops[] = {"\xEF\xBF\xBD"};
+    rtr_textgen_t tg;
+    rtr_textgen_init(&tg, tok, stops, 1);
+    char out[64] = "";
+    size_t n = 0;
+    const char *t;
+    size_t len;
+    for (size_t i = 0; i < ids.n; i++) {
+        CHECK(rtr_textgen_push(&tg, ids.ids[i], &t, &len) == 0);
+        memcpy(out + n, t, len);
+        n += len;
+    }
+    rtr_textgen_finish(&tg, &t, &len);
+    memcpy(out + n, t, len);
+    n += len;
+    out[n] = 0;
+    CHECK_MSG(!strcmp(out, "ab "), "released '%s'", out);
+    CHECK(tg.stopped && tg.stop_index == 0);
+    rtr_textgen_free(&tg);
+    /* without the stop string the tail comes out as U+FFFD */
+    rtr_textgen_init(&tg, tok, NULL, 0);
+    n = 0;
+    for (size_t i = 0; i < ids.n; i++) {
+        CHECK(rtr_textgen_push(&tg, ids.ids[i], &t, &len) == 0);
+        memcpy(out + n, t, len);
+        n += len;
+    }
+    rtr_textgen_finish(&tg, &t, &len);
+    memcpy(out + n, t, len);
+    out[n + len] = 0;
+    CHECK_MSG(!strcmp(out, "ab \xEF\xBF\xBD"), "released '%s'", out);
+    CHECK(!tg.stopped && tg.stop_index == -1);
+    rtr_textgen_free(&tg);
+    tok_ids_free(&ids);
+}
+
 static void test_utf8_sanitize(void)
 {
     char *s = rtr_utf8_sanitize("ok \xC3\xA9 \xFF end \xE6\x97", 14);
@@ -141,6 +184,7 @@ int main(void)
     RUN(test_no_stops_round_trip);
     RUN(test_stop_across_tokens);
     RUN(test_partial_match_released_at_end);
+    RUN(test_stop_in_flushed_tail);
     tok_free(tok);
     return test_summary();
 }
