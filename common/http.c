@@ -313,6 +313,17 @@ static void reap_slow_locked(http_server_t *s, uint64_t now)
     }
 }
 
+/* MHD's accept policy: no new connection once stop began. (MHD_quiesce_daemon did this by taking the listen socket
+ * out of each pool thread's epoll set, racing the threads that do the same: libmicrohttpd 0.9.75 then aborted the
+ * process with "Failed to remove listen FD from epoll set", seen once in test_http.) */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)addr;
+    (void)len;
+    const http_server_t *s = cls;
+    return atomic_load(&s->stopping) ? MHD_NO : MHD_YES;
+}
+
 bt_status http_server_start(http_server_t *s)
 {
     if (!s) return bt_fail(BT_ERR_INVALID, "http: no server");
@@ -331,7 +342,7 @@ bt_status http_server_start(http_server_t *s)
         tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
         tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
     }
-    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg_port, NULL, NULL, on_access, s,
+    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg_port, on_accept, s, on_access, s,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_THREAD_POOL_SIZE, s->threads,
                                  MHD_OPTION_CONNECTION_LIMIT, s->max_connections,
@@ -373,10 +384,8 @@ static int draining_locked(const http_server_t *s)
 void http_server_stop(http_server_t *s)
 {
     if (!s || !s->daemon) return;
-    /* no new connections; the old listen socket may only be closed after MHD_stop_daemon */
-    MHD_socket lfd = MHD_quiesce_daemon(s->daemon);
+    atomic_store(&s->stopping, 1); /* no new connections (on_accept) */
     pthread_mutex_lock(&s->mu);
-    atomic_store(&s->stopping, 1);
     BT_LIST_FOR(st, &s->streams, struct http_stream, link) {
         pthread_mutex_lock(&st->mu);
         st->closing = 1;
@@ -416,7 +425,6 @@ void http_server_stop(http_server_t *s)
     pthread_mutex_unlock(&s->mu);
     MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
-    if (lfd != MHD_INVALID_SOCKET) close(lfd);
 }
 
 void http_server_destroy(http_server_t *s)
