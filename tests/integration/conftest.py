@@ -5,6 +5,11 @@ import sys
 
 import pytest
 
+# grpcio installs pthread_atfork handlers when fork support is on; a CI run once hung with pytest's main thread
+# parked on a futex inside subprocess.Popen (spawning etcd) while grpc threads were live. The tests never use
+# grpc across a fork, so turn the handlers off before any test module imports grpc.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
