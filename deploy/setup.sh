@@ -20,7 +20,8 @@ step() { echo "setup: $*" >&2; }
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
       libucx-dev ucx-utils libcurl4-openssl-dev libcjson-dev libmicrohttpd-dev
-      etcd-server etcd-client prometheus python3 python3-venv python3-pip curl openssl valgrind procps iproute2)
+      etcd-server etcd-client prometheus python3 python3-venv python3-pip curl openssl valgrind procps iproute2
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then missing+=("$p"); fi

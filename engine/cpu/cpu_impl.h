@@ -46,13 +46,19 @@ BT_CPU_GEMM_DECL(avx2, q4_0_q16); BT_CPU_GEMM_DECL(avx2, q4_1_q16); BT_CPU_GEMM_
 BT_CPU_GEMM_DECL(avx2, q4_k_q16); BT_CPU_GEMM_DECL(avx512, q4_k_q16);
 BT_CPU_GEMM_DECL(avx512, q5_1); BT_CPU_GEMM_DECL(avx512, q5_1_q16); BT_CPU_GEMM_DECL(avx2, q5_1_q16);
 
+BT_CPU_GEMM_DECL(neon, q4_0); BT_CPU_GEMM_DECL(neon, q4_1); BT_CPU_GEMM_DECL(neon, q8_0); BT_CPU_GEMM_DECL(neon, q5_1);
+BT_CPU_GEMM_DECL(neon, q4_0_q16); BT_CPU_GEMM_DECL(neon, q4_1_q16); BT_CPU_GEMM_DECL(neon, q8_0_q16);
+BT_CPU_GEMM_DECL(neon, q5_1_q16); BT_CPU_GEMM_DECL(neon, q4_k_q16);
+
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);
 BT_CPU_DECLARE_ISA(avx512);
+BT_CPU_DECLARE_ISA(neon);
 
 extern const bt_cpu_ops bt_cpu_ops_scalar;
 extern const bt_cpu_ops bt_cpu_ops_avx2;
 extern const bt_cpu_ops bt_cpu_ops_avx512;
+extern const bt_cpu_ops bt_cpu_ops_neon;
 
 /* Constants of bt_cpu_expf, shared by every ISA's version. */
 #define BT_EXP_LO (-86.5f) /* below: 0 (keeps 2^n normal) */

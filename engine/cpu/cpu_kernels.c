@@ -1,7 +1,13 @@
 /* ISA selection, the scalar op table, and the matmul driver. */
 #include "engine/cpu/cpu_kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#define BT_CPU_X86 1
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#define BT_CPU_ARM64 1
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,10 +239,27 @@ const char *bt_cpu_isa_name(bt_cpu_isa isa)
     case BT_CPU_ISA_SCALAR: return "scalar";
     case BT_CPU_ISA_AVX2: return "avx2";
     case BT_CPU_ISA_AVX512: return "avx512";
+    case BT_CPU_ISA_NEON: return "neon";
     default: return "unknown";
     }
 }
 
+int bt_cpu_isa_built(bt_cpu_isa isa)
+{
+    switch (isa) {
+    case BT_CPU_ISA_SCALAR: return 1;
+#ifdef BT_CPU_X86
+    case BT_CPU_ISA_AVX2:
+    case BT_CPU_ISA_AVX512: return 1;
+#endif
+#ifdef BT_CPU_ARM64
+    case BT_CPU_ISA_NEON: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+#ifdef BT_CPU_X86
 /* F16C from CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c"); the OS side of the
  * YMM state is covered by the avx2 check. */
 static int has_f16c(void)
@@ -244,12 +267,14 @@ static int has_f16c(void)
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29) & 1;
 }
+#endif
 
 int bt_cpu_isa_supported(bt_cpu_isa isa)
 {
+    if (isa == BT_CPU_ISA_SCALAR) return 1;
+#ifdef BT_CPU_X86
     __builtin_cpu_init();
     switch (isa) {
-    case BT_CPU_ISA_SCALAR: return 1;
     case BT_CPU_ISA_AVX2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case BT_CPU_ISA_AVX512:
@@ -258,6 +283,13 @@ int bt_cpu_isa_supported(bt_cpu_isa isa)
                __builtin_cpu_supports("avx512vnni");
     default: return 0;
     }
+#elif defined(BT_CPU_ARM64)
+    /* HWCAP_ASIMD (bit 1) and HWCAP_ASIMDDP (bit 20) of the aarch64 Linux ABI */
+    unsigned long hw = getauxval(AT_HWCAP);
+    return isa == BT_CPU_ISA_NEON && (hw >> 1 & 1) && (hw >> 20 & 1);
+#else
+    return 0;
+#endif
 }
 
 bt_status bt_cpu_isa_env(int *want)
@@ -296,8 +328,13 @@ const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa)
 {
     switch (isa) {
     case BT_CPU_ISA_SCALAR: return &bt_cpu_ops_scalar;
+#ifdef BT_CPU_X86
     case BT_CPU_ISA_AVX2: return &bt_cpu_ops_avx2;
     case BT_CPU_ISA_AVX512: return &bt_cpu_ops_avx512;
+#endif
+#ifdef BT_CPU_ARM64
+    case BT_CPU_ISA_NEON: return &bt_cpu_ops_neon;
+#endif
     default: return NULL;
     }
 }

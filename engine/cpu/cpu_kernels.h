@@ -2,13 +2,14 @@
  *
  * Quantized weight types take activations quantized per block to 16 bits (default: integer dots within ~2e-5 of
  * sum |w * x| of the float result) or to 8 bits (faster, up to ~3e-3), chosen per matmul by act_bits.
- * Every op has a scalar reference (cpu_quants.h); the AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) tables
- * fill the same slots with SIMD kernels. Integer parts of quantized dot products are exact in every path; only the
- * float accumulation order differs between ISAs (tests bound the difference by 1e-5 of sum |w * x|; measured
- * <= 2e-7; K-quants with 16-bit activations sum exactly in int64 and agree bit for bit). Within one ISA, an
- * output element is always computed by the same code with the same reduction order, whatever the batch size, its
- * position in the batch or the thread count (batch invariance, DESIGN 4.3); results of different ISAs differ, so
- * one process (and every node that must agree with it) uses one ISA. */
+ * Every op has a scalar reference (cpu_quants.h); the AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) tables on
+ * x86-64 and the NEON (+dot product) table on aarch64 fill the same slots with SIMD kernels. Integer parts of
+ * quantized dot products are exact in every path; only the float accumulation order differs between ISAs (tests
+ * bound the difference by 1e-5 of sum |w * x|; measured <= 2e-7; K-quants with 16-bit activations sum exactly in
+ * int64 and agree bit for bit; the NEON quantized kernels keep the reference's float order and agree bit for bit).
+ * Within one ISA, an output element is always computed by the same code with the same reduction order, whatever
+ * the batch size, its position in the batch or the thread count (batch invariance, DESIGN 4.3); results of
+ * different ISAs differ, so one process (and every node that must agree with it) uses one ISA. */
 #ifndef BATON_ENGINE_CPU_KERNELS_H
 #define BATON_ENGINE_CPU_KERNELS_H
 
@@ -23,7 +24,8 @@ typedef enum bt_cpu_isa {
     BT_CPU_ISA_SCALAR = 0,
     BT_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
     BT_CPU_ISA_AVX512 = 2, /* AVX2 set + AVX-512 F/BW/VL/VNNI */
-    BT_CPU_ISA_COUNT = 3,
+    BT_CPU_ISA_NEON = 3,   /* aarch64 Advanced SIMD + the Armv8.2 dot product (sdot/udot) */
+    BT_CPU_ISA_COUNT = 4,
 } bt_cpu_isa;
 
 /* Most activation rows one dot_rows call handles (the weight block is decoded once for all of them). */
@@ -92,7 +94,7 @@ float bt_cpu_expf(float x);
 
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;
-    const char *name; /* "scalar", "avx2", "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512", "neon" */
     /* activation quantizers: y[n / 32] and y[n / 256]; output bytes equal the scalar reference's */
     void (*quantize_q8_32)(int64_t n, const float *x, bt_block_q8_32 *y);
     void (*quantize_q8_256)(int64_t n, const float *x, bt_block_q8_256 *y);
@@ -139,16 +141,21 @@ typedef struct bt_cpu_ops {
     bt_cpu_gemm_fn gemm16[BT_TYPE_COUNT];
 } bt_cpu_ops;
 
-/* Name of isa ("scalar", "avx2", "avx512"). */
+/* Name of isa ("scalar", "avx2", "avx512", "neon"). */
 const char *bt_cpu_isa_name(bt_cpu_isa isa);
 
-/* True when this CPU (and OS) can run isa: __builtin_cpu_supports plus CPUID for F16C. */
+/* True when this build has isa's kernels: scalar everywhere, AVX2 and AVX-512 in an x86-64 build, NEON in an
+ * aarch64 one. An ISA of another architecture is not "missing" on this host, just not applicable. */
+int bt_cpu_isa_built(bt_cpu_isa isa);
+
+/* True when this build has isa and this CPU (and OS) can run it: x86 __builtin_cpu_supports plus CPUID for F16C;
+ * aarch64 the kernel's hwcaps (AT_HWCAP: ASIMD and ASIMDDP). */
 int bt_cpu_isa_supported(bt_cpu_isa isa);
 
 /* Multiply-accumulates per second one thread gets from the integer dot instruction the quantized matmuls of isa use
- * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16), measured
- * here in about 10 ms with no memory traffic: the compute roofline of a matmul. 0 for scalar or an ISA this CPU
- * lacks. */
+ * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16; NEON: smlal,
+ * 4, or sdot at 8 bits, 16), measured here in about 10 ms with no memory traffic: the compute roofline of a matmul.
+ * 0 for scalar or an ISA this CPU lacks. */
 double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits);
 
 /* The process's edge only (a main, a CLI command, a test's setup): *want = the ISA that BATON_CPU_ISA names, -1
@@ -160,8 +167,8 @@ bt_status bt_cpu_isa_env(int *want);
  * environment; keep the result in the engine struct. BT_ERR_UNSUPPORTED when want cannot run here. */
 bt_status bt_cpu_isa_select(int want, bt_cpu_isa *out);
 
-/* The op table of isa (static, never freed), or NULL when isa is out of range. Slots of an ISA without a special
- * kernel for a type hold the next lower ISA's kernel. */
+/* The op table of isa (static, never freed), or NULL when isa is out of range or not built (bt_cpu_isa_built).
+ * Slots of an ISA without a special kernel for a type hold the next lower ISA's kernel. */
 const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa);
 
 /* The dot_rows kernel of ops for weight type t with act_bits-bit activations (0 means 16), NULL if none. */

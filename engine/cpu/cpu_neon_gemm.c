@@ -1,0 +1,213 @@
+/* Tiled GEMM kernels over packed weights (layouts in cpu_gemm.c) for aarch64 NEON + dot product. Each block's 16
+ * rows are decoded once for up to BT_CPU_GEMM_NR activation rows:
+ *   8-bit activations: the packed dwords (4 codes of one row) are exactly what `sdot` by lane wants: one
+ *     instruction multiplies 4 codes of 4 rows by 4 broadcast activation codes, no horizontal sums;
+ *   16-bit activations: the codes are widened to 16 bits per element for the 16 rows (vld4/vld2 de-interleave the
+ *     dwords/words of the layout) and multiplied by each broadcast activation with smlal by lane.
+ * The integer dot is exact, then per output element acc = fma((float)isum, d_w * d_a, acc) and, for layouts with a
+ * min, acc = fma(m_w, ds_a, acc): the bits of bt_cpu_gemm_packed_ref. */
+#include <arm_neon.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_gemm_layout.h"
+#include "engine/cpu/cpu_impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* the 16 fp16 values at p as 4 float32x4 */
+AI void load_h16(const uint16_t *p, float32x4_t v[4])
+{
+    for (int i = 0; i < 4; i++) v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
+}
+
+/* Block b's 16 weight scales d (and mins m) as floats. */
+AI void block_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, float32x4_t d[4],
+                     float32x4_t m[4])
+{
+    if (type == BT_TYPE_Q4_K) {
+        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
+        for (int i = 0; i < 4; i++) d[i] = vld1q_f32(f + 4 * i), m[i] = vld1q_f32(f + 16 + 4 * i);
+        return;
+    }
+    const uint16_t *sc = bt_gl_scales(group, b, type, cb);
+    load_h16(sc, d);
+    if (bt_gl_fp16_min(type)) load_h16(sc + 16, m);
+}
+
+/* acc[i] (rows 4i .. 4i + 3) = fma(isum, d * ad, acc) then, with a min, fma(m, ads, acc) */
+AI void block_accumulate(float32x4_t acc[4], const int32x4_t isum[4], const float32x4_t d[4], const float32x4_t m[4],
+                         float ad, float ads, const int mins)
+{
+    for (int i = 0; i < 4; i++) {
+        acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(isum[i]), vmulq_f32(d[i], vdupq_n_f32(ad)));
+        if (mins) acc[i] = vfmaq_f32(acc[i], m[i], vdupq_n_f32(ads));
+    }
+}
+
+AI void store_rows(float *out, const float32x4_t acc[4], int n_valid)
+{
+    if (n_valid == BT_CPU_PACK_ROWS) {
+        for (int i = 0; i < 4; i++) vst1q_f32(out + 4 * i, acc[i]);
+        return;
+    }
+    float tmp[BT_CPU_PACK_ROWS];
+    for (int i = 0; i < 4; i++) vst1q_f32(tmp + 4 * i, acc[i]);
+    memcpy(out, tmp, (size_t)n_valid * sizeof(float));
+}
+
+/* ---- 8-bit activations: codes as 8 quads of 4 elements x 16 rows (quad k: elements 4k .. 4k + 3) ---- */
+
+/* Block b's codes into c[k][i] (quad k, rows 4i .. 4i + 3) as signed bytes, and the integer offset to take off
+ * (Q4_0: 8 * sum(a)). Q8_0's stored q + 128 is flipped back to q, so no offset. */
+AI int decode8(const uint8_t *codes, const int type, int8x16_t c[8][4])
+{
+    if (bt_gl_byte_codes(type)) {
+        const uint8x16_t flip = vdupq_n_u8(type == BT_TYPE_Q8_0 ? 0x80 : 0);
+        for (int k = 0; k < 8; k++)
+            for (int i = 0; i < 4; i++) c[k][i] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(codes + 64 * k + 16 * i), flip));
+        return 0;
+    }
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 4; i++) {
+            uint8x16_t v = vld1q_u8(codes + 64 * k + 16 * i);
+            c[k][i] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));  /* elements 4k + t */
+            c[k + 4][i] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));           /* elements 16 + 4k + t */
+        }
+    return type == BT_TYPE_Q4_0 ? 8 : 0;
+}
+
+AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
+              size_t out_stride, int n_valid, const void *next, const int type)
+{
+    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const int mins = bt_gl_fp16_min(type);
+    const int64_t nb = n / BT_QK;
+    float32x4_t acc[BT_CPU_GEMM_NR][4];
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        bt_gl_prefetch_block(next, b, type);
+        int8x16_t c[8][4];
+        const int off = decode8(bt_gl_codes(group, b, type, cb), type, c);
+        float32x4_t d[4], m[4];
+        block_scales(group, b, type, cb, d, m);
+        for (int r = 0; r < nr; r++) {
+            const bt_block_q8_32 *a = BT_GL_ACT8(act, act_stride, r, b);
+            const int8x16_t a0 = vld1q_s8(a->qs), a1 = vld1q_s8(a->qs + 16);
+            int32x4_t isum[4];
+            for (int i = 0; i < 4; i++) {
+                int32x4_t s = vdupq_n_s32(-off * a->sum);
+                s = vdotq_laneq_s32(s, c[0][i], a0, 0);
+                s = vdotq_laneq_s32(s, c[1][i], a0, 1);
+                s = vdotq_laneq_s32(s, c[2][i], a0, 2);
+                s = vdotq_laneq_s32(s, c[3][i], a0, 3);
+                s = vdotq_laneq_s32(s, c[4][i], a1, 0);
+                s = vdotq_laneq_s32(s, c[5][i], a1, 1);
+                s = vdotq_laneq_s32(s, c[6][i], a1, 2);
+                isum[i] = vdotq_laneq_s32(s, c[7][i], a1, 3);
+            }
+            block_accumulate(acc[r], isum, d, m, a->d, a->ds, mins);
+        }
+    }
+    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+}
+
+/* ---- 16-bit activations: codes as 32 elements x 16 rows of int16 (c[e][0]: rows 0..7, c[e][1]: rows 8..15) ---- */
+
+AI void widen16(uint8x16_t v, int16x8_t out[2])
+{
+    out[0] = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(v)));
+    out[1] = vreinterpretq_s16_u16(vmovl_high_u8(v));
+}
+
+AI void widen16_signed(uint8x16_t v, int16x8_t out[2])
+{
+    int8x16_t s = vreinterpretq_s8_u8(v);
+    out[0] = vmovl_s8(vget_low_s8(s));
+    out[1] = vmovl_high_s8(s);
+}
+
+/* Block b's codes; returns the integer offset to take off (Q4_0: 8). */
+AI int decode16(const uint8_t *codes, const int type, int16x8_t c[32][2])
+{
+    if (bt_gl_byte_codes(type)) { /* vector k (32 bytes): word j = elements 2k, 2k + 1 of row j */
+        for (int k = 0; k < 16; k++) {
+            uint8x16x2_t v = vld2q_u8(codes + 32 * k);
+            if (type == BT_TYPE_Q8_0) {
+                widen16_signed(v.val[0], c[2 * k]);
+                widen16_signed(v.val[1], c[2 * k + 1]);
+            } else {
+                widen16(v.val[0], c[2 * k]);
+                widen16(v.val[1], c[2 * k + 1]);
+            }
+        }
+        return 0;
+    }
+    static const int pair_order[4] = {0, 2, 1, 3}; /* byte t of a dword holds element 4k + pair_order[t] */
+    for (int k = 0; k < 4; k++) {
+        uint8x16x4_t v = vld4q_u8(codes + 64 * k); /* val[t]: byte t of every row's dword */
+        for (int t = 0; t < 4; t++) {
+            const int e = 4 * k + pair_order[t];
+            widen16(vandq_u8(v.val[t], vdupq_n_u8(0x0f)), c[e]);
+            widen16(vshrq_n_u8(v.val[t], 4), c[e + 16]);
+        }
+    }
+    return type == BT_TYPE_Q4_0 ? 8 : 0;
+}
+
+AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
+               size_t out_stride, int n_valid, const void *next, const int type)
+{
+    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const int mins = bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K;
+    const int64_t nb = n / BT_QK;
+    float32x4_t acc[BT_CPU_GEMM_NR][4];
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        bt_gl_prefetch_block(next, b, type);
+        int16x8_t c[32][2];
+        const int off = decode16(bt_gl_codes(group, b, type, cb), type, c);
+        float32x4_t d[4], m[4];
+        block_scales(group, b, type, cb, d, m);
+        for (int r = 0; r < nr; r++) {
+            const int16_t *qs = bt_gl_act16_qs(act, act_stride, r, b, type);
+            float ad, ads;
+            bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
+            int32x4_t s[4];
+            for (int i = 0; i < 4; i++) s[i] = vdupq_n_s32(0);
+            for (int e8 = 0; e8 < 32; e8 += 8) {
+                const int16x8_t a = vld1q_s16(qs + e8);
+#define BT_NEON_MAC16(L)                                                                                       \
+    s[0] = vmlal_laneq_s16(s[0], vget_low_s16(c[e8 + L][0]), a, L);                                           \
+    s[1] = vmlal_high_laneq_s16(s[1], c[e8 + L][0], a, L);                                                     \
+    s[2] = vmlal_laneq_s16(s[2], vget_low_s16(c[e8 + L][1]), a, L);                                           \
+    s[3] = vmlal_high_laneq_s16(s[3], c[e8 + L][1], a, L);
+                BT_NEON_MAC16(0) BT_NEON_MAC16(1) BT_NEON_MAC16(2) BT_NEON_MAC16(3)
+                BT_NEON_MAC16(4) BT_NEON_MAC16(5) BT_NEON_MAC16(6) BT_NEON_MAC16(7)
+#undef BT_NEON_MAC16
+            }
+            if (off) {
+                /* the block's activation sum: a->sum for legacy blocks (Q4_0 is never Q4_K) */
+                const int32x4_t o = vdupq_n_s32(off * BT_GL_ACT16(act, act_stride, r, b)->sum);
+                for (int i = 0; i < 4; i++) s[i] = vsubq_s32(s[i], o);
+            }
+            block_accumulate(acc[r], s, d, m, ad, ads, mins);
+        }
+    }
+    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+}
+
+#define NEON_GEMM(name, fn, TYPE)                                                                              \
+    BT_CPU_GEMM_DECL(neon, name) { fn(n, group, act, act_stride, nr, out, out_stride, n_valid, next, TYPE); }
+
+NEON_GEMM(q4_0, gemm8, BT_TYPE_Q4_0)
+NEON_GEMM(q4_1, gemm8, BT_TYPE_Q4_1)
+NEON_GEMM(q8_0, gemm8, BT_TYPE_Q8_0)
+NEON_GEMM(q5_1, gemm8, BT_TYPE_Q5_1)
+NEON_GEMM(q4_0_q16, gemm16, BT_TYPE_Q4_0)
+NEON_GEMM(q4_1_q16, gemm16, BT_TYPE_Q4_1)
+NEON_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)
+NEON_GEMM(q5_1_q16, gemm16, BT_TYPE_Q5_1)
+NEON_GEMM(q4_k_q16, gemm16, BT_TYPE_Q4_K)
