@@ -82,7 +82,7 @@ AI void store_rows(const int NR, const __m256 (*acc)[2], float *out, size_t out_
 /* The 16 rows' d and m of block b as two halves each (m zero for types without one). */
 AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m256 *d, __m256 *m)
 {
-    if (type == BT_TYPE_Q4_K) {
+    if (bt_gl_kquant(type)) { /* Q4_K: d and m; Q6_K: the two halves' d */
         const float *f = (const float *)bt_gl_unit(group, b, type, cb);
         d[0] = _mm256_load_ps(f), d[1] = _mm256_load_ps(f + 8);
         m[0] = _mm256_load_ps(f + 16), m[1] = _mm256_load_ps(f + 24);
@@ -137,12 +137,20 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
+        __m256i half0[AVX2_NR][2]; /* Q6_K: the dot over elements 0..15 */
         if (bt_gl_byte_codes(type)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
                 const __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k + 16)));
                 dot16_rows(NR, s, lo, hi, act, act_stride, b, k, type);
+                if (type == BT_TYPE_Q6_K && k == 7) {
+#pragma GCC unroll 4
+                    for (int r = 0; r < NR; r++) {
+                        half0[r][0] = s[r][0], half0[r][1] = s[r][1];
+                        s[r][0] = s[r][1] = _mm256_setzero_si256();
+                    }
+                }
             }
         } else {
 #pragma GCC unroll 4
@@ -157,6 +165,21 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                 dot16_rows(NR, s, _mm256_srli_epi16(vl, 12), _mm256_srli_epi16(vh, 12), act, act_stride, b,
                            2 * k + 9, type);
             }
+        }
+        if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
+            __m256 d0[2], d1[2];
+            load_w_scales(group, b, type, cb, d0, d1);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                float ad, ads;
+                bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
+                const __m256 adv = _mm256_set1_ps(ad);
+                for (int h = 0; h < 2; h++) {
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0[r][h]), _mm256_mul_ps(d0[h], adv), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d1[h], adv), acc[r][h]);
+                }
+            }
+            continue;
         }
         ACCUM_ROWS(bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads));
     }
@@ -227,3 +250,4 @@ BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
 BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
 BT_CPU_GEMM_DECL(avx2, q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1) }
+BT_CPU_GEMM_DECL(avx2, q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K) }

@@ -37,10 +37,10 @@ AI __m512i dpwssd_b(__m512i acc, __m512i w, const void *p)
 #define GEMM_ARGS int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, \
                   float *out, size_t out_stride, int n_valid
 
-/* The 16 rows' d and m of block b as floats (m zero for types without one). */
+/* The 16 rows' d and m of block b as floats (m zero for types without one; for Q6_K the two halves' d). */
 AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m512 *dw, __m512 *mw)
 {
-    if (type == BT_TYPE_Q4_K) {
+    if (bt_gl_kquant(type)) {
         const float *f = (const float *)bt_gl_unit(group, b, type, cb);
         *dw = _mm512_load_ps(f), *mw = _mm512_load_ps(f + BT_CPU_PACK_ROWS);
         return;
@@ -171,11 +171,22 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
+        __m512i half0[BT_CPU_GEMM_NR]; /* Q6_K: the dot over elements 0..15 */
         if (bt_gl_byte_codes(type)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
                 dot16_rows(NR, s, k % NC, c, act, act_stride, b, k, type);
+                if (type == BT_TYPE_Q6_K && k == 7) {
+#pragma GCC unroll 8
+                    for (int r = 0; r < NR; r++) {
+                        half0[r] = s[r][0];
+#pragma GCC unroll 4
+                        for (int c2 = 1; c2 < NC; c2++) half0[r] = _mm512_add_epi32(half0[r], s[r][c2]);
+#pragma GCC unroll 4
+                        for (int c2 = 0; c2 < NC; c2++) s[r][c2] = _mm512_setzero_si512();
+                    }
+                }
             }
         } else {
 #pragma GCC unroll 4
@@ -198,6 +209,11 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
             float ad, ads;
             bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
+            if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(half0[r]), _mm512_mul_ps(dw, _mm512_set1_ps(ad)), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(mw, _mm512_set1_ps(ad)), acc[r]);
+                continue;
+            }
             acc[r] = block_accum(acc[r], t, dw, mw, mins, ad, ads);
         }
     }
@@ -225,4 +241,5 @@ GEMM(q4_1, BT_TYPE_Q4_1)
 GEMM(q8_0, BT_TYPE_Q8_0)
 GEMM(q5_1, BT_TYPE_Q5_1)
 BT_CPU_GEMM_DECL(avx512, q4_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q4_K) }
+BT_CPU_GEMM_DECL(avx512, q6_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q6_K) }
 

@@ -26,7 +26,14 @@
  * Q5_0 has no layout of its own: its codes q - 16 (5 bits) and scale d are stored as a Q8_0 block, exactly, and the
  * Q8_0 kernels run it (bt_cpu_pack_layout).
  *   Q5_1:       unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as Q8_0's
- *               for the same precision (8-bit: without the 0x80 flip, since they are already valid u8 operands). */
+ *               for the same precision (8-bit: without the 0x80 flip, since they are already valid u8 operands).
+ *   Q6_K:       unit = 1 block (a 32-element slice of a super-block), 16-bit activations only: [d0: 16 fp32][d1: 16
+ *               fp32] [codes: 512 bytes], d0 and d1 = d_super * scale of the slice's two 16-element sub-blocks (exact
+ *               in fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
+ *               two integer dots, over elements 0..15 and 16..31 (each |isum| < 16 * 32 * 32767 < 2^24: exact), each
+ *               scaled by its own d: acc = fma(isum0, d0 * d_a, acc), then acc = fma(isum1, d1 * d_a, acc). Folding
+ *               the sub-block scales into the codes instead would let one block's dot pass 2^31. Activations in the
+ *               K-quant format, as Q4_K's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +55,8 @@ uint32_t bt_cpu_pack_layout(uint32_t t)
     case BT_TYPE_Q4_1:
     case BT_TYPE_Q4_K:
     case BT_TYPE_Q8_0:
-    case BT_TYPE_Q5_1: return t;
+    case BT_TYPE_Q5_1:
+    case BT_TYPE_Q6_K: return t;
     case BT_TYPE_Q5_0: return BT_TYPE_Q8_0;
     default: return BT_TYPE_COUNT;
     }
@@ -62,7 +70,8 @@ static size_t code_bytes(uint32_t t)
     case BT_TYPE_Q4_1:
     case BT_TYPE_Q4_K: return 4 * 64;
     case BT_TYPE_Q8_0:
-    case BT_TYPE_Q5_1: return 8 * 64;
+    case BT_TYPE_Q5_1:
+    case BT_TYPE_Q6_K: return 8 * 64;
     default: return 0;
     }
 }
@@ -72,16 +81,23 @@ static int has_min(uint32_t t)
     return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_1;
 }
 
-/* bytes of a unit's scales: 64 (fp16 d, and m or a partner block's d) or, for Q4_K, 128 (fp32 d and m) */
+/* K-quant layouts: fp32 scales, one 32-element slice of a 256-element super-block per unit, 16-bit activations */
+static int is_kquant(uint32_t t)
+{
+    return t == BT_TYPE_Q4_K || t == BT_TYPE_Q6_K;
+}
+
+/* bytes of a unit's scales: 64 (fp16 d, and m or a partner block's d) or, for Q4_K and Q6_K, 128 (fp32 d and m, or
+ * the two halves' d) */
 static size_t scale_bytes(uint32_t t)
 {
-    return t == BT_TYPE_Q4_K ? 128 : 64;
+    return is_kquant(t) ? 128 : 64;
 }
 
 /* elements of the GGUF block a row is made of (the packed blocks are 32 elements whatever the type) */
 static int64_t src_block_elems(uint32_t t)
 {
-    return t == BT_TYPE_Q4_K ? BT_QK_K : BT_QK;
+    return is_kquant(t) ? BT_QK_K : BT_QK;
 }
 
 /* integer offset of the codes: isum = sum(code * a) - offset * sum(a) */
@@ -95,7 +111,7 @@ static int code_offset(uint32_t t, int bits)
 /* blocks per unit (see the layout above) */
 static int unit_blocks(uint32_t t)
 {
-    return has_min(t) ? 1 : 2;
+    return has_min(t) || is_kquant(t) ? 1 : 2;
 }
 
 static size_t unit_bytes(uint32_t t)
@@ -127,7 +143,7 @@ int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
     t = bt_cpu_pack_layout(t);
     if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t) || (act_bits != 0 && act_bits != 8 && act_bits != 16))
         return 0;
-    if (t == BT_TYPE_Q4_K && norm_bits(act_bits) != 16) return 0; /* no 8-bit layout */
+    if (is_kquant(t) && norm_bits(act_bits) != 16) return 0; /* no 8-bit layout */
     return (norm_bits(act_bits) == 8 ? ops->gemm8[t] : ops->gemm16[t]) != NULL;
 }
 
@@ -160,6 +176,21 @@ static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, float *f, uint
     const int shift = (s & 1) * 4;
     for (int i = 0; i < BT_QK / 2; i++)
         q32[i] = (uint8_t)(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
+}
+
+/* Slice s (0..7: elements 32 s .. 32 s + 31) of a Q6_K super-block as row j of a packed Q6_K block: the d of its two
+ * 16-element sub-blocks into f (d0[16], d1[16]), its values q - 32 into q32. */
+static void pack_q6k_block(const bt_block_q6_k *sb, int s, int j, float *f, int8_t q32[BT_QK])
+{
+    const float d = bt_fp16_to_f32(sb->d);
+    f[j] = d * (float)sb->scales[2 * s];
+    f[BT_CPU_PACK_ROWS + j] = d * (float)sb->scales[2 * s + 1];
+    for (int e = 0; e < BT_QK; e++) { /* element 32 s + e of the super-block (cpu_quants.c's q6k_value) */
+        const int x = 32 * s + e, h = x / 128, sub = (x % 128) / 32, l = x % 32;
+        const int lo = (sb->ql[64 * h + 32 * (sub & 1) + l] >> (4 * (sub >> 1))) & 0x0f;
+        const int hi = (sb->qh[32 * h + l] >> (2 * sub)) & 3;
+        q32[e] = (int8_t)((lo | hi << 4) - 32);
+    }
 }
 
 /* A Q5_0 block as the Q8_0 block of the same values: codes q - 16, the same d. */
@@ -199,6 +230,13 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
             pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q32);
             for (int k = 0; k < 4; k++)
                 for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
+            continue;
+        }
+        if (p->wtype == BT_TYPE_Q6_K) {
+            int8_t q[BT_QK];
+            pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q);
+            uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+            for (int k = 0; k < 16; k++) c2[32 * k] = (uint8_t)q[2 * k], c2[32 * k + 1] = (uint8_t)q[2 * k + 1];
             continue;
         }
         if (p->wtype == BT_TYPE_Q5_1) {
@@ -270,8 +308,9 @@ static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_ou
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
-    if (t == BT_TYPE_Q4_K && norm_bits(act_bits) != 16)
-        return bt_fail(BT_ERR_UNSUPPORTED, "pack: Q4_K has a packed layout for 16-bit activations only");
+    if ((t == BT_TYPE_Q4_K || t == BT_TYPE_Q6_K) && norm_bits(act_bits) != 16)
+        return bt_fail(BT_ERR_UNSUPPORTED, "pack: %s has a packed layout for 16-bit activations only",
+                       bt_ggml_type_name(t));
     *bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
     if (!*bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
     return BT_OK;
@@ -332,7 +371,8 @@ void bt_cpu_packed_free(bt_cpu_packed *p)
 static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
 {
     const uint8_t *c = block_codes(p->wtype, group, b) + 4 * (size_t)j;
-    const int bytes = p->wtype == BT_TYPE_Q8_0 || p->wtype == BT_TYPE_Q5_1; /* byte codes (Q5_1's are 0..31) */
+    /* byte codes (Q5_1's are 0..31, Q6_K's -32..31, 16-bit layout only) */
+    const int bytes = p->wtype == BT_TYPE_Q8_0 || p->wtype == BT_TYPE_Q5_1 || p->wtype == BT_TYPE_Q6_K;
     if (bytes && p->act_bits == 16) {
         const uint8_t *c2 = block_codes(p->wtype, group, b) + 2 * (size_t)j;
         for (int k = 0; k < 16; k++) q[2 * k] = (int8_t)c2[32 * k], q[2 * k + 1] = (int8_t)c2[32 * k + 1];
@@ -367,6 +407,17 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 int64_t isum = 0;
                 float ad, ads;
                 int32_t asum;
+                if (p->wtype == BT_TYPE_Q6_K) { /* two halves, each with its own d */
+                    const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + b / 8;
+                    const int sb = (int)(b % 8);
+                    int64_t i0 = 0, i1 = 0;
+                    for (int e = 0; e < 16; e++) i0 += (int64_t)q[e] * a->qs[32 * sb + e];
+                    for (int e = 16; e < BT_QK; e++) i1 += (int64_t)q[e] * a->qs[32 * sb + e];
+                    const float *f = (const float *)block_scales(p->wtype, g, b);
+                    acc = fmaf((float)i0, f[j] * a->d, acc);
+                    acc = fmaf((float)i1, f[BT_CPU_PACK_ROWS + j] * a->d, acc);
+                    continue;
+                }
                 if (p->wtype == BT_TYPE_Q4_K) { /* K-quant activations: sub-block b % 8 of super-block b / 8 */
                     const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + b / 8;
                     const int sb = (int)(b % 8);

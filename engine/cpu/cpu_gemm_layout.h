@@ -21,21 +21,29 @@ BT_GL_AI int bt_gl_fp16_min(const int type)
     return type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1;
 }
 
-/* Layouts whose codes are bytes (Q8_0, Q5_1: 512 code bytes per block), not nibbles. */
+/* Layouts whose codes are bytes (Q8_0, Q5_1, Q6_K: 512 code bytes per block), not nibbles. */
 BT_GL_AI int bt_gl_byte_codes(const int type)
 {
-    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1;
+    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1 || type == BT_TYPE_Q6_K;
 }
 
-/* Block b's unit: Q4_1, Q5_1 and Q4_K one block per unit (64 or 128 bytes of scales, then cb code bytes), Q4_0 and
- * Q8_0 two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for byte codes). */
+/* K-quant layouts (Q4_K, Q6_K): 128 bytes of fp32 scales per unit, activations in the K-quant format. */
+BT_GL_AI int bt_gl_kquant(const int type)
+{
+    return type == BT_TYPE_Q4_K || type == BT_TYPE_Q6_K;
+}
+
+/* Block b's unit: Q4_1, Q5_1, Q4_K and Q6_K one block per unit (64 or 128 bytes of scales, then cb code bytes),
+ * Q4_0 and Q8_0 two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for byte
+ * codes). */
 BT_GL_AI const uint8_t *bt_gl_unit(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
-    if (type == BT_TYPE_Q4_K) return group + (size_t)b * (128 + cb);
+    if (bt_gl_kquant(type)) return group + (size_t)b * (128 + cb);
     return bt_gl_fp16_min(type) ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
 }
 
-/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1 and Q5_1); Q4_K keeps fp32 d and m at bt_gl_unit instead. */
+/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1 and Q5_1); Q4_K keeps fp32 d and m at bt_gl_unit instead, Q6_K the
+ * fp32 d of its two 16-element halves. */
 BT_GL_AI const uint16_t *bt_gl_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
     return (const uint16_t *)(bt_gl_unit(group, b, type, cb) + (bt_gl_fp16_min(type) ? 0 : 32 * (b & 1)));
@@ -44,7 +52,7 @@ BT_GL_AI const uint16_t *bt_gl_scales(const uint8_t *group, int64_t b, const int
 /* Block b's code vectors. */
 BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
-    if (type == BT_TYPE_Q4_K) return bt_gl_unit(group, b, type, cb) + 128;
+    if (bt_gl_kquant(type)) return bt_gl_unit(group, b, type, cb) + 128;
     return bt_gl_unit(group, b, type, cb) + 64 + (bt_gl_fp16_min(type) ? 0 : cb * (size_t)(b & 1));
 }
 
@@ -52,6 +60,7 @@ BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int t
 BT_GL_AI int bt_gl_block_share(const int type)
 {
     return type == BT_TYPE_Q4_K   ? 384
+           : type == BT_TYPE_Q6_K ? 640
            : type == BT_TYPE_Q4_1 ? 320
            : type == BT_TYPE_Q4_0 ? 288
            : type == BT_TYPE_Q5_1 ? 576
@@ -68,19 +77,19 @@ BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type)
     for (int i = 0; i < per; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
-/* 16-bit activations of block b of row r: the row's own block, or for Q4_K sub-block b % 8 of its K-quant
+/* 16-bit activations of block b of row r: the row's own block, or for Q4_K and Q6_K sub-block b % 8 of its K-quant
  * super-block (bt_block_q16_256). */
 BT_GL_AI const int16_t *bt_gl_act16_qs(const void *act, size_t stride, int r, int64_t b, const int type)
 {
-    if (type == BT_TYPE_Q4_K)
+    if (bt_gl_kquant(type))
         return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3))->qs + 32 * (b & 7);
     return BT_GL_ACT16(act, stride, r, b)->qs;
 }
 
-/* That block's d and d * sum (for Q4_K: the super-block's d times the sub-block's two bsums). */
+/* That block's d and d * sum (for Q4_K and Q6_K: the super-block's d times the sub-block's two bsums). */
 BT_GL_AI void bt_gl_act16_scales(const void *act, size_t stride, int r, int64_t b, const int type, float *d, float *ds)
 {
-    if (type == BT_TYPE_Q4_K) {
+    if (bt_gl_kquant(type)) {
         const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
         const int s = (int)(b & 7);
         *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);

@@ -25,7 +25,7 @@ AI void load_h16(const uint16_t *p, float32x4_t v[4])
 AI void block_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, float32x4_t d[4],
                      float32x4_t m[4])
 {
-    if (type == BT_TYPE_Q4_K) {
+    if (bt_gl_kquant(type)) { /* Q4_K: d and m; Q6_K: the two halves' d */
         const float *f = (const float *)bt_gl_unit(group, b, type, cb);
         for (int i = 0; i < 4; i++) d[i] = vld1q_f32(f + 4 * i), m[i] = vld1q_f32(f + 16 + 4 * i);
         return;
@@ -134,7 +134,7 @@ AI int decode16(const uint8_t *codes, const int type, int16x8_t c[32][2])
     if (bt_gl_byte_codes(type)) { /* vector k (32 bytes): word j = elements 2k, 2k + 1 of row j */
         for (int k = 0; k < 16; k++) {
             uint8x16x2_t v = vld2q_u8(codes + 32 * k);
-            if (type == BT_TYPE_Q8_0) {
+            if (type != BT_TYPE_Q5_1) { /* Q8_0, Q6_K: signed codes */
                 widen16_signed(v.val[0], c[2 * k]);
                 widen16_signed(v.val[1], c[2 * k + 1]);
             } else {
@@ -175,9 +175,11 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
             const int16_t *qs = bt_gl_act16_qs(act, act_stride, r, b, type);
             float ad, ads;
             bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
-            int32x4_t s[4];
+            int32x4_t s[4], half0[4];
             for (int i = 0; i < 4; i++) s[i] = vdupq_n_s32(0);
             for (int e8 = 0; e8 < 32; e8 += 8) {
+                if (type == BT_TYPE_Q6_K && e8 == 16) /* Q6_K: elements 0..15 have their own d */
+                    for (int i = 0; i < 4; i++) half0[i] = s[i], s[i] = vdupq_n_s32(0);
                 const int16x8_t a = vld1q_s16(qs + e8);
 #define BT_NEON_MAC16(L)                                                                                       \
     s[0] = vmlal_laneq_s16(s[0], vget_low_s16(c[e8 + L][0]), a, L);                                           \
@@ -192,6 +194,13 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
                 /* the block's activation sum: a->sum for legacy blocks (Q4_0 is never Q4_K) */
                 const int32x4_t o = vdupq_n_s32(off * BT_GL_ACT16(act, act_stride, r, b)->sum);
                 for (int i = 0; i < 4; i++) s[i] = vsubq_s32(s[i], o);
+            }
+            if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
+                for (int i = 0; i < 4; i++) {
+                    acc[r][i] = vfmaq_f32(acc[r][i], vcvtq_f32_s32(half0[i]), vmulq_f32(d[i], vdupq_n_f32(ad)));
+                    acc[r][i] = vfmaq_f32(acc[r][i], vcvtq_f32_s32(s[i]), vmulq_f32(m[i], vdupq_n_f32(ad)));
+                }
+                continue;
             }
             block_accumulate(acc[r], s, d, m, ad, ads, mins);
         }
@@ -211,3 +220,4 @@ NEON_GEMM(q4_1_q16, gemm16, BT_TYPE_Q4_1)
 NEON_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)
 NEON_GEMM(q5_1_q16, gemm16, BT_TYPE_Q5_1)
 NEON_GEMM(q4_k_q16, gemm16, BT_TYPE_Q4_K)
+NEON_GEMM(q6_k_q16, gemm16, BT_TYPE_Q6_K)

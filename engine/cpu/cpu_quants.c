@@ -659,3 +659,36 @@ void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y)
             for (int l = 0; l < 32; l++) y[b].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
     }
 }
+
+void bt_cpu_quantize_row_q6_k(int64_t n, const float *x, bt_block_q6_k *y)
+{
+    for (int64_t b = 0; b < n / BT_QK_K; b++, x += BT_QK_K) {
+        float sub[16], big = 0;
+        for (int k = 0; k < 16; k++) {
+            float amax = 0;
+            for (int i = 0; i < 16; i++) amax = fabsf(x[16 * k + i]) > amax ? fabsf(x[16 * k + i]) : amax;
+            sub[k] = amax / 31.0f; /* levels -32..31: 31 steps on the positive side */
+            big = sub[k] > big ? sub[k] : big;
+        }
+        y[b].d = bt_f32_to_fp16(big / 127.0f);
+        float d = bt_fp16_to_f32(y[b].d);
+        uint8_t q[BT_QK_K];
+        for (int k = 0; k < 16; k++) {
+            long sc = d > 0 ? lrintf(sub[k] / d) : 0;
+            y[b].scales[k] = (int8_t)(sc > 127 ? 127 : sc);
+            float es = d * (float)y[b].scales[k];
+            for (int i = 0; i < 16; i++) {
+                long v = es > 0 ? lrintf(x[16 * k + i] / es) : 0;
+                q[16 * k + i] = (uint8_t)((v < -32 ? -32 : v > 31 ? 31 : v) + 32);
+            }
+        }
+        /* the inverse of q6k_value: low 4 bits in ql, high 2 in qh */
+        memset(y[b].ql, 0, sizeof y[b].ql);
+        memset(y[b].qh, 0, sizeof y[b].qh);
+        for (int e = 0; e < BT_QK_K; e++) {
+            int h = e / 128, sub_i = (e % 128) / 32, l = e % 32;
+            y[b].ql[64 * h + 32 * (sub_i & 1) + l] |= (uint8_t)((q[e] & 15) << (4 * (sub_i >> 1)));
+            y[b].qh[32 * h + l] |= (uint8_t)((q[e] >> 4) << (2 * sub_i));
+        }
+    }
+}

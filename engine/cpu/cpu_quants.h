@@ -103,6 +103,10 @@ void bt_cpu_quantize_row_q5_0(int64_t n, const float *x, bt_block_q5_0 *y);
 /* Quantizes n floats (n % 32 == 0) to Q5_1: per block m = min and d = (max - min) / 31 in fp16, then each code the
  * nearest q in [0, 31] of d * q + m under those rounded values. NaN inputs give unspecified codes. */
 void bt_cpu_quantize_row_q5_1(int64_t n, const float *x, bt_block_q5_1 *y);
+/* Quantizes n floats (n % 256 == 0) to Q6_K: per 16-element sub-block s = max |x| / 31, stored as an int8 multiple
+ * of the super-block's fp16 d = max s / 127, then each value the nearest level q - 32 (q in [0, 63]) under the
+ * stored scale. A plain max fit, not llama.cpp's search. NaN inputs give unspecified codes. */
+void bt_cpu_quantize_row_q6_k(int64_t n, const float *x, bt_block_q6_k *y);
 
 /* Scalar reference activation quantizers: d = max|x| / 127, qs = round-half-even(x * (1 / d)). x must be finite
  * (a NaN or infinity gives unspecified codes, and different ISAs may then disagree). */
