@@ -22,7 +22,7 @@ static void model_usage(FILE *out)
             "                                          write the model's layers 0..N (inclusive) as a model of their\n"
             "                                          own: a draft for speculative decoding (--spec draft:FILE;\n"
             "                                          --spec self:N+1 does the same without a file)\n"
-            "       baton model quantize [PATH] --type q4_k|q5_0|q5_1|q6_k --out FILE\n"
+            "       baton model quantize [PATH] --type q4_k|q5_k|q5_0|q5_1|q6_k --out FILE\n"
             "                                          write the model with every matrix requantized to Q4_K (rows\n"
             "                                          a multiple of 256), Q5_0 or Q5_1 (a multiple of 32): files of\n"
             "                                          those types to test and measure with\n"
@@ -229,7 +229,7 @@ static int model_slice(const char *path, const char *layers, const char *out)
 /* `model quantize`: each matrix (2-D ".weight" tensor with rows a multiple of the type's block) rewritten as Q4_K
  * or Q5_0. */
 typedef struct quant_job {
-    uint32_t type; /* BT_TYPE_Q4_K, BT_TYPE_Q5_0, BT_TYPE_Q5_1 or BT_TYPE_Q6_K */
+    uint32_t type; /* BT_TYPE_Q4_K, BT_TYPE_Q5_K, BT_TYPE_Q5_0, BT_TYPE_Q5_1 or BT_TYPE_Q6_K */
     uint64_t done, total;
     void *buf;   /* the current tensor's new bytes */
     float *row;  /* one dequantized row */
@@ -267,6 +267,7 @@ static bt_status quantize_tensor(void *ud, const gguf_tensor *t, gguf_tensor_out
             return bt_fail(BT_ERR_UNSUPPORTED, "cannot dequantize %s rows", bt_ggml_type_name(t->type));
         void *dst = (uint8_t *)q->buf + (size_t)o * dst_row;
         if (q->type == BT_TYPE_Q4_K) bt_cpu_quantize_row_q4_k(n_in, q->row, dst);
+        else if (q->type == BT_TYPE_Q5_K) bt_cpu_quantize_row_q5_k(n_in, q->row, dst);
         else if (q->type == BT_TYPE_Q5_0) bt_cpu_quantize_row_q5_0(n_in, q->row, dst);
         else if (q->type == BT_TYPE_Q6_K) bt_cpu_quantize_row_q6_k(n_in, q->row, dst);
         else bt_cpu_quantize_row_q5_1(n_in, q->row, dst);
@@ -283,18 +284,19 @@ static const struct {
     const char *suffix;
     int file_type;
 } quant_types[] = {{"q4_k", BT_TYPE_Q4_K, " (Q4_K)", 14 /* MOSTLY_Q4_K_S */},
+                   {"q5_k", BT_TYPE_Q5_K, " (Q5_K)", 16 /* MOSTLY_Q5_K_S */},
                    {"q5_0", BT_TYPE_Q5_0, " (Q5_0)", 8 /* MOSTLY_Q5_0 */},
                    {"q5_1", BT_TYPE_Q5_1, " (Q5_1)", 9 /* MOSTLY_Q5_1 */},
                    {"q6_k", BT_TYPE_Q6_K, " (Q6_K)", 18 /* MOSTLY_Q6_K */}};
 
-/* `model quantize PATH --type q4_k|q5_0|q5_1|q6_k --out FILE`. */
+/* `model quantize PATH --type q4_k|q5_k|q5_0|q5_1|q6_k --out FILE`. */
 static int model_quantize(const char *path, const char *type, const char *out)
 {
     int k = -1;
     for (int i = 0; type && i < (int)(sizeof quant_types / sizeof *quant_types); i++)
         if (!strcmp(type, quant_types[i].name)) k = i;
     if (!out || k < 0) {
-        fprintf(stderr, "baton model quantize: give --type q4_k|q5_0|q5_1|q6_k and --out FILE%s%s%s\n",
+        fprintf(stderr, "baton model quantize: give --type q4_k|q5_k|q5_0|q5_1|q6_k and --out FILE%s%s%s\n",
                 type ? " (not '" : "", type ? type : "", type ? "')" : "");
         return 2;
     }

@@ -126,7 +126,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0;
     const __m256i m4 = _mm256_set1_epi32(0x000f000f);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
@@ -251,3 +251,4 @@ BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
 BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
 BT_CPU_GEMM_DECL(avx2, q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1) }
 BT_CPU_GEMM_DECL(avx2, q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K) }
+BT_CPU_GEMM_DECL(avx2, q5_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_K) }

@@ -154,7 +154,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi32(0x000f000f);
     __m512 acc[BT_CPU_GEMM_NR];
@@ -242,4 +242,5 @@ GEMM(q8_0, BT_TYPE_Q8_0)
 GEMM(q5_1, BT_TYPE_Q5_1)
 BT_CPU_GEMM_DECL(avx512, q4_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q4_K) }
 BT_CPU_GEMM_DECL(avx512, q6_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q6_K) }
+BT_CPU_GEMM_DECL(avx512, q5_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q5_K) }
 

@@ -27,6 +27,8 @@
  * Q8_0 kernels run it (bt_cpu_pack_layout).
  *   Q5_1:       unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as Q8_0's
  *               for the same precision (8-bit: without the 0x80 flip, since they are already valid u8 operands).
+ *   Q5_K:       as Q4_K (fp32 d and m per 32-element sub-block, 16-bit activations only, K-quant activations), with
+ *               its codes (0..31) as bytes arranged as Q5_1's 16-bit layout: [d: 16 fp32][m: 16 fp32] [codes: 512].
  *   Q6_K:       unit = 1 block (a 32-element slice of a super-block), 16-bit activations only: [d0: 16 fp32][d1: 16
  *               fp32] [codes: 512 bytes], d0 and d1 = d_super * scale of the slice's two 16-element sub-blocks (exact
  *               in fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
@@ -56,6 +58,7 @@ uint32_t bt_cpu_pack_layout(uint32_t t)
     case BT_TYPE_Q4_K:
     case BT_TYPE_Q8_0:
     case BT_TYPE_Q5_1:
+    case BT_TYPE_Q5_K:
     case BT_TYPE_Q6_K: return t;
     case BT_TYPE_Q5_0: return BT_TYPE_Q8_0;
     default: return BT_TYPE_COUNT;
@@ -71,6 +74,7 @@ static size_t code_bytes(uint32_t t)
     case BT_TYPE_Q4_K: return 4 * 64;
     case BT_TYPE_Q8_0:
     case BT_TYPE_Q5_1:
+    case BT_TYPE_Q5_K:
     case BT_TYPE_Q6_K: return 8 * 64;
     default: return 0;
     }
@@ -78,13 +82,13 @@ static size_t code_bytes(uint32_t t)
 
 static int has_min(uint32_t t)
 {
-    return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_1;
+    return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_1 || t == BT_TYPE_Q5_K;
 }
 
 /* K-quant layouts: fp32 scales, one 32-element slice of a 256-element super-block per unit, 16-bit activations */
 static int is_kquant(uint32_t t)
 {
-    return t == BT_TYPE_Q4_K || t == BT_TYPE_Q6_K;
+    return t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_K || t == BT_TYPE_Q6_K;
 }
 
 /* bytes of a unit's scales: 64 (fp16 d, and m or a partner block's d) or, for Q4_K and Q6_K, 128 (fp32 d and m, or
@@ -178,6 +182,19 @@ static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, float *f, uint
         q32[i] = (uint8_t)(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
 }
 
+/* Sub-block s of a Q5_K super-block as row j of a packed Q5_K block: fp32 scale and min as Q4_K's, its 32 codes
+ * (0..31) into q32. */
+static void pack_q5k_block(const bt_block_q5_k *sb, int s, int j, float *f, uint8_t q32[BT_QK])
+{
+    uint8_t sc6, m6;
+    bt_q4k_scale_min(sb->scales, s, &sc6, &m6);
+    f[j] = bt_fp16_to_f32(sb->d) * (float)sc6;
+    f[BT_CPU_PACK_ROWS + j] = -(bt_fp16_to_f32(sb->dmin) * (float)m6);
+    const uint8_t *qs = sb->qs + 32 * (s / 2);
+    const int shift = (s & 1) * 4;
+    for (int l = 0; l < BT_QK; l++) q32[l] = (uint8_t)(((qs[l] >> shift) & 15) | ((sb->qh[l] >> s) & 1) << 4);
+}
+
 /* Slice s (0..7: elements 32 s .. 32 s + 31) of a Q6_K super-block as row j of a packed Q6_K block: the d of its two
  * 16-element sub-blocks into f (d0[16], d1[16]), its values q - 32 into q32. */
 static void pack_q6k_block(const bt_block_q6_k *sb, int s, int j, float *f, int8_t q32[BT_QK])
@@ -230,6 +247,13 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
             pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q32);
             for (int k = 0; k < 4; k++)
                 for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
+            continue;
+        }
+        if (p->wtype == BT_TYPE_Q5_K) {
+            uint8_t q[BT_QK];
+            pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q);
+            uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+            for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
             continue;
         }
         if (p->wtype == BT_TYPE_Q6_K) {
@@ -308,7 +332,7 @@ static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_ou
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
-    if ((t == BT_TYPE_Q4_K || t == BT_TYPE_Q6_K) && norm_bits(act_bits) != 16)
+    if (is_kquant(t) && norm_bits(act_bits) != 16)
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: %s has a packed layout for 16-bit activations only",
                        bt_ggml_type_name(t));
     *bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
@@ -372,7 +396,7 @@ static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int 
 {
     const uint8_t *c = block_codes(p->wtype, group, b) + 4 * (size_t)j;
     /* byte codes (Q5_1's are 0..31, Q6_K's -32..31, 16-bit layout only) */
-    const int bytes = p->wtype == BT_TYPE_Q8_0 || p->wtype == BT_TYPE_Q5_1 || p->wtype == BT_TYPE_Q6_K;
+    const int bytes = code_bytes(p->wtype) == 8 * 64;
     if (bytes && p->act_bits == 16) {
         const uint8_t *c2 = block_codes(p->wtype, group, b) + 2 * (size_t)j;
         for (int k = 0; k < 16; k++) q[2 * k] = (int8_t)c2[32 * k], q[2 * k + 1] = (int8_t)c2[32 * k + 1];
@@ -418,7 +442,7 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                     acc = fmaf((float)i1, f[BT_CPU_PACK_ROWS + j] * a->d, acc);
                     continue;
                 }
-                if (p->wtype == BT_TYPE_Q4_K) { /* K-quant activations: sub-block b % 8 of super-block b / 8 */
+                if (is_kquant(p->wtype)) { /* K-quant activations: sub-block b % 8 of super-block b / 8 */
                     const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + b / 8;
                     const int sb = (int)(b % 8);
                     for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[32 * sb + e];
@@ -436,8 +460,8 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 isum -= (int64_t)off * asum;
                 const uint16_t *sc = block_scales(p->wtype, g, b);
                 const float *f = (const float *)sc; /* Q4_K: fp32 scales */
-                float dw = p->wtype == BT_TYPE_Q4_K ? f[j] : bt_fp16_to_f32(sc[j]);
-                float mw = p->wtype == BT_TYPE_Q4_K ? f[BT_CPU_PACK_ROWS + j] : bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
+                float dw = is_kquant(p->wtype) ? f[j] : bt_fp16_to_f32(sc[j]);
+                float mw = is_kquant(p->wtype) ? f[BT_CPU_PACK_ROWS + j] : bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
                 acc = fmaf((float)isum, dw * ad, acc);
                 if (mins) acc = fmaf(mw, ads, acc);
             }

@@ -21,16 +21,22 @@ BT_GL_AI int bt_gl_fp16_min(const int type)
     return type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1;
 }
 
-/* Layouts whose codes are bytes (Q8_0, Q5_1, Q6_K: 512 code bytes per block), not nibbles. */
+/* Layouts whose codes are bytes (Q8_0, Q5_1, Q5_K, Q6_K: 512 code bytes per block), not nibbles. */
 BT_GL_AI int bt_gl_byte_codes(const int type)
 {
-    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1 || type == BT_TYPE_Q6_K;
+    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1 || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K;
 }
 
-/* K-quant layouts (Q4_K, Q6_K): 128 bytes of fp32 scales per unit, activations in the K-quant format. */
+/* K-quant layouts (Q4_K, Q5_K, Q6_K): 128 bytes of fp32 scales per unit, activations in the K-quant format. */
 BT_GL_AI int bt_gl_kquant(const int type)
 {
-    return type == BT_TYPE_Q4_K || type == BT_TYPE_Q6_K;
+    return type == BT_TYPE_Q4_K || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K;
+}
+
+/* Layouts whose blocks carry a min term (fp16 for Q4_1 and Q5_1, fp32 for Q4_K and Q5_K). */
+BT_GL_AI int bt_gl_has_min(const int type)
+{
+    return bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K || type == BT_TYPE_Q5_K;
 }
 
 /* Block b's unit: Q4_1, Q5_1, Q4_K and Q6_K one block per unit (64 or 128 bytes of scales, then cb code bytes),
@@ -60,7 +66,7 @@ BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int t
 BT_GL_AI int bt_gl_block_share(const int type)
 {
     return type == BT_TYPE_Q4_K   ? 384
-           : type == BT_TYPE_Q6_K ? 640
+           : type == BT_TYPE_Q6_K || type == BT_TYPE_Q5_K ? 640
            : type == BT_TYPE_Q4_1 ? 320
            : type == BT_TYPE_Q4_0 ? 288
            : type == BT_TYPE_Q5_1 ? 576

@@ -50,6 +50,7 @@ BT_CPU_GEMM_DECL(neon, q4_0); BT_CPU_GEMM_DECL(neon, q4_1); BT_CPU_GEMM_DECL(neo
 BT_CPU_GEMM_DECL(neon, q4_0_q16); BT_CPU_GEMM_DECL(neon, q4_1_q16); BT_CPU_GEMM_DECL(neon, q8_0_q16);
 BT_CPU_GEMM_DECL(neon, q5_1_q16); BT_CPU_GEMM_DECL(neon, q4_k_q16); BT_CPU_GEMM_DECL(neon, q6_k_q16);
 BT_CPU_GEMM_DECL(avx2, q6_k_q16); BT_CPU_GEMM_DECL(avx512, q6_k_q16);
+BT_CPU_GEMM_DECL(neon, q5_k_q16); BT_CPU_GEMM_DECL(avx2, q5_k_q16); BT_CPU_GEMM_DECL(avx512, q5_k_q16);
 
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);

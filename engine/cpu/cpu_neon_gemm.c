@@ -134,7 +134,7 @@ AI int decode16(const uint8_t *codes, const int type, int16x8_t c[32][2])
     if (bt_gl_byte_codes(type)) { /* vector k (32 bytes): word j = elements 2k, 2k + 1 of row j */
         for (int k = 0; k < 16; k++) {
             uint8x16x2_t v = vld2q_u8(codes + 32 * k);
-            if (type != BT_TYPE_Q5_1) { /* Q8_0, Q6_K: signed codes */
+            if (type == BT_TYPE_Q8_0 || type == BT_TYPE_Q6_K) { /* signed codes (Q5_1's and Q5_K's are 0..31) */
                 widen16_signed(v.val[0], c[2 * k]);
                 widen16_signed(v.val[1], c[2 * k + 1]);
             } else {
@@ -160,7 +160,7 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
                size_t out_stride, int n_valid, const void *next, const int type)
 {
     const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K;
+    const int mins = bt_gl_has_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
     for (int r = 0; r < nr; r++)
@@ -221,3 +221,4 @@ NEON_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)
 NEON_GEMM(q5_1_q16, gemm16, BT_TYPE_Q5_1)
 NEON_GEMM(q4_k_q16, gemm16, BT_TYPE_Q4_K)
 NEON_GEMM(q6_k_q16, gemm16, BT_TYPE_Q6_K)
+NEON_GEMM(q5_k_q16, gemm16, BT_TYPE_Q5_K)

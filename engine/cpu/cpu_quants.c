@@ -625,38 +625,62 @@ void bt_cpu_quantize_row_q5_1(int64_t n, const float *x, bt_block_q5_1 *y)
     }
 }
 
+/* Q4_K and Q5_K: per 32-element sub-block a min/max fit with `levels` steps (15 or 31), stored as 6-bit multiples of
+ * the super-block's fp16 d and dmin, then each code the nearest level under the stored scale and min. */
+static void fit_qk45(const float *x, int levels, uint16_t *d16, uint16_t *dmin16, uint8_t sc[8], uint8_t m[8],
+                     uint8_t q[BT_QK_K])
+{
+    float scale[8], mins[8], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        float lo = x[32 * j], hi = x[32 * j];
+        for (int i = 1; i < 32; i++) {
+            lo = x[32 * j + i] < lo ? x[32 * j + i] : lo;
+            hi = x[32 * j + i] > hi ? x[32 * j + i] : hi;
+        }
+        if (lo > 0) lo = 0; /* the min only subtracts */
+        scale[j] = (hi - lo) / (float)levels;
+        mins[j] = -lo;
+        max_scale = scale[j] > max_scale ? scale[j] : max_scale;
+        max_min = mins[j] > max_min ? mins[j] : max_min;
+    }
+    *d16 = bt_f32_to_fp16(max_scale / 63.0f);
+    *dmin16 = bt_f32_to_fp16(max_min / 63.0f);
+    float d = bt_fp16_to_f32(*d16), dmin = bt_fp16_to_f32(*dmin16);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = d > 0 ? round_6bit(scale[j] / d) : 0;
+        m[j] = dmin > 0 ? round_6bit(mins[j] / dmin) : 0;
+        float es = d * (float)sc[j], em = dmin * (float)m[j];
+        for (int i = 0; i < 32; i++) {
+            long v = es > 0 ? lrintf((x[32 * j + i] + em) / es) : 0;
+            q[32 * j + i] = (uint8_t)(v < 0 ? 0 : v > levels ? levels : v);
+        }
+    }
+}
+
 void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y)
 {
     for (int64_t b = 0; b < n / BT_QK_K; b++, x += BT_QK_K) {
-        float scale[8], mins[8], max_scale = 0, max_min = 0;
-        for (int j = 0; j < 8; j++) {
-            float lo = x[32 * j], hi = x[32 * j];
-            for (int i = 1; i < 32; i++) {
-                lo = x[32 * j + i] < lo ? x[32 * j + i] : lo;
-                hi = x[32 * j + i] > hi ? x[32 * j + i] : hi;
-            }
-            if (lo > 0) lo = 0; /* the min only subtracts */
-            scale[j] = (hi - lo) / 15.0f;
-            mins[j] = -lo;
-            max_scale = scale[j] > max_scale ? scale[j] : max_scale;
-            max_min = mins[j] > max_min ? mins[j] : max_min;
-        }
-        y[b].d = bt_f32_to_fp16(max_scale / 63.0f);
-        y[b].dmin = bt_f32_to_fp16(max_min / 63.0f);
-        float d = bt_fp16_to_f32(y[b].d), dmin = bt_fp16_to_f32(y[b].dmin);
         uint8_t sc[8], m[8], q[BT_QK_K];
-        for (int j = 0; j < 8; j++) {
-            sc[j] = d > 0 ? round_6bit(scale[j] / d) : 0;
-            m[j] = dmin > 0 ? round_6bit(mins[j] / dmin) : 0;
-            float es = d * (float)sc[j], em = dmin * (float)m[j];
-            for (int i = 0; i < 32; i++) {
-                long v = es > 0 ? lrintf((x[32 * j + i] + em) / es) : 0;
-                q[32 * j + i] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
-            }
-        }
+        fit_qk45(x, 15, &y[b].d, &y[b].dmin, sc, m, q);
         q4k_pack_scales(sc, m, y[b].scales);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) y[b].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+    }
+}
+
+void bt_cpu_quantize_row_q5_k(int64_t n, const float *x, bt_block_q5_k *y)
+{
+    for (int64_t b = 0; b < n / BT_QK_K; b++, x += BT_QK_K) {
+        uint8_t sc[8], m[8], q[BT_QK_K];
+        fit_qk45(x, 31, &y[b].d, &y[b].dmin, sc, m, q);
+        q4k_pack_scales(sc, m, y[b].scales);
+        memset(y[b].qh, 0, sizeof y[b].qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t lo = q[64 * c + l], hi = q[64 * c + 32 + l]; /* sub-blocks 2c and 2c + 1 */
+                y[b].qs[32 * c + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                y[b].qh[l] |= (uint8_t)((lo >> 4) << (2 * c) | (hi >> 4) << (2 * c + 1));
+            }
     }
 }
 

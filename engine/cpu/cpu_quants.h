@@ -97,6 +97,8 @@ int bt_cpu_dequantize_row_ref(uint32_t t, int64_t n, const void *x, float *y);
  * under the stored (rounded) scale and min. A plain min/max fit, not llama.cpp's search: a little more error, the
  * same format. NaN inputs give unspecified codes. */
 void bt_cpu_quantize_row_q4_k(int64_t n, const float *x, bt_block_q4_k *y);
+/* The same fit with 5-bit codes (0..31) for Q5_K. */
+void bt_cpu_quantize_row_q5_k(int64_t n, const float *x, bt_block_q5_k *y);
 /* Quantizes n floats (n % 32 == 0) to Q5_0: per block d = (the value of largest magnitude) / -16 in fp16, then each
  * code the nearest level q in [0, 31] of d * (q - 16) under that rounded d. NaN inputs give unspecified codes. */
 void bt_cpu_quantize_row_q5_0(int64_t n, const float *x, bt_block_q5_0 *y);

@@ -246,13 +246,20 @@ def q6k_model(baton_bin, default_model, tmp_path_factory):
     return requantized(baton_bin, default_model, tmp_path_factory, "q6_k")
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_0", "Q5_1", "Q6_K"])
+@pytest.fixture(scope="module")
+def q5k_model(baton_bin, default_model, tmp_path_factory):
+    """The default model's rows-of-256 matrices requantized to Q5_K: the packed Q5_K layout (byte codes, fp32 d and
+    m per 32-element sub-block)."""
+    return requantized(baton_bin, default_model, tmp_path_factory, "q5_k")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q5_0", "Q5_1", "Q6_K"])
 def test_requantized_model_matches_numpy_oracle(baton_bin, request, qtype, tmp_path):
     """A requantized file against the oracle over gguf-py's own dequantization of its type (so baton's quantizer's
     choices do not matter, only that baton computes with what the file says): same bounds as the default model at
     16 bits."""
-    model = request.getfixturevalue({"Q4_K": "q4k_model", "Q5_0": "q50_model", "Q5_1": "q51_model",
-                                     "Q6_K": "q6k_model"}[qtype])
+    model = request.getfixturevalue({"Q4_K": "q4k_model", "Q5_K": "q5k_model", "Q5_0": "q50_model",
+                                     "Q5_1": "q51_model", "Q6_K": "q6k_model"}[qtype])
     oracle_q = Oracle(model)
     assert any(t.tensor_type.name == qtype for t in GGUFReader(str(model)).tensors)
     total = agree = 0

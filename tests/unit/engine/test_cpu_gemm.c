@@ -11,7 +11,13 @@
 
 /* Q5_0 packs into the Q8_0 layout (bt_cpu_pack_layout) */
 static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K,
-                                        BT_TYPE_Q6_K, BT_TYPE_Q5_0, BT_TYPE_Q5_1};
+                                        BT_TYPE_Q5_K, BT_TYPE_Q6_K, BT_TYPE_Q5_0, BT_TYPE_Q5_1};
+
+/* K-quant layouts take rows of whole 256-element super-blocks */
+static int kquant(uint32_t t)
+{
+    return t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_K || t == BT_TYPE_Q6_K;
+}
 #define N_PACKED ((int)(sizeof packed_types / sizeof packed_types[0]))
 
 static int64_t rand_range(uint64_t *s, int64_t lo, int64_t hi) /* [lo, hi] */
@@ -41,7 +47,7 @@ static void test_gemm_matches_refs(void)
             int bits = k < N_PACKED ? 8 : 16;
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
             for (int rep = 0; rep < 6; rep++) {
-                int64_t n_in = (t == BT_TYPE_Q4_K || t == BT_TYPE_Q6_K) ? 256 * rand_range(&s, 1, 6) : 32 * rand_range(&s, 1, 48), n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 9);
+                int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 6) : 32 * rand_range(&s, 1, 48), n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 9);
                 uint8_t *w = make_weights(t, n_in, n_out, &s);
                 size_t ab = bt_cpu_act_row_bytes(t, bits, n_in), wb = bt_cpu_row_bytes(t, n_in);
                 float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows));
@@ -101,7 +107,7 @@ static void test_gemm_each_width(void)
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
             uint32_t l = bt_cpu_pack_layout(t);
             bt_cpu_gemm_fn gemm = bits == 8 ? ops->gemm8[l] : ops->gemm16[l];
-            int64_t n_in = (t == BT_TYPE_Q4_K || t == BT_TYPE_Q6_K) ? 256 * rand_range(&s, 1, 3) : 32 * rand_range(&s, 1, 20), n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
+            int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 3) : 32 * rand_range(&s, 1, 20), n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
             uint8_t *w = make_weights(t, n_in, n_out, &s);
             size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
             float *x = malloc(sizeof(float) * (size_t)(n_in * BT_CPU_GEMM_NR));
@@ -203,11 +209,13 @@ static void test_pack_checks(void)
             best = bt_cpu_ops_get((bt_cpu_isa)isa);
     CHECK(!bt_cpu_pack_supported(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), BT_TYPE_Q4_1, 16));
     bt_cpu_packed p;
-    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q5_K, 16, 256, 16, "", &p) == BT_ERR_UNSUPPORTED); /* no packed layout */
+    CHECK(bt_cpu_pack(NULL, BT_TYPE_F16, 16, 256, 16, "", &p) == BT_ERR_UNSUPPORTED); /* no packed layout */
     CHECK(bt_cpu_pack(NULL, BT_TYPE_Q4_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q4_K: 16-bit only */
     CHECK(!bt_cpu_pack_supported(bt_cpu_ops_get(BT_CPU_ISA_AVX512), BT_TYPE_Q4_K, 8));
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 128, 16) == 0); /* Q4_K rows come in 256-element super-blocks */
     CHECK(bt_cpu_pack(NULL, BT_TYPE_Q6_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q6_K: 16-bit only */
+    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q5_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q5_K: 16-bit only */
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_K, 16, 512, 20) == 2 * 16 * (128 + 512));       /* 2 groups of 16 blocks */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 128, 16) == 0);
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 256, 16) == 8 * (128 + 512)); /* 8 blocks of fp32 d0, d1 + codes */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 48, 16) == 0);
@@ -237,7 +245,7 @@ static void test_pack_checks(void)
     bt_cpu_packed q;
     CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem + 8, &q) == BT_ERR_INVALID); /* misaligned */
     CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, NULL, &q) == BT_ERR_INVALID);
-    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q5_K, 16, 256, 16, "", mem, &q) == BT_ERR_UNSUPPORTED);
+    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_F16, 16, 256, 16, "", mem, &q) == BT_ERR_UNSUPPORTED);
     REQUIRE(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem, &q) == BT_OK);
     CHECK(q.data == mem && !q.owns_data && p.owns_data);
     CHECK(q.group_bytes == p.group_bytes && !memcmp(mem, p.data, bytes));
