@@ -180,6 +180,11 @@ static bt_status check_batch(const bt_forward *fw, const bt_kv_pool *kv, const b
     for (int32_t i = 0; i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
             return bt_fail(BT_ERR_INVALID, "logit row %d outside the batch", b->logit_rows[i]);
+    if (b->n_hidden < 0 || b->n_hidden > b->n_tokens || (b->n_hidden && (!b->hidden_rows || !b->hidden)))
+        return bt_fail(BT_ERR_INVALID, "%d hidden rows for a batch of %d tokens", b->n_hidden, b->n_tokens);
+    for (int32_t i = 0; i < b->n_hidden; i++)
+        if (b->hidden_rows[i] < 0 || b->hidden_rows[i] >= b->n_tokens)
+            return bt_fail(BT_ERR_INVALID, "hidden row %d outside the batch", b->hidden_rows[i]);
     return BT_OK;
 }
 
@@ -323,7 +328,7 @@ static bt_status lane_body(bt_backend *lane, int i, void *user)
 static int lanes_for(const bt_forward *fw, const bt_batch *b)
 {
     bt_backend *be = fw->be;
-    if (!be->ops->run_lanes || !be->ops->max_lanes || fw->layer_fn || b->n_logits != b->n_tokens)
+    if (!be->ops->run_lanes || !be->ops->max_lanes || fw->layer_fn || b->n_logits != b->n_tokens || b->n_hidden)
         return 0;
     int n = be->ops->max_lanes(be);
     if (n > b->n_seqs / LANE_MIN_SEQS) n = b->n_seqs / LANE_MIN_SEQS;
@@ -360,5 +365,14 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
         return fw->be->ops->run_lanes(fw->be, n_lanes, lane_body, &lc);
     }
     span sp = {.be = fw->be, .t0 = 0, .n = T, .cur = fw->cur, .t_mark = fw->cur ? mono_s() : 0};
-    return run_span(fw, kv, b, logits, &sp, 0, b->n_logits);
+    st = run_span(fw, kv, b, logits, &sp, 0, b->n_logits);
+    if (st || !b->n_hidden) return st;
+    /* the final residual stream of every token is still in x: the output norm of the rows asked for */
+    const bt_hparams *hp = &fw->m->hp;
+    size_t E = (size_t)hp->n_embd;
+    for (int32_t i = 0; i < b->n_hidden; i++)
+        memcpy(fw->tmp + (size_t)i * E, fw->x + (size_t)b->hidden_rows[i] * E, E * 4);
+    fw->be->ops->rmsnorm(fw->be, fw->tmp, fw->m->output_norm.data, b->n_hidden, (int32_t)E, hp->rms_eps, fw->h);
+    fw->be->ops->buf_get(fw->be, b->hidden, fw->h, (size_t)b->n_hidden * E * 4);
+    return BT_OK;
 }

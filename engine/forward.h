@@ -26,6 +26,11 @@ typedef struct bt_batch {
     int32_t n_seqs;
     const int32_t *logit_rows;  /* [n_logits] token indices whose logits are wanted */
     int32_t n_logits;
+    /* Optional (n_hidden 0: none): token indices whose final hidden state (after the output norm, before the output
+     * matrix) is wanted, written to hidden[n_hidden][n_embd] (host memory): embeddings. */
+    const int32_t *hidden_rows;
+    int32_t n_hidden;
+    float *hidden;
 } bt_batch;
 
 typedef struct bt_forward bt_forward;
@@ -45,7 +50,8 @@ int32_t bt_forward_max_tokens(const bt_forward *fw);
  * sequence, each lane running every op of its share on one thread. Bit-identical to running the step whole. */
 int64_t bt_forward_lane_steps(const bt_forward *fw);
 
-/* Runs the batch: writes each token's K/V into kv at its slot, and logits[n_logits][n_vocab] for logit_rows.
+/* Runs the batch: writes each token's K/V into kv at its slot, logits[n_logits][n_vocab] for logit_rows and the
+ * final hidden states of hidden_rows (per row, bit-identical whatever else is in the batch).
  * Every position before a token's own (in its sequence) must already be in kv or earlier in this batch.
  * Errors: BT_ERR_INVALID (too many tokens, token id or position out of range, block table too short, block id
  * outside the pool; nothing is written), BT_ERR_NOMEM, or the backend's error. */

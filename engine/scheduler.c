@@ -1,5 +1,6 @@
 #include "engine/scheduler.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,8 @@ typedef struct sreq {
     int32_t logit_row;       /* row in the step's logits, -1 when none (the first of n_draft + 1 rows) */
     int32_t n_draft;         /* drafts fed after the last token in this step, at tokens[n_tokens...] */
     int32_t draft[BT_SPEC_K_LIMIT];
+    int32_t hidden_row;      /* embedding requests: this step's first row in b_hidden */
+    double *emb_sum;         /* embedding requests: [n_embd] sum of the computed tokens' final hidden states */
     /* speculative decoding */
     void *spec_state;        /* the proposer's, opened at the first draft */
     int spec_open;           /* 0 not yet, 1 open, -1 could not open (no speculation) */
@@ -83,6 +86,8 @@ struct bt_sched {
     float *logits;           /* [max_batch_tokens][n_vocab] */
     float *scratch;          /* [2 * n_vocab] sampler scratch */
     int32_t *b_tokens, *b_pos, *b_seq, *b_rows; /* [max_batch_tokens] */
+    int32_t *b_hidden_rows;  /* [max_batch_tokens] rows of embedding requests */
+    float *b_hidden;         /* [max_batch_tokens][n_embd] their final hidden states */
     bt_seq_view *b_views;    /* [max_running] */
     sreq **b_reqs;           /* [max_running] */
     bt_sched_stats st;       /* engine-thread counters */
@@ -141,6 +146,7 @@ static void req_free(bt_sched *s, sreq *r)
     if (!r) return;
     spec_close(s, r);
     bt_sampler_seq_free(r->sampler);
+    free(r->emb_sum);
     free(r->tokens);
     free(r);
 }
@@ -200,7 +206,9 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     s->b_export = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
     s->b_items = malloc(sizeof(bt_spec_item) * (size_t)cfg.max_running);
     s->b_item_reqs = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
-    if (!s->b_items || !s->b_item_reqs || !s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
+    s->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)B);
+    s->b_hidden = malloc(sizeof(float) * (size_t)B * (size_t)m->hp.n_embd);
+    if (!s->b_hidden_rows || !s->b_hidden || !s->b_items || !s->b_item_reqs || !s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
         !s->b_reqs || !s->b_export)
         goto nomem;
     s->st.kv_blocks_total = s->snap.kv_blocks_total = s->kv->n_blocks;
@@ -332,6 +340,8 @@ void bt_sched_destroy(bt_sched *s)
     free(s->b_export);
     free(s->b_items);
     free(s->b_item_reqs);
+    free(s->b_hidden_rows);
+    free(s->b_hidden);
     bt_forward_destroy(s->fw);
     bt_bm_destroy(s->bm);
     bt_kv_pool_destroy(s->kv);
@@ -364,9 +374,13 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
         if (prompt[i] < 0 || prompt[i] >= s->m->hp.n_vocab)
             return bt_fail(BT_ERR_INVALID, "prompt token %d at position %d is outside the vocabulary (%d)", prompt[i],
                            i, s->m->hp.n_vocab);
-    int32_t max_tokens = p->sampling.max_tokens > 0 ? p->sampling.max_tokens : s->cfg.max_context - n_prompt;
+    if (p->embedding && (p->remote || p->kv_export || p->hold_kv))
+        return bt_fail(BT_ERR_INVALID, "an embedding request takes no remote prefill, KV export or hold_kv");
+    int32_t max_tokens = p->embedding ? 0
+                         : p->sampling.max_tokens > 0 ? p->sampling.max_tokens
+                                                      : s->cfg.max_context - n_prompt;
     int64_t total = (int64_t)n_prompt + max_tokens;
-    if (max_tokens < 1 || total > s->cfg.max_context)
+    if ((max_tokens < 1 && !p->embedding) || total > s->cfg.max_context)
         return bt_fail(BT_ERR_EXHAUSTED, "prompt (%d tokens) + max_tokens (%d) exceeds the context limit of %d",
                        n_prompt, max_tokens, s->cfg.max_context);
     if ((total + BT_KV_BLOCK - 1) / BT_KV_BLOCK > s->kv->n_blocks)
@@ -381,9 +395,15 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
         return bt_fail(BT_ERR_NOMEM, "out of memory queueing a request");
     }
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (p->embedding && !(r->emb_sum = calloc((size_t)s->m->hp.n_embd, sizeof(double)))) {
+        free(r->tokens);
+        free(r);
+        return bt_fail(BT_ERR_NOMEM, "out of memory queueing a request");
+    }
     st = bt_sampler_seq_create(&p->sampling, s->m->hp.n_vocab, prompt, n_prompt, s->eog, s->cfg.n_eog,
                                p->sample_index, &r->sampler);
     if (st) {
+        free(r->emb_sum);
         free(r->tokens);
         free(r);
         return st;
@@ -616,13 +636,14 @@ static void admit(bt_sched *s, int32_t *budget)
     while (s->n_waiting > 0 && *budget > 0 && s->n_running < s->cfg.max_running) {
         sreq *r = s->waiting[0];
         int32_t evictable = 0;
-        int32_t hits = bt_bm_prefix_probe(s->bm, r->tokens, r->n_tokens, &evictable);
+        /* an embedding needs every token's hidden state: it reuses no cached prefix */
+        int32_t hits = r->p.embedding ? 0 : bt_bm_prefix_probe(s->bm, r->tokens, r->n_tokens, &evictable);
         int32_t need = (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK - hits + evictable;
         /* all of the prompt's blocks must fit now, so an admission never forces a preemption by itself */
         if (!bt_bm_can_allocate(s->bm, need)) break;
-        int32_t seq, cached;
+        int32_t seq, cached = 0;
         if (bt_bm_seq_create(s->bm, &seq)) break;
-        if (bt_bm_seq_match_prefix(s->bm, seq, r->tokens, r->n_tokens, &cached)) {
+        if (!r->p.embedding && bt_bm_seq_match_prefix(s->bm, seq, r->tokens, r->n_tokens, &cached)) {
             bt_bm_seq_free(s->bm, seq);
             break;
         }
@@ -896,6 +917,27 @@ static void verify_drafts(bt_sched *s, sreq *r)
         if (accept_token(s, r, toks[i], &so[i])) break;
 }
 
+/* An embedding request's rows of this step: added to its sum in token order (a restart after preemption computes
+ * from position 0 and starts the sum again); after its last prompt token, the normalized mean and the end. */
+static void embed_step(bt_sched *s, sreq *r)
+{
+    const int32_t E = s->m->hp.n_embd;
+    if (r->feed_from == 0) memset(r->emb_sum, 0, sizeof(double) * (size_t)E);
+    for (int32_t k = 0; k < r->feed_n; k++) {
+        const float *h = s->b_hidden + (size_t)(r->hidden_row + k) * (size_t)E;
+        for (int32_t i = 0; i < E; i++) r->emb_sum[i] += h[i];
+    }
+    if (r->feed_from + r->feed_n < r->n_prompt) return;
+    double ss = 0;
+    for (int32_t i = 0; i < E; i++) ss += r->emb_sum[i] * r->emb_sum[i];
+    const double inv = ss > 0 ? 1.0 / sqrt(ss) : 0; /* the mean's 1 / n cancels in the normalization */
+    for (int32_t i = 0; i < E; i++) r->p.embedding[i] = (float)(r->emb_sum[i] * inv);
+    s->st.finished++;
+    s->st.prompt_tokens += (uint64_t)r->n_prompt;
+    emit_end(r, BT_END_STOP, BT_OK);
+    finish_and_free(s, r);
+}
+
 int bt_sched_step(bt_sched *s)
 {
     drain_inbox(s);
@@ -934,7 +976,7 @@ int bt_sched_step(bt_sched *s)
     add_drafts(s, &budget);
 
     /* 3. build the batch */
-    int32_t nt = 0, ns = 0, nl = 0;
+    int32_t nt = 0, ns = 0, nl = 0, nh = 0;
     int decode_only = 1;
     s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
@@ -952,7 +994,10 @@ int bt_sched_step(bt_sched *s)
             s->b_seq[nt] = ns;
             nt++;
         }
-        if (r->n_draft > 0) {
+        if (r->p.embedding) { /* every computed token's final hidden state, no logits */
+            r->hidden_row = nh;
+            for (int32_t k = 0; k < r->feed_n; k++) s->b_hidden_rows[nh++] = nt - r->feed_n + k;
+        } else if (r->n_draft > 0) {
             r->logit_row = nl; /* the last token and every draft: one row each */
             for (int32_t k = r->n_draft; k >= 0; k--) s->b_rows[nl++] = nt - 1 - k;
         } else if (r->feed_from + r->feed_n == r->n_tokens) {
@@ -970,7 +1015,8 @@ int bt_sched_step(bt_sched *s)
         snapshot(s);
         return 0;
     }
-    bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl};
+    bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl, s->b_hidden_rows, nh,
+                  s->b_hidden};
     bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
     double t_run = bt_sched_now();
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
@@ -999,6 +1045,10 @@ int bt_sched_step(bt_sched *s)
             continue;
         }
         bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
+        if (r->p.embedding) {
+            embed_step(s, r);
+            continue;
+        }
         if (r->logit_row < 0) continue;
         if (r->feed_n == 1 && r->n_generated > 0) {
             s->st.decode_seq_steps++;

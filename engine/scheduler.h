@@ -81,6 +81,12 @@ typedef struct bt_req_params {
     int hold_kv;                 /* keep the request's blocks after its last event until bt_sched_release_kv (a
                                   * prefill node's transfer may still read them) */
     int no_spec;                 /* 1: never verify drafts for this request (its output is the same either way) */
+    /* Non-NULL: an embedding request. Its prompt is computed (every token: no prefix-cache reuse) and nothing is
+     * generated; the mean of its tokens' final hidden states (after the output norm), L2-normalized, is written
+     * here (n_embd floats, the caller's, written before the last event) and it ends with BT_END_STOP and no token.
+     * The sum runs in double in token order, so the vector does not depend on chunking or batching. Sampling
+     * settings are ignored except for validation; no remote prefill, KV export or hold_kv. */
+    float *embedding;
 } bt_req_params;
 
 /* Defaults: greedy, max_tokens 16, priority 0, no deadline. */

@@ -119,7 +119,7 @@ static int dm_reserve(dm_ctx *c, dm_seq *d, const int32_t *tokens, int32_t n)
 /* Runs the batch laid out in c->b_* (nt tokens, ns sequences whose views are set) and returns its status. */
 static bt_status dm_run(dm_ctx *c, int32_t nt, int32_t ns, int32_t nl)
 {
-    bt_batch b = {nt, c->b_tokens, c->b_pos, c->b_seq, c->views, ns, c->b_rows, nl};
+    bt_batch b = {nt, c->b_tokens, c->b_pos, c->b_seq, c->views, ns, c->b_rows, nl, NULL, 0, NULL};
     return bt_forward_run(c->fw, c->kv, &b, c->logits);
 }
 

@@ -1,4 +1,5 @@
 /* `baton generate`: run one prompt through the engine and stream the text as it is produced.
+ * `baton embed`: embeddings of texts (the scheduler's embedding requests, batched).
  * `baton logits`: teacher-forced logits of a token id list, for oracle tests. */
 #include <errno.h>
 #include <limits.h>
@@ -425,4 +426,133 @@ usage:
                     "ID...\n");
     free(ids);
     return 2;
+}
+
+static void embed_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: baton embed [--model PATH] [--threads N] [--batch-tokens N] TEXT...\n"
+            "Prints one JSON array per TEXT: the mean of the model's final hidden states (after the output norm)\n"
+            "over the text's tokens, L2-normalized, as /v1/embeddings defines it. Texts are tokenized as raw\n"
+            "prompts (BOS per the model file, special-token text not parsed) and computed together through the\n"
+            "scheduler, in steps of --batch-tokens tokens (default 512); the vectors do not depend on the batching.\n");
+}
+
+typedef struct embed_state {
+    bt_end_reason end;
+    bt_status error;
+} embed_state;
+
+static void embed_emit(void *user, const bt_sched_event *ev)
+{
+    embed_state *e = user;
+    if (ev->finish != BT_END_NONE) e->end = ev->finish, e->error = ev->error;
+}
+
+int cmd_embed(int argc, char **argv)
+{
+    const char *model = NULL;
+    long threads = 0, batch = BT_SCHED_DEFAULT_BATCH_TOKENS;
+    int first_text = argc;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            embed_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (parse_long("--threads", argv[++i], 0, 256, &threads)) return 2;
+        } else if (!strcmp(argv[i], "--batch-tokens") && i + 1 < argc) {
+            if (parse_long("--batch-tokens", argv[++i], 1, 1 << 16, &batch)) return 2;
+        } else if (!strncmp(argv[i], "--", 2)) {
+            fprintf(stderr, "baton embed: unknown option or missing value: '%s'\n", argv[i]);
+            embed_usage(stderr);
+            return 2;
+        } else {
+            first_text = i;
+            break;
+        }
+    }
+    int n = argc - first_text;
+    if (n <= 0) {
+        embed_usage(stderr);
+        return 2;
+    }
+    cli_engine_env env;
+    if (cli_engine_env_read("embed", (int)threads, &env)) return 1;
+    bt_model *m = load_model_or_report("embed", model);
+    if (!m) return 1;
+    int rc = 1;
+    const int32_t E = m->hp.n_embd;
+    tok_tokenizer *tok = NULL;
+    bt_backend *be = NULL;
+    bt_sched *sched = NULL;
+    tok_ids *ids = calloc((size_t)n, sizeof *ids);
+    float *vecs = malloc(sizeof(float) * (size_t)n * (size_t)E);
+    embed_state *st = calloc((size_t)n, sizeof *st);
+    if (!ids || !vecs || !st) {
+        fprintf(stderr, "baton embed: out of memory\n");
+        goto out;
+    }
+    if (tok_create(m->file, &tok)) {
+        fprintf(stderr, "baton embed: %s\n", bt_last_error());
+        goto out;
+    }
+    int32_t ctx = bt_sched_default_context(m), longest = 0;
+    for (int i = 0; i < n; i++) {
+        const char *t = argv[first_text + i];
+        if (tok_encode(tok, t, strlen(t), TOK_ADD_SPECIAL, &ids[i])) {
+            fprintf(stderr, "baton embed: text %d: %s\n", i + 1, bt_last_error());
+            goto out;
+        }
+        if (ids[i].n == 0 || (int64_t)ids[i].n > ctx) {
+            fprintf(stderr, "baton embed: text %d has %zu tokens (1..%d allowed)\n", i + 1, ids[i].n, ctx);
+            goto out;
+        }
+        if ((int32_t)ids[i].n > longest) longest = (int32_t)ids[i].n;
+    }
+    if (bt_backend_cpu_create(&env.cpu, &be)) {
+        fprintf(stderr, "baton embed: %s\n", bt_last_error());
+        goto out;
+    }
+    bt_sched_config sc = {0};
+    sc.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * (size_t)((longest + 15) / 16 + 1) * 4;
+    sc.max_context = ctx;
+    sc.max_batch_tokens = (int32_t)batch;
+    sc.profile = env.profile;
+    if (bt_sched_create(m, be, &sc, &sched)) {
+        fprintf(stderr, "baton embed: %s\n", bt_last_error());
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        bt_req_params rp = bt_req_params_default();
+        rp.embedding = vecs + (size_t)i * (size_t)E;
+        if (bt_sched_submit(sched, ids[i].ids, (int32_t)ids[i].n, &rp, embed_emit, &st[i], NULL)) {
+            fprintf(stderr, "baton embed: text %d: %s\n", i + 1, bt_last_error());
+            goto out;
+        }
+    }
+    while (!bt_sched_idle(sched))
+        if (bt_sched_step(sched) < 0) break;
+    for (int i = 0; i < n; i++) {
+        if (st[i].end != BT_END_STOP) {
+            fprintf(stderr, "baton embed: text %d: %s\n", i + 1,
+                    st[i].end == BT_END_ERROR ? bt_status_str(st[i].error) : "not computed");
+            goto out;
+        }
+        putchar('[');
+        for (int32_t k = 0; k < E; k++) printf("%s%.9g", k ? ", " : "", vecs[(size_t)i * (size_t)E + k]);
+        puts("]");
+    }
+    rc = 0;
+out:
+    bt_sched_destroy(sched);
+    bt_backend_destroy(be);
+    for (int i = 0; ids && i < n; i++) tok_ids_free(&ids[i]);
+    free(ids);
+    free(vecs);
+    free(st);
+    tok_free(tok);
+    bt_model_free(m);
+    return rc;
 }

@@ -9,6 +9,7 @@
     X("tokenize", cmd_tokenize, "text to token ids and back: `tokenize [--model PATH] TEXT`")   \
     X("chat-template", cmd_chat_template, "render a JSON conversation with the model's chat template")     \
     X("generate", cmd_generate, "run a prompt through the engine and stream the text")                 \
+    X("embed", cmd_embed, "embeddings of texts: mean-pooled final hidden states, normalized (JSON lines)")  \
     X("logits", cmd_logits, "teacher-forced logits of token ids to a float32 file (for tests)")         \
     X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")           \
     X("bench-serve", cmd_bench_serve, "open-loop load against a router: TTFT/TPOT/e2e percentiles, goodput")

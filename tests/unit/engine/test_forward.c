@@ -87,7 +87,7 @@ static int run_alone(env *e, seq *s, int32_t chunk)
             sq[i] = 0;
             rows[i] = i;
         }
-        bt_batch b = {n, s->tokens + done, pos, sq, &sv, 1, rows, n};
+        bt_batch b = {n, s->tokens + done, pos, sq, &sv, 1, rows, n, NULL, 0, NULL};
         if (bt_forward_run(e->fw, e->kv, &b, s->logits + (size_t)done * (size_t)V)) return -1;
     }
     return 0;
@@ -121,7 +121,7 @@ static int run_mixed(env *e, seq *ss, int n)
             }
         }
         if (nt == 0) break;
-        bt_batch b = {nt, tok, pos, sq, sv, n, rows, nt};
+        bt_batch b = {nt, tok, pos, sq, sv, n, rows, nt, NULL, 0, NULL};
         if (bt_forward_run(e->fw, e->kv, &b, out)) {
             rc = -1;
             break;
@@ -228,7 +228,7 @@ static void test_lanes(void)
                 tok[i] = lane[i].tokens[pos[i]];
                 sq[i] = rows[i] = i;
             }
-            bt_batch b = {NS, tok, pos, sq, sv, NS, rows, NS};
+            bt_batch b = {NS, tok, pos, sq, sv, NS, rows, NS, NULL, 0, NULL};
             REQUIRE(bt_forward_run(e.fw, e.kv, &b, out) == BT_OK);
             for (int i = 0; i < NS; i++)
                 memcpy(lane[i].logits + (size_t)pos[i] * (size_t)V, out + (size_t)i * (size_t)V, sizeof(float) * (size_t)V);
@@ -289,7 +289,7 @@ static void test_lanes_multi_row(void)
                 }
                 fed[i] += r;
             }
-            bt_batch b = {nt, tok, pos, sq, sv, NS, rows, nt};
+            bt_batch b = {nt, tok, pos, sq, sv, NS, rows, nt, NULL, 0, NULL};
             REQUIRE(bt_forward_run(e.fw, e.kv, &b, out) == BT_OK);
             for (int32_t t = 0; t < nt; t++)
                 memcpy(lane[sq[t]].logits + (size_t)pos[t] * (size_t)V, out + (size_t)t * (size_t)V,
@@ -378,7 +378,7 @@ static void test_bad_batches(void)
     bt_seq_view sv = {table, 2}, bsv = {bad_table, 1};
     int32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, pos[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8}, sq[9] = {0}, rows[1] = {0};
     float logits[256];
-    bt_batch b = {9, tok, pos, sq, &sv, 1, rows, 1};
+    bt_batch b = {9, tok, pos, sq, &sv, 1, rows, 1, NULL, 0, NULL};
     CHECK(bt_forward_run(e.fw, e.kv, &b, logits) == BT_ERR_INVALID); /* more than max_tokens */
     b.n_tokens = 1;
     int32_t big = 256;

@@ -1,11 +1,13 @@
 /* engine/scheduler.c on tiny random models: 64 concurrent sequences equal their solo runs (greedy and seeded
  * sampling), also under preemption; prefix-cache reuse; abort; deadlines; bad requests; blocks all come back. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "engine/backend.h"
 #include "engine/backend_cpu.h"
+#include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
 #include "test_engine_env.h"
@@ -651,6 +653,98 @@ static void test_spec_draft_models(void)
     CHECK(bt_spec_create(&sc, model, backend, 1024, 16, &p) == BT_ERR_INVALID && strstr(bt_last_error(), "2 layers"));
 }
 
+
+/* The reference embedding of a prompt: one forward pass over the whole prompt with every row's hidden state, then
+ * the normalized mean in double, as the scheduler defines it. */
+static void embed_reference(const int32_t *prompt, int32_t n, float *vec)
+{
+    const int32_t E = model->hp.n_embd;
+    bt_kv_pool *kv = NULL;
+    bt_forward *fw = NULL;
+    int32_t nb = (n + BT_KV_BLOCK - 1) / BT_KV_BLOCK, table[64], pos[300], sq[300], rows[300];
+    float *hidden = malloc(sizeof(float) * (size_t)n * (size_t)E), logit_dummy[1];
+    REQUIRE(hidden && nb <= 64 && n <= 300);
+    REQUIRE(bt_kv_pool_create(&model->hp, BT_KV_F16, bt_kv_block_stride(&model->hp, BT_KV_F16) *
+                              (size_t)model->hp.n_layer * (size_t)nb, NULL, &kv) == BT_OK);
+    REQUIRE(bt_forward_create(model, backend, n, 0, &fw) == BT_OK);
+    for (int32_t i = 0; i < nb; i++) table[i] = i;
+    for (int32_t i = 0; i < n; i++) pos[i] = i, sq[i] = 0, rows[i] = i;
+    bt_seq_view sv = {table, nb};
+    bt_batch b = {n, prompt, pos, sq, &sv, 1, rows, 0, rows, n, hidden};
+    REQUIRE(bt_forward_run(fw, kv, &b, logit_dummy) == BT_OK);
+    double sum[1024] = {0}, ss = 0;
+    REQUIRE(E <= 1024);
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t i = 0; i < E; i++) sum[i] += hidden[(size_t)t * (size_t)E + i];
+    for (int32_t i = 0; i < E; i++) ss += sum[i] * sum[i];
+    for (int32_t i = 0; i < E; i++) vec[i] = (float)(sum[i] / sqrt(ss));
+    bt_forward_destroy(fw);
+    bt_kv_pool_destroy(kv);
+    free(hidden);
+}
+
+/* Embedding requests: the vector equals the one-pass reference bit for bit whatever the chunking (a token budget
+ * of 7) and alongside generating requests and other embeddings; no tokens, one STOP event; a generating request
+ * beside them is unaffected; the prefix cache is not used by them; every block comes back. */
+static void test_embeddings(void)
+{
+    enum { N = 6 };
+    const int32_t E = model->hp.n_embd;
+    job jobs[N];
+    make_jobs(jobs, N);
+    float want[N][256], got[N][256];
+    REQUIRE(E <= 256);
+    for (int i = 0; i < N; i++) embed_reference(jobs[i].prompt, jobs[i].n_prompt, want[i]);
+    out gen_alone = {0}, gen_mixed = {0};
+    {
+        bt_sched *s = make_sched(256, 64);
+        REQUIRE(s);
+        REQUIRE(bt_sched_submit(s, jobs[0].prompt, jobs[0].n_prompt, &jobs[0].p, collect, &gen_alone, NULL) == BT_OK);
+        run_until_idle(s);
+        bt_sched_destroy(s);
+    }
+    for (int budget = 7; budget <= 512; budget += 505) {
+        bt_sched *s = make_sched(256, budget);
+        REQUIRE(s);
+        out o[N];
+        memset(o, 0, sizeof o);
+        memset(got, 0, sizeof got);
+        memset(&gen_mixed, 0, sizeof gen_mixed);
+        REQUIRE(bt_sched_submit(s, jobs[0].prompt, jobs[0].n_prompt, &jobs[0].p, collect, &gen_mixed, NULL) == BT_OK);
+        for (int i = 0; i < N; i++) {
+            bt_req_params p = bt_req_params_default();
+            p.embedding = got[i];
+            REQUIRE(bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &p, collect, &o[i], NULL) == BT_OK);
+        }
+        run_until_idle(s);
+        for (int i = 0; i < N; i++) {
+            CHECK_MSG(o[i].finish == BT_END_STOP && o[i].n == 0 && o[i].events_after_finish == 0,
+                      "budget %d embedding %d: finish %d, %d tokens", budget, i, o[i].finish, o[i].n);
+            CHECK_MSG(o[i].n_cached == 0, "embedding %d reused %d cached tokens", i, o[i].n_cached);
+            CHECK_MSG(!memcmp(got[i], want[i], sizeof(float) * (size_t)E), "budget %d: embedding %d differs from "
+                      "the one-pass reference", budget, i);
+            double ss = 0;
+            for (int32_t k = 0; k < E; k++) ss += (double)got[i][k] * got[i][k];
+            CHECK(ss > 0.999 && ss < 1.001);
+        }
+        CHECK(gen_mixed.n == gen_alone.n && !memcmp(gen_mixed.tokens, gen_alone.tokens, sizeof(int32_t) * (size_t)gen_alone.n));
+        CHECK(bt_sched_check(s) == BT_OK);
+        bt_sched_stats st;
+        bt_sched_get_stats(s, &st);
+        CHECK(st.kv_blocks_used == 0 && st.running == 0);
+        bt_sched_destroy(s);
+    }
+    /* what an embedding cannot take */
+    bt_sched *s = make_sched(64, 64);
+    REQUIRE(s);
+    bt_req_params p = bt_req_params_default();
+    float v[256];
+    p.embedding = v;
+    p.hold_kv = 1;
+    CHECK(bt_sched_submit(s, jobs[0].prompt, jobs[0].n_prompt, &p, collect, &gen_alone, NULL) == BT_ERR_INVALID);
+    bt_sched_destroy(s);
+}
+
 int main(void)
 {
     char *path = model_path;
@@ -668,6 +762,7 @@ int main(void)
     RUN(test_engine_thread);
     RUN(test_spec_equal_plain);
     RUN(test_spec_draft_models);
+    RUN(test_embeddings);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();
