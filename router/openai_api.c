@@ -223,16 +223,40 @@ static size_t placeholder_at(const char *s, const char *end, size_t n_msgs, size
     return i + 1;
 }
 
-/* Content as the template places it: llama3 and gemma trim it (Jinja's |trim). */
+static int ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Content as the template places it: llama3 and gemma trim it (Jinja's |trim). A Jinja template may trim it or
+ * not, so its placeholder carries the content's outer whitespace (placeholder_text) and the span is the rest. */
 static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p, size_t *len)
 {
-    const char *s = c->content, *e = c->content + c->content_len;
-    if (m->tmpl.kind == CHAT_TMPL_LLAMA3 || m->tmpl.kind == CHAT_TMPL_GEMMA) {
-        while (s < e && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) s++;
-        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
+    const char *s = c->content ? c->content : "", *e = s + (c->content ? c->content_len : 0);
+    if (m->tmpl.kind == CHAT_TMPL_LLAMA3 || m->tmpl.kind == CHAT_TMPL_GEMMA || m->tmpl.kind == CHAT_TMPL_JINJA) {
+        while (s < e && ascii_space(*s)) s++;
+        while (e > s && ascii_space(e[-1])) e--;
     }
     *p = s;
     *len = (size_t)(e - s);
+}
+
+/* "\x1f<i>\x1f", for a Jinja template between the content's leading and trailing whitespace (see content_span). */
+static bt_status placeholder_text(const rtr_model_t *m, const chat_msg *c, size_t i, char **out)
+{
+    const char *s = c->content ? c->content : "", *e = s + (c->content ? c->content_len : 0), *a = s, *b = e;
+    if (m->tmpl.kind == CHAT_TMPL_JINJA) {
+        while (a < e && ascii_space(*a)) a++;
+        while (b > a && ascii_space(b[-1])) b--;
+    } else {
+        a = b = s;
+    }
+    size_t lead = (size_t)(a - s), trail = (size_t)(e - b);
+    char *t = malloc(lead + trail + 32);
+    if (!t) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    memcpy(t, s, lead);
+    int k = snprintf(t + lead, 32, "%c%zu%c", PH_MARK, i, PH_MARK);
+    memcpy(t + lead + (size_t)k, b, trail);
+    t[lead + (size_t)k + trail] = 0;
+    *out = t;
+    return BT_OK;
 }
 
 /* Renders msgs with placeholder contents, then encodes the template's text with its special markers and each
@@ -240,7 +264,7 @@ static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p
 static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
 {
     chat_msg *ph = calloc(n, sizeof *ph);
-    char (*txt)[24] = calloc(n, sizeof *txt);
+    char **txt = calloc(n, sizeof *txt);
     char *skel = NULL;
     size_t len = 0;
     bt_status st = BT_OK;
@@ -249,8 +273,8 @@ static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, siz
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        int k = snprintf(txt[i], sizeof txt[i], "%c%zu%c", PH_MARK, i, PH_MARK);
-        ph[i] = (chat_msg){msgs[i].role, txt[i], (size_t)k};
+        if ((st = placeholder_text(m, &msgs[i], i, &txt[i]))) goto out;
+        ph[i] = (chat_msg){msgs[i].role, txt[i], strlen(txt[i]), msgs[i].extra_json};
     }
     if ((st = chat_tmpl_render(&m->tmpl, ph, n, 1, &skel, &len))) goto out;
     const char *s = skel, *end = skel + len, *run = skel;
@@ -272,6 +296,7 @@ static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, siz
     if (!st && end > run) st = tok_encode(m->tok, run, (size_t)(end - run), TOK_PARSE_SPECIAL, out);
 out:
     free(skel);
+    for (size_t i = 0; txt && i < n; i++) free(txt[i]);
     free(txt);
     free(ph);
     return st;
@@ -290,7 +315,7 @@ bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, 
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0};
+    for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0, msgs[i].extra_json};
     st = chat_tmpl_render(&m->tmpl, empty, n, 1, &skel, &slen);
     free(empty);
     if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) goto out;
@@ -356,6 +381,31 @@ static bt_status check_tool_fields(const cJSON *msg, const char *role, int idx, 
     return BT_OK;
 }
 
+/* The message's fields besides role and content (tool_call_id, name, tool_calls, ...) as JSON text for the chat
+ * template, which sees them as plain data; *out stays NULL when there are none. */
+static bt_status message_extra(const cJSON *msg, char **out)
+{
+    *out = NULL;
+    int other = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, msg) other |= strcmp(f->string, "role") && strcmp(f->string, "content");
+    if (!other) return BT_OK;
+    cJSON *copy = cJSON_CreateObject();
+    if (!copy) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    cJSON_ArrayForEach(f, msg) {
+        if (!strcmp(f->string, "role") || !strcmp(f->string, "content")) continue;
+        cJSON *d = cJSON_Duplicate(f, 1);
+        if (!d || !cJSON_AddItemToObject(copy, f->string, d)) {
+            cJSON_Delete(d);
+            cJSON_Delete(copy);
+            return bt_fail(BT_ERR_NOMEM, "out of memory");
+        }
+    }
+    *out = cJSON_PrintUnformatted(copy);
+    cJSON_Delete(copy);
+    return *out ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");
@@ -373,8 +423,8 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
     bt_status st = check_prompt_bytes(m, total, http_status);
     if (st) return st;
     chat_msg *cm = calloc((size_t)n, sizeof *cm);
-    char **contents = calloc((size_t)n, sizeof *contents);
-    if (!cm || !contents) {
+    char **contents = calloc((size_t)n, sizeof *contents), **extras = calloc((size_t)n, sizeof *extras);
+    if (!cm || !contents || !extras) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -405,7 +455,8 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             st = bt_fail(BT_ERR_INVALID, "'messages[%d].content' is not valid UTF-8", i);
             goto out;
         }
-        cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i])};
+        if ((st = message_extra(e, &extras[i]))) goto out;
+        cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i]), extras[i]};
         i++;
     }
     tok_ids ids = {0};
@@ -418,7 +469,9 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
     g->n_prompt = ids.n;
 out:
     for (int k = 0; contents && k < n; k++) free(contents[k]);
+    for (int k = 0; extras && k < n; k++) free(extras[k]);
     free(contents);
+    free(extras);
     free(cm);
     return st;
 }

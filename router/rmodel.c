@@ -43,6 +43,7 @@ bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *out)
     if ((st = tok_create(f, &m.tok))) goto fail;
     if (chat_tmpl_init_gguf(&m.tmpl, f, NULL) == BT_OK) {
         m.has_tmpl = 1;
+        BT_INFO("router", "chat template of %s: %s", path, m.tmpl.why);
     } else {
         BT_WARN("router", "no usable chat template in %s (%s): chat requests will be refused", path, bt_last_error());
     }

@@ -240,8 +240,8 @@ int cmd_generate(int argc, char **argv)
         have_tmpl = 1;
         chat_msg msgs[2];
         size_t n = 0;
-        if (o.system) msgs[n++] = (chat_msg){"system", o.system, strlen(o.system)};
-        msgs[n++] = (chat_msg){"user", o.chat, strlen(o.chat)};
+        if (o.system) msgs[n++] = (chat_msg){"system", o.system, strlen(o.system), NULL};
+        msgs[n++] = (chat_msg){"user", o.chat, strlen(o.chat), NULL};
         if (chat_tmpl_render(&tmpl, msgs, n, 1, &text, &text_len)) {
             fprintf(stderr, "baton generate: %s\n", bt_last_error());
             goto out;

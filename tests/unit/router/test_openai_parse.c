@@ -164,7 +164,7 @@ static void test_special_tokens_in_content(void)
     const char *json = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                        "{\"role\":\"user\",\"content\":\" What is 2+2?\\n\"}]}";
     REQUIRE(parse(RTR_API_CHAT, json, &g, &status) == BT_OK);
-    chat_msg cm[2] = {{"system", "Be brief.", 9}, {"user", " What is 2+2?\n", 14}};
+    chat_msg cm[2] = {{"system", "Be brief.", 9, NULL}, {"user", " What is 2+2?\n", 14, NULL}};
     char *r = NULL;
     REQUIRE(chat_tmpl_render(&model.tmpl, cm, 2, 1, &r, &len) == BT_OK);
     tok_ids want = {0};
