@@ -221,6 +221,8 @@ typedef struct jerr {
 } jerr;
 
 static _Noreturn void fail_at(jerr *e, bt_status st, uint32_t line, uint32_t col, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+static _Noreturn void fail_at(jerr *e, bt_status st, uint32_t line, uint32_t col, const char *fmt, va_list ap)
 {
     int k = snprintf(e->msg, sizeof e->msg, "line %u:%u: ", line, col);
     if (k < 0) k = 0;
@@ -253,6 +255,7 @@ typedef struct jlex {
     uint32_t depth; /* parser recursion */
 } jlex;
 
+static _Noreturn void lex_fail(jlex *L, size_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static _Noreturn void lex_fail(jlex *L, size_t at, const char *fmt, ...)
 {
     uint32_t line = 1, col = 1;
@@ -602,6 +605,7 @@ typedef struct jparse {
 
 static const jtok *cur(jparse *P) { return &P->L->toks[P->at]; }
 
+static _Noreturn void parse_fail(jparse *P, const jtok *t, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static _Noreturn void parse_fail(jparse *P, const jtok *t, const char *fmt, ...)
 {
     va_list ap;
@@ -1643,7 +1647,7 @@ static void write_repr(jctx *C, sbuf *b, jv v)
         sb_put(C, b, &q, 1);
         for (size_t i = 0; i < v.s.n; i++) {
             unsigned char c = (unsigned char)v.s.p[i];
-            char esc[8];
+            char esc[16];
             if (c == '\\' || c == (unsigned char)q) {
                 esc[0] = '\\';
                 esc[1] = (char)c;
@@ -1654,11 +1658,31 @@ static void write_repr(jctx *C, sbuf *b, jv v)
                 sb_puts(C, b, "\\r");
             } else if (c == '\t') {
                 sb_puts(C, b, "\\t");
-            } else if (c < 0x20 || c == 0x7F) {
-                snprintf(esc, sizeof esc, "\\x%02x", c);
-                sb_puts(C, b, esc);
+            } else if (c < 0x80) {
+                if (c < 0x20 || c == 0x7F) {
+                    snprintf(esc, sizeof esc, "\\x%02x", c);
+                    sb_puts(C, b, esc);
+                } else {
+                    sb_put(C, b, (const char *)&v.s.p[i], 1);
+                }
             } else {
-                sb_put(C, b, (const char *)&v.s.p[i], 1);
+                /* Python's repr escapes what str.isprintable() rejects: controls, format, separators, unassigned */
+                uint32_t cp;
+                int ok;
+                size_t l = uni_utf8_decode((const uint8_t *)v.s.p + i, v.s.n - i, &cp, &ok);
+                if (!l) l = 1;
+                uni_cat cat = ok ? uni_category(cp) : UNI_CN;
+                if (!ok || cat == UNI_CN || cat == UNI_CC || cat == UNI_CF || cat == UNI_CS || cat == UNI_CO ||
+                    cat == UNI_ZS || cat == UNI_ZL || cat == UNI_ZP) {
+                    if (!ok) cp = 0xDC00 + (uint8_t)v.s.p[i]; /* surrogateescape, as the bytes were decoded */
+                    snprintf(esc, sizeof esc, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x",
+                             (unsigned)cp);
+                    if (!ok) l = 1;
+                    sb_puts(C, b, esc);
+                } else {
+                    sb_put(C, b, v.s.p + i, l);
+                }
+                i += l - 1;
             }
         }
         sb_put(C, b, &q, 1);
