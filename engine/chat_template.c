@@ -278,7 +278,7 @@ bt_status chat_tmpl_init_gguf(chat_tmpl *t, const gguf_file *f, const char *over
             goto out;
         }
         st = chat_tmpl_init_jinja(t, file, len, bos, eos);
-        if (st) st = bt_fail(st, "%s: %s", override, bt_last_error());
+        if (st) st = bt_fail(st, "--chat-template %s: %s", override, bt_last_error());
         goto out;
     }
     st = chat_tmpl_init(t, text.ptr, (size_t)text.len, override, bos, eos);

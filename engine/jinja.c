@@ -1314,7 +1314,8 @@ static jnode *parse_body(jparse *P, const char *const *ends, const jtok *opener)
 
 bt_status jinja_parse(const char *src, size_t len, jinja_tmpl **out)
 {
-    if (len > JINJA_MAX_SOURCE) return bt_fail(BT_ERR_FORMAT, "template is %zu bytes; at most %u", len, JINJA_MAX_SOURCE);
+    if (len > JINJA_MAX_SOURCE)
+        return bt_fail(BT_ERR_FORMAT, "template is %zu bytes; at most %u", len, JINJA_MAX_SOURCE);
     jinja_tmpl *t = calloc(1, sizeof *t);
     if (!t) return bt_fail(BT_ERR_NOMEM, "out of memory");
     t->arena.cap = (size_t)64 << 20;
@@ -1483,6 +1484,8 @@ static jv *dict_find_s(const jdict *d, const char *s, size_t n)
     return NULL;
 }
 
+static void dict_append(jctx *C, jdict *d, jv k, jv v);
+
 static void dict_set(jctx *C, jdict *d, jv k, jv v)
 {
     jv *slot = dict_find(d, k);
@@ -1490,6 +1493,12 @@ static void dict_set(jctx *C, jdict *d, jv k, jv v)
         *slot = v;
         return;
     }
+    dict_append(C, d, k, v);
+}
+
+/* Adds a key known to be new (JSON objects: the caller's parser refused duplicates, so no quadratic search). */
+static void dict_append(jctx *C, jdict *d, jv k, jv v)
+{
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 4;
         jv *nk = alloc(C, cap * sizeof *nk), *nv = alloc(C, cap * sizeof *nv);
@@ -2535,7 +2544,8 @@ static jv filter_select(jctx *C, jv v, const jargs *a, int by_attr, int want)
     for (size_t i = first + 1; i < a->npos && ta.npos < 8; i++) ta.pos[ta.npos++] = a->pos[i];
     for (size_t i = 0; i < src->n; i++) {
         jv x = by_attr ? attr_path(C, src->v[i], arg(a, 0, "attribute", UNDEF)) : src->v[i];
-        int r = tname.t == JV_UNDEF ? truthy(x) : run_test(C, need_str(C, tname, "the test name").s.p, tname.s.n, x, &ta);
+        int r = tname.t == JV_UNDEF ? truthy(x)
+                                    : run_test(C, need_str(C, tname, "the test name").s.p, tname.s.n, x, &ta);
         if (r == want) list_push(C, out, src->v[i]);
     }
     return mklist(out);
@@ -3137,12 +3147,13 @@ static void exec_body(jctx *C, const jnode *s)
 
 jinja_limits jinja_default_limits(void)
 {
-    return (jinja_limits){.max_steps = 10000000, .max_ms = 2000, .max_mem = (size_t)256 << 20, .max_depth = 200,
+    return (jinja_limits){.max_steps = 10000000, .max_ms = 2000, .max_mem = (size_t)128 << 20, .max_depth = 200,
                           .max_out = (size_t)32 << 20};
 }
 
 static jv from_json(jctx *C, const cJSON *j)
 {
+    step(C, NULL);
     deeper(C);
     jv r;
     if (cJSON_IsNull(j)) {
@@ -3161,7 +3172,7 @@ static jv from_json(jctx *C, const cJSON *j)
     } else if (cJSON_IsObject(j)) {
         jdict *d = dict_new(C);
         for (const cJSON *e = j->child; e; e = e->next)
-            dict_set(C, d, mkstr(e->string, strlen(e->string)), from_json(C, e));
+            dict_append(C, d, mkstr(e->string, strlen(e->string)), from_json(C, e));
         r = (jv){.t = JV_DICT, .d = d};
     } else {
         r = NONE;

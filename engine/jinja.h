@@ -29,7 +29,7 @@ typedef struct jinja_limits {
     size_t max_out;       /* bytes of output (and of any captured block) */
 } jinja_limits;
 
-/* Defaults sized for chat prompts: 10M steps, 2 s, 256 MiB, depth 200, 32 MiB of output. */
+/* Defaults sized for chat prompts: 10M steps, 2 s, 128 MiB, depth 200, 32 MiB of output. */
 jinja_limits jinja_default_limits(void);
 
 /* Parses src[0..len). Errors: BT_ERR_FORMAT with "line L:C: why" (a syntax error or an unsupported tag),

@@ -381,26 +381,27 @@ static bt_status check_tool_fields(const cJSON *msg, const char *role, int idx, 
     return BT_OK;
 }
 
-/* The message's fields besides role and content (tool_call_id, name, tool_calls, ...) as JSON text for the chat
- * template, which sees them as plain data; *out stays NULL when there are none. */
+/* A message's fields that the chat template sees besides role and content; other fields are ignored (README). */
+static const char *const extra_fields[] = {"name", "tool_call_id", "tool_calls", "reasoning_content"};
+
+/* The message's extra_fields as JSON text for the chat template, which sees them as plain data; *out stays NULL
+ * when there are none. */
 static bt_status message_extra(const cJSON *msg, char **out)
 {
     *out = NULL;
-    int other = 0;
-    const cJSON *f;
-    cJSON_ArrayForEach(f, msg) other |= strcmp(f->string, "role") && strcmp(f->string, "content");
-    if (!other) return BT_OK;
-    cJSON *copy = cJSON_CreateObject();
-    if (!copy) return bt_fail(BT_ERR_NOMEM, "out of memory");
-    cJSON_ArrayForEach(f, msg) {
-        if (!strcmp(f->string, "role") || !strcmp(f->string, "content")) continue;
+    cJSON *copy = NULL;
+    for (size_t i = 0; i < sizeof extra_fields / sizeof *extra_fields; i++) {
+        const cJSON *f = field(msg, extra_fields[i]);
+        if (!f) continue;
+        if (!copy && !(copy = cJSON_CreateObject())) return bt_fail(BT_ERR_NOMEM, "out of memory");
         cJSON *d = cJSON_Duplicate(f, 1);
-        if (!d || !cJSON_AddItemToObject(copy, f->string, d)) {
+        if (!d || !cJSON_AddItemToObject(copy, extra_fields[i], d)) {
             cJSON_Delete(d);
             cJSON_Delete(copy);
             return bt_fail(BT_ERR_NOMEM, "out of memory");
         }
     }
+    if (!copy) return BT_OK;
     *out = cJSON_PrintUnformatted(copy);
     cJSON_Delete(copy);
     return *out ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
