@@ -173,6 +173,7 @@ typedef enum jn_kind {
     N_AND,
     N_OR,
     N_BIN,    /* op: one of the binary operators */
+    N_COMPARE, /* a op1 b op2 c ...: a, then the operands in b (each N_BIN-less: op and operand in a) */
     N_COND,   /* a if b else c */
     N_LIST,   /* items in a */
     N_TUPLE,
@@ -978,10 +979,10 @@ static jnode *parse_math1(jparse *P)
     }
 }
 
-/* Chains (a < b < c) are evaluated left to right as (a < b) < c; chat templates do not chain. */
+/* Comparisons chain as in Python: a < b == c is (a < b) and (b == c), with b evaluated once. */
 static jnode *parse_compare(jparse *P)
 {
-    jnode *n = parse_math1(P);
+    jnode *n = parse_math1(P), *chain = NULL, **tail = NULL;
     for (;;) {
         const jtok *t = cur(P);
         int op = at_op(P, "==") ? OP_EQ : at_op(P, "!=") ? OP_NE : at_op(P, "<") ? OP_LT : at_op(P, "<=") ? OP_LE
@@ -990,9 +991,18 @@ static jnode *parse_compare(jparse *P)
             op = OP_NOTIN;
             P->at++;
         }
-        if (!op) return n;
+        if (!op) return chain ? chain : n;
         P->at++;
-        n = binop(P, t, op, n, parse_math1(P));
+        if (!chain) {
+            chain = node(P, N_COMPARE, t);
+            chain->a = n;
+            tail = &chain->b;
+        }
+        jnode *o = node(P, N_PAIR, t);
+        o->op = op;
+        o->a = parse_math1(P);
+        *tail = o;
+        tail = &o->next;
     }
 }
 
@@ -2622,7 +2632,7 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         return v;
     }
     if (IS("first") || IS("last")) {
-        if (v.t == JV_UNDEF) fail_undef(C, v, "taking its first or last item");
+        if (v.t == JV_UNDEF) return v; /* Jinja2: an undefined iterates as empty */
         if (IS("last") && is_gen(v)) fail(C, "last: a generator cannot be reversed; apply |list");
         jlist *l = iter_items(C, v);
         if (!l->n) return UNDEF;
@@ -2696,6 +2706,7 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         }
         return mklist(l);
     }
+    if ((IS("int") || IS("float")) && v.t == JV_UNDEF) fail_undef(C, v, "converted to a number");
     if (IS("int")) {
         if (v.t == JV_INT) return v;
         if (v.t == JV_BOOL) return mkint(v.i);
@@ -2718,6 +2729,7 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         return arg(a, 0, "default", mkfloat(0));
     }
     if (IS("abs")) {
+        if (v.t == JV_BOOL) return mkint(v.i);
         if (v.t == JV_INT) return v.i == INT64_MIN ? mkfloat(9223372036854775808.0) : mkint(v.i < 0 ? -v.i : v.i);
         if (is_num(v)) return mkfloat(fabs(num(v)));
         fail(C, "abs: expected a number, got %s", type_name(v));
@@ -2803,6 +2815,53 @@ static int contains(jctx *C, jv hay, jv x)
     }
 }
 
+/* Python's printf-style str % args: %s %r %d %i %% and %(key)s; args a tuple (list), a dict or one value. */
+static jv str_format(jctx *C, jv f, jv args)
+{
+    sbuf b = {0};
+    sb_put(C, &b, "", 0);
+    size_t next = 0;
+    int used_mapping = 0;
+    for (size_t i = 0; i < f.s.n; i++) {
+        char c = f.s.p[i];
+        if (c != '%') {
+            sb_put(C, &b, &c, 1);
+            continue;
+        }
+        if (++i >= f.s.n) fail(C, "incomplete format");
+        jv v;
+        if (f.s.p[i] == '%') {
+            sb_put(C, &b, "%", 1);
+            continue;
+        }
+        if (f.s.p[i] == '(') {
+            size_t e = i + 1;
+            while (e < f.s.n && f.s.p[e] != ')') e++;
+            if (e >= f.s.n || args.t != JV_DICT) fail(C, "format requires a mapping");
+            jv *p = dict_find_s(args.d, f.s.p + i + 1, e - i - 1);
+            if (!p) fail(C, "format key '%.*s' is missing", (int)(e - i - 1 > 40 ? 40 : e - i - 1), f.s.p + i + 1);
+            v = *p;
+            used_mapping = 1;
+            i = e + 1;
+            if (i >= f.s.n) fail(C, "incomplete format");
+        } else if (args.t == JV_LIST) {
+            if (next >= args.l->n) fail(C, "not enough arguments for format string");
+            v = args.l->v[next++];
+        } else {
+            if (next++ > 0 || args.t == JV_DICT) fail(C, "not enough arguments for format string");
+            v = args;
+        }
+        char conv = f.s.p[i];
+        if (conv == 's') write_str(C, &b, v);
+        else if (conv == 'r') write_repr(C, &b, v);
+        else if ((conv == 'd' || conv == 'i') && is_num(v)) write_str(C, &b, mkint(v.t == JV_FLOAT ? (int64_t)v.f : v.i));
+        else fail(C, "unsupported format '%%%c'", conv);
+    }
+    if (!used_mapping && args.t != JV_DICT && next < (args.t == JV_LIST ? args.l->n : 1))
+        fail(C, "not all arguments converted during string formatting");
+    return sb_val(&b);
+}
+
 static jv arith(jctx *C, int op, jv a, jv b)
 {
     if (a.t == JV_UNDEF) fail_undef(C, a, "used in arithmetic");
@@ -2825,7 +2884,12 @@ static jv arith(jctx *C, int op, jv a, jv b)
         for (size_t i = 0; i < b.l->n; i++) list_push(C, l, b.l->v[i]);
         return mklist(l);
     }
-    if (op == OP_MUL && (a.t == JV_STR || a.t == JV_LIST) && (b.t == JV_INT || b.t == JV_BOOL)) {
+    if (op == OP_MUL && (b.t == JV_STR || b.t == JV_LIST) && (a.t == JV_INT || a.t == JV_BOOL)) {
+        jv t = a; /* int * sequence repeats as sequence * int does */
+        a = b;
+        b = t;
+    }
+    if (op == OP_MUL && (a.t == JV_STR || (a.t == JV_LIST && !a.l->gen)) && (b.t == JV_INT || b.t == JV_BOOL)) {
         int64_t k = b.i;
         if (a.t == JV_STR) {
             sbuf s = {0};
@@ -2840,6 +2904,7 @@ static jv arith(jctx *C, int op, jv a, jv b)
         }
         return mklist(l);
     }
+    if (op == OP_MOD && a.t == JV_STR) return str_format(C, a, b);
     if (!is_num(a) || !is_num(b))
         fail(C, "unsupported operand types for arithmetic: %s and %s", type_name(a), type_name(b));
     if (a.t != JV_FLOAT && b.t != JV_FLOAT && op != OP_DIV) {
@@ -2999,6 +3064,17 @@ static jv eval(jctx *C, const jnode *n)
         jv a = eval(C, n->a), b = eval(C, n->b);
         C->at = n;
         r = binary(C, n->op, a, b);
+        break;
+    }
+    case N_COMPARE: {
+        jv left = eval(C, n->a);
+        for (const jnode *o = n->b; o; o = o->next) {
+            jv right = eval(C, o->a);
+            C->at = o;
+            r = binary(C, o->op, left, right);
+            if (!truthy(r)) break;
+            left = right;
+        }
         break;
     }
     case N_COND: r = truthy(eval(C, n->b)) ? eval(C, n->a) : n->c ? eval(C, n->c) : UNDEF; break;
