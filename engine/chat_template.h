@@ -90,7 +90,8 @@ bt_status chat_tmpl_init(chat_tmpl *t, const char *text, size_t len, const char 
 bt_status chat_tmpl_init_jinja(chat_tmpl *t, const char *text, size_t len, const char *bos, const char *eos);
 
 /* Same as chat_tmpl_init, with text, bos and eos from the GGUF's tokenizer.chat_template and tokenizer.ggml.* keys.
- * override may also name a FILE of Jinja text (chat_tmpl_init_jinja; BT_ERR_IO when it cannot be read).
+ * override may also name a FILE of Jinja text (chat_tmpl_init_jinja; BT_ERR_NOT_FOUND or BT_ERR_IO when it cannot
+ * be read).
  * BT_ERR_NOT_FOUND when the file has no chat template and no override is given. */
 bt_status chat_tmpl_init_gguf(chat_tmpl *t, const gguf_file *f, const char *override);
 

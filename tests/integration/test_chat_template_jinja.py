@@ -201,3 +201,28 @@ def test_bos_and_eos_are_the_models(special, tmp_path):
     path = tmp_path / "t.jinja"
     path.write_text("{{ bos_token }}|{{ eos_token }}", encoding="utf-8")
     assert baton_render(path, [([], None)], True) == [f"{special['bos_token']}|{special['eos_token']}"]
+
+
+def test_router_template_file_sees_message_fields(tmp_path, default_model):
+    """baton-router --chat-template FILE: /tokenize renders the file with the messages' name and tool_call_id."""
+    import http.client
+
+    from harness.etcd import EtcdServer
+    from harness.router_procs import start_router
+
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m.role }}|{{ m.name }}|{{ m.tool_call_id }}|{{ m.other }}]"
+                    "{{ m.content }}{% endfor %}", encoding="utf-8")
+    body = {"messages": [m(U, "hi", name="bob", other="dropped"), m(T, "42", tool_call_id="c1")]}
+    want = "[user|bob||]hi[tool||c1|]42"
+    ids = subprocess.run([str(BATON), "tokenize", "--model", str(default_model), want], capture_output=True,
+                         text=True, check=True).stdout.split()
+    with EtcdServer() as etcd, start_router(etcd, default_model, extra_args=["--chat-template", str(path)]) as rtr:
+        host, port = rtr.http_addr.rsplit(":", 1)
+        c = http.client.HTTPConnection(host, int(port), timeout=60)
+        c.request("POST", "/tokenize", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = json.loads(r.read())
+        c.close()
+    assert r.status == 200, data
+    assert data["tokens"] == [int(i) for i in ids]
