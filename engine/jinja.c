@@ -136,6 +136,7 @@ typedef enum jfunc_id {
     M_SPLITLINES,
     M_ISDIGIT,
     M_ISSPACE,
+    M_FORMAT,
     M_ITEMS,
     M_KEYS,
     M_VALUES,
@@ -1744,7 +1745,8 @@ static jv to_str(jctx *C, jv v)
 }
 
 /* json.dumps(v, ensure_ascii=False, indent=indent, separators=(item_sep, key_sep)); indent < 0: none. */
-static void write_json(jctx *C, sbuf *b, jv v, int indent, int level, const char *item_sep, const char *key_sep)
+static void write_json(jctx *C, sbuf *b, jv v, int indent, int level, const char *item_sep, const char *key_sep,
+                       int ascii)
 {
     if (++C->depth > C->lim.max_depth) fail(C, "tojson: nested too deeply");
     char tmp[48];
@@ -1771,6 +1773,18 @@ static void write_json(jctx *C, sbuf *b, jv v, int indent, int level, const char
             } else if (c < 0x20) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", c);
                 sb_puts(C, b, tmp);
+            } else if (ascii && c >= 0x80) { /* ensure_ascii: \uXXXX, with a surrogate pair above the BMP */
+                uint32_t cp;
+                int ok;
+                size_t l = uni_utf8_decode((const uint8_t *)v.s.p + i, v.s.n - i, &cp, &ok);
+                if (!ok || !l) cp = 0xDC00 + c, l = 1; /* a stray byte, as Python's surrogateescape */
+                if (cp >= 0x10000)
+                    snprintf(tmp, sizeof tmp, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+                             0xDC00 + ((cp - 0x10000) & 0x3FF));
+                else
+                    snprintf(tmp, sizeof tmp, "\\u%04x", cp);
+                sb_puts(C, b, tmp);
+                i += l - 1;
             } else {
                 sb_put(C, b, &v.s.p[i], 1);
             }
@@ -1794,23 +1808,23 @@ static void write_json(jctx *C, sbuf *b, jv v, int indent, int level, const char
                 for (int k = 0; k < indent * (level + 1); k++) sb_puts(C, b, " ");
             }
             if (is_list) {
-                write_json(C, b, v.l->v[i], indent, level + 1, item_sep, key_sep);
+                write_json(C, b, v.l->v[i], indent, level + 1, item_sep, key_sep, ascii);
                 continue;
             }
             jv k = v.d->k[i];
             if (k.t == JV_STR) {
-                write_json(C, b, k, indent, level + 1, item_sep, key_sep);
+                write_json(C, b, k, indent, level + 1, item_sep, key_sep, ascii);
             } else if (k.t == JV_INT || k.t == JV_FLOAT || k.t == JV_BOOL || k.t == JV_NONE) {
                 sbuf kb = {0};
                 if (k.t == JV_NONE) sb_puts(C, &kb, "null");
                 else if (k.t == JV_BOOL) sb_puts(C, &kb, k.i ? "true" : "false");
                 else write_str(C, &kb, k);
-                write_json(C, b, sb_val(&kb), indent, level + 1, item_sep, key_sep);
+                write_json(C, b, sb_val(&kb), indent, level + 1, item_sep, key_sep, ascii);
             } else {
                 fail(C, "tojson: keys must be str, int, float, bool or None, not %s", type_name(k));
             }
             sb_puts(C, b, key_sep);
-            write_json(C, b, v.d->v[i], indent, level + 1, item_sep, key_sep);
+            write_json(C, b, v.d->v[i], indent, level + 1, item_sep, key_sep, ascii);
         }
         if (indent >= 0) {
             sb_puts(C, b, "\n");
@@ -2086,7 +2100,8 @@ static jv get_attr(jctx *C, jv obj, const char *name, size_t n)
                  {"endswith", M_ENDSWITH},     {"upper", M_UPPER},       {"lower", M_LOWER},
                  {"title", M_TITLE},           {"capitalize", M_CAPITALIZE}, {"replace", M_REPLACE},
                  {"find", M_FIND},             {"count", M_COUNT},       {"join", M_JOIN},
-                 {"splitlines", M_SPLITLINES}, {"isdigit", M_ISDIGIT},   {"isspace", M_ISSPACE}};
+                 {"splitlines", M_SPLITLINES}, {"isdigit", M_ISDIGIT},   {"isspace", M_ISSPACE},
+                 {"format", M_FORMAT}};
         for (size_t i = 0; i < sizeof m / sizeof *m; i++)
             if (strlen(m[i].name) == n && !memcmp(m[i].name, name, n)) return method(C, obj, m[i].id);
         return undefined_named(name, n);
@@ -2285,6 +2300,52 @@ static jv call_macro(jctx *C, const jnode *m, const jargs *a)
     return sb_val(&b);
 }
 
+/* str.format with {}, {0} and {name} fields and {{ }} escapes; format specs and conversions are not supported. */
+static jv str_format_braces(jctx *C, jv f, const jargs *a)
+{
+    sbuf b = {0};
+    sb_put(C, &b, "", 0);
+    size_t auto_i = 0;
+    int numbering = 0; /* 1 automatic ({}), 2 manual ({0}): Python refuses to mix them */
+    for (size_t i = 0; i < f.s.n; i++) {
+        char c = f.s.p[i];
+        if ((c == '{' || c == '}') && i + 1 < f.s.n && f.s.p[i + 1] == c) {
+            sb_put(C, &b, &c, 1);
+            i++;
+            continue;
+        }
+        if (c == '}') fail(C, "format: single '}' encountered");
+        if (c != '{') {
+            sb_put(C, &b, &c, 1);
+            continue;
+        }
+        size_t e = i + 1;
+        while (e < f.s.n && f.s.p[e] != '}') e++;
+        if (e >= f.s.n) fail(C, "format: single '{' encountered");
+        const char *name = f.s.p + i + 1;
+        size_t n = e - i - 1;
+        for (size_t k = 0; k < n; k++)
+            if (name[k] == ':' || name[k] == '!' || name[k] == '.' || name[k] == '[')
+                fail(C, "format: only {}, {N} and {name} fields are supported");
+        jv v = UNDEF;
+        if (n == 0 || is_digit(name[0])) {
+            int mode = n == 0 ? 1 : 2;
+            if (numbering && numbering != mode) fail(C, "format: cannot mix automatic and manual field numbering");
+            numbering = mode;
+            size_t idx = n == 0 ? auto_i++ : (size_t)atoll(name);
+            if (idx >= a->npos) fail(C, "format: index %zu out of range", idx);
+            v = a->pos[idx];
+        } else {
+            for (size_t k = 0; k < a->nkw; k++)
+                if (a->kwn[k] == n && !memcmp(a->kw[k], name, n)) v = a->kwv[k];
+            if (v.t == JV_UNDEF) fail(C, "format: no argument '%.*s'", (int)(n > 40 ? 40 : n), name);
+        }
+        write_str(C, &b, v);
+        i = e;
+    }
+    return sb_val(&b);
+}
+
 static jv call_str_method(jctx *C, jv s, jfunc_id id, const jargs *a)
 {
     switch (id) {
@@ -2362,6 +2423,7 @@ static jv call_str_method(jctx *C, jv s, jfunc_id id, const jargs *a)
         if (st < s.s.n) list_push(C, l, mkstr(s.s.p + st, s.s.n - st));
         return mklist(l);
     }
+    case M_FORMAT: return str_format_braces(C, s, a);
     case M_ISDIGIT:
     case M_ISSPACE: {
         if (!s.s.n) return mkbool(0);
@@ -2594,7 +2656,9 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         }
     }
     if (IS("tojson")) {
-        jv ind = arg(a, 0, "indent", NONE), seps = arg(a, 2, "separators", NONE);
+        /* HF's signature: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+        jv ind = arg(a, 1, "indent", NONE), seps = arg(a, 2, "separators", NONE);
+        int ascii = truthy(arg(a, 0, "ensure_ascii", mkbool(0)));
         if (truthy(arg(a, 3, "sort_keys", NONE))) fail(C, "tojson(sort_keys=true) is not supported");
         int indent = -1;
         if (ind.t != JV_NONE) {
@@ -2616,7 +2680,7 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         sbuf b = {0};
         sb_put(C, &b, "", 0);
         uint32_t d = C->depth;
-        write_json(C, &b, v, indent, 0, item_sep, key_sep);
+        write_json(C, &b, v, indent, 0, item_sep, key_sep, ascii);
         C->depth = d;
         return sb_val(&b);
     }
@@ -2671,16 +2735,19 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         for (size_t i = src->n; i > 0; i--) list_push(C, l, src->v[i - 1]);
         return mklist(l);
     }
-    if (IS("unique")) {
-        jlist *src = iter_items(C, v), *l = list_new(C, src->n);
+    if (IS("unique")) { /* strings compare case-insensitively, as Jinja2's default */
+        jlist *src = iter_items(C, v), *l = list_new(C, src->n), *keys = list_new(C, src->n);
         for (size_t i = 0; i < src->n; i++) {
             jv x = src->v[i].t == JV_STR ? str_case(C, src->v[i], 1) : src->v[i];
             int seen = 0;
-            for (size_t k = 0; k < i && !seen; k++) {
-                jv y = src->v[k].t == JV_STR ? str_case(C, src->v[k], 1) : src->v[k];
-                seen = val_eq(x, y);
+            for (size_t k = 0; k < keys->n && !seen; k++) {
+                step(C, C->at);
+                seen = val_eq(x, keys->v[k]);
             }
-            if (!seen) list_push(C, l, src->v[i]);
+            if (!seen) {
+                list_push(C, keys, x);
+                list_push(C, l, src->v[i]);
+            }
         }
         return mklist(l);
     }
@@ -2757,6 +2824,36 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         }
         return sb_val(&b);
     }
+    if (IS("min") || IS("max") || IS("sort")) {
+        int sort = IS("sort");
+        jv rev = sort ? arg(a, 0, "reverse", mkbool(0)) : mkbool(0);
+        jv cs = arg(a, sort ? 1 : 0, "case_sensitive", mkbool(0)), attr = arg(a, sort ? 2 : 1, "attribute", NONE);
+        jlist *src = iter_items(C, v), *l = list_new(C, src->n), *keys = list_new(C, src->n);
+        for (size_t i = 0; i < src->n; i++) {
+            jv k = attr.t == JV_NONE ? src->v[i] : attr_path(C, src->v[i], attr);
+            list_push(C, keys, k.t == JV_STR && !truthy(cs) ? str_case(C, k, 1) : k);
+            list_push(C, l, src->v[i]);
+        }
+        if (!sort) {
+            if (!l->n) return UNDEF;
+            size_t best = 0;
+            for (size_t i = 1; i < l->n; i++)
+                if (IS("min") ? val_lt(C, keys->v[i], keys->v[best]) : val_lt(C, keys->v[best], keys->v[i])) best = i;
+            return l->v[best];
+        }
+        int r = truthy(rev);
+        for (size_t i = 1; i < l->n; i++) /* insertion sort: stable, as Python's sorted */
+            for (size_t k = i; k > 0 && (r ? val_lt(C, keys->v[k - 1], keys->v[k])
+                                           : val_lt(C, keys->v[k], keys->v[k - 1])); k--) {
+                step(C, C->at); /* quadratic: every comparison counts against the limits */
+                jv t = l->v[k], tk = keys->v[k];
+                l->v[k] = l->v[k - 1];
+                keys->v[k] = keys->v[k - 1];
+                l->v[k - 1] = t;
+                keys->v[k - 1] = tk;
+            }
+        return mklist(l);
+    }
     if (IS("dictsort")) {
         if (v.t != JV_DICT) fail(C, "dictsort: expected a dict, got %s", type_name(v));
         jfunc fn = {.id = M_ITEMS, .self = v};
@@ -2765,6 +2862,7 @@ static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a
         jlist *l = items.l;
         for (size_t i = 1; i < l->n; i++) /* insertion sort by key: small dicts */
             for (size_t k = i; k > 0 && val_lt(C, l->v[k].l->v[0], l->v[k - 1].l->v[0]); k--) {
+                step(C, C->at);
                 jv t = l->v[k];
                 l->v[k] = l->v[k - 1];
                 l->v[k - 1] = t;

@@ -13,8 +13,8 @@ import tarfile
 import tempfile
 
 PACKAGE = "llama-cpp-python"
-VERSION = "0.3.16"
-SHA256 = "34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6"
+VERSION = "0.3.36"
+SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 MEMBER_DIR = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/models/templates/"
 
 

@@ -25,7 +25,8 @@ BATON = build_dir() / "bin" / "baton"
 MODEL = default_model_path()
 NOW = 1721995200  # 2024-07-26 12:00 UTC: strftime_now's time on both sides
 
-# The target families (issue 23): each must render byte-identically to Jinja2 for every conversation.
+# The target families (issue 23): each must render byte-identically to Jinja2 (or be rejected by both) for every
+# conversation, and render at least 10 of them. Gemma 3, Phi-4 and Mistral v0.3 templates are not in the package.
 TARGETS = [
     "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "meta-llama-Llama-3.2-3B-Instruct.jinja",
@@ -33,30 +34,20 @@ TARGETS = [
     "Qwen-Qwen2.5-7B-Instruct.jinja",
     "Qwen-Qwen3-0.6B.jinja",
     "Qwen-QwQ-32B.jinja",
+    "Qwen3-Coder.jinja",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
     "unsloth-mistral-Devstral-Small-2507.jinja",
     "google-gemma-2-2b-it.jinja",
+    "google-gemma-4-31B-it.jinja",
     "microsoft-Phi-3.5-mini-instruct.jinja",
+    "HuggingFaceTB-SmolLM3-3B.jinja",
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+    "deepseek-ai-DeepSeek-V3.1.jinja",
+    "deepseek-ai-DeepSeek-V3.2.jinja",
     "llama-cpp-deepseek-r1.jinja",
-]
-# The other templates of the package must match as well (more syntax, same rules). Some reject every conversation
-# here in Jinja2 too (Command R wants Cohere's tool format, firefunction a "functions" variable): baton must fail
-# on each of them as well.
-OTHERS = [
-    "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
-    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
-    "fireworks-ai-llama-3-firefunction-v2.jinja",
-    "ibm-granite-granite-3.3-2B-Instruct.jinja",
-    "llama-cpp-rwkv-world.jinja",
-    "meetkai-functionary-medium-v3.1.jinja",
-    "meetkai-functionary-medium-v3.2.jinja",
-    "moonshotai-Kimi-K2.jinja",
-    "openai-gpt-oss-120b.jinja",
 ]
 
 U, A, S, T = "user", "assistant", "system", "tool"
@@ -187,14 +178,26 @@ def compare(path, special, monkeypatch):
     return mismatches, rendered, rejected
 
 
-@pytest.mark.parametrize("name", TARGETS + OTHERS)
-def test_template_matches_jinja2(templates, special, monkeypatch, name):
+@pytest.mark.parametrize("name", TARGETS)
+def test_target_template_matches_jinja2(templates, special, monkeypatch, name):
     path = templates / name
     assert path.exists(), f"{name} is not in {templates}"
     mismatches, rendered, rejected = compare(path, special, monkeypatch)
-    if name in TARGETS:
-        assert rendered >= 10, f"only {rendered} conversations rendered ({rejected} rejected)"
+    assert rendered >= 10, f"only {rendered} conversations rendered ({rejected} rejected)"
     assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches[:5])
+
+
+def test_every_other_template_matches_jinja2(templates, special, monkeypatch):
+    """The package's other templates (some reject every conversation here in Jinja2 too, e.g. Command R wants
+    Cohere's tool format, firefunction a "functions" variable: baton must fail on each of them as well)."""
+    others = sorted(p for p in templates.glob("*.jinja") if p.name not in TARGETS)
+    assert len(others) >= 40, f"only {len(others)} templates in {templates}"
+    failed = {}
+    for path in others:
+        mismatches, _, _ = compare(path, special, monkeypatch)
+        if mismatches:
+            failed[path.name] = mismatches[0]
+    assert not failed, f"{len(failed)} templates differ: " + "\n".join(f"{k}: {v}" for k, v in failed.items())
 
 
 def test_bos_and_eos_are_the_models(special, tmp_path):
