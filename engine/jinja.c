@@ -2955,13 +2955,14 @@ static jv str_format(jctx *C, jv f, jv args)
         else if ((conv == 'd' || conv == 'i') && is_num(v)) write_str(C, &b, mkint(v.t == JV_FLOAT ? (int64_t)v.f : v.i));
         else fail(C, "unsupported format '%%%c'", conv);
     }
-    if (!used_mapping && args.t != JV_DICT && next < (args.t == JV_LIST ? args.l->n : 1))
+    if (!used_mapping && args.t != JV_DICT && args.t != JV_UNDEF && next < (args.t == JV_LIST ? args.l->n : 1))
         fail(C, "not all arguments converted during string formatting");
     return sb_val(&b);
 }
 
 static jv arith(jctx *C, int op, jv a, jv b)
 {
+    if (op == OP_MOD && a.t == JV_STR && b.t == JV_UNDEF) return str_format(C, a, b); /* Python: a mapping */
     if (a.t == JV_UNDEF) fail_undef(C, a, "used in arithmetic");
     if (b.t == JV_UNDEF) fail_undef(C, b, "used in arithmetic");
     if (op == OP_ADD && a.t == JV_STR && b.t == JV_STR) {
