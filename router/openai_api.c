@@ -210,17 +210,21 @@ static size_t n_control(const tok_tokenizer *t, const int32_t *ids, size_t n)
     return k;
 }
 
-#define PH_MARK '\x1f' /* placeholder content "\x1f<index>\x1f": no template family emits this byte */
+/* Placeholder content "<U+E000><index><U+E000>": a private-use character, which no template emits and which is not
+ * whitespace, so |trim and strip() keep it (an ASCII control such as \x1f is whitespace to Python and was trimmed). */
+#define PH_MARK "\xEE\x80\x80"
+#define PH_MARK_LEN 3
 
 /* Parses a placeholder at s[0..end): its message index and length, or 0 when s does not start one. */
 static size_t placeholder_at(const char *s, const char *end, size_t n_msgs, size_t *idx)
 {
-    if (s >= end || *s != PH_MARK) return 0;
-    size_t v = 0, i = 1;
-    while (s + i < end && s[i] >= '0' && s[i] <= '9' && i < 12) v = v * 10 + (size_t)(s[i++] - '0');
-    if (i == 1 || s + i >= end || s[i] != PH_MARK || v >= n_msgs) return 0;
+    if (end - s < PH_MARK_LEN || memcmp(s, PH_MARK, PH_MARK_LEN)) return 0;
+    size_t v = 0, i = PH_MARK_LEN;
+    while (s + i < end && s[i] >= '0' && s[i] <= '9' && i < PH_MARK_LEN + 11) v = v * 10 + (size_t)(s[i++] - '0');
+    if (i == PH_MARK_LEN || end - (s + i) < PH_MARK_LEN || memcmp(s + i, PH_MARK, PH_MARK_LEN) || v >= n_msgs)
+        return 0;
     *idx = v;
-    return i + 1;
+    return i + PH_MARK_LEN;
 }
 
 static int ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -238,7 +242,8 @@ static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p
     *len = (size_t)(e - s);
 }
 
-/* "\x1f<i>\x1f", for a Jinja template between the content's leading and trailing whitespace (see content_span). */
+/* The placeholder of message i; for a Jinja template between the content's leading and trailing whitespace (see
+ * content_span). */
 static bt_status placeholder_text(const rtr_model_t *m, const chat_msg *c, size_t i, char **out)
 {
     const char *s = c->content ? c->content : "", *e = s + (c->content ? c->content_len : 0), *a = s, *b = e;
@@ -246,13 +251,14 @@ static bt_status placeholder_text(const rtr_model_t *m, const chat_msg *c, size_
         while (a < e && ascii_space(*a)) a++;
         while (b > a && ascii_space(b[-1])) b--;
     } else {
-        a = b = s;
+        a = s; /* the built-in renderers place the placeholder as given */
+        b = e;
     }
     size_t lead = (size_t)(a - s), trail = (size_t)(e - b);
     char *t = malloc(lead + trail + 32);
     if (!t) return bt_fail(BT_ERR_NOMEM, "out of memory");
     memcpy(t, s, lead);
-    int k = snprintf(t + lead, 32, "%c%zu%c", PH_MARK, i, PH_MARK);
+    int k = snprintf(t + lead, 32, "%s%zu%s", PH_MARK, i, PH_MARK);
     memcpy(t + lead + (size_t)k, b, trail);
     t[lead + (size_t)k + trail] = 0;
     *out = t;
@@ -318,8 +324,12 @@ bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, 
     for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0, msgs[i].extra_json};
     st = chat_tmpl_render(&m->tmpl, empty, n, 1, &skel, &slen);
     free(empty);
-    if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) goto out;
-    if (n_control(m->tok, full.ids, full.n) == n_control(m->tok, bare.ids, bare.n)) {
+    if (st == BT_ERR_INVALID) {
+        /* a Jinja template may refuse empty contents (raise_exception): place the contents by placeholders */
+        st = BT_OK;
+    } else if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) {
+        goto out;
+    } else if (n_control(m->tok, full.ids, full.n) == n_control(m->tok, bare.ids, bare.n)) {
         *out = full; /* no content produced a marker: the usual tokens, byte for byte */
         full = (tok_ids){0};
         goto out;
