@@ -2606,7 +2606,7 @@ static jv escape_html(jctx *C, jv s)
 }
 
 /* select/reject/selectattr/rejectattr: keep items whose (attribute's) test result is want. */
-static jv filter_select(jctx *C, jv v, const jargs *a, int by_attr, int want)
+static jv select_items(jctx *C, jv v, const jargs *a, int by_attr, int want)
 {
     jlist *src = truthy(v) ? iter_items(C, v) : list_new(C, 1), *out = list_new(C, src->n); /* Jinja: "if seq:" */
     out->gen = 1;
@@ -2623,254 +2623,384 @@ static jv filter_select(jctx *C, jv v, const jargs *a, int by_attr, int want)
     return mklist(out);
 }
 
-static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a)
-{
+/* Filters, one function each; a function that serves several names (length/count, min/max/sort, ...) gets the
+ * name it was called by (name, n bytes). */
 #define IS(s) (n == sizeof(s) - 1 && !memcmp(name, s, n))
-    if (IS("safe")) {
-        v = to_str(C, v);
-        v.safe = 1;
-        return v;
+
+static jv filter_safe(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    v = to_str(C, v);
+    v.safe = 1;
+    return v;
+}
+
+static jv filter_escape(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_STR && v.safe && !IS("forceescape")) return v;
+    v = escape_html(C, to_str(C, v));
+    v.safe = 1;
+    return v;
+}
+
+static jv filter_trim(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return str_strip(to_str(C, v), arg(a, 0, "chars", NONE), 1, 1);
+}
+
+static jv filter_string(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return to_str(C, v);
+}
+
+static jv filter_upper(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return str_case(C, to_str(C, v), 0);
+}
+
+static jv filter_lower(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return str_case(C, to_str(C, v), 1);
+}
+
+static jv filter_capitalize(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return str_case(C, to_str(C, v), 2);
+}
+
+static jv filter_title(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return str_case(C, to_str(C, v), 3);
+}
+
+static jv filter_length(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    switch (v.t) {
+    case JV_UNDEF: return mkint(0);
+    case JV_STR: return mkint((int64_t)cp_count(v.s.p, v.s.n));
+    case JV_LIST:
+        if (v.l->gen) fail(C, "a generator (the result of map, select or reject) has no length; apply |list");
+        return mkint((int64_t)v.l->n);
+    case JV_DICT:
+    case JV_NS: return mkint((int64_t)v.d->n);
+    default: fail(C, "a %s has no length", type_name(v));
     }
-    if (IS("e") || IS("escape") || IS("forceescape")) {
-        if (v.t == JV_STR && v.safe && !IS("forceescape")) return v;
-        v = escape_html(C, to_str(C, v));
-        v.safe = 1;
-        return v;
+}
+
+static jv filter_tojson(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    /* HF's signature: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+    jv ind = arg(a, 1, "indent", NONE), seps = arg(a, 2, "separators", NONE);
+    int ascii = truthy(arg(a, 0, "ensure_ascii", mkbool(0)));
+    if (truthy(arg(a, 3, "sort_keys", NONE))) fail(C, "tojson(sort_keys=true) is not supported");
+    int indent = -1;
+    if (ind.t != JV_NONE) {
+        int64_t k = as_index(C, ind, "tojson's indent");
+        if (k < 0 || k > 64) fail(C, "tojson's indent must be 0..64");
+        indent = (int)k;
     }
-    if (IS("trim")) return str_strip(to_str(C, v), arg(a, 0, "chars", NONE), 1, 1);
-    if (IS("string")) return to_str(C, v);
-    if (IS("upper")) return str_case(C, to_str(C, v), 0);
-    if (IS("lower")) return str_case(C, to_str(C, v), 1);
-    if (IS("capitalize")) return str_case(C, to_str(C, v), 2);
-    if (IS("title")) return str_case(C, to_str(C, v), 3);
-    if (IS("length") || IS("count")) {
-        switch (v.t) {
-        case JV_UNDEF: return mkint(0);
-        case JV_STR: return mkint((int64_t)cp_count(v.s.p, v.s.n));
-        case JV_LIST:
-            if (v.l->gen) fail(C, "a generator (the result of map, select or reject) has no length; apply |list");
-            return mkint((int64_t)v.l->n);
-        case JV_DICT:
-        case JV_NS: return mkint((int64_t)v.d->n);
-        default: fail(C, "a %s has no length", type_name(v));
-        }
+    const char *item_sep = indent >= 0 ? "," : ", ", *key_sep = ": ";
+    char *is_buf = NULL, *ks_buf = NULL;
+    if (seps.t == JV_LIST && seps.l->n == 2) {
+        jv s0 = need_str(C, seps.l->v[0], "a separator"), s1 = need_str(C, seps.l->v[1], "a separator");
+        is_buf = (char *)strcopy(C, s0.s.p, s0.s.n).s.p;
+        ks_buf = (char *)strcopy(C, s1.s.p, s1.s.n).s.p;
+        item_sep = is_buf;
+        key_sep = ks_buf;
+    } else if (seps.t != JV_NONE) {
+        fail(C, "tojson's separators must be a pair of strings");
     }
-    if (IS("tojson")) {
-        /* HF's signature: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
-        jv ind = arg(a, 1, "indent", NONE), seps = arg(a, 2, "separators", NONE);
-        int ascii = truthy(arg(a, 0, "ensure_ascii", mkbool(0)));
-        if (truthy(arg(a, 3, "sort_keys", NONE))) fail(C, "tojson(sort_keys=true) is not supported");
-        int indent = -1;
-        if (ind.t != JV_NONE) {
-            int64_t k = as_index(C, ind, "tojson's indent");
-            if (k < 0 || k > 64) fail(C, "tojson's indent must be 0..64");
-            indent = (int)k;
-        }
-        const char *item_sep = indent >= 0 ? "," : ", ", *key_sep = ": ";
-        char *is_buf = NULL, *ks_buf = NULL;
-        if (seps.t == JV_LIST && seps.l->n == 2) {
-            jv s0 = need_str(C, seps.l->v[0], "a separator"), s1 = need_str(C, seps.l->v[1], "a separator");
-            is_buf = (char *)strcopy(C, s0.s.p, s0.s.n).s.p;
-            ks_buf = (char *)strcopy(C, s1.s.p, s1.s.n).s.p;
-            item_sep = is_buf;
-            key_sep = ks_buf;
-        } else if (seps.t != JV_NONE) {
-            fail(C, "tojson's separators must be a pair of strings");
-        }
-        sbuf b = {0};
-        sb_put(C, &b, "", 0);
-        uint32_t d = C->depth;
-        write_json(C, &b, v, indent, 0, item_sep, key_sep, ascii);
-        C->depth = d;
-        return sb_val(&b);
+    sbuf b = {0};
+    sb_put(C, &b, "", 0);
+    uint32_t d = C->depth;
+    write_json(C, &b, v, indent, 0, item_sep, key_sep, ascii);
+    C->depth = d;
+    return sb_val(&b);
+}
+
+static jv filter_replace(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    jv s = to_str(C, v);
+    jv cnt = arg(a, 2, "count", NONE);
+    return str_replace(C, s, arg(a, 0, "old", UNDEF), arg(a, 1, "new", UNDEF),
+                       cnt.t == JV_NONE ? -1 : as_index(C, cnt, "count"));
+}
+
+static jv filter_default(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    int boolean = truthy(arg(a, 1, "boolean", mkbool(0)));
+    if (v.t == JV_UNDEF || (boolean && !truthy(v))) return arg(a, 0, "default_value", mkstr("", 0));
+    return v;
+}
+
+static jv filter_first_last(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_UNDEF) return v; /* Jinja2: an undefined iterates as empty */
+    if (IS("last") && is_gen(v)) fail(C, "last: a generator cannot be reversed; apply |list");
+    jlist *l = iter_items(C, v);
+    if (!l->n) return UNDEF;
+    return IS("first") ? l->v[0] : l->v[l->n - 1];
+}
+
+static jv filter_join(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    jv sep = arg(a, 0, "d", mkstr("", 0)), attr = arg(a, 1, "attribute", NONE);
+    sep = to_str(C, sep);
+    jlist *l = iter_items(C, v);
+    sbuf b = {0};
+    sb_put(C, &b, "", 0);
+    for (size_t i = 0; i < l->n; i++) {
+        if (i) sb_put(C, &b, sep.s.p, sep.s.n);
+        write_str(C, &b, attr.t == JV_NONE ? l->v[i] : attr_path(C, l->v[i], attr));
     }
-    if (IS("replace")) {
-        jv s = to_str(C, v);
-        jv cnt = arg(a, 2, "count", NONE);
-        return str_replace(C, s, arg(a, 0, "old", UNDEF), arg(a, 1, "new", UNDEF),
-                           cnt.t == JV_NONE ? -1 : as_index(C, cnt, "count"));
-    }
-    if (IS("default") || IS("d")) {
-        int boolean = truthy(arg(a, 1, "boolean", mkbool(0)));
-        if (v.t == JV_UNDEF || (boolean && !truthy(v))) return arg(a, 0, "default_value", mkstr("", 0));
-        return v;
-    }
-    if (IS("first") || IS("last")) {
-        if (v.t == JV_UNDEF) return v; /* Jinja2: an undefined iterates as empty */
-        if (IS("last") && is_gen(v)) fail(C, "last: a generator cannot be reversed; apply |list");
-        jlist *l = iter_items(C, v);
-        if (!l->n) return UNDEF;
-        return IS("first") ? l->v[0] : l->v[l->n - 1];
-    }
-    if (IS("join")) {
-        jv sep = arg(a, 0, "d", mkstr("", 0)), attr = arg(a, 1, "attribute", NONE);
-        sep = to_str(C, sep);
-        jlist *l = iter_items(C, v);
-        sbuf b = {0};
-        sb_put(C, &b, "", 0);
-        for (size_t i = 0; i < l->n; i++) {
-            if (i) sb_put(C, &b, sep.s.p, sep.s.n);
-            write_str(C, &b, attr.t == JV_NONE ? l->v[i] : attr_path(C, l->v[i], attr));
-        }
-        return sb_val(&b);
-    }
-    if (IS("items")) {
-        if (v.t == JV_UNDEF) return mklist(list_new(C, 1));
-        if (v.t != JV_DICT && v.t != JV_NS) fail(C, "items: expected a dict, got %s", type_name(v));
-        jfunc fn = {.id = M_ITEMS, .self = v};
-        jargs none = {0};
-        return call_func(C, &fn, &none);
-    }
-    if (IS("list")) {
-        if (v.t == JV_LIST) {
-            jlist *l = list_new(C, v.l->n);
-            for (size_t i = 0; i < v.l->n; i++) list_push(C, l, v.l->v[i]);
-            return mklist(l);
-        }
-        return mklist(iter_items(C, v));
-    }
-    if (IS("reverse")) {
-        if (v.t == JV_STR) return do_slice(C, v, NONE, NONE, mkint(-1));
-        jlist *src = iter_items(C, v), *l = list_new(C, src->n);
-        for (size_t i = src->n; i > 0; i--) list_push(C, l, src->v[i - 1]);
+    return sb_val(&b);
+}
+
+static jv filter_items(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_UNDEF) return mklist(list_new(C, 1));
+    if (v.t != JV_DICT && v.t != JV_NS) fail(C, "items: expected a dict, got %s", type_name(v));
+    jfunc fn = {.id = M_ITEMS, .self = v};
+    jargs none = {0};
+    return call_func(C, &fn, &none);
+}
+
+static jv filter_list(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_LIST) {
+        jlist *l = list_new(C, v.l->n);
+        for (size_t i = 0; i < v.l->n; i++) list_push(C, l, v.l->v[i]);
         return mklist(l);
     }
-    if (IS("unique")) { /* strings compare case-insensitively, as Jinja2's default */
-        jlist *src = iter_items(C, v), *l = list_new(C, src->n), *keys = list_new(C, src->n);
-        for (size_t i = 0; i < src->n; i++) {
-            jv x = src->v[i].t == JV_STR ? str_case(C, src->v[i], 1) : src->v[i];
-            int seen = 0;
-            for (size_t k = 0; k < keys->n && !seen; k++) {
-                step(C, C->at);
-                seen = val_eq(x, keys->v[k]);
-            }
-            if (!seen) {
-                list_push(C, keys, x);
-                list_push(C, l, src->v[i]);
-            }
+    return mklist(iter_items(C, v));
+}
+
+static jv filter_reverse(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_STR) return do_slice(C, v, NONE, NONE, mkint(-1));
+    jlist *src = iter_items(C, v), *l = list_new(C, src->n);
+    for (size_t i = src->n; i > 0; i--) list_push(C, l, src->v[i - 1]);
+    return mklist(l);
+}
+
+/* unique: strings compare case-insensitively, as Jinja2's default */
+static jv filter_unique(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    jlist *src = iter_items(C, v), *l = list_new(C, src->n), *keys = list_new(C, src->n);
+    for (size_t i = 0; i < src->n; i++) {
+        jv x = src->v[i].t == JV_STR ? str_case(C, src->v[i], 1) : src->v[i];
+        int seen = 0;
+        for (size_t k = 0; k < keys->n && !seen; k++) {
+            step(C, C->at);
+            seen = val_eq(x, keys->v[k]);
         }
-        return mklist(l);
-    }
-    if (IS("select")) return filter_select(C, v, a, 0, 1);
-    if (IS("reject")) return filter_select(C, v, a, 0, 0);
-    if (IS("selectattr")) return filter_select(C, v, a, 1, 1);
-    if (IS("rejectattr")) return filter_select(C, v, a, 1, 0);
-    if (IS("map")) {
-        jlist *src = truthy(v) ? iter_items(C, v) : list_new(C, 1), *l = list_new(C, src->n);
-        l->gen = 1;
-        jv attr = arg(a, 99, "attribute", UNDEF);
-        jv dflt = arg(a, 99, "default", UNDEF);
-        if (attr.t == JV_UNDEF) {
-            jv f = need_str(C, arg(a, 0, NULL, UNDEF), "map's filter name");
-            jargs fa = {0};
-            for (size_t i = 1; i < a->npos; i++) fa.pos[fa.npos++] = a->pos[i];
-            for (size_t i = 0; i < src->n; i++) list_push(C, l, apply_filter(C, f.s.p, f.s.n, src->v[i], &fa));
-        } else {
-            for (size_t i = 0; i < src->n; i++) {
-                jv x = attr_path(C, src->v[i], attr);
-                list_push(C, l, x.t == JV_UNDEF && dflt.t != JV_UNDEF ? dflt : x);
-            }
-        }
-        return mklist(l);
-    }
-    if ((IS("int") || IS("float")) && v.t == JV_UNDEF) fail_undef(C, v, "converted to a number");
-    if (IS("int")) {
-        if (v.t == JV_INT) return v;
-        if (v.t == JV_BOOL) return mkint(v.i);
-        if (v.t == JV_FLOAT && isfinite(v.f) && fabs(v.f) < 9e18) return mkint((int64_t)v.f);
-        if (v.t == JV_STR) {
-            char buf[32];
-            jv s = str_strip(v, NONE, 1, 1);
-            if (s.s.n && s.s.n < sizeof buf) {
-                memcpy(buf, s.s.p, s.s.n);
-                buf[s.s.n] = 0;
-                char *e;
-                long long x = strtoll(buf, &e, 10);
-                if (!*e) return mkint(x);
-            }
-        }
-        return arg(a, 0, "default", mkint(0));
-    }
-    if (IS("float")) {
-        if (is_num(v)) return mkfloat(num(v));
-        return arg(a, 0, "default", mkfloat(0));
-    }
-    if (IS("abs")) {
-        if (v.t == JV_BOOL) return mkint(v.i);
-        if (v.t == JV_INT) return v.i == INT64_MIN ? mkfloat(9223372036854775808.0) : mkint(v.i < 0 ? -v.i : v.i);
-        if (is_num(v)) return mkfloat(fabs(num(v)));
-        fail(C, "abs: expected a number, got %s", type_name(v));
-    }
-    if (IS("indent")) {
-        jv s = to_str(C, v);
-        jv w = arg(a, 0, "width", mkint(4));
-        int64_t first = truthy(arg(a, 1, "first", mkbool(0))), blank = truthy(arg(a, 2, "blank", mkbool(0)));
-        sbuf pad = {0};
-        sb_put(C, &pad, "", 0);
-        if (w.t == JV_STR) sb_put(C, &pad, w.s.p, w.s.n);
-        else
-            for (int64_t k = as_index(C, w, "indent's width"); k > 0; k--) sb_put(C, &pad, " ", 1);
-        sbuf b = {0};
-        sb_put(C, &b, "", 0);
-        size_t st = 0;
-        for (size_t i = 0, line = 0; i <= s.s.n; i++) {
-            if (i < s.s.n && s.s.p[i] != '\n') continue;
-            size_t len = i - st;
-            if ((line > 0 || first) && (blank || len > 0)) sb_put(C, &b, pad.p, pad.n);
-            sb_put(C, &b, s.s.p + st, len);
-            if (i < s.s.n) sb_put(C, &b, "\n", 1);
-            st = i + 1;
-            line++;
-        }
-        return sb_val(&b);
-    }
-    if (IS("min") || IS("max") || IS("sort")) {
-        int sort = IS("sort");
-        jv rev = sort ? arg(a, 0, "reverse", mkbool(0)) : mkbool(0);
-        jv cs = arg(a, sort ? 1 : 0, "case_sensitive", mkbool(0)), attr = arg(a, sort ? 2 : 1, "attribute", NONE);
-        jlist *src = iter_items(C, v), *l = list_new(C, src->n), *keys = list_new(C, src->n);
-        for (size_t i = 0; i < src->n; i++) {
-            jv k = attr.t == JV_NONE ? src->v[i] : attr_path(C, src->v[i], attr);
-            list_push(C, keys, k.t == JV_STR && !truthy(cs) ? str_case(C, k, 1) : k);
+        if (!seen) {
+            list_push(C, keys, x);
             list_push(C, l, src->v[i]);
         }
-        if (!sort) {
-            if (!l->n) return UNDEF;
-            size_t best = 0;
-            for (size_t i = 1; i < l->n; i++)
-                if (IS("min") ? val_lt(C, keys->v[i], keys->v[best]) : val_lt(C, keys->v[best], keys->v[i])) best = i;
-            return l->v[best];
+    }
+    return mklist(l);
+}
+
+static jv filter_select(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return select_items(C, v, a, 0, 1);
+}
+
+static jv filter_reject(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return select_items(C, v, a, 0, 0);
+}
+
+static jv filter_selectattr(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return select_items(C, v, a, 1, 1);
+}
+
+static jv filter_rejectattr(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    return select_items(C, v, a, 1, 0);
+}
+
+static jv filter_map(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    jlist *src = truthy(v) ? iter_items(C, v) : list_new(C, 1), *l = list_new(C, src->n);
+    l->gen = 1;
+    jv attr = arg(a, 99, "attribute", UNDEF);
+    jv dflt = arg(a, 99, "default", UNDEF);
+    if (attr.t == JV_UNDEF) {
+        jv f = need_str(C, arg(a, 0, NULL, UNDEF), "map's filter name");
+        jargs fa = {0};
+        for (size_t i = 1; i < a->npos; i++) fa.pos[fa.npos++] = a->pos[i];
+        for (size_t i = 0; i < src->n; i++) list_push(C, l, apply_filter(C, f.s.p, f.s.n, src->v[i], &fa));
+    } else {
+        for (size_t i = 0; i < src->n; i++) {
+            jv x = attr_path(C, src->v[i], attr);
+            list_push(C, l, x.t == JV_UNDEF && dflt.t != JV_UNDEF ? dflt : x);
         }
-        int r = truthy(rev);
-        for (size_t i = 1; i < l->n; i++) /* insertion sort: stable, as Python's sorted */
-            for (size_t k = i; k > 0 && (r ? val_lt(C, keys->v[k - 1], keys->v[k])
-                                           : val_lt(C, keys->v[k], keys->v[k - 1])); k--) {
-                step(C, C->at); /* quadratic: every comparison counts against the limits */
-                jv t = l->v[k], tk = keys->v[k];
-                l->v[k] = l->v[k - 1];
-                keys->v[k] = keys->v[k - 1];
-                l->v[k - 1] = t;
-                keys->v[k - 1] = tk;
-            }
-        return mklist(l);
     }
-    if (IS("dictsort")) {
-        if (v.t != JV_DICT) fail(C, "dictsort: expected a dict, got %s", type_name(v));
-        jfunc fn = {.id = M_ITEMS, .self = v};
-        jargs none = {0};
-        jv items = call_func(C, &fn, &none);
-        jlist *l = items.l;
-        for (size_t i = 1; i < l->n; i++) /* insertion sort by key: small dicts */
-            for (size_t k = i; k > 0 && val_lt(C, l->v[k].l->v[0], l->v[k - 1].l->v[0]); k--) {
-                step(C, C->at);
-                jv t = l->v[k];
-                l->v[k] = l->v[k - 1];
-                l->v[k - 1] = t;
-            }
-        return items;
+    return mklist(l);
+}
+
+static jv filter_int(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_UNDEF) fail_undef(C, v, "converted to a number");
+    if (v.t == JV_INT) return v;
+    if (v.t == JV_BOOL) return mkint(v.i);
+    if (v.t == JV_FLOAT && isfinite(v.f) && fabs(v.f) < 9e18) return mkint((int64_t)v.f);
+    if (v.t == JV_STR) {
+        char buf[32];
+        jv s = str_strip(v, NONE, 1, 1);
+        if (s.s.n && s.s.n < sizeof buf) {
+            memcpy(buf, s.s.p, s.s.n);
+            buf[s.s.n] = 0;
+            char *e;
+            long long x = strtoll(buf, &e, 10);
+            if (!*e) return mkint(x);
+        }
     }
-    fail(C, "unknown filter '%.*s'", (int)(n > 40 ? 40 : n), name);
+    return arg(a, 0, "default", mkint(0));
+}
+
+static jv filter_float(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_UNDEF) fail_undef(C, v, "converted to a number");
+    if (is_num(v)) return mkfloat(num(v));
+    return arg(a, 0, "default", mkfloat(0));
+}
+
+static jv filter_abs(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t == JV_BOOL) return mkint(v.i);
+    if (v.t == JV_INT) return v.i == INT64_MIN ? mkfloat(9223372036854775808.0) : mkint(v.i < 0 ? -v.i : v.i);
+    if (is_num(v)) return mkfloat(fabs(num(v)));
+    fail(C, "abs: expected a number, got %s", type_name(v));
+}
+
+static jv filter_indent(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    jv s = to_str(C, v);
+    jv w = arg(a, 0, "width", mkint(4));
+    int64_t first = truthy(arg(a, 1, "first", mkbool(0))), blank = truthy(arg(a, 2, "blank", mkbool(0)));
+    sbuf pad = {0};
+    sb_put(C, &pad, "", 0);
+    if (w.t == JV_STR) sb_put(C, &pad, w.s.p, w.s.n);
+    else
+        for (int64_t k = as_index(C, w, "indent's width"); k > 0; k--) sb_put(C, &pad, " ", 1);
+    sbuf b = {0};
+    sb_put(C, &b, "", 0);
+    size_t st = 0;
+    for (size_t i = 0, line = 0; i <= s.s.n; i++) {
+        if (i < s.s.n && s.s.p[i] != '\n') continue;
+        size_t len = i - st;
+        if ((line > 0 || first) && (blank || len > 0)) sb_put(C, &b, pad.p, pad.n);
+        sb_put(C, &b, s.s.p + st, len);
+        if (i < s.s.n) sb_put(C, &b, "\n", 1);
+        st = i + 1;
+        line++;
+    }
+    return sb_val(&b);
+}
+
+static jv filter_min_max_sort(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    int sort = IS("sort");
+    jv rev = sort ? arg(a, 0, "reverse", mkbool(0)) : mkbool(0);
+    jv cs = arg(a, sort ? 1 : 0, "case_sensitive", mkbool(0)), attr = arg(a, sort ? 2 : 1, "attribute", NONE);
+    jlist *src = iter_items(C, v), *l = list_new(C, src->n), *keys = list_new(C, src->n);
+    for (size_t i = 0; i < src->n; i++) {
+        jv k = attr.t == JV_NONE ? src->v[i] : attr_path(C, src->v[i], attr);
+        list_push(C, keys, k.t == JV_STR && !truthy(cs) ? str_case(C, k, 1) : k);
+        list_push(C, l, src->v[i]);
+    }
+    if (!sort) {
+        if (!l->n) return UNDEF;
+        size_t best = 0;
+        for (size_t i = 1; i < l->n; i++)
+            if (IS("min") ? val_lt(C, keys->v[i], keys->v[best]) : val_lt(C, keys->v[best], keys->v[i])) best = i;
+        return l->v[best];
+    }
+    int r = truthy(rev);
+    for (size_t i = 1; i < l->n; i++) /* insertion sort: stable, as Python's sorted */
+        for (size_t k = i; k > 0 && (r ? val_lt(C, keys->v[k - 1], keys->v[k])
+                                       : val_lt(C, keys->v[k], keys->v[k - 1])); k--) {
+            step(C, C->at); /* quadratic: every comparison counts against the limits */
+            jv t = l->v[k], tk = keys->v[k];
+            l->v[k] = l->v[k - 1];
+            keys->v[k] = keys->v[k - 1];
+            l->v[k - 1] = t;
+            keys->v[k - 1] = tk;
+        }
+    return mklist(l);
+}
+
+static jv filter_dictsort(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    if (v.t != JV_DICT) fail(C, "dictsort: expected a dict, got %s", type_name(v));
+    jfunc fn = {.id = M_ITEMS, .self = v};
+    jargs none = {0};
+    jv items = call_func(C, &fn, &none);
+    jlist *l = items.l;
+    for (size_t i = 1; i < l->n; i++) /* insertion sort by key: small dicts */
+        for (size_t k = i; k > 0 && val_lt(C, l->v[k].l->v[0], l->v[k - 1].l->v[0]); k--) {
+            step(C, C->at);
+            jv t = l->v[k];
+            l->v[k] = l->v[k - 1];
+            l->v[k - 1] = t;
+        }
+    return items;
+}
 #undef IS
+
+typedef jv (*filter_fn)(jctx *C, const char *name, size_t n, jv v, const jargs *a);
+
+static const struct {
+    const char *name;
+    filter_fn fn;
+} FILTERS[] = {
+    {"safe", filter_safe},
+    {"e", filter_escape},
+    {"escape", filter_escape},
+    {"forceescape", filter_escape},
+    {"trim", filter_trim},
+    {"string", filter_string},
+    {"upper", filter_upper},
+    {"lower", filter_lower},
+    {"capitalize", filter_capitalize},
+    {"title", filter_title},
+    {"length", filter_length},
+    {"count", filter_length},
+    {"tojson", filter_tojson},
+    {"replace", filter_replace},
+    {"default", filter_default},
+    {"d", filter_default},
+    {"first", filter_first_last},
+    {"last", filter_first_last},
+    {"join", filter_join},
+    {"items", filter_items},
+    {"list", filter_list},
+    {"reverse", filter_reverse},
+    {"unique", filter_unique},
+    {"select", filter_select},
+    {"reject", filter_reject},
+    {"selectattr", filter_selectattr},
+    {"rejectattr", filter_rejectattr},
+    {"map", filter_map},
+    {"int", filter_int},
+    {"float", filter_float},
+    {"abs", filter_abs},
+    {"indent", filter_indent},
+    {"min", filter_min_max_sort},
+    {"max", filter_min_max_sort},
+    {"sort", filter_min_max_sort},
+    {"dictsort", filter_dictsort},
+};
+
+static jv apply_filter(jctx *C, const char *name, size_t n, jv v, const jargs *a)
+{
+    for (size_t i = 0; i < sizeof FILTERS / sizeof *FILTERS; i++)
+        if (strlen(FILTERS[i].name) == n && !memcmp(FILTERS[i].name, name, n))
+            return FILTERS[i].fn(C, name, n, v, a);
+    fail(C, "unknown filter '%.*s'", (int)(n > 40 ? 40 : n), name);
 }
 
 /* ---- operators ---- */
