@@ -3082,7 +3082,8 @@ static jv str_format(jctx *C, jv f, jv args)
         char conv = f.s.p[i];
         if (conv == 's') write_str(C, &b, v);
         else if (conv == 'r') write_repr(C, &b, v);
-        else if ((conv == 'd' || conv == 'i') && is_num(v)) write_str(C, &b, mkint(v.t == JV_FLOAT ? (int64_t)v.f : v.i));
+        else if ((conv == 'd' || conv == 'i') && is_num(v))
+            write_str(C, &b, mkint(v.t == JV_FLOAT ? (int64_t)v.f : v.i));
         else fail(C, "unsupported format '%%%c'", conv);
     }
     if (!used_mapping && args.t != JV_DICT && args.t != JV_UNDEF && next < (args.t == JV_LIST ? args.l->n : 1))
