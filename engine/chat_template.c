@@ -1,17 +1,27 @@
 #include "engine/chat_template.h"
 
+#include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
 
 #include "engine/unicode.h"
 
 static const char *const kind_names[CHAT_TMPL_COUNT] = {"chatml", "llama3", "mistral", "gemma", "zephyr"};
 
-const char *chat_tmpl_name(chat_tmpl_kind k) { return (unsigned)k < CHAT_TMPL_COUNT ? kind_names[k] : "?"; }
+const char *chat_tmpl_name(chat_tmpl_kind k)
+{
+    if (k == CHAT_TMPL_JINJA) return "jinja";
+    return (unsigned)k < CHAT_TMPL_COUNT ? kind_names[k] : "?";
+}
 
 bt_status chat_tmpl_kind_from_name(const char *name, chat_tmpl_kind *out)
 {
+    if (!strncmp(name, "builtin:", 8)) name += 8;
     for (int k = 0; k < CHAT_TMPL_COUNT; k++) {
         if (!strcmp(name, kind_names[k])) {
             *out = (chat_tmpl_kind)k;
@@ -126,13 +136,31 @@ static char *chatml_default_system(const char *text, size_t len, int *nomem)
     return NULL;
 }
 
+
 bt_status chat_tmpl_init(chat_tmpl *t, const char *text, size_t len, const char *override_name, const char *bos,
                          const char *eos)
 {
     chat_tmpl r = {0};
-    bt_status st = override_name ? chat_tmpl_kind_from_name(override_name, &r.kind)
-                                 : chat_tmpl_detect(text, len, &r.kind);
-    if (st) return st;
+    char parse_err[240] = "";
+    bt_status st;
+    if (override_name) {
+        if ((st = chat_tmpl_kind_from_name(override_name, &r.kind))) return st;
+        snprintf(r.why, sizeof r.why, "the built-in %s renderer, chosen by --chat-template", chat_tmpl_name(r.kind));
+    } else {
+        if (!text || !len) return bt_fail(BT_ERR_INVALID, "chat template is empty");
+        st = jinja_parse(text, len, &r.jinja);
+        if (st == BT_ERR_NOMEM) return st;
+        if (st == BT_OK) {
+            r.kind = CHAT_TMPL_JINJA;
+            snprintf(r.why, sizeof r.why, "the model's own template, rendered by the Jinja interpreter");
+        } else {
+            snprintf(parse_err, sizeof parse_err, "%s", bt_last_error());
+            if ((st = chat_tmpl_detect(text, len, &r.kind)))
+                return bt_fail(st, "chat template does not parse (%s), and %s", parse_err, bt_last_error());
+            snprintf(r.why, sizeof r.why, "the built-in %s renderer: the template does not parse (%s)",
+                     chat_tmpl_name(r.kind), parse_err);
+        }
+    }
     r.bos = dup_or_empty(bos);
     r.eos = dup_or_empty(eos);
     if (!r.bos || !r.eos) goto nomem;
@@ -146,6 +174,22 @@ bt_status chat_tmpl_init(chat_tmpl *t, const char *text, size_t len, const char 
 nomem:
     chat_tmpl_free(&r);
     return bt_fail(BT_ERR_NOMEM, "chat template: out of memory");
+}
+
+bt_status chat_tmpl_init_jinja(chat_tmpl *t, const char *text, size_t len, const char *bos, const char *eos)
+{
+    chat_tmpl r = {.kind = CHAT_TMPL_JINJA};
+    bt_status st = jinja_parse(text ? text : "", text ? len : 0, &r.jinja);
+    if (st) return bt_fail(st, "chat template %s", bt_last_error());
+    snprintf(r.why, sizeof r.why, "a template file, rendered by the Jinja interpreter");
+    r.bos = dup_or_empty(bos);
+    r.eos = dup_or_empty(eos);
+    if (!r.bos || !r.eos) {
+        chat_tmpl_free(&r);
+        return bt_fail(BT_ERR_NOMEM, "chat template: out of memory");
+    }
+    *t = r;
+    return BT_OK;
 }
 
 /* Text of token id named by key, NUL-terminated into a malloc'd string; NULL (not an error) when absent. */
@@ -168,21 +212,78 @@ static bt_status token_text(const gguf_file *f, const char *key, char **out)
     return BT_OK;
 }
 
-bt_status chat_tmpl_init_gguf(chat_tmpl *t, const gguf_file *f, const char *override_name)
+/* A whole file into a malloc'd NUL-terminated buffer; NULL with errno set on failure. */
+static char *read_text_file(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (cap - n < 4096) {
+            if (cap > ((size_t)8 << 20)) { /* larger than any template: not one */
+                errno = EFBIG;
+                goto fail;
+            }
+            char *q = realloc(buf, cap ? cap * 2 : 8192);
+            if (!q) goto fail;
+            buf = q;
+            cap = cap ? cap * 2 : 8192;
+        }
+        size_t k = fread(buf + n, 1, cap - n - 1, fp);
+        n += k;
+        if (k == 0) break;
+    }
+    if (ferror(fp)) goto fail;
+    fclose(fp);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+fail:;
+    int e = errno;
+    free(buf);
+    fclose(fp);
+    errno = e;
+    return NULL;
+}
+
+static int is_builtin_name(const char *name)
+{
+    chat_tmpl_kind k;
+    if (!strncmp(name, "builtin:", 8)) return 1;
+    bt_status st = chat_tmpl_kind_from_name(name, &k);
+    bt_clear_error();
+    return st == BT_OK;
+}
+
+bt_status chat_tmpl_init_gguf(chat_tmpl *t, const gguf_file *f, const char *override)
 {
     gguf_str text = {NULL, 0};
     bt_status st;
     if (gguf_find_kv(f, "tokenizer.chat_template")) {
         if ((st = gguf_get_str(f, "tokenizer.chat_template", &text))) return st;
-    } else if (!override_name) {
+    } else if (!override) {
         return bt_fail(BT_ERR_NOT_FOUND,
-                       "the model has no tokenizer.chat_template; choose one with --chat-template NAME");
+                       "the model has no tokenizer.chat_template; choose one with --chat-template builtin:NAME|FILE");
     }
-    char *bos = NULL, *eos = NULL;
+    char *bos = NULL, *eos = NULL, *file = NULL;
     if ((st = token_text(f, "tokenizer.ggml.bos_token_id", &bos))) goto out;
     if ((st = token_text(f, "tokenizer.ggml.eos_token_id", &eos))) goto out;
-    st = chat_tmpl_init(t, text.ptr, (size_t)text.len, override_name, bos, eos);
+    if (override && !is_builtin_name(override)) {
+        size_t len;
+        if (!(file = read_text_file(override, &len))) {
+            st = bt_fail(errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO,
+                         "--chat-template '%s' is neither a built-in template (chatml, llama3, mistral, gemma, zephyr; "
+                         "or builtin:NAME) nor a readable file: %s", override, strerror(errno));
+            goto out;
+        }
+        st = chat_tmpl_init_jinja(t, file, len, bos, eos);
+        if (st) st = bt_fail(st, "--chat-template %s: %s", override, bt_last_error());
+        goto out;
+    }
+    st = chat_tmpl_init(t, text.ptr, (size_t)text.len, override, bos, eos);
 out:
+    free(file);
     free(bos);
     free(eos);
     return st;
@@ -193,7 +294,9 @@ void chat_tmpl_free(chat_tmpl *t)
     free(t->bos);
     free(t->eos);
     free(t->default_system);
+    jinja_free(t->jinja);
     t->bos = t->eos = t->default_system = NULL;
+    t->jinja = NULL;
 }
 
 /* ---- rendering ---- */
@@ -270,8 +373,107 @@ static bt_status check_alternation(const chat_msg *msgs, size_t n, size_t first,
     return BT_OK;
 }
 
+/* The template's variables as HF apply_chat_template passes them: messages (role, content, then the extra fields),
+ * tools (none when absent), documents (none), add_generation_prompt, bos_token, eos_token. NULL with the error set. */
+static bt_status jinja_vars(const chat_tmpl *t, const chat_msg *msgs, size_t n, const chat_render_opts *o,
+                            cJSON **out)
+{
+    cJSON *vars = cJSON_CreateObject(), *list = cJSON_AddArrayToObject(vars, "messages"), *tools = NULL;
+    if (!vars || !list) goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        cJSON *m = cJSON_CreateObject(), *extra = NULL;
+        if (!m) goto nomem;
+        cJSON_AddItemToArray(list, m);
+        if (!cJSON_AddStringToObject(m, "role", msgs[i].role ? msgs[i].role : "")) goto nomem;
+        if (msgs[i].content) {
+            char *c = malloc(msgs[i].content_len + 1);
+            if (!c) goto nomem;
+            memcpy(c, msgs[i].content, msgs[i].content_len);
+            c[msgs[i].content_len] = 0; /* a NUL inside content ends it here, as JSON text cannot carry it raw */
+            cJSON *s = cJSON_AddStringToObject(m, "content", c);
+            free(c);
+            if (!s) goto nomem;
+        } else if (!cJSON_AddNullToObject(m, "content")) {
+            goto nomem;
+        }
+        if (!msgs[i].extra_json) continue;
+        if (!(extra = cJSON_Parse(msgs[i].extra_json)) || !cJSON_IsObject(extra)) {
+            cJSON_Delete(extra);
+            cJSON_Delete(vars);
+            return bt_fail(BT_ERR_INVALID, "chat template: message %zu's extra fields are not a JSON object", i);
+        }
+        for (cJSON *e = extra->child, *next; e; e = next) {
+            next = e->next;
+            if (!strcmp(e->string, "role") || !strcmp(e->string, "content")) continue;
+            cJSON_AddItemToObject(m, e->string, cJSON_DetachItemViaPointer(extra, e));
+        }
+        cJSON_Delete(extra);
+    }
+    if (o->tools_json) {
+        if (!(tools = cJSON_Parse(o->tools_json))) {
+            cJSON_Delete(vars);
+            return bt_fail(BT_ERR_INVALID, "chat template: tools are not valid JSON");
+        }
+        cJSON_AddItemToObject(vars, "tools", tools);
+    } else if (!cJSON_AddNullToObject(vars, "tools")) {
+        goto nomem;
+    }
+    if (!cJSON_AddNullToObject(vars, "documents") ||
+        !cJSON_AddBoolToObject(vars, "add_generation_prompt", o->add_generation_prompt) ||
+        !cJSON_AddStringToObject(vars, "bos_token", t->bos ? t->bos : "") ||
+        !cJSON_AddStringToObject(vars, "eos_token", t->eos ? t->eos : ""))
+        goto nomem;
+    *out = vars;
+    return BT_OK;
+nomem:
+    cJSON_Delete(vars);
+    return bt_fail(BT_ERR_NOMEM, "chat template: out of memory");
+}
+
+static bt_status render_builtin(const chat_tmpl *t, const chat_msg *msgs, size_t n, int add_generation_prompt,
+                                char **out, size_t *out_len);
+
+static bt_status render_jinja(const chat_tmpl *t, const chat_msg *msgs, size_t n, const chat_render_opts *o,
+                              char **out, size_t *out_len)
+{
+    cJSON *vars = NULL;
+    bt_status st = jinja_vars(t, msgs, n, o, &vars);
+    if (st) return st;
+    st = jinja_render(t->jinja, vars, o->now ? o->now : (int64_t)time(NULL), NULL, out, out_len);
+    cJSON_Delete(vars);
+    if (st) return bt_fail(st, "chat template %s", bt_last_error());
+    return BT_OK;
+}
+
 bt_status chat_tmpl_render(const chat_tmpl *t, const chat_msg *msgs, size_t n, int add_generation_prompt,
                            char **out, size_t *out_len)
+{
+    chat_render_opts o = {.add_generation_prompt = add_generation_prompt};
+    return chat_tmpl_render_opts(t, msgs, n, &o, out, out_len);
+}
+
+bt_status chat_tmpl_render_opts(const chat_tmpl *t, const chat_msg *msgs, size_t n, const chat_render_opts *o,
+                                char **out, size_t *out_len)
+{
+    if (t->kind == CHAT_TMPL_JINJA) return render_jinja(t, msgs, n, o, out, out_len);
+    for (size_t i = 0; i < n; i++) {
+        if (msgs[i].content) continue;
+        /* the built-in renderers read content as text: a message without content renders as empty */
+        chat_msg *copy = malloc((n ? n : 1) * sizeof *copy);
+        if (!copy) return bt_fail(BT_ERR_NOMEM, "chat template: out of memory");
+        for (size_t k = 0; k < n; k++) {
+            copy[k] = msgs[k];
+            if (!copy[k].content) copy[k].content = "", copy[k].content_len = 0;
+        }
+        bt_status st = render_builtin(t, copy, n, o->add_generation_prompt, out, out_len);
+        free(copy);
+        return st;
+    }
+    return render_builtin(t, msgs, n, o->add_generation_prompt, out, out_len);
+}
+
+static bt_status render_builtin(const chat_tmpl *t, const chat_msg *msgs, size_t n, int add_generation_prompt,
+                                char **out, size_t *out_len)
 {
     sbuf b = {0};
     bt_status st = BT_OK;

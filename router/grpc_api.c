@@ -82,7 +82,7 @@ static bt_status to_ids(const rtr_model_t *model, const char *text, const Baton_
                 free(cm);
                 return bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
             }
-            cm[i] = (chat_msg){!strcmp(m->role, "developer") ? "system" : m->role, m->content, strlen(m->content)};
+            cm[i] = (chat_msg){!strcmp(m->role, "developer") ? "system" : m->role, m->content, strlen(m->content), NULL};
         }
         bt_status st = rtr_chat_encode(model, cm, chat->n_messages, ids);
         free(cm);

@@ -18,6 +18,9 @@ static void usage(FILE *f)
             "  --served-model-name NAME  the model id clients see and send (default: the file name in lower case\n"
             "                            without its quantization tag, e.g. smollm2-135m-instruct); the GGUF's\n"
             "                            general.name and the file name stay accepted\n"
+            "  --chat-template builtin:NAME|FILE\n"
+            "                            a built-in chat template (chatml, llama3, mistral, gemma, zephyr) or a Jinja\n"
+            "                            file, instead of the model's own template (rendered by the interpreter)\n"
             "  --etcd URL[,URL]          etcd endpoints\n"
             "  --http-listen HOST:PORT   OpenAI API, /health, /metrics (default 127.0.0.1:8000)\n"
             "  --grpc-listen HOST:PORT   baton.v1.Generation and health (default 127.0.0.1:50051)\n"
@@ -195,6 +198,7 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
     } texts[] = {
         {"--model", &cfg->model_path},
         {"--served-model-name", &cfg->served_model_name},
+        {"--chat-template", &cfg->chat_template},
         {"--etcd", &cfg->etcd},
         {"--http-listen", &cfg->http_listen},
         {"--grpc-listen", &cfg->grpc_listen},

@@ -210,29 +210,59 @@ static size_t n_control(const tok_tokenizer *t, const int32_t *ids, size_t n)
     return k;
 }
 
-#define PH_MARK '\x1f' /* placeholder content "\x1f<index>\x1f": no template family emits this byte */
+/* Placeholder content "<U+E000><index><U+E000>": a private-use character, which no template emits and which is not
+ * whitespace, so |trim and strip() keep it (an ASCII control such as \x1f is whitespace to Python and was trimmed). */
+#define PH_MARK "\xEE\x80\x80"
+#define PH_MARK_LEN 3
 
 /* Parses a placeholder at s[0..end): its message index and length, or 0 when s does not start one. */
 static size_t placeholder_at(const char *s, const char *end, size_t n_msgs, size_t *idx)
 {
-    if (s >= end || *s != PH_MARK) return 0;
-    size_t v = 0, i = 1;
-    while (s + i < end && s[i] >= '0' && s[i] <= '9' && i < 12) v = v * 10 + (size_t)(s[i++] - '0');
-    if (i == 1 || s + i >= end || s[i] != PH_MARK || v >= n_msgs) return 0;
+    if (end - s < PH_MARK_LEN || memcmp(s, PH_MARK, PH_MARK_LEN)) return 0;
+    size_t v = 0, i = PH_MARK_LEN;
+    while (s + i < end && s[i] >= '0' && s[i] <= '9' && i < PH_MARK_LEN + 11) v = v * 10 + (size_t)(s[i++] - '0');
+    if (i == PH_MARK_LEN || end - (s + i) < PH_MARK_LEN || memcmp(s + i, PH_MARK, PH_MARK_LEN) || v >= n_msgs)
+        return 0;
     *idx = v;
-    return i + 1;
+    return i + PH_MARK_LEN;
 }
 
-/* Content as the template places it: llama3 and gemma trim it (Jinja's |trim). */
+static int ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Content as the template places it: llama3 and gemma trim it (Jinja's |trim). A Jinja template may trim it or
+ * not, so its placeholder carries the content's outer whitespace (placeholder_text) and the span is the rest. */
 static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p, size_t *len)
 {
-    const char *s = c->content, *e = c->content + c->content_len;
-    if (m->tmpl.kind == CHAT_TMPL_LLAMA3 || m->tmpl.kind == CHAT_TMPL_GEMMA) {
-        while (s < e && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) s++;
-        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
+    const char *s = c->content ? c->content : "", *e = s + (c->content ? c->content_len : 0);
+    if (m->tmpl.kind == CHAT_TMPL_LLAMA3 || m->tmpl.kind == CHAT_TMPL_GEMMA || m->tmpl.kind == CHAT_TMPL_JINJA) {
+        while (s < e && ascii_space(*s)) s++;
+        while (e > s && ascii_space(e[-1])) e--;
     }
     *p = s;
     *len = (size_t)(e - s);
+}
+
+/* The placeholder of message i; for a Jinja template between the content's leading and trailing whitespace (see
+ * content_span). */
+static bt_status placeholder_text(const rtr_model_t *m, const chat_msg *c, size_t i, char **out)
+{
+    const char *s = c->content ? c->content : "", *e = s + (c->content ? c->content_len : 0), *a = s, *b = e;
+    if (m->tmpl.kind == CHAT_TMPL_JINJA) {
+        while (a < e && ascii_space(*a)) a++;
+        while (b > a && ascii_space(b[-1])) b--;
+    } else {
+        a = s; /* the built-in renderers place the placeholder as given */
+        b = e;
+    }
+    size_t lead = (size_t)(a - s), trail = (size_t)(e - b);
+    char *t = malloc(lead + trail + 32);
+    if (!t) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    memcpy(t, s, lead);
+    int k = snprintf(t + lead, 32, "%s%zu%s", PH_MARK, i, PH_MARK);
+    memcpy(t + lead + (size_t)k, b, trail);
+    t[lead + (size_t)k + trail] = 0;
+    *out = t;
+    return BT_OK;
 }
 
 /* Renders msgs with placeholder contents, then encodes the template's text with its special markers and each
@@ -240,7 +270,7 @@ static void content_span(const rtr_model_t *m, const chat_msg *c, const char **p
 static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
 {
     chat_msg *ph = calloc(n, sizeof *ph);
-    char (*txt)[24] = calloc(n, sizeof *txt);
+    char **txt = calloc(n, sizeof *txt);
     char *skel = NULL;
     size_t len = 0;
     bt_status st = BT_OK;
@@ -249,8 +279,8 @@ static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, siz
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        int k = snprintf(txt[i], sizeof txt[i], "%c%zu%c", PH_MARK, i, PH_MARK);
-        ph[i] = (chat_msg){msgs[i].role, txt[i], (size_t)k};
+        if ((st = placeholder_text(m, &msgs[i], i, &txt[i]))) goto out;
+        ph[i] = (chat_msg){msgs[i].role, txt[i], strlen(txt[i]), msgs[i].extra_json};
     }
     if ((st = chat_tmpl_render(&m->tmpl, ph, n, 1, &skel, &len))) goto out;
     const char *s = skel, *end = skel + len, *run = skel;
@@ -272,6 +302,7 @@ static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, siz
     if (!st && end > run) st = tok_encode(m->tok, run, (size_t)(end - run), TOK_PARSE_SPECIAL, out);
 out:
     free(skel);
+    for (size_t i = 0; txt && i < n; i++) free(txt[i]);
     free(txt);
     free(ph);
     return st;
@@ -290,11 +321,15 @@ bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, 
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0};
+    for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0, msgs[i].extra_json};
     st = chat_tmpl_render(&m->tmpl, empty, n, 1, &skel, &slen);
     free(empty);
-    if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) goto out;
-    if (n_control(m->tok, full.ids, full.n) == n_control(m->tok, bare.ids, bare.n)) {
+    if (st == BT_ERR_INVALID) {
+        /* a Jinja template may refuse empty contents (raise_exception): place the contents by placeholders */
+        st = BT_OK;
+    } else if (st || (st = tok_encode(m->tok, skel, slen, TOK_PARSE_SPECIAL, &bare))) {
+        goto out;
+    } else if (n_control(m->tok, full.ids, full.n) == n_control(m->tok, bare.ids, bare.n)) {
         *out = full; /* no content produced a marker: the usual tokens, byte for byte */
         full = (tok_ids){0};
         goto out;
@@ -356,6 +391,32 @@ static bt_status check_tool_fields(const cJSON *msg, const char *role, int idx, 
     return BT_OK;
 }
 
+/* A message's fields that the chat template sees besides role and content; other fields are ignored (README). */
+static const char *const extra_fields[] = {"name", "tool_call_id", "tool_calls", "reasoning_content"};
+
+/* The message's extra_fields as JSON text for the chat template, which sees them as plain data; *out stays NULL
+ * when there are none. */
+static bt_status message_extra(const cJSON *msg, char **out)
+{
+    *out = NULL;
+    cJSON *copy = NULL;
+    for (size_t i = 0; i < sizeof extra_fields / sizeof *extra_fields; i++) {
+        const cJSON *f = field(msg, extra_fields[i]);
+        if (!f) continue;
+        if (!copy && !(copy = cJSON_CreateObject())) return bt_fail(BT_ERR_NOMEM, "out of memory");
+        cJSON *d = cJSON_Duplicate(f, 1);
+        if (!d || !cJSON_AddItemToObject(copy, extra_fields[i], d)) {
+            cJSON_Delete(d);
+            cJSON_Delete(copy);
+            return bt_fail(BT_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (!copy) return BT_OK;
+    *out = cJSON_PrintUnformatted(copy);
+    cJSON_Delete(copy);
+    return *out ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");
@@ -373,8 +434,8 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
     bt_status st = check_prompt_bytes(m, total, http_status);
     if (st) return st;
     chat_msg *cm = calloc((size_t)n, sizeof *cm);
-    char **contents = calloc((size_t)n, sizeof *contents);
-    if (!cm || !contents) {
+    char **contents = calloc((size_t)n, sizeof *contents), **extras = calloc((size_t)n, sizeof *extras);
+    if (!cm || !contents || !extras) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -405,7 +466,8 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             st = bt_fail(BT_ERR_INVALID, "'messages[%d].content' is not valid UTF-8", i);
             goto out;
         }
-        cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i])};
+        if ((st = message_extra(e, &extras[i]))) goto out;
+        cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i]), extras[i]};
         i++;
     }
     tok_ids ids = {0};
@@ -418,7 +480,9 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
     g->n_prompt = ids.n;
 out:
     for (int k = 0; contents && k < n; k++) free(contents[k]);
+    for (int k = 0; extras && k < n; k++) free(extras[k]);
     free(contents);
+    free(extras);
     free(cm);
     return st;
 }

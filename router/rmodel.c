@@ -35,14 +35,22 @@ static void load_attention_shape(const gguf_file *f, const char *arch, rtr_model
 
 bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *out)
 {
+    return rtr_model_load_tmpl(path, max_ctx, NULL, out);
+}
+
+bt_status rtr_model_load_tmpl(const char *path, int32_t max_ctx, const char *chat_template, rtr_model_t *out)
+{
     rtr_model_t m;
     memset(&m, 0, sizeof m);
     gguf_file *f = NULL;
     bt_status st = gguf_open(path, &f);
     if (st) return st;
     if ((st = tok_create(f, &m.tok))) goto fail;
-    if (chat_tmpl_init_gguf(&m.tmpl, f, NULL) == BT_OK) {
+    if ((st = chat_tmpl_init_gguf(&m.tmpl, f, chat_template)) == BT_OK) {
         m.has_tmpl = 1;
+        BT_INFO("router", "chat template of %s: %s", path, m.tmpl.why);
+    } else if (chat_template) {
+        goto fail; /* a template asked for that cannot be used stops the start */
     } else {
         BT_WARN("router", "no usable chat template in %s (%s): chat requests will be refused", path, bt_last_error());
     }

@@ -322,7 +322,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
     pthread_mutex_init(&r->adm_mu, NULL);
     r->mean_out = RTR_ADMIT_PRIOR_OUT;
     bt_status st;
-    if ((st = rtr_model_load(cfg->model_path, cfg->max_context, &r->model))) {
+    if ((st = rtr_model_load_tmpl(cfg->model_path, cfg->max_context, cfg->chat_template, &r->model))) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", bt_last_error());
         pthread_cond_destroy(&r->planner_cv);

@@ -73,6 +73,9 @@ typedef struct rtr_model {
  * caps the context. Errors as gguf_open / tok_create; a missing chat template is not an error (chat requests then
  * get 400). *m is set only on success. */
 bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *m);
+/* Same, with chat_template (NULL: the model's) choosing the template as --chat-template builtin:NAME|FILE does;
+ * a chat_template that cannot be used is an error (as chat_tmpl_init_gguf's). */
+bt_status rtr_model_load_tmpl(const char *path, int32_t max_ctx, const char *chat_template, rtr_model_t *m);
 void rtr_model_free(rtr_model_t *m);
 /* 1 when name (NULL or "" = any) names this model: its id, general.name or file name. */
 int rtr_model_matches(const rtr_model_t *m, const char *name);
@@ -432,6 +435,7 @@ double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o);
 typedef struct rtr_config {
     const char *model_path;
     const char *served_model_name; /* the id served for the model; NULL = the short id of its file name */
+    const char *chat_template;     /* --chat-template builtin:NAME|FILE; NULL = the model's own */
     const char *etcd;
     const char *http_listen;  /* host:port */
     const char *grpc_listen;

@@ -138,7 +138,7 @@ static int tokenize_item(const workload_item *it, const char *path, tok_tokenize
     const char *text = it->text;
     size_t len = strlen(text);
     if (it->chat) {
-        chat_msg m = {"user", text, len};
+        chat_msg m = {"user", text, len, NULL};
         if (chat_tmpl_render(tmpl, &m, 1, 1, &rendered, &len)) {
             fprintf(stderr, "baton bench: %s (%s): %s\n", path, it->name, bt_last_error());
             return -1;

@@ -32,7 +32,9 @@ static void generate_usage(FILE *out)
             "  --prompt TEXT         raw prompt, tokenized as is\n"
             "  --chat TEXT           a user message, rendered with the model's chat template\n"
             "  --system TEXT         system message for --chat\n"
-            "  --chat-template NAME  override the template family (chatml, llama3, mistral, gemma, zephyr)\n"
+            "  --chat-template builtin:NAME|FILE\n"
+            "                        a built-in chat template (chatml, llama3, mistral, gemma, zephyr) or a Jinja\n"
+            "                        file, instead of the model's own template\n"
             "  --max-tokens N        tokens to generate (default 128)\n"
             "  --temperature T       0 = greedy (default 0)\n"
             "  --top-k K             (default 0 = off)\n"
@@ -241,8 +243,8 @@ int cmd_generate(int argc, char **argv)
         have_tmpl = 1;
         chat_msg msgs[2];
         size_t n = 0;
-        if (o.system) msgs[n++] = (chat_msg){"system", o.system, strlen(o.system)};
-        msgs[n++] = (chat_msg){"user", o.chat, strlen(o.chat)};
+        if (o.system) msgs[n++] = (chat_msg){"system", o.system, strlen(o.system), NULL};
+        msgs[n++] = (chat_msg){"user", o.chat, strlen(o.chat), NULL};
         if (chat_tmpl_render(&tmpl, msgs, n, 1, &text, &text_len)) {
             fprintf(stderr, "baton generate: %s\n", bt_last_error());
             goto out;

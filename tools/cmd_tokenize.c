@@ -174,17 +174,21 @@ static const char *parse_ids(const char *p, tok_ids *out)
 
 typedef struct conv {
     chat_msg *msgs;
-    char **owned; /* role and content strings */
+    char **owned; /* role, content and extra_json of each message */
     size_t n, cap;
+    char *tools;  /* the JSON text of "tools", or NULL */
 } conv;
 
 static void conv_clear(conv *c)
 {
     for (size_t i = 0; i < c->n; i++) {
-        free(c->owned[2 * i]);
-        free(c->owned[2 * i + 1]);
+        free(c->owned[3 * i]);
+        free(c->owned[3 * i + 1]);
+        free(c->owned[3 * i + 2]);
     }
     c->n = 0;
+    free(c->tools);
+    c->tools = NULL;
 }
 
 static void conv_free(conv *c)
@@ -192,6 +196,17 @@ static void conv_free(conv *c)
     conv_clear(c);
     free(c->msgs);
     free(c->owned);
+}
+
+/* A copy of p[0..n) as a NUL-terminated string; NULL on allocation failure. */
+static char *dup_n(const char *p, size_t n)
+{
+    char *s = malloc(n + 1);
+    if (s) {
+        memcpy(s, p, n);
+        s[n] = 0;
+    }
+    return s;
 }
 
 static char *take(jbuf *b, size_t *len)
@@ -205,11 +220,48 @@ static char *take(jbuf *b, size_t *len)
     return s;
 }
 
-/* Parses [{"role": "...", "content": "..."}, ...] (other keys ignored; content null counts as ""). */
+static const char *parse_msgs(const char *p, conv *c, const char **why);
+
+/* Parses a conversation: [{"role": "...", "content": "..."}, ...], or {"messages": [...], "tools": [...]}. Other
+ * keys of a message (tool_calls, tool_call_id, name, ...) go to the template as they are; content null is none. */
 static const char *parse_conv(const char *p, conv *c, const char **why)
 {
-    jbuf tmp = {0};
     conv_clear(c);
+    p = ws(p);
+    if (*p != '{') return parse_msgs(p, c, why);
+    int have_msgs = 0;
+    *why = "expected {\"messages\": [...], \"tools\": [...]}";
+    p = ws(p + 1);
+    while (*p != '}') {
+        jbuf key = {0};
+        p = parse_string(p, &key);
+        int is_msgs = p && !strcmp(key.p, "messages"), is_tools = p && !strcmp(key.p, "tools");
+        free(key.p);
+        if (!p) return NULL;
+        p = ws(p);
+        if (*p++ != ':') return NULL;
+        p = ws(p);
+        const char *v = p;
+        if (is_msgs) {
+            if (!(p = parse_msgs(p, c, why))) return NULL;
+            have_msgs = 1;
+        } else {
+            if (!(p = skip_value(p, 0))) return NULL;
+            if (is_tools && strncmp(v, "null", 4)) {
+                free(c->tools);
+                if (!(c->tools = dup_n(v, (size_t)(p - v)))) return NULL;
+            }
+        }
+        p = ws(p);
+        if (*p == ',') p = ws(p + 1);
+        else if (*p != '}') return NULL;
+    }
+    return have_msgs ? p + 1 : NULL;
+}
+
+static const char *parse_msgs(const char *p, conv *c, const char **why)
+{
+    jbuf tmp = {0}, extra = {0};
     *why = "expected a JSON array of {\"role\": ..., \"content\": ...} objects";
     p = ws(p);
     if (*p++ != '[') goto bad;
@@ -224,18 +276,21 @@ static const char *parse_conv(const char *p, conv *c, const char **why)
             chat_msg *m = realloc(c->msgs, cap * sizeof *m);
             if (!m) goto bad;
             c->msgs = m;
-            char **o = realloc(c->owned, 2 * cap * sizeof *o);
+            char **o = realloc(c->owned, 3 * cap * sizeof *o);
             if (!o) goto bad;
             c->owned = o;
             c->cap = cap;
         }
-        char *role = NULL, *content = NULL;
+        char *role = NULL, *content = NULL, *extra_json = NULL;
         size_t rl = 0, cl = 0;
+        int null_content = 0;
+        extra.n = 0;
         p = ws(p);
         if (*p++ != '{') goto bad;
         p = ws(p);
         while (*p != '}') {
             jbuf key = {0};
+            const char *key_at = p;
             p = parse_string(p, &key);
             int is_role = p && !strcmp(key.p, "role"), is_content = p && !strcmp(key.p, "content");
             free(key.p);
@@ -253,7 +308,14 @@ static const char *parse_conv(const char *p, conv *c, const char **why)
                     *why = "\"role\" and \"content\" must be strings";
                     goto bad_msg;
                 }
+                const char *v = p;
                 if (!(p = skip_value(p, 0))) goto bad_msg;
+                if (is_content) {
+                    null_content = 1;
+                } else if (jb_put(&extra, extra.n ? "," : "{", 1) || jb_put(&extra, key_at, (size_t)(v - key_at)) ||
+                           jb_put(&extra, v, (size_t)(p - v))) {
+                    goto bad_msg;
+                }
             }
             p = ws(p);
             if (*p == ',') p = ws(p + 1);
@@ -264,10 +326,17 @@ static const char *parse_conv(const char *p, conv *c, const char **why)
             *why = "a message has no \"role\"";
             goto bad_msg;
         }
-        if (!content && !(content = calloc(1, 1))) goto bad_msg;
-        c->owned[2 * c->n] = role;
-        c->owned[2 * c->n + 1] = content;
-        c->msgs[c->n++] = (chat_msg){role, content, cl};
+        if (!content && !null_content && !(content = calloc(1, 1))) goto bad_msg;
+        if (null_content) {
+            free(content);
+            content = NULL;
+            cl = 0;
+        }
+        if (extra.n && (jb_put(&extra, "}", 1) || !(extra_json = dup_n(extra.p, extra.n)))) goto bad_msg;
+        c->owned[3 * c->n] = role;
+        c->owned[3 * c->n + 1] = content;
+        c->owned[3 * c->n + 2] = extra_json;
+        c->msgs[c->n++] = (chat_msg){role, content, cl, extra_json};
         p = ws(p);
         if (*p == ',') {
             p++;
@@ -275,14 +344,17 @@ static const char *parse_conv(const char *p, conv *c, const char **why)
         }
         if (*p != ']') goto bad;
         free(tmp.p);
+        free(extra.p);
         return p + 1;
     bad_msg:
         free(role);
         free(content);
+        free(extra_json);
         goto bad;
     }
 bad:
     free(tmp.p);
+    free(extra.p);
     return NULL;
 }
 
@@ -629,29 +701,41 @@ static void chat_usage(FILE *out)
     fprintf(out,
             "usage: baton chat-template [--model PATH] [options] [CONVERSATION]\n"
             "\n"
-            "Renders a conversation with the model's chat template. CONVERSATION (or stdin) is a JSON array of\n"
-            "{\"role\": ..., \"content\": ...} objects; the rendered prompt is printed as is.\n"
+            "Renders a conversation with the model's chat template (its Jinja text, by baton's interpreter; a\n"
+            "built-in renderer when it does not parse). CONVERSATION (or stdin) is a JSON array of\n"
+            "{\"role\": ..., \"content\": ...} objects (other fields such as tool_calls reach the template as they\n"
+            "are), or {\"messages\": [...], \"tools\": [...]}; the rendered prompt is printed as is.\n"
             "\n"
             "  --model PATH             GGUF file (default: $BATON_MODEL or the cached default model)\n"
-            "  --chat-template NAME     use this family instead of detecting it: chatml, llama3, mistral, gemma,\n"
-            "                           zephyr\n"
-            "  --template-file PATH     detect the family from this template text instead of the model's\n"
+            "  --chat-template builtin:NAME|FILE\n"
+            "                           a built-in renderer (chatml, llama3, mistral, gemma, zephyr; a bare NAME\n"
+            "                           works too), or a Jinja template FILE rendered by the interpreter\n"
+            "  --template-file PATH     this template text instead of the model's (interpreted, with the fallback)\n"
+            "  --now SECONDS            the Unix time that strftime_now formats (default: now)\n"
             "  --no-generation-prompt   do not append the assistant header\n"
             "  --tokenize               print the rendered prompt's ids instead of its text\n"
-            "  --detect                 print the recognised family name and exit\n"
+            "  --detect                 print the chosen renderer (jinja or a built-in name) and exit\n"
             "  --jsonl                  batch mode: each stdin line is a conversation; each output line is the\n"
-            "                           rendered prompt as a JSON string (with --tokenize: a JSON array of ids)\n"
+            "                           rendered prompt as a JSON string (with --tokenize: a JSON array of ids),\n"
+            "                           or {\"error\": ...} when it cannot be rendered (the exit status is then 1)\n"
             "  -h, --help               this help\n"
             "\n"
             "Exit status: 0 on success, 1 on a model, template or input error (one line on stderr), 2 on bad usage.\n");
 }
 
-static int render_one(const chat_tmpl *ct, const tok_tokenizer *t, const conv *c, int gen, int json)
+static int render_one(const chat_tmpl *ct, const tok_tokenizer *t, const conv *c, int gen, int64_t now, int json)
 {
     char *s;
     size_t n;
-    if (chat_tmpl_render(ct, c->msgs, c->n, gen, &s, &n)) {
+    chat_render_opts o = {.add_generation_prompt = gen, .tools_json = c->tools, .now = now};
+    if (chat_tmpl_render_opts(ct, c->msgs, c->n, &o, &s, &n)) {
         fprintf(stderr, "baton chat-template: %s\n", bt_last_error());
+        if (json) { /* the batch goes on: this conversation's line says why it failed */
+            const char *e = bt_last_error();
+            fputs("{\"error\": ", stdout);
+            print_json_string(stdout, e, strlen(e));
+            fputs("}\n", stdout);
+        }
         return 1;
     }
     if (t) {
@@ -682,6 +766,7 @@ int cmd_chat_template(int argc, char **argv)
 {
     const char *model = NULL, *name = NULL, *tfile = NULL, *arg = NULL;
     int gen = 1, tokenize = 0, jsonl = 0, detect = 0;
+    int64_t now = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -693,6 +778,13 @@ int cmd_chat_template(int argc, char **argv)
                 return 2;
             }
             *(!strcmp(a, "--model") ? &model : !strcmp(a, "--chat-template") ? &name : &tfile) = argv[++i];
+        } else if (!strcmp(a, "--now")) {
+            char *end = NULL;
+            if (i + 1 < argc) now = strtoll(argv[++i], &end, 10);
+            if (!end || *end || now <= 0) {
+                fprintf(stderr, "baton chat-template: --now needs a positive number of seconds\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--no-generation-prompt")) {
             gen = 0;
         } else if (!strcmp(a, "--tokenize")) {
@@ -767,6 +859,7 @@ int cmd_chat_template(int argc, char **argv)
     if (jsonl) {
         size_t cap = 0;
         long lineno = 0;
+        int failed = 0;
         while (read_line(stdin, &line, &cap) >= 0) {
             lineno++;
             const char *e = parse_conv(line, &c, &why);
@@ -774,8 +867,9 @@ int cmd_chat_template(int argc, char **argv)
                 fprintf(stderr, "baton chat-template: stdin line %ld: %s\n", lineno, why);
                 goto out;
             }
-            if (render_one(&ct, t, &c, gen, 1)) goto out;
+            failed |= render_one(&ct, t, &c, gen, now, 1);
         }
+        if (failed) goto out;
     } else {
         size_t len;
         if (!arg) {
@@ -790,7 +884,7 @@ int cmd_chat_template(int argc, char **argv)
             fprintf(stderr, "baton chat-template: %s\n", why);
             goto out;
         }
-        if (render_one(&ct, t, &c, gen, 0)) goto out;
+        if (render_one(&ct, t, &c, gen, now, 0)) goto out;
     }
     rc = fflush(stdout) ? 1 : 0;
 out:

@@ -29,8 +29,8 @@ static void render(const char *s, size_t n)
         size_t cl = strnlen(content, n - at);
         at += cl + 1;
         if (!rtr_chat_role_ok(role)) continue;
-        msgs[k] = (chat_msg){role, content, cl};
-        empty[k] = (chat_msg){role, "", 0};
+        msgs[k] = (chat_msg){role, content, cl, NULL};
+        empty[k] = (chat_msg){role, "", 0, NULL};
         k++;
     }
     if (!k) return;

@@ -1,8 +1,10 @@
-"""baton's native chat-template rendering against Hugging Face apply_chat_template (Jinja).
+"""baton's chat-template rendering against Hugging Face apply_chat_template (Jinja).
 
-The default model's own template is rendered for every conversation, with and without the generation prompt.
-The other families are checked with reference templates of those model families, passed to baton with
---template-file (detection) and to HF as chat_template=.
+The default model's own template is rendered for every conversation, with and without the generation prompt, by
+the Jinja interpreter (the default) and by the built-in chatml renderer (--chat-template builtin:chatml). The
+other built-in families are checked with reference templates of those model families, passed to baton with
+--chat-template builtin:NAME and to HF as chat_template=. Real model templates through the interpreter:
+test_chat_template_jinja.py.
 """
 import json
 import os
@@ -111,19 +113,35 @@ def hf():
     return tok
 
 
+@pytest.mark.parametrize("renderer", ["jinja", "builtin:chatml"])
 @pytest.mark.parametrize("gen", [True, False])
-def test_default_template_matches_hf(hf, gen):
+def test_default_template_matches_hf(hf, gen, renderer):
     assert len(CONVERSATIONS) >= 20
-    got = baton_render(CONVERSATIONS, *([] if gen else ["--no-generation-prompt"]))
+    override = [] if renderer == "jinja" else ["--chat-template", renderer]
+    got = baton_render(CONVERSATIONS, *override, *([] if gen else ["--no-generation-prompt"]))
     for conv, g in zip(CONVERSATIONS, got):
         want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen)
         assert g == want, f"conversation {conv!r}"
 
 
-def test_default_template_detected_as_chatml():
+def test_default_template_is_interpreted():
     r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--detect"], capture_output=True,
                        text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "chatml"
+    assert r.returncode == 0 and r.stdout.strip() == "jinja"
+    for override in ("builtin:chatml", "chatml"):
+        r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--chat-template", override,
+                            "--detect"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == "chatml"
+
+
+def test_unparsable_template_falls_back_to_builtin(tmp_path):
+    # {% call %} blocks are not supported: the chatml markers still select the built-in renderer
+    text = CHATML_PLAIN + "{% call foo() %}{% endcall %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(text, encoding="utf-8")
+    r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--template-file", str(path), "--detect"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "chatml", r.stderr
 
 
 def test_rendered_prompt_tokenizes_like_hf(hf):
@@ -140,7 +158,10 @@ def test_other_families_match_jinja(hf, tmp_path, family, gen):
     path.write_text(text, encoding="utf-8")
     convs = [c for c in CONVERSATIONS if family not in ("mistral", "gemma") or alternating(c)]
     assert len(convs) >= 10
-    got = baton_render(convs, "--template-file", path, *([] if gen else ["--no-generation-prompt"]))
+    name = "chatml" if family.startswith("chatml") else family
+    got = baton_render(convs, "--template-file", path, "--chat-template", f"builtin:{name}",
+                       *([] if gen else ["--no-generation-prompt"]))
+    assert got == baton_render(convs, "--template-file", path, *([] if gen else ["--no-generation-prompt"]))
     for conv, g in zip(convs, got):
         want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen, chat_template=text)
         assert g == want, f"{family}: conversation {conv!r}"
@@ -154,13 +175,31 @@ def test_override_by_name():
     assert r.stdout == "<|im_start|><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
 
 
-def test_errors_are_one_clear_line(tmp_path):
+def test_template_file_override(tmp_path):
     path = tmp_path / "odd.jinja"
     path.write_text("{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}", encoding="utf-8")
+    r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--chat-template", str(path),
+                        json.dumps([m(U, "a"), m(A, "b")])], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "### user: a\n### assistant: b\n", r.stderr
+
+
+def test_errors_are_one_clear_line(tmp_path):
+    path = tmp_path / "odd.jinja"
+    path.write_text("{% for m in messages %}### {{ m.role }}: {{ m.content }\n{% endfor %}", encoding="utf-8")
     r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--template-file", str(path), "[]"],
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and "not recognised" in r.stderr and "### " in r.stderr
+    assert "does not parse (line 1:" in r.stderr
+    # a FILE override is interpreted without a fallback: its syntax error, with line:col, at load
+    r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--chat-template", str(path), "[]"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "line 1:" in r.stderr, r.stderr
+    path.write_text("{{ raise_exception('no ' ~ messages[0].role) }}", encoding="utf-8")
+    r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--chat-template", str(path),
+                        json.dumps([m(U, "a")])], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == ("baton chat-template: chat template line 1:4: "
+                                                      "raise_exception: no user")
     r = subprocess.run([str(BATON), "chat-template", "--model", str(MODEL), "--chat-template", "nope", "[]"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "nope" in r.stderr

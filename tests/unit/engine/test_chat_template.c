@@ -79,31 +79,76 @@ static char *render(const chat_tmpl *t, const chat_msg *m, size_t n, int gen)
     } while (0)
 
 static const chat_msg CONV[] = {
-    {"user", "Hi", 2},
-    {"assistant", " Hello! ", 8},
-    {"user", "\n2+2?\n", 6},
+    {"user", "Hi", 2, NULL},
+    {"assistant", " Hello! ", 8, NULL},
+    {"user", "\n2+2?\n", 6, NULL},
 };
 static const chat_msg CONV_SYS[] = {
-    {"system", "Be brief.", 9},
-    {"user", "Hi", 2},
+    {"system", "Be brief.", 9, NULL},
+    {"user", "Hi", 2, NULL},
 };
 
+/* The same template through the interpreter (the default) and through the built-in renderer (an override). */
 static void test_chatml(void)
 {
-    chat_tmpl t;
-    REQUIRE(chat_tmpl_init(&t, SMOLLM, strlen(SMOLLM), NULL, "<|im_start|>", "<|im_end|>") == BT_OK);
-    CHECK(t.kind == CHAT_TMPL_CHATML && t.default_system &&
-          !strcmp(t.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"));
-    EXPECT_RENDER(&t, CONV, 1, 1,
-                  "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-                  "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-    EXPECT_RENDER(&t, CONV_SYS, 2, 0, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
-    EXPECT_RENDER(&t, CONV, 0, 1, "<|im_start|>assistant\n");
-    chat_tmpl_free(&t);
+    static const char *const overrides[] = {NULL, "builtin:chatml"};
+    for (int i = 0; i < 2; i++) {
+        chat_tmpl t;
+        REQUIRE(chat_tmpl_init(&t, SMOLLM, strlen(SMOLLM), overrides[i], "<|im_start|>", "<|im_end|>") == BT_OK);
+        if (i == 0) {
+            CHECK(t.kind == CHAT_TMPL_JINJA && t.jinja && strstr(t.why, "Jinja"));
+        } else {
+            CHECK(t.kind == CHAT_TMPL_CHATML && t.default_system &&
+                  !strcmp(t.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"));
+        }
+        EXPECT_RENDER(&t, CONV, 1, 1,
+                      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                      "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        EXPECT_RENDER(&t, CONV_SYS, 2, 0,
+                      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+        chat_tmpl_free(&t);
 
-    REQUIRE(chat_tmpl_init(&t, CHATML_PLAIN, strlen(CHATML_PLAIN), NULL, NULL, NULL) == BT_OK);
-    CHECK(t.default_system == NULL);
-    EXPECT_RENDER(&t, CONV, 2, 0, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n Hello! <|im_end|>\n");
+        REQUIRE(chat_tmpl_init(&t, CHATML_PLAIN, strlen(CHATML_PLAIN), overrides[i], NULL, NULL) == BT_OK);
+        CHECK(t.default_system == NULL);
+        EXPECT_RENDER(&t, CONV, 2, 0,
+                      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n Hello! <|im_end|>\n");
+        EXPECT_RENDER(&t, CONV, 0, 1, "<|im_start|>assistant\n");
+        chat_tmpl_free(&t);
+    }
+}
+
+/* A template that does not parse falls back to the built-in family its markers name, saying why; one that neither
+ * parses nor is recognised gives both reasons. Extra message fields and tools reach a Jinja template. */
+static void test_jinja_fallback_and_data(void)
+{
+    chat_tmpl t;
+    static const char broken[] = "{% for m in messages %}<|im_start|>{{ m.role }\n{% endfor %}";
+    REQUIRE(chat_tmpl_init(&t, broken, strlen(broken), NULL, NULL, NULL) == BT_OK);
+    CHECK(t.kind == CHAT_TMPL_CHATML && strstr(t.why, "does not parse (line 1:"));
+    chat_tmpl_free(&t);
+    static const char odd[] = "{% for m in messages %}### {{ m.role }\n{% endfor %}";
+    CHECK(chat_tmpl_init(&t, odd, strlen(odd), NULL, NULL, NULL) == BT_ERR_UNSUPPORTED);
+    CHECK(strstr(bt_last_error(), "does not parse") && strstr(bt_last_error(), "not recognised"));
+    CHECK(chat_tmpl_init_jinja(&t, odd, strlen(odd), NULL, NULL) == BT_ERR_FORMAT);
+    CHECK(strstr(bt_last_error(), "line 1:") != NULL);
+
+    static const char calls[] = "{% for m in messages %}{{ m.role }}:{{ m.content }}"
+                                "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}"
+                                "{% if m.content is none %}(none){% endif %}|{% endfor %}"
+                                "{{ tools | map(attribute='name') | join(',') }}{{ strftime_now('%Y') }}";
+    REQUIRE(chat_tmpl_init_jinja(&t, calls, strlen(calls), "<s>", "</s>") == BT_OK);
+    chat_msg msgs[] = {{"user", "hi", 2, NULL},
+                       {"assistant", NULL, 0, "{\"tool_calls\": [{\"name\": \"f\"}], \"role\": \"ignored\"}"},
+                       {"tool", "ok", 2, "{\"tool_call_id\": \"1\"}"}};
+    chat_render_opts o = {.add_generation_prompt = 1, .tools_json = "[{\"name\": \"f\"}, {\"name\": \"g\"}]",
+                          .now = 1721995200};
+    char *out = NULL;
+    size_t len = 0;
+    REQUIRE(chat_tmpl_render_opts(&t, msgs, 3, &o, &out, &len) == BT_OK);
+    CHECK_MSG(!strcmp(out, "user:hi|assistant:None[{\"name\": \"f\"}](none)|tool:ok|f,g2024"), "got %s", out);
+    free(out);
+    chat_msg bad[] = {{"user", "hi", 2, "[1]"}};
+    CHECK(chat_tmpl_render_opts(&t, bad, 1, &o, &out, &len) == BT_ERR_INVALID);
     chat_tmpl_free(&t);
 }
 
@@ -121,10 +166,10 @@ static void test_other_families(void)
     REQUIRE(chat_tmpl_init(&t, NULL, 0, "mistral", "<s>", "</s>") == BT_OK);
     EXPECT_RENDER(&t, CONV, 3, 1, "<s>[INST] Hi [/INST] Hello! </s>[INST] \n2+2?\n [/INST]");
     EXPECT_RENDER(&t, CONV_SYS, 2, 1, "<s>[INST] Be brief.\n\nHi [/INST]");
-    chat_msg bad[] = {{"user", "a", 1}, {"user", "b", 1}};
+    chat_msg bad[] = {{"user", "a", 1, NULL}, {"user", "b", 1, NULL}};
     CHECK(chat_tmpl_render(&t, bad, 2, 1, &(char *){NULL}, &(size_t){0}) == BT_ERR_INVALID);
     CHECK(strstr(bt_last_error(), "alternate") != NULL);
-    chat_msg tool[] = {{"user", "a", 1}, {"tool", "b", 1}};
+    chat_msg tool[] = {{"user", "a", 1, NULL}, {"tool", "b", 1, NULL}};
     CHECK(chat_tmpl_render(&t, tool, 2, 1, &(char *){NULL}, &(size_t){0}) == BT_ERR_INVALID);
     CHECK(strstr(bt_last_error(), "'tool'") != NULL);
     chat_tmpl_free(&t);
@@ -143,7 +188,7 @@ static void test_other_families(void)
 
     /* |trim strips Unicode whitespace as Python does, including U+001C..U+001F, but not ZWSP */
     REQUIRE(chat_tmpl_init(&t, NULL, 0, "llama3", "", "") == BT_OK);
-    chat_msg ws[] = {{"user", "\xE3\x80\x80\x1Cx\xC2\xA0\xE2\x80\x8B", 10}};
+    chat_msg ws[] = {{"user", "\xE3\x80\x80\x1Cx\xC2\xA0\xE2\x80\x8B", 10, NULL}};
     EXPECT_RENDER(&t, ws, 1, 0, "<|start_header_id|>user<|end_header_id|>\n\nx\xC2\xA0\xE2\x80\x8B<|eot_id|>");
     chat_tmpl_free(&t);
 }
@@ -159,8 +204,10 @@ static void test_on_default_model(void)
     REQUIRE(gguf_open(path, &f) == BT_OK);
     chat_tmpl t;
     CHECK(chat_tmpl_init_gguf(&t, f, NULL) == BT_OK);
-    CHECK(t.kind == CHAT_TMPL_CHATML && t.default_system && !strcmp(t.bos, "<|im_start|>") &&
-          !strcmp(t.eos, "<|im_end|>"));
+    CHECK(t.kind == CHAT_TMPL_JINJA && !strcmp(t.bos, "<|im_start|>") && !strcmp(t.eos, "<|im_end|>"));
+    chat_tmpl_free(&t);
+    CHECK(chat_tmpl_init_gguf(&t, f, "builtin:chatml") == BT_OK);
+    CHECK(t.kind == CHAT_TMPL_CHATML && t.default_system && !strcmp(t.bos, "<|im_start|>"));
     chat_tmpl_free(&t);
     CHECK(chat_tmpl_init_gguf(&t, f, "zephyr") == BT_OK && t.kind == CHAT_TMPL_ZEPHYR);
     chat_tmpl_free(&t);
@@ -172,6 +219,7 @@ int main(void)
 {
     RUN(test_detect);
     RUN(test_chatml);
+    RUN(test_jinja_fallback_and_data);
     RUN(test_other_families);
     RUN(test_on_default_model);
     return test_summary();

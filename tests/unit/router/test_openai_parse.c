@@ -164,7 +164,7 @@ static void test_special_tokens_in_content(void)
     const char *json = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                        "{\"role\":\"user\",\"content\":\" What is 2+2?\\n\"}]}";
     REQUIRE(parse(RTR_API_CHAT, json, &g, &status) == BT_OK);
-    chat_msg cm[2] = {{"system", "Be brief.", 9}, {"user", " What is 2+2?\n", 14}};
+    chat_msg cm[2] = {{"system", "Be brief.", 9, NULL}, {"user", " What is 2+2?\n", 14, NULL}};
     char *r = NULL;
     REQUIRE(chat_tmpl_render(&model.tmpl, cm, 2, 1, &r, &len) == BT_OK);
     tok_ids want = {0};
@@ -174,6 +174,47 @@ static void test_special_tokens_in_content(void)
     free(r);
     rtr_gen_free(&g);
     expect_error(RTR_API_CHAT, "{\"messages\":[{\"role\":\"evil\",\"content\":\"x\"}]}", 400, "role");
+}
+
+/* The same with a Jinja template that trims contents and refuses empty ones (so the render with empty contents that
+ * counts the template's own markers fails): the contents are placed by placeholders, trimmed as the template does. */
+static void test_special_tokens_in_content_jinja(void)
+{
+    static const char text[] = "{% for m in messages %}{% if not m.content %}{{ raise_exception('empty') }}{% endif %}"
+                               "<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}";
+    chat_tmpl saved = model.tmpl, t;
+    REQUIRE(chat_tmpl_init_jinja(&t, text, strlen(text), "<|im_start|>", "<|im_end|>") == BT_OK);
+    model.tmpl = t;
+    chat_msg msgs[1] = {{"user", "  hi<|im_end|>  ", 16, NULL}};
+    tok_ids ids = {0};
+    CHECK(rtr_chat_encode(&model, msgs, 1, &ids) == BT_OK);
+    int starts = 0, ends = 0;
+    for (size_t i = 0; i < ids.n; i++) starts += ids.ids[i] == 1, ends += ids.ids[i] == 2;
+    CHECK_MSG(starts == 1 && ends == 1, "%d <|im_start|>, %d <|im_end|>", starts, ends);
+    char *out = NULL;
+    size_t len = 0;
+    REQUIRE(tok_decode(model.tok, ids.ids, ids.n, 0, &out, &len) == BT_OK);
+    CHECK_MSG(strstr(out, "<|im_start|>user\nhi<|im_end|><|im_end|>\n") != NULL, "%s", out);
+    free(out);
+    tok_ids_free(&ids);
+    chat_msg empty[1] = {{"user", "", 0, NULL}};
+    CHECK(rtr_chat_encode(&model, empty, 1, &ids) == BT_ERR_INVALID && strstr(bt_last_error(), "empty"));
+    tok_ids_free(&ids);
+    chat_tmpl_free(&t);
+    /* the built-in llama3 renderer trims too (Python's whitespace includes \x1f, the placeholder mark of before:
+     * the content was lost) */
+    REQUIRE(chat_tmpl_init(&t, NULL, 0, "builtin:llama3", "", "") == BT_OK);
+    model.tmpl = t;
+    chat_msg l3[1] = {{"user", " hi<|im_end|>\n", 14, NULL}};
+    CHECK(rtr_chat_encode(&model, l3, 1, &ids) == BT_OK);
+    ends = 0;
+    for (size_t i = 0; i < ids.n; i++) ends += ids.ids[i] == 2;
+    REQUIRE(tok_decode(model.tok, ids.ids, ids.n, 0, &out, &len) == BT_OK);
+    CHECK_MSG(ends == 0 && strstr(out, "<|end_header_id|>\n\nhi<|im_end|><|eot_id|>") != NULL, "%d: %s", ends, out);
+    free(out);
+    tok_ids_free(&ids);
+    model.tmpl = saved;
+    chat_tmpl_free(&t);
 }
 
 static void test_model_names(void)
@@ -219,6 +260,7 @@ int main(void)
     RUN(test_completion_ok);
     RUN(test_errors);
     RUN(test_special_tokens_in_content);
+    RUN(test_special_tokens_in_content_jinja);
     RUN(test_model_names);
     rtr_model_free(&model);
     return test_summary();
