@@ -53,7 +53,7 @@ static void usage(FILE *f)
             "  --planner-profile FILE    plan with this `baton profile` JSON instead of the step-time fits the\n"
             "                            nodes publish in their load reports\n"
             "  --planner-window-s S      a lower desired replica count must hold this long before it is\n"
-            "                            exported (default 120; a higher one is exported at once)\n"
+            "                            exported (default 60; a higher one is exported at once)\n"
             "  --decision-log PATH       append every placement decision to PATH as one JSON object per line\n"
             "  --tls-cert PEM, --tls-key PEM\n"
             "                            the router's certificate and key: HTTPS on the OpenAI API, TLS on the gRPC\n"

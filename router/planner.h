@@ -50,7 +50,7 @@
 #define PLAN_DEFAULT_HEADROOM 0.8      /* aim predictions at 80% of each target */
 #define PLAN_DEFAULT_TTFT_S 2.0        /* targets when the operator gives none */
 #define PLAN_DEFAULT_TPOT_S 0.2
-#define PLAN_DEFAULT_DOWN_WINDOW 120   /* ticks (seconds in the router) before a lower answer is taken */
+#define PLAN_DEFAULT_DOWN_WINDOW 60    /* ticks (seconds in the router) before a lower answer is taken */
 #define PLAN_MAX_WINDOW 600
 #define PLAN_DEFAULT_CHUNK 512         /* prefill tokens per step (the scheduler's default batch budget) */
 #define PLAN_DEFAULT_MAX_RUNNING 256

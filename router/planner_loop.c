@@ -124,14 +124,18 @@ void rtr_planner_forget(rtr_t *r)
     etcd_delete(r->etcd, key, 0, NULL, NULL);
 }
 
-/* The profile to plan with: the file's, else one built from the nodes' fits. 0 when neither is there. */
-static int profile_of(const rtr_t *r, const rtr_cluster_rates_t *cr, plan_profile_t *p)
+/* The profile to plan with: the file's, else one built from the nodes' fits (the last one seen, when no node has
+ * a fit this tick: a fit comes and goes with the node's recent steps). 0 when there has never been one. */
+static int profile_of(rtr_t *r, const rtr_cluster_rates_t *cr, plan_profile_t *p)
 {
     if (r->has_plan_file) {
         *p = r->plan_file;
         return 1;
     }
-    if (!(cr->prefill_token_s > 0) || !(cr->decode_fixed_s > 0)) return 0;
+    if (!(cr->prefill_token_s > 0) || !(cr->decode_fixed_s > 0)) {
+        *p = r->node_profile;
+        return r->has_node_profile;
+    }
     memset(p, 0, sizeof *p);
     p->prefill_fixed_s = cr->prefill_fixed_s;
     p->prefill_token_s = cr->prefill_token_s;
@@ -140,6 +144,8 @@ static int profile_of(const rtr_t *r, const rtr_cluster_rates_t *cr, plan_profil
     p->kv_bytes_per_token = r->model.kv_bytes_per_token;
     p->chunk_tokens = PLAN_DEFAULT_CHUNK;
     p->max_running = PLAN_DEFAULT_MAX_RUNNING;
+    r->node_profile = *p;
+    r->has_node_profile = 1;
     return 1;
 }
 
@@ -147,7 +153,7 @@ void rtr_planner_tick(rtr_t *r)
 {
     double *s = r->samples[r->next_sample];
     s[0] = mono_s();
-    s[1] = metrics_counter_value(r->prompt_tokens);
+    s[1] = (double)atomic_load(&r->arrival_prompt_tokens);
     s[2] = (double)atomic_load(&r->tokens_seen); /* as they stream: the usage counter moves only as requests end */
     s[3] = (double)atomic_load(&r->arrivals);
     r->next_sample = (r->next_sample + 1) % (RTR_PLANNER_WINDOW_S + 1);
@@ -185,9 +191,9 @@ void rtr_planner_tick(rtr_t *r)
         plan_predict(&prof, &t, a.lambda, a.isl, a.osl, t.colocated ? 0 : np, nd, &ttft, &tpot);
         metrics_gauge_set(r->g_plan_ttft, isfinite(ttft) ? ttft : 1e9);
         metrics_gauge_set(r->g_plan_tpot, isfinite(tpot) ? tpot : 1e9);
-    } else {
-        np = rtr_planner_replicas(all.prompt_tok_s, cr.prefill_tok_s, cr.n_prefill);
-        nd = rtr_planner_replicas(all.gen_tok_s, cr.decode_tok_s, cr.n_decode);
+    } else { /* no step model yet: the throughput rule (the node counts while no rate is measured), smoothed too */
+        np = plan_smooth_tick(&r->smooth_prefill, rtr_planner_replicas(all.prompt_tok_s, cr.prefill_tok_s, cr.n_prefill));
+        nd = plan_smooth_tick(&r->smooth_decode, rtr_planner_replicas(all.gen_tok_s, cr.decode_tok_s, cr.n_decode));
     }
     metrics_gauge_set(r->planner_prefill, np);
     metrics_gauge_set(r->planner_decode, nd);

@@ -154,6 +154,7 @@ int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size
     }
     if (ok) {
         atomic_fetch_add(&r->arrivals, 1);
+        atomic_fetch_add(&r->arrival_prompt_tokens, (long long)a->n_prompt * n);
         a->slot = r->n_adm;
         r->adm[r->n_adm++] = a;
         r->active_choices += n;

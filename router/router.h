@@ -523,9 +523,13 @@ struct rtr {
     double samples[RTR_PLANNER_WINDOW_S + 1][4]; /* ring of (monotonic s, prompt tokens, generated tokens, arrivals) */
     int n_samples, next_sample;
     atomic_llong arrivals;       /* requests admitted (rtr_admit_gen) */
+    atomic_llong arrival_prompt_tokens; /* their prompt tokens, counted at admission (the usage counter moves at
+                                         * the end of a request: a window would pair it with other arrivals) */
     plan_profile_t plan_file;    /* --planner-profile, when has_plan_file */
     int has_plan_file;
     plan_smooth_t smooth_prefill, smooth_decode;
+    plan_profile_t node_profile; /* the last profile built from the nodes' fits (kept while a report lacks one) */
+    int has_node_profile;
     char router_id[96];          /* names this router's planner record in etcd */
     metrics_gauge_t *g_plan_rate, *g_plan_isl, *g_plan_osl, *g_plan_ttft, *g_plan_tpot, *g_plan_routers;
 };

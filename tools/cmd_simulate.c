@@ -121,7 +121,7 @@ static void usage(FILE *o)
             "  --link-gbps G, --link-latency-us U   override the link (per prefill node)\n"
             "  --fail T:ROLE:COUNT[:REPAIR_S]       at T s, COUNT nodes of ROLE (prefill|decode) fail, back after\n"
             "                          REPAIR_S (default: never); repeatable\n"
-            "  --planner-window N      ticks a lower planner answer must hold (default 120)\n"
+            "  --planner-window N      ticks a lower planner answer must hold (default 60)\n"
             "  --sim-seed S            the router's random choices (default 1)\n"
             "  --json FILE             the report as JSON (\"-\" = stdout, instead of the text)\n"
             "Bad flags, an unreadable or malformed profile or workload: one error line, exit code 2.\n");
