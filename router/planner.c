@@ -127,7 +127,7 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
 /* ---- fitting ---- */
 
 /* Solves the (k+1)x(k+1) normal equations for the regressors flagged in use[]; unused coefficients are 0. */
-static int solve_ls(const double *x, int k_dim, const double *y, int n, const int *use, double *c)
+static int solve_ls(const double *x, int k_dim, const double *y, const double *w, int n, const int *use, double *c)
 {
     int idx[3], m = 0;
     for (int j = 0; j <= k_dim; j++)
@@ -136,9 +136,10 @@ static int solve_ls(const double *x, int k_dim, const double *y, int n, const in
     for (int i = 0; i < n; i++) {
         double row[3];
         for (int r = 0; r < m; r++) row[r] = idx[r] == 0 ? 1.0 : x[i * k_dim + idx[r] - 1];
+        double wi = w ? w[i] : 1.0;
         for (int r = 0; r < m; r++) {
-            for (int q = 0; q < m; q++) a[r][q] += row[r] * row[q];
-            a[r][m] += row[r] * y[i];
+            for (int q = 0; q < m; q++) a[r][q] += wi * row[r] * row[q];
+            a[r][m] += wi * row[r] * y[i];
         }
     }
     for (int col = 0; col < m; col++) { /* Gauss-Jordan with partial pivoting */
@@ -162,12 +163,12 @@ static int solve_ls(const double *x, int k_dim, const double *y, int n, const in
     return 0;
 }
 
-int plan_fit_linear(const double *x, int k_dim, const double *y, int n, double *c)
+int plan_fit_linear(const double *x, int k_dim, const double *y, const double *w, int n, double *c)
 {
     if (k_dim < 1 || k_dim > 2 || n < k_dim + 1) return -1;
     int use[2] = {1, 1};
     for (int pass = 0; pass < 3; pass++) {
-        if (solve_ls(x, k_dim, y, n, use, c)) return -1;
+        if (solve_ls(x, k_dim, y, w, n, use, c)) return -1;
         int again = 0;
         for (int j = 0; j < k_dim; j++)
             if (use[j] && c[j + 1] < 0) {

@@ -94,10 +94,11 @@ bt_status plan_profile_from_json(const char *text, plan_profile_t *out);
  * "samples" (the measurements behind the fit). */
 char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json);
 
-/* Least-squares fit of y = c[0] + sum_k c[k+1] * x[i][k] over n points with k_dim (1 or 2) regressors. Returns 0,
- * or -1 when the system is singular (too few distinct points). Coefficients that come out negative are clamped to
- * 0 and the rest refitted, since a negative cost per token means noise, not a real speed-up. */
-int plan_fit_linear(const double *x, int k_dim, const double *y, int n, double *c);
+/* Least-squares fit of y = c[0] + sum_k c[k+1] * x[i][k] over n points with k_dim (1 or 2) regressors, each point
+ * weighted by w[i] (w NULL: all 1; 1 / y^2 minimises relative error). Returns 0, or -1 when the system is singular
+ * (too few distinct points). Coefficients that come out negative are clamped to 0 and the rest refitted, since a
+ * negative cost per token means noise, not a real speed-up. */
+int plan_fit_linear(const double *x, int k_dim, const double *y, const double *w, int n, double *c);
 
 /* What the routers observed over their window, additive across routers. */
 typedef struct plan_obs {

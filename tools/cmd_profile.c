@@ -3,7 +3,7 @@
  * step (prompts of several lengths, alone and several at once), decode step time against batch size and total
  * context, and the KV copy bandwidth of the shared-memory transport (one-sided puts into a mapped pool are memory
  * copies; a UCX measurement from `baton kvx-bench --json` can be merged with --kvx-json). Each model is a least-
- * squares fit over every measured step (plan_fit_linear); the raw points go into the file's "samples". */
+ * squares fit over the median step of each measured shape (fit_robust); the raw points go into the file's "samples". */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -200,6 +200,45 @@ static int parse_long(const char *a, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run):
+ * the fit takes the median step of each group of equal regressors (decode: same batch, context per sequence within
+ * 16 tokens), weighted by 1 / y^2 so that it minimises relative error (small and large steps count alike). */
+static int fit_robust(const pf_points *p, double *c)
+{
+    static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
+    static int used[PF_MAX_POINTS];
+    memset(used, 0, sizeof used);
+    int ng = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (used[i]) continue;
+        int m = 0;
+        double sx0 = 0, sx1 = 0;
+        for (int j = i; j < p->n; j++) {
+            int same = p->x[j * p->k] == p->x[i * p->k];
+            if (same && p->k > 1)
+                same = fabs(p->x[j * 2 + 1] / p->x[j * 2] - p->x[i * 2 + 1] / p->x[i * 2]) < 16;
+            if (!same || used[j]) continue;
+            used[j] = 1;
+            ys[m++] = p->y[j];
+            sx0 += p->x[j * p->k];
+            if (p->k > 1) sx1 += p->x[j * 2 + 1];
+        }
+        qsort(ys, (size_t)m, sizeof *ys, cmp_double);
+        gy[ng] = m % 2 ? ys[m / 2] : (ys[m / 2 - 1] + ys[m / 2]) / 2;
+        gx[ng * p->k] = sx0 / m;
+        if (p->k > 1) gx[ng * 2 + 1] = sx1 / m;
+        gw[ng] = gy[ng] > 0 ? 1.0 / (gy[ng] * gy[ng]) : 0;
+        ng++;
+    }
+    return plan_fit_linear(gx, p->k, gy, gw, ng, c);
+}
+
 static char *samples_json(const pf_points *pre, const pf_points *dec)
 {
     cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "prefill_tokens_s"),
@@ -305,14 +344,14 @@ int cmd_profile(int argc, char **argv)
     plan_profile_t p;
     memset(&p, 0, sizeof p);
     double c[3];
-    if (!rc && (plan_fit_linear(pre.x, 1, pre.y, pre.n, c) || !(c[1] > 0))) {
+    if (!rc && (fit_robust(&pre, c) || !(c[1] > 0))) {
         fprintf(stderr, "baton profile: the prefill steps did not fit a line (%d points)\n", pre.n);
         rc = -1;
     } else if (!rc) {
         p.prefill_fixed_s = c[0];
         p.prefill_token_s = c[1];
     }
-    if (!rc && (plan_fit_linear(dec.x, 2, dec.y, dec.n, c) || !(c[0] > 0))) {
+    if (!rc && (fit_robust(&dec, c) || !(c[0] > 0))) {
         fprintf(stderr, "baton profile: the decode steps did not fit (%d points)\n", dec.n);
         rc = -1;
     } else if (!rc) {

@@ -187,20 +187,32 @@ static void test_fit(void)
         x[i] = 16.0 * (i + 1);
         y[i] = 0.01 + 0.002 * x[i];
     }
-    REQUIRE(plan_fit_linear(x, 1, y, 10, c) == 0);
+    REQUIRE(plan_fit_linear(x, 1, y, NULL, 10, c) == 0);
     CHECK(fabs(c[0] - 0.01) < 1e-9 && fabs(c[1] - 0.002) < 1e-12);
     for (int i = 0; i < 10; i++) { /* two regressors */
         x[2 * i] = 1 + i % 5;
         x[2 * i + 1] = 100.0 * (1 + i / 5) + i;
         y[i] = 0.02 + 0.001 * x[2 * i] + 1e-5 * x[2 * i + 1];
     }
-    REQUIRE(plan_fit_linear(x, 2, y, 10, c) == 0);
+    REQUIRE(plan_fit_linear(x, 2, y, NULL, 10, c) == 0);
     CHECK(fabs(c[0] - 0.02) < 1e-9 && fabs(c[1] - 0.001) < 1e-9 && fabs(c[2] - 1e-5) < 1e-12);
     for (int i = 0; i < 10; i++) y[i] = 0.05 - 1e-6 * x[2 * i + 1]; /* a negative slope is noise: clamped */
-    REQUIRE(plan_fit_linear(x, 2, y, 10, c) == 0);
+    REQUIRE(plan_fit_linear(x, 2, y, NULL, 10, c) == 0);
     CHECK(c[1] >= 0 && c[2] >= 0);
+    /* weights: an outlier with a tiny weight barely moves the fit */
+    double w[11];
+    for (int i = 0; i < 10; i++) {
+        x[i] = 16.0 * (i + 1);
+        y[i] = 0.01 + 0.002 * x[i];
+        w[i] = 1;
+    }
+    x[10] = 80;
+    y[10] = 5;
+    w[10] = 1e-9;
+    REQUIRE(plan_fit_linear(x, 1, y, w, 11, c) == 0);
+    CHECK(fabs(c[0] - 0.01) < 1e-4 && fabs(c[1] - 0.002) < 1e-6);
     double one[1] = {5}, oy[1] = {1};
-    CHECK(plan_fit_linear(one, 1, oy, 1, c) == -1);
+    CHECK(plan_fit_linear(one, 1, oy, NULL, 1, c) == -1);
 }
 
 static void test_profile_json(void)
