@@ -12,9 +12,9 @@ int plan_profile_usable(const plan_profile_t *p)
     return p && p->prefill_token_s > 0 && p->decode_fixed_s > 0;
 }
 
-double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens)
+double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_prompts)
 {
-    return p->prefill_fixed_s + (double)n_tokens * p->prefill_token_s;
+    return p->prefill_fixed_s + (double)n_tokens * p->prefill_token_s + (double)n_prompts * p->prefill_seq_s;
 }
 
 double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens)
@@ -51,7 +51,7 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
     double chunk = PLAN_DEFAULT_CHUNK, running = PLAN_DEFAULT_MAX_RUNNING, kv = 0;
     bt_status st;
     if ((st = get_num(pre, "fixed_s", 1, &p->prefill_fixed_s)) || (st = get_num(pre, "token_s", 1, &p->prefill_token_s)) ||
-        (st = get_num(pre, "chunk_tokens", 0, &chunk)) || (st = get_num(dec, "fixed_s", 1, &p->decode_fixed_s)) ||
+        (st = get_num(pre, "seq_s", 0, &p->prefill_seq_s)) || (st = get_num(pre, "chunk_tokens", 0, &chunk)) || (st = get_num(dec, "fixed_s", 1, &p->decode_fixed_s)) ||
         (st = get_num(dec, "seq_s", 1, &p->decode_seq_s)) || (st = get_num(dec, "ctx_token_s", 0, &p->decode_ctx_s)) ||
         (st = get_num(dec, "max_running", 0, &running)) || (st = get_num(dec, "kv_tokens", 0, &kv)) ||
         (st = get_num(root, "kv_bytes_per_token", 0, &p->kv_bytes_per_token)))
@@ -105,6 +105,7 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", p->kv_bytes_per_token);
     cJSON_AddNumberToObject(pre, "fixed_s", p->prefill_fixed_s);
     cJSON_AddNumberToObject(pre, "token_s", p->prefill_token_s);
+    cJSON_AddNumberToObject(pre, "seq_s", p->prefill_seq_s);
     cJSON_AddNumberToObject(pre, "chunk_tokens", (double)p->chunk_tokens);
     cJSON_AddNumberToObject(dec, "fixed_s", p->decode_fixed_s);
     cJSON_AddNumberToObject(dec, "seq_s", p->decode_seq_s);
@@ -201,7 +202,7 @@ static double tpot_target(const plan_targets_t *t) { return t->tpot_s > 0 ? t->t
 static double prefill_service_s(const plan_profile_t *p, double isl)
 {
     double chunk = p->chunk_tokens > 0 ? (double)p->chunk_tokens : PLAN_DEFAULT_CHUNK;
-    return ceil(isl / chunk) * p->prefill_fixed_s + isl * p->prefill_token_s;
+    return ceil(isl / chunk) * p->prefill_fixed_s + isl * p->prefill_token_s + p->prefill_seq_s;
 }
 
 /* p90 of an M/M/1 wait at utilisation rho with mean service s. */

@@ -4,14 +4,16 @@
  * the simulator (tools/sim) run exactly this code.
  *
  * Profile (what `baton profile` fits, and nodes publish the step part of it):
- *   prefill step of n prompt tokens      t = prefill_fixed_s + n * prefill_token_s
+ *   prefill step of n prompt tokens of k prompts
+ *                                        t = prefill_fixed_s + n * prefill_token_s + k * prefill_seq_s
+ *                                        (k: each prompt's last row makes logits over the vocabulary and samples)
  *   decode step of B sequences, context C (the sum of their contexts)
  *                                        t = decode_fixed_s + B * decode_seq_s + C * decode_ctx_s
  *   a mixed step (colocated)             decode step + n * prefill_token_s
  *   KV transfer of b bytes               t = xfer_latency_s + b / xfer_bytes_s
  *
  * Queueing approximation (per role, the load split evenly over N nodes, arrivals Poisson at rate lambda):
- *   prefill: service S = ceil(ISL / chunk) * prefill_fixed_s + ISL * prefill_token_s, utilisation rho = lambda S / N.
+ *   prefill: service S = ceil(ISL / chunk) * prefill_fixed_s + ISL * prefill_token_s + prefill_seq_s, utilisation rho = lambda S / N.
  *            The router sends each prompt to the prefill node that finishes it first, so the N nodes act as one
  *            M/M/c queue: P(W > t) = ErlangC(N, lambda S) exp(-(N / S - lambda) t), W90 where that is 0.1 (0 when
  *            ErlangC <= 0.1). Exponential service is pessimistic for near-constant prompt lengths: part of the
@@ -67,7 +69,7 @@ typedef struct plan_transport {
 
 /* A machine profile: the fitted step model of one node (see the opening comment). Zero = unknown. */
 typedef struct plan_profile {
-    double prefill_fixed_s, prefill_token_s;
+    double prefill_fixed_s, prefill_token_s, prefill_seq_s;
     double decode_fixed_s, decode_seq_s, decode_ctx_s;
     double kv_bytes_per_token;
     int64_t chunk_tokens;     /* prefill tokens per step */
@@ -82,7 +84,7 @@ typedef struct plan_profile {
 /* 1 when the profile has the step model the planner needs (prefill_token_s and decode_fixed_s > 0). */
 int plan_profile_usable(const plan_profile_t *p);
 /* Step times of the profile's model (seconds). */
-double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens);
+double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_prompts);
 double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens);
 /* The transport named name (NULL or "" = the first one), or NULL when the profile has none. */
 const plan_transport_t *plan_profile_transport(const plan_profile_t *p, const char *name);

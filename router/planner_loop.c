@@ -88,6 +88,9 @@ static void planner_key(const rtr_t *r, const char *id, char *key, size_t cap)
 static void gather(rtr_t *r, const plan_obs_t *own, plan_obs_t *all)
 {
     *all = *own;
+    double t = mono_s();
+    if (t < r->plan_etcd_retry_s) return;
+    r->plan_etcd_retry_s = t + RTR_PLANNER_ETCD_RETRY_S; /* cleared below once both calls answered */
     char key[MBR_KEY_MAX];
     planner_key(r, r->router_id, key, sizeof key);
     char val[256];
@@ -103,9 +106,11 @@ static void gather(rtr_t *r, const plan_obs_t *own, plan_obs_t *all)
     for (size_t i = 0; i < res.n_kvs; i++) {
         cJSON *j = cJSON_Parse(res.kvs[i].value);
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "req_s"), *b = cJSON_GetObjectItemCaseSensitive(j, "prompt_tok_s");
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "gen_tok_s"), *t = cJSON_GetObjectItemCaseSensitive(j, "timestamp_ms");
-        if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && cJSON_IsNumber(c) && cJSON_IsNumber(t) &&
-            now - (int64_t)t->valuedouble <= RTR_PLANNER_STALE_MS && a->valuedouble >= 0 && b->valuedouble >= 0 &&
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "gen_tok_s"), *ts = cJSON_GetObjectItemCaseSensitive(j, "timestamp_ms");
+        if (cJSON_IsNumber(ts) && now - (int64_t)ts->valuedouble > RTR_PLANNER_GC_MS)
+            etcd_delete(r->etcd, res.kvs[i].key, 0, NULL, NULL); /* best effort: another reader may try again */
+        if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && cJSON_IsNumber(c) && cJSON_IsNumber(ts) &&
+            now - (int64_t)ts->valuedouble <= RTR_PLANNER_STALE_MS && a->valuedouble >= 0 && b->valuedouble >= 0 &&
             c->valuedouble >= 0) {
             plan_obs_t x = {.req_s = a->valuedouble, .prompt_tok_s = b->valuedouble, .gen_tok_s = c->valuedouble, .routers = 1};
             plan_obs_merge(&sum, &x);
@@ -113,6 +118,7 @@ static void gather(rtr_t *r, const plan_obs_t *own, plan_obs_t *all)
         cJSON_Delete(j);
     }
     etcd_range_result_free(&res);
+    r->plan_etcd_retry_s = 0;
     if (sum.routers > 0) *all = sum;
 }
 

@@ -531,6 +531,7 @@ struct rtr {
     plan_profile_t node_profile; /* the last profile built from the nodes' fits (kept while a report lacks one) */
     int has_node_profile;
     char router_id[96];          /* names this router's planner record in etcd */
+    double plan_etcd_retry_s;    /* monotonic: after a failed exchange, skip etcd until then (ticks stay 1 s) */
     metrics_gauge_t *g_plan_rate, *g_plan_isl, *g_plan_osl, *g_plan_ttft, *g_plan_tpot, *g_plan_routers;
 };
 
@@ -538,10 +539,14 @@ struct rtr {
  * Every second: this router's window rates (requests, prompt and generated tokens over RTR_PLANNER_WINDOW_S) are
  * written to /baton/<cluster>/planner/<router id> (no lease: a record older than RTR_PLANNER_STALE_MS is ignored)
  * and every fresh record of the prefix is summed (plan_obs_merge), so that all routers plan on the same cluster-wide
- * load; with etcd unreachable a router plans on its own share. The profile is --planner-profile's, else the mean
+ * load; with etcd unreachable a router plans on its own share (and tries etcd again 10 s later, so that the tick,
+ * which also refreshes the probes, is not held up by etcd's timeout every second). Records older than
+ * RTR_PLANNER_GC_MS (a router that died without deleting its own) are deleted by whoever reads them. The profile is --planner-profile's, else the mean
  * of the nodes' published step fits; with neither, the old throughput rule stands (rtr_planner_replicas: the node
  * counts while no rate is measured). Exports baton_planner_desired_replicas{role} and the inputs. */
 #define RTR_PLANNER_STALE_MS 10000
+#define RTR_PLANNER_GC_MS 300000
+#define RTR_PLANNER_ETCD_RETRY_S 10.0
 bt_status rtr_planner_metrics(rtr_t *r);
 /* Reads --planner-profile (BT_ERR_IO / BT_ERR_FORMAT naming the file) and sets the router id. Start-up only. */
 bt_status rtr_planner_init(rtr_t *r);

@@ -73,7 +73,7 @@ static int run_batch(bt_sched *s, const bt_model *m, int n_req, int plen, int ge
         uint64_t ptoks = b.computed_prompt_tokens - a.computed_prompt_tokens;
         uint64_t gtoks = b.generated_tokens - a.generated_tokens;
         /* prompt steps only from the prefill sweep (one output token each: no decode row ever mixes in) */
-        if (!dec && pre && ptoks > 0) pf_add(pre, (double)ptoks, 0, dt);
+        if (!dec && pre && ptoks > 0) pf_add(pre, (double)ptoks, (double)gtoks, dt);
         else if (dec && ptoks == 0 && gtoks > 0) pf_add(dec, (double)running, (double)ctx, dt);
         a = b;
     }
@@ -172,7 +172,9 @@ static void usage(FILE *o)
             "                     [--max-context N] [--kvx-json FILE]\n"
             "Measures this machine with the real engine and writes the profile the SLA planner (baton-router\n"
             "--planner-profile) and `baton simulate --profile` read:\n"
-            "  prefill step time = fixed_s + tokens * token_s      (prompts of 16..512 tokens, 1 and 4 at once)\n"
+            "  prefill step time = fixed_s + tokens * token_s + prompts * seq_s\n"
+            "                                                      (prompts of 16..512 tokens, 1 and 4 at once;\n"
+            "                                                      seq_s: logits and sampling of each prompt ending)\n"
             "  decode step time  = fixed_s + batch * seq_s + total_context * ctx_token_s\n"
             "                                                      (batches of 1..--max-batch, contexts to --max-context)\n"
             "  KV transfer time  = latency_s + bytes / bytes_s     (shm: memory copy of KV blocks; more transports\n"
@@ -209,7 +211,7 @@ static int cmp_double(const void *a, const void *b)
 /* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run):
  * the fit takes the median step of each group of equal regressors (decode: same batch, context per sequence within
  * 16 tokens), weighted by 1 / y^2 so that it minimises relative error (small and large steps count alike). */
-static int fit_robust(const pf_points *p, double *c)
+static int fit_robust(const pf_points *p, int dec_shape, double *c)
 {
     static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
     static int used[PF_MAX_POINTS];
@@ -221,8 +223,10 @@ static int fit_robust(const pf_points *p, double *c)
         double sx0 = 0, sx1 = 0;
         for (int j = i; j < p->n; j++) {
             int same = p->x[j * p->k] == p->x[i * p->k];
-            if (same && p->k > 1)
+            if (same && p->k > 1 && dec_shape)
                 same = fabs(p->x[j * 2 + 1] / p->x[j * 2] - p->x[i * 2 + 1] / p->x[i * 2]) < 16;
+            else if (same && p->k > 1)
+                same = p->x[j * 2 + 1] == p->x[i * 2 + 1];
             if (!same || used[j]) continue;
             used[j] = 1;
             ys[m++] = p->y[j];
@@ -241,11 +245,11 @@ static int fit_robust(const pf_points *p, double *c)
 
 static char *samples_json(const pf_points *pre, const pf_points *dec)
 {
-    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "prefill_tokens_s"),
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "prefill_tokens_prompts_s"),
           *b = cJSON_AddArrayToObject(o, "decode_batch_ctx_s");
     for (int i = 0; a && i < pre->n; i++) {
-        double v[2] = {pre->x[i], pre->y[i]};
-        cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 2));
+        double v[3] = {pre->x[2 * i], pre->x[2 * i + 1], pre->y[i]};
+        cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 3));
     }
     for (int i = 0; b && i < dec->n; i++) {
         double v[3] = {dec->x[2 * i], dec->x[2 * i + 1], dec->y[i]};
@@ -320,7 +324,7 @@ int cmd_profile(int argc, char **argv)
         bt_model_free(m);
         return 1;
     }
-    static pf_points pre = {.k = 1}, dec = {.k = 2};
+    static pf_points pre = {.k = 2}, dec = {.k = 2};
     int rc = 0;
     double t_start = bench_now_s();
     const int plens[] = {16, 64, 128, 256, 384, 512};
@@ -344,14 +348,15 @@ int cmd_profile(int argc, char **argv)
     plan_profile_t p;
     memset(&p, 0, sizeof p);
     double c[3];
-    if (!rc && (fit_robust(&pre, c) || !(c[1] > 0))) {
+    if (!rc && (fit_robust(&pre, 0, c) || !(c[1] > 0))) {
         fprintf(stderr, "baton profile: the prefill steps did not fit a line (%d points)\n", pre.n);
         rc = -1;
     } else if (!rc) {
         p.prefill_fixed_s = c[0];
         p.prefill_token_s = c[1];
+        p.prefill_seq_s = c[2];
     }
-    if (!rc && (fit_robust(&dec, c) || !(c[0] > 0))) {
+    if (!rc && (fit_robust(&dec, 1, c) || !(c[0] > 0))) {
         fprintf(stderr, "baton profile: the decode steps did not fit (%d points)\n", dec.n);
         rc = -1;
     } else if (!rc) {
@@ -395,9 +400,9 @@ int cmd_profile(int argc, char **argv)
     }
     free(txt);
     fprintf(stderr,
-            "profile: prefill %.2f ms + %.3f ms/token (%.0f tok/s marginal); decode %.2f ms + %.3f ms/seq + %.5f "
+            "profile: prefill %.2f ms + %.3f ms/token + %.2f ms/prompt (%.0f tok/s marginal); decode %.2f ms + %.3f ms/seq + %.5f "
             "ms/context token; shm %.1f GB/s; %d prefill and %d decode steps in %.0f s\n",
-            p.prefill_fixed_s * 1e3, p.prefill_token_s * 1e3, 1 / p.prefill_token_s, p.decode_fixed_s * 1e3,
+            p.prefill_fixed_s * 1e3, p.prefill_token_s * 1e3, p.prefill_seq_s * 1e3, 1 / p.prefill_token_s, p.decode_fixed_s * 1e3,
             p.decode_seq_s * 1e3, p.decode_ctx_s * 1e3, p.xfer[0].bytes_s / 1e9, pre.n, dec.n, bench_now_s() - t_start);
     return 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The runs behind deploy/PLANNING.md (issue 22, item 5): for each profile, workload shape and SLO, the fewest
 nodes that meet the SLO at p90 (TTFT and TPOT), colocated and disaggregated (the best P:D split at that count),
-the planner's own answer for the same load, and the most load each node count sustains both ways.
+and the planner's own answer for the same load.
 
 usage: tools/sim_planning.py [--build DIR] [--quick] > tables.md
 Every figure is one `baton simulate` run (seeded: rerunning gives the same tables)."""
@@ -52,34 +52,61 @@ class Sim:
                 res["tpot"]["p90_s"] * 1e3 <= slo[1])
 
 
-def least_colocated(sim, pf, rate, dur, shape, slo, tr, cap=4096):
+def least(ok, cap):
+    """Least n in 1..cap with ok(n) (ok monotone in n), or None."""
     lo, hi = 1, 1
-    while not sim.meets(sim.run(pf, 0, hi, rate, dur, shape, slo, tr), slo):
+    while not ok(hi):
         if hi >= cap:
             return None
-        lo, hi = hi + 1, hi * 2
+        lo, hi = hi + 1, min(cap, hi * 2)
     while lo < hi:
         m = (lo + hi) // 2
-        if sim.meets(sim.run(pf, 0, m, rate, dur, shape, slo, tr), slo):
+        if ok(m):
             hi = m
         else:
             lo = m + 1
     return hi
 
 
-def least_disagg(sim, pf, rate, dur, shape, slo, tr, upto):
-    """Fewest total nodes N (2..upto) with some split P + D = N meeting the SLO; (N, P, D) or None."""
-    for n in range(2, upto + 1):
-        best = None
-        for p in range(1, n):
-            res = sim.run(pf, p, n - p, rate, dur, shape, slo, tr)
-            if sim.meets(res, slo):
-                score = max(res["ttft"]["p90_s"] / (slo[0] / 1e3), res["tpot"]["p90_s"] / (slo[1] / 1e3))
-                if best is None or score < best[0]:
-                    best = (score, p, n - p)
-        if best:
-            return n, best[1], best[2]
-    return None
+def least_colocated(sim, pf, rate, dur, shape, slo, tr, cap=512):
+    return least(lambda n: sim.meets(sim.run(pf, 0, n, rate, dur, shape, slo, tr), slo), cap)
+
+
+def least_disagg(sim, pf, rate, dur, shape, slo, tr, cap=512):
+    """The roles are nearly independent when disaggregated: the least P meeting the TTFT target with decode to
+    spare, the least D meeting the TPOT target with prefill to spare; then, together (the router's cost model
+    still prefills some prompts on decode nodes), the side that misses grows by an eighth until both hold, and
+    each side is trimmed back while they still hold. (N, P, D) or None."""
+    spare = cap
+
+    def ttft_ok(p):
+        r = sim.run(pf, p, spare, rate, dur, shape, slo, tr)
+        return r["finished"] == r["arrived"] and r["ttft"]["p90_s"] * 1e3 <= slo[0]
+
+    def tpot_ok(d):
+        r = sim.run(pf, spare, d, rate, dur, shape, slo, tr)
+        return r["finished"] == r["arrived"] and r["tpot"]["p90_s"] * 1e3 <= slo[1]
+
+    p, d = least(ttft_ok, cap), least(tpot_ok, cap)
+    if p is None or d is None:
+        return None
+    for _ in range(64):
+        r = sim.run(pf, p, d, rate, dur, shape, slo, tr)
+        if sim.meets(r, slo):
+            break
+        if r["ttft"]["p90_s"] * 1e3 > slo[0]:
+            p += max(1, p // 8)
+        if r["tpot"]["p90_s"] * 1e3 > slo[1]:
+            d += max(1, d // 8)
+    else:
+        return None
+    # steps of an eighth may overshoot: trim each side while the SLO still holds
+    for _ in range(2):
+        while p > 1 and sim.meets(sim.run(pf, p - 1, d, rate, dur, shape, slo, tr), slo):
+            p -= 1
+        while d > 1 and sim.meets(sim.run(pf, p, d - 1, rate, dur, shape, slo, tr), slo):
+            d -= 1
+    return p + d, p, d
 
 
 def planner_answer(res):
@@ -104,11 +131,11 @@ def main():
         for shape in shapes:
             for slo in slos:
                 nc = least_colocated(sim, pf, rate, dur, shape, slo, tr)
-                nd = least_disagg(sim, pf, rate, dur, shape, slo, tr, (nc or 64) + 2)
+                nd = least_disagg(sim, pf, rate, dur, shape, slo, tr)
                 plan_d = planner_answer(sim.run(pf, nd[1], nd[2], rate, dur, shape, slo, tr)) if nd else None
                 plan_c = planner_answer(sim.run(pf, 0, nc, rate, dur, shape, slo, tr)) if nc else None
-                print(f"| {shape[0]} ({shape[1]}/{shape[3]}) | {slo[0]} ms / {slo[1]} ms | {nc if nc else '> 4096'} | "
-                      f"{f'{nd[0]} ({nd[1]}:{nd[2]})' if nd else 'none up to colocated + 2'} | "
+                print(f"| {shape[0]} ({shape[1]}/{shape[3]}) | {slo[0]} ms / {slo[1]} ms | {nc if nc else '> 512'} | "
+                      f"{f'{nd[0]} ({nd[1]}:{nd[2]})' if nd else 'none (> 512 per role)'} | "
                       f"{f'{plan_d[0]}/{plan_d[1]}' if plan_d else '-'} | {plan_c[1] if plan_c else '-'} |")
         sys.stdout.flush()
 

@@ -8,8 +8,9 @@
  *    last 5 s, the nodes' marginal prefill rate 1 / prefill.token_s, the floors); the competing tokens are every
  *    admitted request's remaining tokens (the router takes min(remaining, o) of each: the simulation's bound is the
  *    upper one). No --max-inflight bound (one logical router stands for many).
- *  - Nodes: a step of n prompt tokens and B decoding sequences of total context C takes
- *    (B ? decode.fixed_s + B decode.seq_s + C decode.ctx_token_s : prefill.fixed_s) + n prefill.token_s.
+ *  - Nodes: a step of n prompt tokens (k prompts ending in it) and B decoding sequences of total context C takes
+ *    (B ? decode.fixed_s + B decode.seq_s + C decode.ctx_token_s : prefill.fixed_s) + n prefill.token_s
+ *    + k prefill.seq_s.
  *    Prompts are chunked to prefill.chunk_tokens per step (decode rows count against that budget on decode nodes).
  *    A decode node admits sequences FCFS while they fit max_running and the KV capacity, reserving prompt + output
  *    (no preemption). Prefix caches hold what the router's prefix index says they hold.
@@ -375,7 +376,7 @@ static void node_start(sim_t *s, int i)
     if (!n->decode) {
         ptoks = take_prefill(s, n, s->chunk);
         if (!ptoks) return;
-        dt = pf->prefill_fixed_s + (double)ptoks * pf->prefill_token_s;
+        dt = plan_prefill_step_s(pf, ptoks, n->n_done);
         n->step_b = 0;
     } else {
         while (n->w_head && n->n_run < s->max_running && kv_fits(s, n, n->w_head)) {
@@ -389,7 +390,8 @@ static void node_start(sim_t *s, int i)
         ptoks = take_prefill(s, n, s->chunk - b > 0 ? s->chunk - b : 0);
         if (!b && !ptoks) return;
         double ctx = n->ctx_base_sum + (double)b * (double)n->step_idx;
-        dt = (b ? plan_decode_step_s(pf, b, ctx) : pf->prefill_fixed_s) + (double)ptoks * pf->prefill_token_s;
+        dt = (b ? plan_decode_step_s(pf, b, ctx) : pf->prefill_fixed_s) + (double)ptoks * pf->prefill_token_s +
+             (double)n->n_done * pf->prefill_seq_s;
         n->step_b = b;
     }
     n->busy = 1;
