@@ -257,7 +257,9 @@ bt_status mbr_load_to_json(const mbr_load_report_t *l, char **out)
              add_num(root, "kv_blocks_total", (double)l->kv_blocks_total) &&
              add_num(root, "prefill_tok_s", l->prefill_tok_s) && add_num(root, "decode_tok_s", l->decode_tok_s) &&
              add_num(root, "kv_transfer_bytes_s", l->kv_transfer_bytes_s) && add_num(root, "step_s", l->step_s) &&
-             add_num(root, "tokens_per_step", l->tokens_per_step) && add_num(root, "timestamp_ms", (double)l->timestamp_ms);
+             add_num(root, "tokens_per_step", l->tokens_per_step) && add_num(root, "step_fixed_s", l->step_fixed_s) &&
+             add_num(root, "step_token_s", l->step_token_s) && add_num(root, "decode_fixed_s", l->decode_fixed_s) &&
+             add_num(root, "decode_row_s", l->decode_row_s) && add_num(root, "timestamp_ms", (double)l->timestamp_ms);
     return print_json(root, ok, out);
 }
 
@@ -275,7 +277,9 @@ bt_status mbr_load_from_json(const char *json, size_t len, mbr_load_report_t *ou
         !(st = get_double(root, "decode_tok_s", &l.decode_tok_s)) &&
         !(st = get_double(root, "kv_transfer_bytes_s", &l.kv_transfer_bytes_s)) &&
         !(st = get_double(root, "step_s", &l.step_s)) &&
-        !(st = get_double(root, "tokens_per_step", &l.tokens_per_step)) && !(st = get_i64(root, "timestamp_ms", &l.timestamp_ms)))
+        !(st = get_double(root, "tokens_per_step", &l.tokens_per_step)) &&
+        !(st = get_double(root, "step_fixed_s", &l.step_fixed_s)) && !(st = get_double(root, "step_token_s", &l.step_token_s)) &&
+        !(st = get_double(root, "decode_fixed_s", &l.decode_fixed_s)) && !(st = get_double(root, "decode_row_s", &l.decode_row_s)) && !(st = get_i64(root, "timestamp_ms", &l.timestamp_ms)))
         *out = l;
     cJSON_Delete(root);
     return st;
@@ -305,7 +309,9 @@ static int load_same(const mbr_load_report_t *a, const mbr_load_report_t *b)
            a->running_seqs == b->running_seqs && a->kv_blocks_free == b->kv_blocks_free &&
            a->kv_blocks_total == b->kv_blocks_total && a->prefill_tok_s == b->prefill_tok_s &&
            a->decode_tok_s == b->decode_tok_s && a->kv_transfer_bytes_s == b->kv_transfer_bytes_s &&
-           a->step_s == b->step_s && a->tokens_per_step == b->tokens_per_step;
+           a->step_s == b->step_s && a->tokens_per_step == b->tokens_per_step && a->step_fixed_s == b->step_fixed_s &&
+           a->step_token_s == b->step_token_s && a->decode_fixed_s == b->decode_fixed_s &&
+           a->decode_row_s == b->decode_row_s;
 }
 
 /* ---- registration ---- */

@@ -70,6 +70,10 @@ typedef struct mbr_load_report {
     double step_s;        /* mean engine step time in seconds while busy (0 = unknown) */
     double tokens_per_step; /* tokens a decoding sequence gains per step: 1 without speculative decoding, more with
                              * it (0 = unknown, read as 1) */
+    /* The node's fitted step model (issue 22): an engine step of n tokens takes step_fixed_s + n * step_token_s,
+     * fitted by the node's scheduler over its own recent steps (0 = not fitted yet); decode_fixed_s and
+     * decode_row_s are the same fit over steps of decode rows only. The planner's profile when it has no file. */
+    double step_fixed_s, step_token_s, decode_fixed_s, decode_row_s;
     int64_t timestamp_ms; /* wall clock when measured; set by the publisher when 0 */
 } mbr_load_report_t;
 

@@ -342,6 +342,10 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     out->prefill_tok_s = ne->prefill_rate;
     out->decode_tok_s = ne->decode_rate;
     out->step_s = ne->step_s;
+    out->step_fixed_s = st->step_fixed_s > 0 ? st->step_fixed_s : 0;
+    out->step_token_s = st->step_token_s > 0 ? st->step_token_s : 0;
+    out->decode_fixed_s = st->decode_fixed_s > 0 ? st->decode_fixed_s : 0;
+    out->decode_row_s = st->decode_row_s > 0 ? st->decode_row_s : 0;
     out->tokens_per_step = ne->tokens_per_step;
     counters_update(ne, st);
     pthread_mutex_unlock(&ne->load_mu);

@@ -255,12 +255,10 @@ static double score(rtr_dispatch_t *d, const mbr_node_t *n)
 {
     double total = (double)(n->has_load && n->load.kv_blocks_total ? n->load.kv_blocks_total : n->info.kv_blocks_total);
     double free_blocks = n->has_load ? (double)n->load.kv_blocks_free : total;
-    double headroom = total > 0 ? free_blocks / total : 1.0;
     int64_t running = n->has_load ? n->load.running_seqs + n->load.queued_requests : 0;
     int local = inflight_of(d, &n->info);
     if (local > running) running = local;
-    double cap = n->info.max_running > 0 ? (double)n->info.max_running : 64.0;
-    return headroom - (double)running / cap;
+    return rtr_decode_score(total, free_blocks, running, (double)n->info.max_running);
 }
 
 int64_t rtr_stall_bound_ms(int stall_ms, double step_s)
@@ -682,16 +680,39 @@ void rtr_dispatch_rates(rtr_dispatch_t *d, rtr_cluster_rates_t *out)
     if (mbr_watcher_snapshot(d->watcher, &nodes, &n)) return;
     double p_sum = 0, dp_sum = 0, dd_sum = 0;
     int p_n = 0, dp_n = 0, dd_n = 0;
+    double pf[2][2] = {{0}}, df[2] = {0}; /* [prefill nodes, decode nodes][fixed, token] sums; decode fit sums */
+    int pf_n[2] = {0}, df_n = 0;
     for (size_t i = 0; i < n; i++) {
         const mbr_node_t *x = &nodes[i];
-        if (usable_role(d, x, MBR_ROLE_PREFILL)) {
+        int role = usable_role(d, x, MBR_ROLE_PREFILL) ? 0 : usable(d, x) ? 1 : -1;
+        if (role < 0) continue;
+        if (x->has_load && x->load.step_token_s > 0) {
+            pf[role][0] += x->load.step_fixed_s;
+            pf[role][1] += x->load.step_token_s;
+            pf_n[role]++;
+        }
+        if (role == 0) {
             out->n_prefill++;
             if (x->has_load && x->load.prefill_tok_s > 0) p_sum += x->load.prefill_tok_s, p_n++;
-        } else if (usable(d, x)) {
+        } else {
             out->n_decode++;
             if (x->has_load && x->load.prefill_tok_s > 0) dp_sum += x->load.prefill_tok_s, dp_n++;
             if (x->has_load && x->load.decode_tok_s > 0) dd_sum += x->load.decode_tok_s, dd_n++;
+            if (x->has_load && x->load.decode_fixed_s > 0) {
+                df[0] += x->load.decode_fixed_s;
+                df[1] += x->load.decode_row_s;
+                df_n++;
+            }
         }
+    }
+    int pr = out->n_prefill ? 0 : 1;
+    if (pf_n[pr]) {
+        out->prefill_fixed_s = pf[pr][0] / pf_n[pr];
+        out->prefill_token_s = pf[pr][1] / pf_n[pr];
+    }
+    if (df_n) {
+        out->decode_fixed_s = df[0] / df_n;
+        out->decode_row_s = df[1] / df_n;
     }
     /* without prefill nodes the decode nodes prefill: theirs is the rate that serves the prompts */
     out->prefill_tok_s = out->n_prefill ? (p_n ? p_sum / p_n : 0) : (dp_n ? dp_sum / dp_n : 0);

@@ -50,7 +50,13 @@ static void usage(FILE *f)
             "  --remote-prefill-overhead-ms MS\n"
             "                            fixed cost the model adds to a remote prefill (default 5)\n"
             "  --ttft-slo-ms MS          refuse at once (429 / RESOURCE_EXHAUSTED) a request whose best predicted\n"
-            "                            time to first token exceeds MS (default 0: off)\n"
+            "                            time to first token exceeds MS (default 0: off); also the planner's\n"
+            "                            p90 TTFT target (default 2000 ms when off)\n"
+            "  --tpot-slo-ms MS          the planner's p90 time-per-output-token target (default 200)\n"
+            "  --planner-profile FILE    plan with this `baton profile` JSON instead of the step-time fits the\n"
+            "                            nodes publish in their load reports\n"
+            "  --planner-window-s S      a lower desired replica count must hold this long before it is\n"
+            "                            exported (default 60; a higher one is exported at once)\n"
             "  --decision-log PATH       append every placement decision to PATH as one JSON object per line\n"
             "  --tls-cert PEM, --tls-key PEM\n"
             "                            the router's certificate and key: HTTPS on the OpenAI API, TLS on the gRPC\n"
@@ -207,6 +213,7 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
         {"--grpc-tls-key", &cfg->grpc_tls_key},
         {"--grpc-tls-client-ca", &cfg->grpc_tls_client_ca},
         {"--decision-log", &cfg->decision_log},
+        {"--planner-profile", &cfg->planner_profile},
     };
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
         if (!strcmp(a, texts[i].flag)) {
@@ -224,7 +231,17 @@ static int take_placement_flag(rtr_config_t *cfg, const char *a, const char *v)
         fprintf(stderr, "baton-router: --prefill-mode: %s\n", bt_last_error());
         return -1;
     }
-    if (strcmp(a, "--remote-prefill-overhead-ms") && strcmp(a, "--ttft-slo-ms")) return 0;
+    if (!strcmp(a, "--planner-window-s")) {
+        char *e = NULL;
+        long w = strtol(v, &e, 10);
+        if (!*v || *e || w < 1 || w > PLAN_MAX_WINDOW) {
+            fprintf(stderr, "baton-router: --planner-window-s: '%s' is not 1 to %d seconds\n", v, PLAN_MAX_WINDOW);
+            return -1;
+        }
+        cfg->planner_window_s = (int)w;
+        return 1;
+    }
+    if (strcmp(a, "--remote-prefill-overhead-ms") && strcmp(a, "--ttft-slo-ms") && strcmp(a, "--tpot-slo-ms")) return 0;
     char *end = NULL;
     double x = strtod(v, &end);
     if (!*v || *end || !(x >= 0) || x > 3.6e6) {
@@ -232,6 +249,7 @@ static int take_placement_flag(rtr_config_t *cfg, const char *a, const char *v)
         return -1;
     }
     if (!strcmp(a, "--ttft-slo-ms")) cfg->ttft_slo_ms = x;
+    else if (!strcmp(a, "--tpot-slo-ms")) cfg->tpot_slo_ms = x;
     else cfg->remote_prefill_overhead_ms = x;
     return 1;
 }

@@ -119,3 +119,27 @@ int rtr_planner_replicas(double demand_tok_s, double rate_tok_s, int fallback)
     if (!(n >= 1)) return 1;
     return n > 1e6 ? 1000000 : (int)n;
 }
+
+double rtr_decode_score(double kv_total, double kv_free, int64_t running, double max_running)
+{
+    double headroom = kv_total > 0 ? kv_free / kv_total : 1.0;
+    double cap = max_running > 0 ? max_running : 64.0;
+    return headroom - (double)running / cap;
+}
+
+double rtr_admit_queue_s(double pending_prompt, double compete, int n, int64_t n_prompt, int64_t o, double decode_tok_s,
+                         double prefill_tok_s)
+{
+    return (pending_prompt + (double)(n - 1) * (double)n_prompt) / prefill_tok_s +
+           (compete + (double)(n - 1) * (double)o) / decode_tok_s;
+}
+
+static double dmax(double a, double b) { return a > b ? a : b; }
+
+void rtr_admit_rates(double measured_gen_tok_s, double decode_mean_tok_s, double prefill_mean_tok_s, int n_decode,
+                     int n_prefill, double *decode_tok_s, double *prefill_tok_s)
+{
+    int nd = n_decode > 0 ? n_decode : 1, np = n_prefill > 0 ? n_prefill : nd;
+    *decode_tok_s = dmax(dmax(measured_gen_tok_s, decode_mean_tok_s * nd), RTR_ADMIT_FLOOR_DECODE_TOK_S * nd);
+    *prefill_tok_s = dmax(prefill_mean_tok_s * np, RTR_ADMIT_FLOOR_PREFILL_TOK_S * np);
+}

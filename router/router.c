@@ -33,17 +33,13 @@ bt_status rtr_split_hostport(const char *s, char *host, size_t cap, int *port)
 
 /* ---- admission (see router.h) ---- */
 
-static double dmax(double a, double b) { return a > b ? a : b; }
-
 /* Cluster token rates for the prediction: measured, reported or the floor, whichever is highest. */
 static void admit_rates(rtr_t *r, double *decode_tok_s, double *prefill_tok_s)
 {
     rtr_cluster_rates_t cr;
     rtr_dispatch_rates(r->dispatch, &cr);
-    int nd = cr.n_decode > 0 ? cr.n_decode : 1, np = cr.n_prefill > 0 ? cr.n_prefill : nd;
     double measured = (double)atomic_load(&r->gen_rate_milli) / 1000.0;
-    *decode_tok_s = dmax(dmax(measured, cr.decode_tok_s * nd), RTR_ADMIT_FLOOR_DECODE_TOK_S * nd);
-    *prefill_tok_s = dmax(cr.prefill_tok_s * np, RTR_ADMIT_FLOOR_PREFILL_TOK_S * np);
+    rtr_admit_rates(measured, cr.decode_tok_s, cr.prefill_tok_s, cr.n_decode, cr.n_prefill, decode_tok_s, prefill_tok_s);
 }
 
 /* Under adm_mu: the tokens that compete with a new choice of o tokens, and the prompt tokens not started yet. */
@@ -67,7 +63,7 @@ static double predict_locked(rtr_t *r, int n, int64_t n_prompt, int64_t o, doubl
 {
     double w, pp;
     admit_backlog(r, o, &w, &pp);
-    return (pp + (double)(n - 1) * (double)n_prompt) / pr + (w + (double)(n - 1) * (double)o) / dr;
+    return rtr_admit_queue_s(pp, w, n, n_prompt, o, dr, pr);
 }
 
 double rtr_admit_predict_s(rtr_t *r, int n, int64_t n_prompt, int64_t o)
@@ -157,6 +153,8 @@ int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size
         }
     }
     if (ok) {
+        atomic_fetch_add(&r->arrivals, 1);
+        atomic_fetch_add(&r->arrival_prompt_tokens, (long long)a->n_prompt * n);
         a->slot = r->n_adm;
         r->adm[r->n_adm++] = a;
         r->active_choices += n;
@@ -237,47 +235,12 @@ static bt_status setup_placement_metrics(rtr_t *r)
     return BT_OK;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-/* One planner tick: token rates over the window (from the request counters) against the nodes' mean measured rates.
- * Without a measured rate the current node count stands (the planner then has nothing better to say). */
-static void planner_tick(rtr_t *r)
-{
-    double *s = r->samples[r->next_sample];
-    s[0] = mono_s();
-    s[1] = metrics_counter_value(r->prompt_tokens);
-    s[2] = (double)atomic_load(&r->tokens_seen); /* as they stream: the usage counter moves only as requests end */
-    r->next_sample = (r->next_sample + 1) % (RTR_PLANNER_WINDOW_S + 1);
-    if (r->n_samples < RTR_PLANNER_WINDOW_S + 1) r->n_samples++;
-    /* the oldest sample in the ring is about RTR_PLANNER_WINDOW_S seconds old once it is full */
-    int oldest = r->n_samples < RTR_PLANNER_WINDOW_S + 1 ? 0 : r->next_sample;
-    double *o = r->samples[oldest];
-    double dt = s[0] - o[0];
-    double prompt_tok_s = dt > 0 ? (s[1] - o[1]) / dt : 0, gen_tok_s = dt > 0 ? (s[2] - o[2]) / dt : 0;
-    /* admission's measured rate: tokens streamed to clients over the last 5 ticks */
-    double *g = r->gen_ring[r->gen_n % 6], *b = r->gen_ring[(r->gen_n + 1) % 6];
-    g[0] = s[0];
-    g[1] = (double)atomic_load(&r->tokens_seen);
-    if (++r->gen_n >= 6 && g[0] > b[0]) atomic_store(&r->gen_rate_milli, (long long)((g[1] - b[1]) / (g[0] - b[0]) * 1e3));
-    rtr_cluster_rates_t cr;
-    rtr_dispatch_rates(r->dispatch, &cr);
-    int np = rtr_planner_replicas(prompt_tok_s, cr.prefill_tok_s, cr.n_prefill);
-    int nd = rtr_planner_replicas(gen_tok_s, cr.decode_tok_s, cr.n_decode);
-    metrics_gauge_set(r->planner_prefill, np);
-    metrics_gauge_set(r->planner_decode, nd);
-}
-
 static void *planner_main(void *arg)
 {
     rtr_t *r = arg;
     pthread_mutex_lock(&r->planner_mu);
     while (!atomic_load(&r->stopping)) {
-        planner_tick(r);
+        rtr_planner_tick(r);
         rtr_probes_tick(r);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -299,7 +262,8 @@ static bt_status setup_metrics(rtr_t *r)
     if ((st = metrics_std_counter(r->metrics, METRICS_STD_PROMPT_TOKENS, &r->prompt_tokens))) return st;
     if ((st = metrics_std_counter(r->metrics, METRICS_STD_GENERATION_TOKENS, &r->generation_tokens))) return st;
     if ((st = metrics_std_counter(r->metrics, METRICS_STD_MIGRATIONS, &r->migrations))) return st;
-    return setup_placement_metrics(r);
+    if ((st = setup_placement_metrics(r))) return st;
+    return rtr_planner_metrics(r);
 }
 
 bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
@@ -332,7 +296,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
     if (cfg->served_model_name) snprintf(r->model.name, sizeof r->model.name, "%s", cfg->served_model_name);
-    if ((st = setup_metrics(r)) || (st = rtr_probes_metrics(r))) goto fail;
+    if ((st = setup_metrics(r)) || (st = rtr_probes_metrics(r)) || (st = rtr_planner_init(r))) goto fail;
     etcd_config_t ec = {.endpoints = cfg->etcd, .user = cfg->etcd_user, .password = cfg->etcd_password};
     bt_tls_etcd_paths(&cfg->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);
     if ((st = etcd_client_create(&ec, &r->etcd))) goto fail;
@@ -427,6 +391,7 @@ void rtr_destroy(rtr_t *r)
         BT_WARN("router", "%d request(s) still running at exit", atomic_load(&r->active_jobs));
         return; /* leave the rest: freeing under running threads would be worse */
     }
+    rtr_planner_forget(r);
     http_server_destroy(r->http);
     bt_rpc_server_destroy(r->grpc);
     rtr_dispatch_destroy(r->dispatch);

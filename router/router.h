@@ -21,6 +21,7 @@
 #include "common/tls.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
+#include "router/planner.h"
 
 #include "baton/v1/generate.pb-c.h"
 #include "baton/v1/node.pb-c.h"
@@ -199,6 +200,17 @@ int rtr_place_within_slo(double ttft_s, double slo_s);
  * at least 1; fallback (at least 1) when the rate was never measured. Pure; can't fail. */
 int rtr_planner_replicas(double demand_tok_s, double rate_tok_s, int fallback);
 
+/* The decode-node preference of dispatch.c's power of two choices (higher wins): KV headroom (free / total, 1 when
+ * total is unknown) minus running / max_running (max_running <= 0 reads as 64). Pure, so the simulator runs it. */
+double rtr_decode_score(double kv_total, double kv_free, int64_t running, double max_running);
+/* Admission's queue-time prediction (see "admission" below) from its parts: pending prompt tokens, competing
+ * output tokens (sum of min(rem_i, o)), and the request (n choices, n_prompt, o). Pure. */
+double rtr_admit_queue_s(double pending_prompt, double compete, int n, int64_t n_prompt, int64_t o, double decode_tok_s,
+                         double prefill_tok_s);
+/* Admission's cluster rates: measured, reported (mean per node x nodes) or the floor, whichever is highest. Pure. */
+void rtr_admit_rates(double measured_gen_tok_s, double decode_mean_tok_s, double prefill_mean_tok_s, int n_decode,
+                     int n_prefill, double *decode_tok_s, double *prefill_tok_s);
+
 /* ---- prefix_index.c ---- */
 
 /* Approximate per-node prefix index (SGLang-style): which prompt block hashes (DecodeRunRequest.block_hashes) this
@@ -289,6 +301,9 @@ typedef struct rtr_cluster_rates {
     int n_prefill, n_decode;
     double prefill_tok_s;      /* mean over prefill nodes, or over decode nodes when there is no prefill node */
     double decode_tok_s;       /* mean over decode nodes */
+    /* the nodes' fitted step models (mbr_load_report_t), means over the nodes that have one (0 = none yet):
+     * prefill from the prefill nodes (from the decode nodes when there is none), decode from the decode nodes */
+    double prefill_fixed_s, prefill_token_s, decode_fixed_s, decode_row_s;
 } rtr_cluster_rates_t;
 void rtr_dispatch_rates(rtr_dispatch_t *d, rtr_cluster_rates_t *out);
 
@@ -466,6 +481,9 @@ typedef struct rtr_config {
     char etcd_password[BT_TLS_SECRET_MAX]; /* read from --etcd-password-file */
     bt_tls_files_t etcd_tls;        /* TLS to https:// etcd endpoints */
     int load_stale_ms, stall_ms, rejoin_grace_ms, request_timeout_ms; /* as rtr_dispatch_config_t */
+    double tpot_slo_ms;             /* the planner's TPOT target (p90); 0 = PLAN_DEFAULT_TPOT_S */
+    const char *planner_profile;    /* --planner-profile: a `baton profile` JSON; NULL = the nodes' published fits */
+    int planner_window_s;           /* --planner-window-s: a lower answer must hold this long; 0 = default */
 } rtr_config_t;
 
 #define RTR_PLANNER_WINDOW_S 30 /* the planner's demand is the token rate over this window */
@@ -506,9 +524,39 @@ struct rtr {
     int planner_started;
     pthread_mutex_t planner_mu;
     pthread_cond_t planner_cv;
-    double samples[RTR_PLANNER_WINDOW_S + 1][3]; /* ring of (monotonic s, prompt tokens, generated tokens) */
+    double samples[RTR_PLANNER_WINDOW_S + 1][4]; /* ring of (monotonic s, prompt tokens, generated tokens, arrivals) */
     int n_samples, next_sample;
+    atomic_llong arrivals;       /* requests admitted (rtr_admit_gen) */
+    atomic_llong arrival_prompt_tokens; /* their prompt tokens, counted at admission (the usage counter moves at
+                                         * the end of a request: a window would pair it with other arrivals) */
+    plan_profile_t plan_file;    /* --planner-profile, when has_plan_file */
+    int has_plan_file;
+    plan_smooth_t smooth_prefill, smooth_decode;
+    plan_profile_t node_profile; /* the last profile built from the nodes' fits (kept while a report lacks one) */
+    int has_node_profile;
+    char router_id[96];          /* names this router's planner record in etcd */
+    double plan_etcd_retry_s;    /* monotonic: after a failed exchange, skip etcd until then (ticks stay 1 s) */
+    metrics_gauge_t *g_plan_rate, *g_plan_isl, *g_plan_osl, *g_plan_ttft, *g_plan_tpot, *g_plan_routers;
 };
+
+/* ---- planner_loop.c: the planner thread's tick (the arithmetic is planner.c) ----
+ * Every second: this router's window rates (requests, prompt and generated tokens over RTR_PLANNER_WINDOW_S) are
+ * written to /baton/<cluster>/planner/<router id> (no lease: a record older than RTR_PLANNER_STALE_MS is ignored)
+ * and every fresh record of the prefix is summed (plan_obs_merge), so that all routers plan on the same cluster-wide
+ * load; with etcd unreachable a router plans on its own share (and tries etcd again 10 s later, so that the tick,
+ * which also refreshes the probes, is not held up by etcd's timeout every second). Records older than
+ * RTR_PLANNER_GC_MS (a router that died without deleting its own) are deleted by whoever reads them. The profile is --planner-profile's, else the mean
+ * of the nodes' published step fits; with neither, the old throughput rule stands (rtr_planner_replicas: the node
+ * counts while no rate is measured). Exports baton_planner_desired_replicas{role} and the inputs. */
+#define RTR_PLANNER_STALE_MS 10000
+#define RTR_PLANNER_GC_MS 300000
+#define RTR_PLANNER_ETCD_RETRY_S 10.0
+bt_status rtr_planner_metrics(rtr_t *r);
+/* Reads --planner-profile (BT_ERR_IO / BT_ERR_FORMAT naming the file) and sets the router id. Start-up only. */
+bt_status rtr_planner_init(rtr_t *r);
+void rtr_planner_tick(rtr_t *r);
+/* Deletes this router's record (best effort, at shutdown). */
+void rtr_planner_forget(rtr_t *r);
 
 /* Splits "host:port" into host (cap bytes) and port. BT_ERR_INVALID. */
 bt_status rtr_split_hostport(const char *s, char *host, size_t cap, int *port);

@@ -80,33 +80,6 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static uint64_t rng_next(uint64_t *s) /* splitmix64 */
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s) /* [0, 1) */
-{
-    return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u = 1.0 - rng_unit(s), v = rng_unit(s);
-    const double two_pi = 6.283185307179586;
-    return sqrt(-2.0 * log(u)) * cos(two_pi * v); /* Box-Muller */
-}
-
-static int draw_len(uint64_t *s, double mean, double sd)
-{
-    double x = sd > 0 ? mean + sd * rng_normal(s) : mean;
-    long l = lround(x);
-    return l < 1 ? 1 : (int)l;
-}
-
 /* Words that are one token each (with their leading space) in GPT-2-style BPE vocabularies such as SmolLM2's, so a
  * prompt of k random words is about k tokens; random order keeps prefix caching from sharing prompts. */
 static const char *const bs_words[] = {
@@ -138,7 +111,7 @@ static char *make_prompt(uint64_t seed, int n_words)
     char *p = malloc(cap);
     if (!p) return NULL;
     for (int i = 0; i < n_words; i++) {
-        const char *w = bs_words[rng_next(&seed) % BS_N_WORDS];
+        const char *w = bs_words[wl_rng_next(&seed) % BS_N_WORDS];
         size_t l = strlen(w);
         if (i) p[n++] = ' ';
         memcpy(p + n, w, l);
@@ -279,13 +252,16 @@ static const char *rate_label(double rate, char *buf, size_t cap)
 /* Draws the arrivals and lengths of one rate's run. Returns the count (>= 1) and the array, or -1 on no memory. */
 static long draw_requests(const bs_opts *o, int rate_index, bs_req **out)
 {
-    uint64_t s = o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)rate_index * 0xD1B54A32D192ED03ull + 1;
-    double rate = o->rates[rate_index];
+    wl_draw_t dr;
+    wl_draw_init(&dr, o->seed, rate_index, o->rates[rate_index], o->prompt_mean, o->prompt_sd, o->output_mean,
+                 o->output_sd);
     long cap = o->requests ? o->requests : 64, n = 0;
     bs_req *v = calloc((size_t)cap, sizeof *v);
-    double t = 0;
     while (v) {
-        if (!isinf(rate)) t += -log(1.0 - rng_unit(&s)) / rate;
+        double t;
+        int plen, olen;
+        uint64_t pseed;
+        wl_draw_next(&dr, &t, &plen, &olen, &pseed);
         if (o->requests ? n >= o->requests : (t >= o->duration && n > 0)) break;
         if (n == cap) {
             bs_req *w = realloc(v, sizeof *v * (size_t)cap * 2);
@@ -296,9 +272,9 @@ static long draw_requests(const bs_opts *o, int rate_index, bs_req **out)
         }
         bs_req *r = &v[n++];
         r->t_arrive = (!o->requests && t >= o->duration) ? 0 : t; /* --duration shorter than one gap: one request */
-        r->prompt_len = draw_len(&s, o->prompt_mean, o->prompt_sd);
-        r->output_len = draw_len(&s, o->output_mean, o->output_sd);
-        r->prompt_seed = rng_next(&s);
+        r->prompt_len = plen;
+        r->output_len = olen;
+        r->prompt_seed = pseed;
         r->wl_index = o->n_wl ? (int)((n - 1) % o->n_wl) : 0;
         r->usage_out = r->usage_prompt = -1;
     }

@@ -12,7 +12,9 @@
     X("embed", cmd_embed, "embeddings of texts: mean-pooled final hidden states, normalized (JSON lines)")  \
     X("logits", cmd_logits, "teacher-forced logits of token ids to a float32 file (for tests)")         \
     X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")           \
-    X("bench-serve", cmd_bench_serve, "open-loop load against a router: TTFT/TPOT/e2e percentiles, goodput")
+    X("bench-serve", cmd_bench_serve, "open-loop load against a router: TTFT/TPOT/e2e percentiles, goodput") \
+    X("profile", cmd_profile, "measure this machine's prefill/decode step times and KV copy rate into a profile") \
+    X("simulate", cmd_simulate, "discrete-event simulation of a cluster running the router's own policy code")
 
 #define X(name, fn, help) int fn(int argc, char **argv);
 BATON_COMMANDS(X)

@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,4 +77,52 @@ int workload_load(const char *prog, const char *path, int max, workload_item **o
     *out = w;
     *n_out = n;
     return 0;
+}
+
+uint64_t wl_rng_next(uint64_t *s) /* splitmix64 */
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double wl_rng_unit(uint64_t *s)
+{
+    return (double)(wl_rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(uint64_t *s)
+{
+    double u = 1.0 - wl_rng_unit(s), v = wl_rng_unit(s);
+    const double two_pi = 6.283185307179586;
+    return sqrt(-2.0 * log(u)) * cos(two_pi * v); /* Box-Muller */
+}
+
+static int draw_len(uint64_t *s, double mean, double sd)
+{
+    double x = sd > 0 ? mean + sd * rng_normal(s) : mean;
+    long l = lround(x);
+    return l < 1 ? 1 : (int)l;
+}
+
+void wl_draw_init(wl_draw_t *d, unsigned long long seed, int rate_index, double rate, double prompt_mean,
+                  double prompt_sd, double output_mean, double output_sd)
+{
+    d->s = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)rate_index * 0xD1B54A32D192ED03ull + 1;
+    d->rate = rate;
+    d->prompt_mean = prompt_mean;
+    d->prompt_sd = prompt_sd;
+    d->output_mean = output_mean;
+    d->output_sd = output_sd;
+    d->t = 0;
+}
+
+void wl_draw_next(wl_draw_t *d, double *t, int *prompt_len, int *output_len, uint64_t *prompt_seed)
+{
+    if (!isinf(d->rate)) d->t += -log(1.0 - wl_rng_unit(&d->s)) / d->rate;
+    *t = d->t;
+    *prompt_len = draw_len(&d->s, d->prompt_mean, d->prompt_sd);
+    *output_len = draw_len(&d->s, d->output_mean, d->output_sd);
+    *prompt_seed = wl_rng_next(&d->s);
 }

@@ -3,9 +3,12 @@ bench-serve`, and the KEDA ScaledObject's exact query (rendered from deploy/helm
 Prometheus' HTTP API, rises when the load rises and falls after it stops (issue 21).
 
 The scrape configuration adds the labels the chart's ServiceMonitors add (`component`, and the namespace the
-Prometheus Operator sets), so the query runs unchanged. Two decode nodes with one thread each: the planner's
-desired decode replicas are the generated-token rate over its 30 s window divided by the nodes' measured rate,
-so an idle cluster asks for 1 and two busy nodes for 2 or more. Figures print with pytest -s."""
+Prometheus Operator sets), so the query runs unchanged. Two decode nodes with one thread each: the SLA planner
+(router/planner.h) sizes decode for the request rate over its 30 s window against the TPOT target and the nodes'
+published step-time fits, so an idle cluster asks for 1 and two busy nodes for 2 or more. The router runs with
+--tpot-slo-ms 50 (the default 200 ms target is met by one node at this load, by the planner's model) and
+--planner-window-s 15 (a lower answer is exported after 15 s instead of the default 60) so that the fall shows
+within the test's minute. Figures print with pytest -s."""
 from __future__ import annotations
 
 import json
@@ -95,7 +98,7 @@ def test_scaledobject_query_rises_under_load_and_falls_after(default_model, tmp_
     with EtcdServer() as etcd, \
             start_decode(etcd, default_model, threads=1, node_id="dec-a") as da, \
             start_decode(etcd, default_model, threads=1, node_id="dec-b") as db, \
-            start_router(etcd, default_model) as rtr:
+            start_router(etcd, default_model, planner_window_s=15, tpot_slo_ms=50) as rtr:
         prom = Prometheus(tmp_path, {"router": [rtr.http_addr], "decode": [da.http_addr, db.http_addr]})
         try:
             deadline = time.monotonic() + 20

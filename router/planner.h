@@ -1,0 +1,151 @@
+/* The SLA planner (DESIGN 15; issue 22): pure arithmetic from an observed load, a machine profile and TTFT/TPOT
+ * targets to prefill and decode replica counts, plus the smoothing that keeps the answer from flapping. No threads,
+ * no I/O, no clock: every input and every piece of state is passed explicitly, so the router's planner thread and
+ * the simulator (tools/sim) run exactly this code.
+ *
+ * Profile (what `baton profile` fits, and nodes publish the step part of it):
+ *   prefill step of n prompt tokens of k prompts
+ *                                        t = prefill_fixed_s + n * prefill_token_s + k * prefill_seq_s
+ *                                        (k: each prompt's last row makes logits over the vocabulary and samples)
+ *   decode step of B sequences, context C (the sum of their contexts)
+ *                                        t = decode_fixed_s + B * decode_seq_s + C * decode_ctx_s
+ *   a mixed step (colocated)             decode step + n * prefill_token_s
+ *   KV transfer of b bytes               t = xfer_latency_s + b / xfer_bytes_s
+ *
+ * Queueing approximation (per role, the load split evenly over N nodes, arrivals Poisson at rate lambda):
+ *   prefill: service S = ceil(ISL / chunk) * prefill_fixed_s + ISL * prefill_token_s + prefill_seq_s, utilisation rho = lambda S / N.
+ *            The router sends each prompt to the prefill node that finishes it first, so the N nodes act as one
+ *            M/M/c queue: P(W > t) = ErlangC(N, lambda S) exp(-(N / S - lambda) t), W90 where that is 0.1 (0 when
+ *            ErlangC <= 0.1). Exponential service is pessimistic for near-constant prompt lengths: part of the
+ *            headroom. TTFT90 = W90 + S + transfer(ISL * kv_bytes_per_token).
+ *   decode:  by Little's law a node holds B = (lambda / N) * OSL * t sequences, with t its own step time, so
+ *            t = decode_fixed_s / (1 - (lambda / N) * OSL * (decode_seq_s + ctx * decode_ctx_s)),  ctx = ISL + OSL/2.
+ *            The batch's p90 is B + 1.28 sqrt(B) (Poisson occupancy); TPOT90 = the step time at that batch.
+ *            B90 must also fit max_running and the KV capacity (B90 * (ISL + OSL) <= kv_tokens).
+ *   colocated (no prefill nodes): the decode nodes also prefill; the prefill share of their time rho_p = lambda S / N
+ *            stretches every decode step: TPOT90 = decode TPOT90 / (1 - rho_p); a prompt queues on the decode node
+ *            it was sent to (chosen for KV room, not queue), so its wait is M/M/1's at rho_p: W90 = S ln(10 rho_p) /
+ *            (1 - rho_p); TTFT90 = W90 + S + one decode step.
+ * Each count is the least N (1 .. PLAN_MAX_REPLICAS) whose predictions are within headroom * target. A target no
+ * count meets (the service time alone exceeds it) gives the count that keeps utilisation at 50%, with
+ * slo_reachable = 0.
+ *
+ * Smoothing (plan_smooth_t): the observed rates are already means over the router's window (30 s). An answer above
+ * the current one is taken at once (under-provisioning breaks the SLO now) when it passes a dead band of 5% of the
+ * current count (0 below 20 replicas: the headroom covers that much); a lower one only when every raw answer
+ * over the last down_window ticks was at most that low, and then to the highest of them (Kubernetes HPA's
+ * scale-down stabilisation). Inputs that wobble around a boundary therefore hold the higher count: no flapping.
+ *
+ * One answer per cluster: every router publishes its own window rates (plan_obs_t, additive) to etcd and plans on
+ * the sum of all routers' fresh records (plan_obs_merge), so every router computes the same answer from the same
+ * inputs and `max(baton_planner_desired_replicas{role=...})` over routers is the cluster's answer (the Helm chart's
+ * query). */
+#ifndef BATON_ROUTER_PLANNER_H
+#define BATON_ROUTER_PLANNER_H
+
+#include "common/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PLAN_MAX_REPLICAS 100000
+#define PLAN_DEFAULT_HEADROOM 0.8      /* aim predictions at 80% of each target */
+#define PLAN_DEFAULT_TTFT_S 2.0        /* targets when the operator gives none */
+#define PLAN_DEFAULT_TPOT_S 0.2
+#define PLAN_DEFAULT_DOWN_WINDOW 60    /* ticks (seconds in the router) before a lower answer is taken */
+#define PLAN_MAX_WINDOW 600
+#define PLAN_DEFAULT_CHUNK 512         /* prefill tokens per step (the scheduler's default batch budget) */
+#define PLAN_DEFAULT_MAX_RUNNING 256
+#define PLAN_P90_Z 1.2816
+#define PLAN_UP_TOLERANCE 0.05         /* a raw answer must pass current * (1 + this) (integer part) to raise it */
+
+typedef struct plan_transport {
+    char name[16];          /* "shm", "tcp", "rdma", ... */
+    double latency_s;
+    double bytes_s;
+} plan_transport_t;
+
+#define PLAN_MAX_TRANSPORTS 4
+
+/* A machine profile: the fitted step model of one node (see the opening comment). Zero = unknown. */
+typedef struct plan_profile {
+    double prefill_fixed_s, prefill_token_s, prefill_seq_s;
+    double decode_fixed_s, decode_seq_s, decode_ctx_s;
+    double kv_bytes_per_token;
+    int64_t chunk_tokens;     /* prefill tokens per step */
+    int64_t max_running;      /* sequences per decode batch */
+    int64_t kv_tokens;        /* KV capacity of one node in tokens (0 = unbounded) */
+    plan_transport_t xfer[PLAN_MAX_TRANSPORTS];
+    int n_xfer;
+    char host[256];           /* free text: CPU model, cores, memory; or the source of a published profile */
+    char model[128];
+} plan_profile_t;
+
+/* 1 when the profile has the step model the planner needs (prefill_token_s and decode_fixed_s > 0). */
+int plan_profile_usable(const plan_profile_t *p);
+/* Step times of the profile's model (seconds). */
+double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_prompts);
+double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens);
+/* The transport named name (NULL or "" = the first one), or NULL when the profile has none. */
+const plan_transport_t *plan_profile_transport(const plan_profile_t *p, const char *name);
+
+/* Parses a profile's JSON text (the format `baton profile` writes; plan_profile_to_json). BT_ERR_FORMAT naming the
+ * field when a required field is missing or not a positive number; *out is set only on success. */
+bt_status plan_profile_from_json(const char *text, plan_profile_t *out);
+/* A malloc'd JSON text of p (NULL on no memory). extra (may be NULL) is a cJSON object's JSON text merged in as
+ * "samples" (the measurements behind the fit). */
+char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json);
+
+/* Least-squares fit of y = c[0] + sum_k c[k+1] * x[i][k] over n points with k_dim (1 or 2) regressors, each point
+ * weighted by w[i] (w NULL: all 1; 1 / y^2 minimises relative error). Returns 0, or -1 when the system is singular
+ * (too few distinct points). Coefficients that come out negative are clamped to 0 and the rest refitted, since a
+ * negative cost per token means noise, not a real speed-up. */
+int plan_fit_linear(const double *x, int k_dim, const double *y, const double *w, int n, double *c);
+
+/* What the routers observed over their window, additive across routers. */
+typedef struct plan_obs {
+    double req_s;          /* requests admitted per second */
+    double prompt_tok_s;   /* prompt tokens per second (of those requests) */
+    double gen_tok_s;      /* tokens generated per second */
+    int routers;           /* records merged into this one */
+} plan_obs_t;
+
+/* a += b. */
+void plan_obs_merge(plan_obs_t *a, const plan_obs_t *b);
+
+typedef struct plan_targets {
+    double ttft_s, tpot_s;   /* p90 targets; <= 0 = PLAN_DEFAULT_* */
+    double headroom;         /* (0, 1]; <= 0 = PLAN_DEFAULT_HEADROOM */
+    int colocated;           /* plan decode nodes that also prefill (no prefill role) */
+    const char *transport;   /* the profile's transport for KV pushes (NULL = its first, none = free) */
+} plan_targets_t;
+
+typedef struct plan_answer {
+    int prefill, decode;              /* raw counts (prefill 0 when colocated) */
+    double lambda, isl, osl;          /* the load planned for: req/s, mean prompt and output tokens */
+    double ttft_s, tpot_s;            /* predicted p90 at the chosen counts */
+    int slo_reachable;                /* 0 when no count meets a target */
+} plan_answer_t;
+
+/* Predicted p90 TTFT and TPOT for lambda req/s of mean isl/osl tokens on np prefill and nd decode nodes (np = 0:
+ * colocated). INFINITY where a role is saturated. Can't fail. */
+void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambda, double isl, double osl, int np,
+                  int nd, double *ttft_s, double *tpot_s);
+
+/* The least counts that meet the targets for the observed load (see the opening comment). No load (req_s <= 0)
+ * gives 1 of each role planned. Can't fail. */
+void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_obs_t *obs, plan_answer_t *out);
+
+/* Smoothing state, one per role. Zero-initialise, then plan_smooth_init. */
+typedef struct plan_smooth {
+    int window;                 /* ticks a lower answer must hold */
+    int ring[PLAN_MAX_WINDOW];  /* the last raw answers */
+    int n, next;
+    int current;                /* the smoothed answer (0 before the first tick) */
+} plan_smooth_t;
+
+void plan_smooth_init(plan_smooth_t *s, int window);
+/* Feeds one raw answer; returns the smoothed one. Can't fail. */
+int plan_smooth_tick(plan_smooth_t *s, int raw);
+
+#endif

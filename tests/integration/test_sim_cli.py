@@ -1,0 +1,86 @@
+"""`baton profile` and `baton simulate` as a user runs them (issue 22): help texts, one clear error line and exit
+code 2 for a missing or garbled profile or workload, a short simulation with --json whose requests all end
+somewhere, the same report twice from the same seed, and bench-serve's generator reproduced from a workload line.
+A short `baton profile` run on the default model writes a profile the simulator accepts."""
+import json
+import subprocess
+
+from conftest import ROOT
+
+H100 = ROOT / "deploy/profiles/h100-llama3-8b.json"
+
+
+def baton(baton_bin, *args, timeout=300):
+    return subprocess.run([str(baton_bin), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_help(baton_bin):
+    for cmd in ("profile", "simulate"):
+        r = baton(baton_bin, cmd, "--help")
+        assert r.returncode == 0 and r.stdout.startswith(f"usage: baton {cmd}"), r
+    r = baton(baton_bin, "--help")
+    assert "profile" in r.stdout and "simulate" in r.stdout
+
+
+def test_bad_inputs_exit_2_with_one_line(baton_bin, tmp_path):
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("{not json")
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"prefill": {"fixed_s": 0.01}, "decode": {"fixed_s": 0.01, "seq_s": 0}}')
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"t": 1, "prompt_tokens": 10, "output_tokens": 5}\n{"t": 0.5, "prompt_tokens": 10, "output_tokens": 5}\n')
+    cases = [
+        (["--profile", tmp_path / "missing.json", "--decode", 1, "--rate", 1, "--requests", 1], "cannot open the profile"),
+        (["--profile", garbled, "--decode", 1, "--rate", 1, "--requests", 1], "not valid JSON"),
+        (["--profile", partial, "--decode", 1, "--rate", 1, "--requests", 1], "token_s"),
+        (["--profile", H100, "--decode", 1, "--workload", tmp_path / "none.jsonl"], "cannot open the workload"),
+        (["--profile", H100, "--decode", 1, "--workload", garbled], "not a JSON object"),
+        (["--profile", H100, "--decode", 1, "--workload", trace], "trace.jsonl:2"),
+        (["--profile", H100, "--decode", 1, "--workload", ROOT / "tools/workloads/chat.jsonl"], "prompt texts"),
+        (["--profile", H100, "--decode", 0, "--rate", 1, "--requests", 1], "--decode"),
+        (["--profile", H100, "--decode", 1, "--rate", 1, "--requests", 1, "--fail", "x"], "--fail"),
+    ]
+    for args, words in cases:
+        r = baton(baton_bin, "simulate", *args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (args, r.stderr)
+    r = baton(baton_bin, "profile", "--model", tmp_path / "missing.gguf")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_simulate_json_conserves_and_repeats(baton_bin, tmp_path):
+    args = ["simulate", "--profile", H100, "--prefill", 2, "--decode", 3, "--rate", 40, "--duration", 30,
+            "--prompt-tokens", "1500:400", "--output-tokens", "150:50", "--seed", 4, "--slo-ttft-ms", 500,
+            "--slo-tpot-ms", 30, "--fail", "10:decode:1:5", "--json", "-"]
+    a = baton(baton_bin, *args)
+    assert a.returncode == 0, a.stderr
+    doc = json.loads(a.stdout)
+    assert doc["arrived"] > 1000 and doc["arrived"] == doc["finished"] + doc["rejected"] + doc["failed"]
+    assert doc["migrations"] > 0 and len(doc["nodes"]) == 5 and sum(n["failures"] for n in doc["nodes"]) == 1
+    assert 0 < doc["ttft"]["p50_s"] <= doc["ttft"]["p90_s"] and doc["planner"], doc["ttft"]
+    b = json.loads(baton(baton_bin, *args).stdout)
+    doc.pop("wall_s"), b.pop("wall_s")
+    assert doc == b
+    # a workload line draws what the flags draw
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"rate": 40, "duration_s": 30, "prompt_tokens": 1500, "prompt_sd": 400,
+                              "output_tokens": 150, "output_sd": 50, "seed": 4}) + "\n")
+    c = baton(baton_bin, *(args[:9] + ["--workload", wl] + args[19:]))
+    assert c.returncode == 0, c.stderr
+    c = json.loads(c.stdout)
+    c.pop("wall_s")
+    assert c == doc
+
+
+def test_profile_short_run_feeds_the_simulator(baton_bin, default_model, tmp_path):
+    out = tmp_path / "p.json"
+    r = baton(baton_bin, "profile", "--model", default_model, "--max-batch", 2, "--max-context", 64, "--out", out,
+              timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "profile: prefill" in r.stderr
+    p = json.loads(out.read_text())
+    assert p["prefill"]["token_s"] > 0 and p["decode"]["fixed_s"] > 0 and p["transfer"]["shm"]["bytes_s"] > 0
+    assert "CPUs online" in p["host"] and p["kv_bytes_per_token"] == 23040
+    r = baton(baton_bin, "simulate", "--profile", out, "--decode", 1, "--rate", 0.2, "--requests", 5, "--json", "-")
+    assert r.returncode == 0 and json.loads(r.stdout)["finished"] == 5, r.stderr

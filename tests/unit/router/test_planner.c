@@ -1,0 +1,244 @@
+/* router/planner.c: replica counts for a steady load, a step change, no flapping, one answer from two routers;
+ * the least-squares fit and the profile's JSON. */
+#include "router/planner.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A CPU-like node: 1,000 prefill tok/s, 20 ms decode steps growing 0.5 ms per sequence. */
+static plan_profile_t profile(void)
+{
+    plan_profile_t p;
+    memset(&p, 0, sizeof p);
+    p.prefill_fixed_s = 0.02;
+    p.prefill_token_s = 0.001;
+    p.decode_fixed_s = 0.02;
+    p.decode_seq_s = 0.0005;
+    p.decode_ctx_s = 1e-7;
+    p.kv_bytes_per_token = 23040;
+    p.chunk_tokens = 512;
+    p.max_running = 256;
+    p.n_xfer = 1;
+    snprintf(p.xfer[0].name, sizeof p.xfer[0].name, "shm");
+    p.xfer[0].bytes_s = 5e9;
+    p.xfer[0].latency_s = 0.001;
+    return p;
+}
+
+static plan_obs_t load(double req_s, double isl, double osl)
+{
+    plan_obs_t o = {.req_s = req_s, .prompt_tok_s = req_s * isl, .gen_tok_s = req_s * osl, .routers = 1};
+    return o;
+}
+
+static const plan_targets_t targets = {.ttft_s = 1.0, .tpot_s = 0.05};
+
+static void test_steady_load_meets_targets(void)
+{
+    plan_profile_t p = profile();
+    plan_obs_t o = load(10, 300, 100);
+    plan_answer_t a;
+    plan_compute(&p, &targets, &o, &a);
+    /* prefill work is 10 * 0.32 s = 3.2 node-seconds per second: at least 4 nodes */
+    CHECK_MSG(a.prefill >= 4 && a.prefill <= 8, "prefill %d", a.prefill);
+    CHECK_MSG(a.decode >= 1 && a.decode <= 10, "decode %d", a.decode);
+    CHECK(a.slo_reachable);
+    CHECK_MSG(a.ttft_s <= 0.8 * targets.ttft_s && a.tpot_s <= 0.8 * targets.tpot_s, "ttft %g tpot %g", a.ttft_s, a.tpot_s);
+    /* the counts are the least that meet the targets */
+    double ttft, tpot;
+    plan_predict(&p, &targets, 10, 300, 100, a.prefill - 1, a.decode, &ttft, &tpot);
+    CHECK(a.prefill == 1 || ttft > 0.8 * targets.ttft_s);
+    plan_predict(&p, &targets, 10, 300, 100, a.prefill, a.decode - 1 > 0 ? a.decode - 1 : 1, &ttft, &tpot);
+    CHECK(a.decode == 1 || tpot > 0.8 * targets.tpot_s);
+    CHECK(fabs(a.isl - 300) < 1e-9 && fabs(a.osl - 100) < 1e-9 && fabs(a.lambda - 10) < 1e-9);
+    /* no load: one of each */
+    plan_obs_t none = {0};
+    plan_compute(&p, &targets, &none, &a);
+    CHECK(a.prefill == 1 && a.decode == 1);
+    /* colocated: no prefill role, and more decode nodes than disaggregated decode needs alone */
+    plan_targets_t colo = targets;
+    colo.colocated = 1;
+    plan_answer_t c, d;
+    plan_compute(&p, &targets, &o, &d);
+    plan_compute(&p, &colo, &o, &c);
+    CHECK(c.prefill == 0 && c.decode > d.decode);
+}
+
+static void test_counts_grow_with_load(void)
+{
+    plan_profile_t p = profile();
+    int lastp = 0, lastd = 0;
+    for (double rate = 1; rate <= 200; rate *= 2) {
+        plan_obs_t o = load(rate, 500, 200);
+        plan_answer_t a;
+        plan_compute(&p, &targets, &o, &a);
+        CHECK_MSG(a.prefill >= lastp && a.decode >= lastd, "rate %g: %d %d after %d %d", rate, a.prefill, a.decode,
+                  lastp, lastd);
+        lastp = a.prefill;
+        lastd = a.decode;
+    }
+    CHECK(lastp > 50 && lastd > 1);
+    /* an unreachable target: the service time alone exceeds it */
+    plan_targets_t tight = {.ttft_s = 0.1, .tpot_s = 0.05};
+    plan_obs_t o = load(10, 2000, 100);
+    plan_answer_t a;
+    plan_compute(&p, &tight, &o, &a);
+    CHECK(!a.slo_reachable && a.prefill >= 1);
+}
+
+/* A step change in load raises the answer at once; a step down lowers it only after the window. */
+static void test_step_change(void)
+{
+    plan_profile_t p = profile();
+    plan_smooth_t sp, sd;
+    plan_smooth_init(&sp, 30);
+    plan_smooth_init(&sd, 30);
+    plan_answer_t lo, hi;
+    plan_obs_t olo = load(5, 300, 100), ohi = load(40, 300, 100);
+    plan_compute(&p, &targets, &olo, &lo);
+    plan_compute(&p, &targets, &ohi, &hi);
+    REQUIRE(hi.prefill > lo.prefill);
+    for (int t = 0; t < 60; t++) plan_smooth_tick(&sp, lo.prefill);
+    CHECK(sp.current == lo.prefill);
+    CHECK(plan_smooth_tick(&sp, hi.prefill) == hi.prefill); /* up: at once */
+    int t = 0;
+    while (plan_smooth_tick(&sp, lo.prefill) != lo.prefill && t < 100) t++;
+    CHECK_MSG(t == 29, "lowered after %d ticks", t + 1); /* down: only once a whole window agrees */
+    (void)sd;
+}
+
+/* Inputs that wobble across a boundary: the answer changes at most once. */
+static void test_no_flapping(void)
+{
+    plan_profile_t p = profile();
+    plan_smooth_t s;
+    plan_smooth_init(&s, 60);
+    /* find a rate where the raw answer changes */
+    double r = 1;
+    plan_answer_t a, b;
+    plan_obs_t o = load(r, 300, 100);
+    plan_compute(&p, &targets, &o, &a);
+    for (;; r += 0.05) {
+        o = load(r, 300, 100);
+        plan_compute(&p, &targets, &o, &b);
+        if (b.prefill != a.prefill) break;
+    }
+    int changes = 0, last = 0, raw_changes = 0, last_raw = 0;
+    uint64_t rng = 42;
+    for (int t = 0; t < 1000; t++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        double jitter = ((double)(rng >> 11) / 9007199254740992.0 - 0.5) * 0.4; /* +-0.2 req/s around the edge */
+        plan_obs_t ot = load(r + jitter, 300, 100);
+        plan_answer_t x;
+        plan_compute(&p, &targets, &ot, &x);
+        if (t && x.prefill != last_raw) raw_changes++;
+        last_raw = x.prefill;
+        int v = plan_smooth_tick(&s, x.prefill);
+        if (t && v != last) changes++;
+        last = v;
+    }
+    CHECK_MSG(raw_changes > 100, "the raw answer changed %d times: the test input is not at a boundary", raw_changes);
+    CHECK_MSG(changes <= 1, "smoothed answer changed %d times", changes);
+}
+
+/* Two routers each see half the traffic; each merges its own record with the other's: the same answer, equal to
+ * one router seeing all of it. */
+static void test_one_answer_two_routers(void)
+{
+    plan_profile_t p = profile();
+    plan_obs_t a = load(12, 400, 150), b = load(8, 200, 50), all = {0}, from_a = {0}, from_b = {0};
+    plan_obs_merge(&all, &a);
+    plan_obs_merge(&all, &b);
+    plan_obs_merge(&from_a, &a); /* router A: own record first */
+    plan_obs_merge(&from_a, &b);
+    plan_obs_merge(&from_b, &b); /* router B: its own first */
+    plan_obs_merge(&from_b, &a);
+    CHECK(all.routers == 2 && from_a.routers == 2);
+    plan_answer_t x, y, z, alone;
+    plan_compute(&p, &targets, &from_a, &x);
+    plan_compute(&p, &targets, &from_b, &y);
+    plan_compute(&p, &targets, &all, &z);
+    plan_compute(&p, &targets, &a, &alone);
+    CHECK(x.prefill == y.prefill && x.decode == y.decode);
+    CHECK(x.prefill == z.prefill && x.decode == z.decode);
+    CHECK(fabs(x.isl - 320) < 1e-9 && fabs(x.lambda - 20) < 1e-9);
+    CHECK(alone.prefill < x.prefill); /* without the other router's share, one would under-provision */
+    plan_smooth_t sa, sb;
+    plan_smooth_init(&sa, 10);
+    plan_smooth_init(&sb, 10);
+    for (int t = 0; t < 50; t++) {
+        plan_obs_t oa = load(10 + t % 7, 300, 100), ob = load(5 + t % 3, 300, 100), ma = {0}, mb = {0};
+        plan_obs_merge(&ma, &oa);
+        plan_obs_merge(&ma, &ob);
+        plan_obs_merge(&mb, &ob);
+        plan_obs_merge(&mb, &oa);
+        plan_compute(&p, &targets, &ma, &x);
+        plan_compute(&p, &targets, &mb, &y);
+        CHECK(plan_smooth_tick(&sa, x.prefill) == plan_smooth_tick(&sb, y.prefill));
+    }
+}
+
+static void test_fit(void)
+{
+    double x[20], y[20], c[3];
+    for (int i = 0; i < 10; i++) {
+        x[i] = 16.0 * (i + 1);
+        y[i] = 0.01 + 0.002 * x[i];
+    }
+    REQUIRE(plan_fit_linear(x, 1, y, NULL, 10, c) == 0);
+    CHECK(fabs(c[0] - 0.01) < 1e-9 && fabs(c[1] - 0.002) < 1e-12);
+    for (int i = 0; i < 10; i++) { /* two regressors */
+        x[2 * i] = 1 + i % 5;
+        x[2 * i + 1] = 100.0 * (1 + i / 5) + i;
+        y[i] = 0.02 + 0.001 * x[2 * i] + 1e-5 * x[2 * i + 1];
+    }
+    REQUIRE(plan_fit_linear(x, 2, y, NULL, 10, c) == 0);
+    CHECK(fabs(c[0] - 0.02) < 1e-9 && fabs(c[1] - 0.001) < 1e-9 && fabs(c[2] - 1e-5) < 1e-12);
+    for (int i = 0; i < 10; i++) y[i] = 0.05 - 1e-6 * x[2 * i + 1]; /* a negative slope is noise: clamped */
+    REQUIRE(plan_fit_linear(x, 2, y, NULL, 10, c) == 0);
+    CHECK(c[1] >= 0 && c[2] >= 0);
+    /* weights: an outlier with a tiny weight barely moves the fit */
+    double w[11];
+    for (int i = 0; i < 10; i++) {
+        x[i] = 16.0 * (i + 1);
+        y[i] = 0.01 + 0.002 * x[i];
+        w[i] = 1;
+    }
+    x[10] = 80;
+    y[10] = 5;
+    w[10] = 1e-9;
+    REQUIRE(plan_fit_linear(x, 1, y, w, 11, c) == 0);
+    CHECK(fabs(c[0] - 0.01) < 1e-4 && fabs(c[1] - 0.002) < 1e-6);
+    double one[1] = {5}, oy[1] = {1};
+    CHECK(plan_fit_linear(one, 1, oy, NULL, 1, c) == -1);
+}
+
+static void test_profile_json(void)
+{
+    plan_profile_t p = profile(), q;
+    snprintf(p.host, sizeof p.host, "test host");
+    char *txt = plan_profile_to_json(&p, "{\"prefill\": [[16, 0.03]]}");
+    REQUIRE(txt);
+    REQUIRE(plan_profile_from_json(txt, &q) == BT_OK);
+    free(txt);
+    CHECK(q.prefill_token_s == p.prefill_token_s && q.decode_seq_s == p.decode_seq_s && q.n_xfer == 1);
+    CHECK(!strcmp(q.xfer[0].name, "shm") && q.xfer[0].bytes_s == 5e9 && !strcmp(q.host, "test host"));
+    CHECK(plan_profile_from_json("{nope", &q) == BT_ERR_FORMAT);
+    CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0.1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
+    CHECK(strstr(bt_last_error(), "token_s") != NULL);
+    CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0, \"token_s\": -1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
+}
+
+int main(void)
+{
+    RUN(test_steady_load_meets_targets);
+    RUN(test_counts_grow_with_load);
+    RUN(test_step_change);
+    RUN(test_no_flapping);
+    RUN(test_one_answer_two_routers);
+    RUN(test_fit);
+    RUN(test_profile_json);
+    return test_summary();
+}

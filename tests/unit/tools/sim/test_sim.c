@@ -1,0 +1,172 @@
+/* tools/sim: conservation (every request finishes, is rejected at admission or fails, failures and migrations
+ * included), determinism (same seed, same report), and sanity of the model against the profile's arithmetic. */
+#include "tools/sim/sim.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static plan_profile_t profile(void)
+{
+    plan_profile_t p;
+    memset(&p, 0, sizeof p);
+    p.prefill_fixed_s = 0.01;
+    p.prefill_token_s = 0.0005;
+    p.decode_fixed_s = 0.02;
+    p.decode_seq_s = 0.0005;
+    p.decode_ctx_s = 1e-7;
+    p.kv_bytes_per_token = 20000;
+    p.chunk_tokens = 512;
+    p.max_running = 64;
+    p.kv_tokens = 40000;
+    p.n_xfer = 1;
+    snprintf(p.xfer[0].name, sizeof p.xfer[0].name, "tcp");
+    p.xfer[0].bytes_s = 1e9;
+    p.xfer[0].latency_s = 0.0005;
+    return p;
+}
+
+typedef struct gen {
+    uint64_t s;
+    double t, rate;
+    long n, max;
+    int groups;
+} gen_t;
+
+static int next(void *ud, sim_arrival_t *a)
+{
+    gen_t *g = ud;
+    if (g->n >= g->max) return 1;
+    g->s = g->s * 6364136223846793005ull + 1442695040888963407ull;
+    double u = (double)(g->s >> 11) / 9007199254740992.0;
+    g->t += -log(1 - u) / g->rate;
+    memset(a, 0, sizeof *a);
+    a->t = g->t;
+    a->prompt_tokens = 50 + (int32_t)((g->s >> 20) % 400);
+    a->output_tokens = 1 + (int32_t)((g->s >> 40) % 100);
+    if (g->groups) {
+        a->prefix_group = 1 + (uint32_t)((g->s >> 50) % (uint64_t)g->groups);
+        a->prefix_tokens = 64;
+    }
+    g->n++;
+    return 0;
+}
+
+static sim_config_t config(int np, int nd)
+{
+    sim_config_t c;
+    memset(&c, 0, sizeof c);
+    c.profile = profile();
+    c.n_prefill = np;
+    c.n_decode = nd;
+    c.slo_ttft_s = 1;
+    c.slo_tpot_s = 0.1;
+    c.overhead_s = 0.005;
+    c.seed = 7;
+    return c;
+}
+
+static int conserved(const sim_result_t *r) { return r->arrived == r->finished + r->rejected + r->failed; }
+
+static void test_conservation(void)
+{
+    const int shapes[][2] = {{0, 1}, {0, 4}, {2, 2}, {4, 8}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        sim_config_t c = config(shapes[i][0], shapes[i][1]);
+        gen_t g = {.s = 1, .rate = 20, .max = 3000};
+        sim_result_t r;
+        REQUIRE(sim_run(&c, next, &g, &r) == BT_OK);
+        CHECK_MSG(r.arrived == 3000 && conserved(&r), "%d+%d: %llu arrived, %llu finished, %llu rejected, %llu failed",
+                  shapes[i][0], shapes[i][1], (unsigned long long)r.arrived, (unsigned long long)r.finished,
+                  (unsigned long long)r.rejected, (unsigned long long)r.failed);
+        CHECK(r.ttft.n == r.finished && r.e2e.n == r.finished);
+        CHECK(r.n_plan > 0 && r.plan[r.n_plan - 1].decode >= 1);
+        sim_result_free(&r);
+    }
+}
+
+/* Overload (admission rejects), failures with and without repair (migrations, failed requests): still conserved. */
+static void test_conservation_under_failures(void)
+{
+    sim_config_t c = config(2, 6);
+    c.fails[0] = (sim_fail_t){.t = 20, .decode = 1, .count = 3, .repair_s = 10};
+    c.fails[1] = (sim_fail_t){.t = 40, .decode = 0, .count = 1, .repair_s = 0};
+    c.fails[2] = (sim_fail_t){.t = 60, .decode = 1, .count = 5, .repair_s = 0};
+    c.n_fails = 3;
+    c.max_migrations = 1;
+    gen_t g = {.s = 3, .rate = 60, .max = 8000, .groups = 5};
+    c.use_prefix_index = 1;
+    sim_result_t r;
+    REQUIRE(sim_run(&c, next, &g, &r) == BT_OK);
+    CHECK(conserved(&r));
+    CHECK_MSG(r.migrations > 0, "no migration");
+    CHECK(r.rejected > 0); /* 60 req/s overloads one surviving decode node: admission sheds */
+    int fails = 0;
+    for (int i = 0; i < r.n_nodes; i++) fails += r.nodes[i].failures;
+    CHECK(fails == 9);
+    sim_result_free(&r);
+}
+
+static void test_deterministic(void)
+{
+    sim_result_t a, b;
+    sim_config_t c = config(3, 5);
+    c.fails[0] = (sim_fail_t){.t = 30, .decode = 1, .count = 1, .repair_s = 5};
+    c.n_fails = 1;
+    c.use_prefix_index = 1;
+    gen_t g1 = {.s = 11, .rate = 30, .max = 4000, .groups = 3}, g2 = g1;
+    REQUIRE(sim_run(&c, next, &g1, &a) == BT_OK);
+    REQUIRE(sim_run(&c, next, &g2, &b) == BT_OK);
+    CHECK(a.events == b.events && a.finished == b.finished && a.migrations == b.migrations && a.good == b.good);
+    CHECK(!memcmp(a.ttft.bins, b.ttft.bins, sizeof a.ttft.bins) && !memcmp(a.tpot.bins, b.tpot.bins, sizeof a.tpot.bins));
+    CHECK(a.sim_end_s == b.sim_end_s && a.n_plan == b.n_plan);
+    for (int i = 0; i < a.n_nodes; i++) CHECK(a.nodes[i].busy_s == b.nodes[i].busy_s);
+    sim_result_free(&b);
+    c.seed = 8; /* another router seed: another run */
+    gen_t g3 = {.s = 11, .rate = 30, .max = 4000, .groups = 3};
+    REQUIRE(sim_run(&c, next, &g3, &b) == BT_OK);
+    CHECK(memcmp(a.ttft.bins, b.ttft.bins, sizeof a.ttft.bins) != 0);
+    sim_result_free(&a);
+    sim_result_free(&b);
+}
+
+/* One request on an idle colocated node: TTFT is one prefill step, TPOT one decode step (context grows slowly). */
+static void test_single_request_timing(void)
+{
+    sim_config_t c = config(0, 1);
+    gen_t g = {.s = 5, .rate = 1, .max = 1};
+    sim_result_t r;
+    REQUIRE(sim_run(&c, next, &g, &r) == BT_OK);
+    REQUIRE(r.finished == 1);
+    /* the lone request's prompt length is between 50 and 449: one chunk */
+    double ttft = r.ttft.sum, lo = c.profile.prefill_fixed_s + 50 * c.profile.prefill_token_s,
+           hi = c.profile.prefill_fixed_s + 450 * c.profile.prefill_token_s;
+    CHECK_MSG(ttft >= lo && ttft <= hi, "ttft %g not in [%g, %g]", ttft, lo, hi);
+    if (r.tpot.n) {
+        double step1 = c.profile.decode_fixed_s + c.profile.decode_seq_s;
+        CHECK_MSG(fabs(r.tpot.sum - step1) < 0.001, "tpot %g vs step %g", r.tpot.sum, step1);
+    }
+    sim_result_free(&r);
+}
+
+static void test_bad_config(void)
+{
+    sim_config_t c = config(1, 0);
+    gen_t g = {.s = 1, .rate = 1, .max = 1};
+    sim_result_t r;
+    CHECK(sim_run(&c, next, &g, &r) == BT_ERR_INVALID);
+    c = config(1, 1);
+    c.profile.prefill_token_s = 0;
+    CHECK(sim_run(&c, next, &g, &r) == BT_ERR_INVALID);
+}
+
+int main(void)
+{
+    RUN(test_conservation);
+    RUN(test_conservation_under_failures);
+    RUN(test_deterministic);
+    RUN(test_single_request_timing);
+    RUN(test_bad_config);
+    return test_summary();
+}

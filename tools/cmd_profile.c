@@ -1,0 +1,408 @@
+/* `baton profile`: measures this machine with the real engine (the continuous-batching scheduler the nodes run) and
+ * writes the planner's and the simulator's profile (router/planner.h): prefill step time against prompt tokens per
+ * step (prompts of several lengths, alone and several at once), decode step time against batch size and total
+ * context, and the KV copy bandwidth of the shared-memory transport (one-sided puts into a mapped pool are memory
+ * copies; a UCX measurement from `baton kvx-bench --json` can be merged with --kvx-json). Each model is a least-
+ * squares fit over the median step of each measured shape (fit_robust); the raw points go into the file's "samples". */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/paths.h"
+#include "engine/backend_cpu.h"
+#include "engine/scheduler.h"
+#include "router/planner.h"
+#include "tools/bench_util.h"
+#include "tools/commands.h"
+#include "tools/engine_env.h"
+
+#define PF_MAX_POINTS 4096
+#define PF_SWEEP_TOKENS 8192 /* prompt tokens one decode-sweep point may cost (per --reps) */
+
+typedef struct pf_points {
+    double x[PF_MAX_POINTS * 2]; /* [n][k] regressors */
+    double y[PF_MAX_POINTS];     /* step seconds */
+    int n, k;
+} pf_points;
+
+static void pf_add(pf_points *p, double x0, double x1, double y)
+{
+    if (p->n >= PF_MAX_POINTS) return;
+    p->x[p->n * p->k] = x0;
+    if (p->k > 1) p->x[p->n * p->k + 1] = x1;
+    p->y[p->n++] = y;
+}
+
+static void pf_emit(void *user, const bt_sched_event *ev) { (void)user, (void)ev; }
+
+/* Submits n_req prompts of plen tokens, max_tokens gen each, and steps the scheduler to idle, recording every step:
+ * prompt-only steps into pre (tokens), decode-only steps into dec (batch, total context). */
+static int run_batch(bt_sched *s, const bt_model *m, int n_req, int plen, int gen, uint64_t seed, pf_points *pre,
+                     pf_points *dec)
+{
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)plen);
+    if (!prompt) return -1;
+    bt_req_params p = bt_req_params_default();
+    p.sampling.max_tokens = gen;
+    p.sampling.ignore_eos = 1;
+    for (int i = 0; i < n_req; i++) {
+        for (int k = 0; k < plen; k++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            prompt[k] = (int32_t)((seed >> 33) % (uint64_t)m->hp.n_vocab);
+        }
+        if (bt_sched_submit(s, prompt, plen, &p, pf_emit, NULL, NULL)) {
+            free(prompt);
+            return -1;
+        }
+    }
+    free(prompt);
+    bt_sched_stats a, b;
+    bt_sched_get_stats(s, &a);
+    while (!bt_sched_idle(s)) {
+        int running = a.running;
+        int64_t ctx = a.kv_tokens_used;
+        double t0 = bench_now_s();
+        if (bt_sched_step(s) < 0) return -1;
+        double dt = bench_now_s() - t0;
+        bt_sched_get_stats(s, &b);
+        uint64_t ptoks = b.computed_prompt_tokens - a.computed_prompt_tokens;
+        uint64_t gtoks = b.generated_tokens - a.generated_tokens;
+        /* prompt steps only from the prefill sweep (one output token each: no decode row ever mixes in) */
+        if (!dec && pre && ptoks > 0) pf_add(pre, (double)ptoks, (double)gtoks, dt);
+        else if (dec && ptoks == 0 && gtoks > 0) pf_add(dec, (double)running, (double)ctx, dt);
+        a = b;
+    }
+    return 0;
+}
+
+/* Median copy bandwidth (bytes/s) and per-copy latency of KV-sized copies: what a shared-memory put costs. */
+static void measure_copy(double block_bytes, double *bytes_s, double *latency_s)
+{
+    size_t big = (size_t)64 << 20;
+    char *src = malloc(big), *dst = malloc(big);
+    *bytes_s = *latency_s = 0;
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return;
+    }
+    memset(src, 1, big);
+    memset(dst, 2, big);
+    double bw[7], lat[7];
+    size_t small = block_bytes > 64 ? (size_t)block_bytes : 64;
+    for (int r = 0; r < 7; r++) {
+        double t0 = bench_now_s();
+        memcpy(dst, src, big);
+        bw[r] = (double)big / (bench_now_s() - t0);
+        t0 = bench_now_s();
+        for (int i = 0; i < 100; i++) memcpy(dst + (size_t)i * small % (big - small), src, small);
+        lat[r] = (bench_now_s() - t0) / 100 - (double)small / bw[r];
+        if (lat[r] < 0) lat[r] = 0;
+        src[r]++;
+    }
+    *bytes_s = bench_median(bw, 7);
+    *latency_s = bench_median(lat, 7);
+    free(src);
+    free(dst);
+}
+
+static void host_describe(int threads, char *out, size_t cap)
+{
+    char cpu[160] = "unknown CPU", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            const char *c = strchr(line, ':');
+            if (c) snprintf(cpu, sizeof cpu, "%s", c + 2);
+            cpu[strcspn(cpu, "\n")] = '\0';
+            break;
+        }
+    if (f) fclose(f);
+    long mem_kb = 0;
+    f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemTotal: %ld kB", &mem_kb) == 1) break;
+    if (f) fclose(f);
+    snprintf(out, cap, "%s, %ld CPUs online, %.1f GiB memory, %d engine threads", cpu, sysconf(_SC_NPROCESSORS_ONLN),
+             (double)mem_kb / (1 << 20), threads);
+}
+
+/* {"kvx-bench JSON" -> a transport}: reads "transport" (or "tls") and a bandwidth in bytes/s or GB/s. 0 on success. */
+static int merge_kvx(const char *path, plan_profile_t *p)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "baton profile: cannot open %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf) return -1;
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "transport");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(j, "tls");
+    const cJSON *bw = cJSON_GetObjectItemCaseSensitive(j, "bytes_s"), *gb = cJSON_GetObjectItemCaseSensitive(j, "gb_s");
+    const cJSON *lat = cJSON_GetObjectItemCaseSensitive(j, "latency_s");
+    double bytes_s = cJSON_IsNumber(bw) ? bw->valuedouble : cJSON_IsNumber(gb) ? gb->valuedouble * 1e9 : 0;
+    if (!cJSON_IsString(t) || !(bytes_s > 0) || p->n_xfer >= PLAN_MAX_TRANSPORTS) {
+        fprintf(stderr, "baton profile: %s: want {\"transport\": NAME, \"bytes_s\" or \"gb_s\": N, \"latency_s\": S}\n", path);
+        cJSON_Delete(j);
+        return -1;
+    }
+    plan_transport_t *x = &p->xfer[p->n_xfer++];
+    snprintf(x->name, sizeof x->name, "%s", t->valuestring);
+    x->bytes_s = bytes_s;
+    x->latency_s = cJSON_IsNumber(lat) ? lat->valuedouble : 0;
+    cJSON_Delete(j);
+    return 0;
+}
+
+static void usage(FILE *o)
+{
+    fprintf(o,
+            "usage: baton profile [--model PATH] [--threads N] [--out FILE] [--reps N] [--max-batch N]\n"
+            "                     [--max-context N] [--kvx-json FILE]\n"
+            "Measures this machine with the real engine and writes the profile the SLA planner (baton-router\n"
+            "--planner-profile) and `baton simulate --profile` read:\n"
+            "  prefill step time = fixed_s + tokens * token_s + prompts * seq_s\n"
+            "                                                      (prompts of 16..512 tokens, 1 and 4 at once;\n"
+            "                                                      seq_s: logits and sampling of each prompt ending)\n"
+            "  decode step time  = fixed_s + batch * seq_s + total_context * ctx_token_s\n"
+            "                                                      (batches of 1..--max-batch, contexts to --max-context)\n"
+            "  KV transfer time  = latency_s + bytes / bytes_s     (shm: memory copy of KV blocks; more transports\n"
+            "                                                      from `--kvx-json`, a JSON object with transport,\n"
+            "                                                      bytes_s or gb_s, latency_s)\n"
+            "Each model is a least-squares fit over every measured step; the points are kept under \"samples\".\n"
+            "About a minute with the defaults on 2 cores; --reps N repeats every measurement N times (default 1).\n"
+            "Progress goes to stderr; the profile to --out (default: stdout).\n"
+            "  --threads N      engine threads (default: as the nodes, every core)\n"
+            "  --max-batch N    largest decode batch measured (default 32)\n"
+            "  --max-context N  longest prompt in the decode sweep (default 512; batch x context stays under\n"
+            "                   8192 tokens per --reps)\n");
+}
+
+static int parse_long(const char *a, const char *v, long lo, long hi, long *out)
+{
+    char *e = NULL;
+    errno = 0;
+    long x = strtol(v, &e, 10);
+    if (!*v || *e || errno || x < lo || x > hi) {
+        fprintf(stderr, "baton profile: %s wants a whole number from %ld to %ld, not '%s'\n", a, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run):
+ * the fit takes the median step of each group of equal regressors (decode: same batch, context per sequence within
+ * 16 tokens), weighted by 1 / y^2 so that it minimises relative error (small and large steps count alike). */
+static int fit_robust(const pf_points *p, int dec_shape, double *c)
+{
+    static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
+    static int used[PF_MAX_POINTS];
+    memset(used, 0, sizeof used);
+    int ng = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (used[i]) continue;
+        int m = 0;
+        double sx0 = 0, sx1 = 0;
+        for (int j = i; j < p->n; j++) {
+            int same = p->x[j * p->k] == p->x[i * p->k];
+            if (same && p->k > 1 && dec_shape)
+                same = fabs(p->x[j * 2 + 1] / p->x[j * 2] - p->x[i * 2 + 1] / p->x[i * 2]) < 16;
+            else if (same && p->k > 1)
+                same = p->x[j * 2 + 1] == p->x[i * 2 + 1];
+            if (!same || used[j]) continue;
+            used[j] = 1;
+            ys[m++] = p->y[j];
+            sx0 += p->x[j * p->k];
+            if (p->k > 1) sx1 += p->x[j * 2 + 1];
+        }
+        qsort(ys, (size_t)m, sizeof *ys, cmp_double);
+        gy[ng] = m % 2 ? ys[m / 2] : (ys[m / 2 - 1] + ys[m / 2]) / 2;
+        gx[ng * p->k] = sx0 / m;
+        if (p->k > 1) gx[ng * 2 + 1] = sx1 / m;
+        gw[ng] = gy[ng] > 0 ? 1.0 / (gy[ng] * gy[ng]) : 0;
+        ng++;
+    }
+    return plan_fit_linear(gx, p->k, gy, gw, ng, c);
+}
+
+static char *samples_json(const pf_points *pre, const pf_points *dec)
+{
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "prefill_tokens_prompts_s"),
+          *b = cJSON_AddArrayToObject(o, "decode_batch_ctx_s");
+    for (int i = 0; a && i < pre->n; i++) {
+        double v[3] = {pre->x[2 * i], pre->x[2 * i + 1], pre->y[i]};
+        cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 3));
+    }
+    for (int i = 0; b && i < dec->n; i++) {
+        double v[3] = {dec->x[2 * i], dec->x[2 * i + 1], dec->y[i]};
+        cJSON_AddItemToArray(b, cJSON_CreateDoubleArray(v, 3));
+    }
+    char *t = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return t;
+}
+
+int cmd_profile(int argc, char **argv)
+{
+    const char *model_path = NULL, *out_path = NULL, *kvx = NULL;
+    long threads = 0, reps = 1, max_batch = 32, max_ctx = 512;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "baton profile: unknown option or missing value: '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        int bad = 0;
+        if (!strcmp(a, "--model")) model_path = v;
+        else if (!strcmp(a, "--out")) out_path = v;
+        else if (!strcmp(a, "--kvx-json")) kvx = v;
+        else if (!strcmp(a, "--threads")) bad = parse_long(a, v, 0, 256, &threads);
+        else if (!strcmp(a, "--reps")) bad = parse_long(a, v, 1, 20, &reps);
+        else if (!strcmp(a, "--max-batch")) bad = parse_long(a, v, 1, 256, &max_batch);
+        else if (!strcmp(a, "--max-context")) bad = parse_long(a, v, 64, 8192, &max_ctx);
+        else {
+            fprintf(stderr, "baton profile: unknown option '%s'\n", a);
+            return 2;
+        }
+        if (bad) return 2;
+    }
+    cli_engine_env env;
+    if (cli_engine_env_read("profile", (int)threads, &env)) return 2;
+    char def[4096];
+    if (!model_path) {
+        if (bt_default_model_path(def, sizeof def)) {
+            fprintf(stderr, "baton profile: %s\n", bt_last_error());
+            return 1;
+        }
+        model_path = def;
+    }
+    bt_model *m;
+    if (bt_model_load(model_path, &m)) {
+        fprintf(stderr, "baton profile: %s\n", bt_last_error());
+        return 2;
+    }
+    bt_backend *be;
+    if (bt_backend_cpu_create(&env.cpu, &be)) {
+        fprintf(stderr, "baton profile: %s\n", bt_last_error());
+        bt_model_free(m);
+        return 1;
+    }
+    int nth = bt_backend_cpu_threads(be);
+    bt_sched_config cfg = {0};
+    cfg.max_batch_tokens = BT_SCHED_DEFAULT_BATCH_TOKENS;
+    cfg.disable_prefix_cache = 1; /* every measured token is computed */
+    size_t per_tok = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer / BT_KV_BLOCK;
+    cfg.kv_mem = per_tok * (size_t)(max_batch * (max_ctx + 64) + 4096);
+    bt_sched *s;
+    if (bt_sched_create(m, be, &cfg, &s)) {
+        fprintf(stderr, "baton profile: %s\n", bt_last_error());
+        bt_backend_destroy(be);
+        bt_model_free(m);
+        return 1;
+    }
+    static pf_points pre = {.k = 2}, dec = {.k = 2};
+    int rc = 0;
+    double t_start = bench_now_s();
+    const int plens[] = {16, 64, 128, 256, 384, 512};
+    fprintf(stderr, "profile: warm-up\n");
+    rc = run_batch(s, m, 2, 128, 2, 99, NULL, NULL); /* first steps fault pages in and fill caches: not measured */
+    for (long r = 0; r < reps && !rc; r++)
+        for (size_t i = 0; i < sizeof plens / sizeof *plens && !rc; i++)
+            for (int k = 1; k <= 4 && !rc; k += 3) {
+                fprintf(stderr, "profile: prefill %d x %d tokens (%.0f s)\n", k, plens[i], bench_now_s() - t_start);
+                rc = run_batch(s, m, k, plens[i], 1, (uint64_t)(r * 100 + i * 7 + k), &pre, NULL);
+            }
+    /* a decode batch of b sequences of context c costs its b * c prompt tokens first: past PF_SWEEP_TOKENS only the
+     * short contexts are measured, which keeps the default run near a minute on 2 cores */
+    for (long r = 0; r < reps && !rc; r++)
+        for (long b = 1; b <= max_batch && !rc; b *= 2)
+            for (long c = 32; c <= max_ctx && !rc; c *= 4) {
+                if (b * c > PF_SWEEP_TOKENS * reps && c > 32) continue;
+                fprintf(stderr, "profile: decode batch %ld, context %ld (%.0f s)\n", b, c, bench_now_s() - t_start);
+                rc = run_batch(s, m, (int)b, (int)c, 12, (uint64_t)(r * 1000 + b * 13 + c), NULL, &dec);
+            }
+    plan_profile_t p;
+    memset(&p, 0, sizeof p);
+    double c[3];
+    if (!rc && (fit_robust(&pre, 0, c) || !(c[1] > 0))) {
+        fprintf(stderr, "baton profile: the prefill steps did not fit a line (%d points)\n", pre.n);
+        rc = -1;
+    } else if (!rc) {
+        p.prefill_fixed_s = c[0];
+        p.prefill_token_s = c[1];
+        p.prefill_seq_s = c[2];
+    }
+    if (!rc && (fit_robust(&dec, 1, c) || !(c[0] > 0))) {
+        fprintf(stderr, "baton profile: the decode steps did not fit (%d points)\n", dec.n);
+        rc = -1;
+    } else if (!rc) {
+        p.decode_fixed_s = c[0];
+        p.decode_seq_s = c[1];
+        p.decode_ctx_s = c[2];
+    }
+    if (!rc) {
+        p.kv_bytes_per_token = (double)per_tok;
+        p.chunk_tokens = BT_SCHED_DEFAULT_BATCH_TOKENS;
+        p.max_running = 256;
+        p.kv_tokens = (int64_t)((size_t)BT_SCHED_DEFAULT_KV_MEM / per_tok); /* a node's default --kv-mem */
+        fprintf(stderr, "profile: KV copy bandwidth (%.0f s)\n", bench_now_s() - t_start);
+        plan_transport_t *x = &p.xfer[p.n_xfer++];
+        snprintf(x->name, sizeof x->name, "shm");
+        measure_copy((double)per_tok * BT_KV_BLOCK, &x->bytes_s, &x->latency_s);
+        if (kvx && merge_kvx(kvx, &p)) rc = -2;
+        host_describe(nth, p.host, sizeof p.host);
+        const char *base = strrchr(model_path, '/');
+        snprintf(p.model, sizeof p.model, "%.127s", base ? base + 1 : model_path);
+    }
+    bt_sched_destroy(s);
+    bt_backend_destroy(be);
+    bt_model_free(m);
+    if (rc) {
+        if (rc == -1 && bt_last_error()[0]) fprintf(stderr, "baton profile: %s\n", bt_last_error());
+        return rc == -2 ? 2 : 1;
+    }
+    char *sj = samples_json(&pre, &dec);
+    char *txt = plan_profile_to_json(&p, sj);
+    free(sj);
+    if (!txt) {
+        fprintf(stderr, "baton profile: out of memory\n");
+        return 1;
+    }
+    FILE *f = out_path ? fopen(out_path, "w") : stdout;
+    if (!f || fprintf(f, "%s\n", txt) < 0 || (out_path && fclose(f))) {
+        fprintf(stderr, "baton profile: cannot write %s: %s\n", out_path ? out_path : "stdout", strerror(errno));
+        free(txt);
+        return 1;
+    }
+    free(txt);
+    fprintf(stderr,
+            "profile: prefill %.2f ms + %.3f ms/token + %.2f ms/prompt (%.0f tok/s marginal); decode %.2f ms + %.3f ms/seq + %.5f "
+            "ms/context token; shm %.1f GB/s; %d prefill and %d decode steps in %.0f s\n",
+            p.prefill_fixed_s * 1e3, p.prefill_token_s * 1e3, p.prefill_seq_s * 1e3, 1 / p.prefill_token_s, p.decode_fixed_s * 1e3,
+            p.decode_seq_s * 1e3, p.decode_ctx_s * 1e3, p.xfer[0].bytes_s / 1e9, pre.n, dec.n, bench_now_s() - t_start);
+    return 0;
+}
