@@ -81,6 +81,8 @@ typedef struct bt_req_params {
     int hold_kv;                 /* keep the request's blocks after its last event until bt_sched_release_kv (a
                                   * prefill node's transfer may still read them) */
     int no_spec;                 /* 1: never verify drafts for this request (its output is the same either way) */
+    bt_constraint *constraint;   /* optional grammar (engine/constraint.h) over the model's vocabulary: borrowed,
+                                  * bt_sched_submit takes its own reference; drafts that break it are rejected */
 } bt_req_params;
 
 /* Defaults: greedy, max_tokens 16, priority 0, no deadline. */
