@@ -28,8 +28,13 @@ typedef struct cstate {
     uint32_t off, n;    /* canonical words in c->words */
     uint64_t hash;
     uint8_t accepting, final;
+    uint64_t next[4];   /* bytes some stack can take */
+    int32_t *trans;     /* [256] state after each byte: -1 dead, -2 not computed yet; NULL until first needed */
     uint64_t *mask;     /* cached, or NULL */
 } cstate;
+
+#define T_DEAD (-1)
+#define T_UNKNOWN (-2)
 
 struct bt_constraint {
     atomic_int refs;
@@ -43,8 +48,9 @@ struct bt_constraint {
     int32_t *slot;      /* [n_slot] open addressing into st, -1 empty */
     uint32_t n_slot;
     size_t cache_bytes;
+    size_t trans_bytes; /* transition tables allocated; past BT_CONSTRAINT_CACHE_BYTES new states step uncached */
     uint64_t computed, cached;
-    bt_gstate *walk;    /* [max_depth + 1] one recognizer state per trie depth */
+    int32_t *walk;      /* [max_depth + 1] the state id at each trie depth of the walk */
     bt_gstate tmp, cur;
 };
 
@@ -231,7 +237,8 @@ static bt_status intern(bt_constraint *c, bt_gstate *gs, int32_t *out)
     }
     memcpy(c->words + c->n_words, gs->w, sizeof *gs->w * gs->n);
     c->st[c->n_st] = (cstate){.off = (uint32_t)c->n_words, .n = gs->n, .hash = h, .accepting = (uint8_t)gs->accepting,
-                              .final = (uint8_t)!bt_gstate_has_next(gs), .mask = NULL};
+                              .final = (uint8_t)!bt_gstate_has_next(gs), .trans = NULL, .mask = NULL};
+    memcpy(c->st[c->n_st].next, gs->next, sizeof gs->next);
     c->n_words += gs->n;
     c->slot[i] = (int32_t)c->n_st;
     *out = (int32_t)c->n_st++;
@@ -253,7 +260,7 @@ bt_status bt_constraint_create(const char *grammar, size_t len, const bt_constra
     pthread_mutex_init(&c->mu, NULL);
     bt_status st = bt_grammar_parse(grammar, len, &c->g);
     if (st) goto fail;
-    c->walk = calloc((size_t)v->max_depth + 1, sizeof *c->walk);
+    c->walk = malloc(sizeof *c->walk * ((size_t)v->max_depth + 1));
     if (!c->walk) {
         st = bt_fail(BT_ERR_NOMEM, "constraint: out of memory");
         goto fail;
@@ -281,12 +288,13 @@ bt_constraint *bt_constraint_ref(bt_constraint *c)
 void bt_constraint_unref(bt_constraint *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
-    for (uint32_t i = 0; i < c->n_st; i++) free(c->st[i].mask);
+    for (uint32_t i = 0; i < c->n_st; i++) {
+        free(c->st[i].mask);
+        free(c->st[i].trans);
+    }
     free(c->st);
     free(c->words);
     free(c->slot);
-    if (c->walk)
-        for (uint32_t d = 0; d <= c->v->max_depth; d++) bt_gstate_free(&c->walk[d]);
     free(c->walk);
     bt_gstate_free(&c->tmp);
     bt_gstate_free(&c->cur);
@@ -297,33 +305,61 @@ void bt_constraint_unref(bt_constraint *c)
 
 int32_t bt_constraint_n_vocab(const bt_constraint *c) { return c->v->n_vocab; }
 
-/* The trie walk: node i is visited with walk[depth - 1] holding the state after its parent's bytes; a byte no
- * stack can take, or a step that kills every stack, skips the whole subtree. */
+/* The state after byte b from `state`, through the state's transition table (filled on first use, so the trie
+ * walks of later masks are table lookups). *out = T_DEAD when no stack takes b. Called with c->mu held. */
+static bt_status transition(bt_constraint *c, int32_t state, uint8_t b, int32_t *out)
+{
+    cstate *s = &c->st[state];
+    if (s->trans && s->trans[b] != T_UNKNOWN) {
+        *out = s->trans[b];
+        return BT_OK;
+    }
+    if (!((s->next[b >> 6] >> (b & 63)) & 1)) {
+        *out = T_DEAD;
+        return BT_OK;
+    }
+    bt_status st = load(c, state, &c->cur);
+    if (st) return st;
+    int r = bt_grammar_step(c->g, &c->cur, b, &c->tmp);
+    if (r < 0) return r;
+    int32_t id = T_DEAD;
+    if (r > 0 && (st = intern(c, &c->tmp, &id))) return st;
+    s = &c->st[state]; /* intern may have moved the table */
+    if (!s->trans && c->trans_bytes + 256 * sizeof(int32_t) <= BT_CONSTRAINT_CACHE_BYTES) {
+        s->trans = malloc(256 * sizeof(int32_t));
+        if (s->trans) {
+            for (int i = 0; i < 256; i++) s->trans[i] = T_UNKNOWN;
+            c->trans_bytes += 256 * sizeof(int32_t);
+        }
+    }
+    if (s->trans) s->trans[b] = id;
+    *out = id;
+    return BT_OK;
+}
+
+/* The trie walk: node i is visited with walk[depth - 1] holding the state id after its parent's bytes; a byte no
+ * stack can take skips the whole subtree. Called with c->mu held. */
 static bt_status compute_mask(bt_constraint *c, int32_t state, uint64_t *m)
 {
     const bt_constraint_vocab *v = c->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     memset(m, 0, sizeof *m * words);
-    bt_status st = load(c, state, &c->walk[0]);
-    if (st) return st;
+    c->walk[0] = state;
     const tnode *nodes = v->nodes;
     uint32_t i = 1;
     while (i < v->n_nodes) {
         const tnode *t = &nodes[i];
-        const bt_gstate *parent = &c->walk[t->depth - 1];
-        if (!bt_gstate_can(parent, t->byte)) {
+        int32_t id;
+        bt_status st = transition(c, c->walk[t->depth - 1], t->byte, &id);
+        if (st) return st;
+        if (id < 0) {
             i = t->end;
             continue;
         }
-        int r = bt_grammar_step(c->g, parent, t->byte, &c->walk[t->depth]);
-        if (r < 0) return r;
-        if (r == 0) {
-            i = t->end;
-            continue;
-        }
+        c->walk[t->depth] = id;
         for (uint32_t k = t->tok_lo; k < t->tok_hi; k++) {
-            int32_t id = v->ids[k];
-            m[id >> 6] |= 1ull << (id & 63);
+            int32_t tok = v->ids[k];
+            m[tok >> 6] |= 1ull << (tok & 63);
         }
         i++;
     }
@@ -334,11 +370,10 @@ bt_status bt_constraint_mask(bt_constraint *c, int32_t state, uint64_t *out_word
 {
     size_t words = ((size_t)c->v->n_vocab + 63) / 64, bytes = sizeof(uint64_t) * words;
     pthread_mutex_lock(&c->mu);
-    cstate *s = &c->st[state];
     bt_status st = BT_OK;
-    if (s->mask) {
+    if (c->st[state].mask) {
         c->cached++;
-        memcpy(out_words, s->mask, bytes);
+        memcpy(out_words, c->st[state].mask, bytes);
         goto out;
     }
     c->computed++;
@@ -362,7 +397,7 @@ bt_status bt_constraint_mask(bt_constraint *c, int32_t state, uint64_t *out_word
         goto out;
     }
     memcpy(out_words, m, bytes);
-    s->mask = m;
+    c->st[state].mask = m; /* the walk interned states: the table may have moved */
     c->cache_bytes += bytes;
 out:
     pthread_mutex_unlock(&c->mu);
@@ -375,14 +410,14 @@ bt_status bt_constraint_next(bt_constraint *c, int32_t state, int32_t token, int
     if (token < 0 || token >= v->n_vocab || !v->piece[token])
         return bt_fail(BT_ERR_INVALID, "constraint: token %d is not allowed by the grammar", (int)token);
     pthread_mutex_lock(&c->mu);
-    bt_status st = load(c, state, &c->cur);
-    if (!st) {
-        int r = bt_grammar_advance(c->g, &c->cur, (const uint8_t *)v->piece[token], v->len[token], &c->tmp);
-        if (r < 0) st = r;
-        else if (r == 0) st = bt_fail(BT_ERR_INVALID, "constraint: token %d is not allowed by the grammar", (int)token);
+    bt_status st = BT_OK;
+    int32_t id = state;
+    for (uint32_t i = 0; i < v->len[token] && !st; i++) {
+        st = transition(c, id, (uint8_t)v->piece[token][i], &id);
+        if (!st && id < 0) st = bt_fail(BT_ERR_INVALID, "constraint: token %d is not allowed by the grammar", (int)token);
     }
-    if (!st) st = intern(c, &c->cur, out);
     pthread_mutex_unlock(&c->mu);
+    if (!st) *out = id;
     return st;
 }
 

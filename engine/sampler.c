@@ -547,7 +547,18 @@ static int apply_mask(const bt_sampler_seq *s, const float *logits, float *buf)
     const uint64_t *m = current_mask(s);
     if (!m) return 0;
     const int32_t n = s->n_vocab;
-    for (int32_t i = 0; i < n; i++) buf[i] = ((m[i >> 6] >> (i & 63)) & 1) ? logits[i] : -INFINITY;
+    int32_t i = 0;
+    for (; i + 64 <= n; i += 64) { /* masks are mostly runs of all-allowed or all-forbidden words */
+        uint64_t w = m[i >> 6];
+        if (w == ~0ull) {
+            memcpy(buf + i, logits + i, 64 * sizeof *buf);
+        } else if (!w) {
+            for (int j = 0; j < 64; j++) buf[i + j] = -INFINITY;
+        } else {
+            for (int j = 0; j < 64; j++) buf[i + j] = ((w >> j) & 1) ? logits[i + j] : -INFINITY;
+        }
+    }
+    for (; i < n; i++) buf[i] = ((m[i >> 6] >> (i & 63)) & 1) ? logits[i] : -INFINITY;
     return 1;
 }
 

@@ -11,6 +11,7 @@
     X("generate", cmd_generate, "run a prompt through the engine and stream the text")                 \
     X("logits", cmd_logits, "teacher-forced logits of token ids to a float32 file (for tests)")         \
     X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")           \
+    X("bench-grammar", cmd_bench_grammar, "per-step cost of a grammar constraint at a batch: `bench-grammar --grammar FILE`") \
     X("bench-serve", cmd_bench_serve, "open-loop load against a router: TTFT/TPOT/e2e percentiles, goodput")
 
 #define X(name, fn, help) int fn(int argc, char **argv);
