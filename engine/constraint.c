@@ -444,3 +444,85 @@ void bt_constraint_counters(bt_constraint *c, uint64_t *computed, uint64_t *cach
     *cached = c->cached;
     pthread_mutex_unlock(&c->mu);
 }
+
+/* ---- cache ---- */
+
+typedef struct cc_entry {
+    char *text;
+    size_t len;
+    uint64_t hash, used;
+    bt_constraint *c;
+} cc_entry;
+
+struct bt_constraint_cache {
+    const bt_constraint_vocab *v;
+    pthread_mutex_t mu;
+    cc_entry *e;
+    int n, cap;
+    uint64_t tick;
+};
+
+bt_status bt_constraint_cache_create(const bt_constraint_vocab *v, int capacity, bt_constraint_cache **out)
+{
+    bt_constraint_cache *cc = calloc(1, sizeof *cc);
+    if (!cc || capacity < 1 || !(cc->e = calloc((size_t)capacity, sizeof *cc->e))) {
+        free(cc);
+        return bt_fail(BT_ERR_NOMEM, "constraint cache: out of memory");
+    }
+    cc->v = v;
+    cc->cap = capacity;
+    pthread_mutex_init(&cc->mu, NULL);
+    *out = cc;
+    return BT_OK;
+}
+
+void bt_constraint_cache_free(bt_constraint_cache *cc)
+{
+    if (!cc) return;
+    for (int i = 0; i < cc->n; i++) {
+        free(cc->e[i].text);
+        bt_constraint_unref(cc->e[i].c);
+    }
+    free(cc->e);
+    pthread_mutex_destroy(&cc->mu);
+    free(cc);
+}
+
+bt_status bt_constraint_cache_get(bt_constraint_cache *cc, const char *grammar, size_t len, bt_constraint **out)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)grammar[i]) * 0x100000001b3ull;
+    pthread_mutex_lock(&cc->mu);
+    cc->tick++;
+    for (int i = 0; i < cc->n; i++)
+        if (cc->e[i].hash == h && cc->e[i].len == len && !memcmp(cc->e[i].text, grammar, len)) {
+            cc->e[i].used = cc->tick;
+            *out = bt_constraint_ref(cc->e[i].c);
+            pthread_mutex_unlock(&cc->mu);
+            return BT_OK;
+        }
+    bt_constraint *c = NULL;
+    bt_status st = bt_constraint_create(grammar, len, cc->v, &c);
+    char *text = st ? NULL : malloc(len ? len : 1);
+    if (!st && !text) st = bt_fail(BT_ERR_NOMEM, "constraint cache: out of memory");
+    if (st) {
+        bt_constraint_unref(c);
+        pthread_mutex_unlock(&cc->mu);
+        return st;
+    }
+    memcpy(text, grammar, len);
+    int slot = cc->n;
+    if (cc->n == cc->cap) { /* evict the least recently used */
+        slot = 0;
+        for (int i = 1; i < cc->n; i++)
+            if (cc->e[i].used < cc->e[slot].used) slot = i;
+        free(cc->e[slot].text);
+        bt_constraint_unref(cc->e[slot].c);
+    } else {
+        cc->n++;
+    }
+    cc->e[slot] = (cc_entry){text, len, h, cc->tick, c};
+    *out = bt_constraint_ref(c);
+    pthread_mutex_unlock(&cc->mu);
+    return BT_OK;
+}

@@ -22,7 +22,7 @@
 #include "engine/tokenizer.h"
 
 #define BT_CONSTRAINT_MAX_STATES 200000      /* interned states per constraint */
-#define BT_CONSTRAINT_CACHE_BYTES (64u << 20) /* masks cached per constraint; the cache is emptied past this */
+#define BT_CONSTRAINT_CACHE_BYTES (16u << 20) /* masks (and, apart, transition tables) per constraint; emptied past this */
 
 typedef struct bt_constraint_vocab bt_constraint_vocab;
 typedef struct bt_constraint bt_constraint;
@@ -72,5 +72,20 @@ int bt_constraint_final(bt_constraint *c, int32_t state);
 
 /* Counters for benchmarks: masks computed (cache misses) and served from the cache. */
 void bt_constraint_counters(bt_constraint *c, uint64_t *computed, uint64_t *cached);
+
+/* ---- compiled constraints shared by grammar text (a node keeps one: requests with the same schema then share
+ * states and masks, so a mask is computed once per state for all of them) ---- */
+
+typedef struct bt_constraint_cache bt_constraint_cache;
+
+/* An LRU of at most `capacity` compiled constraints over v (borrowed). BT_ERR_NOMEM. */
+bt_status bt_constraint_cache_create(const bt_constraint_vocab *v, int capacity, bt_constraint_cache **out);
+
+/* Drops the cache's references (constraints still held by requests live on). NULL is allowed. */
+void bt_constraint_cache_free(bt_constraint_cache *cc);
+
+/* A new reference to the constraint of grammar[len] (compiled on first use). Errors as bt_constraint_create.
+ * Thread-safe; compiles under the cache's lock (grammars compile in well under a millisecond). */
+bt_status bt_constraint_cache_get(bt_constraint_cache *cc, const char *grammar, size_t len, bt_constraint **out);
 
 #endif

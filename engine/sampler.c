@@ -314,6 +314,21 @@ bt_status bt_sampler_seq_set_constraint(bt_sampler_seq *s, bt_constraint *c)
     return BT_OK;
 }
 
+bt_status bt_sampler_seq_constraint_feed(bt_sampler_seq *s, const int32_t *tokens, int32_t n)
+{
+    if (!s->con || s->n_gen) return bt_fail(BT_ERR_INVALID, "sampler: no constraint to feed, or tokens accepted");
+    int32_t state = s->cst[0];
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= s->n_vocab)
+            return bt_fail(BT_ERR_INVALID, "sampler: token %d out of range", (int)tokens[i]);
+        bt_status st = bt_constraint_next(s->con, state, tokens[i], &state);
+        if (st) return st;
+    }
+    s->cst[0] = state;
+    s->mask_state = -1;
+    return BT_OK;
+}
+
 int bt_sampler_seq_constraint_accepting(const bt_sampler_seq *s)
 {
     return !s->con || bt_constraint_accepting(s->con, s->cst[s->n_gen]);

@@ -151,6 +151,10 @@ const bt_sampling *bt_sampler_seq_params(const bt_sampler_seq *s);
  * BT_ERR_INVALID (already set, tokens accepted, vocabulary mismatch), BT_ERR_NOMEM. */
 bt_status bt_sampler_seq_set_constraint(bt_sampler_seq *s, bt_constraint *c);
 
+/* Advances s's grammar over tokens[n] that were generated before (a migrated request's delivered tokens, which
+ * arrive as part of its prompt), before the first accept. BT_ERR_INVALID when the grammar forbids them. */
+bt_status bt_sampler_seq_constraint_feed(bt_sampler_seq *s, const int32_t *tokens, int32_t n);
+
 /* Whether the output so far is a sentence of s's grammar (1 without a constraint). */
 int bt_sampler_seq_constraint_accepting(const bt_sampler_seq *s);
 

@@ -383,8 +383,13 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     st = bt_sampler_seq_create(&p->sampling, s->m->hp.n_vocab, prompt, n_prompt, s->eog, s->cfg.n_eog,
                                p->sample_index, &r->sampler);
-    if (!st && p->constraint && (st = bt_sampler_seq_set_constraint(r->sampler, p->constraint)))
-        bt_sampler_seq_free(r->sampler);
+    if (!st && p->constraint) {
+        int32_t k = p->constraint_prefix;
+        if (k < 0 || k > n_prompt) st = bt_fail(BT_ERR_INVALID, "constraint_prefix %d outside the prompt", k);
+        if (!st) st = bt_sampler_seq_set_constraint(r->sampler, p->constraint);
+        if (!st && k) st = bt_sampler_seq_constraint_feed(r->sampler, prompt + n_prompt - k, k);
+        if (st) bt_sampler_seq_free(r->sampler);
+    }
     if (st) {
         free(r->tokens);
         free(r);

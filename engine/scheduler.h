@@ -83,6 +83,8 @@ typedef struct bt_req_params {
     int no_spec;                 /* 1: never verify drafts for this request (its output is the same either way) */
     bt_constraint *constraint;   /* optional grammar (engine/constraint.h) over the model's vocabulary: borrowed,
                                   * bt_sched_submit takes its own reference; drafts that break it are rejected */
+    int32_t constraint_prefix;   /* the prompt's last tokens that were generated under the constraint already (a
+                                  * migrated request): the grammar starts after them */
 } bt_req_params;
 
 /* Defaults: greedy, max_tokens 16, priority 0, no deadline. */
