@@ -379,7 +379,7 @@ static bt_status utf8_ranges(parser *ps, int32_t rid, byteset *ascii, uint32_t l
  * set when it is all ASCII, else a reference to an anonymous rule with one alternative per UTF-8 shape. */
 static bt_status emit_class(parser *ps, cprange *r, uint32_t n, int negate, vec32 *out)
 {
-    qsort(r, n, sizeof *r, cprange_cmp);
+    if (n) qsort(r, n, sizeof *r, cprange_cmp); /* "." passes no ranges */
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (m && r[i].lo <= r[m - 1].hi + 1) {
@@ -399,7 +399,7 @@ static bt_status emit_class(parser *ps, cprange *r, uint32_t n, int negate, vec3
         }
         if (next <= 0x10FFFF) c[k++] = (cprange){next, 0x10FFFF};
     } else {
-        memcpy(c, r, sizeof *c * m);
+        if (m) memcpy(c, r, sizeof *c * m);
         k = m;
     }
     /* surrogates are not characters */
