@@ -117,3 +117,26 @@ def test_prefill_node_first_token_obeys(default_model):
                 model="", messages=[{"role": "user", "content": "Pick one. " * 40}], max_tokens=10, temperature=1.0,
                 seed=9, response_format={"type": "grammar", "grammar": 'root ::= "alpha" | "beta" | "gamma"'})
             assert r.choices[0].message.content in ("alpha", "beta", "gamma")
+            assert (dec.metric("baton_remote_prefills_total", 'result="ok"') or 0) >= 1, dec.log()[-3000:]
+
+
+def test_grpc_response_format(cluster, tmp_path_factory):
+    import grpc
+    from harness import pygen
+    pb2, pb2_grpc = pygen.api_stubs(tmp_path_factory)
+    _, _, rtr = cluster
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 1,
+                                                                              "maximum": 9}}, "required": ["ok", "n"]}
+    with grpc.insecure_channel(rtr.grpc_addr) as ch:
+        stub = pb2_grpc.GenerationStub(ch)
+        chat = pb2.ChatMessages(messages=[pb2.ChatMessage(role="user", content="Answer in JSON.")])
+        req = pb2.GenerateRequest(chat=chat, max_tokens=60, sampling=pb2.SamplingParams(temperature=0),
+                                  response_format=pb2.ResponseFormat(json_schema=json.dumps(schema)))
+        msgs = list(stub.Generate(req, timeout=120))
+        assert msgs[-1].finish_reason == pb2.FINISH_REASON_STOP
+        jsonschema.validate(json.loads("".join(m.text for m in msgs)), schema)
+        bad = pb2.GenerateRequest(chat=chat, max_tokens=4, response_format=pb2.ResponseFormat(
+            json_schema=json.dumps({"type": "object", "patternProperties": {"a": {}}})))
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(bad, timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "patternProperties" in e.value.details()
