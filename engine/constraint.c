@@ -1,5 +1,7 @@
 #include "engine/constraint.h"
 
+#include "common/log.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -50,6 +52,7 @@ struct bt_constraint {
     size_t cache_bytes;
     size_t trans_bytes; /* transition tables allocated; past BT_CONSTRAINT_CACHE_BYTES new states step uncached */
     uint64_t computed, cached;
+    uint64_t work;      /* recognizer work since the current mask computation began */
     int32_t *walk;      /* [max_depth + 1] the state id at each trie depth of the walk */
     bt_gstate tmp, cur;
 };
@@ -322,6 +325,7 @@ static bt_status transition(bt_constraint *c, int32_t state, uint8_t b, int32_t 
     if (st) return st;
     int r = bt_grammar_step(c->g, &c->cur, b, &c->tmp);
     if (r < 0) return r;
+    c->work += c->tmp.cost + 1;
     int32_t id = T_DEAD;
     if (r > 0 && (st = intern(c, &c->tmp, &id))) return st;
     s = &c->st[state]; /* intern may have moved the table */
@@ -345,6 +349,7 @@ static bt_status compute_mask(bt_constraint *c, int32_t state, uint64_t *m)
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     memset(m, 0, sizeof *m * words);
     c->walk[0] = state;
+    c->work = 0;
     const tnode *nodes = v->nodes;
     uint32_t i = 1;
     while (i < v->n_nodes) {
@@ -352,6 +357,11 @@ static bt_status compute_mask(bt_constraint *c, int32_t state, uint64_t *m)
         int32_t id;
         bt_status st = transition(c, c->walk[t->depth - 1], t->byte, &id);
         if (st) return st;
+        if (c->work > BT_CONSTRAINT_MASK_WORK) {
+            BT_WARN("constraint", "a token mask took more than %u steps of grammar work: the grammar is too "
+                    "ambiguous; the sequence ends here", BT_CONSTRAINT_MASK_WORK);
+            return bt_fail(BT_ERR_EXHAUSTED, "constraint: grammar too ambiguous to compute a token mask");
+        }
         if (id < 0) {
             i = t->end;
             continue;

@@ -22,6 +22,8 @@
 #include "engine/tokenizer.h"
 
 #define BT_CONSTRAINT_MAX_STATES 200000      /* interned states per constraint */
+#define BT_CONSTRAINT_MASK_WORK (1u << 20)   /* recognizer work (expansions, comparisons) one mask may take:
+                                              * ~70x what a typical schema's costliest mask takes */
 #define BT_CONSTRAINT_CACHE_BYTES (16u << 20) /* masks (and, apart, transition tables) per constraint; emptied past this */
 
 typedef struct bt_constraint_vocab bt_constraint_vocab;
@@ -55,9 +57,9 @@ int32_t bt_constraint_n_vocab(const bt_constraint *c);
 /* The state before any token: always 0. */
 static inline int32_t bt_constraint_start(void) { return 0; }
 
-/* The tokens allowed in `state`, as bits (token i = bit i % 64 of word i / 64, ceil(n_vocab / 64) words), valid
- * until the constraint is freed (cached masks are kept alive by the callers' copies: see the .c). Writes into
- * out_words, so the caller owns the copy. BT_ERR_NOMEM (out_words then allows nothing). */
+/* The tokens allowed in `state`, as bits (token i = bit i % 64 of word i / 64, ceil(n_vocab / 64) words), written
+ * into out_words. BT_ERR_EXHAUSTED when computing it took more than BT_CONSTRAINT_MASK_WORK (a grammar so ambiguous
+ * that a user could stall the engine with it; logged), BT_ERR_NOMEM: out_words then allows nothing. */
 bt_status bt_constraint_mask(bt_constraint *c, int32_t state, uint64_t *out_words);
 
 /* The state after `token` from `state`. BT_ERR_INVALID when the grammar does not allow the token there,

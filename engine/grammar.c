@@ -290,7 +290,12 @@ static int32_t parse_char(parser *ps, int *raw_byte)
         return (int32_t)v;
     }
     if (c < 0x80) return c;
-    int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
+    int n = c >= 0xF8 ? -1 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
+    if (n < 0) {
+        ps->p--;
+        PERR(ps, "invalid UTF-8 in the grammar text");
+        return -1;
+    }
     uint32_t v = c & (0x3F >> n);
     for (int i = 0; i < n; i++) {
         if (ps->p >= ps->end || ((unsigned char)*ps->p & 0xC0) != 0x80) n = -1;
@@ -813,7 +818,7 @@ static bt_status compile(parser *ps, bt_grammar *g)
     }
     g->rule_alt[ps->n_rules] = na;
     g->n_elems = ne;
-    memcpy(g->sets, ps->sets, sizeof *g->sets * ps->n_sets);
+    if (ps->n_sets) memcpy(g->sets, ps->sets, sizeof *g->sets * ps->n_sets);
     g->n_sets = ps->n_sets;
     g->n_rules = (int32_t)ps->n_rules;
     return BT_OK;
@@ -874,6 +879,7 @@ static int grow(uint32_t **v, uint32_t *cap, uint32_t need)
 
 static void state_clear(bt_gstate *st)
 {
+    st->cost = 0;
     st->n = 0;
     st->n_stacks = 0;
     st->accepting = 0;
@@ -884,8 +890,10 @@ static void state_clear(bt_gstate *st)
 /* Adds frames[d] to st unless the same stack is there. Its top is E_BYTES, or d == 0 (accepting). */
 static int state_add(const bt_grammar *g, bt_gstate *st, const uint32_t *frames, uint32_t d)
 {
-    for (uint32_t off = 0; off < st->n; off += 1 + st->w[off])
+    for (uint32_t off = 0; off < st->n; off += 1 + st->w[off]) {
+        st->cost++;
         if (st->w[off] == d && !memcmp(st->w + off + 1, frames, sizeof *frames * d)) return 0;
+    }
     if (st->n_stacks >= BT_GRAMMAR_MAX_STACKS) {
         st->overflow = 1;
         return 0;
@@ -908,7 +916,7 @@ static int state_add(const bt_grammar *g, bt_gstate *st, const uint32_t *frames,
  * byte set or it is empty, adding the results to st. The stack being expanded lives in st->cur. */
 static int expand_work(const bt_grammar *g, bt_gstate *st)
 {
-    uint32_t budget = 1u << 16; /* expansions per step: bounds ambiguous grammars */
+    uint32_t budget = BT_GRAMMAR_MAX_EXPAND;
     while (st->n_work) {
         uint32_t d = st->work[st->n_work - 1];
         uint32_t base = st->n_work - 1 - d;
@@ -934,6 +942,7 @@ static int expand_work(const bt_grammar *g, bt_gstate *st)
                 st->overflow = 1;
                 break;
             }
+            st->cost++;
             uint32_t rule = E_ARG(e), next = f[d - 1] + 1;
             if (E_KIND(g->elems[next]) == E_END) d--; /* tail call: this frame has nothing left */
             else f[d - 1] = next;

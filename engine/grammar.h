@@ -12,7 +12,8 @@
  * needs no special handling and tokens may split characters. Grammars come from users, so: left recursion (direct
  * or through nullable rules) is rejected at parse time naming the rule; at run time a stack deeper than
  * BT_GRAMMAR_MAX_DEPTH frames or a set of more than BT_GRAMMAR_MAX_STACKS stacks drops the paths that exceed it
- * (the recognizer then accepts a subset of the language, never a superset) and sets bt_gstate.overflow.
+ * (the recognizer then accepts a subset of the language, never a superset) and sets bt_gstate.overflow; so does a
+ * step that needs more than BT_GRAMMAR_MAX_EXPAND rule expansions (very ambiguous grammars).
  * Thread-safety: a bt_grammar is immutable after parsing and may be shared by any threads; a bt_gstate belongs to
  * one thread at a time. */
 #ifndef BATON_ENGINE_GRAMMAR_H
@@ -29,7 +30,8 @@
 #define BT_GRAMMAR_MAX_REPEAT 10000       /* m and n of {m,n} */
 #define BT_GRAMMAR_MAX_NEST 128           /* nesting of parentheses */
 #define BT_GRAMMAR_MAX_DEPTH 512          /* frames in one parse stack */
-#define BT_GRAMMAR_MAX_STACKS 512         /* parse stacks alive at once */
+#define BT_GRAMMAR_MAX_STACKS 128         /* parse stacks alive at once */
+#define BT_GRAMMAR_MAX_EXPAND (1u << 14)  /* rule expansions in one step */
 
 typedef struct bt_grammar bt_grammar;
 
@@ -46,6 +48,7 @@ typedef struct bt_gstate {
     uint32_t n_work, cap_work;
     uint32_t *cur;     /* the stack being expanded */
     uint32_t cap_cur;
+    uint64_t cost;     /* expansions and stack comparisons of the step that made this state */
 } bt_gstate;
 
 /* Parses and compiles grammar text (len bytes, no NUL needed). BT_ERR_INVALID with "grammar: line L col C: ..."

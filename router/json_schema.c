@@ -41,10 +41,25 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n > 0) sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        sb_put(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1); /* a long property name: never cut mid-escape */
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb_put(b, big, (size_t)n);
+    free(big);
 }
 
-/* A GBNF literal for the bytes s[n]: quotes and backslashes escaped, control bytes as \xHH, UTF-8 as is. */
+/* A GBNF literal for the bytes s[n]: quotes and backslashes escaped, control and non-ASCII bytes as \xHH (exact
+ * bytes even when a client's JSON string holds invalid UTF-8). */
 static void sb_literal(sbuf *b, const char *s, size_t n)
 {
     sb_puts(b, "\"");
@@ -53,7 +68,7 @@ static void sb_literal(sbuf *b, const char *s, size_t n)
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
             sb_put(b, e, 2);
-        } else if (c < 0x20 || c == 0x7F) {
+        } else if (c < 0x20 || c >= 0x7F) {
             sb_printf(b, "\\x%02X", c);
         } else {
             sb_put(b, (const char *)&c, 1);
@@ -364,13 +379,14 @@ static int32_t rx_cp(rx *r)
     if (r->p >= r->end) return -1;
     unsigned char c = (unsigned char)*r->p++;
     if (c < 0x80) return c;
-    int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
-    uint32_t v = c & (0x3F >> (n > 0 ? n : 0));
+    int n = c >= 0xF8 ? -1 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
+    if (n < 0) return -1;
+    uint32_t v = c & (0x3F >> n);
     for (int i = 0; i < n; i++) {
         if (r->p >= r->end || ((unsigned char)*r->p & 0xC0) != 0x80) return -1;
         v = (v << 6) | ((unsigned char)*r->p++ & 0x3F);
     }
-    return n < 0 ? -1 : (int32_t)v;
+    return v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) ? -1 : (int32_t)v;
 }
 
 typedef struct cls {
@@ -552,6 +568,10 @@ static int32_t rx_escape(rx *r, int32_t e)
                 return -1;
             }
             v = v * 16 + (uint32_t)d;
+        }
+        if (v >= 0xD800 && v <= 0xDFFF) {
+            rx_fail(r, "\\u%04X is a surrogate, not a character", v);
+            return -1;
         }
         return (int32_t)v;
     }
