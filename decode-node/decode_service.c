@@ -85,6 +85,7 @@ struct dec_call {
     size_t sampling_len;
     uint32_t sample_index, top_logprobs;
     char *grammar;              /* the request's grammar, or NULL: the prefill node samples the first token under it */
+    int ignore_eos;             /* the request's: under a grammar, whether EOS may come first */
     uint32_t *blocks;           /* destination blocks of the prompt */
     uint32_t n_blocks, skip;
     kvx_expect_t *expect;
@@ -434,6 +435,7 @@ static bt_status request_prefill(dec_call *c, bt_rpc_channel_t *ch, Baton__V1__S
     q.destination = &d;
     q.sample_index = c->sample_index;
     q.grammar = c->grammar ? c->grammar : "";
+    q.ignore_eos = c->ignore_eos;
     memset(res, 0, sizeof *res);
     return call_prefill(c, ch, &q.base, timeout_ms, resp, res);
 }
@@ -639,6 +641,7 @@ static int remote_prepare(dec_call *c, const Baton__V1__DecodeRunRequest *q, con
     c->top_logprobs = q->top_logprobs;
     c->deadline = rp->deadline;
     if (q->grammar[0] && !(c->grammar = strdup(q->grammar))) return -1;
+    c->ignore_eos = q->ignore_eos;
     return 0;
 }
 

@@ -457,6 +457,7 @@ bt_rpc_code prefill_check_request(const bt_ne_t *ne, const Baton__V1__PrefillRun
     rp->hold_kv = 1;
     /* last: the reference is the caller's to drop once this returned OK */
     if (bt_ne_constraint(ne, q->grammar, &rp->constraint, err, cap)) return BT_RPC_INVALID_ARGUMENT;
+    if (rp->constraint) sp->ignore_eos = q->ignore_eos; /* under a grammar it decides the mask: sample as D would */
     return BT_RPC_OK;
 }
 
