@@ -84,6 +84,8 @@ struct dec_call {
     uint8_t *sampling_pb;       /* the request's SamplingParams, packed, with the seed made explicit */
     size_t sampling_len;
     uint32_t sample_index, top_logprobs;
+    char *grammar;              /* the request's grammar, or NULL: the prefill node samples the first token under it */
+    int ignore_eos;             /* the request's: under a grammar, whether EOS may come first */
     uint32_t *blocks;           /* destination blocks of the prompt */
     uint32_t n_blocks, skip;
     kvx_expect_t *expect;
@@ -98,6 +100,7 @@ static void call_free(bt_call_t *base)
     free(c->ids);
     free(c->hashes);
     free(c->sampling_pb);
+    free(c->grammar);
     free(c->blocks);
     free(c);
 }
@@ -336,6 +339,9 @@ bt_rpc_code decode_run_params(const bt_ne_t *ne, const Baton__V1__DecodeRunReque
                  (long long)n_total, q->max_tokens, ne->max_context);
         return BT_RPC_INVALID_ARGUMENT;
     }
+    /* last: the reference is the caller's to drop once this returned OK */
+    if (bt_ne_constraint(ne, q->grammar, &rp->constraint, err, cap)) return BT_RPC_INVALID_ARGUMENT;
+    rp->constraint_prefix = (int32_t)q->n_generated_token_ids;
     return BT_RPC_OK;
 }
 
@@ -428,6 +434,8 @@ static bt_status request_prefill(dec_call *c, bt_rpc_channel_t *ch, Baton__V1__S
     q.top_logprobs = c->top_logprobs;
     q.destination = &d;
     q.sample_index = c->sample_index;
+    q.grammar = c->grammar ? c->grammar : "";
+    q.ignore_eos = c->ignore_eos;
     memset(res, 0, sizeof *res);
     return call_prefill(c, ch, &q.base, timeout_ms, resp, res);
 }
@@ -632,6 +640,8 @@ static int remote_prepare(dec_call *c, const Baton__V1__DecodeRunRequest *q, con
     c->sample_index = q->sample_index;
     c->top_logprobs = q->top_logprobs;
     c->deadline = rp->deadline;
+    if (q->grammar[0] && !(c->grammar = strdup(q->grammar))) return -1;
+    c->ignore_eos = q->ignore_eos;
     return 0;
 }
 
@@ -680,24 +690,29 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     if (!bt_calls_admit(&s->calls)) {
         snprintf(err, sizeof err, "decode node %s is at capacity (%d requests in flight)", s->node_id,
                  s->calls.max_inflight);
+        bt_constraint_unref(rp.constraint);
         bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
         return;
     }
     int32_t *ids = NULL;
     dec_call *c = call_create(s, call, q, rid, &ids);
     if (!c) {
+        bt_constraint_unref(rp.constraint);
         bt_calls_leave(&s->calls);
         bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, "out of memory");
         return;
     }
     c->t_arrive = t_arrive;
     /* remote prefill when the router hinted a prefill node and kvtransfer runs here; otherwise local */
+    /* (a migrated request under a grammar prefills here: the prefill node would start the grammar too early) */
     if (q->prefill && (q->prefill->node_id[0] || q->prefill->grpc_address[0]) && s->ne->kvx_pool &&
-        s->remote_timeout_ms > 0 && remote_verify(c, q->prefill) == 0) {
+        s->remote_timeout_ms > 0 && !(rp.constraint && q->n_generated_token_ids) &&
+        remote_verify(c, q->prefill) == 0) {
         if (remote_prepare(c, q, &rp, ids) == 0) rp.remote = &s->remote_hooks;
         else BT_WARN(DEC_LOG, "request %s: out of memory preparing a remote prefill; prefilling locally", rid);
     }
     bt_calls_submit(&s->calls, &c->base, ids, c->n_submitted, &rp, on_event, c->n_submitted);
+    bt_constraint_unref(rp.constraint); /* the scheduler took its own */
     free(ids);
 }
 

@@ -1,5 +1,7 @@
 #include "engine/sampler.h"
 
+#include "engine/constraint.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +114,10 @@ struct bt_sampler_seq {
     int32_t n_ent;
     int32_t *slot;    /* [n_slot] open addressing, index into ent or -1 */
     uint32_t n_slot;  /* power of two, 0 before the first insert */
+    bt_constraint *con; /* optional grammar constraint, shared by the samples of a request (one reference each) */
+    int32_t *cst;       /* [cap_gen + 1] constraint state before each generated token; cst[n_gen] is the current */
+    uint64_t *mask;     /* [ceil(n_vocab / 64)] allowed tokens of state mask_state: a memo, so const callers fill it */
+    int32_t mask_state; /* -1: mask holds nothing */
 };
 
 static uint32_t slot_hash(int32_t id, uint32_t mask)
@@ -195,6 +201,7 @@ bt_status bt_sampler_seq_create(const bt_sampling *sp, int32_t n_vocab, const in
     s->sp = *sp;
     s->n_vocab = n_vocab;
     s->index = sample_index;
+    s->mask_state = -1;
     s->n_eos = n_eos;
     if (n_eos) memcpy(s->eos, eos, sizeof *eos * (size_t)n_eos);
     s->track = sp->repetition_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f;
@@ -225,6 +232,19 @@ bt_status bt_sampler_seq_fork(const bt_sampler_seq *src, int32_t sample_index, b
     s->gen = NULL;
     s->ent = NULL;
     s->slot = NULL;
+    s->cst = NULL;
+    s->mask = NULL;
+    s->mask_state = -1;
+    if (src->con) {
+        bt_constraint_ref(src->con);
+        s->cst = malloc(sizeof *s->cst * ((size_t)src->cap_gen + 1));
+        s->mask = malloc(sizeof *s->mask * (((size_t)src->n_vocab + 63) / 64));
+        if (!s->cst || !s->mask) {
+            bt_sampler_seq_free(s);
+            return bt_fail(BT_ERR_NOMEM, "sampler: out of memory");
+        }
+        memcpy(s->cst, src->cst, sizeof *s->cst * ((size_t)src->n_gen + 1));
+    }
     if (src->cap_gen) s->gen = malloc(sizeof *s->gen * (size_t)src->cap_gen);
     if (src->n_slot) {
         s->ent = malloc(sizeof *s->ent * (src->n_slot / 2));
@@ -249,6 +269,9 @@ void bt_sampler_seq_free(bt_sampler_seq *s)
     free(s->gen);
     free(s->ent);
     free(s->slot);
+    free(s->cst);
+    free(s->mask);
+    bt_constraint_unref(s->con);
     free(s);
 }
 
@@ -262,6 +285,55 @@ int32_t bt_sampler_seq_remaining(const bt_sampler_seq *s)
     return s->n_gen >= s->sp.max_tokens ? 0 : s->sp.max_tokens - s->n_gen;
 }
 
+static int is_eos(const bt_sampler_seq *s, int32_t token)
+{
+    for (int32_t i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == token) return 1;
+    return 0;
+}
+
+bt_status bt_sampler_seq_set_constraint(bt_sampler_seq *s, bt_constraint *c)
+{
+    if (s->con || s->n_gen)
+        return bt_fail(BT_ERR_INVALID, "sampler: a constraint must be set once, before the first token");
+    if (bt_constraint_n_vocab(c) != s->n_vocab)
+        return bt_fail(BT_ERR_INVALID, "sampler: constraint vocabulary of %d tokens, model of %d",
+                       (int)bt_constraint_n_vocab(c), (int)s->n_vocab);
+    s->cst = malloc(sizeof *s->cst * ((size_t)s->cap_gen + 1));
+    s->mask = malloc(sizeof *s->mask * (((size_t)s->n_vocab + 63) / 64));
+    if (!s->cst || !s->mask) {
+        free(s->cst);
+        free(s->mask);
+        s->cst = NULL;
+        s->mask = NULL;
+        return bt_fail(BT_ERR_NOMEM, "sampler: out of memory");
+    }
+    s->cst[0] = bt_constraint_start();
+    s->con = bt_constraint_ref(c);
+    s->mask_state = -1;
+    return BT_OK;
+}
+
+bt_status bt_sampler_seq_constraint_feed(bt_sampler_seq *s, const int32_t *tokens, int32_t n)
+{
+    if (!s->con || s->n_gen) return bt_fail(BT_ERR_INVALID, "sampler: no constraint to feed, or tokens accepted");
+    int32_t state = s->cst[0];
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= s->n_vocab)
+            return bt_fail(BT_ERR_INVALID, "sampler: token %d out of range", (int)tokens[i]);
+        bt_status st = bt_constraint_next(s->con, state, tokens[i], &state);
+        if (st) return st;
+    }
+    s->cst[0] = state;
+    s->mask_state = -1;
+    return BT_OK;
+}
+
+int bt_sampler_seq_constraint_accepting(const bt_sampler_seq *s)
+{
+    return !s->con || bt_constraint_accepting(s->con, s->cst[s->n_gen]);
+}
+
 bt_status bt_sampler_seq_accept(bt_sampler_seq *s, int32_t token, bt_finish *finish)
 {
     if (token < 0 || token >= s->n_vocab)
@@ -271,7 +343,22 @@ bt_status bt_sampler_seq_accept(bt_sampler_seq *s, int32_t token, bt_finish *fin
         int32_t *gen = realloc(s->gen, sizeof *gen * (size_t)cap);
         if (!gen) return bt_fail(BT_ERR_NOMEM, "sampler: out of memory for the token history");
         s->gen = gen;
+        if (s->con) {
+            int32_t *cst = realloc(s->cst, sizeof *cst * ((size_t)cap + 1));
+            if (!cst) return bt_fail(BT_ERR_NOMEM, "sampler: out of memory for the token history");
+            s->cst = cst;
+        }
         s->cap_gen = cap;
+    }
+    int32_t next_state = 0;
+    if (s->con) {
+        int32_t cur = s->cst[s->n_gen];
+        if (is_eos(s, token)) {
+            next_state = cur; /* it ends the sequence; the mask allowed it only where the grammar accepts */
+        } else {
+            bt_status st = bt_constraint_next(s->con, cur, token, &next_state);
+            if (st) return st;
+        }
     }
     if (s->track) {
         int32_t e;
@@ -280,12 +367,14 @@ bt_status bt_sampler_seq_accept(bt_sampler_seq *s, int32_t token, bt_finish *fin
         s->ent[e].n_out++;
     }
     s->gen[s->n_gen++] = token;
+    if (s->con) s->cst[s->n_gen] = next_state;
     if (finish) {
         bt_finish f = BT_FINISH_NONE;
         for (int32_t i = 0; i < s->sp.n_stop_ids && !f; i++)
             if (s->sp.stop_ids[i] == token) f = BT_FINISH_STOP;
         for (int32_t i = 0; i < s->n_eos && !f && !s->sp.ignore_eos; i++)
             if (s->eos[i] == token) f = BT_FINISH_STOP;
+        if (!f && s->con && bt_constraint_final(s->con, next_state)) f = BT_FINISH_STOP; /* nothing may follow */
         if (!f && s->sp.max_tokens && s->n_gen >= s->sp.max_tokens) f = BT_FINISH_LENGTH;
         *finish = f;
     }
@@ -446,13 +535,59 @@ static int32_t argmax(const float *x, int32_t n)
     return 0;
 }
 
+/* Fills s->mask for the current constraint state (a memo of bt_constraint_mask, hence the cast) and allows the
+ * end-of-sequence ids where the grammar accepts, or where nothing else is allowed (a dead end left by a grammar
+ * limit: the sequence then ends). Returns the mask, or NULL when not even that allows a token. */
+static const uint64_t *current_mask(const bt_sampler_seq *cs)
+{
+    bt_sampler_seq *s = (bt_sampler_seq *)cs;
+    int32_t state = s->cst[s->n_gen];
+    size_t words = ((size_t)s->n_vocab + 63) / 64;
+    if (s->mask_state != state) {
+        bt_constraint_mask(s->con, state, s->mask); /* out of memory: nothing but the end is allowed */
+        uint64_t any = 0;
+        for (size_t w = 0; w < words; w++) any |= s->mask[w];
+        if ((bt_constraint_accepting(s->con, state) && !s->sp.ignore_eos) || !any)
+            for (int32_t i = 0; i < s->n_eos; i++) s->mask[s->eos[i] >> 6] |= 1ull << (s->eos[i] & 63);
+        any = 0;
+        for (size_t w = 0; w < words; w++) any |= s->mask[w];
+        s->mask_state = any ? state : -2;
+    }
+    return s->mask_state == -2 ? NULL : s->mask;
+}
+
+/* buf[n] = logits with the tokens the constraint forbids at -inf. 0 when there is no usable mask. */
+static int apply_mask(const bt_sampler_seq *s, const float *logits, float *buf)
+{
+    const uint64_t *m = current_mask(s);
+    if (!m) return 0;
+    const int32_t n = s->n_vocab;
+    int32_t i = 0;
+    for (; i + 64 <= n; i += 64) { /* masks are mostly runs of all-allowed or all-forbidden words */
+        uint64_t w = m[i >> 6];
+        if (w == ~0ull) {
+            memcpy(buf + i, logits + i, 64 * sizeof *buf);
+        } else if (!w) {
+            for (int j = 0; j < 64; j++) buf[i + j] = -INFINITY;
+        } else {
+            for (int j = 0; j < 64; j++) buf[i + j] = ((w >> j) & 1) ? logits[i + j] : -INFINITY;
+        }
+    }
+    for (; i < n; i++) buf[i] = ((m[i >> 6] >> (i & 63)) & 1) ? logits[i] : -INFINITY;
+    return 1;
+}
+
 /* Returns the logits after bias and penalties: `logits` itself when nothing applies, else a copy in buf[n]. */
 static const float *patch_logits(const bt_sampling *sp, const bt_sampler_seq *s, const float *logits, int32_t n,
                                  float *buf)
 {
     int pen = s && s->track && s->n_ent > 0;
-    if (!sp->n_logit_bias && !pen) return logits;
-    memcpy(buf, logits, sizeof *buf * (size_t)n);
+    if (s && s->con && apply_mask(s, logits, buf)) {
+        /* masked into buf */
+    } else {
+        if (!sp->n_logit_bias && !pen) return logits;
+        memcpy(buf, logits, sizeof *buf * (size_t)n);
+    }
     for (int32_t i = 0; i < sp->n_logit_bias; i++) {
         int32_t id = sp->logit_bias[i].id;
         if (id >= 0 && id < n) buf[id] += sp->logit_bias[i].bias;
@@ -799,7 +934,12 @@ int32_t bt_sampler_sample(const bt_sampler_seq *s, const float *logits, int64_t 
     if (out) {
         memset(out, 0, sizeof *out);
         out->id = id;
-        if (s->sp.logprobs) raw_logprobs(logits, s->n_vocab, id, s->sp.top_logprobs, out);
+        if (s->sp.logprobs) {
+            /* a constrained sequence reports the masked distribution: scratch is free again after the draw */
+            const float *x = s->con && apply_mask(s, logits, scratch) ? scratch : logits;
+            raw_logprobs(x, s->n_vocab, id, s->sp.top_logprobs, out);
+            while (out->n_top > 0 && out->top[out->n_top - 1].logprob == -INFINITY) out->n_top--;
+        }
     }
     return id;
 }

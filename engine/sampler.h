@@ -3,10 +3,11 @@
  * order steps run: a sampled token is a pure function of (logits, parameters, seed, sample index, position,
  * the sequence's own history).
  *
- * Processing order (vLLM v1's): raw logits -> logit bias -> repetition penalty -> frequency and presence penalties
+ * Processing order (vLLM v1's): raw logits -> [grammar mask: forbidden tokens -inf] -> logit bias -> repetition penalty -> frequency and presence penalties
  * -> (temperature 0: argmax, lowest id on ties) -> divide by temperature -> min-p -> top-k -> top-p over the
  * renormalised survivors -> draw. Reported logprobs are log-softmax of the RAW logits (before bias, penalties and
- * temperature), which is what OpenAI and vLLM (logprobs_mode "raw_logprobs", its default) report.
+ * temperature), which is what OpenAI and vLLM (logprobs_mode "raw_logprobs", its default) report; under a grammar,
+ * of the masked raw logits (the distribution the grammar leaves).
  *
  * Two ways in:
  *  - bt_sample(): stateless, one sequence, no history (penalties see nothing), sample index 0.
@@ -105,6 +106,7 @@ float bt_logprob(const float *logits, int32_t n_vocab, int32_t id);
 /* ---- per-sequence state ---- */
 
 typedef struct bt_sampler_seq bt_sampler_seq;
+typedef struct bt_constraint bt_constraint; /* engine/constraint.h */
 
 typedef enum bt_finish {
     BT_FINISH_NONE = 0,   /* keep generating */
@@ -140,6 +142,21 @@ void bt_sampler_seq_free(bt_sampler_seq *s);
 
 /* The request's parameters as copied at creation. */
 const bt_sampling *bt_sampler_seq_params(const bt_sampler_seq *s);
+
+/* Constrains s with a grammar (engine/constraint.h; its vocabulary must be the model's): a reference is taken, forks
+ * share it. Call before the first accept. From then on the tokens the grammar forbids get -inf before anything else
+ * (bias, penalties, temperature, truncation), end-of-sequence ids are allowed only where the grammar accepts,
+ * reported logprobs are those of the masked raw logits, accept advances the grammar (BT_ERR_INVALID for a token it
+ * forbids) and finishes with BT_FINISH_STOP once nothing may follow, and rollback rewinds it.
+ * BT_ERR_INVALID (already set, tokens accepted, vocabulary mismatch), BT_ERR_NOMEM. */
+bt_status bt_sampler_seq_set_constraint(bt_sampler_seq *s, bt_constraint *c);
+
+/* Advances s's grammar over tokens[n] that were generated before (a migrated request's delivered tokens, which
+ * arrive as part of its prompt), before the first accept. BT_ERR_INVALID when the grammar forbids them. */
+bt_status bt_sampler_seq_constraint_feed(bt_sampler_seq *s, const int32_t *tokens, int32_t n);
+
+/* Whether the output so far is a sentence of s's grammar (1 without a constraint). */
+int bt_sampler_seq_constraint_accepting(const bt_sampler_seq *s);
 
 /* Records an accepted (generated) token: penalties count it from the next step on. *finish (optional) says
  * whether the sequence is done (stop beats length, as in vLLM). BT_ERR_INVALID (id out of range), BT_ERR_NOMEM. */

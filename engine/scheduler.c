@@ -402,6 +402,13 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     }
     st = bt_sampler_seq_create(&p->sampling, s->m->hp.n_vocab, prompt, n_prompt, s->eog, s->cfg.n_eog,
                                p->sample_index, &r->sampler);
+    if (!st && p->constraint) {
+        int32_t k = p->constraint_prefix;
+        if (k < 0 || k > n_prompt) st = bt_fail(BT_ERR_INVALID, "constraint_prefix %d outside the prompt", k);
+        if (!st) st = bt_sampler_seq_set_constraint(r->sampler, p->constraint);
+        if (!st && k) st = bt_sampler_seq_constraint_feed(r->sampler, prompt + n_prompt - k, k);
+        if (st) bt_sampler_seq_free(r->sampler);
+    }
     if (st) {
         free(r->emb_sum);
         free(r->tokens);
@@ -410,6 +417,7 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     }
     r->n_tokens = r->n_prompt = n_prompt;
     r->p = *p;
+    r->p.constraint = NULL; /* the sampler holds the reference */
     r->emit = emit;
     r->user = user;
     r->seq = -1;
@@ -490,7 +498,16 @@ static sreq *find_req(bt_sched *s, uint64_t id)
 static int accept_token(bt_sched *s, sreq *r, int32_t tok, const bt_sample_out *so)
 {
     bt_finish sf = BT_FINISH_NONE;
-    if (bt_sampler_seq_accept(r->sampler, tok, &sf) != BT_OK) sf = BT_FINISH_LENGTH; /* cannot happen */
+    bt_status st = bt_sampler_seq_accept(r->sampler, tok, &sf);
+    if (st) {
+        /* a token the request's grammar forbids (from a remote prefill that did not apply it) or out of memory:
+         * ending with an error beats emitting output that does not parse */
+        BT_ERROR("sched", "request %llu: token %d not accepted: %s", (unsigned long long)r->id, tok, bt_last_error());
+        emit_end(r, BT_END_ERROR, st);
+        s->st.finished++;
+        finish_and_free(s, r);
+        return 1;
+    }
     r->tokens[r->n_tokens++] = tok;
     r->n_generated++;
     s->st.generated_tokens++;

@@ -87,6 +87,10 @@ typedef struct bt_req_params {
      * The sum runs in double in token order, so the vector does not depend on chunking or batching. Sampling
      * settings are ignored except for validation; no remote prefill, KV export or hold_kv. */
     float *embedding;
+    bt_constraint *constraint;   /* optional grammar (engine/constraint.h) over the model's vocabulary: borrowed,
+                                  * bt_sched_submit takes its own reference; drafts that break it are rejected */
+    int32_t constraint_prefix;   /* the prompt's last tokens that were generated under the constraint already (a
+                                  * migrated request): the grammar starts after them */
 } bt_req_params;
 
 /* Defaults: greedy, max_tokens 16, priority 0, no deadline. */

@@ -137,6 +137,38 @@ static bt_status read_eog(const bt_ne_t *ne, const char *path, int32_t *eog, int
     return BT_OK;
 }
 
+/* Structured output: the trie over the vocabulary's bytes and the cache of compiled grammars (DESIGN 4.4). */
+static bt_status start_constraints(bt_ne_t *ne, const char *path)
+{
+    tok_tokenizer *tok = NULL;
+    bt_status st = tok_create(ne->m->file, &tok);
+    if (st) return bt_fail(st, "cannot read the tokenizer of %s: %s", path, bt_last_error());
+    if (tok_n_vocab(tok) != ne->n_vocab) {
+        tok_free(tok);
+        return bt_fail(BT_ERR_FORMAT, "%s: the tokenizer has %d tokens, the model %d", path, tok_n_vocab(tok),
+                       ne->n_vocab);
+    }
+    st = bt_constraint_vocab_from_tokenizer(tok, &ne->cvocab);
+    tok_free(tok);
+    if (!st) st = bt_constraint_cache_create(ne->cvocab, BT_NE_GRAMMAR_CACHE, &ne->ccache);
+    return st;
+}
+
+int bt_ne_constraint(const bt_ne_t *ne, const char *grammar, bt_constraint **out, char *err, size_t cap)
+{
+    *out = NULL;
+    if (!grammar || !grammar[0]) return 0;
+    if (!ne->ccache) {
+        snprintf(err, cap, "structured output is not available on this node");
+        return -1;
+    }
+    if (bt_constraint_cache_get(ne->ccache, grammar, strlen(grammar), out)) {
+        snprintf(err, cap, "%s", bt_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 /* The CPU backend and the speculative proposer (--spec; none by default). */
 static bt_status create_compute(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t n_blocks)
 {
@@ -186,6 +218,7 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     bt_status st;
     if ((st = load_model(ne, cfg->model_path)) || (st = size_pool(ne, cfg, name, &n_blocks)) ||
         (st = start_kvx(ne, cfg, name, n_blocks, &kv_memory)) || (st = read_eog(ne, cfg->model_path, eog, &n_eog)) ||
+        (st = start_constraints(ne, cfg->model_path)) ||
         (st = create_compute(ne, cfg, n_blocks)) ||
         (st = start_scheduler(ne, cfg, n_blocks, kv_memory, eog, n_eog))) {
         bt_ne_destroy(ne);
@@ -200,6 +233,8 @@ void bt_ne_destroy(bt_ne_t *ne)
 {
     if (!ne) return;
     bt_sched_destroy(ne->sched); /* aborts what is left */
+    bt_constraint_cache_free(ne->ccache); /* after the requests that held its grammars */
+    bt_constraint_vocab_free(ne->cvocab);
     bt_proposer_destroy(ne->proposer);
     if (ne->kvx_pool && kvx_pool_destroy(ne->kvx_pool) != BT_OK)
         BT_WARN("node", "KV pool still in use at shutdown: %s", bt_last_error());

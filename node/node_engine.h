@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "engine/backend.h"
 #include "engine/backend_cpu.h"
+#include "engine/constraint.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
 #include "kvtransfer/kvx.h"
@@ -74,7 +75,16 @@ typedef struct bt_ne {
     double prefill_rate, decode_rate, step_s, tokens_per_step;
     double busy_s, busy_tokens; /* decode rate: busy wall time and tokens since the rate was last updated */
     uint64_t load_dsteps, load_dtokens;
+    bt_constraint_vocab *cvocab;  /* structured output: the vocabulary's byte trie */
+    bt_constraint_cache *ccache;  /* and the compiled grammars, shared by requests with the same grammar */
 } bt_ne_t;
+
+#define BT_NE_GRAMMAR_CACHE 16 /* compiled grammars a node keeps */
+
+/* A reference to the compiled constraint of a request's grammar (*out = NULL for "" / NULL: unconstrained); the
+ * caller drops it with bt_constraint_unref after bt_sched_submit. -1 with err set when the grammar is invalid (an
+ * INVALID_ARGUMENT for the caller). Thread-safe. */
+int bt_ne_constraint(const bt_ne_t *ne, const char *grammar, bt_constraint **out, char *err, size_t cap);
 
 /* Loads the model, creates the backend, the kvtransfer context and pool (unless disabled; when UCX cannot start
  * the node serves without it and says so in the log) and the scheduler, and starts its engine thread. Errors name

@@ -455,6 +455,9 @@ bt_rpc_code prefill_check_request(const bt_ne_t *ne, const Baton__V1__PrefillRun
     sp->max_tokens = 1;
     sp->ignore_eos = 1; /* stop rules are the decode node's business; the first token is sampled the same */
     rp->hold_kv = 1;
+    /* last: the reference is the caller's to drop once this returned OK */
+    if (bt_ne_constraint(ne, q->grammar, &rp->constraint, err, cap)) return BT_RPC_INVALID_ARGUMENT;
+    if (rp->constraint) sp->ignore_eos = q->ignore_eos; /* under a grammar it decides the mask: sample as D would */
     return BT_RPC_OK;
 }
 
@@ -518,6 +521,7 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     bt_rpc_code code = check_request(s, q, &rp, err, sizeof err);
     if (code == BT_RPC_OK) code = check_caller(call, q->destination, err, sizeof err);
     if (code != BT_RPC_OK) {
+        bt_constraint_unref(rp.constraint);
         bt_calls_reject(&s->calls, call, code, rid, err);
         return;
     }
@@ -527,11 +531,13 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     if (!bt_calls_admit(&s->calls)) {
         snprintf(err, sizeof err, "prefill node %s is at capacity (%d requests in flight)", s->node_id,
                  s->calls.max_inflight);
+        bt_constraint_unref(rp.constraint);
         bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
         return;
     }
     pf_call *c = NULL;
     if ((code = call_create(s, call, q, rid, &c, err, sizeof err)) != BT_RPC_OK) {
+        bt_constraint_unref(rp.constraint);
         bt_calls_leave(&s->calls);
         bt_calls_reject(&s->calls, call, code, rid, err);
         return;
@@ -539,6 +545,7 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     c->timeout_ms = timeout_ms;
     c->t_arrive = t_arrive;
     bt_calls_submit(&s->calls, &c->base, q->prompt_token_ids, c->n_prompt, &rp, on_event, c->n_prompt);
+    bt_constraint_unref(rp.constraint); /* the scheduler took its own */
 }
 
 /* ---- life cycle ---- */

@@ -3,6 +3,8 @@
 #include "router/router.h"
 
 #include "common/log.h"
+#include "engine/grammar.h"
+#include "router/json_schema.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -234,6 +236,44 @@ static bt_status copy_request_id(const char *id, rtr_gen_t *g)
     return BT_OK;
 }
 
+/* ResponseFormat (issue 23) as grammar text (router/json_schema.h), checked; every client error is
+ * INVALID_ARGUMENT naming what is wrong. */
+static bt_status parse_response_format(const Baton__V1__ResponseFormat *f, rtr_gen_t *g)
+{
+    char *grammar = NULL;
+    bt_status st = BT_OK;
+    switch (f->format_case) {
+    case BATON__V1__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA: {
+        cJSON *schema = cJSON_Parse(f->json_schema);
+        if (!schema) return bt_fail(BT_ERR_INVALID, "'response_format.json_schema' is not valid JSON");
+        st = rtr_json_schema_grammar(schema, &grammar);
+        cJSON_Delete(schema);
+        break;
+    }
+    case BATON__V1__RESPONSE_FORMAT__FORMAT_JSON_OBJECT:
+        if (!f->json_object) return BT_OK;
+        st = rtr_json_object_grammar(&grammar);
+        break;
+    case BATON__V1__RESPONSE_FORMAT__FORMAT_REGEX: st = rtr_regex_grammar(f->regex, &grammar); break;
+    case BATON__V1__RESPONSE_FORMAT__FORMAT_GRAMMAR:
+        grammar = strdup(f->grammar);
+        if (!grammar) st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        break;
+    default: return BT_OK;
+    }
+    bt_grammar *gr = NULL;
+    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
+    bt_grammar_free(gr);
+    if (st) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", bt_last_error());
+        free(grammar);
+        return bt_fail(st == BT_ERR_NOMEM ? st : BT_ERR_INVALID, "'response_format': %s", msg);
+    }
+    g->grammar = grammar;
+    return BT_OK;
+}
+
 bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
 {
     memset(g, 0, sizeof *g);
@@ -255,6 +295,7 @@ bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest 
     g->no_spec = q->disable_speculation;
     if ((st = copy_request_id(q->request_id, g))) goto fail;
     if (q->sampling && (st = parse_sampling(m, q->sampling, g))) goto fail;
+    if (q->response_format && (st = parse_response_format(q->response_format, g))) goto fail;
     return BT_OK;
 fail:
     rtr_gen_free(g);

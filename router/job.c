@@ -64,6 +64,8 @@ static double now_s(void)
 void rtr_gen_free(rtr_gen_t *g)
 {
     free(g->prompt);
+    free(g->grammar);
+    g->grammar = NULL;
     for (int i = 0; i < g->n_stop; i++) free(g->stops[i]);
     free(g->stop_ids);
     memset(g, 0, sizeof *g);
@@ -533,6 +535,7 @@ static void *choice_main(void *arg)
     req.disable_speculation = g->no_spec;
     req.logprobs = g->logprobs;
     req.top_logprobs = (uint32_t)g->top_logprobs;
+    req.grammar = g->grammar ? g->grammar : "";
     set_sample_index(&req, c->index);
     rtr_run_ops_t ops = {.on_tokens = on_tokens, .cancelled = is_cancelled, .ud = c,
                          .timeout_ms = client_timeout_ms(j)};

@@ -11,6 +11,9 @@
 #include <string.h>
 
 /* A client error: 400 with a message that names the field. */
+#include "engine/grammar.h"
+#include "router/json_schema.h"
+
 #define bad(http_status, ...) (*(http_status) = 400, bt_fail(BT_ERR_INVALID, __VA_ARGS__))
 
 /* A JSON field that is absent or null counts as not given. */
@@ -545,8 +548,8 @@ static bt_status check_model(const rtr_model_t *m, const cJSON *body, int *http_
 }
 
 /* OpenAI fields baton does not honour yet are refused with 400 naming them, never ignored (a client would believe
- * its tools or JSON schema were applied). Values that ask for nothing are accepted: tools: [], tool_choice: "none",
- * response_format {"type": "text"}, modalities ["text"], store: false, suffix "", service_tier "auto"/"default". */
+ * its tools were applied). Values that ask for nothing are accepted: tools: [], tool_choice: "none",
+ * modalities ["text"], store: false, suffix "", service_tier "auto"/"default". */
 static bt_status check_unsupported(rtr_api api, const cJSON *body, int *http_status)
 {
     static const char *const never[] = {"functions", "function_call", "prediction", "audio", "reasoning_effort",
@@ -561,14 +564,6 @@ static bt_status check_unsupported(rtr_api api, const cJSON *body, int *http_sta
         return bad(http_status, "'%s' other than \"none\" is not supported yet (tool calling is planned)", "tool_choice");
     f = field(body, "parallel_tool_calls");
     if (f && !cJSON_IsBool(f)) return bad(http_status, "'%s' must be a boolean", "parallel_tool_calls");
-    f = field(body, "response_format");
-    if (f) {
-        const cJSON *type = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
-        if (!cJSON_IsString(type)) return bad(http_status, "'%s' must be an object with a string 'type'", "response_format");
-        if (strcmp(type->valuestring, "text"))
-            return bad(http_status, "'%s' of type '%.40s' is not supported yet (structured output is planned)",
-                       "response_format", type->valuestring);
-    }
     f = field(body, "modalities");
     if (f && !(cJSON_IsArray(f) && cJSON_GetArraySize(f) == 1 && cJSON_IsString(f->child) &&
                !strcmp(f->child->valuestring, "text")))
@@ -582,6 +577,65 @@ static bt_status check_unsupported(rtr_api api, const cJSON *body, int *http_sta
     if (api == RTR_API_COMPLETION && f && !(cJSON_IsString(f) && !f->valuestring[0]))
         return bad(http_status, "'%s' is not supported", "suffix");
     return BT_OK;
+}
+
+/* Grammar text, checked: an error is the client's 400 (500 when out of memory), prefixed with where it came from. */
+static bt_status take_grammar(bt_status st, char *grammar, const char *where, rtr_gen_t *g, int *http_status)
+{
+    bt_grammar *gr = NULL;
+    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
+    bt_grammar_free(gr);
+    if (st) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", bt_last_error());
+        free(grammar);
+        *http_status = st == BT_ERR_NOMEM ? 500 : 400;
+        return bt_fail(st, "'%s': %s", where, msg);
+    }
+    g->grammar = grammar;
+    return BT_OK;
+}
+
+/* response_format (issue 23): text; json_object; json_schema {name, schema, strict}; and baton's extensions
+ * {"type": "regex", "regex": RE} and {"type": "grammar", "grammar": GBNF}. All become grammar text for the nodes
+ * (router/json_schema.h); an unsupported schema keyword or a bad grammar is a 400 naming it. */
+static bt_status parse_response_format(const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    const cJSON *f = field(body, "response_format");
+    if (!f) return BT_OK;
+    const cJSON *type = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
+    if (!cJSON_IsString(type)) return bad(http_status, "'%s' must be an object with a string 'type'", "response_format");
+    const char *t = type->valuestring;
+    char *grammar = NULL;
+    bt_status st;
+    if (!strcmp(t, "text")) return BT_OK;
+    if (!strcmp(t, "json_object")) {
+        st = rtr_json_object_grammar(&grammar);
+    } else if (!strcmp(t, "json_schema")) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(f, "json_schema");
+        if (!cJSON_IsObject(js)) return bad(http_status, "'%s' must be an object", "response_format.json_schema");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+        if (name && !cJSON_IsString(name)) return bad(http_status, "'%s' must be a string", "response_format.json_schema.name");
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+        if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+            return bad(http_status, "'%s' must be a boolean", "response_format.json_schema.strict");
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+        if (!schema) return bad(http_status, "'%s' is required", "response_format.json_schema.schema");
+        st = rtr_json_schema_grammar(schema, &grammar);
+    } else if (!strcmp(t, "regex") || !strcmp(t, "grammar")) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, t);
+        if (!cJSON_IsString(x)) return bad(http_status, "'response_format.%s' must be a string", t);
+        if (!strcmp(t, "regex")) {
+            st = rtr_regex_grammar(x->valuestring, &grammar);
+        } else {
+            grammar = strdup(x->valuestring);
+            st = grammar ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
+        }
+    } else {
+        return bad(http_status, "'%s' type '%.40s' is not supported (text, json_object, json_schema, and the "
+                   "extensions regex and grammar are)", "response_format", t);
+    }
+    return take_grammar(st, grammar, "response_format", g, http_status);
 }
 
 bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status)
@@ -668,6 +722,7 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
     }
     if ((st = parse_stop(body, g, http_status))) return st;
     if ((st = parse_logit_bias(m, body, g, http_status))) return st;
+    if ((st = parse_response_format(body, g, http_status))) return st;
     const cJSON *user = field(body, "user");
     if (user && !cJSON_IsString(user)) return bad(http_status, "'%s' must be a string", "user");
     st = api == RTR_API_CHAT ? chat_prompt(m, body, g, http_status) : completion_prompt(m, body, g, http_status);

@@ -388,6 +388,7 @@ typedef struct rtr_gen {
     int32_t logit_bias_ids[RTR_MAX_LOGIT_BIAS];
     float logit_bias[RTR_MAX_LOGIT_BIAS];
     char request_id[64];
+    char *grammar;       /* structured output compiled to GBNF (router/json_schema.h), or NULL */
     struct rtr_adm *adm; /* admission claim (rtr_admit_gen); the job releases it */
 } rtr_gen_t;
 

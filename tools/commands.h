@@ -12,6 +12,7 @@
     X("embed", cmd_embed, "embeddings of texts: mean-pooled final hidden states, normalized (JSON lines)")  \
     X("logits", cmd_logits, "teacher-forced logits of token ids to a float32 file (for tests)")         \
     X("bench", cmd_bench, "engine benchmark: prefill and decode tok/s, bandwidth, decode roofline")           \
+    X("bench-grammar", cmd_bench_grammar, "per-step cost of a grammar constraint at a batch: `bench-grammar --grammar FILE`") \
     X("bench-serve", cmd_bench_serve, "open-loop load against a router: TTFT/TPOT/e2e percentiles, goodput") \
     X("profile", cmd_profile, "measure this machine's prefill/decode step times and KV copy rate into a profile") \
     X("simulate", cmd_simulate, "discrete-event simulation of a cluster running the router's own policy code")

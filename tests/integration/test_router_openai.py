@@ -282,9 +282,11 @@ BAD = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
-     "response_format"),
+    # structured output (issue 23.3): what it cannot honour is named
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                                                                        "minProperties": 1}}}},
+     "minProperties"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"store": True}, "store"),
@@ -356,8 +358,8 @@ def test_malformed_json_unknown_model_and_unknown_fields(cluster):
 
 
 def test_unsupported_fields_with_the_openai_client(client):
-    """The openai client's tool-calling and JSON-mode calls get a 400 naming the field, never a 200 that ignored
-    it; the neutral values a client may send by default are accepted."""
+    """The openai client's tool-calling calls and schemas with unsupported keywords get a 400 naming the field or
+    keyword, never a 200 that ignored it; the neutral values a client may send by default are accepted."""
     msgs = [{"role": "user", "content": "What is 2 + 2?"}]
     tools = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
                                                "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
@@ -365,8 +367,9 @@ def test_unsupported_fields_with_the_openai_client(client):
         client.chat.completions.create(model="", messages=msgs, tools=tools, max_tokens=4)
     assert "tools" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="", messages=msgs, response_format={"type": "json_object"}, max_tokens=4)
-    assert "response_format" in str(e.value)
+        client.chat.completions.create(model="", messages=msgs, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "null"}}}}, max_tokens=4)
+    assert "'not'" in str(e.value)
     r = client.chat.completions.create(model="", messages=msgs, max_tokens=4, tools=[], tool_choice="none",
                                        response_format={"type": "text"}, store=False, temperature=0)
     assert r.choices[0].message.content

@@ -7,6 +7,7 @@
 
 #include "engine/backend.h"
 #include "engine/backend_cpu.h"
+#include "engine/constraint.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
@@ -582,6 +583,104 @@ static void test_spec_equal_plain(void)
     proposer = NULL;
 }
 
+/* A grammar over the tiny model's 256 tokens (pieces from a small alphabet, repeated): constrained requests give
+ * the same tokens and logprobs alone, 16 at once and under speculation (n-gram drafts and drafts that are always
+ * wrong, which the grammar mostly forbids), and every output that finished by stop parses. */
+static const char *CPIECES[] = {"{", "}", "\"", ":", ",", " ", "a", "b", "c", "1", "2", "{\"", "\":", "\",", "ab",
+                                "bc", "12", "\"}", "x", "true", "null", "0", "-", "[", "]", "\" ", ", \""};
+#define N_CPIECES ((int)(sizeof CPIECES / sizeof *CPIECES))
+static const char *CGRAMMAR = "root ::= \"{\" pair (\",\" \" \"? pair){0,3} \"}\"\n"
+                              "pair ::= \"\\\"\" [abc]{1,6} \"\\\":\" \" \"? val\n"
+                              "val  ::= \"true\" | \"null\" | \"-\"? [1-9] [0-9]{0,2} | \"[\" (val (\",\" val){0,2})? \"]\"\n";
+
+static void test_constrained(void)
+{
+    enum { N = 16 };
+    const char *piece[256];
+    size_t len[256];
+    for (int i = 0; i < 256; i++) {
+        piece[i] = CPIECES[i % N_CPIECES];
+        len[i] = strlen(piece[i]);
+    }
+    bt_constraint_vocab *v = NULL;
+    bt_constraint *c = NULL;
+    REQUIRE(bt_constraint_vocab_create(256, piece, len, NULL, &v) == BT_OK);
+    REQUIRE(bt_constraint_create(CGRAMMAR, strlen(CGRAMMAR), v, &c) == BT_OK);
+    static job jobs[N];
+    static out alone[N], together[N];
+    make_jobs(jobs, N);
+    for (int i = 0; i < N; i++) {
+        jobs[i].p.sampling.max_tokens = 60;
+        jobs[i].p.sampling.logprobs = 1;
+        jobs[i].p.sampling.temperature = i % 2 ? 1.5f : 0.0f; /* hot sampling wanders through the grammar */
+        jobs[i].p.sampling.top_p = 1.0f;
+        jobs[i].p.constraint = c;
+    }
+    proposer = NULL;
+    run_alone(jobs, N, alone);
+    int stopped = 0;
+    for (int i = 0; i < N; i++) {
+        char text[1024];
+        size_t n = 0;
+        for (int32_t k = 0; k < alone[i].n && n + 8 < sizeof text; k++) {
+            memcpy(text + n, piece[alone[i].tokens[k]], len[alone[i].tokens[k]]);
+            n += len[alone[i].tokens[k]];
+        }
+        text[n] = 0;
+        bt_grammar *g = NULL;
+        REQUIRE(bt_grammar_parse(CGRAMMAR, strlen(CGRAMMAR), &g) == BT_OK);
+        bt_gstate a = {0}, tmp = {0};
+        REQUIRE(bt_grammar_start(g, &a) == BT_OK);
+        int ok = bt_grammar_advance(g, &a, (const uint8_t *)text, n, &tmp) == 1;
+        CHECK_MSG(ok, "request %d: output '%s' leaves the grammar", i, text);
+        if (alone[i].finish == BT_END_STOP) {
+            stopped++;
+            CHECK_MSG(a.accepting, "request %d stopped on '%s', not a sentence", i, text);
+        } else {
+            CHECK(alone[i].finish == BT_END_LENGTH);
+        }
+        bt_gstate_free(&a);
+        bt_gstate_free(&tmp);
+        bt_grammar_free(g);
+    }
+    CHECK(stopped > 0);
+    fprintf(stderr, "  %d of %d constrained requests finished by stop\n", stopped, N);
+    bt_sched_stats st;
+    run_together(jobs, N, together, 1024, 256, 0, &st);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += alone[i].n != together[i].n || alone[i].finish != together[i].finish ||
+               memcmp(alone[i].tokens, together[i].tokens, sizeof(int32_t) * (size_t)alone[i].n) ||
+               memcmp(alone[i].logprobs, together[i].logprobs, sizeof(float) * (size_t)alone[i].n);
+    CHECK_MSG(bad == 0, "%d constrained requests differ batched", bad);
+    fixed_k = 1;
+    REQUIRE(bt_spec_ngram_create(1, 4, &proposer) == BT_OK);
+    run_together(jobs, N, together, 1024, 256, 0, &st);
+    bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += alone[i].n != together[i].n || alone[i].finish != together[i].finish ||
+               memcmp(alone[i].tokens, together[i].tokens, sizeof(int32_t) * (size_t)alone[i].n) ||
+               memcmp(alone[i].logprobs, together[i].logprobs, sizeof(float) * (size_t)alone[i].n);
+    CHECK_MSG(bad == 0, "%d constrained requests differ under n-gram speculation", bad);
+    fprintf(stderr, "  ngram on constrained: %llu drafts, %llu accepted\n", (unsigned long long)st.spec_proposed,
+            (unsigned long long)st.spec_accepted);
+    bt_proposer_destroy(proposer);
+    uint64_t seed = 11;
+    bt_proposer badp = {&bad_ops, &seed};
+    proposer = &badp;
+    run_together(jobs, N, together, 1024, 256, 0, &st);
+    bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += alone[i].n != together[i].n || alone[i].finish != together[i].finish ||
+               memcmp(alone[i].tokens, together[i].tokens, sizeof(int32_t) * (size_t)alone[i].n);
+    CHECK_MSG(bad == 0, "%d constrained requests differ under random drafts", bad);
+    CHECK(st.spec_proposed > 0);
+    proposer = NULL;
+    fixed_k = 0;
+    bt_constraint_unref(c);
+    bt_constraint_vocab_free(v);
+}
+
 static char model_path[512];
 
 /* Draft models: the target itself as its own draft (every draft accepted: same logits bits, same draws), another
@@ -763,6 +862,7 @@ int main(void)
     RUN(test_spec_equal_plain);
     RUN(test_spec_draft_models);
     RUN(test_embeddings);
+    RUN(test_constrained);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();

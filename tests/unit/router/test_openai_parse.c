@@ -96,9 +96,15 @@ static void test_errors(void)
     BAD("\"functions\":[]", "functions");
     BAD("\"function_call\":\"auto\"", "function_call");
     BAD("\"parallel_tool_calls\":1", "parallel_tool_calls");
-    BAD("\"response_format\":{\"type\":\"json_object\"}", "response_format");
-    BAD("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}",
-        "response_format");
+    /* structured output: unsupported schema keywords and bad grammars are named, never ignored */
+    BAD("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":"
+        "{\"type\":\"object\",\"minProperties\":2}}}",
+        "'minProperties'");
+    BAD("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}",
+        "response_format.json_schema.schema");
+    BAD("\"response_format\":{\"type\":\"regex\",\"regex\":\"(?=a)\"}", "lookaround");
+    BAD("\"response_format\":{\"type\":\"grammar\",\"grammar\":\"root ::= x\"}", "'x' is used but never defined");
+    BAD("\"response_format\":{\"type\":\"xml\"}", "response_format");
     BAD("\"response_format\":\"json\"", "response_format");
     BAD("\"modalities\":[\"text\",\"audio\"]", "modalities");
     BAD("\"audio\":{\"voice\":\"x\"}", "audio");
@@ -115,7 +121,23 @@ static void test_errors(void)
                 "\"parallel_tool_calls\":false,\"response_format\":{\"type\":\"text\"},\"modalities\":[\"text\"],"
                 "\"store\":false,\"service_tier\":\"auto\",\"functions\":null}",
                 &ok, &status) == BT_OK);
+    CHECK(ok.grammar == NULL);
     rtr_gen_free(&ok);
+    static const char *const formats[] = {
+        "{\"type\":\"json_object\"}",
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,\"schema\":{\"type\":\"object\","
+        "\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}",
+        "{\"type\":\"regex\",\"regex\":\"[0-9]{3}\"}",
+        "{\"type\":\"grammar\",\"grammar\":\"root ::= \\\"yes\\\" | \\\"no\\\"\"}",
+    };
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
+        char body[600];
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":%s}",
+                 formats[i]);
+        CHECK_MSG(parse(RTR_API_CHAT, body, &ok, &status) == BT_OK && ok.grammar != NULL, "%s: %s", formats[i],
+                  bt_last_error());
+        rtr_gen_free(&ok);
+    }
     CHECK(parse(RTR_API_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":\"\"}", &ok, &status) == BT_OK);
     rtr_gen_free(&ok);
     expect_error(RTR_API_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":\"end\"}", 400, "suffix");

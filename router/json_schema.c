@@ -1,0 +1,1200 @@
+#include "router/json_schema.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        sb_put(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1); /* a long property name: never cut mid-escape */
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb_put(b, big, (size_t)n);
+    free(big);
+}
+
+/* A GBNF literal for the bytes s[n]: quotes and backslashes escaped, control and non-ASCII bytes as \xHH (exact
+ * bytes even when a client's JSON string holds invalid UTF-8). */
+static void sb_literal(sbuf *b, const char *s, size_t n)
+{
+    sb_puts(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            sb_put(b, e, 2);
+        } else if (c < 0x20 || c >= 0x7F) {
+            sb_printf(b, "\\x%02X", c);
+        } else {
+            sb_put(b, (const char *)&c, 1);
+        }
+    }
+    sb_puts(b, "\"");
+}
+
+/* Shared rules: bounded whitespace (a model must not loop on spaces), JSON strings without surrogate escapes (so
+ * lengths count code points as validators do), numbers, and any JSON value. */
+static const char *BASE_RULES =
+    "ws ::= [ \\t\\n]{0,4}\n"
+    "jchar ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] "
+    "[0-9a-fA-F]{2} ) )\n"
+    "jstr ::= \"\\\"\" jchar* \"\\\"\"\n"
+    "jint ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
+    "jnum ::= jint ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n"
+    "jval ::= jobj | jarr | jstr | jnum | \"true\" | \"false\" | \"null\"\n"
+    "jobj ::= \"{\" ws ( jstr ws \":\" ws jval ws ( \",\" ws jstr ws \":\" ws jval ws )* )? \"}\"\n"
+    "jarr ::= \"[\" ws ( jval ws ( \",\" ws jval ws )* )? \"]\"\n";
+
+typedef struct memo {
+    const cJSON *node;
+    int id;
+} memo;
+
+typedef struct gen {
+    const cJSON *root;
+    sbuf rules;
+    int n_rules;
+    memo *memo;
+    int n_memo, cap_memo;
+    int depth;
+    bt_status err;
+} gen;
+
+#define MAX_SCHEMA_DEPTH 64
+#define MAX_COUNT 1000 /* minItems/maxItems/minLength/maxLength the grammar spells out */
+
+__attribute__((format(printf, 3, 4))) static bt_status fail(gen *g, bt_status st, const char *fmt, ...)
+{
+    if (g->err) return g->err;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    g->err = bt_fail(st, "%s", msg);
+    return g->err;
+}
+
+static int schema_rule(gen *g, const cJSON *s);
+
+static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "$schema", "$id",
+                                          "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
+                                          "strict", NULL};
+static const char *const SUPPORTED[] = {"type", "properties", "required", "additionalProperties", "items",
+                                        "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+                                        "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                        "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "uniqueItems",
+                                        "multipleOf", NULL};
+
+static int in_list(const char *const *list, const char *k)
+{
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], k)) return 1;
+    return 0;
+}
+
+static bt_status check_keywords(gen *g, const cJSON *s)
+{
+    for (const cJSON *k = s->child; k; k = k->next)
+        if (!in_list(ANNOTATIONS, k->string) && !in_list(SUPPORTED, k->string))
+            return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword '%.60s' is not supported", k->string);
+    return BT_OK;
+}
+
+static const cJSON *kw(const cJSON *s, const char *name) { return cJSON_GetObjectItemCaseSensitive(s, name); }
+
+/* Reads a non-negative count keyword (absent: *v = dflt). */
+static bt_status get_count(gen *g, const cJSON *s, const char *name, long dflt, long *v)
+{
+    const cJSON *k = kw(s, name);
+    *v = dflt;
+    if (!k) return BT_OK;
+    if (!cJSON_IsNumber(k) || k->valuedouble < 0 || k->valuedouble != floor(k->valuedouble))
+        return fail(g, BT_ERR_INVALID, "JSON schema '%s' must be a non-negative integer", name);
+    if (k->valuedouble > MAX_COUNT)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' above %d is not supported", name, MAX_COUNT);
+    *v = (long)k->valuedouble;
+    return BT_OK;
+}
+
+/* ---- integers as digit ranges ---- */
+
+#define INF_U64 UINT64_MAX
+
+static int ndigits(uint64_t x)
+{
+    int n = 1;
+    while (x >= 10) {
+        x /= 10;
+        n++;
+    }
+    return n;
+}
+
+static uint64_t pow10u(int n)
+{
+    uint64_t p = 1;
+    while (n-- > 0) p *= 10;
+    return p;
+}
+
+/* Same-length digit strings x <= y: alternatives matching exactly the numbers between them. */
+static void same_len(sbuf *b, const char *x, const char *y, int n)
+{
+    if (n == 1) {
+        sb_printf(b, "[%c-%c]", x[0], y[0]);
+        return;
+    }
+    if (x[0] == y[0]) {
+        sb_printf(b, "\"%c\" ", x[0]);
+        same_len(b, x + 1, y + 1, n - 1);
+        return;
+    }
+    int x_low = 1, y_high = 1;
+    for (int i = 1; i < n; i++) {
+        x_low &= x[i] == '0';
+        y_high &= y[i] == '9';
+    }
+    if (x_low && y_high) {
+        sb_printf(b, "[%c-%c] [0-9]{%d}", x[0], y[0], n - 1);
+        return;
+    }
+    char nines[24], zeros[24];
+    memset(nines, '9', sizeof nines);
+    memset(zeros, '0', sizeof zeros);
+    sb_printf(b, "( \"%c\" ( ", x[0]);
+    same_len(b, x + 1, nines, n - 1);
+    sb_puts(b, " )");
+    if (x[0] + 1 <= y[0] - 1) sb_printf(b, " | [%c-%c] [0-9]{%d}", x[0] + 1, y[0] - 1, n - 1);
+    sb_printf(b, " | \"%c\" ( ", y[0]);
+    same_len(b, zeros, y + 1, n - 1);
+    sb_puts(b, " ) )");
+}
+
+/* Non-negative integers in [a, c] without leading zeros (c = INF_U64: no upper bound). */
+static void nonneg_range(sbuf *b, uint64_t a, uint64_t c)
+{
+    int la = ndigits(a), lc = c == INF_U64 ? la : ndigits(c);
+    sb_puts(b, "( ");
+    for (int L = la; L <= lc; L++) {
+        uint64_t lo = L == 1 ? 0 : pow10u(L - 1), hi = pow10u(L) - 1;
+        if (lo < a) lo = a;
+        if (c != INF_U64 && hi > c) hi = c;
+        char xs[24], ys[24];
+        snprintf(xs, sizeof xs, "%llu", (unsigned long long)lo);
+        snprintf(ys, sizeof ys, "%llu", (unsigned long long)hi);
+        if (L > la) sb_puts(b, " | ");
+        sb_puts(b, "( ");
+        same_len(b, xs, ys, L);
+        sb_puts(b, " )");
+    }
+    if (c == INF_U64) sb_printf(b, " | [1-9] [0-9]{%d,}", la);
+    sb_puts(b, " )");
+}
+
+/* Integers in [lo, hi]; has_* = 0 for an open end. */
+static void int_range(sbuf *b, int has_lo, int64_t lo, int has_hi, int64_t hi)
+{
+    int neg = !has_lo || lo <= -1, pos = !has_hi || hi >= 0;
+    uint64_t nlo = has_hi && hi < 0 ? (uint64_t)(-hi) : 1, nhi = has_lo ? (uint64_t)(-lo) : INF_U64;
+    if (neg && nhi != INF_U64 && nlo > nhi) neg = 0;
+    uint64_t plo = has_lo && lo > 0 ? (uint64_t)lo : 0, phi = has_hi ? (uint64_t)hi : INF_U64;
+    if (pos && phi != INF_U64 && plo > phi) pos = 0;
+    sb_puts(b, "( ");
+    if (neg) {
+        sb_puts(b, "\"-\" ");
+        nonneg_range(b, nlo, nhi);
+    }
+    if (neg && pos) sb_puts(b, " | ");
+    if (pos) nonneg_range(b, plo, phi);
+    if (!neg && !pos) sb_puts(b, "[^\\x00-\\U0010FFFF]"); /* empty: matches nothing */
+    sb_puts(b, " )");
+}
+
+/* Reads a numeric bound as an integer-valued double. */
+static bt_status get_bound(gen *g, const cJSON *s, const char *name, int *has, double *v)
+{
+    const cJSON *k = kw(s, name);
+    *has = 0;
+    if (!k) return BT_OK;
+    if (cJSON_IsBool(k))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' as a boolean (draft 4) is not supported", name);
+    if (!cJSON_IsNumber(k)) return fail(g, BT_ERR_INVALID, "JSON schema '%s' must be a number", name);
+    if (fabs(k->valuedouble) > 1e15)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' beyond 1e15 is not supported", name);
+    *has = 1;
+    *v = k->valuedouble;
+    return BT_OK;
+}
+
+static bt_status gen_integer(gen *g, const cJSON *s, sbuf *b)
+{
+    int hmin, hmax, hxmin, hxmax;
+    double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
+    if (get_bound(g, s, "minimum", &hmin, &vmin) || get_bound(g, s, "maximum", &hmax, &vmax) ||
+        get_bound(g, s, "exclusiveMinimum", &hxmin, &vxmin) || get_bound(g, s, "exclusiveMaximum", &hxmax, &vxmax))
+        return g->err;
+    const cJSON *mo = kw(s, "multipleOf");
+    if (mo && !(cJSON_IsNumber(mo) && mo->valuedouble == 1.0))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword 'multipleOf' is not supported");
+    int has_lo = hmin || hxmin, has_hi = hmax || hxmax;
+    int64_t lo = INT64_MIN, hi = INT64_MAX;
+    if (hmin) lo = (int64_t)ceil(vmin);
+    if (hxmin && (int64_t)floor(vxmin) + 1 > lo) lo = (int64_t)floor(vxmin) + 1;
+    if (hmax) hi = (int64_t)floor(vmax);
+    if (hxmax && (int64_t)ceil(vxmax) - 1 < hi) hi = (int64_t)ceil(vxmax) - 1;
+    if (!has_lo && !has_hi) {
+        sb_puts(b, "jint");
+        return BT_OK;
+    }
+    if (has_lo && has_hi && lo > hi)
+        return fail(g, BT_ERR_INVALID, "JSON schema integer bounds leave no value (minimum %lld > maximum %lld)",
+                    (long long)lo, (long long)hi);
+    int_range(b, has_lo, lo, has_hi, hi);
+    return BT_OK;
+}
+
+static bt_status gen_number(gen *g, const cJSON *s, sbuf *b)
+{
+    int hmin, hmax, hxmin, hxmax;
+    double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
+    if (get_bound(g, s, "minimum", &hmin, &vmin) || get_bound(g, s, "maximum", &hmax, &vmax) ||
+        get_bound(g, s, "exclusiveMinimum", &hxmin, &vxmin) || get_bound(g, s, "exclusiveMaximum", &hxmax, &vxmax))
+        return g->err;
+    const cJSON *mo = kw(s, "multipleOf");
+    if (mo) {
+        if (cJSON_IsNumber(mo) && mo->valuedouble == 1.0) return gen_integer(g, s, b);
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword 'multipleOf' is not supported");
+    }
+    if (!hmin && !hmax && !hxmin && !hxmax) {
+        sb_puts(b, "jnum");
+        return BT_OK;
+    }
+    if (hxmin || hxmax)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' on a number is not supported (use minimum/maximum, or "
+                    "type integer)", hxmin ? "exclusiveMinimum" : "exclusiveMaximum");
+    if (!hmin || vmin < 0 || vmin != floor(vmin) || (hmax && vmax != floor(vmax)))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'minimum'/'maximum' on a number: only integer bounds with a "
+                    "minimum >= 0 are supported");
+    uint64_t lo = (uint64_t)vmin;
+    const char *frac = "( \".\" [0-9]{1,8} )?";
+    if (!hmax) {
+        sb_puts(b, "( ");
+        nonneg_range(b, lo, INF_U64);
+        sb_printf(b, " %s )", frac);
+        return BT_OK;
+    }
+    if (vmax < vmin) return fail(g, BT_ERR_INVALID, "JSON schema number bounds leave no value");
+    uint64_t hi = (uint64_t)vmax;
+    sb_puts(b, "( ");
+    if (hi > lo) { /* below the maximum any fraction fits; at it only zeros */
+        nonneg_range(b, lo, hi - 1);
+        sb_printf(b, " %s | ", frac);
+    }
+    sb_printf(b, "\"%llu\" ( \".\" \"0\"{1,8} )? )", (unsigned long long)hi);
+    return BT_OK;
+}
+
+/* ---- regular expressions ---- */
+
+typedef struct cpr {
+    uint32_t lo, hi;
+} cpr;
+
+typedef struct rx {
+    const char *p, *end, *start;
+    int json;  /* inside a JSON string: characters are emitted JSON-escaped */
+    int nest;
+    bt_status err;
+} rx;
+
+__attribute__((format(printf, 2, 3))) static bt_status rx_fail(rx *r, const char *fmt, ...)
+{
+    if (r->err) return r->err;
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    r->err = bt_fail(BT_ERR_INVALID, "regex at offset %d: %s", (int)(r->p - r->start), msg);
+    return r->err;
+}
+
+static bt_status rx_unsupported(rx *r, const char *what)
+{
+    if (r->err) return r->err;
+    r->err = bt_fail(BT_ERR_UNSUPPORTED, "regex feature %s (at offset %d) is not supported", what,
+                     (int)(r->p - r->start));
+    return r->err;
+}
+
+/* One code point of the pattern (UTF-8), -1 at the end or on invalid UTF-8. */
+static int32_t rx_cp(rx *r)
+{
+    if (r->p >= r->end) return -1;
+    unsigned char c = (unsigned char)*r->p++;
+    if (c < 0x80) return c;
+    int n = c >= 0xF8 ? -1 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
+    if (n < 0) return -1;
+    uint32_t v = c & (0x3F >> n);
+    for (int i = 0; i < n; i++) {
+        if (r->p >= r->end || ((unsigned char)*r->p & 0xC0) != 0x80) return -1;
+        v = (v << 6) | ((unsigned char)*r->p++ & 0x3F);
+    }
+    return v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) ? -1 : (int32_t)v;
+}
+
+typedef struct cls {
+    cpr *r;
+    int n, cap;
+    int oom;
+} cls;
+
+static void cls_add(cls *c, uint32_t lo, uint32_t hi)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? c->cap * 2 : 8;
+        cpr *nr = realloc(c->r, sizeof *nr * (size_t)cap);
+        if (!nr) {
+            c->oom = 1;
+            return;
+        }
+        c->r = nr;
+        c->cap = cap;
+    }
+    c->r[c->n++] = (cpr){lo, hi};
+}
+
+static int cpr_cmp(const void *a, const void *b)
+{
+    const cpr *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Sorted, merged, complemented when negate. */
+static void cls_normalise(cls *c, int negate)
+{
+    qsort(c->r, (size_t)c->n, sizeof *c->r, cpr_cmp);
+    int m = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (m && c->r[i].lo <= c->r[m - 1].hi + 1) {
+            if (c->r[i].hi > c->r[m - 1].hi) c->r[m - 1].hi = c->r[i].hi;
+        } else {
+            c->r[m++] = c->r[i];
+        }
+    }
+    c->n = m;
+    if (!negate) return;
+    cls o = {0};
+    uint32_t next = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->r[i].lo > next) cls_add(&o, next, c->r[i].lo - 1);
+        next = c->r[i].hi + 1;
+    }
+    if (next <= 0x10FFFF) cls_add(&o, next, 0x10FFFF);
+    free(c->r);
+    *c = o;
+}
+
+static void sb_cp_escaped(sbuf *b, uint32_t cp)
+{
+    if (cp < 0x10000) sb_printf(b, "\\u%04X", cp);
+    else sb_printf(b, "\\U%08X", cp);
+}
+
+/* A character as a GBNF literal, JSON-escaped when r->json. */
+static void emit_char(rx *r, sbuf *b, uint32_t cp)
+{
+    if (r->json && (cp == '"' || cp == '\\' || cp < 0x20)) {
+        static const char *const named[] = {[8] = "b", [9] = "t", [10] = "n", [12] = "f", [13] = "r"};
+        sb_puts(b, "\"\\\\");
+        if (cp == '"') sb_puts(b, "\\\"");
+        else if (cp == '\\') sb_puts(b, "\\\\");
+        else if (cp < sizeof named / sizeof *named && named[cp]) sb_puts(b, named[cp]);
+        else sb_printf(b, "u00%02X", cp);
+        sb_puts(b, "\"");
+        return;
+    }
+    sb_puts(b, "\"");
+    sb_cp_escaped(b, cp);
+    sb_puts(b, "\"");
+}
+
+/* A class as GBNF: one [...] of the characters that need no escape, plus alternatives for the ones that do. */
+static void emit_class(rx *r, sbuf *b, cls *c)
+{
+    sb_puts(b, "( [");
+    for (int i = 0; i < c->n; i++) {
+        uint32_t lo = c->r[i].lo, hi = c->r[i].hi;
+        /* split around the characters JSON must escape */
+        uint32_t cut[][2] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+        uint32_t segs[8][2];
+        int ns = 0;
+        segs[ns][0] = lo;
+        segs[ns][1] = hi;
+        ns = 1;
+        if (r->json) {
+            for (int k = 0; k < 3; k++) {
+                int m = 0;
+                uint32_t out[8][2];
+                for (int j = 0; j < ns; j++) {
+                    uint32_t a = segs[j][0], z = segs[j][1];
+                    if (z < cut[k][0] || a > cut[k][1]) {
+                        out[m][0] = a;
+                        out[m++][1] = z;
+                        continue;
+                    }
+                    if (a < cut[k][0]) {
+                        out[m][0] = a;
+                        out[m++][1] = cut[k][0] - 1;
+                    }
+                    if (z > cut[k][1]) {
+                        out[m][0] = cut[k][1] + 1;
+                        out[m++][1] = z;
+                    }
+                }
+                memcpy(segs, out, sizeof out[0] * (size_t)m);
+                ns = m;
+            }
+        }
+        for (int j = 0; j < ns; j++) {
+            sb_cp_escaped(b, segs[j][0]);
+            if (segs[j][1] != segs[j][0]) {
+                sb_puts(b, "-");
+                sb_cp_escaped(b, segs[j][1]);
+            }
+        }
+    }
+    if (!c->n || (r->json && c->n == 1 && c->r[0].hi < 0x20)) sb_puts(b, "^\\x00-\\U0010FFFF"); /* nothing */
+    sb_puts(b, "]");
+    if (r->json) {
+        static const uint32_t special[] = {'"', '\\', '\n', '\t', '\r'};
+        for (size_t k = 0; k < sizeof special / sizeof *special; k++)
+            for (int i = 0; i < c->n; i++)
+                if (c->r[i].lo <= special[k] && special[k] <= c->r[i].hi) {
+                    sb_puts(b, " | ");
+                    emit_char(r, b, special[k]);
+                    break;
+                }
+    }
+    sb_puts(b, " )");
+}
+
+/* \d \w \s and their negations into c; 0 when e is not one of them. */
+static int shorthand(cls *c, int32_t e, int *negate)
+{
+    *negate = e == 'D' || e == 'W' || e == 'S';
+    switch (e) {
+    case 'd': case 'D': cls_add(c, '0', '9'); return 1;
+    case 'w': case 'W':
+        cls_add(c, '0', '9');
+        cls_add(c, 'A', 'Z');
+        cls_add(c, 'a', 'z');
+        cls_add(c, '_', '_');
+        return 1;
+    case 's': case 'S':
+        cls_add(c, ' ', ' ');
+        cls_add(c, '\t', '\r');
+        return 1;
+    default: return 0;
+    }
+}
+
+/* An escaped literal after '\' (not a shorthand), -1 after an error. */
+static int32_t rx_escape(rx *r, int32_t e)
+{
+    switch (e) {
+    case 'n': return '\n';
+    case 't': return '\t';
+    case 'r': return '\r';
+    case 'f': return '\f';
+    case 'v': return '\v';
+    case '0': return 0;
+    case 'b': rx_unsupported(r, "\\b (word boundary)"); return -1;
+    case 'B': rx_unsupported(r, "\\B"); return -1;
+    case 'x': case 'u': {
+        int nd = e == 'x' ? 2 : 4;
+        uint32_t v = 0;
+        for (int i = 0; i < nd; i++) {
+            char h = r->p < r->end ? *r->p++ : 0;
+            int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) {
+                rx_fail(r, "bad \\%c escape", (char)e);
+                return -1;
+            }
+            v = v * 16 + (uint32_t)d;
+        }
+        if (v >= 0xD800 && v <= 0xDFFF) {
+            rx_fail(r, "\\u%04X is a surrogate, not a character", v);
+            return -1;
+        }
+        return (int32_t)v;
+    }
+    default:
+        if (e >= '1' && e <= '9') {
+            rx_unsupported(r, "back-references");
+            return -1;
+        }
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) {
+            r->p--;
+            rx_unsupported(r, "an unknown letter escape");
+            return -1;
+        }
+        return e;
+    }
+}
+
+static bt_status rx_class(rx *r, sbuf *b)
+{
+    cls c = {0};
+    int negate = 0;
+    if (r->p < r->end && *r->p == '^') {
+        negate = 1;
+        r->p++;
+    }
+    int first = 1;
+    while (1) {
+        if (r->p >= r->end) {
+            free(c.r);
+            return rx_fail(r, "unterminated character class");
+        }
+        if (*r->p == ']' && !first) {
+            r->p++;
+            break;
+        }
+        first = 0;
+        int32_t lo = rx_cp(r);
+        if (lo == '\\') {
+            int32_t e = rx_cp(r);
+            int neg;
+            cls sh = {0};
+            if (shorthand(&sh, e, &neg)) {
+                cls_normalise(&sh, neg);
+                for (int i = 0; i < sh.n; i++) cls_add(&c, sh.r[i].lo, sh.r[i].hi);
+                free(sh.r);
+                continue;
+            }
+            free(sh.r);
+            lo = rx_escape(r, e);
+        } else if (lo == '[' && r->p < r->end && *r->p == ':') {
+            free(c.r);
+            return rx_unsupported(r, "POSIX classes [:name:]");
+        }
+        if (lo < 0) {
+            free(c.r);
+            return r->err ? r->err : rx_fail(r, "invalid UTF-8");
+        }
+        int32_t hi = lo;
+        if (r->end - r->p >= 2 && r->p[0] == '-' && r->p[1] != ']') {
+            r->p++;
+            hi = rx_cp(r);
+            if (hi == '\\') hi = rx_escape(r, rx_cp(r));
+            if (hi < lo) {
+                free(c.r);
+                return r->err ? r->err : rx_fail(r, "reversed range in a class");
+            }
+        }
+        cls_add(&c, (uint32_t)lo, (uint32_t)hi);
+    }
+    cls_normalise(&c, negate);
+    if (c.oom) {
+        free(c.r);
+        return r->err = bt_fail(BT_ERR_NOMEM, "regex: out of memory");
+    }
+    emit_class(r, b, &c);
+    free(c.r);
+    return BT_OK;
+}
+
+static bt_status rx_alt(rx *r, sbuf *b);
+
+static bt_status rx_seq(rx *r, sbuf *b)
+{
+    int empty = 1;
+    sb_puts(b, "( ");
+    while (r->p < r->end && *r->p != '|' && *r->p != ')') {
+        char c = *r->p;
+        if (c == '^') {
+            if (r->p != r->start) return rx_unsupported(r, "'^' other than at the start");
+            r->p++;
+            continue;
+        }
+        if (c == '$') {
+            if (r->p + 1 != r->end) return rx_unsupported(r, "'$' other than at the end");
+            r->p++;
+            continue;
+        }
+        sbuf atom = {0};
+        if (c == '(') {
+            r->p++;
+            if (r->p < r->end && *r->p == '?') {
+                if (r->end - r->p >= 2 && r->p[1] == ':') {
+                    r->p += 2;
+                } else {
+                    free(atom.p);
+                    return rx_unsupported(r, "lookaround and named groups '(?...)'");
+                }
+            }
+            if (++r->nest > 64) {
+                free(atom.p);
+                return rx_fail(r, "groups nested too deep");
+            }
+            rx_alt(r, &atom);
+            r->nest--;
+            if (!r->err && (r->p >= r->end || *r->p != ')')) rx_fail(r, "missing ')'");
+            r->p++;
+        } else if (c == '[') {
+            r->p++;
+            rx_class(r, &atom);
+        } else if (c == '.') {
+            r->p++;
+            cls d = {0};
+            cls_add(&d, '\n', '\n');
+            cls_normalise(&d, 1);
+            emit_class(r, &atom, &d);
+            free(d.r);
+        } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+            return rx_fail(r, "nothing to repeat");
+        } else {
+            int32_t cp = rx_cp(r);
+            if (cp == '\\') {
+                int32_t e = rx_cp(r);
+                cls sh = {0};
+                int neg;
+                if (shorthand(&sh, e, &neg)) {
+                    cls_normalise(&sh, neg);
+                    emit_class(r, &atom, &sh);
+                    free(sh.r);
+                    cp = -2;
+                } else {
+                    free(sh.r);
+                    cp = rx_escape(r, e);
+                }
+            }
+            if (cp == -1 && !r->err) rx_fail(r, "invalid UTF-8 or a trailing '\\'");
+            if (cp >= 0) emit_char(r, &atom, (uint32_t)cp);
+        }
+        if (r->err || atom.oom) {
+            free(atom.p);
+            return r->err ? r->err : (r->err = bt_fail(BT_ERR_NOMEM, "regex: out of memory"));
+        }
+        /* quantifier */
+        sb_puts(b, "( ");
+        sb_puts(b, atom.p ? atom.p : "\"\"");
+        sb_puts(b, " )");
+        free(atom.p);
+        if (r->p < r->end) {
+            char q = *r->p;
+            if (q == '*' || q == '+' || q == '?') {
+                sb_put(b, &q, 1);
+                r->p++;
+            } else if (q == '{') {
+                const char *save = r->p++;
+                long m = 0, n = -1;
+                int digits = 0;
+                while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && m <= MAX_COUNT) {
+                    m = m * 10 + (*r->p++ - '0');
+                    digits++;
+                }
+                if (!digits) {
+                    r->p = save;
+                    return rx_fail(r, "bad '{' quantifier");
+                }
+                n = m;
+                if (r->p < r->end && *r->p == ',') {
+                    r->p++;
+                    n = -1;
+                    if (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
+                        n = 0;
+                        while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && n <= MAX_COUNT) n = n * 10 + (*r->p++ - '0');
+                    }
+                }
+                if (r->p >= r->end || *r->p != '}') return rx_fail(r, "bad '{' quantifier");
+                r->p++;
+                if (m > MAX_COUNT || n > MAX_COUNT) return rx_unsupported(r, "a repetition count above 1000");
+                if (n >= 0 && n < m) return rx_fail(r, "{m,n} with n < m");
+                if (n < 0) sb_printf(b, "{%ld,}", m);
+                else sb_printf(b, "{%ld,%ld}", m, n);
+            }
+            if (r->p < r->end && *r->p == '?') r->p++; /* lazy: the same language */
+            if (r->p < r->end && *r->p == '+') return rx_unsupported(r, "possessive quantifiers");
+            if (r->p < r->end && (*r->p == '*' || *r->p == '{')) return rx_fail(r, "a quantifier after a quantifier");
+        }
+        sb_puts(b, " ");
+        empty = 0;
+    }
+    if (empty) sb_puts(b, "\"\" ");
+    sb_puts(b, ")");
+    return r->err;
+}
+
+static bt_status rx_alt(rx *r, sbuf *b)
+{
+    sb_puts(b, "( ");
+    if (rx_seq(r, b)) return r->err;
+    while (r->p < r->end && *r->p == '|') {
+        r->p++;
+        sb_puts(b, " | ");
+        if (rx_seq(r, b)) return r->err;
+    }
+    sb_puts(b, " )");
+    return r->err;
+}
+
+static bt_status regex_expr(const char *re, int json, sbuf *b)
+{
+    rx r = {.p = re, .end = re + strlen(re), .start = re, .json = json};
+    if (rx_alt(&r, b)) return r.err;
+    if (r.p != r.end) {
+        return rx_fail(&r, "unbalanced ')'");
+    }
+    if (b->oom) return bt_fail(BT_ERR_NOMEM, "regex: out of memory");
+    return BT_OK;
+}
+
+/* ---- schemas ---- */
+
+static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b);
+
+static bt_status gen_string(gen *g, const cJSON *s, sbuf *b)
+{
+    long mn, mx;
+    if (get_count(g, s, "minLength", 0, &mn) || get_count(g, s, "maxLength", -1, &mx)) return g->err;
+    if (mx >= 0 && mx < mn) return fail(g, BT_ERR_INVALID, "JSON schema maxLength is below minLength");
+    const cJSON *pat = kw(s, "pattern"), *fmt = kw(s, "format");
+    if (pat && fmt) return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'pattern' together with 'format' is not supported");
+    if ((pat || fmt) && (kw(s, "minLength") || kw(s, "maxLength")))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' together with minLength/maxLength is not supported",
+                    pat ? "pattern" : "format");
+    if (pat) {
+        if (!cJSON_IsString(pat)) return fail(g, BT_ERR_INVALID, "JSON schema 'pattern' must be a string");
+        sb_puts(b, "\"\\\"\" ");
+        bt_status st = regex_expr(pat->valuestring, 1, b);
+        if (st) return fail(g, st, "JSON schema 'pattern': %s", bt_last_error());
+        sb_puts(b, " \"\\\"\"");
+        return BT_OK;
+    }
+    if (fmt) {
+        static const struct {
+            const char *name, *body;
+        } formats[] = {
+            {"date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"},
+            {"time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" "
+                     "| [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"},
+            {"date-time", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" "
+                          "[0-8] ) \"T\" ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" "
+                          "[0-9]{1,6} )? ( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"},
+            {"uuid", "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}"},
+            {"ipv4", "ipv4oct \".\" ipv4oct \".\" ipv4oct \".\" ipv4oct"},
+            {"email", "[a-z0-9]{1,20} ( \".\" [a-z0-9]{1,20} ){0,2} \"@\" [a-z0-9]{1,20} ( \".\" [a-z0-9]{1,20} "
+                      "){0,2} \".\" [a-z]{2,6}"},
+        };
+        if (!cJSON_IsString(fmt)) return fail(g, BT_ERR_INVALID, "JSON schema 'format' must be a string");
+        for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+            if (!strcmp(fmt->valuestring, formats[i].name)) {
+                sb_printf(b, "\"\\\"\" ( %s ) \"\\\"\"", formats[i].body);
+                return BT_OK;
+            }
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema format '%.40s' is not supported", fmt->valuestring);
+    }
+    if (mn == 0 && mx < 0) sb_puts(b, "jstr");
+    else if (mx < 0) sb_printf(b, "\"\\\"\" jchar{%ld,} \"\\\"\"", mn);
+    else sb_printf(b, "\"\\\"\" jchar{%ld,%ld} \"\\\"\"", mn, mx);
+    return BT_OK;
+}
+
+/* The GBNF literal of a JSON value's compact serialization. */
+static bt_status gen_literal_value(gen *g, const cJSON *v, sbuf *b)
+{
+    char *text = cJSON_PrintUnformatted(v);
+    if (!text) return fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+    sb_literal(b, text, strlen(text));
+    free(text);
+    return BT_OK;
+}
+
+static bt_status gen_array(gen *g, const cJSON *s, sbuf *b)
+{
+    long mn, mx;
+    if (get_count(g, s, "minItems", 0, &mn) || get_count(g, s, "maxItems", -1, &mx)) return g->err;
+    if (mx >= 0 && mx < mn) return fail(g, BT_ERR_INVALID, "JSON schema maxItems is below minItems");
+    const cJSON *uq = kw(s, "uniqueItems");
+    if (cJSON_IsTrue(uq) && !(mx >= 0 && mx <= 1))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'uniqueItems' is not supported (except with maxItems <= 1)");
+    const cJSON *items = kw(s, "items"), *prefix = kw(s, "prefixItems");
+    if (items && cJSON_IsArray(items))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'items' as an array (draft 4 tuples) is not supported; use "
+                    "prefixItems");
+    int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
+    if (prefix && !cJSON_IsArray(prefix)) return fail(g, BT_ERR_INVALID, "JSON schema 'prefixItems' must be an array");
+    if (mx >= 0 && n_prefix > mx)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema prefixItems longer than maxItems is not supported");
+    int no_more = cJSON_IsFalse(items);
+    if (no_more && mn > n_prefix) return fail(g, BT_ERR_INVALID, "JSON schema minItems needs items beyond prefixItems");
+    sb_puts(b, "\"[\" ws ");
+    int k = 0;
+    for (const cJSON *p = prefix ? prefix->child : NULL; p; p = p->next, k++) {
+        int id = schema_rule(g, p);
+        if (id < 0) return g->err;
+        sb_printf(b, "%ss%d ws ", k ? "\",\" ws " : "", id);
+    }
+    if (!no_more) {
+        int id = items ? schema_rule(g, items) : -1;
+        if (items && id < 0) return g->err;
+        char item[32];
+        snprintf(item, sizeof item, items ? "s%d" : "jval", id);
+        long rmin = mn > n_prefix ? mn - n_prefix : 0, rmax = mx < 0 ? -1 : mx - n_prefix;
+        if (rmax != 0) {
+            if (n_prefix) { /* every further item follows a comma */
+                if (rmax < 0) sb_printf(b, "( \",\" ws %s ws ){%ld,} ", item, rmin);
+                else sb_printf(b, "( \",\" ws %s ws ){%ld,%ld} ", item, rmin, rmax);
+            } else {
+                sb_puts(b, rmin == 0 ? "( " : "");
+                sb_printf(b, "%s ws ", item);
+                long tmin = rmin > 0 ? rmin - 1 : 0;
+                if (rmax < 0) sb_printf(b, "( \",\" ws %s ws ){%ld,} ", item, tmin);
+                else sb_printf(b, "( \",\" ws %s ws ){%ld,%ld} ", item, tmin, rmax - 1);
+                sb_puts(b, rmin == 0 ? ")? " : "");
+            }
+        }
+    }
+    sb_puts(b, "\"]\"");
+    return BT_OK;
+}
+
+typedef struct prop {
+    const char *name;
+    const cJSON *schema; /* NULL: any value */
+    int required;
+} prop;
+
+static bt_status gen_object(gen *g, const cJSON *s, sbuf *b)
+{
+    static const char *const unsupported[] = {"minProperties", "maxProperties", "patternProperties", "propertyNames",
+                                              NULL};
+    for (int i = 0; unsupported[i]; i++)
+        if (kw(s, unsupported[i]))
+            return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword '%s' is not supported", unsupported[i]);
+    const cJSON *props = kw(s, "properties"), *req = kw(s, "required"), *addl = kw(s, "additionalProperties");
+    if (props && !cJSON_IsObject(props)) return fail(g, BT_ERR_INVALID, "JSON schema 'properties' must be an object");
+    if (req && !cJSON_IsArray(req)) return fail(g, BT_ERR_INVALID, "JSON schema 'required' must be an array");
+    int n = 0, cap = (props ? cJSON_GetArraySize(props) : 0) + (req ? cJSON_GetArraySize(req) : 0);
+    prop *p = calloc((size_t)(cap ? cap : 1), sizeof *p);
+    if (!p) return fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+    for (const cJSON *k = props ? props->child : NULL; k; k = k->next) p[n++] = (prop){k->string, k, 0};
+    for (const cJSON *r = req ? req->child : NULL; r; r = r->next) {
+        if (!cJSON_IsString(r)) {
+            free(p);
+            return fail(g, BT_ERR_INVALID, "JSON schema 'required' must hold strings");
+        }
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(p[i].name, r->valuestring)) found = p[i].required = 1;
+        if (!found) {
+            if (cJSON_IsFalse(addl)) {
+                free(p);
+                return fail(g, BT_ERR_INVALID, "JSON schema requires '%.60s', which additionalProperties false forbids",
+                            r->valuestring);
+            }
+            p[n++] = (prop){r->valuestring, cJSON_IsObject(addl) ? addl : NULL, 1};
+        }
+    }
+    if (n == 0) {
+        free(p);
+        if (cJSON_IsFalse(addl)) {
+            sb_puts(b, "\"{\" ws \"}\"");
+        } else if (cJSON_IsObject(addl)) {
+            int id = schema_rule(g, addl);
+            if (id < 0) return g->err;
+            sb_printf(b, "\"{\" ws ( jstr ws \":\" ws s%d ws ( \",\" ws jstr ws \":\" ws s%d ws )* )? \"}\"", id, id);
+        } else {
+            sb_puts(b, "jobj");
+        }
+        return BT_OK;
+    }
+    /* first_i: nothing emitted yet, properties i.. to go; rest_i: something emitted, so each starts with a comma */
+    int base = g->n_rules;
+    g->n_rules += 2 * (n + 1);
+    int *val = malloc(sizeof *val * (size_t)n);
+    if (!val) {
+        free(p);
+        return fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+    }
+    for (int i = 0; i < n && !g->err; i++) val[i] = p[i].schema ? schema_rule(g, p[i].schema) : -1;
+    for (int i = 0; i < n && !g->err; i++) {
+        sbuf kv = {0};
+        cJSON *tmp = cJSON_CreateString(p[i].name);
+        char *kt = tmp ? cJSON_PrintUnformatted(tmp) : NULL;
+        cJSON_Delete(tmp);
+        if (!kt) {
+            free(kv.p);
+            break;
+        }
+        sb_literal(&kv, kt, strlen(kt));
+        free(kt);
+        if (val[i] >= 0) sb_printf(&kv, " ws \":\" ws s%d ws", val[i]);
+        else sb_puts(&kv, " ws \":\" ws jval ws");
+        /* first_i = s(base + 2i), rest_i = s(base + 2i + 1) */
+        if (p[i].required) {
+            sb_printf(&g->rules, "s%d ::= %s s%d\n", base + 2 * i, kv.p, base + 2 * i + 3);
+            sb_printf(&g->rules, "s%d ::= \",\" ws %s s%d\n", base + 2 * i + 1, kv.p, base + 2 * i + 3);
+        } else {
+            sb_printf(&g->rules, "s%d ::= %s s%d | s%d\n", base + 2 * i, kv.p, base + 2 * i + 3, base + 2 * i + 2);
+            sb_printf(&g->rules, "s%d ::= ( \",\" ws %s )? s%d\n", base + 2 * i + 1, kv.p, base + 2 * i + 3);
+        }
+        if (kv.oom) g->rules.oom = 1;
+        free(kv.p);
+    }
+    sb_printf(&g->rules, "s%d ::= \"\"\ns%d ::= \"\"\n", base + 2 * n, base + 2 * n + 1);
+    free(val);
+    free(p);
+    if (g->err) return g->err;
+    sb_printf(b, "\"{\" ws s%d \"}\"", base);
+    return BT_OK;
+}
+
+static const cJSON *resolve_ref(gen *g, const char *ref)
+{
+    if (!strcmp(ref, "#")) return g->root;
+    const char *name = NULL;
+    const cJSON *defs = NULL;
+    if (!strncmp(ref, "#/$defs/", 8)) {
+        defs = kw(g->root, "$defs");
+        name = ref + 8;
+    } else if (!strncmp(ref, "#/definitions/", 14)) {
+        defs = kw(g->root, "definitions");
+        name = ref + 14;
+    } else {
+        fail(g, BT_ERR_UNSUPPORTED, "JSON schema $ref '%.80s' is not supported (only #, #/$defs/NAME and "
+             "#/definitions/NAME)", ref);
+        return NULL;
+    }
+    const cJSON *t = defs ? kw(defs, name) : NULL;
+    if (!t) fail(g, BT_ERR_INVALID, "JSON schema $ref '%.80s' names no definition", ref);
+    return t;
+}
+
+static bt_status gen_typed(gen *g, const cJSON *s, const char *type, sbuf *b)
+{
+    if (!strcmp(type, "null")) sb_puts(b, "\"null\"");
+    else if (!strcmp(type, "boolean")) sb_puts(b, "( \"true\" | \"false\" )");
+    else if (!strcmp(type, "integer")) return gen_integer(g, s, b);
+    else if (!strcmp(type, "number")) return gen_number(g, s, b);
+    else if (!strcmp(type, "string")) return gen_string(g, s, b);
+    else if (!strcmp(type, "array")) return gen_array(g, s, b);
+    else if (!strcmp(type, "object")) return gen_object(g, s, b);
+    else return fail(g, BT_ERR_INVALID, "JSON schema type '%.40s' is unknown", type);
+    return BT_OK;
+}
+
+/* Whether s has validation keywords besides the ones listed. */
+static const char *other_keyword(const cJSON *s, const char *const *allowed)
+{
+    for (const cJSON *k = s->child; k; k = k->next)
+        if (!in_list(ANNOTATIONS, k->string) && !in_list(allowed, k->string)) return k->string;
+    return NULL;
+}
+
+static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b)
+{
+    if (cJSON_IsTrue(s)) {
+        sb_puts(b, "jval");
+        return BT_OK;
+    }
+    if (cJSON_IsFalse(s)) return fail(g, BT_ERR_INVALID, "JSON schema 'false' allows no value");
+    if (!cJSON_IsObject(s)) return fail(g, BT_ERR_INVALID, "a JSON schema must be an object or a boolean");
+    if (check_keywords(g, s)) return g->err;
+    const cJSON *ref = kw(s, "$ref");
+    if (ref) {
+        static const char *const only[] = {"$ref", NULL};
+        const char *o = other_keyword(s, only);
+        if (o) return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%.60s' beside $ref is not supported", o);
+        if (!cJSON_IsString(ref)) return fail(g, BT_ERR_INVALID, "JSON schema $ref must be a string");
+        const cJSON *t = resolve_ref(g, ref->valuestring);
+        int id = t ? schema_rule(g, t) : -1;
+        if (id < 0) return g->err;
+        sb_printf(b, "s%d", id);
+        return BT_OK;
+    }
+    const char *combo = kw(s, "anyOf") ? "anyOf" : kw(s, "oneOf") ? "oneOf" : kw(s, "allOf") ? "allOf" : NULL;
+    if (combo) {
+        static const char *const only[] = {"anyOf", "oneOf", "allOf", NULL};
+        const char *o = other_keyword(s, only);
+        if (o) return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%.60s' beside %s is not supported", o, combo);
+        if ((kw(s, "anyOf") != NULL) + (kw(s, "oneOf") != NULL) + (kw(s, "allOf") != NULL) > 1)
+            return fail(g, BT_ERR_UNSUPPORTED, "JSON schema with more than one of anyOf/oneOf/allOf is not supported");
+        const cJSON *list = kw(s, combo);
+        if (!cJSON_IsArray(list) || !cJSON_GetArraySize(list))
+            return fail(g, BT_ERR_INVALID, "JSON schema '%s' must be a non-empty array", combo);
+        if (!strcmp(combo, "allOf") && cJSON_GetArraySize(list) != 1)
+            return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'allOf' with more than one schema is not supported");
+        sb_puts(b, "( ");
+        for (const cJSON *x = list->child; x; x = x->next) {
+            int id = schema_rule(g, x);
+            if (id < 0) return g->err;
+            sb_printf(b, "%ss%d", x == list->child ? "" : " | ", id);
+        }
+        sb_puts(b, " )");
+        return BT_OK;
+    }
+    const cJSON *en = kw(s, "enum"), *cn = kw(s, "const");
+    if (en || cn) {
+        if (en && (!cJSON_IsArray(en) || !cJSON_GetArraySize(en)))
+            return fail(g, BT_ERR_INVALID, "JSON schema 'enum' must be a non-empty array");
+        sb_puts(b, "( ");
+        for (const cJSON *x = cn ? cn : en->child; x; x = cn ? NULL : x->next) {
+            if (!cn && x != en->child) sb_puts(b, " | ");
+            if (gen_literal_value(g, x, b)) return g->err;
+        }
+        sb_puts(b, " )");
+        return BT_OK;
+    }
+    const cJSON *type = kw(s, "type");
+    if (!type) {
+        const char *t = kw(s, "properties") || kw(s, "required") || kw(s, "additionalProperties") ? "object"
+                        : kw(s, "items") || kw(s, "prefixItems") || kw(s, "minItems") || kw(s, "maxItems") ? "array"
+                        : kw(s, "pattern") || kw(s, "format") || kw(s, "minLength") || kw(s, "maxLength") ? "string"
+                        : kw(s, "minimum") || kw(s, "maximum") || kw(s, "exclusiveMinimum") ||
+                                  kw(s, "exclusiveMaximum") || kw(s, "multipleOf")
+                            ? "number"
+                            : NULL;
+        if (!t) {
+            sb_puts(b, "jval");
+            return BT_OK;
+        }
+        return gen_typed(g, s, t, b);
+    }
+    if (cJSON_IsString(type)) return gen_typed(g, s, type->valuestring, b);
+    if (!cJSON_IsArray(type) || !cJSON_GetArraySize(type))
+        return fail(g, BT_ERR_INVALID, "JSON schema 'type' must be a string or a non-empty array of strings");
+    sb_puts(b, "( ");
+    for (const cJSON *t = type->child; t; t = t->next) {
+        if (!cJSON_IsString(t)) return fail(g, BT_ERR_INVALID, "JSON schema 'type' must hold strings");
+        if (t != type->child) sb_puts(b, " | ");
+        if (gen_typed(g, s, t->valuestring, b)) return g->err;
+    }
+    sb_puts(b, " )");
+    return BT_OK;
+}
+
+/* The rule id standing for schema s (defined once per schema node, so $ref cycles terminate). -1 after an error. */
+static int schema_rule(gen *g, const cJSON *s)
+{
+    if (g->err) return -1;
+    for (int i = 0; i < g->n_memo; i++)
+        if (g->memo[i].node == s) return g->memo[i].id;
+    if (g->n_memo == g->cap_memo) {
+        int cap = g->cap_memo ? g->cap_memo * 2 : 32;
+        memo *nm = realloc(g->memo, sizeof *nm * (size_t)cap);
+        if (!nm) {
+            fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+            return -1;
+        }
+        g->memo = nm;
+        g->cap_memo = cap;
+    }
+    int id = g->n_rules++;
+    g->memo[g->n_memo++] = (memo){s, id};
+    if (++g->depth > MAX_SCHEMA_DEPTH) {
+        fail(g, BT_ERR_UNSUPPORTED, "JSON schema nested deeper than %d", MAX_SCHEMA_DEPTH);
+        return -1;
+    }
+    sbuf body = {0};
+    bt_status st = gen_schema(g, s, &body);
+    g->depth--;
+    if (!st && body.oom) st = fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+    if (!st) sb_printf(&g->rules, "s%d ::= ", id), sb_puts(&g->rules, body.p), sb_puts(&g->rules, "\n");
+    free(body.p);
+    if (!st && g->rules.n > RTR_SCHEMA_MAX_GRAMMAR)
+        st = fail(g, BT_ERR_UNSUPPORTED, "JSON schema compiles to a grammar above %u bytes", RTR_SCHEMA_MAX_GRAMMAR);
+    return st ? -1 : id;
+}
+
+bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
+{
+    gen g = {.root = schema};
+    sb_puts(&g.rules, "root ::= s0\n");
+    sb_puts(&g.rules, BASE_RULES);
+    sb_puts(&g.rules, "ipv4oct ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n");
+    int id = schema_rule(&g, schema);
+    free(g.memo);
+    if (id < 0 || g.rules.oom) {
+        free(g.rules.p);
+        return g.err ? g.err : bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+    }
+    *out = g.rules.p;
+    return BT_OK;
+}
+
+bt_status rtr_json_object_grammar(char **out)
+{
+    sbuf b = {0};
+    sb_puts(&b, "root ::= jobj\n");
+    sb_puts(&b, BASE_RULES);
+    if (b.oom) {
+        free(b.p);
+        return bt_fail(BT_ERR_NOMEM, "out of memory");
+    }
+    *out = b.p;
+    return BT_OK;
+}
+
+bt_status rtr_regex_grammar(const char *re, char **out)
+{
+    sbuf b = {0};
+    sb_puts(&b, "root ::= ");
+    bt_status st = regex_expr(re, 0, &b);
+    sb_puts(&b, "\n");
+    if (!st && b.oom) st = bt_fail(BT_ERR_NOMEM, "regex: out of memory");
+    if (st) {
+        free(b.p);
+        return st;
+    }
+    *out = b.p;
+    return BT_OK;
+}
