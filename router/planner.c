@@ -266,31 +266,41 @@ void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambd
     *ttft_s = wait90(rho_p, s) + s + (isfinite(tpot) ? tpot : 0);
 }
 
-static int meets(const plan_profile_t *p, const plan_targets_t *t, double lambda, double isl, double osl, int np, int nd,
-                 int which /* 0 ttft, 1 tpot */)
+/* What one search asks of a count n: which role n sizes, with the other role's count fixed. */
+typedef struct plan_query {
+    const plan_profile_t *p;
+    const plan_targets_t *t;
+    double lambda, isl, osl;
+    int role;        /* 0: n prefill nodes, decode fixed (TTFT); 1: n decode nodes, prefill fixed (TPOT);
+                      * 2: n colocated nodes (both targets) */
+    int other;       /* the fixed count */
+} plan_query_t;
+
+static int query_ok(const plan_query_t *q, int n)
 {
-    double ttft, tpot, h = headroom(t);
-    plan_predict(p, t, lambda, isl, osl, np, nd, &ttft, &tpot);
-    return which == 0 ? ttft <= h * ttft_target(t) : tpot <= h * tpot_target(t);
+    double ttft, tpot, h = headroom(q->t);
+    int np = q->role == 0 ? n : q->role == 1 ? q->other : 0, nd = q->role == 0 ? q->other : n;
+    plan_predict(q->p, q->t, q->lambda, q->isl, q->osl, np, nd, &ttft, &tpot);
+    int ttft_ok = ttft <= h * ttft_target(q->t), tpot_ok = tpot <= h * tpot_target(q->t);
+    return q->role == 0 ? ttft_ok : q->role == 1 ? tpot_ok : ttft_ok && tpot_ok;
 }
 
-/* The least n in [1, PLAN_MAX_REPLICAS] with ok(n), by doubling then bisection (ok is monotone in n); 0 if none. */
-#define LEAST_N(expr_n)                                                                                              \
-    do {                                                                                                             \
-        int lo_ = 1, hi_ = 1, n;                                                                                     \
-        for (n = hi_; !(expr_n); n = hi_) {                                                                          \
-            if (hi_ >= PLAN_MAX_REPLICAS) { found = 0; break; }                                                      \
-            lo_ = hi_ + 1;                                                                                           \
-            hi_ = hi_ * 2 > PLAN_MAX_REPLICAS ? PLAN_MAX_REPLICAS : hi_ * 2;                                         \
-        }                                                                                                            \
-        if (found) {                                                                                                 \
-            while (lo_ < hi_) {                                                                                      \
-                n = lo_ + (hi_ - lo_) / 2;                                                                           \
-                if (expr_n) hi_ = n; else lo_ = n + 1;                                                               \
-            }                                                                                                        \
-            result = hi_;                                                                                            \
-        }                                                                                                            \
-    } while (0)
+/* The least n in [1, PLAN_MAX_REPLICAS] with query_ok (monotone in n), by doubling then bisection; 0 if none. */
+static int least_n(const plan_query_t *q)
+{
+    int lo = 1, hi = 1;
+    while (!query_ok(q, hi)) {
+        if (hi >= PLAN_MAX_REPLICAS) return 0;
+        lo = hi + 1;
+        hi = hi * 2 > PLAN_MAX_REPLICAS ? PLAN_MAX_REPLICAS : hi * 2;
+    }
+    while (lo < hi) {
+        int m = lo + (hi - lo) / 2;
+        if (query_ok(q, m)) hi = m;
+        else lo = m + 1;
+    }
+    return hi;
+}
 
 /* Count at 50% utilisation of the given work (seconds of node time per second). */
 static int half_busy(double work)
@@ -310,29 +320,24 @@ void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_o
     out->lambda = lambda;
     out->isl = isl;
     out->osl = osl;
-    int np = t->colocated ? 0 : 1, nd = 1, found, result;
+    int np = t->colocated ? 0 : 1, nd = 1;
     if (lambda > 0) {
         double s = prefill_service_s(p, isl);
+        plan_query_t q = {.p = p, .t = t, .lambda = lambda, .isl = isl, .osl = osl};
         if (!t->colocated) {
-            found = 1, result = 0;
-            LEAST_N(meets(p, t, lambda, isl, osl, n, 1, 0));
-            if (found) np = result;
-            else {
+            q.role = 0, q.other = 1;
+            if (!(np = least_n(&q))) {
                 np = half_busy(lambda * s);
                 out->slo_reachable = 0;
             }
-            found = 1, result = 0;
-            LEAST_N(meets(p, t, lambda, isl, osl, np, n, 1));
-            if (found) nd = result;
-            else {
+            q.role = 1, q.other = np;
+            if (!(nd = least_n(&q))) {
                 nd = half_busy(lambda * osl * p->decode_fixed_s);
                 out->slo_reachable = 0;
             }
         } else {
-            found = 1, result = 0;
-            LEAST_N(meets(p, t, lambda, isl, osl, 0, n, 0) && meets(p, t, lambda, isl, osl, 0, n, 1));
-            if (found) nd = result;
-            else {
+            q.role = 2;
+            if (!(nd = least_n(&q))) {
                 nd = half_busy(lambda * (s + osl * p->decode_fixed_s));
                 out->slo_reachable = 0;
             }

@@ -138,15 +138,17 @@ static int profile_of(rtr_t *r, const rtr_cluster_rates_t *cr, plan_profile_t *p
         *p = r->plan_file;
         return 1;
     }
-    if (!(cr->prefill_token_s > 0) || !(cr->decode_fixed_s > 0)) {
+    if (!(cr->prefill_token_s > 0)) {
         *p = r->node_profile;
         return r->has_node_profile;
     }
     memset(p, 0, sizeof *p);
     p->prefill_fixed_s = cr->prefill_fixed_s;
     p->prefill_token_s = cr->prefill_token_s;
-    p->decode_fixed_s = cr->decode_fixed_s;
-    p->decode_seq_s = cr->decode_row_s;
+    /* a node that mixes prompt chunks into every step (overloaded, colocated) never fits decode-only steps: a
+     * decode row then costs what any token costs in its general fit */
+    p->decode_fixed_s = cr->decode_fixed_s > 0 ? cr->decode_fixed_s : cr->prefill_fixed_s + cr->prefill_token_s;
+    p->decode_seq_s = cr->decode_fixed_s > 0 ? cr->decode_row_s : cr->prefill_token_s;
     p->kv_bytes_per_token = r->model.kv_bytes_per_token;
     p->chunk_tokens = PLAN_DEFAULT_CHUNK;
     p->max_running = PLAN_DEFAULT_MAX_RUNNING;
@@ -162,6 +164,8 @@ void rtr_planner_tick(rtr_t *r)
     s[1] = (double)atomic_load(&r->arrival_prompt_tokens);
     s[2] = (double)atomic_load(&r->tokens_seen); /* as they stream: the usage counter moves only as requests end */
     s[3] = (double)atomic_load(&r->arrivals);
+    s[4] = (double)atomic_load(&r->finished_choices);
+    s[5] = (double)atomic_load(&r->finished_tokens);
     r->next_sample = (r->next_sample + 1) % (RTR_PLANNER_WINDOW_S + 1);
     if (r->n_samples < RTR_PLANNER_WINDOW_S + 1) r->n_samples++;
     /* the oldest sample in the ring is about RTR_PLANNER_WINDOW_S seconds old once it is full */
@@ -171,8 +175,14 @@ void rtr_planner_tick(rtr_t *r)
     plan_obs_t own = {.routers = 1};
     if (dt > 0) {
         own.prompt_tok_s = (s[1] - o[1]) / dt;
-        own.gen_tok_s = (s[2] - o[2]) / dt;
         own.req_s = (s[3] - o[3]) / dt;
+        /* output demand: arrivals times the mean output of the choices that finished in the window (tokens
+         * streamed per arrival understate it while a backlog grows); with none finished, admission's mean */
+        double fin = s[4] - o[4], mean_out;
+        pthread_mutex_lock(&r->adm_mu);
+        mean_out = r->mean_out; /* admission's running mean (its prior before any choice finished) */
+        pthread_mutex_unlock(&r->adm_mu);
+        own.gen_tok_s = own.req_s * (fin > 0 ? (s[5] - o[5]) / fin : mean_out);
     }
     /* admission's measured rate: tokens streamed to clients over the last 5 ticks */
     double *g = r->gen_ring[r->gen_n % 6], *b = r->gen_ring[(r->gen_n + 1) % 6];

@@ -153,7 +153,7 @@ int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size
         }
     }
     if (ok) {
-        atomic_fetch_add(&r->arrivals, 1);
+        atomic_fetch_add(&r->arrivals, n);
         atomic_fetch_add(&r->arrival_prompt_tokens, (long long)a->n_prompt * n);
         a->slot = r->n_adm;
         r->adm[r->n_adm++] = a;
@@ -171,6 +171,10 @@ int rtr_admit_gen(rtr_t *r, const rtr_gen_t *g, rtr_adm_t **out, char *msg, size
 void rtr_admit_choice_end(rtr_t *r, rtr_adm_t *a, int i, uint32_t n_tokens, int natural)
 {
     if (!a || i < 0 || i >= a->n || atomic_exchange(&a->c[i].ended, 1)) return;
+    if (natural) {
+        atomic_fetch_add(&r->finished_choices, 1);
+        atomic_fetch_add(&r->finished_tokens, n_tokens);
+    }
     pthread_mutex_lock(&r->adm_mu);
     r->active_choices--;
     if (natural) r->mean_out += ((double)n_tokens - r->mean_out) / 16.0;

@@ -525,9 +525,11 @@ struct rtr {
     int planner_started;
     pthread_mutex_t planner_mu;
     pthread_cond_t planner_cv;
-    double samples[RTR_PLANNER_WINDOW_S + 1][4]; /* ring of (monotonic s, prompt tokens, generated tokens, arrivals) */
+    /* ring of (monotonic s, prompt tokens, tokens streamed, arrivals, choices finished, their tokens) */
+    double samples[RTR_PLANNER_WINDOW_S + 1][6];
     int n_samples, next_sample;
-    atomic_llong arrivals;       /* requests admitted (rtr_admit_gen) */
+    atomic_llong arrivals;       /* choices admitted (rtr_admit_gen: a request of n choices counts n) */
+    atomic_llong finished_choices, finished_tokens; /* choices that ended naturally, and their tokens: the OSL */
     atomic_llong arrival_prompt_tokens; /* their prompt tokens, counted at admission (the usage counter moves at
                                          * the end of a request: a window would pair it with other arrivals) */
     plan_profile_t plan_file;    /* --planner-profile, when has_plan_file */
@@ -541,7 +543,9 @@ struct rtr {
 };
 
 /* ---- planner_loop.c: the planner thread's tick (the arithmetic is planner.c) ----
- * Every second: this router's window rates (requests, prompt and generated tokens over RTR_PLANNER_WINDOW_S) are
+ * Every second: this router's window rates (choices admitted, their prompt tokens, and the output demand: admitted
+ * times the mean output of the choices that finished, or admission's mean_out when none did, over
+ * RTR_PLANNER_WINDOW_S) are
  * written to /baton/<cluster>/planner/<router id> (no lease: a record older than RTR_PLANNER_STALE_MS is ignored)
  * and every fresh record of the prefix is summed (plan_obs_merge), so that all routers plan on the same cluster-wide
  * load; with etcd unreachable a router plans on its own share (and tries etcd again 10 s later, so that the tick,

@@ -42,11 +42,12 @@ static void pf_emit(void *user, const bt_sched_event *ev) { (void)user, (void)ev
 
 /* Submits n_req prompts of plen tokens, max_tokens gen each, and steps the scheduler to idle, recording every step:
  * prompt-only steps into pre (tokens), decode-only steps into dec (batch, total context). */
+/* Returns 0, or -3 when the engine failed (bt_last_error says why). */
 static int run_batch(bt_sched *s, const bt_model *m, int n_req, int plen, int gen, uint64_t seed, pf_points *pre,
                      pf_points *dec)
 {
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)plen);
-    if (!prompt) return -1;
+    if (!prompt) return -3;
     bt_req_params p = bt_req_params_default();
     p.sampling.max_tokens = gen;
     p.sampling.ignore_eos = 1;
@@ -57,7 +58,7 @@ static int run_batch(bt_sched *s, const bt_model *m, int n_req, int plen, int ge
         }
         if (bt_sched_submit(s, prompt, plen, &p, pf_emit, NULL, NULL)) {
             free(prompt);
-            return -1;
+            return -3;
         }
     }
     free(prompt);
@@ -67,7 +68,7 @@ static int run_batch(bt_sched *s, const bt_model *m, int n_req, int plen, int ge
         int running = a.running;
         int64_t ctx = a.kv_tokens_used;
         double t0 = bench_now_s();
-        if (bt_sched_step(s) < 0) return -1;
+        if (bt_sched_step(s) < 0) return -3;
         double dt = bench_now_s() - t0;
         bt_sched_get_stats(s, &b);
         uint64_t ptoks = b.computed_prompt_tokens - a.computed_prompt_tokens;
@@ -240,7 +241,12 @@ static int fit_robust(const pf_points *p, int dec_shape, double *c)
         gw[ng] = gy[ng] > 0 ? 1.0 / (gy[ng] * gy[ng]) : 0;
         ng++;
     }
-    return plan_fit_linear(gx, p->k, gy, gw, ng, c);
+    if (plan_fit_linear(gx, p->k, gy, gw, ng, c) == 0) return 0;
+    /* the second regressor did not vary (a short sweep: one context per sequence, or one prompt per step): fit
+     * the first alone, the second's coefficient 0 */
+    for (int i = 0; i < ng; i++) gx[i] = gx[i * p->k];
+    c[2] = 0;
+    return plan_fit_linear(gx, 1, gy, gw, ng, c);
 }
 
 static char *samples_json(const pf_points *pre, const pf_points *dec)
@@ -382,7 +388,8 @@ int cmd_profile(int argc, char **argv)
     bt_backend_destroy(be);
     bt_model_free(m);
     if (rc) {
-        if (rc == -1 && bt_last_error()[0]) fprintf(stderr, "baton profile: %s\n", bt_last_error());
+        /* the fit failures printed their own line; an engine failure has not */
+        if (rc == -3) fprintf(stderr, "baton profile: %s\n", bt_last_error());
         return rc == -2 ? 2 : 1;
     }
     char *sj = samples_json(&pre, &dec);

@@ -66,7 +66,7 @@ def test_simulate_json_conserves_and_repeats(baton_bin, tmp_path):
     wl = tmp_path / "w.json"
     wl.write_text(json.dumps({"rate": 40, "duration_s": 30, "prompt_tokens": 1500, "prompt_sd": 400,
                               "output_tokens": 150, "output_sd": 50, "seed": 4}) + "\n")
-    c = baton(baton_bin, *(args[:9] + ["--workload", wl] + args[19:]))
+    c = baton(baton_bin, *(args[:7] + ["--workload", wl] + args[17:]))
     assert c.returncode == 0, c.stderr
     c = json.loads(c.stdout)
     c.pop("wall_s")
