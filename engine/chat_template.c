@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/strbuf.h"
 #include "engine/unicode.h"
 
 static const char *const kind_names[CHAT_TMPL_COUNT] = {"chatml", "llama3", "mistral", "gemma", "zephyr"};
@@ -301,38 +302,12 @@ void chat_tmpl_free(chat_tmpl *t)
 
 /* ---- rendering ---- */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
 
 /* Python's str.isspace: White_Space plus the information separators U+001C..U+001F. */
 static int py_space(uint32_t cp) { return uni_is_space(cp) || (cp >= 0x1C && cp <= 0x1F); }
 
 /* Jinja's |trim (Python str.strip()). */
-static void put_trimmed(sbuf *b, const char *s, size_t n)
+static void put_trimmed(bt_strbuf *b, const char *s, size_t n)
 {
     size_t a = 0, e = n;
     while (a < e) {
@@ -351,7 +326,7 @@ static void put_trimmed(sbuf *b, const char *s, size_t n)
         if (!ok || k + l != e || !py_space(cp)) break;
         e = k;
     }
-    put(b, s + a, e - a);
+    bt_strbuf_put(b, s + a, e - a);
 }
 
 static int role_is(const chat_msg *m, const char *r) { return m->role && !strcmp(m->role, r); }
@@ -475,52 +450,52 @@ bt_status chat_tmpl_render_opts(const chat_tmpl *t, const chat_msg *msgs, size_t
 static bt_status render_builtin(const chat_tmpl *t, const chat_msg *msgs, size_t n, int add_generation_prompt,
                                 char **out, size_t *out_len)
 {
-    sbuf b = {0};
+    bt_strbuf b = {0};
     bt_status st = BT_OK;
-    put(&b, "", 0);
+    bt_strbuf_put(&b, "", 0);
     switch (t->kind) {
     case CHAT_TMPL_CHATML:
         for (size_t i = 0; i < n; i++) {
             if (i == 0 && t->default_system && !role_is(&msgs[0], "system")) {
-                puts_(&b, "<|im_start|>system\n");
-                puts_(&b, t->default_system);
-                puts_(&b, "<|im_end|>\n");
+                bt_strbuf_puts(&b, "<|im_start|>system\n");
+                bt_strbuf_puts(&b, t->default_system);
+                bt_strbuf_puts(&b, "<|im_end|>\n");
             }
-            puts_(&b, "<|im_start|>");
-            puts_(&b, msgs[i].role ? msgs[i].role : "");
-            puts_(&b, "\n");
-            put(&b, msgs[i].content, msgs[i].content_len);
-            puts_(&b, "<|im_end|>\n");
+            bt_strbuf_puts(&b, "<|im_start|>");
+            bt_strbuf_puts(&b, msgs[i].role ? msgs[i].role : "");
+            bt_strbuf_puts(&b, "\n");
+            bt_strbuf_put(&b, msgs[i].content, msgs[i].content_len);
+            bt_strbuf_puts(&b, "<|im_end|>\n");
         }
-        if (add_generation_prompt) puts_(&b, "<|im_start|>assistant\n");
+        if (add_generation_prompt) bt_strbuf_puts(&b, "<|im_start|>assistant\n");
         break;
     case CHAT_TMPL_LLAMA3:
         for (size_t i = 0; i < n; i++) {
-            if (i == 0) puts_(&b, t->bos);
-            puts_(&b, "<|start_header_id|>");
-            puts_(&b, msgs[i].role ? msgs[i].role : "");
-            puts_(&b, "<|end_header_id|>\n\n");
+            if (i == 0) bt_strbuf_puts(&b, t->bos);
+            bt_strbuf_puts(&b, "<|start_header_id|>");
+            bt_strbuf_puts(&b, msgs[i].role ? msgs[i].role : "");
+            bt_strbuf_puts(&b, "<|end_header_id|>\n\n");
             put_trimmed(&b, msgs[i].content, msgs[i].content_len);
-            puts_(&b, "<|eot_id|>");
+            bt_strbuf_puts(&b, "<|eot_id|>");
         }
-        if (add_generation_prompt) puts_(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation_prompt) bt_strbuf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     case CHAT_TMPL_MISTRAL: {
         size_t first = n > 0 && role_is(&msgs[0], "system") ? 1 : 0;
         if ((st = check_alternation(msgs, n, first, "mistral"))) goto fail;
-        puts_(&b, t->bos);
+        bt_strbuf_puts(&b, t->bos);
         for (size_t i = first; i < n; i++) {
             if (role_is(&msgs[i], "user")) {
-                puts_(&b, "[INST] ");
+                bt_strbuf_puts(&b, "[INST] ");
                 if (first && i == 1) {
-                    put(&b, msgs[0].content, msgs[0].content_len);
-                    puts_(&b, "\n\n");
+                    bt_strbuf_put(&b, msgs[0].content, msgs[0].content_len);
+                    bt_strbuf_puts(&b, "\n\n");
                 }
-                put(&b, msgs[i].content, msgs[i].content_len);
-                puts_(&b, " [/INST]");
+                bt_strbuf_put(&b, msgs[i].content, msgs[i].content_len);
+                bt_strbuf_puts(&b, " [/INST]");
             } else {
-                put(&b, msgs[i].content, msgs[i].content_len);
-                puts_(&b, t->eos);
+                bt_strbuf_put(&b, msgs[i].content, msgs[i].content_len);
+                bt_strbuf_puts(&b, t->eos);
             }
         }
         break;
@@ -528,32 +503,32 @@ static bt_status render_builtin(const chat_tmpl *t, const chat_msg *msgs, size_t
     case CHAT_TMPL_GEMMA: {
         size_t first = n > 0 && role_is(&msgs[0], "system") ? 1 : 0;
         if ((st = check_alternation(msgs, n, first, "gemma"))) goto fail;
-        puts_(&b, t->bos);
+        bt_strbuf_puts(&b, t->bos);
         for (size_t i = first; i < n; i++) {
-            puts_(&b, "<start_of_turn>");
-            puts_(&b, role_is(&msgs[i], "assistant") ? "model" : msgs[i].role);
-            puts_(&b, "\n");
+            bt_strbuf_puts(&b, "<start_of_turn>");
+            bt_strbuf_puts(&b, role_is(&msgs[i], "assistant") ? "model" : msgs[i].role);
+            bt_strbuf_puts(&b, "\n");
             if (first && i == 1) {
-                put(&b, msgs[0].content, msgs[0].content_len);
-                puts_(&b, "\n\n");
+                bt_strbuf_put(&b, msgs[0].content, msgs[0].content_len);
+                bt_strbuf_puts(&b, "\n\n");
             }
             put_trimmed(&b, msgs[i].content, msgs[i].content_len);
-            puts_(&b, "<end_of_turn>\n");
+            bt_strbuf_puts(&b, "<end_of_turn>\n");
         }
-        if (add_generation_prompt) puts_(&b, "<start_of_turn>model\n");
+        if (add_generation_prompt) bt_strbuf_puts(&b, "<start_of_turn>model\n");
         break;
     }
     case CHAT_TMPL_ZEPHYR:
         for (size_t i = 0; i < n; i++) {
             if (role_is(&msgs[i], "user") || role_is(&msgs[i], "system") || role_is(&msgs[i], "assistant")) {
-                puts_(&b, "<|");
-                puts_(&b, msgs[i].role ? msgs[i].role : "");
-                puts_(&b, "|>\n");
-                put(&b, msgs[i].content, msgs[i].content_len);
-                puts_(&b, t->eos);
-                puts_(&b, "\n");
+                bt_strbuf_puts(&b, "<|");
+                bt_strbuf_puts(&b, msgs[i].role ? msgs[i].role : "");
+                bt_strbuf_puts(&b, "|>\n");
+                bt_strbuf_put(&b, msgs[i].content, msgs[i].content_len);
+                bt_strbuf_puts(&b, t->eos);
+                bt_strbuf_puts(&b, "\n");
             }
-            if (i + 1 == n && add_generation_prompt) puts_(&b, "<|assistant|>\n");
+            if (i + 1 == n && add_generation_prompt) bt_strbuf_puts(&b, "<|assistant|>\n");
         }
         break;
     default:

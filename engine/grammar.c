@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/unicode.h"
+
 /* A compiled element: kind in the top two bits, payload below. Each alternative is a run of elements ended by
  * E_END; a frame of a parse stack is the index of the next element its alternative must match. */
 #define E_END 0u
@@ -308,29 +310,6 @@ static int32_t parse_char(parser *ps, int *raw_byte)
     return (int32_t)v;
 }
 
-static int utf8_encode(uint32_t cp, uint8_t out[4])
-{
-    if (cp < 0x80) {
-        out[0] = (uint8_t)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (uint8_t)(0xC0 | (cp >> 6));
-        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (uint8_t)(0xE0 | (cp >> 12));
-        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (uint8_t)(0xF0 | (cp >> 18));
-    out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 4;
-}
 
 typedef struct cprange {
     uint32_t lo, hi;
@@ -371,8 +350,8 @@ static bt_status utf8_ranges(parser *ps, int32_t rid, byteset *ascii, uint32_t l
         }
     }
     uint8_t a[4], b[4];
-    utf8_encode(lo, a);
-    utf8_encode(hi, b);
+    uni_utf8_encode(lo, a);
+    uni_utf8_encode(hi, b);
     vec32 *alt = rule_add_alt(ps, rid);
     if (!alt) return ps->err;
     for (int i = 0; i < n; i++)
@@ -521,7 +500,7 @@ static bt_status parse_literal(parser *ps, vec32 *out)
         int32_t cp = parse_char(ps, &raw);
         if (cp < 0) return ps->err;
         uint8_t b[4];
-        int nb = raw ? (b[0] = (uint8_t)cp, 1) : utf8_encode((uint32_t)cp, b);
+        int nb = raw ? (b[0] = (uint8_t)cp, 1) : (int)uni_utf8_encode((uint32_t)cp, b);
         for (int i = 0; i < nb; i++)
             if (push_byte_range(ps, out, b[i], b[i])) return ps->err;
     }

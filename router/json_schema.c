@@ -7,34 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
+#include "common/strbuf.h"
 
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
 
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void sb_printf(bt_strbuf *b, const char *fmt, ...)
 {
     char tmp[512];
     va_list ap;
@@ -43,7 +19,7 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
     va_end(ap);
     if (n < 0) return;
     if ((size_t)n < sizeof tmp) {
-        sb_put(b, tmp, (size_t)n);
+        bt_strbuf_put(b, tmp, (size_t)n);
         return;
     }
     char *big = malloc((size_t)n + 1); /* a long property name: never cut mid-escape */
@@ -54,27 +30,27 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
     va_start(ap, fmt);
     vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);
-    sb_put(b, big, (size_t)n);
+    bt_strbuf_put(b, big, (size_t)n);
     free(big);
 }
 
 /* A GBNF literal for the bytes s[n]: quotes and backslashes escaped, control and non-ASCII bytes as \xHH (exact
  * bytes even when a client's JSON string holds invalid UTF-8). */
-static void sb_literal(sbuf *b, const char *s, size_t n)
+static void sb_literal(bt_strbuf *b, const char *s, size_t n)
 {
-    sb_puts(b, "\"");
+    bt_strbuf_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
-            sb_put(b, e, 2);
+            bt_strbuf_put(b, e, 2);
         } else if (c < 0x20 || c >= 0x7F) {
             sb_printf(b, "\\x%02X", c);
         } else {
-            sb_put(b, (const char *)&c, 1);
+            bt_strbuf_put(b, (const char *)&c, 1);
         }
     }
-    sb_puts(b, "\"");
+    bt_strbuf_puts(b, "\"");
 }
 
 /* Shared rules: bounded whitespace (a model must not loop on spaces), JSON strings without surrogate escapes (so
@@ -97,7 +73,7 @@ typedef struct memo {
 
 typedef struct gen {
     const cJSON *root;
-    sbuf rules;
+    bt_strbuf rules;
     int n_rules;
     memo *memo;
     int n_memo, cap_memo;
@@ -184,7 +160,7 @@ static uint64_t pow10u(int n)
 }
 
 /* Same-length digit strings x <= y: alternatives matching exactly the numbers between them. */
-static void same_len(sbuf *b, const char *x, const char *y, int n)
+static void same_len(bt_strbuf *b, const char *x, const char *y, int n)
 {
     if (n == 1) {
         sb_printf(b, "[%c-%c]", x[0], y[0]);
@@ -209,18 +185,18 @@ static void same_len(sbuf *b, const char *x, const char *y, int n)
     memset(zeros, '0', sizeof zeros);
     sb_printf(b, "( \"%c\" ( ", x[0]);
     same_len(b, x + 1, nines, n - 1);
-    sb_puts(b, " )");
+    bt_strbuf_puts(b, " )");
     if (x[0] + 1 <= y[0] - 1) sb_printf(b, " | [%c-%c] [0-9]{%d}", x[0] + 1, y[0] - 1, n - 1);
     sb_printf(b, " | \"%c\" ( ", y[0]);
     same_len(b, zeros, y + 1, n - 1);
-    sb_puts(b, " ) )");
+    bt_strbuf_puts(b, " ) )");
 }
 
 /* Non-negative integers in [a, c] without leading zeros (c = INF_U64: no upper bound). */
-static void nonneg_range(sbuf *b, uint64_t a, uint64_t c)
+static void nonneg_range(bt_strbuf *b, uint64_t a, uint64_t c)
 {
     int la = ndigits(a), lc = c == INF_U64 ? la : ndigits(c);
-    sb_puts(b, "( ");
+    bt_strbuf_puts(b, "( ");
     for (int L = la; L <= lc; L++) {
         uint64_t lo = L == 1 ? 0 : pow10u(L - 1), hi = pow10u(L) - 1;
         if (lo < a) lo = a;
@@ -228,32 +204,32 @@ static void nonneg_range(sbuf *b, uint64_t a, uint64_t c)
         char xs[24], ys[24];
         snprintf(xs, sizeof xs, "%llu", (unsigned long long)lo);
         snprintf(ys, sizeof ys, "%llu", (unsigned long long)hi);
-        if (L > la) sb_puts(b, " | ");
-        sb_puts(b, "( ");
+        if (L > la) bt_strbuf_puts(b, " | ");
+        bt_strbuf_puts(b, "( ");
         same_len(b, xs, ys, L);
-        sb_puts(b, " )");
+        bt_strbuf_puts(b, " )");
     }
     if (c == INF_U64) sb_printf(b, " | [1-9] [0-9]{%d,}", la);
-    sb_puts(b, " )");
+    bt_strbuf_puts(b, " )");
 }
 
 /* Integers in [lo, hi]; has_* = 0 for an open end. */
-static void int_range(sbuf *b, int has_lo, int64_t lo, int has_hi, int64_t hi)
+static void int_range(bt_strbuf *b, int has_lo, int64_t lo, int has_hi, int64_t hi)
 {
     int neg = !has_lo || lo <= -1, pos = !has_hi || hi >= 0;
     uint64_t nlo = has_hi && hi < 0 ? (uint64_t)(-hi) : 1, nhi = has_lo ? (uint64_t)(-lo) : INF_U64;
     if (neg && nhi != INF_U64 && nlo > nhi) neg = 0;
     uint64_t plo = has_lo && lo > 0 ? (uint64_t)lo : 0, phi = has_hi ? (uint64_t)hi : INF_U64;
     if (pos && phi != INF_U64 && plo > phi) pos = 0;
-    sb_puts(b, "( ");
+    bt_strbuf_puts(b, "( ");
     if (neg) {
-        sb_puts(b, "\"-\" ");
+        bt_strbuf_puts(b, "\"-\" ");
         nonneg_range(b, nlo, nhi);
     }
-    if (neg && pos) sb_puts(b, " | ");
+    if (neg && pos) bt_strbuf_puts(b, " | ");
     if (pos) nonneg_range(b, plo, phi);
-    if (!neg && !pos) sb_puts(b, "[^\\x00-\\U0010FFFF]"); /* empty: matches nothing */
-    sb_puts(b, " )");
+    if (!neg && !pos) bt_strbuf_puts(b, "[^\\x00-\\U0010FFFF]"); /* empty: matches nothing */
+    bt_strbuf_puts(b, " )");
 }
 
 /* Reads a numeric bound as an integer-valued double. */
@@ -272,7 +248,7 @@ static bt_status get_bound(gen *g, const cJSON *s, const char *name, int *has, d
     return BT_OK;
 }
 
-static bt_status gen_integer(gen *g, const cJSON *s, sbuf *b)
+static bt_status gen_integer(gen *g, const cJSON *s, bt_strbuf *b)
 {
     int hmin, hmax, hxmin, hxmax;
     double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
@@ -289,7 +265,7 @@ static bt_status gen_integer(gen *g, const cJSON *s, sbuf *b)
     if (hmax) hi = (int64_t)floor(vmax);
     if (hxmax && (int64_t)ceil(vxmax) - 1 < hi) hi = (int64_t)ceil(vxmax) - 1;
     if (!has_lo && !has_hi) {
-        sb_puts(b, "jint");
+        bt_strbuf_puts(b, "jint");
         return BT_OK;
     }
     if (has_lo && has_hi && lo > hi)
@@ -299,7 +275,7 @@ static bt_status gen_integer(gen *g, const cJSON *s, sbuf *b)
     return BT_OK;
 }
 
-static bt_status gen_number(gen *g, const cJSON *s, sbuf *b)
+static bt_status gen_number(gen *g, const cJSON *s, bt_strbuf *b)
 {
     int hmin, hmax, hxmin, hxmax;
     double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
@@ -312,7 +288,7 @@ static bt_status gen_number(gen *g, const cJSON *s, sbuf *b)
         return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword 'multipleOf' is not supported");
     }
     if (!hmin && !hmax && !hxmin && !hxmax) {
-        sb_puts(b, "jnum");
+        bt_strbuf_puts(b, "jnum");
         return BT_OK;
     }
     if (hxmin || hxmax)
@@ -324,14 +300,14 @@ static bt_status gen_number(gen *g, const cJSON *s, sbuf *b)
     uint64_t lo = (uint64_t)vmin;
     const char *frac = "( \".\" [0-9]{1,8} )?";
     if (!hmax) {
-        sb_puts(b, "( ");
+        bt_strbuf_puts(b, "( ");
         nonneg_range(b, lo, INF_U64);
         sb_printf(b, " %s )", frac);
         return BT_OK;
     }
     if (vmax < vmin) return fail(g, BT_ERR_INVALID, "JSON schema number bounds leave no value");
     uint64_t hi = (uint64_t)vmax;
-    sb_puts(b, "( ");
+    bt_strbuf_puts(b, "( ");
     if (hi > lo) { /* below the maximum any fraction fits; at it only zeros */
         nonneg_range(b, lo, hi - 1);
         sb_printf(b, " %s | ", frac);
@@ -441,34 +417,34 @@ static void cls_normalise(cls *c, int negate)
     *c = o;
 }
 
-static void sb_cp_escaped(sbuf *b, uint32_t cp)
+static void sb_cp_escaped(bt_strbuf *b, uint32_t cp)
 {
     if (cp < 0x10000) sb_printf(b, "\\u%04X", cp);
     else sb_printf(b, "\\U%08X", cp);
 }
 
 /* A character as a GBNF literal, JSON-escaped when r->json. */
-static void emit_char(rx *r, sbuf *b, uint32_t cp)
+static void emit_char(rx *r, bt_strbuf *b, uint32_t cp)
 {
     if (r->json && (cp == '"' || cp == '\\' || cp < 0x20)) {
         static const char *const named[] = {[8] = "b", [9] = "t", [10] = "n", [12] = "f", [13] = "r"};
-        sb_puts(b, "\"\\\\");
-        if (cp == '"') sb_puts(b, "\\\"");
-        else if (cp == '\\') sb_puts(b, "\\\\");
-        else if (cp < sizeof named / sizeof *named && named[cp]) sb_puts(b, named[cp]);
+        bt_strbuf_puts(b, "\"\\\\");
+        if (cp == '"') bt_strbuf_puts(b, "\\\"");
+        else if (cp == '\\') bt_strbuf_puts(b, "\\\\");
+        else if (cp < sizeof named / sizeof *named && named[cp]) bt_strbuf_puts(b, named[cp]);
         else sb_printf(b, "u00%02X", cp);
-        sb_puts(b, "\"");
+        bt_strbuf_puts(b, "\"");
         return;
     }
-    sb_puts(b, "\"");
+    bt_strbuf_puts(b, "\"");
     sb_cp_escaped(b, cp);
-    sb_puts(b, "\"");
+    bt_strbuf_puts(b, "\"");
 }
 
 /* A class as GBNF: one [...] of the characters that need no escape, plus alternatives for the ones that do. */
-static void emit_class(rx *r, sbuf *b, cls *c)
+static void emit_class(rx *r, bt_strbuf *b, cls *c)
 {
-    sb_puts(b, "( [");
+    bt_strbuf_puts(b, "( [");
     for (int i = 0; i < c->n; i++) {
         uint32_t lo = c->r[i].lo, hi = c->r[i].hi;
         /* split around the characters JSON must escape */
@@ -505,24 +481,24 @@ static void emit_class(rx *r, sbuf *b, cls *c)
         for (int j = 0; j < ns; j++) {
             sb_cp_escaped(b, segs[j][0]);
             if (segs[j][1] != segs[j][0]) {
-                sb_puts(b, "-");
+                bt_strbuf_puts(b, "-");
                 sb_cp_escaped(b, segs[j][1]);
             }
         }
     }
-    if (!c->n || (r->json && c->n == 1 && c->r[0].hi < 0x20)) sb_puts(b, "^\\x00-\\U0010FFFF"); /* nothing */
-    sb_puts(b, "]");
+    if (!c->n || (r->json && c->n == 1 && c->r[0].hi < 0x20)) bt_strbuf_puts(b, "^\\x00-\\U0010FFFF"); /* nothing */
+    bt_strbuf_puts(b, "]");
     if (r->json) {
         static const uint32_t special[] = {'"', '\\', '\n', '\t', '\r'};
         for (size_t k = 0; k < sizeof special / sizeof *special; k++)
             for (int i = 0; i < c->n; i++)
                 if (c->r[i].lo <= special[k] && special[k] <= c->r[i].hi) {
-                    sb_puts(b, " | ");
+                    bt_strbuf_puts(b, " | ");
                     emit_char(r, b, special[k]);
                     break;
                 }
     }
-    sb_puts(b, " )");
+    bt_strbuf_puts(b, " )");
 }
 
 /* \d \w \s and their negations into c; 0 when e is not one of them. */
@@ -589,7 +565,7 @@ static int32_t rx_escape(rx *r, int32_t e)
     }
 }
 
-static bt_status rx_class(rx *r, sbuf *b)
+static bt_status rx_class(rx *r, bt_strbuf *b)
 {
     cls c = {0};
     int negate = 0;
@@ -651,12 +627,12 @@ static bt_status rx_class(rx *r, sbuf *b)
     return BT_OK;
 }
 
-static bt_status rx_alt(rx *r, sbuf *b);
+static bt_status rx_alt(rx *r, bt_strbuf *b);
 
-static bt_status rx_seq(rx *r, sbuf *b)
+static bt_status rx_seq(rx *r, bt_strbuf *b)
 {
     int empty = 1;
-    sb_puts(b, "( ");
+    bt_strbuf_puts(b, "( ");
     while (r->p < r->end && *r->p != '|' && *r->p != ')') {
         char c = *r->p;
         if (c == '^') {
@@ -669,7 +645,7 @@ static bt_status rx_seq(rx *r, sbuf *b)
             r->p++;
             continue;
         }
-        sbuf atom = {0};
+        bt_strbuf atom = {0};
         if (c == '(') {
             r->p++;
             if (r->p < r->end && *r->p == '?') {
@@ -724,14 +700,14 @@ static bt_status rx_seq(rx *r, sbuf *b)
             return r->err ? r->err : (r->err = bt_fail(BT_ERR_NOMEM, "regex: out of memory"));
         }
         /* quantifier */
-        sb_puts(b, "( ");
-        sb_puts(b, atom.p ? atom.p : "\"\"");
-        sb_puts(b, " )");
+        bt_strbuf_puts(b, "( ");
+        bt_strbuf_puts(b, atom.p ? atom.p : "\"\"");
+        bt_strbuf_puts(b, " )");
         free(atom.p);
         if (r->p < r->end) {
             char q = *r->p;
             if (q == '*' || q == '+' || q == '?') {
-                sb_put(b, &q, 1);
+                bt_strbuf_put(b, &q, 1);
                 r->p++;
             } else if (q == '{') {
                 const char *save = r->p++;
@@ -765,28 +741,28 @@ static bt_status rx_seq(rx *r, sbuf *b)
             if (r->p < r->end && *r->p == '+') return rx_unsupported(r, "possessive quantifiers");
             if (r->p < r->end && (*r->p == '*' || *r->p == '{')) return rx_fail(r, "a quantifier after a quantifier");
         }
-        sb_puts(b, " ");
+        bt_strbuf_puts(b, " ");
         empty = 0;
     }
-    if (empty) sb_puts(b, "\"\" ");
-    sb_puts(b, ")");
+    if (empty) bt_strbuf_puts(b, "\"\" ");
+    bt_strbuf_puts(b, ")");
     return r->err;
 }
 
-static bt_status rx_alt(rx *r, sbuf *b)
+static bt_status rx_alt(rx *r, bt_strbuf *b)
 {
-    sb_puts(b, "( ");
+    bt_strbuf_puts(b, "( ");
     if (rx_seq(r, b)) return r->err;
     while (r->p < r->end && *r->p == '|') {
         r->p++;
-        sb_puts(b, " | ");
+        bt_strbuf_puts(b, " | ");
         if (rx_seq(r, b)) return r->err;
     }
-    sb_puts(b, " )");
+    bt_strbuf_puts(b, " )");
     return r->err;
 }
 
-static bt_status regex_expr(const char *re, int json, sbuf *b)
+static bt_status regex_expr(const char *re, int json, bt_strbuf *b)
 {
     rx r = {.p = re, .end = re + strlen(re), .start = re, .json = json};
     if (rx_alt(&r, b)) return r.err;
@@ -799,9 +775,9 @@ static bt_status regex_expr(const char *re, int json, sbuf *b)
 
 /* ---- schemas ---- */
 
-static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b);
+static bt_status gen_schema(gen *g, const cJSON *s, bt_strbuf *b);
 
-static bt_status gen_string(gen *g, const cJSON *s, sbuf *b)
+static bt_status gen_string(gen *g, const cJSON *s, bt_strbuf *b)
 {
     long mn, mx;
     if (get_count(g, s, "minLength", 0, &mn) || get_count(g, s, "maxLength", -1, &mx)) return g->err;
@@ -813,10 +789,10 @@ static bt_status gen_string(gen *g, const cJSON *s, sbuf *b)
                     pat ? "pattern" : "format");
     if (pat) {
         if (!cJSON_IsString(pat)) return fail(g, BT_ERR_INVALID, "JSON schema 'pattern' must be a string");
-        sb_puts(b, "\"\\\"\" ");
+        bt_strbuf_puts(b, "\"\\\"\" ");
         bt_status st = regex_expr(pat->valuestring, 1, b);
         if (st) return fail(g, st, "JSON schema 'pattern': %s", bt_last_error());
-        sb_puts(b, " \"\\\"\"");
+        bt_strbuf_puts(b, " \"\\\"\"");
         return BT_OK;
     }
     if (fmt) {
@@ -842,14 +818,14 @@ static bt_status gen_string(gen *g, const cJSON *s, sbuf *b)
             }
         return fail(g, BT_ERR_UNSUPPORTED, "JSON schema format '%.40s' is not supported", fmt->valuestring);
     }
-    if (mn == 0 && mx < 0) sb_puts(b, "jstr");
+    if (mn == 0 && mx < 0) bt_strbuf_puts(b, "jstr");
     else if (mx < 0) sb_printf(b, "\"\\\"\" jchar{%ld,} \"\\\"\"", mn);
     else sb_printf(b, "\"\\\"\" jchar{%ld,%ld} \"\\\"\"", mn, mx);
     return BT_OK;
 }
 
 /* The GBNF literal of a JSON value's compact serialization. */
-static bt_status gen_literal_value(gen *g, const cJSON *v, sbuf *b)
+static bt_status gen_literal_value(gen *g, const cJSON *v, bt_strbuf *b)
 {
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
@@ -858,7 +834,7 @@ static bt_status gen_literal_value(gen *g, const cJSON *v, sbuf *b)
     return BT_OK;
 }
 
-static bt_status gen_array(gen *g, const cJSON *s, sbuf *b)
+static bt_status gen_array(gen *g, const cJSON *s, bt_strbuf *b)
 {
     long mn, mx;
     if (get_count(g, s, "minItems", 0, &mn) || get_count(g, s, "maxItems", -1, &mx)) return g->err;
@@ -876,7 +852,7 @@ static bt_status gen_array(gen *g, const cJSON *s, sbuf *b)
         return fail(g, BT_ERR_UNSUPPORTED, "JSON schema prefixItems longer than maxItems is not supported");
     int no_more = cJSON_IsFalse(items);
     if (no_more && mn > n_prefix) return fail(g, BT_ERR_INVALID, "JSON schema minItems needs items beyond prefixItems");
-    sb_puts(b, "\"[\" ws ");
+    bt_strbuf_puts(b, "\"[\" ws ");
     int k = 0;
     for (const cJSON *p = prefix ? prefix->child : NULL; p; p = p->next, k++) {
         int id = schema_rule(g, p);
@@ -894,16 +870,16 @@ static bt_status gen_array(gen *g, const cJSON *s, sbuf *b)
                 if (rmax < 0) sb_printf(b, "( \",\" ws %s ws ){%ld,} ", item, rmin);
                 else sb_printf(b, "( \",\" ws %s ws ){%ld,%ld} ", item, rmin, rmax);
             } else {
-                sb_puts(b, rmin == 0 ? "( " : "");
+                bt_strbuf_puts(b, rmin == 0 ? "( " : "");
                 sb_printf(b, "%s ws ", item);
                 long tmin = rmin > 0 ? rmin - 1 : 0;
                 if (rmax < 0) sb_printf(b, "( \",\" ws %s ws ){%ld,} ", item, tmin);
                 else sb_printf(b, "( \",\" ws %s ws ){%ld,%ld} ", item, tmin, rmax - 1);
-                sb_puts(b, rmin == 0 ? ")? " : "");
+                bt_strbuf_puts(b, rmin == 0 ? ")? " : "");
             }
         }
     }
-    sb_puts(b, "\"]\"");
+    bt_strbuf_puts(b, "\"]\"");
     return BT_OK;
 }
 
@@ -913,7 +889,7 @@ typedef struct prop {
     int required;
 } prop;
 
-static bt_status gen_object(gen *g, const cJSON *s, sbuf *b)
+static bt_status gen_object(gen *g, const cJSON *s, bt_strbuf *b)
 {
     static const char *const unsupported[] = {"minProperties", "maxProperties", "patternProperties", "propertyNames",
                                               NULL};
@@ -947,13 +923,13 @@ static bt_status gen_object(gen *g, const cJSON *s, sbuf *b)
     if (n == 0) {
         free(p);
         if (cJSON_IsFalse(addl)) {
-            sb_puts(b, "\"{\" ws \"}\"");
+            bt_strbuf_puts(b, "\"{\" ws \"}\"");
         } else if (cJSON_IsObject(addl)) {
             int id = schema_rule(g, addl);
             if (id < 0) return g->err;
             sb_printf(b, "\"{\" ws ( jstr ws \":\" ws s%d ws ( \",\" ws jstr ws \":\" ws s%d ws )* )? \"}\"", id, id);
         } else {
-            sb_puts(b, "jobj");
+            bt_strbuf_puts(b, "jobj");
         }
         return BT_OK;
     }
@@ -967,7 +943,7 @@ static bt_status gen_object(gen *g, const cJSON *s, sbuf *b)
     }
     for (int i = 0; i < n && !g->err; i++) val[i] = p[i].schema ? schema_rule(g, p[i].schema) : -1;
     for (int i = 0; i < n && !g->err; i++) {
-        sbuf kv = {0};
+        bt_strbuf kv = {0};
         cJSON *tmp = cJSON_CreateString(p[i].name);
         char *kt = tmp ? cJSON_PrintUnformatted(tmp) : NULL;
         cJSON_Delete(tmp);
@@ -978,7 +954,7 @@ static bt_status gen_object(gen *g, const cJSON *s, sbuf *b)
         sb_literal(&kv, kt, strlen(kt));
         free(kt);
         if (val[i] >= 0) sb_printf(&kv, " ws \":\" ws s%d ws", val[i]);
-        else sb_puts(&kv, " ws \":\" ws jval ws");
+        else bt_strbuf_puts(&kv, " ws \":\" ws jval ws");
         /* first_i = s(base + 2i), rest_i = s(base + 2i + 1) */
         if (p[i].required) {
             sb_printf(&g->rules, "s%d ::= %s s%d\n", base + 2 * i, kv.p, base + 2 * i + 3);
@@ -1019,10 +995,10 @@ static const cJSON *resolve_ref(gen *g, const char *ref)
     return t;
 }
 
-static bt_status gen_typed(gen *g, const cJSON *s, const char *type, sbuf *b)
+static bt_status gen_typed(gen *g, const cJSON *s, const char *type, bt_strbuf *b)
 {
-    if (!strcmp(type, "null")) sb_puts(b, "\"null\"");
-    else if (!strcmp(type, "boolean")) sb_puts(b, "( \"true\" | \"false\" )");
+    if (!strcmp(type, "null")) bt_strbuf_puts(b, "\"null\"");
+    else if (!strcmp(type, "boolean")) bt_strbuf_puts(b, "( \"true\" | \"false\" )");
     else if (!strcmp(type, "integer")) return gen_integer(g, s, b);
     else if (!strcmp(type, "number")) return gen_number(g, s, b);
     else if (!strcmp(type, "string")) return gen_string(g, s, b);
@@ -1040,10 +1016,10 @@ static const char *other_keyword(const cJSON *s, const char *const *allowed)
     return NULL;
 }
 
-static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b)
+static bt_status gen_schema(gen *g, const cJSON *s, bt_strbuf *b)
 {
     if (cJSON_IsTrue(s)) {
-        sb_puts(b, "jval");
+        bt_strbuf_puts(b, "jval");
         return BT_OK;
     }
     if (cJSON_IsFalse(s)) return fail(g, BT_ERR_INVALID, "JSON schema 'false' allows no value");
@@ -1073,25 +1049,25 @@ static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b)
             return fail(g, BT_ERR_INVALID, "JSON schema '%s' must be a non-empty array", combo);
         if (!strcmp(combo, "allOf") && cJSON_GetArraySize(list) != 1)
             return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'allOf' with more than one schema is not supported");
-        sb_puts(b, "( ");
+        bt_strbuf_puts(b, "( ");
         for (const cJSON *x = list->child; x; x = x->next) {
             int id = schema_rule(g, x);
             if (id < 0) return g->err;
             sb_printf(b, "%ss%d", x == list->child ? "" : " | ", id);
         }
-        sb_puts(b, " )");
+        bt_strbuf_puts(b, " )");
         return BT_OK;
     }
     const cJSON *en = kw(s, "enum"), *cn = kw(s, "const");
     if (en || cn) {
         if (en && (!cJSON_IsArray(en) || !cJSON_GetArraySize(en)))
             return fail(g, BT_ERR_INVALID, "JSON schema 'enum' must be a non-empty array");
-        sb_puts(b, "( ");
+        bt_strbuf_puts(b, "( ");
         for (const cJSON *x = cn ? cn : en->child; x; x = cn ? NULL : x->next) {
-            if (!cn && x != en->child) sb_puts(b, " | ");
+            if (!cn && x != en->child) bt_strbuf_puts(b, " | ");
             if (gen_literal_value(g, x, b)) return g->err;
         }
-        sb_puts(b, " )");
+        bt_strbuf_puts(b, " )");
         return BT_OK;
     }
     const cJSON *type = kw(s, "type");
@@ -1104,7 +1080,7 @@ static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b)
                             ? "number"
                             : NULL;
         if (!t) {
-            sb_puts(b, "jval");
+            bt_strbuf_puts(b, "jval");
             return BT_OK;
         }
         return gen_typed(g, s, t, b);
@@ -1112,13 +1088,13 @@ static bt_status gen_schema(gen *g, const cJSON *s, sbuf *b)
     if (cJSON_IsString(type)) return gen_typed(g, s, type->valuestring, b);
     if (!cJSON_IsArray(type) || !cJSON_GetArraySize(type))
         return fail(g, BT_ERR_INVALID, "JSON schema 'type' must be a string or a non-empty array of strings");
-    sb_puts(b, "( ");
+    bt_strbuf_puts(b, "( ");
     for (const cJSON *t = type->child; t; t = t->next) {
         if (!cJSON_IsString(t)) return fail(g, BT_ERR_INVALID, "JSON schema 'type' must hold strings");
-        if (t != type->child) sb_puts(b, " | ");
+        if (t != type->child) bt_strbuf_puts(b, " | ");
         if (gen_typed(g, s, t->valuestring, b)) return g->err;
     }
-    sb_puts(b, " )");
+    bt_strbuf_puts(b, " )");
     return BT_OK;
 }
 
@@ -1144,11 +1120,11 @@ static int schema_rule(gen *g, const cJSON *s)
         fail(g, BT_ERR_UNSUPPORTED, "JSON schema nested deeper than %d", MAX_SCHEMA_DEPTH);
         return -1;
     }
-    sbuf body = {0};
+    bt_strbuf body = {0};
     bt_status st = gen_schema(g, s, &body);
     g->depth--;
     if (!st && body.oom) st = fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
-    if (!st) sb_printf(&g->rules, "s%d ::= ", id), sb_puts(&g->rules, body.p), sb_puts(&g->rules, "\n");
+    if (!st) sb_printf(&g->rules, "s%d ::= ", id), bt_strbuf_puts(&g->rules, body.p), bt_strbuf_puts(&g->rules, "\n");
     free(body.p);
     if (!st && g->rules.n > RTR_SCHEMA_MAX_GRAMMAR)
         st = fail(g, BT_ERR_UNSUPPORTED, "JSON schema compiles to a grammar above %u bytes", RTR_SCHEMA_MAX_GRAMMAR);
@@ -1158,9 +1134,9 @@ static int schema_rule(gen *g, const cJSON *s)
 bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
 {
     gen g = {.root = schema};
-    sb_puts(&g.rules, "root ::= s0\n");
-    sb_puts(&g.rules, BASE_RULES);
-    sb_puts(&g.rules, "ipv4oct ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n");
+    bt_strbuf_puts(&g.rules, "root ::= s0\n");
+    bt_strbuf_puts(&g.rules, BASE_RULES);
+    bt_strbuf_puts(&g.rules, "ipv4oct ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n");
     int id = schema_rule(&g, schema);
     free(g.memo);
     if (id < 0 || g.rules.oom) {
@@ -1173,9 +1149,9 @@ bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
 
 bt_status rtr_json_object_grammar(char **out)
 {
-    sbuf b = {0};
-    sb_puts(&b, "root ::= jobj\n");
-    sb_puts(&b, BASE_RULES);
+    bt_strbuf b = {0};
+    bt_strbuf_puts(&b, "root ::= jobj\n");
+    bt_strbuf_puts(&b, BASE_RULES);
     if (b.oom) {
         free(b.p);
         return bt_fail(BT_ERR_NOMEM, "out of memory");
@@ -1186,10 +1162,10 @@ bt_status rtr_json_object_grammar(char **out)
 
 bt_status rtr_regex_grammar(const char *re, char **out)
 {
-    sbuf b = {0};
-    sb_puts(&b, "root ::= ");
+    bt_strbuf b = {0};
+    bt_strbuf_puts(&b, "root ::= ");
     bt_status st = regex_expr(re, 0, &b);
-    sb_puts(&b, "\n");
+    bt_strbuf_puts(&b, "\n");
     if (!st && b.oom) st = bt_fail(BT_ERR_NOMEM, "regex: out of memory");
     if (st) {
         free(b.p);
