@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/strbuf.h"
+#include "engine/grammar.h"
 
 
 __attribute__((format(printf, 2, 3))) static void sb_printf(bt_strbuf *b, const char *fmt, ...)
@@ -1143,6 +1144,17 @@ bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
         free(g.rules.p);
         return g.err ? g.err : bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
     }
+    /* A $ref cycle that matches nothing before reaching itself ({"$ref": "#"}, or an anyOf that refers back to
+     * its own schema first) compiles to a left-recursive grammar: refuse the schema rather than send the nodes a
+     * grammar they cannot load (found by fuzz_json_schema). */
+    bt_grammar *check = NULL;
+    if (bt_grammar_parse(g.rules.p, g.rules.n, &check)) {
+        bt_status st = bt_fail(BT_ERR_UNSUPPORTED, "JSON schema $ref cycle that matches nothing before it recurs is "
+                                                   "not supported (%.160s)", bt_last_error());
+        free(g.rules.p);
+        return st;
+    }
+    bt_grammar_free(check);
     *out = g.rules.p;
     return BT_OK;
 }

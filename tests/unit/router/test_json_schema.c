@@ -118,6 +118,11 @@ static void test_errors(void)
     expect_error("{\"type\":\"strong\"}", BT_ERR_INVALID, "'strong'");
     expect_error("{\"allOf\":[{},{}]}", BT_ERR_UNSUPPORTED, "'allOf'");
     expect_error("{\"type\":\"string\",\"pattern\":\"[a\"}", BT_ERR_INVALID, "unterminated");
+    /* $ref cycles that match nothing before they recur (left recursion; found by fuzz_json_schema) */
+    expect_error("{\"$ref\":\"#\"}", BT_ERR_UNSUPPORTED, "$ref cycle");
+    expect_error("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"string\"}]}", BT_ERR_UNSUPPORTED, "$ref cycle");
+    expect_error("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},"
+                 "\"$ref\":\"#/$defs/a\"}", BT_ERR_UNSUPPORTED, "$ref cycle");
 }
 
 static void test_json_object_and_regex(void)
