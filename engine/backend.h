@@ -19,13 +19,15 @@
 
 typedef struct bt_backend bt_backend;
 
-/* Attention over paged KV for one step (causal: a token at position p sees positions 0..p of its sequence). */
+/* Attention over paged KV for one step (causal: a token at position p sees positions 0..p of its sequence; with a
+ * window w > 0 only positions k with p - k < w, i.e. the last w positions up to p: Gemma's sliding window). */
 typedef struct bt_attn_args {
     const bt_kv_pool *kv;
     int32_t layer;
     int32_t n_tokens;
     int32_t n_head, n_head_kv, head_dim;
-    float scale;                   /* 1 / sqrt(head_dim) */
+    float scale;                   /* 1 / sqrt(head_dim) (the model's attention scale) */
+    int32_t window;                /* 0: unlimited; else a query at p attends to keys k <= p with p - k < window */
     const float *q;                /* [n_tokens][n_head][head_dim], rotated */
     const int32_t *pos;            /* [n_tokens] */
     const int32_t *const *tables;  /* [n_tokens] -> that token's sequence block table */
@@ -68,8 +70,13 @@ typedef struct bt_backend_ops {
     bt_status (*attention)(bt_backend *be, const bt_attn_args *a);
     /* out[i] = silu(g[i]) * u[i], i < n. out may equal g. */
     void (*swiglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
+    /* out[i] = gelu_tanh(g[i]) * u[i], i < n, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+     * out may equal g. Used by gemma3 (GeGLU). */
+    void (*geglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
     /* x[i] += y[i], i < n. */
     void (*add)(bt_backend *be, float *x, const float *y, int64_t n);
+    /* x[i] *= s, i < n. Used by gemma3 (embedding rows times sqrt(n_embd)). */
+    void (*scale)(bt_backend *be, float *x, float s, int64_t n);
     /* Optional (NULL: not offered; max_lanes 0: none now). run_lanes calls fn(lane, i, user) for i < n_lanes
      * concurrently, lane i being a single-threaded view of be: the same weights, its own scratch, every op run on
      * the lane's thread. Work that splits into independent parts (the sequences of a decode step) then runs with no

@@ -501,6 +501,25 @@ static bt_cpu_kv_rows attn_rows(const bt_kv_pool *kv, const uint8_t *blk, int32_
     return r;
 }
 
+/* rows r from row j0 on (a sliding window that starts inside the block) */
+static bt_cpu_kv_rows rows_from(bt_cpu_kv_rows r, int32_t j0, int32_t hd)
+{
+    size_t e = (size_t)j0 * (size_t)hd;
+    if (r.type == BT_CPU_KV_F32) {
+        r.k = (const float *)r.k + e;
+        r.v = (const float *)r.v + e;
+    } else if (r.type == BT_CPU_KV_U8) {
+        r.k = (const uint8_t *)r.k + e;
+        r.v = (const uint8_t *)r.v + e;
+        r.k_sm += 2 * (size_t)j0;
+        r.v_sm += 2 * (size_t)j0;
+    } else {
+        r.k = (const uint16_t *)r.k + e;
+        r.v = (const uint16_t *)r.v + e;
+    }
+    return r;
+}
+
 static void prefetch_rows(const void *p, size_t bytes)
 {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 1);
@@ -542,6 +561,10 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     int spread = plan->ops->attn_prefetches;
     int32_t b0 = tk->seg * ATTN_SEG_BLOCKS, nb = max_pos / BT_KV_BLOCK + 1;
     if (nb > b0 + ATTN_SEG_BLOCKS) nb = b0 + ATTN_SEG_BLOCKS;
+    if (a->window > 0) { /* blocks before the first query's window hold no key any query of the task sees */
+        int32_t lo = a->pos[tk->t0] - a->window + 1;
+        if (lo > 0 && lo / BT_KV_BLOCK > b0) b0 = lo / BT_KV_BLOCK;
+    }
     const attn_task *nt = ti + plan->nth < n_tasks ? &plan->tasks[ti + plan->nth] : NULL;
     for (int32_t b = b0; b < nb; b++) {
         bt_cpu_kv_rows rows = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b]), tk->g);
@@ -567,10 +590,22 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
         for (int32_t qi = 0; qi < tk->n; qi++) {
             int32_t p = a->pos[tk->t0 + qi];
             if (p < b * BT_KV_BLOCK) continue;
-            int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
+            int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK, j0 = 0;
+            if (a->window > 0) { /* keys k with p - k < window: from lo = p - window + 1 */
+                int32_t lo = p - a->window + 1;
+                if (lo >= (b + 1) * BT_KV_BLOCK) continue;
+                if (lo > b * BT_KV_BLOCK) j0 = lo - b * BT_KV_BLOCK;
+            }
             int32_t si = qi * group;
             const float *q = a->q + ((size_t)(tk->t0 + qi) * (size_t)a->n_head + (size_t)tk->g * group) * (size_t)hd;
-            plan->ops->attn_block(hd, group, q, a->scale, &rows, nkq, m + si, l + si, acc + (size_t)si * (size_t)hd);
+            if (j0) {
+                bt_cpu_kv_rows part = rows_from(rows, j0, hd);
+                plan->ops->attn_block(hd, group, q, a->scale, &part, nkq - j0, m + si, l + si,
+                                      acc + (size_t)si * (size_t)hd);
+            } else {
+                plan->ops->attn_block(hd, group, q, a->scale, &rows, nkq, m + si, l + si,
+                                      acc + (size_t)si * (size_t)hd);
+            }
             rows.pf_k = rows.pf_v = NULL; /* once per block */
         }
         if (ahead.v && !spread) prefetch_rows(ahead.v, bytes);
@@ -729,9 +764,20 @@ static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n
     C(be)->ops->swiglu(n, g, u, out);
 }
 
+static void cpu_geglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
+{
+    C(be)->ops->geglu(n, g, u, out);
+}
+
 static void cpu_add(bt_backend *be, float *x, const float *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_scale(bt_backend *be, float *x, float s, int64_t n)
+{
+    (void)be;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 static const bt_backend_ops cpu_ops = {
@@ -751,7 +797,9 @@ static const bt_backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
     .add = cpu_add,
+    .scale = cpu_scale,
 };
 
 bt_status bt_cpu_opts_from_env(bt_cpu_opts *o)

@@ -261,8 +261,14 @@ bt_status chat_tmpl_init_gguf(chat_tmpl *t, const gguf_file *f, const char *over
 {
     gguf_str text = {NULL, 0};
     bt_status st;
+    gguf_str arch = {NULL, 0};
     if (gguf_find_kv(f, "tokenizer.chat_template")) {
         if ((st = gguf_get_str(f, "tokenizer.chat_template", &text))) return st;
+    } else if (!override && gguf_get_str(f, "general.architecture", &arch) == BT_OK && arch.len >= 5 &&
+               !memcmp(arch.ptr, "gemma", 5)) {
+        /* Gemma files without a template (the base checkpoints, e.g. gemma-3-270m): the family's turn markers are
+         * in every Gemma vocabulary, and the instruction-tuned siblings use exactly this built-in format */
+        override = "gemma";
     } else if (!override) {
         return bt_fail(BT_ERR_NOT_FOUND,
                        "the model has no tokenizer.chat_template; choose one with --chat-template builtin:NAME|FILE");

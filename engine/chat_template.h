@@ -92,7 +92,8 @@ bt_status chat_tmpl_init_jinja(chat_tmpl *t, const char *text, size_t len, const
 /* Same as chat_tmpl_init, with text, bos and eos from the GGUF's tokenizer.chat_template and tokenizer.ggml.* keys.
  * override may also name a FILE of Jinja text (chat_tmpl_init_jinja; BT_ERR_NOT_FOUND or BT_ERR_IO when it cannot
  * be read).
- * BT_ERR_NOT_FOUND when the file has no chat template and no override is given. */
+ * A Gemma-family file (general.architecture gemma*) without a template gets the built-in gemma renderer.
+ * BT_ERR_NOT_FOUND when any other file has no chat template and no override is given. */
 bt_status chat_tmpl_init_gguf(chat_tmpl *t, const gguf_file *f, const char *override);
 
 void chat_tmpl_free(chat_tmpl *t);

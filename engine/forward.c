@@ -220,10 +220,11 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
     const int32_t *pos = b->pos + t0;
 
     op->embed(be, &m->tok_embd, b->tokens + t0, T, x);
+    if (hp->embd_scale > 0 && hp->embd_scale != 1.0f) op->scale(be, x, hp->embd_scale, (int64_t)T * E);
     mark(sp, P_EMBED);
     bt_attn_args aa = {
         .kv = kv, .n_tokens = T, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-        .scale = 1.0f / sqrtf((float)hp->head_dim), .q = q, .pos = pos, .tables = fw->tables + t0, .out = att,
+        .scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim), .q = q, .pos = pos, .tables = fw->tables + t0, .out = att,
     };
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const bt_layer *L = &m->layers[l];
@@ -236,9 +237,14 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
             if ((st = matmuls(be, ws, bs, 3, h, T, outs))) return st;
         }
         mark(sp, P_QKV);
-        op->rope(be, q, pos, T, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
+        if (hp->gemma) { /* every head normed on its own before RoPE */
+            op->rmsnorm(be, q, L->q_norm.data, T * hp->n_head, hp->head_dim, hp->rms_eps, q);
+            op->rmsnorm(be, k, L->k_norm.data, T * hp->n_head_kv, hp->head_dim, hp->rms_eps, k);
+            mark(sp, P_NORM);
+        }
+        op->rope(be, q, pos, T, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, hp->rope_freq_scale,
                  hp->rope_neox);
-        op->rope(be, k, pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
+        op->rope(be, k, pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, hp->rope_freq_scale,
                  hp->rope_neox);
         mark(sp, P_ROPE);
         op->kv_write(be, kv, l, k, v, T, fw->slots + t0);
@@ -247,10 +253,15 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
          * layer (and the later layers) compute (never with lanes: see lanes_for) */
         if (fw->layer_fn) fw->layer_fn(fw->layer_user, l);
         aa.layer = l;
+        aa.window = L->window;
         if ((st = op->attention(be, &aa))) return st;
         mark(sp, P_ATTN);
         if ((st = op->matmul(be, &L->wo, NULL, att, T, tmp))) return st;
         mark(sp, P_WO);
+        if (hp->gemma) {
+            op->rmsnorm(be, tmp, L->post_attn_norm.data, T, E, hp->rms_eps, tmp);
+            mark(sp, P_NORM);
+        }
         op->add(be, x, tmp, (int64_t)T * E);
         mark(sp, P_ADD);
 
@@ -263,10 +274,17 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
             if ((st = matmuls(be, ws, bs, 2, h, T, outs))) return st;
         }
         mark(sp, P_GATE_UP);
-        op->swiglu(be, g, u, (int64_t)T * hp->n_ff, g);
+        if (hp->gemma)
+            op->geglu(be, g, u, (int64_t)T * hp->n_ff, g);
+        else
+            op->swiglu(be, g, u, (int64_t)T * hp->n_ff, g);
         mark(sp, P_SWIGLU);
         if ((st = op->matmul(be, &L->w_down, NULL, g, T, tmp))) return st;
         mark(sp, P_DOWN);
+        if (hp->gemma) {
+            op->rmsnorm(be, tmp, L->post_ffn_norm.data, T, E, hp->rms_eps, tmp);
+            mark(sp, P_NORM);
+        }
         op->add(be, x, tmp, (int64_t)T * E);
         mark(sp, P_ADD);
     }

@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,7 @@
 
 static int arch_supported(const char *a)
 {
-    static const char *const ok[] = {"llama", "mistral", "qwen2", "granite"};
+    static const char *const ok[] = {"llama", "mistral", "qwen2", "granite", "gemma3"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         if (!strcmp(a, ok[i])) return 1;
     return 0;
@@ -57,6 +58,61 @@ static bt_status weight(const gguf_file *f, const char *name, int64_t n_in, int6
     return BT_OK;
 }
 
+/* An optional f32 key that must be finite and positive when present. */
+static bt_status get_pos_f32(const gguf_file *f, const char *arch, const char *suffix, float *out, float dflt)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    bt_status st = gguf_get_f32(f, key, out);
+    if (st == BT_ERR_NOT_FOUND) {
+        *out = dflt;
+        return BT_OK;
+    }
+    if (st) return st;
+    if (!(*out > 0) || !isfinite(*out)) return bt_fail(BT_ERR_FORMAT, "model key '%s' has an invalid value %g", key, *out);
+    return BT_OK;
+}
+
+/* Gemma 3 (text): every layer's attention is local (a sliding window, RoPE base 10,000) except every sixth, which is
+ * global (rope.freq_base); the GGUF keeps the window but not the pattern, which the architecture fixes (llama.cpp
+ * and Hugging Face's sliding_window_pattern = 6). Scores are scaled by 1 / sqrt(query_pre_attn_scalar), which is
+ * head_dim for the released sizes except 27B (the key, when a file has it, wins). The norms' weights are stored as
+ * used (the converter folds Gemma's 1 + w into the file), so they multiply as in the llama family. */
+static bt_status load_gemma3(const gguf_file *f, bt_hparams *hp)
+{
+    const char *a = hp->arch;
+    bt_status st;
+    hp->gemma = 1;
+    hp->rope_neox = 1;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    if ((st = get_i32(f, a, "attention.sliding_window", &hp->swa_window, 0, 1))) return st;
+    int32_t pattern;
+    if ((st = get_i32(f, a, "attention.sliding_window_pattern", &pattern, 6, 0))) return st;
+    hp->swa_pattern = pattern;
+    if ((st = get_pos_f32(f, a, "rope.local.freq_base", &hp->rope_base_local, 10000.0f))) return st;
+    float qpas;
+    if ((st = get_pos_f32(f, a, "attention.query_pre_attn_scalar", &qpas, (float)hp->head_dim))) return st;
+    hp->attn_scale = 1.0f / sqrtf(qpas);
+    int32_t vlen;
+    if ((st = get_i32(f, a, "attention.value_length", &vlen, hp->head_dim, 0))) return st;
+    if (vlen != hp->head_dim)
+        return bt_fail(BT_ERR_UNSUPPORTED, "model key '%s.attention.value_length' (%d) differs from key_length (%d)", a,
+                       vlen, hp->head_dim);
+    if (hp->n_rot != hp->head_dim)
+        return bt_fail(BT_ERR_FORMAT, "model key '%s.rope.dimension_count' (%d) must equal head_dim (%d) for gemma3", a,
+                       hp->n_rot, hp->head_dim);
+    static const char *const softcaps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 2; i++) { /* Gemma 2 has them; Gemma 3 dropped them: refuse rather than ignore */
+        char key[128];
+        float cap = 0;
+        snprintf(key, sizeof key, "%s.%s", a, softcaps[i]);
+        if (gguf_get_f32(f, key, &cap) == BT_OK && cap != 0.0f)
+            return bt_fail(BT_ERR_UNSUPPORTED, "model key '%s' is set (%g): logit soft-capping is not supported", key,
+                           cap);
+    }
+    return BT_OK;
+}
+
 static bt_status load_hparams(const gguf_file *f, bt_hparams *hp)
 {
     memset(hp, 0, sizeof *hp);
@@ -65,7 +121,7 @@ static bt_status load_hparams(const gguf_file *f, bt_hparams *hp)
     if (st) return st;
     gguf_str_copy(arch, hp->arch, sizeof hp->arch);
     if (!arch_supported(hp->arch))
-        return bt_fail(BT_ERR_UNSUPPORTED, "model architecture '%s' is not supported (llama, mistral, qwen2)", hp->arch);
+        return bt_fail(BT_ERR_UNSUPPORTED, "model architecture '%s' is not supported (llama, mistral, qwen2, granite, gemma3)", hp->arch);
     const char *a = hp->arch;
     if ((st = get_i32(f, a, "block_count", &hp->n_layer, 0, 1))) return st;
     if ((st = get_i32(f, a, "embedding_length", &hp->n_embd, 0, 1))) return st;
@@ -103,6 +159,9 @@ static bt_status load_hparams(const gguf_file *f, bt_hparams *hp)
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     if ((st = gguf_get_f32(f, key, &hp->rms_eps))) return st;
     hp->rope_neox = !strcmp(a, "qwen2");
+    hp->embd_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if (!strcmp(a, "gemma3") && (st = load_gemma3(f, hp))) return st;
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return bt_fail(BT_ERR_FORMAT, "model tensor 'token_embd.weight' is missing");
     hp->n_vocab = (int32_t)emb->ne[1];
@@ -144,9 +203,22 @@ bt_status bt_model_from_gguf(gguf_file *f, const char *path, bt_model **out)
         W(w_gate, "ffn_gate.weight", hp->n_embd, hp->n_ff, 0)
         W(w_up, "ffn_up.weight", hp->n_embd, hp->n_ff, 0)
         W(w_down, "ffn_down.weight", hp->n_ff, hp->n_embd, 0)
+        if (hp->gemma) {
+            W(q_norm, "attn_q_norm.weight", hp->head_dim, 1, 0)
+            W(k_norm, "attn_k_norm.weight", hp->head_dim, 1, 0)
+            W(post_attn_norm, "post_attention_norm.weight", hp->n_embd, 1, 0)
+            W(post_ffn_norm, "post_ffw_norm.weight", hp->n_embd, 1, 0)
+        }
 #undef W
         if (L->bq.data) m->hp.has_qkv_bias = 1;
-        const bt_weight *vecs[] = {&L->attn_norm, &L->ffn_norm, &L->bq, &L->bk, &L->bv};
+        L->rope_base = hp->rope_base;
+        if (hp->swa_pattern && l % hp->swa_pattern != hp->swa_pattern - 1) { /* a local (sliding-window) layer */
+            L->window = hp->swa_window;
+            L->rope_base = hp->rope_base_local;
+        }
+        const bt_weight *vecs[] = {&L->attn_norm, &L->ffn_norm, &L->bq,     &L->bk,
+                                   &L->bv,        &L->q_norm,   &L->k_norm, &L->post_attn_norm,
+                                   &L->post_ffn_norm};
         for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
             if (vecs[i]->data && vecs[i]->type != BT_TYPE_F32) {
                 st = bt_fail(BT_ERR_UNSUPPORTED, "layer %d: norm/bias tensors must be F32, found %s", l,

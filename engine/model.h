@@ -24,6 +24,13 @@ typedef struct bt_hparams {
     int rope_neox;         /* 1: rotate pairs (i, i + n_rot/2) (qwen2 ...); 0: adjacent pairs (llama GGUF) */
     float rms_eps;
     int has_qkv_bias;      /* qwen2-style q/k/v biases */
+    /* gemma3 (0 / 1 / unset for the llama family): */
+    int gemma;             /* q/k RMSNorm per head, post-norms on both sub-layer outputs, GeGLU (tanh GELU) */
+    float embd_scale;      /* the embedding rows are multiplied by this (sqrt(n_embd)); 1: none */
+    float attn_scale;      /* scores are q.k * attn_scale (1 / sqrt(query_pre_attn_scalar or head_dim)) */
+    int32_t swa_window;    /* sliding window of the local layers (a query at p sees keys k with p - k < window) */
+    int32_t swa_pattern;   /* every swa_pattern-th layer (l % pattern == pattern - 1) is global; 0: all global */
+    float rope_base_local; /* RoPE base of the sliding-window layers */
 } bt_hparams;
 
 /* One tensor of weights: type and shape from the file, data in the mapping. */
@@ -41,6 +48,12 @@ typedef struct bt_layer {
     bt_weight ffn_norm;           /* [n_embd] */
     bt_weight w_gate, w_up;       /* [n_ff][n_embd] */
     bt_weight w_down;             /* [n_embd][n_ff] */
+    /* gemma3 only (data NULL otherwise): */
+    bt_weight q_norm, k_norm;     /* [head_dim], applied to every head before RoPE */
+    bt_weight post_attn_norm;     /* [n_embd] on the attention output before the residual add */
+    bt_weight post_ffn_norm;      /* [n_embd] on the FFN output before the residual add */
+    int32_t window;               /* attention window (0: every earlier position) */
+    float rope_base;              /* this layer's RoPE frequency base */
 } bt_layer;
 
 typedef struct bt_model {
@@ -54,7 +67,7 @@ typedef struct bt_model {
     uint64_t fingerprint;  /* gguf_fingerprint of the file: identifies the model in KV layouts and to the router */
 } bt_model;
 
-/* Loads and validates the model at path: architecture in the llama family, every tensor present with the expected
+/* Loads and validates the model at path: architecture in the llama family or gemma3, every tensor present with the expected
  * shape and a supported type. Errors: those of gguf_open, BT_ERR_UNSUPPORTED (architecture or weight type, named),
  * BT_ERR_FORMAT (missing tensor or key, wrong shape, named), BT_ERR_NOMEM. *out only set on success. */
 bt_status bt_model_load(const char *path, bt_model **out);

@@ -51,6 +51,7 @@ struct tok_tokenizer {
     uint32_t special_first[257]; /* specials starting with byte b: [special_first[b], special_first[b+1]) */
     int32_t bos, eos, eot, eom, unk, pad;
     int add_bos, add_eos;
+    int space_prefix;      /* SPM: U+2581 before the text (tokenizer.ggml.add_space_prefix, default 1; Gemma: 0) */
 };
 
 /* ---- the GPT-2 byte alphabet: printable bytes stand for themselves, the others for U+0100 + k ---- */
@@ -577,6 +578,7 @@ bt_status tok_create_ex(const gguf_file *f, const char *pre_override, tok_tokeni
     if ((st = get_opt_id(f, "tokenizer.ggml.padding_token_id", t->n_vocab, &t->pad))) goto fail;
     if ((st = get_opt_bool(f, "tokenizer.ggml.add_bos_token", t->model == TOK_MODEL_SPM, &t->add_bos))) goto fail;
     if ((st = get_opt_bool(f, "tokenizer.ggml.add_eos_token", 0, &t->add_eos))) goto fail;
+    if ((st = get_opt_bool(f, "tokenizer.ggml.add_space_prefix", 1, &t->space_prefix))) goto fail;
     if (t->add_bos && t->bos < 0) t->add_bos = 0;
     if (t->add_eos && t->eos < 0) t->add_eos = 0;
 
@@ -594,6 +596,10 @@ bt_status tok_create_ex(const gguf_file *f, const char *pre_override, tok_tokeni
         if ((st = build_merges_from_scores(t, scores))) goto fail;
     }
     if ((st = build_specials(t))) goto fail;
+    if (t->eot < 0) { /* Gemma's files name no eot token: its turns end with the control token <end_of_turn> */
+        int32_t id = vocab_get(t, "<end_of_turn>", 13);
+        if (id >= 0 && t->type[id] == TOK_TYPE_CONTROL) t->eot = id;
+    }
     free(scores);
     *out = t;
     return BT_OK;
@@ -1059,7 +1065,8 @@ static bt_status encode_bpe_segment(const tok_tokenizer *t, work *w, const uint8
     return BT_OK;
 }
 
-/* SentencePiece: spaces -> U+2581, U+2581 prepended to the text's first segment unless it starts with one,
+/* SentencePiece: spaces -> U+2581, U+2581 prepended to the text's first segment unless it starts with one (or the
+ * file says add_space_prefix = false),
  * then BPE over characters with <0xXX> fallback, the whole segment as one word (the oracle's Metaspace does
  * not split). */
 static bt_status encode_spm_segment(const tok_tokenizer *t, work *w, const uint8_t *seg, size_t len, int first,
@@ -1069,7 +1076,7 @@ static bt_status encode_spm_segment(const tok_tokenizer *t, work *w, const uint8
     if (grow((void **)&w->buf, &w->cap_buf, len * 3 + 3, 1)) return bt_fail(BT_ERR_NOMEM, "tokenizer: out of memory");
     size_t bl = 0;
     int starts_meta = len > 0 && (seg[0] == ' ' || (len >= 3 && !memcmp(seg, meta, 3)));
-    if (first && !starts_meta) {
+    if (first && !starts_meta && t->space_prefix) {
         memcpy(w->buf, meta, 3);
         bl = 3;
     }
@@ -1179,7 +1186,7 @@ bt_status tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, unsig
         memcpy(buf + o, p, l);
         o += l;
     }
-    if (t->model == TOK_MODEL_SPM && o > 0 && buf[0] == ' ') {
+    if (t->model == TOK_MODEL_SPM && t->space_prefix && o > 0 && buf[0] == ' ') {
         memmove(buf, buf + 1, o - 1);
         o--;
     }
@@ -1238,7 +1245,7 @@ bt_status tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *
     memmove(tmp + s->n_held, piece, pl);
     memcpy(tmp, s->held, s->n_held);
     size_t n = s->n_held + pl, start = 0;
-    if (t->model == TOK_MODEL_SPM && !s->started && n > 0) {
+    if (t->model == TOK_MODEL_SPM && t->space_prefix && !s->started && n > 0) {
         s->started = 1;
         if (tmp[0] == ' ') start = 1;
     }

@@ -920,6 +920,19 @@ void bt_cpu_avx2_swiglu(int64_t n, const float *g, const float *u, float *out)
     if (i < n) bt_cpu_scalar_swiglu(n - i, g + i, u + i, out + i);
 }
 
+void bt_cpu_avx2_geglu(int64_t n, const float *g, const float *u, float *out)
+{
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), a = _mm256_set1_ps(BT_GELU_A), k = _mm256_set1_ps(BT_GELU_K);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 z = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(x, x), a), x, x), k);
+        __m256 d = _mm256_add_ps(one, exp8(z));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, d), _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) bt_cpu_scalar_geglu(n - i, g + i, u + i, out + i);
+}
+
 void bt_cpu_avx2_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
 {
     if (n % 8) {
@@ -956,6 +969,7 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
     .attn_accum = bt_cpu_avx2_attn_accum,
     .attn_block = bt_cpu_avx2_attn_block,
     .swiglu = bt_cpu_avx2_swiglu,
+    .geglu = bt_cpu_avx2_geglu,
     .rmsnorm = bt_cpu_avx2_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_avx2_dot_rows_f32,

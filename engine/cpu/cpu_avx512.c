@@ -853,6 +853,19 @@ void bt_cpu_avx512_swiglu(int64_t n, const float *g, const float *u, float *out)
     if (i < n) bt_cpu_scalar_swiglu(n - i, g + i, u + i, out + i);
 }
 
+void bt_cpu_avx512_geglu(int64_t n, const float *g, const float *u, float *out)
+{
+    int64_t i = 0;
+    const __m512 one = _mm512_set1_ps(1.0f), a = _mm512_set1_ps(BT_GELU_A), k = _mm512_set1_ps(BT_GELU_K);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 z = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, x), a), x, x), k);
+        __m512 d = _mm512_add_ps(one, exp16(z));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, d), _mm512_loadu_ps(u + i)));
+    }
+    if (i < n) bt_cpu_scalar_geglu(n - i, g + i, u + i, out + i);
+}
+
 void bt_cpu_avx512_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
 {
     if (n % 8) {
@@ -891,6 +904,7 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     .attn_block = bt_cpu_avx512_attn_block,
     .attn_prefetches = 1,
     .swiglu = bt_cpu_avx512_swiglu,
+    .geglu = bt_cpu_avx512_geglu,
     .rmsnorm = bt_cpu_avx512_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_avx512_dot_rows_f32,

@@ -33,6 +33,7 @@
     void bt_cpu_##isa##_attn_block(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv,     \
                                    int nk, float *m, float *l, float *acc);                                     \
     void bt_cpu_##isa##_swiglu(int64_t n, const float *g, const float *u, float *out);                          \
+    void bt_cpu_##isa##_geglu(int64_t n, const float *g, const float *u, float *out);                           \
     void bt_cpu_##isa##_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
 
 #define BT_CPU_GEMM_DECL(isa, ty)                                                                              \
@@ -75,5 +76,9 @@ extern const bt_cpu_ops bt_cpu_ops_neon;
 #define BT_EXP_P2 4.1665795894e-2f
 #define BT_EXP_P1 1.6666665459e-1f
 #define BT_EXP_P0 5.0000001201e-1f
+
+/* Constants of the tanh GELU: gelu(x) = 0.5 x (1 + tanh(y)) = x / (1 + exp(-2 y)), y = sqrt(2/pi) (x + A x^3). */
+#define BT_GELU_A 0.044715f
+#define BT_GELU_K (-1.59576912160573071f) /* -2 sqrt(2/pi) */
 
 #endif

@@ -182,6 +182,15 @@ void bt_cpu_scalar_swiglu(int64_t n, const float *g, const float *u, float *out)
     for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + bt_cpu_expf(-g[i])) * u[i];
 }
 
+void bt_cpu_scalar_geglu(int64_t n, const float *g, const float *u, float *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i];
+        float z = fmaf((x * x) * BT_GELU_A, x, x) * BT_GELU_K;
+        out[i] = x / (1.0f + bt_cpu_expf(z)) * u[i];
+    }
+}
+
 void bt_cpu_scalar_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
 {
     double l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[4];
@@ -207,6 +216,7 @@ const bt_cpu_ops bt_cpu_ops_scalar = {
     .attn_accum = bt_cpu_scalar_attn_accum,
     .attn_block = bt_cpu_scalar_attn_block,
     .swiglu = bt_cpu_scalar_swiglu,
+    .geglu = bt_cpu_scalar_geglu,
     .rmsnorm = bt_cpu_scalar_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_scalar_dot_rows_f32,

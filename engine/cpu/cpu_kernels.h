@@ -135,6 +135,10 @@ typedef struct bt_cpu_ops {
     void (*rmsnorm)(int64_t n, const float *x, const float *w, float eps, float *out);
     /* out[i] = g[i] / (1 + bt_cpu_expf(-g[i])) * u[i]; out may alias g or u; bit-identical in every ISA */
     void (*swiglu)(int64_t n, const float *g, const float *u, float *out);
+    /* out[i] = x / (1 + bt_cpu_expf(z)) * u[i], x = g[i], z = fmaf((x * x) * A, x, x) * K (A = 0.044715,
+     * K = -2 sqrt(2/pi)): gelu_tanh(x) * u[i], since 0.5 (1 + tanh(y)) = 1 / (1 + exp(-2y)); out may alias g or u;
+     * bit-identical in every ISA */
+    void (*geglu)(int64_t n, const float *g, const float *u, float *out);
     /* per weight type, NULL where none: tiled kernels over packed weights (bt_cpu_pack) with 8-bit (gemm8)
      * or 16-bit (gemm16) activations */
     bt_cpu_gemm_fn gemm8[BT_TYPE_COUNT];

@@ -461,6 +461,19 @@ void bt_cpu_neon_swiglu(int64_t n, const float *g, const float *u, float *out)
     for (; i < n; i++) out[i] = g[i] / (1.0f + bt_cpu_expf(-g[i])) * u[i];
 }
 
+void bt_cpu_neon_geglu(int64_t n, const float *g, const float *u, float *out)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t x = vld1q_f32(g + i);
+        float32x4_t t = vmulq_f32(vmulq_f32(x, x), vdupq_n_f32(BT_GELU_A));
+        float32x4_t z = vmulq_f32(vfmaq_f32(x, t, x), vdupq_n_f32(BT_GELU_K));
+        float32x4_t d = vaddq_f32(vdupq_n_f32(1.0f), expf4(z));
+        vst1q_f32(out + i, vmulq_f32(vdivq_f32(x, d), vld1q_f32(u + i)));
+    }
+    if (i < n) bt_cpu_scalar_geglu(n - i, g + i, u + i, out + i);
+}
+
 void bt_cpu_neon_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *out)
 {
     /* lanes l[i % 8] as four float64x2: (l0, l1), (l2, l3), (l4, l5), (l6, l7); the squares are exact in double */
@@ -598,6 +611,7 @@ const bt_cpu_ops bt_cpu_ops_neon = {
     .attn_accum = bt_cpu_neon_attn_accum,
     .attn_block = bt_cpu_neon_attn_block,
     .swiglu = bt_cpu_neon_swiglu,
+    .geglu = bt_cpu_neon_geglu,
     .rmsnorm = bt_cpu_neon_rmsnorm,
     .dot_rows = {
         [BT_TYPE_F32] = bt_cpu_neon_dot_rows_f32,
