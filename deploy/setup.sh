@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One set-up for `make run` and `make test` (DESIGN 11): installs missing Debian packages, creates the Python
-# venv for test clients and oracles, fetches the default model. Idempotent; a few seconds when all is present.
+# venv for test clients and oracles, fetches the default model (and Gemma 3 270M for the gemma3 tests). Idempotent; a few seconds when all is present.
 # Usage: deploy/setup.sh [--no-model]
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,5 +60,8 @@ fi
 if [ "$fetch_model" = 1 ]; then
   model=$(BATON_PYTHON="$venv/bin/python" "$top/deploy/fetch-model.sh")
   step "default model: $model"
+  # the second model family's tests (gemma3) need their file too; a CI machine starts with an empty cache
+  model=$(BATON_PYTHON="$venv/bin/python" "$top/deploy/fetch-model.sh" --model gemma3-270m)
+  step "gemma3 test model: $model"
 fi
 step "done in $(( $(date +%s) - t0 )) s"

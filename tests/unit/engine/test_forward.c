@@ -405,6 +405,85 @@ static void test_bad_batches(void)
     env_close(&e);
 }
 
+/* gemma3 on a tiny model with a sliding window of 8 and every second layer global (sliding_window_pattern 2):
+ * hyper-parameters and per-layer window and RoPE base as loaded; batch invariance (alone vs mixed batches, chunks of
+ * 1, 7 and 64 vs one batch) across the window's edge; the window's meaning: positions < 8 see every key either way,
+ * so they equal a model whose window exceeds the context, and later positions differ; load errors name the key or
+ * tensor. */
+static void test_gemma3(void)
+{
+    tiny_model_opts o = {.arch = "gemma3", .swa_window = 8, .swa_pattern = 2};
+    const char *path = tiny_path("gemma3", &o);
+    REQUIRE(path != NULL);
+    env e;
+    REQUIRE(env_open(&e, path, 2, 128) == 0);
+    const bt_hparams *hp = &e.m->hp;
+    CHECK(hp->gemma == 1 && hp->rope_neox == 1 && hp->swa_window == 8 && hp->swa_pattern == 2);
+    CHECK(fabsf(hp->embd_scale - 8.0f) < 1e-6f && fabsf(hp->attn_scale - 0.25f) < 1e-7f); /* sqrt(64), 1/sqrt(16) */
+    CHECK(e.m->layers[0].window == 8 && e.m->layers[0].rope_base == 10000.0f);
+    CHECK(e.m->layers[1].window == 0 && e.m->layers[1].rope_base == 10000.0f);
+    CHECK(e.m->layers[0].q_norm.data && e.m->layers[1].post_ffn_norm.data);
+    int32_t V = hp->n_vocab;
+    int32_t lens[8] = {100, 37, 5, 64, 1, 90, 17, 33};
+    seq alone[8], mixed[8];
+    for (int i = 0; i < 8; i++) {
+        seq_make(&alone[i], &e, lens[i], 2000 + (uint64_t)i);
+        seq_make(&mixed[i], &e, lens[i], 2000 + (uint64_t)i);
+    }
+    for (int i = 0; i < 8; i++) REQUIRE(run_alone(&e, &alone[i], 100) == 0);
+    REQUIRE(run_mixed(&e, mixed, 8) == 0);
+    for (int i = 0; i < 8; i++)
+        CHECK_MSG(memcmp(alone[i].logits, mixed[i].logits, sizeof(float) * (size_t)lens[i] * (size_t)V) == 0,
+                  "gemma3 sequence %d: batched logits differ from alone", i);
+    seq ref;
+    seq_make(&ref, &e, 100, 2000);
+    REQUIRE(run_alone(&e, &ref, 100) == 0);
+    int32_t chunks[3] = {1, 7, 64};
+    for (int c = 0; c < 3; c++) {
+        REQUIRE(run_alone(&e, &alone[0], chunks[c]) == 0);
+        CHECK_MSG(memcmp(ref.logits, alone[0].logits, sizeof(float) * 100 * (size_t)V) == 0, "gemma3 chunk %d differs",
+                  chunks[c]);
+    }
+    /* the same weights with a window wider than the context */
+    tiny_model_opts wide = o;
+    wide.swa_window = 1000;
+    env w;
+    REQUIRE(env_open(&w, tiny_path("gemma3-wide", &wide), 2, 128) == 0);
+    seq ws;
+    seq_make(&ws, &w, 100, 2000);
+    REQUIRE(run_alone(&w, &ws, 100) == 0);
+    CHECK(memcmp(ws.logits, ref.logits, sizeof(float) * 8 * (size_t)V) == 0);
+    int differ = 0;
+    for (int32_t p = 8; p < 100; p++)
+        differ += memcmp(ws.logits + (size_t)p * V, ref.logits + (size_t)p * V, sizeof(float) * (size_t)V) != 0;
+    CHECK_MSG(differ == 92, "only %d of 92 positions past the window changed", differ);
+    seq_free(&ws, &w);
+    env_close(&w);
+    seq_free(&ref, &e);
+    for (int i = 0; i < 8; i++) {
+        seq_free(&alone[i], &e);
+        seq_free(&mixed[i], &e);
+    }
+    env_close(&e);
+    /* without the pattern key, every sixth layer is global */
+    tiny_model_opts six = {.arch = "gemma3", .n_layer = 7};
+    bt_model *m = NULL;
+    REQUIRE(bt_model_load(tiny_path("gemma3-six", &six), &m) == BT_OK);
+    for (int l = 0; l < 7; l++) CHECK(m->layers[l].window == (l == 5 ? 0 : 8));
+    bt_model_free(m);
+    m = NULL;
+    tiny_model_opts bad = {.arch = "gemma3", .skip_tensor = "blk.1.attn_k_norm.weight"};
+    CHECK(bt_model_load(tiny_path("gemma3-nonorm", &bad), &m) == BT_ERR_FORMAT &&
+          strstr(bt_last_error(), "blk.1.attn_k_norm.weight"));
+    tiny_model_opts nowin = {.arch = "gemma3", .swa_window = -1};
+    CHECK(bt_model_load(tiny_path("gemma3-nowin", &nowin), &m) == BT_ERR_NOT_FOUND &&
+          strstr(bt_last_error(), "gemma3.attention.sliding_window"));
+    tiny_model_opts cap = {.arch = "gemma3", .softcap = 30.0f};
+    CHECK(bt_model_load(tiny_path("gemma3-cap", &cap), &m) == BT_ERR_UNSUPPORTED &&
+          strstr(bt_last_error(), "final_logit_softcapping"));
+    CHECK(m == NULL);
+}
+
 static void test_bad_models(void)
 {
     bt_model *m = NULL;
@@ -485,6 +564,7 @@ int main(void)
     RUN(test_isa_agreement);
     RUN(test_bad_batches);
     RUN(test_bad_models);
+    RUN(test_gemma3);
     RUN(test_int8_kv);
     RUN(test_default_model_loads);
     test_isa_report();

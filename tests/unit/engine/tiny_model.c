@@ -115,7 +115,14 @@ int tiny_model_write(const char *path, const tiny_model_opts *in)
     KU("attention.head_count_kv", o.n_head_kv);
     KU("feed_forward_length", o.n_ff);
     KU("context_length", 1024);
+    int gemma = !strcmp(a, "gemma3");
+    if (gemma && o.swa_window >= 0) KU("attention.sliding_window", o.swa_window ? o.swa_window : 8);
+    if (gemma && o.swa_pattern) KU("attention.sliding_window_pattern", o.swa_pattern);
 #undef KU
+    if (gemma && o.softcap != 0) {
+        snprintf(key, sizeof key, "%s.final_logit_softcapping", a);
+        gguf_writer_add_f32(w, key, o.softcap);
+    }
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
     gguf_writer_add_f32(w, key, 10000.0f);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
@@ -136,6 +143,12 @@ int tiny_model_write(const char *path, const tiny_model_opts *in)
         T("ffn_gate.weight", o.matrix_type, o.n_embd, o.n_ff, 0.05f);
         T("ffn_up.weight", o.matrix_type, o.n_embd, o.n_ff, 0.05f);
         T("ffn_down.weight", o.matrix_type, o.n_ff, o.n_embd, 0.05f);
+        if (gemma) {
+            T("attn_q_norm.weight", BT_TYPE_F32, hd, 1, 1.0f);
+            T("attn_k_norm.weight", BT_TYPE_F32, hd, 1, 1.0f);
+            T("post_attention_norm.weight", BT_TYPE_F32, o.n_embd, 1, 1.0f);
+            T("post_ffw_norm.weight", BT_TYPE_F32, o.n_embd, 1, 1.0f);
+        }
 #undef T
     }
     if (!rc && gguf_writer_write_file(w, path) != BT_OK) rc = -1;

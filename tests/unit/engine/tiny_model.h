@@ -11,6 +11,11 @@ typedef struct tiny_model_opts {
     uint32_t embd_type;   /* default Q8_0 */
     int tied;             /* no output.weight (default 1) */
     const char *skip_tensor; /* leave this tensor out (to test errors) */
+    /* arch "gemma3": its extra tensors (q/k norms, post-norms) and keys; sliding_window (default 8; -1: key left
+     * out), sliding_window_pattern (0: key left out, the architecture's 6 applies), final_logit_softcapping (0: key
+     * left out) */
+    int swa_window, swa_pattern;
+    float softcap;
     uint64_t seed;
 } tiny_model_opts;
 
