@@ -740,7 +740,9 @@ static int render_one(const chat_tmpl *ct, const tok_tokenizer *t, const conv *c
     }
     if (t) {
         tok_ids ids = {0};
-        if (tok_encode(t, s, n, TOK_PARSE_SPECIAL | TOK_ADD_SPECIAL, &ids)) {
+        /* the template writes BOS itself where the model wants one (as the router and `generate --chat` encode it,
+         * and HF's apply_chat_template(tokenize=True)): adding it again gave Gemma two */
+        if (tok_encode(t, s, n, TOK_PARSE_SPECIAL, &ids)) {
             fprintf(stderr, "baton chat-template: %s\n", bt_last_error());
             free(s);
             return 1;

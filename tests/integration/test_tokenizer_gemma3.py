@@ -100,6 +100,12 @@ def test_gemma3_chat_format(baton_bin, gemma3_model, hf):
         ids = encode(baton_bin, gemma3_model, [got])[0]
         assert ids[0] == 2 and ids.count(START) == len(conv) + 1 and ids.count(END) == len(conv), ids
         assert ids == tok.encode(got, add_special_tokens=False)
+        # --tokenize: the template's own <bos> only (no second one from add_bos_token), as HF tokenizes it
+        tokd = [int(t) for t in run(baton_bin, "chat-template", "--model", gemma3_model, "--tokenize",
+                                    json.dumps(conv)).split()]
+        assert tokd == ids and tokd[1] != 2
+        assert tokd == tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, chat_template=GEMMA,
+                                               return_dict=False)
     # a system message goes into the first user turn (Gemma has no system role)
     got = run(baton_bin, "chat-template", "--model", gemma3_model,
               json.dumps([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]))
