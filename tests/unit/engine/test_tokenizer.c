@@ -19,6 +19,7 @@ typedef struct vocab_builder {
     int n;
     char *merges[64];
     int n_merges;
+    int no_space_prefix; /* writes tokenizer.ggml.add_space_prefix = false (Gemma) */
 } vocab_builder;
 
 static int vb_add(vocab_builder *v, const char *s, int32_t type, float score)
@@ -73,6 +74,7 @@ static tok_tokenizer *vb_build(vocab_builder *v, const char *model, const char *
     if ((st = gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1))) goto out;
     if ((st = gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2))) goto out;
     if ((st = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", add_bos))) goto out;
+    if (v->no_space_prefix && (st = gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", 0))) goto out;
     if ((st = gguf_writer_to_memory(w, &buf, &len))) goto out;
     if ((st = gguf_open_memory(buf, len, &f))) goto out;
     st = tok_create(f, &t);
@@ -364,6 +366,56 @@ static void test_spm(void)
     vb_free(&v);
 }
 
+/* Gemma's SentencePiece settings: add_space_prefix = false (no U+2581 before the text, none dropped when decoding
+ * or streaming), and <end_of_turn>, a control token no key names, ends generation (tok_is_eog). */
+static void test_spm_no_space_prefix(void)
+{
+    vocab_builder v;
+    memset(&v, 0, sizeof v);
+    vb_add(&v, "<unk>", TOK_TYPE_UNKNOWN, 0);
+    vb_add(&v, "<s>", TOK_TYPE_CONTROL, 0);
+    vb_add(&v, "</s>", TOK_TYPE_CONTROL, 0);
+    for (unsigned b = 0; b < 256; b++) {
+        char s[8];
+        snprintf(s, sizeof s, "<0x%02X>", b);
+        vb_add(&v, s, TOK_TYPE_BYTE, 0);
+    }
+    vb_add(&v, "\xE2\x96\x81", TOK_TYPE_NORMAL, -10);
+    vb_add(&v, "h", TOK_TYPE_NORMAL, -20), vb_add(&v, "e", TOK_TYPE_NORMAL, -20);
+    vb_add(&v, "l", TOK_TYPE_NORMAL, -20), vb_add(&v, "o", TOK_TYPE_NORMAL, -20);
+    vb_add(&v, "he", TOK_TYPE_NORMAL, -1);
+    vb_add(&v, "ll", TOK_TYPE_NORMAL, -2);
+    vb_add(&v, "hell", TOK_TYPE_NORMAL, -3);
+    int hello = vb_add(&v, "hello", TOK_TYPE_NORMAL, -4);
+    int mhello = vb_add(&v, "\xE2\x96\x81hello", TOK_TYPE_NORMAL, -6);
+    int eot = vb_add(&v, "<end_of_turn>", TOK_TYPE_CONTROL, 0);
+    v.no_space_prefix = 1;
+    tok_tokenizer *t = vb_build(&v, "llama", NULL, 1, 0, NULL);
+    REQUIRE(t);
+    tok_ids ids = {0};
+    CHECK(tok_encode(t, "hello hello", 11, 0, &ids) == BT_OK && ids.n == 2 && ids.ids[0] == hello &&
+          ids.ids[1] == mhello);
+    ids.n = 0;
+    CHECK(tok_encode(t, " hello", 6, 0, &ids) == BT_OK && ids.n == 1 && ids.ids[0] == mhello);
+    char *out;
+    size_t ol;
+    CHECK(tok_decode(t, ids.ids, ids.n, 0, &out, &ol) == BT_OK && !strcmp(out, " hello")); /* the space stays */
+    free(out);
+    const char *texts[] = {"hello", " hello  hello ", "\xE4\xBD\xA0 hello\n"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        CHECK_MSG(roundtrip(t, texts[i], strlen(texts[i]), 0), "spm (no prefix) roundtrip %zu", i);
+    tok_stream s;
+    tok_stream_init(&s, t, 0);
+    const char *so;
+    size_t sn;
+    CHECK(tok_stream_push(&s, mhello, &so, &sn) == BT_OK && sn == 6 && !memcmp(so, " hello", 6));
+    tok_stream_free(&s);
+    CHECK(tok_eot(t) == eot && tok_is_eog(t, eot) && tok_is_eog(t, 2) && !tok_is_eog(t, hello));
+    tok_ids_free(&ids);
+    tok_free(t);
+    vb_free(&v);
+}
+
 /* ---- the default model, when cached ---- */
 
 static double cpu_s(void) /* CPU time of this process */
@@ -463,6 +515,7 @@ int main(void)
     RUN(test_pre_tokenizers);
     RUN(test_stream);
     RUN(test_spm);
+    RUN(test_spm_no_space_prefix);
     RUN(test_on_default_model);
     return test_summary();
 }
