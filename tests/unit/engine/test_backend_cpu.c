@@ -187,14 +187,14 @@ static void test_long_context_attention(void)
     check_dtype(BT_KV_INT8, 0);
 }
 
-/* Windows that start mid-block (100, f16), span segments (300, f32 and int8: a token's window crosses the
- * 256-position edges), leave every earlier block (1: the token alone) and that exceed the context (1000: the same
- * bits as no window). A few dtype/window pairs only: under qemu (make test-neon) each check_dtype takes a minute. */
+/* Windows that start mid-block (both: 300 and 100 are no multiple of 16), span segments (300: a token's window
+ * crosses the 256-position edges), leave every earlier block (1: the token alone) and that exceed the context
+ * (1000: the same bits as no window). Two dtype/window pairs only (f16, the default, and int8, whose per-row scales
+ * move with the window's first row): under qemu (make test-neon) each check_dtype takes about 40 s. */
 static void test_sliding_window_attention(void)
 {
-    check_dtype(BT_KV_F16, 100);
-    check_dtype(BT_KV_F32, 300);
-    check_dtype(BT_KV_INT8, 300);
+    check_dtype(BT_KV_F16, 300);
+    check_dtype(BT_KV_INT8, 100);
     /* a window wider than the context changes nothing */
     fixture f;
     REQUIRE(fixture_open(&f, BT_KV_F16, 99) == 0);
