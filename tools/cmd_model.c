@@ -16,7 +16,9 @@
 static void model_usage(FILE *out)
 {
     fprintf(out,
-            "usage: baton model fetch [--force]     fetch the default model (%s) into the cache\n"
+            "usage: baton model fetch [--force] [NAME]\n"
+            "                                          fetch the default model (%s) into the cache, or\n"
+            "                                          the one deploy/models/NAME.env names (gemma3-270m)\n"
             "       baton model inspect [PATH] [--all]  print metadata and the tensor table (default model if no PATH)\n"
             "       baton model slice [PATH] --layers 0-N --out FILE\n"
             "                                          write the model's layers 0..N (inclusive) as a model of their\n"
@@ -191,14 +193,18 @@ static int find_fetch_script(char *out, size_t cap)
     return access(out, X_OK) == 0 ? 0 : -1;
 }
 
-static int model_fetch(int force)
+static int model_fetch(int force, const char *name)
 {
     char script[PATH_MAX + 64];
     if (find_fetch_script(script, sizeof script) != 0) {
         fprintf(stderr, "baton model fetch: cannot find deploy/fetch-model.sh (set BATON_HOME to the baton checkout)\n");
         return 1;
     }
-    char *args[] = {script, force ? "--force" : NULL, NULL};
+    char *args[5] = {script};
+    int n = 1;
+    if (name) args[n++] = "--model", args[n++] = (char *)name;
+    if (force) args[n++] = "--force";
+    args[n] = NULL;
     execv(script, args);
     perror("baton model fetch: exec");
     return 1;
@@ -349,7 +355,7 @@ int cmd_model(int argc, char **argv)
         }
     }
     char def[4096];
-    if (!strcmp(sub, "fetch")) return model_fetch(force);
+    if (!strcmp(sub, "fetch")) return model_fetch(force, path);
     if (!path) {
         if (bt_default_model_path(def, sizeof def)) {
             fprintf(stderr, "baton model: %s\n", bt_last_error());
