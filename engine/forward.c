@@ -116,6 +116,9 @@ bt_status bt_forward_profile_from_env(int *profile)
 bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, int profile, bt_forward **out)
 {
     if (max_tokens < 1) return bt_fail(BT_ERR_INVALID, "forward: max_tokens must be >= 1");
+    if (m->hp.gemma && (!be->ops->geglu || !be->ops->scale))
+        return bt_fail(BT_ERR_UNSUPPORTED, "the %s backend has no geglu or scale op, which %s models need",
+                       be->ops->name, m->hp.arch);
     bt_forward *fw = calloc(1, sizeof *fw);
     if (!fw) return bt_fail(BT_ERR_NOMEM, "out of memory for forward scratch");
     fw->m = m;

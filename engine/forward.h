@@ -36,7 +36,8 @@ typedef struct bt_batch {
 typedef struct bt_forward bt_forward;
 
 /* Scratch for batches of up to max_tokens tokens. The model and backend must outlive it. profile = 1: wall time per
- * op kind, logged when the forward pass is destroyed (BATON_PROFILE). BT_ERR_NOMEM. */
+ * op kind, logged when the forward pass is destroyed (BATON_PROFILE). BT_ERR_NOMEM; BT_ERR_UNSUPPORTED when the
+ * model needs an op the backend lacks (gemma3: geglu, scale). */
 bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_tokens, int profile, bt_forward **out);
 
 /* The edge only: *profile = 1 when BATON_PROFILE=1, 0 when it is 0, unset or empty; BT_ERR_INVALID (naming the

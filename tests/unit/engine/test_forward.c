@@ -459,6 +459,13 @@ static void test_gemma3(void)
     CHECK_MSG(differ == 92, "only %d of 92 positions past the window changed", differ);
     seq_free(&ws, &w);
     env_close(&w);
+    /* a backend without the ops gemma3 needs is refused up front, not called through NULL */
+    bt_backend_ops lacking = *e.be->ops;
+    lacking.geglu = NULL;
+    bt_backend fake = {&lacking, e.be->ctx};
+    bt_forward *fw2 = NULL;
+    CHECK(bt_forward_create(e.m, &fake, 8, 0, &fw2) == BT_ERR_UNSUPPORTED && fw2 == NULL &&
+          strstr(bt_last_error(), "geglu"));
     seq_free(&ref, &e);
     for (int i = 0; i < 8; i++) {
         seq_free(&alone[i], &e);
