@@ -245,10 +245,9 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
             op->rmsnorm(be, k, L->k_norm.data, T * hp->n_head_kv, hp->head_dim, hp->rms_eps, k);
             mark(sp, P_NORM);
         }
-        op->rope(be, q, pos, T, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, hp->rope_freq_scale,
-                 hp->rope_neox);
-        op->rope(be, k, pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, hp->rope_freq_scale,
-                 hp->rope_neox);
+        float base = L->rope_base > 0 ? L->rope_base : hp->rope_base; /* 0 in a bt_layer not made by the loader */
+        op->rope(be, q, pos, T, hp->n_head, hp->head_dim, hp->n_rot, base, hp->rope_freq_scale, hp->rope_neox);
+        op->rope(be, k, pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, base, hp->rope_freq_scale, hp->rope_neox);
         mark(sp, P_ROPE);
         op->kv_write(be, kv, l, k, v, T, fw->slots + t0);
         mark(sp, P_KV_WRITE);
