@@ -1159,6 +1159,34 @@ bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
     return BT_OK;
 }
 
+bt_status rtr_json_schema_rules(const cJSON *const *schemas, size_t n, const char *prefix, char **out)
+{
+    gen g = {0};
+    bt_strbuf_puts(&g.rules, BASE_RULES);
+    bt_strbuf_puts(&g.rules, "ipv4oct ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n");
+    bt_strbuf names = {0};
+    for (size_t i = 0; i < n; i++) {
+        g.root = schemas[i]; /* each schema is the document its own $ref "#..." points into */
+        int id = schema_rule(&g, schemas[i]);
+        if (id < 0) break;
+        sb_printf(&names, "%s%zu ::= s%d\n", prefix, i, id);
+    }
+    free(g.memo);
+    if (g.err || g.rules.oom || names.oom) {
+        free(g.rules.p);
+        free(names.p);
+        return g.err ? g.err : bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+    }
+    bt_strbuf_put(&g.rules, names.p ? names.p : "", names.n);
+    free(names.p);
+    if (g.rules.oom) {
+        free(g.rules.p);
+        return bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+    }
+    *out = g.rules.p;
+    return BT_OK;
+}
+
 bt_status rtr_json_object_grammar(char **out)
 {
     bt_strbuf b = {0};

@@ -21,6 +21,11 @@ static void usage(FILE *f)
             "  --chat-template builtin:NAME|FILE\n"
             "                            a built-in chat template (chatml, llama3, mistral, gemma, zephyr) or a Jinja\n"
             "                            file, instead of the model's own template (rendered by the interpreter)\n"
+            "  --tool-call-parser auto|hermes|llama3|mistral|mistral-args|none\n"
+            "                            how tool calls are read from the model's output (tools on\n"
+            "                            /v1/chat/completions); auto (default) detects it from the chat template's\n"
+            "                            text: <tool_call> = hermes (Hermes, Qwen 2.5/3), <|python_tag|> = llama3,\n"
+            "                            [TOOL_CALLS] = mistral ([ARGS] = mistral-args); none refuses tools\n"
             "  --etcd URL[,URL]          etcd endpoints\n"
             "  --http-listen HOST:PORT   OpenAI API, /health, /metrics (default 127.0.0.1:8000)\n"
             "  --grpc-listen HOST:PORT   baton.v1.Generation and health (default 127.0.0.1:50051)\n"
@@ -205,6 +210,7 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
         {"--model", &cfg->model_path},
         {"--served-model-name", &cfg->served_model_name},
         {"--chat-template", &cfg->chat_template},
+        {"--tool-call-parser", &cfg->tool_call_parser},
         {"--etcd", &cfg->etcd},
         {"--http-listen", &cfg->http_listen},
         {"--grpc-listen", &cfg->grpc_listen},

@@ -68,6 +68,10 @@ typedef struct rtr_model {
     uint64_t fingerprint_u64; /* the same value: keys the prefix hashes (DESIGN 5.3) */
     int32_t n_layer, n_head_kv, head_dim; /* attention shape, for the KV size; 0 when the metadata lacks it */
     double kv_bytes_per_token; /* f16 K and V over every layer: n_layer * 2 * n_head_kv * head_dim * 2 bytes */
+    /* tool calling (router/tool_calls.h; rtr_model_tools_init) */
+    int tool_format;             /* rtr_tool_format of the parser in use */
+    int tmpl_renders_tools;      /* the Jinja template's text refers to tools */
+    int tmpl_renders_tool_calls; /* ... and to messages' tool_calls */
 } rtr_model_t;
 
 /* Loads what the router needs from the GGUF at path (tokenizer, chat template, names, context); max_ctx > 0
@@ -77,6 +81,10 @@ bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *m);
 /* Same, with chat_template (NULL: the model's) choosing the template as --chat-template builtin:NAME|FILE does;
  * a chat_template that cannot be used is an error (as chat_tmpl_init_gguf's). */
 bt_status rtr_model_load_tmpl(const char *path, int32_t max_ctx, const char *chat_template, rtr_model_t *m);
+/* Sets m's tool fields from its template's text (the GGUF's at path, or the chat_template FILE) and the
+ * --tool-call-parser flag (NULL or "auto": detect from the text). A built-in renderer renders no tools.
+ * BT_ERR_INVALID for an unknown flag value; the template's text failing to load again is BT_ERR_IO/NOT_FOUND. */
+bt_status rtr_model_tools_init(rtr_model_t *m, const char *path, const char *chat_template, const char *parser);
 void rtr_model_free(rtr_model_t *m);
 /* 1 when name (NULL or "" = any) names this model: its id, general.name or file name. */
 int rtr_model_matches(const rtr_model_t *m, const char *name);
@@ -389,6 +397,7 @@ typedef struct rtr_gen {
     float logit_bias[RTR_MAX_LOGIT_BIAS];
     char request_id[64];
     char *grammar;       /* structured output compiled to GBNF (router/json_schema.h), or NULL */
+    struct rtr_tools *tools; /* the request's tools (router/tool_calls.h), or NULL; owned */
     struct rtr_adm *adm; /* admission claim (rtr_admit_gen); the job releases it */
 } rtr_gen_t;
 
@@ -452,6 +461,7 @@ typedef struct rtr_config {
     const char *model_path;
     const char *served_model_name; /* the id served for the model; NULL = the short id of its file name */
     const char *chat_template;     /* --chat-template builtin:NAME|FILE; NULL = the model's own */
+    const char *tool_call_parser;  /* --tool-call-parser auto|hermes|llama3|mistral|mistral-args|none; NULL = auto */
     const char *etcd;
     const char *http_listen;  /* host:port */
     const char *grpc_listen;
@@ -619,6 +629,9 @@ int rtr_chat_role_ok(const char *role);
  * characters, never a marker). Content without marker text gives exactly the ids of the rendered string.
  * BT_ERR_INVALID (roles the template rejects), BT_ERR_NOMEM; *out may hold a partial result on error. */
 bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out);
+/* Same, with the request's tools (a JSON array, NULL: none) that a Jinja template sees. */
+bt_status rtr_chat_encode_tools(const rtr_model_t *m, const chat_msg *msgs, size_t n, const char *tools_json,
+                                tok_ids *out);
 /* Tokenize / Detokenize as validated and computed for the gRPC API (exposed for unit tests and fuzzers).
  * BT_ERR_INVALID naming the field, BT_ERR_NOMEM. detokenize's *text is malloc'd valid UTF-8. */
 bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids);
