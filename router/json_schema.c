@@ -1159,10 +1159,16 @@ bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
     return BT_OK;
 }
 
-bt_status rtr_json_schema_rules(const cJSON *const *schemas, size_t n, const char *prefix, char **out)
+bt_status rtr_json_schema_rules(const cJSON *const *schemas, size_t n, const char *prefix, int compact, char **out)
 {
     gen g = {0};
-    bt_strbuf_puts(&g.rules, BASE_RULES);
+    /* BASE_RULES starts with the ws rule: a compact grammar replaces it */
+    const char *base = BASE_RULES;
+    if (compact) {
+        bt_strbuf_puts(&g.rules, "ws ::= \" \"?\n");
+        base = strchr(BASE_RULES, '\n') + 1;
+    }
+    bt_strbuf_puts(&g.rules, base);
     bt_strbuf_puts(&g.rules, "ipv4oct ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n");
     bt_strbuf names = {0};
     for (size_t i = 0; i < n; i++) {

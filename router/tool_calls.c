@@ -501,7 +501,7 @@ bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const
     for (size_t i = 0; i < n; i++) {
         if (named >= 0 && (size_t)named != i) continue;
         char *one = NULL;
-        if ((st = rtr_json_schema_rules(&schemas[i], 1, "tool", &one))) {
+        if ((st = rtr_json_schema_rules(&schemas[i], 1, "tool", 1, &one))) {
             char msg[300];
             snprintf(msg, sizeof msg, "%s", bt_last_error());
             st = bt_fail(st, "'tools[%zu].function.parameters' (%s): %s", i, names[i], msg);
@@ -509,7 +509,7 @@ bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const
         }
         free(one);
     }
-    if ((st = rtr_json_schema_rules(schemas, n, "tool", &rules))) goto out;
+    if ((st = rtr_json_schema_rules(schemas, n, "tool", 1, &rules))) goto out;
     bt_strbuf b = {0};
     const char *key = fmt == RTR_TOOL_FMT_LLAMA3 ? "parameters" : "arguments";
     /* body ::= one of the allowed tools' {"name": N, key: ARGS} */
