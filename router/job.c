@@ -319,6 +319,7 @@ static void sse_finish_tools(rtr_job_t *j, choice_t *c, const char *tail, size_t
     rtr_tool_result_t r;
     int rc = rtr_tool_stream_finish(&c->ts, &r, &out, &n_out);
     if (rc == 1) {
+        if (r.content) sse_chunk(j, c, r.content, r.content_len, NULL, NULL);
         sse_tool_calls(j, c, &r);
         rtr_tool_result_free(&r);
         sse_chunk(j, c, "", 0, NULL, !strcmp(c->finish, "length") ? "length" : "tool_calls");
@@ -536,7 +537,7 @@ static void job_complete(rtr_job_t *j)
             int calls = c->tools_on && rtr_tool_parse(j->g.tools, c->text ? c->text : "", c->n_text, &tr) == 1;
             if (calls) {
                 free(txt);
-                txt = tr.content ? rtr_utf8_sanitize(tr.content, strlen(tr.content)) : NULL;
+                txt = tr.content ? rtr_utf8_sanitize(tr.content, tr.content_len) : NULL;
                 if (strcmp(c->finish ? c->finish : "stop", "length")) c->finish = "tool_calls";
             }
             if (j->g.api == RTR_API_CHAT) {

@@ -309,6 +309,7 @@ int rtr_tool_parse(const rtr_tools_t *t, const char *text, size_t len, rtr_tool_
             else {
                 memcpy(r->content, c, (size_t)(ce - c));
                 r->content[ce - c] = 0;
+                r->content_len = (size_t)(ce - c);
             }
         }
         if (ok == 1) return 1;
@@ -429,8 +430,6 @@ int rtr_tool_stream_finish(rtr_tool_stream_t *s, rtr_tool_result_t *r, const cha
     if (s->oom || !s->in_call) return 0;
     int rc = rtr_tool_parse(s->t, s->held, s->n_held, r);
     if (rc == 1) {
-        free(r->content); /* only whitespace can precede the marker in what was held */
-        r->content = NULL;
         *out = "";
         *out_len = 0;
     }

@@ -102,6 +102,7 @@ typedef struct rtr_tool_call {
 
 typedef struct rtr_tool_result {
     char *content;          /* text before the first call; NULL when it is empty or only whitespace */
+    size_t content_len;     /* its bytes (model text may hold a NUL) */
     rtr_tool_call_t *calls; /* [n_calls] */
     size_t n_calls;
 } rtr_tool_result_t;
@@ -134,8 +135,9 @@ void rtr_tool_stream_init(rtr_tool_stream_t *s, const rtr_tools_t *t);
 void rtr_tool_stream_free(rtr_tool_stream_t *s);
 /* Feeds text; *out and *out_len: content to release now (points into s, valid until the next call). */
 void rtr_tool_stream_push(rtr_tool_stream_t *s, const char *text, size_t len, const char **out, size_t *out_len);
-/* The end: returns 1 with *r filled (calls; whitespace held before them dropped), 0 with *out and *out_len the held
- * text to release as content, BT_ERR_NOMEM. */
+/* The end: returns 1 with *r filled (r->content: held text before the calls, usually NULL: a llama3 answer that
+ * opens with '{' and holds <|python_tag|> later), 0 with *out and *out_len the held text to release as content,
+ * BT_ERR_NOMEM. What was released plus r->content equals rtr_tool_parse's content of the whole text. */
 int rtr_tool_stream_finish(rtr_tool_stream_t *s, rtr_tool_result_t *r, const char **out, size_t *out_len);
 
 #endif

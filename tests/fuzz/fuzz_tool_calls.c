@@ -1,0 +1,75 @@
+/* router/tool_calls.c on arbitrary model output (issue 23 item 4): model output is untrusted. The first byte picks
+ * the format and the streaming split; the parser never crashes, and streaming the output in pieces gives exactly
+ * the whole-text result: the same calls, and content that adds up to the same text (a difference is a bug: abort). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "router/tool_calls.h"
+
+static char *names[] = {"get_weather", "f", "a-b_c"};
+
+static void die(const char *what, const char *text, size_t n)
+{
+    fprintf(stderr, "%s on %.*s\n", what, (int)n, text);
+    abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    static const rtr_tool_format fmts[] = {RTR_TOOL_FMT_HERMES, RTR_TOOL_FMT_LLAMA3, RTR_TOOL_FMT_MISTRAL,
+                                           RTR_TOOL_FMT_MISTRAL_ARGS};
+    rtr_tools_t t = {.format = fmts[data[0] & 3], .choice = RTR_TOOL_CHOICE_AUTO, .parallel = (data[0] >> 2) & 1,
+                     .names = names, .n_names = 3, .named = -1};
+    size_t step = (size_t)(data[0] >> 3) + 1;
+    const char *text = (const char *)data + 1;
+    size_t n = size - 1;
+
+    rtr_tool_result_t whole;
+    int rc = rtr_tool_parse(&t, text, n, &whole);
+
+    char *content = malloc(n + 1);
+    if (!content) return 0;
+    size_t k = 0;
+    rtr_tool_stream_t s;
+    rtr_tool_stream_init(&s, &t);
+    for (size_t i = 0; i < n; i += step) {
+        const char *out;
+        size_t n_out, len = n - i < step ? n - i : step;
+        rtr_tool_stream_push(&s, text + i, len, &out, &n_out);
+        if (k + n_out > n) die("stream released more than it was given", text, n);
+        memcpy(content + k, out, n_out);
+        k += n_out;
+    }
+    rtr_tool_result_t streamed;
+    const char *out;
+    size_t n_out;
+    int rs = rtr_tool_stream_finish(&s, &streamed, &out, &n_out);
+    if (rs == 1 && streamed.content) {
+        out = streamed.content;
+        n_out = streamed.content_len;
+    }
+    if (k + n_out > n) die("stream released more than it was given", text, n);
+    memcpy(content + k, out, n_out);
+    k += n_out;
+    if (rs != rc) die("stream and whole disagree on calls", text, n);
+    if (rc == 1) {
+        const char *want = whole.content ? whole.content : "";
+        if (k != whole.content_len || memcmp(content, want, k)) die("content before the calls differs", text, n);
+        if (whole.n_calls != streamed.n_calls) die("call counts differ", text, n);
+        for (size_t i = 0; i < whole.n_calls; i++)
+            if (strcmp(whole.calls[i].name, streamed.calls[i].name) ||
+                strcmp(whole.calls[i].arguments, streamed.calls[i].arguments))
+                die("calls differ", text, n);
+        if (!t.parallel && whole.n_calls > 1) die("more than one call without parallel_tool_calls", text, n);
+    } else if (k != n || memcmp(content, text, n)) {
+        die("plain content did not come out whole", text, n);
+    }
+    rtr_tool_result_free(&whole);
+    rtr_tool_result_free(&streamed);
+    rtr_tool_stream_free(&s);
+    free(content);
+    return 0;
+}
