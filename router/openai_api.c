@@ -401,7 +401,7 @@ static bt_status check_tool_fields(const rtr_model_t *m, const cJSON *msg, const
         return bad(http_status, "'messages[%d].tool_call_id' is required for role 'tool'", idx);
     if (id && !cJSON_IsString(id)) return bad(http_status, "'messages[%d].tool_call_id' must be a string", idx);
     const cJSON *calls = field(msg, "tool_calls");
-    if (calls && strcmp(role, "assistant"))
+    if (calls && strcmp(role, "assistant") && !(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 0))
         return bad(http_status, "'messages[%d].tool_calls' is only allowed in assistant messages", idx);
     if (calls && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0 && !m->tmpl_renders_tool_calls)
         return bad(http_status, "'messages[%d].tool_calls': the chat template does not render tool calls; start the "

@@ -699,8 +699,9 @@ bt_status rtr_tools_from_request(const cJSON *body, const rtr_tool_env_t *env, r
         goto fail;
     }
     if (choice == RTR_TOOL_CHOICE_REQUIRED || choice == RTR_TOOL_CHOICE_NAMED) {
-        if ((st = rtr_tools_grammar(t->format, (const char *const *)t->names, params, n, t->named, t->parallel,
-                                    grammar)))
+        /* a named function is one call of it (as OpenAI's "forces the model to call that function") */
+        int many = t->parallel && choice == RTR_TOOL_CHOICE_REQUIRED;
+        if ((st = rtr_tools_grammar(t->format, (const char *const *)t->names, params, n, t->named, many, grammar)))
             goto fail;
     }
     free(params);

@@ -76,7 +76,8 @@ typedef struct rtr_tool_env {
 /* Reads tools, tool_choice and parallel_tool_calls from an OpenAI request body. *out is NULL when the request asks
  * for no tool calling (no tools, or tools: []), else the tools (choice NONE for tool_choice "none": the template
  * still sees them). For REQUIRED and NAMED *grammar receives the grammar that forces the call (caller frees), else
- * NULL. Client errors are BT_ERR_INVALID or BT_ERR_UNSUPPORTED naming the field (the caller answers 400): a malformed
+ * NULL (a named function: exactly one call of it; required: one or more unless parallel_tool_calls is false).
+ * Client errors are BT_ERR_INVALID or BT_ERR_UNSUPPORTED naming the field (the caller answers 400): a malformed
  * tool, a duplicate name, a named tool_choice naming no tool, tool_choice without tools, tools on completions, a
  * template that does not render tools or no call format, strict without a grammar, a parameters schema that
  * json_schema.c does not support (for REQUIRED/NAMED), response_format together with a forced call. BT_ERR_NOMEM.

@@ -114,7 +114,8 @@ def post(rtr, path, body):
 
 
 def test_named_function_single_call(client):
-    r = client.chat.completions.create(model="", messages=ASK, tools=TOOLS, parallel_tool_calls=False,
+    """A named function is called exactly once (parallel_tool_calls left at its default, true)."""
+    r = client.chat.completions.create(model="", messages=ASK, tools=TOOLS,
                                        tool_choice={"type": "function", "function": {"name": "get_time"}},
                                        max_tokens=200, temperature=0.7, seed=11, n=3)
     assert len(r.choices) == 3

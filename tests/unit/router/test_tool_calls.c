@@ -343,7 +343,7 @@ static void test_request(void)
     CHECK(from_request("{\"tools\": [" WEATHER "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
                        "\"get_weather\"}}}",
                        1, RTR_TOOL_FMT_LLAMA3, 0, &t, &g) == BT_OK);
-    CHECK(t && t->choice == RTR_TOOL_CHOICE_NAMED && t->named == 0 && g);
+    CHECK(t && t->choice == RTR_TOOL_CHOICE_NAMED && t->named == 0 && g && strstr(g, "root ::= tcbody\n"));
     rtr_tools_free(t);
     free(g);
     /* tool_choice none: the template still sees the tools, nothing is parsed or forced, any template will do */
