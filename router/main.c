@@ -2,6 +2,7 @@
  * main = apply_env (defaults, BATON_* variables) -> parse_flags (each flag by the take_* step of its kind, then
  * the checks that need them all) -> serve (signals, rtr_create, rtr_start, wait, rtr_destroy). */
 #include "router/router.h"
+#include "router/tool_calls.h"
 
 #include "common/log.h"
 
@@ -210,7 +211,6 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
         {"--model", &cfg->model_path},
         {"--served-model-name", &cfg->served_model_name},
         {"--chat-template", &cfg->chat_template},
-        {"--tool-call-parser", &cfg->tool_call_parser},
         {"--etcd", &cfg->etcd},
         {"--http-listen", &cfg->http_listen},
         {"--grpc-listen", &cfg->grpc_listen},
@@ -229,9 +229,19 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
     return 0;
 }
 
-/* --prefill-mode and the placement model's milliseconds. 1 = taken, 0 = not one of them, -1 = bad (printed). */
+/* --prefill-mode, the placement model's milliseconds and --tool-call-parser (the flags whose value is one of a few
+ * names or a bounded number). 1 = taken, 0 = not one of them, -1 = bad (printed). */
 static int take_placement_flag(rtr_config_t *cfg, const char *a, const char *v)
 {
+    if (!strcmp(a, "--tool-call-parser")) {
+        rtr_tool_format f;
+        if (rtr_tool_format_choose(v, NULL, 0, &f) == BT_OK) {
+            cfg->tool_call_parser = v;
+            return 1;
+        }
+        fprintf(stderr, "baton-router: %s\n", bt_last_error());
+        return -1;
+    }
     if (!strcmp(a, "--prefill-mode")) {
         if (rtr_prefill_mode_parse(v, &cfg->prefill_mode) == BT_OK) return 1;
         fprintf(stderr, "baton-router: --prefill-mode: %s\n", bt_last_error());

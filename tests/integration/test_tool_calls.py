@@ -9,6 +9,7 @@ router with the model's own template shows the refusal a user of the default mod
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import urllib.request
 import pathlib
@@ -19,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import chat_templates_fetch  # noqa: E402
-from harness.baton_procs import start_decode  # noqa: E402
+from harness.baton_procs import bin_path, start_decode  # noqa: E402
 from harness.etcd import EtcdServer  # noqa: E402
 from harness.router_procs import start_router  # noqa: E402
 from test_router_openai import wait_nodes  # noqa: E402
@@ -260,3 +261,21 @@ def test_other_formats_end_to_end(cluster, default_model, template, fmt):
         history = ASK + [ch.message, {"role": "tool", "tool_call_id": call.id, "content": "21 C"}]
         r = c.chat.completions.create(model="", messages=history, tools=TOOLS, tool_choice="none", max_tokens=8)
         assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.tool_calls is None
+
+
+def test_parser_flag(cluster, default_model, qwen_template):
+    """--tool-call-parser: a bad value stops the start naming the choices; none turns tool calling off (a 400 that
+    names the flag) while tool_choice "none" still works."""
+    p = subprocess.run([bin_path("baton-router"), "--model", str(default_model), "--etcd", cluster[2].endpoint,
+                        "--tool-call-parser", "pythonic"], capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "hermes, llama3, mistral" in p.stderr
+    with start_router(cluster[2], default_model,
+                      extra_args=["--chat-template", str(qwen_template), "--tool-call-parser", "none"]) as rtr:
+        wait_nodes(rtr, 1)
+        assert "tool calling: parser none (--tool-call-parser)" in rtr.log()
+        c = openai.OpenAI(base_url=rtr.base_url, api_key="unused", max_retries=0, timeout=300)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
+        assert "--tool-call-parser" in str(e.value)
+        r = c.chat.completions.create(model="", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4)
+        assert r.choices[0].message.tool_calls is None
