@@ -892,7 +892,10 @@ static cJSON *tokenizer_body(rtr_t *r, http_request_t *req)
 static bt_status tokenize_body(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     memset(g, 0, sizeof *g);
-    if (field(body, "messages")) return chat_prompt(m, body, g, http_status);
+    if (field(body, "messages")) { /* tools are rendered as a chat request would render them */
+        bt_status st = parse_tools(m, RTR_API_CHAT, body, g, http_status);
+        return st ? st : chat_prompt(m, body, g, http_status);
+    }
     const cJSON *p = field(body, "prompt");
     if (!cJSON_IsString(p)) return bad(http_status, "'%s' (a string) or 'messages' is required", "prompt");
     int add_special = 1;

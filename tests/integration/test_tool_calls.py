@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import pathlib
 
@@ -279,3 +280,16 @@ def test_parser_flag(cluster, default_model, qwen_template):
         assert "--tool-call-parser" in str(e.value)
         r = c.chat.completions.create(model="", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4)
         assert r.choices[0].message.tool_calls is None
+
+
+def test_tokenize_renders_tools(cluster):
+    """POST /tokenize with messages and tools renders the tools as a chat request does (never ignores them)."""
+    ids = post(cluster[0], "/tokenize", {"messages": ASK, "tools": TOOLS})["tokens"]
+    text = post(cluster[0], "/detokenize", {"tokens": ids})["prompt"]
+    assert "# Tools" in text and json.dumps(TOOLS[0]) in text
+    req = urllib.request.Request(cluster[1].base_url.removesuffix("/v1") + "/tokenize",
+                                 data=json.dumps({"messages": ASK, "tools": TOOLS}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400 and b"does not render tools" in e.value.read()
