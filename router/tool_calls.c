@@ -483,85 +483,108 @@ static void put_name_literal(bt_strbuf *b, const char *name)
     bt_strbuf_puts(b, "\\\"\"");
 }
 
-bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const cJSON *const *params, size_t n,
-                            int named, int parallel, char **out)
+/* The rules of the allowed tools' parameters (rule tool<k> for the k-th allowed tool; NULL = any object). When they
+ * do not compile, each is compiled alone to name the tool at fault. */
+static bt_status params_rules(const char *const *names, const cJSON *const *params, const size_t *idx, size_t k,
+                              char **out)
 {
-    if (fmt == RTR_TOOL_FMT_NONE || n == 0) return bt_fail(BT_ERR_INVALID, "tool grammar: no format or no tools");
     cJSON *any = cJSON_CreateObject();
-    const cJSON **schemas = calloc(n, sizeof *schemas);
-    char *rules = NULL;
+    const cJSON **schemas = calloc(k, sizeof *schemas);
     bt_status st = BT_OK;
     if (!any || !schemas || !cJSON_AddStringToObject(any, "type", "object")) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++) schemas[i] = params[i] ? params[i] : any;
-    /* each schema alone first, so that an unsupported keyword is named with its tool */
-    for (size_t i = 0; i < n; i++) {
-        if (named >= 0 && (size_t)named != i) continue;
-        char *one = NULL;
-        if ((st = rtr_json_schema_rules(&schemas[i], 1, "tool", 1, &one))) {
-            char msg[300];
-            snprintf(msg, sizeof msg, "%s", bt_last_error());
-            st = bt_fail(st, "'tools[%zu].function.parameters' (%s): %s", i, names[i], msg);
-            goto out;
-        }
+    for (size_t i = 0; i < k; i++) schemas[i] = params[idx[i]] ? params[idx[i]] : any;
+    if (!(st = rtr_json_schema_rules(schemas, k, "tool", 1, out)) || st == BT_ERR_NOMEM) goto out;
+    for (size_t i = 0; i < k; i++) {
+        char *one = NULL, msg[300];
+        bt_status e = rtr_json_schema_rules(&schemas[i], 1, "tool", 1, &one);
         free(one);
-    }
-    if ((st = rtr_json_schema_rules(schemas, n, "tool", 1, &rules))) goto out;
-    bt_strbuf b = {0};
-    const char *key = fmt == RTR_TOOL_FMT_LLAMA3 ? "parameters" : "arguments";
-    /* body ::= one of the allowed tools' {"name": N, key: ARGS} */
-    bt_strbuf_puts(&b, "tcbody ::= ");
-    int first = 1;
-    for (size_t i = 0; i < n; i++) {
-        if (named >= 0 && (size_t)named != i) continue;
-        if (!first) bt_strbuf_puts(&b, " | ");
-        first = 0;
-        if (fmt == RTR_TOOL_FMT_MISTRAL_ARGS) {
-            bt_strbuf_puts(&b, "\"");
-            bt_strbuf_puts(&b, names[i]);
-            bt_strbuf_puts(&b, "[ARGS]\" tool");
-        } else {
-            bt_strbuf_puts(&b, "\"{\" ws \"\\\"name\\\"\" ws \":\" ws ");
-            put_name_literal(&b, names[i]);
-            bt_strbuf_puts(&b, " ws \",\" ws \"\\\"");
-            bt_strbuf_puts(&b, key);
-            bt_strbuf_puts(&b, "\\\"\" ws \":\" ws tool");
-        }
-        char num[24];
-        snprintf(num, sizeof num, "%zu", i);
-        bt_strbuf_puts(&b, num);
-        if (fmt != RTR_TOOL_FMT_MISTRAL_ARGS) bt_strbuf_puts(&b, " ws \"}\"");
-    }
-    bt_strbuf_puts(&b, "\n");
-    switch (fmt) {
-    case RTR_TOOL_FMT_HERMES: /* Qwen 2.5 / Hermes spell one call per tag, tags on their own lines */
-        bt_strbuf_puts(&b, "tccall ::= \"<tool_call>\\n\" tcbody \"\\n</tool_call>\"\n");
-        bt_strbuf_puts(&b, parallel ? "root ::= tccall ( \"\\n\" tccall )*\n" : "root ::= tccall\n");
-        break;
-    case RTR_TOOL_FMT_LLAMA3: /* Llama 3.1 calls one function per answer in its JSON form */
-        bt_strbuf_puts(&b, parallel ? "root ::= tcbody ( \"; \" tcbody )*\n" : "root ::= tcbody\n");
-        break;
-    case RTR_TOOL_FMT_MISTRAL:
-        bt_strbuf_puts(&b, parallel ? "root ::= \"[TOOL_CALLS][\" tcbody ( \", \" tcbody )* \"]\"\n"
-                                    : "root ::= \"[TOOL_CALLS][\" tcbody \"]\"\n");
-        break;
-    default:
-        bt_strbuf_puts(&b, parallel ? "root ::= ( \"[TOOL_CALLS]\" tcbody )+\n" : "root ::= \"[TOOL_CALLS]\" tcbody\n");
+        if (!e) continue;
+        snprintf(msg, sizeof msg, "%s", bt_last_error());
+        st = bt_fail(e, "'tools[%zu].function.parameters' (%s): %s", idx[i], names[idx[i]], msg);
         break;
     }
-    bt_strbuf_puts(&b, rules);
-    if (b.oom) {
-        free(b.p);
-        st = bt_fail(BT_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    *out = b.p;
 out:
-    free(rules);
     free(schemas);
     cJSON_Delete(any);
+    return st;
+}
+
+/* tcbody ::= one of the allowed tools' call: {"name": N, "arguments"|"parameters": ARGS}, or N[ARGS]ARGS. */
+static void body_rule(bt_strbuf *b, rtr_tool_format fmt, const char *const *names, const size_t *idx, size_t k)
+{
+    const char *key = fmt == RTR_TOOL_FMT_LLAMA3 ? "parameters" : "arguments";
+    bt_strbuf_puts(b, "tcbody ::= ");
+    for (size_t i = 0; i < k; i++) {
+        char num[24];
+        snprintf(num, sizeof num, "%zu", i);
+        if (i) bt_strbuf_puts(b, " | ");
+        if (fmt == RTR_TOOL_FMT_MISTRAL_ARGS) {
+            bt_strbuf_puts(b, "\"");
+            bt_strbuf_puts(b, names[idx[i]]);
+            bt_strbuf_puts(b, "[ARGS]\" tool");
+            bt_strbuf_puts(b, num);
+            continue;
+        }
+        bt_strbuf_puts(b, "\"{\" ws \"\\\"name\\\"\" ws \":\" ws ");
+        put_name_literal(b, names[idx[i]]);
+        bt_strbuf_puts(b, " ws \",\" ws \"\\\"");
+        bt_strbuf_puts(b, key);
+        bt_strbuf_puts(b, "\\\"\" ws \":\" ws tool");
+        bt_strbuf_puts(b, num);
+        bt_strbuf_puts(b, " ws \"}\"");
+    }
+    bt_strbuf_puts(b, "\n");
+}
+
+/* root ::= the calls in the format's syntax: one, or one or more. */
+static void root_rule(bt_strbuf *b, rtr_tool_format fmt, int parallel)
+{
+    switch (fmt) {
+    case RTR_TOOL_FMT_HERMES: /* Qwen 2.5 / Hermes spell one call per tag, tags on their own lines */
+        bt_strbuf_puts(b, "tccall ::= \"<tool_call>\\n\" tcbody \"\\n</tool_call>\"\n");
+        bt_strbuf_puts(b, parallel ? "root ::= tccall ( \"\\n\" tccall )*\n" : "root ::= tccall\n");
+        break;
+    case RTR_TOOL_FMT_LLAMA3: /* the JSON form of Llama 3.1; several calls separated by "; " as vLLM reads them */
+        bt_strbuf_puts(b, parallel ? "root ::= tcbody ( \"; \" tcbody )*\n" : "root ::= tcbody\n");
+        break;
+    case RTR_TOOL_FMT_MISTRAL:
+        bt_strbuf_puts(b, parallel ? "root ::= \"[TOOL_CALLS][\" tcbody ( \", \" tcbody )* \"]\"\n"
+                                   : "root ::= \"[TOOL_CALLS][\" tcbody \"]\"\n");
+        break;
+    default:
+        bt_strbuf_puts(b, parallel ? "root ::= ( \"[TOOL_CALLS]\" tcbody )+\n" : "root ::= \"[TOOL_CALLS]\" tcbody\n");
+        break;
+    }
+}
+
+bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const cJSON *const *params, size_t n,
+                            int named, int parallel, char **out)
+{
+    if (fmt == RTR_TOOL_FMT_NONE || n == 0 || (named >= 0 && (size_t)named >= n))
+        return bt_fail(BT_ERR_INVALID, "tool grammar: no format, no tools or a named tool out of range");
+    size_t *idx = calloc(n, sizeof *idx), k = 0; /* the tools a call may name */
+    if (!idx) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (named < 0 || (size_t)named == i) idx[k++] = i;
+    char *rules = NULL;
+    bt_status st = params_rules(names, params, idx, k, &rules);
+    if (!st) {
+        bt_strbuf b = {0};
+        root_rule(&b, fmt, parallel);
+        body_rule(&b, fmt, names, idx, k);
+        bt_strbuf_puts(&b, rules);
+        if (b.oom) {
+            free(b.p);
+            st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        } else {
+            *out = b.p;
+        }
+    }
+    free(rules);
+    free(idx);
     return st;
 }
 

@@ -300,6 +300,17 @@ static void test_grammar(void)
     char *text = NULL;
     CHECK(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, names, params, 1, -1, 1, &text) == BT_ERR_UNSUPPORTED &&
           strstr(bt_last_error(), "patternProperties") && strstr(bt_last_error(), "tools[0]"));
+    /* ... and only the tools a call may name are compiled: a named choice ignores the others' schemas */
+    const char *two[] = {"ok", "f"};
+    const cJSON *two_params[] = {NULL, bad};
+    CHECK(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, -1, 1, &text) == BT_ERR_UNSUPPORTED &&
+          strstr(bt_last_error(), "tools[1]"));
+    REQUIRE(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, 0, 1, &text) == BT_OK);
+    bt_grammar *gr = NULL;
+    CHECK(bt_grammar_parse(text, strlen(text), &gr) == BT_OK);
+    CHECK(accepts(gr, "<tool_call>\n{\"name\": \"ok\", \"arguments\": {\"x\": [1]}}\n</tool_call>"));
+    bt_grammar_free(gr);
+    free(text);
     cJSON_Delete(bad);
 }
 
