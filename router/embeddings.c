@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "base64 embeddings are written as the host's float32 bytes: little-endian hosts only"
@@ -33,7 +34,20 @@ static const cJSON *field(const cJSON *body, const char *name)
     return f && !cJSON_IsNull(f) ? f : NULL;
 }
 
-/* One input's token ids from a JSON array of integers in the vocabulary. */
+/* Checks one input's token ids (already in out) against the vocabulary and the context. */
+static bt_status check_ids(const rtr_model_t *m, const tok_ids *t, size_t idx, int *http_status)
+{
+    if (t->n == 0) return bad(http_status, "'input'[%zu] has no tokens", idx);
+    if (t->n > (size_t)m->n_ctx)
+        return bad(http_status, "'input'[%zu] has %zu tokens; the context is %d", idx, t->n, m->n_ctx);
+    int32_t nv = tok_n_vocab(m->tok);
+    for (size_t k = 0; k < t->n; k++)
+        if (t->ids[k] < 0 || t->ids[k] >= nv)
+            return bad(http_status, "'input'[%zu] holds %d, outside the vocabulary [0, %d)", idx, t->ids[k], nv);
+    return BT_OK;
+}
+
+/* One input's token ids from a JSON array of integers. */
 static bt_status ids_input(const rtr_model_t *m, const cJSON *a, size_t idx, tok_ids *out, int *http_status)
 {
     size_t n = (size_t)cJSON_GetArraySize(a);
@@ -42,31 +56,49 @@ static bt_status ids_input(const rtr_model_t *m, const cJSON *a, size_t idx, tok
         return bad(http_status, "'input'[%zu] has %zu tokens; the context is %d", idx, n, m->n_ctx);
     out->ids = malloc(n * sizeof *out->ids);
     if (!out->ids) return bt_fail(BT_ERR_NOMEM, "out of memory");
-    int32_t nv = tok_n_vocab(m->tok);
     const cJSON *e;
     cJSON_ArrayForEach(e, a) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
-            e->valuedouble >= nv)
-            return bad(http_status, "'input'[%zu] holds %s; token ids are integers in [0, %d)", idx,
-                       cJSON_IsNumber(e) ? "a number outside the vocabulary" : "a non-number", nv);
+        /* the range check keeps the conversion defined; check_ids names a value outside the vocabulary */
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || fabs(e->valuedouble) > 2e9)
+            return bad(http_status, "'input'[%zu] holds %s; token ids are integers", idx,
+                       cJSON_IsNumber(e) ? "a number that is not a token id" : "a non-number");
         out->ids[out->n++] = (int32_t)e->valuedouble;
     }
-    return BT_OK;
+    return check_ids(m, out, idx, http_status);
 }
 
 /* One input's token ids from text. */
-static bt_status text_input(const rtr_model_t *m, const cJSON *s, size_t idx, tok_ids *out, int *http_status)
+static bt_status text_input(const rtr_model_t *m, const char *text, size_t idx, tok_ids *out, int *http_status)
 {
-    size_t len = strlen(s->valuestring);
+    size_t len = strlen(text);
     if (len == 0) return bad(http_status, "'input'[%zu] is an empty string", idx);
     if (len > (size_t)m->n_ctx * RTR_PROMPT_BYTES_PER_TOKEN && len > RTR_PROMPT_MIN_BYTES)
         return bad(http_status, "'input'[%zu] is %zu bytes: too long for a context of %d tokens", idx, len, m->n_ctx);
-    bt_status st = tok_encode(m->tok, s->valuestring, len, TOK_ADD_SPECIAL, out);
+    bt_status st = tok_encode(m->tok, text, len, TOK_ADD_SPECIAL, out);
     if (st == BT_ERR_NOMEM) return st;
     if (st) return bad(http_status, "'input'[%zu]: %s", idx, bt_last_error());
-    if (out->n == 0) return bad(http_status, "'input'[%zu] has no tokens", idx);
-    if (out->n > (size_t)m->n_ctx)
-        return bad(http_status, "'input'[%zu] has %zu tokens; the context is %d", idx, out->n, m->n_ctx);
+    return check_ids(m, out, idx, http_status);
+}
+
+/* The request's token total, bounded. */
+static bt_status sum_tokens(rtr_embed_req_t *e, int *http_status)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < e->n; i++) total += e->inputs[i].n;
+    if (total > (1u << 20))
+        return bad(http_status, "'input' holds %llu tokens; at most %u per request", (unsigned long long)total, 1u << 20);
+    e->tokens = (uint32_t)total;
+    return BT_OK;
+}
+
+/* Room for n inputs. */
+static bt_status alloc_inputs(rtr_embed_req_t *e, size_t n, int *http_status)
+{
+    if (n > RTR_EMBED_MAX_INPUTS)
+        return bad(http_status, "'input' holds %zu inputs; at most %d per request", n, RTR_EMBED_MAX_INPUTS);
+    e->inputs = calloc(n, sizeof *e->inputs);
+    if (!e->inputs) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    e->n = n;
     return BT_OK;
 }
 
@@ -93,31 +125,47 @@ static bt_status parse_inputs(const rtr_model_t *m, const cJSON *in, rtr_embed_r
         return bad(http_status, "'input' must be a string, an array of strings, an array of token ids or an array of "
                                 "arrays of token ids");
     size_t n = kind == 'S' || kind == 'i' ? 1 : (size_t)cJSON_GetArraySize(in);
-    if (n > RTR_EMBED_MAX_INPUTS)
-        return bad(http_status, "'input' holds %zu inputs; at most %d per request", n, RTR_EMBED_MAX_INPUTS);
-    out->inputs = calloc(n, sizeof *out->inputs);
-    if (!out->inputs) return bt_fail(BT_ERR_NOMEM, "out of memory");
-    out->n = n;
-    bt_status st = BT_OK;
-    if (kind == 'S') st = text_input(m, in, 0, &out->inputs[0], http_status);
+    bt_status st = alloc_inputs(out, n, http_status);
+    if (st) return st;
+    if (kind == 'S') st = text_input(m, in->valuestring, 0, &out->inputs[0], http_status);
     else if (kind == 'i') st = ids_input(m, in, 0, &out->inputs[0], http_status);
     else {
         size_t i = 0;
         const cJSON *e;
         cJSON_ArrayForEach(e, in) {
-            st = kind == 's' ? text_input(m, e, i, &out->inputs[i], http_status)
+            st = kind == 's' ? text_input(m, e->valuestring, i, &out->inputs[i], http_status)
                              : ids_input(m, e, i, &out->inputs[i], http_status);
             if (st) break;
             i++;
         }
     }
-    if (st) return st;
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += out->inputs[i].n;
-    if (total > (1u << 20)) return bad(http_status, "'input' holds %llu tokens; at most %u per request",
-                                       (unsigned long long)total, 1u << 20);
-    out->tokens = (uint32_t)total;
-    return BT_OK;
+    return st ? st : sum_tokens(out, http_status);
+}
+
+bt_status rtr_embed_from_grpc(const rtr_model_t *m, const Baton__V1__EmbedRequest *q, rtr_embed_req_t *out)
+{
+    memset(out, 0, sizeof *out);
+    int http_status = 400;
+    if ((q->n_texts > 0) == (q->n_token_ids > 0))
+        return bt_fail(BT_ERR_INVALID, "exactly one of 'texts' and 'token_ids' must hold the inputs");
+    bt_status st = alloc_inputs(out, q->n_texts + q->n_token_ids, &http_status);
+    for (size_t i = 0; !st && i < q->n_texts; i++) st = text_input(m, q->texts[i], i, &out->inputs[i], &http_status);
+    for (size_t i = 0; !st && i < q->n_token_ids; i++) {
+        const Baton__V1__TokenIds *t = q->token_ids[i];
+        size_t n = t ? t->n_ids : 0;
+        if (n > (size_t)m->n_ctx) {
+            st = bad(&http_status, "'input'[%zu] has %zu tokens; the context is %d", i, n, m->n_ctx);
+            break;
+        }
+        if (n && !(out->inputs[i].ids = malloc(n * sizeof(int32_t)))) {
+            st = bt_fail(BT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (n) memcpy(out->inputs[i].ids, t->ids, n * sizeof(int32_t));
+        out->inputs[i].n = n;
+        st = check_ids(m, &out->inputs[i], i, &http_status);
+    }
+    return st ? st : sum_tokens(out, &http_status);
 }
 
 bt_status rtr_embed_parse(const rtr_model_t *m, const cJSON *body, rtr_embed_req_t *out, int *http_status)
@@ -218,7 +266,8 @@ char *rtr_embed_answer_json(const char *model, const Baton__V1__DecodeEmbedRespo
 
 typedef struct embed_job {
     rtr_t *r;
-    http_request_t *req;
+    http_request_t *req;  /* the HTTP request, or NULL */
+    bt_rpc_call_t *call;  /* else the gRPC call */
     rtr_embed_req_t e;
     rtr_adm_t *adm;
     char request_id[64];
@@ -236,10 +285,59 @@ static int http_status_of(bt_rpc_code c)
     }
 }
 
+static const char *status_label(bt_rpc_code c)
+{
+    switch (c) {
+    case BT_RPC_INVALID_ARGUMENT: return "client_error";
+    case BT_RPC_RESOURCE_EXHAUSTED: return "overloaded";
+    case BT_RPC_UNAVAILABLE: return "unavailable";
+    default: return "server_error";
+    }
+}
+
+/* Answers the client: resp on success, else code and msg. */
+static void answer(embed_job *j, const Baton__V1__DecodeEmbedResponse *resp, bt_rpc_code code, const char *msg)
+{
+    rtr_t *r = j->r;
+    if (code == BT_RPC_OK && j->req) {
+        size_t len = 0;
+        char *body = rtr_embed_answer_json(r->model.name, resp, j->e.base64, &len);
+        if (!body) {
+            answer(j, NULL, BT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        http_respond(j->req, 200, "application/json", body, len);
+        free(body);
+    } else if (code == BT_RPC_OK) {
+        Baton__V1__EmbedResponse out = BATON__V1__EMBED_RESPONSE__INIT;
+        out.n_data = resp->n_data;
+        out.data = resp->data;
+        out.prompt_tokens = resp->prompt_tokens;
+        bt_status st = bt_rpc_call_send(j->call, &out.base);
+        bt_rpc_call_finish_status(j->call, st);
+    } else if (j->req) {
+        int status = msg && !strcmp(msg, "out of memory") ? 500 : http_status_of(code);
+        if (status == 429 || status == 503) http_response_header(j->req, "Retry-After", "1");
+        http_respond_error(j->req, status, msg, NULL, NULL);
+    } else {
+        bt_rpc_call_finish(j->call, code, msg);
+    }
+    if (code == BT_RPC_OK) metrics_counter_add(r->prompt_tokens, j->e.tokens);
+    rtr_count_request(r, code == BT_RPC_OK ? "ok" : status_label(code));
+}
+
+static void job_free(embed_job *j)
+{
+    rtr_t *r = j->r;
+    rtr_admit_release(r, j->adm);
+    rtr_embed_req_free(&j->e);
+    free(j);
+    atomic_fetch_sub(&r->active_jobs, 1);
+}
+
 static void *embed_main(void *arg)
 {
     embed_job *j = arg;
-    rtr_t *r = j->r;
     Baton__V1__TokenIds *ti = calloc(j->e.n, sizeof *ti);
     Baton__V1__TokenIds **tp = calloc(j->e.n, sizeof *tp);
     Baton__V1__DecodeEmbedResponse *resp = NULL;
@@ -256,45 +354,39 @@ static void *embed_main(void *arg)
         q.request_id = j->request_id;
         q.n_inputs = j->e.n;
         q.inputs = tp;
-        st = rtr_dispatch_embed(r->dispatch, &q, 0, &resp, &res);
+        int64_t dl = j->call ? bt_rpc_call_deadline_ms(j->call) : INT64_MAX;
+        int timeout_ms = 0;
+        if (dl != INT64_MAX) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            int64_t left = dl - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+            timeout_ms = left < 1 ? 1 : left > INT32_MAX ? INT32_MAX : (int)left;
+        }
+        st = rtr_dispatch_embed(j->r->dispatch, &q, timeout_ms, &resp, &res);
     }
+    char msg[400];
     if (st == BT_OK && resp->n_data != j->e.n) {
-        st = BT_ERR_PEER;
-        res.code = BT_RPC_INTERNAL;
-        snprintf(res.message, sizeof res.message, "the decode node answered %zu embeddings for %zu inputs",
+        snprintf(msg, sizeof msg, "embeddings failed: the decode node answered %zu embeddings for %zu inputs",
                  resp->n_data, j->e.n);
-    }
-    char *body = NULL;
-    size_t len = 0;
-    if (st == BT_OK && !(body = rtr_embed_answer_json(r->model.name, resp, j->e.base64, &len))) st = BT_ERR_NOMEM;
-    if (st == BT_OK) {
-        http_respond(j->req, 200, "application/json", body, len);
-        metrics_counter_add(r->prompt_tokens, j->e.tokens);
-        rtr_count_request(r, "ok");
+        answer(j, NULL, BT_RPC_INTERNAL, msg);
+    } else if (st == BT_OK) {
+        answer(j, resp, BT_RPC_OK, NULL);
     } else if (st == BT_ERR_NOMEM && res.code == BT_RPC_OK) {
-        http_respond_error(j->req, 500, "out of memory", NULL, NULL);
-        rtr_count_request(r, "server_error");
+        answer(j, NULL, BT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     } else {
-        int status = http_status_of(res.code);
-        char msg[400];
         snprintf(msg, sizeof msg, "embeddings failed: %s", res.message[0] ? res.message : bt_status_str(st));
-        if (status == 429 || status == 503) http_response_header(j->req, "Retry-After", "1");
-        http_respond_error(j->req, status, msg, NULL, NULL);
-        rtr_count_request(r, status == 400 ? "client_error" : status == 429 ? "overloaded"
-                                                            : status == 503 ? "unavailable" : "server_error");
+        answer(j, NULL, res.code == BT_RPC_OK ? BT_RPC_INTERNAL : res.code, msg);
     }
-    free(body);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
     free(ti);
     free(tp);
-    rtr_admit_release(r, j->adm);
-    rtr_embed_req_free(&j->e);
-    free(j);
-    atomic_fetch_sub(&r->active_jobs, 1);
+    job_free(j);
     return NULL;
 }
 
-void rtr_embed_start_http(rtr_t *r, rtr_embed_req_t *e, http_request_t *req)
+/* Admits e (moved into a job), then runs the job on a thread of its own. The client is answered here when that
+ * fails. */
+static void start(rtr_t *r, rtr_embed_req_t *e, http_request_t *req, bt_rpc_call_t *call)
 {
     /* admitted as one choice of one token after a prompt of every input's tokens: prefill work, no decoding */
     rtr_gen_t g = {.n = 1, .n_prompt = e->tokens, .max_tokens = 1, .ignore_eos = 1};
@@ -303,40 +395,43 @@ void rtr_embed_start_http(rtr_t *r, rtr_embed_req_t *e, http_request_t *req)
     embed_job *j = calloc(1, sizeof *j);
     if (!j) {
         rtr_embed_req_free(e);
-        rtr_count_request(r, "server_error");
-        http_respond_error(req, 500, "out of memory", NULL, NULL);
+        embed_job tmp = {.r = r, .req = req, .call = call};
+        answer(&tmp, NULL, BT_RPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    j->r = r;
-    j->req = req;
-    j->e = *e;
+    *j = (embed_job){.r = r, .req = req, .call = call, .e = *e};
     memset(e, 0, sizeof *e);
-    snprintf(j->request_id, sizeof j->request_id, "emb-%llu",
-             (unsigned long long)atomic_fetch_add(&r->next_id, 1));
+    snprintf(j->request_id, sizeof j->request_id, "emb-%llu", (unsigned long long)atomic_fetch_add(&r->next_id, 1));
+    atomic_fetch_add(&r->active_jobs, 1);
     if (!rtr_admit_gen(r, &g, &j->adm, msg, sizeof msg, &retry)) {
-        char ra[16];
-        snprintf(ra, sizeof ra, "%d", retry);
-        rtr_count_request(r, "overloaded");
-        http_response_header(req, "Retry-After", ra);
-        http_respond_error(req, 429, msg, NULL, NULL);
-        rtr_embed_req_free(&j->e);
-        free(j);
+        if (req) {
+            char ra[16];
+            snprintf(ra, sizeof ra, "%d", retry);
+            http_response_header(req, "Retry-After", ra);
+        }
+        answer(j, NULL, BT_RPC_RESOURCE_EXHAUSTED, msg);
+        job_free(j);
         return;
     }
-    atomic_fetch_add(&r->active_jobs, 1);
     pthread_t th;
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    int rc = http_request_defer(req) == BT_OK ? pthread_create(&th, &at, embed_main, j) : -1;
+    int rc = !req || http_request_defer(req) == BT_OK ? pthread_create(&th, &at, embed_main, j) : -1;
     pthread_attr_destroy(&at);
     if (rc != 0) {
         BT_WARN("router", "embeddings: cannot start the request's thread");
-        http_respond_error(req, 500, "cannot start the request", NULL, NULL);
-        rtr_count_request(r, "server_error");
-        rtr_admit_release(r, j->adm);
-        rtr_embed_req_free(&j->e);
-        free(j);
-        atomic_fetch_sub(&r->active_jobs, 1);
+        answer(j, NULL, BT_RPC_INTERNAL, "cannot start the request");
+        job_free(j);
     }
+}
+
+void rtr_embed_start_http(rtr_t *r, rtr_embed_req_t *e, http_request_t *req)
+{
+    start(r, e, req, NULL);
+}
+
+void rtr_embed_start_grpc(rtr_t *r, rtr_embed_req_t *e, bt_rpc_call_t *call)
+{
+    start(r, e, NULL, call);
 }

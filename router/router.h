@@ -387,6 +387,12 @@ char *rtr_embed_answer_json(const char *model, const Baton__V1__DecodeEmbedRespo
 /* Admits e (ownership moves in, even on error), defers req, and computes on a decode node on a thread of its own;
  * that thread answers: 200, or 429 (node at capacity), 503 (no decode node), 504 (deadline), 500/502. */
 void rtr_embed_start_http(rtr_t *r, rtr_embed_req_t *e, http_request_t *req);
+/* The same inputs from gRPC's EmbedRequest (texts or token_ids); errors as rtr_embed_parse's (all client errors are
+ * BT_ERR_INVALID, INVALID_ARGUMENT), *out owned as there. */
+bt_status rtr_embed_from_grpc(const rtr_model_t *m, const Baton__V1__EmbedRequest *q, rtr_embed_req_t *out);
+/* As rtr_embed_start_http for a gRPC Generation/Embed call: the job answers and finishes the call (RESOURCE_EXHAUSTED,
+ * UNAVAILABLE, DEADLINE_EXCEEDED, ... as the node or dispatch answered). */
+void rtr_embed_start_grpc(rtr_t *r, rtr_embed_req_t *e, bt_rpc_call_t *call);
 
 /* ---- job.c ---- */
 

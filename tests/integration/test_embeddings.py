@@ -15,9 +15,11 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import openai
 import pytest
 
+from harness import pygen
 from harness.baton_procs import start_decode, start_prefill
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
@@ -60,11 +62,16 @@ def wait_nodes(etcd, ids, timeout=20.0):
 
 
 @pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    return pygen.api_stubs(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def cli_vectors(baton_bin, default_model):
     return cli_embed(baton_bin, default_model, TEXTS)
 
 
-def test_embeddings_api(default_model, cli_vectors):
+def test_embeddings_api(default_model, cli_vectors, pb):
     with EtcdServer() as etcd, start_decode(etcd, default_model, threads=1, node_id="dec-1") as d, \
             start_router(etcd, default_model) as rtr:
         wait_nodes(etcd, ["dec-1"])
@@ -146,6 +153,28 @@ def test_embeddings_api(default_model, cli_vectors):
             cl.embeddings.create(model="", input="a", dimensions=64)
         r3 = cl.embeddings.create(model="", input=TEXTS[3])
         assert as_f32(r3.data[0].embedding) == cli_vectors[3]
+
+        # gRPC Generation/Embed: texts or token ids, the same vectors; bad input is INVALID_ARGUMENT naming it
+        pb2, pb2_grpc = pb
+        with grpc.insecure_channel(rtr.grpc_addr) as ch:
+            stub = pb2_grpc.GenerationStub(ch)
+            g = stub.Embed(pb2.EmbedRequest(texts=TEXTS), timeout=60)
+            assert [as_f32(e.values) for e in g.data] == cli_vectors
+            assert g.prompt_tokens == sum(len(t) for t in tok)
+            g = stub.Embed(pb2.EmbedRequest(token_ids=[pb2.TokenIds(ids=t) for t in tok[:2]]), timeout=60)
+            assert [as_f32(e.values) for e in g.data] == cli_vectors[:2]
+            for req, words in [(pb2.EmbedRequest(), "exactly one of"),
+                               (pb2.EmbedRequest(texts=["a"], token_ids=[pb2.TokenIds(ids=[1])]), "exactly one of"),
+                               (pb2.EmbedRequest(token_ids=[pb2.TokenIds(ids=[])]), "no tokens"),
+                               (pb2.EmbedRequest(token_ids=[pb2.TokenIds(ids=[-5])]), "vocabulary"),
+                               (pb2.EmbedRequest(texts=[""]), "empty string")]:
+                with pytest.raises(grpc.RpcError) as ei:
+                    stub.Embed(req, timeout=30)
+                assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in ei.value.details(), \
+                    (words, ei.value.details())
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.Embed(pb2.EmbedRequest(model="nope", texts=["a"]), timeout=30)
+            assert ei.value.code() == grpc.StatusCode.NOT_FOUND
 
         # the node counted the calls; nothing is left running or admitted
         assert d.metric("baton_requests_total", 'status="ok"') >= 8
