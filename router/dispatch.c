@@ -517,6 +517,24 @@ static size_t keep_fit(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t *idx, 
     return fit ? fit : k; /* with none fit nothing was overwritten */
 }
 
+/* The power of two choices among the usable decode nodes nodes[idx[0..k-1]] (k > 0), fit ones first: an index into
+ * nodes. */
+static size_t choose_decode(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t *idx, size_t k)
+{
+    int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
+    pthread_mutex_lock(&d->mu);
+    k = keep_fit(d, nodes, idx, k, confirmed);
+    size_t a = idx[next_rand(d) % k], b = a;
+    if (k > 1) {
+        size_t j = next_rand(d) % (k - 1);
+        b = idx[j];
+        if (b == a) b = idx[k - 1];
+        if (score(d, &nodes[b]) > score(d, &nodes[a])) a = b;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return a;
+}
+
 /* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
  * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
 static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req_t *rq, picked_t *out)
@@ -533,17 +551,7 @@ static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req
         mbr_nodes_free(nodes, n);
         return bt_fail(BT_ERR_UNAVAILABLE, "no healthy decode node");
     }
-    int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
-    pthread_mutex_lock(&d->mu);
-    k = keep_fit(d, nodes, idx, k, confirmed);
-    size_t a = idx[next_rand(d) % k], b = a;
-    if (k > 1) {
-        size_t j = next_rand(d) % (k - 1);
-        b = idx[j];
-        if (b == a) b = idx[k - 1];
-        if (score(d, &nodes[b]) > score(d, &nodes[a])) a = b;
-    }
-    pthread_mutex_unlock(&d->mu);
+    size_t a = choose_decode(d, nodes, idx, k);
 
     plan_t *pl = malloc(sizeof *pl); /* ~10 KiB: kept off the choice thread's small stack */
     if (!pl) {
@@ -1042,4 +1050,84 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
     free(r.done);
     free(r.hashes);
     return ret;
+}
+
+/* ---- embeddings ---- */
+
+/* A decode node for one Embed attempt, never one in ex: its slot (call counted in flight; undo with unpick) and its
+ * model fingerprint. BT_ERR_UNAVAILABLE when none is left. */
+static bt_status pick_embed(rtr_dispatch_t *d, const rtr_exclude_t *ex, picked_t *out)
+{
+    mbr_node_t *nodes;
+    size_t n;
+    bt_status st = mbr_watcher_snapshot(d->watcher, &nodes, &n);
+    if (st) return st;
+    size_t idx[MAX_TRACKED];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < MAX_TRACKED; i++)
+        if (usable(d, &nodes[i]) && !rtr_exclude_has(ex, nodes[i].info.node_id)) idx[k++] = i;
+    if (!k) {
+        mbr_nodes_free(nodes, n);
+        return bt_fail(BT_ERR_UNAVAILABLE, ex->n ? "no healthy decode node left" : "no healthy decode node");
+    }
+    const mbr_node_t *dn = &nodes[choose_decode(d, nodes, idx, k)];
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    node_slot_t *s = slot_get(d, &dn->info, 1);
+    if (s) s->inflight++;
+    pthread_mutex_unlock(&d->mu);
+    if (s) {
+        out->slot = s;
+        snprintf(out->fingerprint, sizeof out->fingerprint, "%s", dn->info.model);
+    }
+    mbr_nodes_free(nodes, n);
+    return s ? BT_OK : bt_fail(BT_ERR_NOMEM, "cannot open a channel to a decode node");
+}
+
+bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequest *tmpl, int timeout_ms,
+                             Baton__V1__DecodeEmbedResponse **out, bt_rpc_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    rtr_exclude_t ex = {0};
+    if (d->request_timeout_ms > 0 && (timeout_ms <= 0 || d->request_timeout_ms < timeout_ms))
+        timeout_ms = d->request_timeout_ms;
+    int64_t deadline = timeout_ms > 0 ? mono_ms() + timeout_ms : 0;
+    bt_status st = BT_OK;
+    for (int attempt = 0;; attempt++) {
+        int left = 0;
+        if (deadline) {
+            int64_t l = deadline - mono_ms();
+            if (l <= 0) {
+                res->code = BT_RPC_DEADLINE_EXCEEDED;
+                snprintf(res->message, sizeof res->message, "request deadline (%d ms) passed", timeout_ms);
+                st = bt_fail(BT_ERR_TIMEOUT, "%s", res->message);
+                break;
+            }
+            left = l > INT32_MAX ? INT32_MAX : (int)l;
+        }
+        picked_t p;
+        if ((st = pick_embed(d, &ex, &p)) != BT_OK) {
+            res->code = BT_RPC_UNAVAILABLE;
+            snprintf(res->message, sizeof res->message, "%s", bt_last_error());
+            st = BT_ERR_UNAVAILABLE;
+            break;
+        }
+        Baton__V1__DecodeEmbedRequest req = *tmpl;
+        req.model_fingerprint = p.fingerprint;
+        ProtobufCMessage *resp = NULL;
+        st = bt_rpc_unary(p.slot->ch, "/baton.v1.Decode/Embed", &req.base, &baton__v1__decode_embed_response__descriptor,
+                          left, &resp, res);
+        unpick(d, &p);
+        if (st == BT_OK) {
+            *out = (Baton__V1__DecodeEmbedResponse *)resp;
+            break;
+        }
+        BT_WARN("router", "embeddings %s: decode node %s failed: %s %s", tmpl->request_id, p.slot->node_id,
+                bt_rpc_code_str(res->code), res->message);
+        if (!retryable(res->code) || res->code == BT_RPC_CANCELLED || attempt >= d->max_migrations ||
+            rtr_exclude_add(&ex, p.slot->node_id) != BT_OK)
+            break;
+    }
+    rtr_exclude_free(&ex);
+    return st;
 }

@@ -249,13 +249,28 @@ static bt_status get_bound(gen *g, const cJSON *s, const char *name, int *has, d
     return BT_OK;
 }
 
+/* The four numeric bounds of a schema; has* says which are given. */
+typedef struct bounds {
+    int hmin, hmax, hxmin, hxmax;
+    double vmin, vmax, vxmin, vxmax;
+} bounds;
+
+static bt_status read_bounds(gen *g, const cJSON *s, bounds *o)
+{
+    memset(o, 0, sizeof *o);
+    if (get_bound(g, s, "minimum", &o->hmin, &o->vmin) || get_bound(g, s, "maximum", &o->hmax, &o->vmax) ||
+        get_bound(g, s, "exclusiveMinimum", &o->hxmin, &o->vxmin) ||
+        get_bound(g, s, "exclusiveMaximum", &o->hxmax, &o->vxmax))
+        return g->err;
+    return BT_OK;
+}
+
 static bt_status gen_integer(gen *g, const cJSON *s, bt_strbuf *b)
 {
-    int hmin, hmax, hxmin, hxmax;
-    double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
-    if (get_bound(g, s, "minimum", &hmin, &vmin) || get_bound(g, s, "maximum", &hmax, &vmax) ||
-        get_bound(g, s, "exclusiveMinimum", &hxmin, &vxmin) || get_bound(g, s, "exclusiveMaximum", &hxmax, &vxmax))
-        return g->err;
+    bounds bd;
+    if (read_bounds(g, s, &bd)) return g->err;
+    int hmin = bd.hmin, hmax = bd.hmax, hxmin = bd.hxmin, hxmax = bd.hxmax;
+    double vmin = bd.vmin, vmax = bd.vmax, vxmin = bd.vxmin, vxmax = bd.vxmax;
     const cJSON *mo = kw(s, "multipleOf");
     if (mo && !(cJSON_IsNumber(mo) && mo->valuedouble == 1.0))
         return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword 'multipleOf' is not supported");
@@ -278,11 +293,10 @@ static bt_status gen_integer(gen *g, const cJSON *s, bt_strbuf *b)
 
 static bt_status gen_number(gen *g, const cJSON *s, bt_strbuf *b)
 {
-    int hmin, hmax, hxmin, hxmax;
-    double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
-    if (get_bound(g, s, "minimum", &hmin, &vmin) || get_bound(g, s, "maximum", &hmax, &vmax) ||
-        get_bound(g, s, "exclusiveMinimum", &hxmin, &vxmin) || get_bound(g, s, "exclusiveMaximum", &hxmax, &vxmax))
-        return g->err;
+    bounds bd;
+    if (read_bounds(g, s, &bd)) return g->err;
+    int hmin = bd.hmin, hmax = bd.hmax, hxmin = bd.hxmin, hxmax = bd.hxmax;
+    double vmin = bd.vmin, vmax = bd.vmax;
     const cJSON *mo = kw(s, "multipleOf");
     if (mo) {
         if (cJSON_IsNumber(mo) && mo->valuedouble == 1.0) return gen_integer(g, s, b);

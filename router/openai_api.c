@@ -1,4 +1,5 @@
-/* OpenAI-compatible HTTP API (DESIGN 9): /v1/chat/completions, /v1/completions, /v1/models, /health.
+/* OpenAI-compatible HTTP API (DESIGN 9): /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models,
+ * /tokenize, /detokenize, /health.
  * Validation happens here, before anything reaches a node: wrong types are refused naming the field, unknown
  * fields are ignored, and the prompt plus max_tokens must fit the context. */
 #include "router/router.h"
@@ -988,6 +989,30 @@ static void h_detokenize(http_request_t *req, void *arg)
     free(text);
 }
 
+/* POST /v1/embeddings: parsed here, computed on a decode node (router/embeddings.c). */
+static void h_embeddings(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    if (!rtr_ready(r)) {
+        rtr_count_request(r, "unavailable");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 503, rtr_not_ready_reason(r), NULL, NULL);
+        return;
+    }
+    cJSON *body = tokenizer_body(r, req);
+    if (!body) return;
+    rtr_embed_req_t e;
+    int status = 400;
+    bt_status st = rtr_embed_parse(&r->model, body, &e, &status);
+    cJSON_Delete(body);
+    if (st) {
+        rtr_embed_req_free(&e);
+        respond_parse_error(r, req, st, status);
+        return;
+    }
+    rtr_embed_start_http(r, &e, req);
+}
+
 static void h_models(http_request_t *req, void *arg)
 {
     rtr_t *r = arg;
@@ -1029,6 +1054,7 @@ bt_status rtr_openai_register(rtr_t *r, http_server_t *s)
     if ((st = http_server_route(s, "GET", "/v1/models", HTTP_ROUTE_AUTH, h_models, r))) return st;
     if ((st = http_server_route(s, "POST", "/tokenize", HTTP_ROUTE_AUTH, h_tokenize, r))) return st;
     if ((st = http_server_route(s, "POST", "/detokenize", HTTP_ROUTE_AUTH, h_detokenize, r))) return st;
+    if ((st = http_server_route(s, "POST", "/v1/embeddings", HTTP_ROUTE_AUTH, h_embeddings, r))) return st;
     if ((st = http_server_route(s, "GET", "/v1/models/", HTTP_ROUTE_AUTH | HTTP_ROUTE_PREFIX, h_model_one, r)))
         return st;
     return http_server_route(s, "GET", "/health", 0, h_health, r);

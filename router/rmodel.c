@@ -27,6 +27,7 @@ static int32_t arch_i32(const gguf_file *f, const char *arch, const char *name)
 static void load_attention_shape(const gguf_file *f, const char *arch, rtr_model_t *m)
 {
     int32_t n_embd = arch_i32(f, arch, "embedding_length");
+    m->n_embd = n_embd;
     int32_t n_head = arch_i32(f, arch, "attention.head_count");
     m->n_layer = arch_i32(f, arch, "block_count");
     m->n_head_kv = arch_i32(f, arch, "attention.head_count_kv");

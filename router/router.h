@@ -8,6 +8,7 @@
  *   dispatch.c    choice of a decode node and prefill placement, Decode/Run, migration when a node dies mid-stream
  *   job.c         one client request: n choices on worker threads, usage, metrics, answering the client
  *   openai_api.c  HTTP routes (OpenAI shapes) and request validation
+ *   embeddings.c  /v1/embeddings: inputs, Decode/Embed on a thread per request, the answer
  *   grpc_api.c    baton.v1.Generation over gRPC
  *   router.c      flags, start-up and shutdown */
 #ifndef BATON_ROUTER_ROUTER_H
@@ -67,6 +68,7 @@ typedef struct rtr_model {
     char fingerprint[17]; /* gguf_fingerprint as 16 lower-case hex digits, as nodes publish it */
     uint64_t fingerprint_u64; /* the same value: keys the prefix hashes (DESIGN 5.3) */
     int32_t n_layer, n_head_kv, head_dim; /* attention shape, for the KV size; 0 when the metadata lacks it */
+    int32_t n_embd;     /* the hidden size (the embeddings' dimensions); 0 when the metadata lacks it */
     double kv_bytes_per_token; /* f16 K and V over every layer: n_layer * 2 * n_head_kv * head_dim * 2 bytes */
     /* tool calling (router/tool_calls.h; rtr_model_tools_init) */
     int tool_format;             /* rtr_tool_format of the parser in use */
@@ -358,6 +360,48 @@ void rtr_exclude_free(rtr_exclude_t *e);
 bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest *req, const rtr_run_ops_t *ops,
                            rtr_run_result_t *res);
 
+/* Computes embeddings on a decode node (Decode/Embed; req's model_fingerprint is filled here): the node is chosen
+ * as for Run, and a node that fails (dies, restarts, sheds the call) is replaced by another, up to the migration
+ * limit; nothing is streamed, so a retry simply starts over. timeout_ms (0 = none) is capped by
+ * --request-timeout-s. Blocks. BT_OK with *out (free with protobuf_c_message_free_unpacked); else res says what the
+ * node or the router answered (UNAVAILABLE: no healthy decode node). */
+bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequest *req, int timeout_ms,
+                             Baton__V1__DecodeEmbedResponse **out, bt_rpc_result_t *res);
+
+/* ---- embeddings.c: POST /v1/embeddings (issue 23.5) ---- */
+
+typedef struct rtr rtr_t;
+
+#define RTR_EMBED_MAX_INPUTS 2048 /* inputs per request (OpenAI's limit; the nodes' DECODE_EMBED_MAX_INPUTS) */
+
+/* A validated embeddings request: its inputs as token ids. */
+typedef struct rtr_embed_req {
+    tok_ids *inputs;
+    size_t n;
+    uint32_t tokens;    /* all inputs together */
+    int base64;         /* encoding_format "base64": little-endian float32, base64-encoded */
+} rtr_embed_req_t;
+
+/* Parses an OpenAI embeddings body: "input" as a string, an array of strings, an array of token ids or an array of
+ * arrays of token ids (strings are tokenized as raw text, BOS per the model file, special-token text not parsed,
+ * as `baton embed` does); "encoding_format" float|base64; "dimensions" only as the model's own size; "model" and
+ * "user" as for chat. A client error is 400 naming the field (*http_status), BT_ERR_NOMEM 500. *out is zeroed first
+ * and owns what it holds even on error (free with rtr_embed_req_free). */
+bt_status rtr_embed_parse(const rtr_model_t *m, const cJSON *body, rtr_embed_req_t *out, int *http_status);
+void rtr_embed_req_free(rtr_embed_req_t *e);
+/* The OpenAI answer {"object":"list","data":[{"object":"embedding","index":i,"embedding":...}],"model","usage"}
+ * with floats printed to round-trip exactly (%.9g) or base64. NULL when out of memory; free the result. */
+char *rtr_embed_answer_json(const char *model, const Baton__V1__DecodeEmbedResponse *resp, int base64, size_t *len);
+/* Admits e (ownership moves in, even on error), defers req, and computes on a decode node on a thread of its own;
+ * that thread answers: 200, or 429 (node at capacity), 503 (no decode node), 504 (deadline), 500/502. */
+void rtr_embed_start_http(rtr_t *r, rtr_embed_req_t *e, http_request_t *req);
+/* The same inputs from gRPC's EmbedRequest (texts or token_ids); errors as rtr_embed_parse's (all client errors are
+ * BT_ERR_INVALID, INVALID_ARGUMENT), *out owned as there. */
+bt_status rtr_embed_from_grpc(const rtr_model_t *m, const Baton__V1__EmbedRequest *q, rtr_embed_req_t *out);
+/* As rtr_embed_start_http for a gRPC Generation/Embed call: the job answers and finishes the call (RESOURCE_EXHAUSTED,
+ * UNAVAILABLE, DEADLINE_EXCEEDED, ... as the node or dispatch answered). */
+void rtr_embed_start_grpc(rtr_t *r, rtr_embed_req_t *e, bt_rpc_call_t *call);
+
 /* ---- job.c ---- */
 
 typedef enum rtr_api {
@@ -366,7 +410,6 @@ typedef enum rtr_api {
     RTR_API_GRPC = 2,       /* gRPC Generation/Generate */
 } rtr_api;
 
-typedef struct rtr rtr_t;
 
 /* A validated request, ready to run: what every front end produces. Owned strings and arrays. */
 typedef struct rtr_gen {
