@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/strbuf.h"
+#include "engine/grammar.h"
 #include "router/json_schema.h"
 
 static const char HERMES_OPEN[] = "<tool_call>", HERMES_CLOSE[] = "</tool_call>";
@@ -576,12 +577,19 @@ bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const
         root_rule(&b, fmt, parallel);
         body_rule(&b, fmt, names, idx, k);
         bt_strbuf_puts(&b, rules);
+        bt_grammar *check = NULL;
         if (b.oom) {
-            free(b.p);
             st = bt_fail(BT_ERR_NOMEM, "out of memory");
-        } else {
-            *out = b.p;
+        } else if ((st = bt_grammar_parse(b.p, b.n, &check))) {
+            /* as in rtr_json_schema_grammar: a $ref cycle that matches nothing before it recurs is left-recursive */
+            char msg[200];
+            snprintf(msg, sizeof msg, "%s", bt_last_error());
+            st = st == BT_ERR_NOMEM ? st : bt_fail(BT_ERR_UNSUPPORTED, "'tools': a parameters schema whose $ref cycle "
+                                                   "matches nothing before it recurs is not supported (%.160s)", msg);
         }
+        bt_grammar_free(check);
+        if (st) free(b.p);
+        else *out = b.p;
     }
     free(rules);
     free(idx);

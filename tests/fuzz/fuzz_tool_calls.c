@@ -1,11 +1,14 @@
 /* router/tool_calls.c on arbitrary model output (issue 23 item 4): model output is untrusted. The first byte picks
  * the format and the streaming split; the parser never crashes, and streaming the output in pieces gives exactly
- * the whole-text result: the same calls, and content that adds up to the same text (a difference is a bug: abort). */
+ * the whole-text result: the same calls, and content that adds up to the same text (a difference is a bug: abort).
+ * The bytes that parse as a JSON object also go through the request checks (tools, tool_choice, a message's
+ * tool_calls). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/grammar.h"
 #include "router/tool_calls.h"
 
 static char *names[] = {"get_weather", "f", "a-b_c"};
@@ -14,6 +17,34 @@ static void die(const char *what, const char *text, size_t n)
 {
     fprintf(stderr, "%s on %.*s\n", what, (int)n, text);
     abort();
+}
+
+/* The same bytes as a request body: tools are accepted or refused with a status, and a forcing grammar always
+ * parses (it is checked again by the router; a failure here is a bug). */
+static void request(const rtr_tools_t *t, const char *text, size_t n, uint8_t flags)
+{
+    cJSON *body = cJSON_ParseWithLength(text, n);
+    if (!cJSON_IsObject(body)) {
+        cJSON_Delete(body);
+        return;
+    }
+    rtr_tool_env_t env = {.format = t->format, .tmpl_renders_tools = 1, .has_response_format = (flags >> 7) & 1,
+                          .chat = 1};
+    rtr_tools_t *tools = NULL;
+    char *grammar = NULL;
+    if (rtr_tools_from_request(body, &env, &tools, &grammar) == BT_OK && grammar) {
+        bt_grammar *g = NULL;
+        if (bt_grammar_parse(grammar, strlen(grammar), &g)) die("a forcing grammar does not parse", grammar, strlen(grammar));
+        bt_grammar_free(g);
+    }
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "tool_calls");
+    cJSON *out = NULL;
+    if (msgs && rtr_tools_message_calls(msgs, 0, &out) == BT_OK && !cJSON_IsArray(out))
+        die("message tool_calls did not stay an array", text, n);
+    cJSON_Delete(out);
+    free(grammar);
+    rtr_tools_free(tools);
+    cJSON_Delete(body);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -71,5 +102,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rtr_tool_result_free(&streamed);
     rtr_tool_stream_free(&s);
     free(content);
+    request(&t, text, n, data[0]);
     return 0;
 }
