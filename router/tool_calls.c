@@ -115,8 +115,8 @@ static size_t json_span(const char *p, const char *e)
     for (const char *q = p; q < e; q++) {
         char c = *q;
         if (in_str) {
-            if (c == '\\') q++;
-            else if (c == '"') in_str = 0;
+            if (c == '\\' && ++q == e) return 0; /* an escape cut by the end */
+            if (c == '"') in_str = 0;
             continue;
         }
         if (c == '"') in_str = 1;
