@@ -271,14 +271,17 @@ static cJSON *tool_calls_json(const rtr_job_t *j, const rtr_tool_result_t *r)
  * with the arguments (under j->mu). */
 static void sse_tool_calls(rtr_job_t *j, choice_t *c, const rtr_tool_result_t *r)
 {
-    cJSON *calls = tool_calls_json(j, r);
-    for (size_t i = 0; calls && i < r->n_calls; i++) {
-        const cJSON *call = cJSON_GetArrayItem(calls, (int)i);
-        const cJSON *fn = cJSON_GetObjectItem(call, "function");
+    for (size_t i = 0; i < r->n_calls; i++) {
+        char id[40];
+        rtr_tool_call_id(j->g.tools->format, id, sizeof id);
+        char *args = rtr_utf8_sanitize(r->calls[i].arguments, strlen(r->calls[i].arguments));
         for (int part = 0; part < 2; part++) {
             cJSON *o = chunk_base(j);
             cJSON *ch = cJSON_CreateObject();
-            cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+            if (!cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch)) {
+                cJSON_Delete(ch); /* out of memory: the cJSON_Add* below then do nothing */
+                ch = NULL;
+            }
             cJSON_AddNumberToObject(ch, "index", c->index);
             cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
             if (!c->sent_role) {
@@ -287,26 +290,26 @@ static void sse_tool_calls(rtr_job_t *j, choice_t *c, const rtr_tool_result_t *r
                 c->sent_role = 1;
             }
             cJSON *tc = cJSON_CreateObject();
-            cJSON_AddItemToArray(cJSON_AddArrayToObject(delta, "tool_calls"), tc);
-            cJSON_AddNumberToObject(tc, "index", (double)i);
-            cJSON *f = cJSON_CreateObject();
-            if (part == 0) {
-                cJSON_AddStringToObject(tc, "id", cJSON_GetObjectItem(call, "id")->valuestring);
-                cJSON_AddStringToObject(tc, "type", "function");
-                cJSON_AddStringToObject(f, "name", cJSON_GetObjectItem(fn, "name")->valuestring);
-                cJSON_AddStringToObject(f, "arguments", "");
-            } else {
-                cJSON_AddStringToObject(f, "arguments", cJSON_GetObjectItem(fn, "arguments")->valuestring);
+            if (!cJSON_AddItemToArray(cJSON_AddArrayToObject(delta, "tool_calls"), tc)) {
+                cJSON_Delete(tc);
+                tc = NULL;
             }
-            cJSON_AddItemToObject(tc, "function", f);
+            cJSON_AddNumberToObject(tc, "index", (double)i);
+            if (part == 0) {
+                cJSON_AddStringToObject(tc, "id", id);
+                cJSON_AddStringToObject(tc, "type", "function");
+            }
+            cJSON *f = cJSON_AddObjectToObject(tc, "function");
+            if (part == 0) cJSON_AddStringToObject(f, "name", r->calls[i].name);
+            cJSON_AddStringToObject(f, "arguments", part == 0 ? "" : args ? args : "{}");
             cJSON_AddNullToObject(ch, "logprobs");
             cJSON_AddNullToObject(ch, "finish_reason");
             if (j->g.include_usage) cJSON_AddNullToObject(o, "usage");
             sse_send_json(j, o);
             cJSON_Delete(o);
         }
+        free(args);
     }
-    cJSON_Delete(calls);
 }
 
 /* The end of a streamed choice with tools: the held text becomes calls or content, then the finish chunk. */
