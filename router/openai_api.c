@@ -463,6 +463,7 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
     size_t total = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, msgs) total += content_bytes(cJSON_GetObjectItemCaseSensitive(e, "content"));
+    if (g->tools && g->tools->tools_json) total += strlen(g->tools->tools_json); /* the template renders them too */
     bt_status st = check_prompt_bytes(m, total, http_status);
     if (st) return st;
     chat_msg *cm = calloc((size_t)n, sizeof *cm);
