@@ -96,7 +96,8 @@ fail:
 static bt_status read_small_file(const char *path, char **out, size_t *len)
 {
     FILE *fp = fopen(path, "rb");
-    if (!fp) return bt_fail(errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    if (!fp)
+        return bt_fail(errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
     size_t cap = (size_t)8 << 20;
     char *buf = malloc(cap + 1);
     size_t n = buf ? fread(buf, 1, cap, fp) : 0;

@@ -655,7 +655,8 @@ static bt_status check_combination(const rtr_tool_env_t *env, const rtr_tools_t 
                        "Qwen 2.5 style template for ChatML models), or send tool_choice \"none\"");
     if (env->format == RTR_TOOL_FMT_NONE)
         return bt_fail(BT_ERR_UNSUPPORTED, "'tools': no tool-call format is known for this chat template; start the "
-                       "router with --tool-call-parser hermes|llama3|mistral|mistral-args, or send tool_choice \"none\"");
+                       "router with --tool-call-parser hermes|llama3|mistral|mistral-args, or send tool_choice "
+                       "\"none\"");
     int forced = t->choice == RTR_TOOL_CHOICE_REQUIRED || t->choice == RTR_TOOL_CHOICE_NAMED;
     if (forced && env->has_response_format)
         return bt_fail(BT_ERR_UNSUPPORTED, "'response_format' together with tool_choice \"required\" or a named "
