@@ -540,29 +540,88 @@ static void body_rule(bt_strbuf *b, rtr_tool_format fmt, const char *const *name
     bt_strbuf_puts(b, "\n");
 }
 
-/* root ::= the calls in the format's syntax: one, or one or more. */
-static void root_rule(bt_strbuf *b, rtr_tool_format fmt, int parallel)
+/* c as a GBNF character-class member. */
+static void put_class_char(bt_strbuf *b, char c)
+{
+    if (c == '[' || c == ']' || c == '\\' || c == '^' || c == '-') bt_strbuf_put(b, "\\", 1);
+    bt_strbuf_put(b, &c, 1);
+}
+
+/* tctext ::= text in which the parser finds no call: it never holds the format's marker M (whose first character
+ * m0 occurs in M only there, so M can only start where m0 does: the text is runs without m0, each after an m0 that
+ * does not go on to spell M), and for llama3 and mistral its first non-blank character does not open a call. */
+static void text_rule(bt_strbuf *b, rtr_tool_format fmt)
+{
+    size_t k;
+    const char *m = anywhere_marker(fmt, &k);
+    char open = opening_char(fmt), m0 = m[0];
+    for (size_t i = 1; i < k; i++) { /* tx<i>: m0 and m[1..i) seen; what may follow up to the next m0 */
+        bt_strbuf_puts(b, "tx");
+        char num[24];
+        snprintf(num, sizeof num, "%zu ::= ( ", i);
+        bt_strbuf_puts(b, num);
+        if (i + 1 < k) {
+            bt_strbuf_puts(b, "\"");
+            bt_strbuf_put(b, &m[i], 1);
+            snprintf(num, sizeof num, "\" tx%zu | ", i + 1);
+            bt_strbuf_puts(b, num);
+        }
+        bt_strbuf_puts(b, "[^");
+        put_class_char(b, m[i]);
+        put_class_char(b, m0);
+        bt_strbuf_puts(b, "] [^");
+        put_class_char(b, m0);
+        bt_strbuf_puts(b, "]* )?\n");
+    }
+    bt_strbuf_puts(b, "txseg ::= \"");
+    bt_strbuf_put(b, &m0, 1);
+    bt_strbuf_puts(b, "\" tx1\n");
+    if (!open) {
+        bt_strbuf_puts(b, "tctext ::= [^");
+        put_class_char(b, m0);
+        bt_strbuf_puts(b, "]* txseg*\n");
+        return;
+    }
+    /* \r too: the parser skips it before looking for the opening character */
+    bt_strbuf_puts(b, "tctext ::= [ \\t\\n\\r]* ( [^ \\t\\n\\r");
+    put_class_char(b, open);
+    put_class_char(b, m0);
+    bt_strbuf_puts(b, "] [^");
+    put_class_char(b, m0);
+    bt_strbuf_puts(b, open == m0 ? "]* txseg* )?\n" : "]* txseg* | txseg+ )?\n");
+}
+
+/* tccalls ::= the calls in the format's syntax, one or (parallel) more; root ::= them, or (with_text) text without
+ * a call, or for hermes and mistral text then calls (the parser takes that text as content). */
+static void root_rule(bt_strbuf *b, rtr_tool_format fmt, int parallel, int with_text)
 {
     switch (fmt) {
     case RTR_TOOL_FMT_HERMES: /* Qwen 2.5 / Hermes spell one call per tag, tags on their own lines */
         bt_strbuf_puts(b, "tccall ::= \"<tool_call>\\n\" tcbody \"\\n</tool_call>\"\n");
-        bt_strbuf_puts(b, parallel ? "root ::= tccall ( \"\\n\" tccall )*\n" : "root ::= tccall\n");
+        bt_strbuf_puts(b, parallel ? "tccalls ::= tccall ( \"\\n\" tccall )*\n" : "tccalls ::= tccall\n");
         break;
     case RTR_TOOL_FMT_LLAMA3: /* the JSON form of Llama 3.1; several calls separated by "; " as vLLM reads them */
-        bt_strbuf_puts(b, parallel ? "root ::= tcbody ( \"; \" tcbody )*\n" : "root ::= tcbody\n");
+        bt_strbuf_puts(b, parallel ? "tccalls ::= tcbody ( \"; \" tcbody )*\n" : "tccalls ::= tcbody\n");
         break;
     case RTR_TOOL_FMT_MISTRAL:
-        bt_strbuf_puts(b, parallel ? "root ::= \"[TOOL_CALLS][\" tcbody ( \", \" tcbody )* \"]\"\n"
-                                   : "root ::= \"[TOOL_CALLS][\" tcbody \"]\"\n");
+        bt_strbuf_puts(b, parallel ? "tccalls ::= \"[TOOL_CALLS][\" tcbody ( \", \" tcbody )* \"]\"\n"
+                                   : "tccalls ::= \"[TOOL_CALLS][\" tcbody \"]\"\n");
         break;
     default:
-        bt_strbuf_puts(b, parallel ? "root ::= ( \"[TOOL_CALLS]\" tcbody )+\n" : "root ::= \"[TOOL_CALLS]\" tcbody\n");
+        bt_strbuf_puts(b, parallel ? "tccalls ::= ( \"[TOOL_CALLS]\" tcbody )+\n"
+                                   : "tccalls ::= \"[TOOL_CALLS]\" tcbody\n");
         break;
     }
+    if (!with_text) {
+        bt_strbuf_puts(b, "root ::= tccalls\n");
+        return;
+    }
+    text_rule(b, fmt);
+    bt_strbuf_puts(b, fmt == RTR_TOOL_FMT_LLAMA3 ? "root ::= tccalls | tctext\n" : "root ::= tctext tccalls?\n");
 }
 
 bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const cJSON *const *params, size_t n,
-                            int named, int parallel, char **out)
+                            int named, int parallel, int with_text, char **out)
 {
     if (fmt == RTR_TOOL_FMT_NONE || n == 0 || (named >= 0 && (size_t)named >= n))
         return bt_fail(BT_ERR_INVALID, "tool grammar: no format, no tools or a named tool out of range");
@@ -574,7 +633,7 @@ bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const
     bt_status st = params_rules(names, params, idx, k, &rules);
     if (!st) {
         bt_strbuf b = {0};
-        root_rule(&b, fmt, parallel);
+        root_rule(&b, fmt, parallel, with_text);
         body_rule(&b, fmt, names, idx, k);
         bt_strbuf_puts(&b, rules);
         bt_grammar *check = NULL;
@@ -646,7 +705,7 @@ static bt_status parse_choice(const cJSON *f, rtr_tool_choice *choice, const cha
 }
 
 /* The checks that need the whole request; the tools themselves are valid. */
-static bt_status check_combination(const rtr_tool_env_t *env, const rtr_tools_t *t, int any_strict)
+static bt_status check_combination(const rtr_tool_env_t *env, const rtr_tools_t *t)
 {
     if (t->choice == RTR_TOOL_CHOICE_NONE) return BT_OK;
     if (!env->tmpl_renders_tools)
@@ -664,10 +723,6 @@ static bt_status check_combination(const rtr_tool_env_t *env, const rtr_tools_t 
     if (!forced && env->has_response_format)
         return bt_fail(BT_ERR_UNSUPPORTED, "'response_format' together with 'tools' and tool_choice \"auto\" is not "
                        "supported (a constrained output could never hold a call): send tool_choice \"none\"");
-    if (!forced && any_strict)
-        return bt_fail(BT_ERR_UNSUPPORTED, "'tools[].function.strict': true is honoured only with tool_choice "
-                       "\"required\" or a named function (a grammar then forces the arguments to match the schema); "
-                       "with \"auto\" the output is free and parsed afterwards");
     return BT_OK;
 }
 
@@ -693,7 +748,8 @@ bt_status rtr_tools_from_request(const cJSON *body, const rtr_tool_env_t *env, r
     }
     rtr_tools_t *t = calloc(1, sizeof *t);
     const cJSON **params = calloc(n, sizeof *params);
-    if (!t || !params || !(t->names = calloc(n, sizeof *t->names))) {
+    char *strict_of = calloc(n, 1);
+    if (!t || !params || !strict_of || !(t->names = calloc(n, sizeof *t->names))) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -709,6 +765,7 @@ bt_status rtr_tools_from_request(const cJSON *body, const rtr_tool_env_t *env, r
         int strict = 0;
         if ((st = check_tool(tool, i, &name, &params[i], &strict))) goto fail;
         any_strict |= strict;
+        strict_of[i] = (char)strict;
         for (size_t k = 0; k < i; k++)
             if (!strcmp(t->names[k], name)) {
                 st = bad("'tools[%zu].function.name' '%s' repeats tools[%zu]'s", i, name, k);
@@ -725,7 +782,7 @@ bt_status rtr_tools_from_request(const cJSON *body, const rtr_tool_env_t *env, r
         st = bad("'tool_choice' names the function '%.64s', which is not in 'tools'", named_name);
         goto fail;
     }
-    if ((st = check_combination(env, t, any_strict))) goto fail;
+    if ((st = check_combination(env, t))) goto fail;
     if (!(t->tools_json = cJSON_PrintUnformatted(tools))) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory");
         goto fail;
@@ -733,14 +790,24 @@ bt_status rtr_tools_from_request(const cJSON *body, const rtr_tool_env_t *env, r
     if (choice == RTR_TOOL_CHOICE_REQUIRED || choice == RTR_TOOL_CHOICE_NAMED) {
         /* a named function is one call of it (as OpenAI's "forces the model to call that function") */
         int many = t->parallel && choice == RTR_TOOL_CHOICE_REQUIRED;
-        if ((st = rtr_tools_grammar(t->format, (const char *const *)t->names, params, n, t->named, many, grammar)))
+        if ((st = rtr_tools_grammar(t->format, (const char *const *)t->names, params, n, t->named, many, 0, grammar)))
+            goto fail;
+    } else if (choice == RTR_TOOL_CHOICE_AUTO && any_strict) {
+        /* strict under auto (OpenAI's promise: a call's arguments match its schema): text or calls, the strict
+         * tools' arguments under their schemas, the others' any object */
+        for (size_t i = 0; i < n; i++)
+            if (!strict_of[i]) params[i] = NULL;
+        if ((st = rtr_tools_grammar(t->format, (const char *const *)t->names, params, n, -1, t->parallel, 1,
+                                    grammar)))
             goto fail;
     }
     free(params);
+    free(strict_of);
     *out = t;
     return BT_OK;
 fail:
     free(params);
+    free(strict_of);
     rtr_tools_free(t);
     return st;
 }

@@ -76,19 +76,22 @@ typedef struct rtr_tool_env {
 /* Reads tools, tool_choice and parallel_tool_calls from an OpenAI request body. *out is NULL when the request asks
  * for no tool calling (no tools, or tools: []), else the tools (choice NONE for tool_choice "none": the template
  * still sees them). For REQUIRED and NAMED *grammar receives the grammar that forces the call (caller frees), else
- * NULL (a named function: exactly one call of it; required: one or more unless parallel_tool_calls is false).
+ * NULL (a named function: exactly one call of it; required: one or more unless parallel_tool_calls is false). With
+ * auto a tool with strict: true also gets a grammar: text or calls whose arguments match the strict tools' schemas.
  * Client errors are BT_ERR_INVALID or BT_ERR_UNSUPPORTED naming the field (the caller answers 400): a malformed
  * tool, a duplicate name, a named tool_choice naming no tool, tool_choice without tools, tools on completions, a
- * template that does not render tools or no call format, strict without a grammar, a parameters schema that
- * json_schema.c does not support (for REQUIRED/NAMED), response_format together with a forced call. BT_ERR_NOMEM.
+ * template that does not render tools or no call format, a parameters schema that json_schema.c does not support
+ * (when a grammar is made), response_format together with tool calling. BT_ERR_NOMEM.
  * Outputs set only on success. */
 bt_status rtr_tools_from_request(const cJSON *body, const rtr_tool_env_t *env, rtr_tools_t **out, char **grammar);
 
 /* The grammar that makes an output one call (or, when parallel, one or more) of tools[i] in fmt, with
- * params[i] as the schema of the arguments (NULL: any object); named >= 0 allows only that tool. BT_ERR_UNSUPPORTED
- * naming the tool for a schema json_schema.c does not support, BT_ERR_INVALID for a malformed one, BT_ERR_NOMEM. */
+ * params[i] as the schema of the arguments (NULL: any object); named >= 0 allows only that tool. with_text also
+ * allows text in which rtr_tool_parse finds no call (strict tools under tool_choice auto), before the calls for
+ * hermes and mistral. BT_ERR_UNSUPPORTED naming the tool for a schema json_schema.c does not support (or a $ref
+ * cycle that matches nothing before it recurs), BT_ERR_INVALID for a malformed one, BT_ERR_NOMEM. */
 bt_status rtr_tools_grammar(rtr_tool_format fmt, const char *const *names, const cJSON *const *params, size_t n,
-                            int named, int parallel, char **out);
+                            int named, int parallel, int with_text, char **out);
 
 /* A message's tool_calls (assistant, OpenAI shape) checked and turned into what templates read: each call's
  * function.arguments (a JSON string) becomes the object it encodes, as Hugging Face templates expect (Qwen 2.5

@@ -2,7 +2,8 @@
  * the format and the streaming split; the parser never crashes, and streaming the output in pieces gives exactly
  * the whole-text result: the same calls, and content that adds up to the same text (a difference is a bug: abort).
  * The bytes that parse as a JSON object also go through the request checks (tools, tool_choice, a message's
- * tool_calls). */
+ * tool_calls), and strict tools under auto: what their grammar accepts never parses to a call that breaks the
+ * schema. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,37 @@ static void request(const rtr_tools_t *t, const char *text, size_t n, uint8_t fl
     free(grammar);
     rtr_tools_free(tools);
     cJSON_Delete(body);
+}
+
+/* Strict tools under auto: when the grammar of text-or-calls accepts the output, every call the parser finds of the
+ * strict tool has the only arguments its schema allows (f, not strict, takes any object). */
+static void strict_auto(const rtr_tools_t *t, const char *text, size_t n)
+{
+    static bt_grammar *gs[5];
+    rtr_tool_format f = t->format;
+    if (!gs[f]) {
+        cJSON *p = cJSON_Parse("{\"type\": \"object\", \"properties\": {\"city\": {\"const\": \"Paris\"}}, "
+                               "\"required\": [\"city\"], \"additionalProperties\": false}");
+        const cJSON *params[] = {p, NULL, NULL};
+        char *g = NULL;
+        if (rtr_tools_grammar(f, (const char *const *)names, params, 3, -1, 1, 1, &g) ||
+            bt_grammar_parse(g, strlen(g), &gs[f]))
+            die("the strict grammar does not build", g ? g : "", g ? strlen(g) : 0);
+        free(g);
+        cJSON_Delete(p);
+    }
+    bt_gstate a = {0}, tmp = {0};
+    int ok = !bt_grammar_start(gs[f], &a) &&
+             bt_grammar_advance(gs[f], &a, (const uint8_t *)text, n, &tmp) == 1 && a.accepting && !a.overflow;
+    bt_gstate_free(&a);
+    bt_gstate_free(&tmp);
+    if (!ok) return;
+    rtr_tool_result_t r;
+    if (rtr_tool_parse(t, text, n, &r) == 1)
+        for (size_t i = 0; i < r.n_calls; i++)
+            if (!strcmp(r.calls[i].name, "get_weather") && strcmp(r.calls[i].arguments, "{\"city\":\"Paris\"}"))
+                die("a strict call the grammar allowed does not match its schema", text, n);
+    rtr_tool_result_free(&r);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -103,5 +135,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rtr_tool_stream_free(&s);
     free(content);
     request(&t, text, n, data[0]);
+    strict_auto(&t, text, n);
     return 0;
 }

@@ -196,7 +196,7 @@ static bt_grammar *grammar_of(rtr_tool_format f, const char *params_json, int na
     const char *names[] = {"get_weather", "get_temperature_date"};
     const cJSON *params[] = {p1, p2};
     char *text = NULL;
-    bt_status st = rtr_tools_grammar(f, names, params, 2, named, parallel, &text);
+    bt_status st = rtr_tools_grammar(f, names, params, 2, named, parallel, 0, &text);
     cJSON_Delete(p1);
     cJSON_Delete(p2);
     CHECK_MSG(st == BT_OK, "grammar: %s", bt_last_error());
@@ -298,20 +298,94 @@ static void test_grammar(void)
     const char *names[] = {"f"};
     const cJSON *params[] = {bad};
     char *text = NULL;
-    CHECK(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, names, params, 1, -1, 1, &text) == BT_ERR_UNSUPPORTED &&
+    CHECK(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, names, params, 1, -1, 1, 0, &text) == BT_ERR_UNSUPPORTED &&
           strstr(bt_last_error(), "patternProperties") && strstr(bt_last_error(), "tools[0]"));
     /* ... and only the tools a call may name are compiled: a named choice ignores the others' schemas */
     const char *two[] = {"ok", "f"};
     const cJSON *two_params[] = {NULL, bad};
-    CHECK(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, -1, 1, &text) == BT_ERR_UNSUPPORTED &&
+    CHECK(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, -1, 1, 0, &text) == BT_ERR_UNSUPPORTED &&
           strstr(bt_last_error(), "tools[1]"));
-    REQUIRE(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, 0, 1, &text) == BT_OK);
+    REQUIRE(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, 0, 1, 0, &text) == BT_OK);
     bt_grammar *gr = NULL;
     CHECK(bt_grammar_parse(text, strlen(text), &gr) == BT_OK);
     CHECK(accepts(gr, "<tool_call>\n{\"name\": \"ok\", \"arguments\": {\"x\": [1]}}\n</tool_call>"));
     bt_grammar_free(gr);
     free(text);
     cJSON_Delete(bad);
+}
+
+/* The grammar of strict tools under auto: get_weather strict (city Paris or Rome), get_temperature_date any. */
+static bt_status text_grammar(rtr_tool_format f, bt_grammar **out)
+{
+    cJSON *p1 = cJSON_Parse("{\"type\": \"object\", \"properties\": {\"city\": {\"enum\": [\"Paris\", \"Rome\"]}}, "
+                            "\"required\": [\"city\"], \"additionalProperties\": false}");
+    const char *names[] = {"get_weather", "get_temperature_date"};
+    const cJSON *params[] = {p1, NULL};
+    char *text = NULL;
+    bt_status st = rtr_tools_grammar(f, names, params, 2, -1, 1, 1, &text);
+    cJSON_Delete(p1);
+    if (!st) st = bt_grammar_parse(text, strlen(text), out);
+    CHECK_MSG(st == BT_OK, "%s text grammar: %s\n%s", rtr_tool_format_name(f), bt_last_error(), text ? text : "");
+    free(text);
+    return st;
+}
+
+/* Accepted documents parse to what they are: plain text (no call), or calls whose strict arguments validate. */
+static void text_case(const bt_grammar *g, rtr_tool_format f, const char *doc, int accepted, int n_calls)
+{
+    CHECK_MSG(accepts(g, doc) == accepted, "%s: '%s' should be %s", rtr_tool_format_name(f), doc,
+              accepted ? "accepted" : "rejected");
+    if (!accepted) return;
+    const char *names[] = {"get_weather", "get_temperature_date"};
+    rtr_tools_t t = {.format = f, .choice = RTR_TOOL_CHOICE_AUTO, .parallel = 1, .names = (char **)names,
+                     .n_names = 2, .named = -1};
+    rtr_tool_result_t r;
+    int rc = rtr_tool_parse(&t, doc, strlen(doc), &r);
+    CHECK_MSG(rc == (n_calls > 0) && (int)r.n_calls == n_calls, "%s: '%s' parses to %d calls", rtr_tool_format_name(f),
+              doc, (int)r.n_calls);
+    rtr_tool_result_free(&r);
+}
+
+static void test_grammar_with_text(void)
+{
+    bt_grammar *g = NULL;
+    REQUIRE(text_grammar(RTR_TOOL_FMT_HERMES, &g) == BT_OK);
+    text_case(g, RTR_TOOL_FMT_HERMES, "Hello! It is sunny.", 1, 0);
+    text_case(g, RTR_TOOL_FMT_HERMES, "", 1, 0);
+    text_case(g, RTR_TOOL_FMT_HERMES, "a <b> <t <tool_c <<tool_cal x", 1, 0);
+    text_case(g, RTR_TOOL_FMT_HERMES,
+              "Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>",
+              1, 1);
+    text_case(g, RTR_TOOL_FMT_HERMES,
+              "<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"anything\": [1]}}\n</tool_call>",
+              1, 1);
+    text_case(g, RTR_TOOL_FMT_HERMES,
+              "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", 0, 0);
+    text_case(g, RTR_TOOL_FMT_HERMES, "text <tool_call> more text", 0, 0);
+    bt_grammar_free(g);
+
+    REQUIRE(text_grammar(RTR_TOOL_FMT_LLAMA3, &g) == BT_OK);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, "Sure, it is {sunny}.", 1, 0);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, "x <|python_ta y <| <<|p", 1, 0);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, "<b>bold</b>", 1, 0);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", 1, 1);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", 0, 0);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, " \r\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", 0, 0);
+    text_case(g, RTR_TOOL_FMT_LLAMA3, "x <|python_tag|>{\"name\": \"get_weather\", \"parameters\": {}}", 0, 0);
+    bt_grammar_free(g);
+
+    REQUIRE(text_grammar(RTR_TOOL_FMT_MISTRAL, &g) == BT_OK);
+    text_case(g, RTR_TOOL_FMT_MISTRAL, "ok [1] [TOOL_CALL [x", 1, 0);
+    text_case(g, RTR_TOOL_FMT_MISTRAL,
+              "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]", 1, 1);
+    text_case(g, RTR_TOOL_FMT_MISTRAL, " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]", 0, 0);
+    bt_grammar_free(g);
+
+    REQUIRE(text_grammar(RTR_TOOL_FMT_MISTRAL_ARGS, &g) == BT_OK);
+    text_case(g, RTR_TOOL_FMT_MISTRAL_ARGS, "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}", 1, 1);
+    text_case(g, RTR_TOOL_FMT_MISTRAL_ARGS, "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}", 0, 0);
+    text_case(g, RTR_TOOL_FMT_MISTRAL_ARGS, "a plain answer", 1, 0);
+    bt_grammar_free(g);
 }
 
 static bt_status from_request(const char *body_json, int renders, rtr_tool_format f, int has_rf, rtr_tools_t **t,
@@ -348,13 +422,14 @@ static void test_request(void)
     rtr_tools_free(t);
     CHECK(from_request("{\"tools\": [" WEATHER "], \"tool_choice\": \"required\", \"parallel_tool_calls\": false}", 1,
                        RTR_TOOL_FMT_HERMES, 0, &t, &g) == BT_OK);
-    CHECK(t && t->choice == RTR_TOOL_CHOICE_REQUIRED && !t->parallel && g && strstr(g, "root ::= tccall\n"));
+    CHECK(t && t->choice == RTR_TOOL_CHOICE_REQUIRED && !t->parallel && g && strstr(g, "tccalls ::= tccall\n") &&
+          strstr(g, "root ::= tccalls\n"));
     rtr_tools_free(t);
     free(g);
     CHECK(from_request("{\"tools\": [" WEATHER "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
                        "\"get_weather\"}}}",
                        1, RTR_TOOL_FMT_LLAMA3, 0, &t, &g) == BT_OK);
-    CHECK(t && t->choice == RTR_TOOL_CHOICE_NAMED && t->named == 0 && g && strstr(g, "root ::= tcbody\n"));
+    CHECK(t && t->choice == RTR_TOOL_CHOICE_NAMED && t->named == 0 && g && strstr(g, "tccalls ::= tcbody\n"));
     rtr_tools_free(t);
     free(g);
     /* tool_choice none: the template still sees the tools, nothing is parsed or forced, any template will do */
@@ -379,8 +454,23 @@ static void test_request(void)
     expect_refused("{\"tools\": [" WEATHER "]}", 1, RTR_TOOL_FMT_NONE, 0, "--tool-call-parser");
     expect_refused("{\"tools\": [" WEATHER "], \"tool_choice\": \"required\"}", 1, RTR_TOOL_FMT_HERMES, 1,
                    "'response_format'");
+    /* strict under auto: a grammar of text or calls; a strict tool's schema must compile, another's need not */
+    CHECK(from_request("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}", 1,
+                       RTR_TOOL_FMT_HERMES, 0, &t, &g) == BT_OK);
+    CHECK(t && t->choice == RTR_TOOL_CHOICE_AUTO && g && strstr(g, "root ::= tctext tccalls?"));
+    rtr_tools_free(t);
+    free(g);
+    expect_refused("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, "
+                   "\"parameters\": {\"type\": \"object\", \"minProperties\": 1}}}]}",
+                   1, RTR_TOOL_FMT_HERMES, 0, "minProperties");
+    CHECK(from_request("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}, "
+                       "{\"type\": \"function\", \"function\": {\"name\": \"g\", \"parameters\": {\"type\": "
+                       "\"object\", \"minProperties\": 1}}}]}",
+                       1, RTR_TOOL_FMT_HERMES, 0, &t, &g) == BT_OK && g);
+    rtr_tools_free(t);
+    free(g);
     expect_refused("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}", 1,
-                   RTR_TOOL_FMT_HERMES, 0, "strict");
+                   RTR_TOOL_FMT_HERMES, 1, "response_format");
     expect_refused("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
                    "\"object\", \"minProperties\": 1}}}], \"tool_choice\": \"required\"}",
                    1, RTR_TOOL_FMT_HERMES, 0, "minProperties");
@@ -454,6 +544,7 @@ int main(void)
     RUN(test_parse_real_outputs);
     RUN(test_stream_matches_whole);
     RUN(test_grammar);
+    RUN(test_grammar_with_text);
     RUN(test_request);
     RUN(test_message_calls);
     RUN(test_detect_and_ids);
