@@ -557,7 +557,7 @@ static void text_rule(bt_strbuf *b, rtr_tool_format fmt)
     char open = opening_char(fmt), m0 = m[0];
     for (size_t i = 1; i < k; i++) { /* tx<i>: m0 and m[1..i) seen; what may follow up to the next m0 */
         bt_strbuf_puts(b, "tx");
-        char num[24];
+        char num[48];
         snprintf(num, sizeof num, "%zu ::= ( ", i);
         bt_strbuf_puts(b, num);
         if (i + 1 < k) {
