@@ -560,23 +560,32 @@ static size_t choose_decode(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t *
     return a;
 }
 
+/* A snapshot of the view (*nodes[*n], the caller frees it with mbr_nodes_free) and the decode node chosen in it
+ * (*a), never one in ex. BT_ERR_UNAVAILABLE (nothing to free) when no usable decode node is left. */
+static bt_status snapshot_choose(rtr_dispatch_t *d, const rtr_exclude_t *ex, mbr_node_t **nodes, size_t *n, size_t *a)
+{
+    bt_status st = mbr_watcher_snapshot(d->watcher, nodes, n);
+    if (st) return st;
+    size_t idx[MAX_TRACKED];
+    size_t k = 0;
+    for (size_t i = 0; i < *n && k < MAX_TRACKED; i++)
+        if (usable(d, &(*nodes)[i]) && !rtr_exclude_has(ex, (*nodes)[i].info.node_id)) idx[k++] = i;
+    if (!k) {
+        mbr_nodes_free(*nodes, *n);
+        return bt_fail(BT_ERR_UNAVAILABLE, ex->n ? "no healthy decode node left" : "no healthy decode node");
+    }
+    *a = choose_decode(d, *nodes, idx, k);
+    return BT_OK;
+}
+
 /* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
  * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
 static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req_t *rq, picked_t *out)
 {
     mbr_node_t *nodes;
-    size_t n;
-    bt_status st = mbr_watcher_snapshot(d->watcher, &nodes, &n);
+    size_t n, a;
+    bt_status st = snapshot_choose(d, ex, &nodes, &n, &a);
     if (st) return st;
-    size_t idx[MAX_TRACKED];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < MAX_TRACKED; i++)
-        if (usable(d, &nodes[i]) && !rtr_exclude_has(ex, nodes[i].info.node_id)) idx[k++] = i;
-    if (!k) {
-        mbr_nodes_free(nodes, n);
-        return bt_fail(BT_ERR_UNAVAILABLE, "no healthy decode node");
-    }
-    size_t a = choose_decode(d, nodes, idx, k);
 
     plan_t *pl = malloc(sizeof *pl); /* ~10 KiB: kept off the choice thread's small stack */
     if (!pl) {
@@ -1084,18 +1093,10 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
 static bt_status pick_embed(rtr_dispatch_t *d, const rtr_exclude_t *ex, picked_t *out)
 {
     mbr_node_t *nodes;
-    size_t n;
-    bt_status st = mbr_watcher_snapshot(d->watcher, &nodes, &n);
+    size_t n, a;
+    bt_status st = snapshot_choose(d, ex, &nodes, &n, &a);
     if (st) return st;
-    size_t idx[MAX_TRACKED];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < MAX_TRACKED; i++)
-        if (usable(d, &nodes[i]) && !rtr_exclude_has(ex, nodes[i].info.node_id)) idx[k++] = i;
-    if (!k) {
-        mbr_nodes_free(nodes, n);
-        return bt_fail(BT_ERR_UNAVAILABLE, ex->n ? "no healthy decode node left" : "no healthy decode node");
-    }
-    const mbr_node_t *dn = &nodes[choose_decode(d, nodes, idx, k)];
+    const mbr_node_t *dn = &nodes[a];
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&d->mu);
     node_slot_t *s = slot_get(d, &dn->info, 1);
