@@ -210,6 +210,15 @@ int rtr_place_within_slo(double ttft_s, double slo_s);
  * at least 1; fallback (at least 1) when the rate was never measured. Pure; can't fail. */
 int rtr_planner_replicas(double demand_tok_s, double rate_tok_s, int fallback);
 
+/* Which of n healthy prefill nodes one placement decision weighs (dispatch.c and the simulator): every one when
+ * n <= max; else those that hold a prefix of the prompt (holds[i] nonzero; holds may be NULL) first, up to max, then
+ * a uniform random sample of the others, drawn with the xorshift64 state *rng (advanced), so every node gets its
+ * share of the work however large the cluster. Writes indices 0..n-1 to out[<= max] and returns their count;
+ * scratch holds n entries. Pure but for *rng. */
+#define RTR_MAX_PREFILL_CANDIDATES 64
+size_t rtr_prefill_candidates(size_t n, const unsigned char *holds, size_t max, uint64_t *rng, size_t *scratch,
+                              size_t *out);
+
 /* The decode-node preference of dispatch.c's power of two choices (higher wins): KV headroom (free / total, 1 when
  * total is unknown) minus running / max_running (max_running <= 0 reads as 64). Pure, so the simulator runs it. */
 double rtr_decode_score(double kv_total, double kv_free, int64_t running, double max_running);
@@ -239,6 +248,14 @@ size_t rtr_pindex_match(rtr_pindex_t *x, const char *node_id, int64_t started_ms
  * from their tails, as a node's own LRU does. Allocation failure is harmless: the node is then forgotten. */
 void rtr_pindex_insert(rtr_pindex_t *x, const char *node_id, int64_t started_ms, int64_t capacity, const uint64_t *h,
                        size_t n);
+/* The nodes most recently sent a chain starting with h0 (at most RTR_PINDEX_HOLDERS, as rtr_pindex_id_hash of their
+ * ids and their started_ms): a hint to find likely prefix holders among many nodes without a lookup per node. It may
+ * name a node that has since evicted the chain or left (check with rtr_pindex_match), and may have lost a holder.
+ * Returns the count. Can't fail. */
+#define RTR_PINDEX_HOLDERS 4
+size_t rtr_pindex_holders(rtr_pindex_t *x, uint64_t h0, uint32_t *idh, int64_t *started);
+/* The hash rtr_pindex_holders reports a node id by. */
+uint32_t rtr_pindex_id_hash(const char *node_id);
 /* Forgets a node (it left the view). Can't fail. */
 void rtr_pindex_forget(rtr_pindex_t *x, const char *node_id);
 /* Hashes held for a node (tests, logs). */

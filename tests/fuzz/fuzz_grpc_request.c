@@ -58,15 +58,7 @@ static void embed(const uint8_t *p, size_t n)
     if (!q) return;
     rtr_embed_req_t e;
     if (rtr_embed_from_grpc(&fuzz_model, q, &e) == BT_OK) {
-        uint64_t sum = 0;
-        if (!e.n || e.n > RTR_EMBED_MAX_INPUTS) abort();
-        for (size_t i = 0; i < e.n; i++) {
-            if (!e.inputs[i].n || e.inputs[i].n > (size_t)fuzz_model.n_ctx) abort();
-            for (size_t k = 0; k < e.inputs[i].n; k++)
-                if (e.inputs[i].ids[k] < 0 || e.inputs[i].ids[k] >= tok_n_vocab(fuzz_model.tok)) abort();
-            sum += e.inputs[i].n;
-        }
-        if (sum != e.tokens) abort();
+        fuzz_check_embed(&e);
     }
     rtr_embed_req_free(&e);
     baton__v1__embed_request__free_unpacked(q, NULL);

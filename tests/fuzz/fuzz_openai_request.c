@@ -24,15 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int status = 0;
         bt_status st = rtr_embed_parse(&fuzz_model, j, &e, &status);
         if (st == BT_OK) {
-            uint64_t sum = 0;
-            if (!e.n || e.n > RTR_EMBED_MAX_INPUTS) abort();
-            for (size_t i = 0; i < e.n; i++) {
-                if (!e.inputs[i].n || e.inputs[i].n > (size_t)fuzz_model.n_ctx) abort();
-                for (size_t k = 0; k < e.inputs[i].n; k++)
-                    if (e.inputs[i].ids[k] < 0 || e.inputs[i].ids[k] >= tok_n_vocab(fuzz_model.tok)) abort();
-                sum += e.inputs[i].n;
-            }
-            if (sum != e.tokens) abort();
+            fuzz_check_embed(&e);
         } else if (st != BT_ERR_NOMEM && ((status != 400 && status != 404) || !bt_last_error()[0])) {
             abort();
         }

@@ -23,6 +23,7 @@ from harness import pygen
 from harness.baton_procs import start_decode, start_prefill
 from harness.etcd import EtcdServer
 from harness.router_procs import start_router
+from test_disagg_router import wait_nodes
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b",
          "Embeddings map text to vectors.", "a"]
@@ -50,15 +51,6 @@ def post(base_url, path, body, timeout=120):
 
 def as_f32(vec):
     return [struct.unpack("<f", struct.pack("<f", v))[0] for v in vec]
-
-
-def wait_nodes(etcd, ids, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if all(etcd.get(f"/baton/default/load/{i}") for i in ids):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"nodes {ids} did not all report load")
 
 
 @pytest.fixture(scope="module")
