@@ -239,6 +239,7 @@ static int parse_mistral(const rtr_tools_t *t, const char *p, const char *e, rtr
             cJSON_Delete(a);
             if (rc) return rc == BT_ERR_NOMEM ? rc : 0;
         } else { /* name[CALL_ID]id[ARGS]{...} */
+            p = q;
             char name[RTR_TOOL_MAX_NAME + 1];
             size_t k = 0;
             while (p < e && name_char(*p) && k < RTR_TOOL_MAX_NAME) name[k++] = *p++;
@@ -248,7 +249,7 @@ static int parse_mistral(const rtr_tools_t *t, const char *p, const char *e, rtr
                 for (int i = 0; p < e && name_char(*p) && i < 64; i++) p++;
             }
             if (!k || !starts(p, e, LIT(MISTRAL_ARGS_TAG))) return 0;
-            p += sizeof MISTRAL_ARGS_TAG - 1;
+            p = skip_ws(p + sizeof MISTRAL_ARGS_TAG - 1, e);
             cJSON *o = json_at(&p, e);
             int rc = o ? add_call(r, t, name, o) : -1;
             cJSON_Delete(o);

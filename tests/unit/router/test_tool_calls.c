@@ -78,6 +78,8 @@ static const expect cases[] = {
      "\"Rome\"}",
      2, "Sure.", "get_weather", "{\"city\":\"Paris\"}"},
     {RTR_TOOL_FMT_MISTRAL_ARGS, "[TOOL_CALLS]get_weather{\"city\": \"Paris\"}", 0, 0, 0, 0},
+    {RTR_TOOL_FMT_MISTRAL_ARGS, "[TOOL_CALLS] get_weather[ARGS] {\"city\": \"Paris\"}", 1, NULL, "get_weather",
+     "{\"city\":\"Paris\"}"},
     {RTR_TOOL_FMT_MISTRAL, "[1, 2, 3] are numbers", 0, 0, 0, 0},
 };
 
