@@ -51,6 +51,7 @@ test: build build-asan build-fuzz build-neon
 
 test-unit:
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/$(BUILD)/ctest-junit.xml
+	@cat $(BUILD)/cuda-tests-not-run.txt 2>/dev/null || true
 
 test-asan:
 	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -19,13 +19,15 @@
 
 typedef struct bt_backend bt_backend;
 
-/* Attention over paged KV for one step (causal: a token at position p sees positions 0..p of its sequence). */
+/* Attention over paged KV for one step (causal: a token at position p sees positions 0..p of its sequence, and with
+ * a sliding window only the keys k with p - k < window). */
 typedef struct bt_attn_args {
     const bt_kv_pool *kv;
     int32_t layer;
     int32_t n_tokens;
     int32_t n_head, n_head_kv, head_dim;
     float scale;                   /* 1 / sqrt(head_dim) */
+    int32_t window;                /* 0: unlimited; else a query at position p sees keys k with p - k < window */
     const float *q;                /* [n_tokens][n_head][head_dim], rotated */
     const int32_t *pos;            /* [n_tokens] */
     const int32_t *const *tables;  /* [n_tokens] -> that token's sequence block table */
@@ -46,6 +48,8 @@ typedef struct bt_backend_ops {
     void (*buf_free)(bt_backend *be, void *buf);
     void (*buf_set)(bt_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*buf_get)(bt_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* Optional (NULL: memcpy): copies between two buffers of this backend (device memory for cuda). */
+    void (*buf_copy)(bt_backend *be, void *dst, const void *src, size_t bytes);
 
     /* out[n][w->n_in] = rows tokens[i] of the embedding matrix w, dequantized. */
     void (*embed)(bt_backend *be, const bt_weight *w, const int32_t *tokens, int32_t n, float *out);
@@ -68,6 +72,9 @@ typedef struct bt_backend_ops {
     bt_status (*attention)(bt_backend *be, const bt_attn_args *a);
     /* out[i] = silu(g[i]) * u[i], i < n. out may equal g. */
     void (*swiglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
+    /* out[i] = gelu_tanh(g[i]) * u[i], i < n, gelu_tanh(x) = 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
+     * out may equal g. */
+    void (*geglu)(bt_backend *be, const float *g, const float *u, int64_t n, float *out);
     /* x[i] += y[i], i < n. */
     void (*add)(bt_backend *be, float *x, const float *y, int64_t n);
     /* Optional (NULL: not offered; max_lanes 0: none now). run_lanes calls fn(lane, i, user) for i < n_lanes
