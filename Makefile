@@ -8,7 +8,7 @@ VENV     := .venv
 PYTEST   := $(VENV)/bin/python -m pytest
 
 .PHONY: all setup build build-asan build-fuzz build-neon run test test-unit test-asan test-fuzz test-neon test-integration \
-        test-skips bench clean \
+        test-skips bench clean gpu-carry \
         image test-image
 
 all: build
@@ -89,3 +89,7 @@ bench: build
 
 clean:
 	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(NEON)
+
+# The folder tools/gpu-check.sh runs from on a lent GPU machine (README "CUDA backend"): build-cuda/.
+gpu-carry: build
+	@tools/gpu-check-prepare.sh $(BUILD) build-cuda

@@ -29,6 +29,7 @@ typedef struct bt_ne_env {
     bt_cpu_opts cpu;           /* BATON_CPU_ISA, BATON_ACT_BITS, BATON_CPU_REPACK, BATON_CPU_LANES (n_threads unused) */
     int profile;               /* BATON_PROFILE */
     kvx_data_path_t kvx_path;  /* BATON_KVX_DATA_PATH */
+    int use_cuda, cuda_device; /* the node's --device (copied by bt_node_main from its flags): 0 = the CPU */
 } bt_ne_env_t;
 
 /* Fills *out from the environment. BT_ERR_INVALID / BT_ERR_UNSUPPORTED with one line naming the variable and the

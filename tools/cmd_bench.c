@@ -192,11 +192,13 @@ int cmd_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++) /* speculative decoding on and off: its own options (tools/cmd_bench_spec.c) */
         if (!strcmp(argv[i], "--spec")) return bench_spec_main(argc, argv);
     const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16";
+    int device = -1;
     long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: baton bench [--model PATH] [--threads N] [--reps N] [--decode-tokens N] [--json FILE]\n"
+            printf("usage: baton bench [--model PATH] [--threads N] [--device cpu|cuda:N] [--reps N] [--decode-tokens N]\n"
+                   "                  [--json FILE]\n"
                    "                  [--concurrency N[,N...] [--prompt-tokens N] [--kv-dtype f16|f32|int8]]\n"
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
@@ -226,6 +228,9 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--json")) json = v;
         else if (!strcmp(a, "--threads")) threads = strtol(v, &end, 10);
+        else if (!strcmp(a, "--device")) {
+            if (cli_device_parse("bench", v, &device)) return 2;
+        }
         else if (!strcmp(a, "--reps")) reps = strtol(v, &end, 10);
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
         else if (!strcmp(a, "--concurrency")) conc = v;
@@ -253,6 +258,12 @@ int cmd_bench(int argc, char **argv)
     }
     cli_engine_env env;
     if (cli_engine_env_read("bench", (int)threads, &env)) return 1;
+    env.device = device;
+    if (device >= 0 && (conc || prefix > 0)) {
+        fprintf(stderr, "baton bench: --concurrency and --prefix run on the CPU backend only (their rooflines are "
+                        "the CPU's)\n");
+        return 2;
+    }
     char def[4096];
     if (!model_path) {
         if (bt_default_model_path(def, sizeof def)) {

@@ -185,13 +185,18 @@ __global__ void k_embed(const uint8_t *w, size_t rb, const int32_t *tokens, int3
  * thread dequantizes two 32-element chunks into shared memory as f16) and the BM x 128 activation tile (f32 -> f16),
  * then every warp runs 8 WMMA 16x16x16 steps in K order. Each output element accumulates in f32 over the same K
  * steps in the same order whatever BM is: a row's bits do not depend on the batch.
+ * K is split into fixed slices of MM_KSPLIT elements (grid.z), each written as an f32 partial and summed in slice
+ * order by k_matmul_reduce: a batch-1 decode of a 4096-wide matrix then has 4x the blocks reading weights at once
+ * (bytes in flight are what a memory-bound kernel needs), and the split depends on K alone, never on the row count.
  * Why WMMA on dequantized tiles rather than cuBLASLt: one kernel serves decode and prefill (batch invariance between
  * a decode row and a prefill chunk in the same step), reads the GGUF blocks once without a dequantized copy of the
  * model in HBM, and needs no extra library in the carry folder. */
 #define MM_BN 64
 #define MM_BK 128
 #define MM_THREADS 128
+#define MM_KSPLIT 1024 /* K elements per slice (a multiple of MM_BK) */
 
+/* out: [M][N] when K fits one slice (bias added here), else partials [slice][M][N] (bias added by the reduce) */
 template <int T, int BM>
 __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t rb, const float *bias, const float *x,
                                                        int32_t M, int64_t N, int64_t K, float *out)
@@ -206,13 +211,18 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
     constexpr int NF = BM == 16 ? 1 : 4;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
     for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
-    for (int64_t k0 = 0; k0 < K; k0 += MM_BK) {
+    const int64_t kb = (int64_t)blockIdx.z * MM_KSPLIT, ke = kb + MM_KSPLIT < K ? kb + MM_KSPLIT : K;
+    if (gridDim.z > 1) {
+        out += (size_t)blockIdx.z * (size_t)M * (size_t)N;
+        bias = NULL;
+    }
+    for (int64_t k0 = kb; k0 < ke; k0 += MM_BK) {
         /* weights: 64 rows x 4 chunks = 256 chunks, two per thread */
         for (int i = tid; i < MM_BN * (MM_BK / 32); i += MM_THREADS) {
             int r = i / (MM_BK / 32), cc = i % (MM_BK / 32);
             int64_t c = k0 / 32 + cc;
             float y[32];
-            if (n0 + r < N && 32 * c < K)
+            if (n0 + r < N && 32 * c < ke)
                 deq_chunk<T>(w + (size_t)(n0 + r) * rb, c, y);
             else
                 for (int j = 0; j < 32; j++) y[j] = 0.0f;
@@ -220,7 +230,7 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         }
         for (int i = tid; i < BM * MM_BK; i += MM_THREADS) {
             int r = i / MM_BK, kk = i % MM_BK;
-            float v = (m0 + r < M && k0 + kk < K) ? x[(size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk)] : 0.0f;
+            float v = (m0 + r < M && k0 + kk < ke) ? x[(size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk)] : 0.0f;
             sx[r][kk] = __float2half_rn(v);
         }
         __syncthreads();
@@ -253,6 +263,16 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         }
         __syncwarp();
     }
+}
+
+/* out[m][n] = sum over slices s in order of part[s][m][n] (+ bias[n]) */
+__global__ void k_matmul_reduce(const float *part, int n_slices, const float *bias, int64_t MN, int64_t N, float *out)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= MN) return;
+    float s = part[i];
+    for (int z = 1; z < n_slices; z++) s += part[(size_t)z * (size_t)MN + (size_t)i];
+    out[i] = s + (bias ? bias[i % N] : 0.0f);
 }
 
 /* ---- rmsnorm: one block of 256 threads per row; fixed-shape reduction ---- */
@@ -522,7 +542,7 @@ struct wentry {
 };
 
 /* scratch slots for staged host inputs and outputs */
-enum { S_X, S_OUT, S_BIAS, S_I0, S_I1, S_I2, S_ATTN, S_COUNT };
+enum { S_X, S_OUT, S_PART, S_I0, S_I1, S_I2, S_ATTN, S_COUNT };
 
 struct cuda_ctx {
     bt_cuda_host host;
@@ -770,16 +790,23 @@ static void cu_rmsnorm(bt_backend *be, const float *x, const float *w, int32_t n
     if (n_rows > 0) k_rmsnorm<<<n_rows, 256, 0, c->stream>>>(x, wd, n, eps, out);
 }
 
+/* out, or the slices' partials in part ([slices][M][N]) then their ordered sum into out */
 template <int T>
 static void launch_matmul(cuda_ctx *c, const uint8_t *w, size_t rb, const float *bias, const float *x, int32_t M,
-                          int64_t N, int64_t K, float *out)
+                          int64_t N, int64_t K, float *part, float *out)
 {
+    unsigned slices = blocks_for(K, MM_KSPLIT);
+    float *dst = slices > 1 ? part : out;
     /* 16-row tiles up to 16 rows: the same per-element arithmetic as the 64-row tiles (see k_matmul) */
     if (M <= 16)
-        k_matmul<T, 16><<<dim3(blocks_for(N, MM_BN), 1), MM_THREADS, 0, c->stream>>>(w, rb, bias, x, M, N, K, out);
+        k_matmul<T, 16><<<dim3(blocks_for(N, MM_BN), 1, slices), MM_THREADS, 0, c->stream>>>(w, rb, bias, x, M, N, K,
+                                                                                             dst);
     else
-        k_matmul<T, 64><<<dim3(blocks_for(N, MM_BN), blocks_for(M, 64)), MM_THREADS, 0, c->stream>>>(w, rb, bias, x, M,
-                                                                                                     N, K, out);
+        k_matmul<T, 64><<<dim3(blocks_for(N, MM_BN), blocks_for(M, 64), slices), MM_THREADS, 0, c->stream>>>(
+            w, rb, bias, x, M, N, K, dst);
+    if (slices > 1)
+        k_matmul_reduce<<<blocks_for((int64_t)M * N, 256), 256, 0, c->stream>>>(part, (int)slices, bias, (int64_t)M * N,
+                                                                                 N, out);
 }
 
 static bt_status cu_matmul(bt_backend *be, const bt_weight *w, const float *bias, const float *x, int32_t n_rows,
@@ -800,8 +827,11 @@ static bt_status cu_matmul(bt_backend *be, const bt_weight *w, const float *bias
     const float *xd = (const float *)dev_in(c, x, xb, S_X);
     int out_host = !is_dev(out);
     float *od = out_host ? (float *)scratch(c, S_OUT, ob) : out;
-    if (!wd || (bias && !bd) || !xd || !od) return cfail(c, BT_ERR_NOMEM, "cuda matmul: out of device memory");
-    TYPE_SWITCH(w->type, launch_matmul, (c, wd, rb, bd, xd, n_rows, w->n_out, w->n_in, od));
+    size_t slices = (size_t)blocks_for(w->n_in, MM_KSPLIT);
+    float *part = slices > 1 ? (float *)scratch(c, S_PART, slices * ob) : NULL;
+    if (!wd || (bias && !bd) || !xd || !od || (slices > 1 && !part))
+        return cfail(c, BT_ERR_NOMEM, "cuda matmul: out of device memory");
+    TYPE_SWITCH(w->type, launch_matmul, (c, wd, rb, bd, xd, n_rows, w->n_out, w->n_in, part, od));
     if (out_host) {
         cudaError_t e = cudaMemcpyAsync(out, od, ob, cudaMemcpyDeviceToHost, c->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -917,6 +947,7 @@ static bt_backend_ops make_ops(void)
     bt_backend_ops o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
+    o.device_memory = 1;
     o.destroy = cu_destroy;
     o.buf_alloc = cu_buf_alloc;
     o.buf_free = cu_buf_free;
@@ -950,7 +981,10 @@ extern "C" __attribute__((visibility("default"))) bt_status bt_cuda_plugin_creat
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         cudaGetLastError();
-        return host->fail(BT_ERR_UNAVAILABLE, "cuda: no GPU usable (%s)",
+        if (e == cudaErrorInsufficientDriver)
+            return host->fail(BT_ERR_UNAVAILABLE, "cuda: no usable GPU: no NVIDIA driver, or one older than this "
+                              "build's CUDA %d.%d runtime needs", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        return host->fail(BT_ERR_UNAVAILABLE, "cuda: no usable GPU (%s)",
                           e != cudaSuccess ? cudaGetErrorString(e) : "no device");
     }
     if (device < 0 || device >= n)

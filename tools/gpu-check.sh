@@ -1,0 +1,51 @@
+#!/bin/sh
+# The one GPU check of the CUDA backend (README "CUDA backend"), run on a lent GPU machine from the folder that
+# tools/gpu-check-prepare.sh fills (or from a build tree: it finds bin/ and lib/ too). Within about 8 minutes:
+#   1. every op of engine/cuda against the CPU scalar references, the forward pass against the CPU backend on tiny
+#      models of 7 weight types (top-1 >= 99%), batch invariance on the GPU      -> $OUT/ops.txt
+#   2. decode bandwidth at batch 1 over 1 GiB of weights per type, as a fraction of the measured device-to-device
+#      copy bandwidth, and the prefill rate at 512 rows                            -> $OUT/bench.txt
+#   3. the machine (nvidia-smi), the commit tested and a one-screen verdict       -> $OUT/gpu.txt, $OUT/summary.txt
+# Exit status 0 only when step 1 passed. $OUT defaults to ./gpu-check-out.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+if [ -x "$here/test_backend_cuda" ]; then
+    bin=$here/test_backend_cuda lib=$here/libbaton_cuda.so
+else
+    bin=$here/../build/bin/test_backend_cuda lib=$here/../build/lib/libbaton_cuda.so
+fi
+export BATON_CUDA_LIB="$lib"
+export TMPDIR="${TMPDIR:-/tmp}"
+{
+    date -u
+    cat "$here/commit.txt" 2>/dev/null
+    nvidia-smi 2>&1 | head -20
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+} >"$OUT/gpu.txt"
+
+t0=$(date +%s)
+timeout 330 "$bin" >"$OUT/ops.txt" 2>&1
+ops_rc=$?
+t1=$(date +%s)
+timeout 150 "$bin" --bench >"$OUT/bench.txt" 2>&1
+bench_rc=$?
+t2=$(date +%s)
+
+{
+    echo "gpu-check: $(head -1 "$OUT/gpu.txt")  commit $(cat "$here/commit.txt" 2>/dev/null || echo unknown)"
+    grep -m1 "NVIDIA" "$OUT/gpu.txt"
+    case $ops_rc in
+    0) echo "ops, forward, invariance: PASS ($((t1 - t0)) s)" ;;
+    77) echo "ops, forward, invariance: NOT RUN (no CUDA device): $(grep -m1 SKIP "$OUT/ops.txt")" ;;
+    124) echo "ops, forward, invariance: TIMEOUT after 330 s" ;;
+    *) echo "ops, forward, invariance: FAIL (exit $ops_rc)" ;;
+    esac
+    grep -E "^(FAIL|ok  )|CHECK failed|REQUIRE failed" "$OUT/ops.txt" | head -40
+    grep -E "^forward|^batch invariance" "$OUT/ops.txt"
+    echo "bench (exit $bench_rc, $((t2 - t1)) s):"
+    grep -E "^bench" "$OUT/bench.txt"
+} >"$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+exit $ops_rc
