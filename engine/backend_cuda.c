@@ -55,7 +55,8 @@ static void *open_near_exe(const char *rel)
     return dlopen(path, RTLD_NOW | RTLD_LOCAL);
 }
 
-bt_status bt_backend_cuda_create(int device, bt_backend **out)
+/* The plugin's handle (a second open returns the same one), or BT_ERR_UNAVAILABLE. */
+static bt_status plugin_open(void **out)
 {
     const char *env = getenv("BATON_CUDA_LIB");
     void *h = NULL;
@@ -69,6 +70,28 @@ bt_status bt_backend_cuda_create(int device, bt_backend **out)
     if (!h)
         return bt_fail(BT_ERR_UNAVAILABLE, "cuda: %s not found (%s)", PLUGIN_NAME,
                        bt_backend_cuda_built() ? "set BATON_CUDA_LIB" : "this build has no CUDA backend: no nvcc");
+    *out = h;
+    return BT_OK;
+}
+
+bt_status bt_backend_cuda_mma_tflops(bt_backend *be, double *tflops)
+{
+    void *h;
+    bt_status st = plugin_open(&h);
+    if (st) return st;
+    bt_cuda_plugin_mma_fn fn;
+    *(void **)&fn = dlsym(h, BT_CUDA_PLUGIN_MMA_SYMBOL);
+    dlclose(h); /* the backend's own reference keeps it loaded */
+    if (!fn || strcmp(be->ops->name, "cuda"))
+        return bt_fail(BT_ERR_INVALID, "cuda: no mma rate for a %s backend", be->ops->name);
+    return fn(be, tflops);
+}
+
+bt_status bt_backend_cuda_create(int device, bt_backend **out)
+{
+    void *h;
+    bt_status st = plugin_open(&h);
+    if (st) return st;
     bt_cuda_plugin_create_fn create;
     *(void **)&create = dlsym(h, BT_CUDA_PLUGIN_SYMBOL);
     if (!create) {
@@ -77,5 +100,5 @@ bt_status bt_backend_cuda_create(int device, bt_backend **out)
     }
     /* the plugin stays loaded for the life of the process: backends it made may outlive any one caller */
     bt_cuda_host host = {.abi = BT_CUDA_PLUGIN_ABI, .backend_ops_size = sizeof(bt_backend_ops), .fail = bt_fail};
-    return create(&host, device, out);
+    return create(&host, device, out); /* on failure the plugin stays mapped: cudart may have hooks registered */
 }

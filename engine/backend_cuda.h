@@ -15,6 +15,10 @@ bt_status bt_device_parse(const char *s, int *cuda_device);
  * found, no GPU or driver, no such device), BT_ERR_INVALID (plugin from another build), BT_ERR_NOMEM. */
 bt_status bt_backend_cuda_create(int device, bt_backend **out);
 
+/* The tensor-core rate (TFLOP/s) of be's GPU for the matmul's instruction (WMMA f16, f32 accumulation), measured
+ * now (a few milliseconds, blocking): the reference for prefill rates. be must be a cuda backend. */
+bt_status bt_backend_cuda_mma_tflops(bt_backend *be, double *tflops);
+
 /* 1 when this build compiled the cuda plugin (BATON_HAVE_CUDA); says nothing about a GPU being present. */
 int bt_backend_cuda_built(void);
 

@@ -847,6 +847,49 @@ static bt_backend_ops make_ops(void)
 
 static const bt_backend_ops cuda_ops = make_ops();
 
+/* ---- the tensor-core rate this matmul's instructions can reach: WMMA 16x16x16 f16 -> f32 from registers ---- */
+
+__global__ void __launch_bounds__(256) k_mma_peak(int iters, float *sink)
+{
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4];
+    wmma::fill_fragment(fa, __float2half(0.001f * (threadIdx.x % 7)));
+    wmma::fill_fragment(fb, __float2half(0.002f));
+    for (int f = 0; f < 4; f++) wmma::fill_fragment(acc[f], 0.0f);
+    for (int i = 0; i < iters; i++)
+        for (int f = 0; f < 4; f++) wmma::mma_sync(acc[f], fa, fb, acc[f]); /* 4 chains hide the mma latency */
+    float s = 0;
+    for (int f = 0; f < 4; f++)
+        for (int e = 0; e < acc[f].num_elements; e++) s += acc[f].x[e];
+    if (s == 12345.0f) sink[0] = s; /* keeps the loop */
+}
+
+extern "C" __attribute__((visibility("default"))) bt_status bt_cuda_plugin_mma_tflops(bt_backend *be, double *out)
+{
+    cuda_ctx *c = CX(be);
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device);
+    float *sink = (float *)scratch(c, S_OUT, 4);
+    cudaEvent_t e0, e1;
+    if (!sink || cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        return cfail(c, BT_ERR_INTERNAL, "cuda: cannot time the mma rate");
+    const int iters = 4096, blocks = sms * 8;
+    k_mma_peak<<<blocks, 256, 0, c->stream>>>(16, sink); /* warm-up */
+    cudaEventRecord(e0, c->stream);
+    k_mma_peak<<<blocks, 256, 0, c->stream>>>(iters, sink);
+    cudaEventRecord(e1, c->stream);
+    cudaError_t e = cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (e != cudaSuccess || ms <= 0) return cfail(c, BT_ERR_INTERNAL, "cuda: mma rate: %s", cudaGetErrorString(e));
+    double flops = 2.0 * 16 * 16 * 16 * 4 * (double)iters * 8 /* warps */ * blocks;
+    *out = flops / (ms * 1e-3) / 1e12;
+    return BT_OK;
+}
+
 extern "C" __attribute__((visibility("default"))) bt_status bt_cuda_plugin_create(const bt_cuda_host *host, int device,
                                                                                   bt_backend **out)
 {

@@ -24,6 +24,11 @@ typedef struct bt_cuda_host {
 typedef bt_status (*bt_cuda_plugin_create_fn)(const bt_cuda_host *host, int device, bt_backend **out);
 #define BT_CUDA_PLUGIN_SYMBOL "bt_cuda_plugin_create"
 
+/* The rate in TFLOP/s that back-to-back WMMA f16 multiply-accumulates (the matmul's instruction) reach on be's GPU:
+ * the prefill figure's reference. Errors through host->fail. */
+typedef bt_status (*bt_cuda_plugin_mma_fn)(bt_backend *be, double *tflops);
+#define BT_CUDA_PLUGIN_MMA_SYMBOL "bt_cuda_plugin_mma_tflops"
+
 #ifdef __cplusplus
 }
 #endif
