@@ -49,7 +49,8 @@ __global__ void k_embed(const uint8_t *w, size_t rb, const int32_t *tokens, int3
  * grid = (N / 64, M / BM). Each K step of BK = 128 loads the 64 x 128 weight tile from the raw GGUF blocks (each
  * thread dequantizes two 32-element chunks into shared memory as f16) and the BM x 128 activation tile (f32 -> f16),
  * then every warp runs 8 WMMA 16x16x16 steps in K order. Each output element accumulates in f32 over the same K
- * steps in the same order whatever BM is: a row's bits do not depend on the batch.
+ * steps in the same order whatever BM is: a row's bits do not depend on the batch. A row whose activations would
+ * overflow f16 is first scaled by a power of two (k_row_scale), undone exactly in the epilogue.
  * K is split into fixed slices of MM_KSPLIT elements (grid.z), each written as an f32 partial and summed in slice
  * order by k_matmul_reduce: a batch-1 decode of a 4096-wide matrix then has 4x the blocks reading weights at once
  * (bytes in flight are what a memory-bound kernel needs), and the split depends on K alone, never on the row count.
@@ -62,9 +63,11 @@ __global__ void k_embed(const uint8_t *w, size_t rb, const int32_t *tokens, int3
 #define MM_KSPLIT 1024 /* K elements per slice (a multiple of MM_BK) */
 
 /* out: [M][N] when K fits one slice (bias added here), else partials [slice][M][N] (bias added by the reduce) */
+/* xs[m]: row m's activation scale (a power of two, see k_row_scale), applied before the f16 rounding and undone in
+ * the epilogue */
 template <int T, int BM>
 __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t rb, const float *bias, const float *x,
-                                                       int32_t M, int64_t N, int64_t K, float *out)
+                                                       const float *xs, int32_t M, int64_t N, int64_t K, float *out)
 {
     __shared__ __align__(32) half sw[MM_BN][MM_BK + 8];
     __shared__ __align__(32) half sx[BM][MM_BK + 8];
@@ -95,7 +98,9 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         }
         for (int i = tid; i < BM * MM_BK; i += MM_THREADS) {
             int r = i / MM_BK, kk = i % MM_BK;
-            float v = (m0 + r < M && k0 + kk < ke) ? x[(size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk)] : 0.0f;
+            float v = (m0 + r < M && k0 + kk < ke)
+                          ? x[(size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk)] * xs[m0 + r]
+                          : 0.0f;
             sx[r][kk] = __float2half_rn(v);
         }
         __syncthreads();
@@ -124,10 +129,34 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
             int r = e / 16, cidx = e % 16;
             int32_t m = m0 + rr + r;
             int64_t n = n0 + cb + cidx;
-            if (m < M && n < N) out[(size_t)m * (size_t)N + (size_t)n] = so[warp][e] + (bias ? bias[n] : 0.0f);
+            if (m < M && n < N)
+                out[(size_t)m * (size_t)N + (size_t)n] = so[warp][e] * (1.0f / xs[m]) + (bias ? bias[n] : 0.0f);
         }
         __syncwarp();
     }
+}
+
+/* xs[m] = 1, or for a row whose largest |x| passes 2^14 the power of two that brings it to [2^13, 2^14): f16 (max
+ * 65504) cannot hold such activations, and a power of two scales without rounding. One block of 256 per row;
+ * depends on the row alone. */
+__global__ void k_row_scale(const float *x, int64_t K, float *xs)
+{
+    __shared__ float part[256];
+    const float *xr = x + (size_t)blockIdx.x * (size_t)K;
+    float mx = 0.0f;
+    for (int64_t i = threadIdx.x; i < K; i += 256) mx = fmaxf(mx, fabsf(xr[i]));
+    part[threadIdx.x] = mx;
+    __syncthreads();
+    for (int h = 128; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + h]);
+        __syncthreads();
+    }
+    if (threadIdx.x) return;
+    float s = 1.0f;
+    mx = part[0];
+    if (isfinite(mx))
+        while (mx * s >= 16384.0f) s *= 0.5f;
+    xs[blockIdx.x] = s;
 }
 
 /* out[m][n] = sum over slices s in order of part[s][m][n] (+ bias[n]) */
@@ -415,7 +444,7 @@ static void head_of(const void *p, size_t bytes, uint8_t head[16])
 }
 
 /* scratch slots for staged host inputs and outputs */
-enum { S_X, S_OUT, S_PART, S_I0, S_I1, S_I2, S_ATTN, S_COUNT };
+enum { S_X, S_OUT, S_PART, S_SCALE, S_I0, S_I1, S_I2, S_ATTN, S_COUNT };
 
 struct cuda_ctx {
     bt_cuda_host host;
@@ -668,18 +697,19 @@ static void cu_rmsnorm(bt_backend *be, const float *x, const float *w, int32_t n
 
 /* out, or the slices' partials in part ([slices][M][N]) then their ordered sum into out */
 template <int T>
-static void launch_matmul(cuda_ctx *c, const uint8_t *w, size_t rb, const float *bias, const float *x, int32_t M,
-                          int64_t N, int64_t K, float *part, float *out)
+static void launch_matmul(cuda_ctx *c, const uint8_t *w, size_t rb, const float *bias, const float *x, float *xs,
+                          int32_t M, int64_t N, int64_t K, float *part, float *out)
 {
+    k_row_scale<<<M, 256, 0, c->stream>>>(x, K, xs);
     unsigned slices = blocks_for(K, MM_KSPLIT);
     float *dst = slices > 1 ? part : out;
     /* 16-row tiles up to 16 rows: the same per-element arithmetic as the 64-row tiles (see k_matmul) */
     if (M <= 16)
-        k_matmul<T, 16><<<dim3(blocks_for(N, MM_BN), 1, slices), MM_THREADS, 0, c->stream>>>(w, rb, bias, x, M, N, K,
-                                                                                             dst);
+        k_matmul<T, 16><<<dim3(blocks_for(N, MM_BN), 1, slices), MM_THREADS, 0, c->stream>>>(w, rb, bias, x, xs, M, N,
+                                                                                             K, dst);
     else
         k_matmul<T, 64><<<dim3(blocks_for(N, MM_BN), blocks_for(M, 64), slices), MM_THREADS, 0, c->stream>>>(
-            w, rb, bias, x, M, N, K, dst);
+            w, rb, bias, x, xs, M, N, K, dst);
     if (slices > 1)
         k_matmul_reduce<<<blocks_for((int64_t)M * N, 256), 256, 0, c->stream>>>(part, (int)slices, bias, (int64_t)M * N,
                                                                                  N, out);
@@ -705,9 +735,10 @@ static bt_status cu_matmul(bt_backend *be, const bt_weight *w, const float *bias
     float *od = out_host ? (float *)scratch(c, S_OUT, ob) : out;
     size_t slices = (size_t)blocks_for(w->n_in, MM_KSPLIT);
     float *part = slices > 1 ? (float *)scratch(c, S_PART, slices * ob) : NULL;
-    if (!wd || (bias && !bd) || !xd || !od || (slices > 1 && !part))
+    float *xs = (float *)scratch(c, S_SCALE, (size_t)n_rows * 4);
+    if (!wd || (bias && !bd) || !xd || !od || (slices > 1 && !part) || !xs)
         return cfail(c, BT_ERR_NOMEM, "cuda matmul: out of device memory");
-    TYPE_SWITCH(w->type, launch_matmul, (c, wd, rb, bd, xd, n_rows, w->n_out, w->n_in, part, od));
+    TYPE_SWITCH(w->type, launch_matmul, (c, wd, rb, bd, xd, xs, n_rows, w->n_out, w->n_in, part, od));
     if (out_host) {
         cudaError_t e = cudaMemcpyAsync(out, od, ob, cudaMemcpyDeviceToHost, c->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);

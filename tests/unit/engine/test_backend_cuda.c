@@ -131,6 +131,36 @@ static void test_matmul(void)
         }
 }
 
+/* activations past f16's range (up to 2e5): scaled per row by a power of two inside the matmul, same bound */
+static void test_matmul_large(void)
+{
+    int64_t K = 512, N = 64;
+    size_t wb;
+    uint8_t *w = rand_weight(BT_TYPE_Q8_0, K, N, &wb);
+    float *deq = malloc((size_t)(K * N) * 4), x[3 * 512], out[3 * 64];
+    for (int64_t r = 0; r < N; r++) bt_cpu_dequantize_row_ref(BT_TYPE_Q8_0, K, w + (size_t)r * (wb / (size_t)N), deq + r * K);
+    for (int i = 0; i < 3 * 512; i++) x[i] = frand() * (i < 512 ? 2e5f : i < 1024 ? 1.0f : 7e4f);
+    bt_weight W = {.type = BT_TYPE_Q8_0, .n_in = K, .n_out = N, .data = w};
+    float *xd = dev_from(x, sizeof x), *od = dev_from(NULL, sizeof out);
+    CHECK(gpu->ops->matmul(gpu, &W, NULL, xd, 3, od) == BT_OK);
+    to_host(out, od, sizeof out);
+    double worst = 0;
+    for (int r = 0; r < 3; r++)
+        for (int64_t j = 0; j < N; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                ref += (double)deq[j * K + k] * x[r * K + k];
+                mag += fabs((double)deq[j * K + k] * x[r * K + k]);
+            }
+            double e = fabs(out[r * N + j] - ref) / (4e-3 * mag + 1e-6);
+            if (e > worst || e != e) worst = e != e ? INFINITY : e;
+        }
+    CHECK_MSG(worst <= 1.0, "matmul of large activations: %.3g of the bound", worst);
+    printf("op matmul large activations worst error %.3f of bound\n", worst);
+    gpu->ops->buf_free(gpu, xd), gpu->ops->buf_free(gpu, od);
+    free(w), free(deq);
+}
+
 static double rel_err(const float *a, const float *b, size_t n) /* max |a - b| / (|b| + 1e-6 / 2e-6) in units */
 {
     double worst = 0;
@@ -549,7 +579,7 @@ int main(int argc, char **argv)
     /* names on the command line pick groups (tools/gpu-check.sh runs each in its own process: a crash in one
      * leaves the others' results) */
     static const struct { const char *name; void (*fn)(void); } groups[] = {
-        {"embed", test_embed}, {"elementwise", test_elementwise}, {"matmul", test_matmul},
+        {"embed", test_embed}, {"elementwise", test_elementwise}, {"matmul", test_matmul}, {"matmul", test_matmul_large},
         {"attention", test_attention}, {"forward", test_forward}, {"invariance", test_batch_invariance},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
