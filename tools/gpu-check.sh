@@ -2,7 +2,8 @@
 # The one GPU check of the CUDA backend (README "CUDA backend"), run on a lent GPU machine from the folder that
 # tools/gpu-check-prepare.sh fills (or from a build tree: it finds bin/ and lib/ too). Within about 8 minutes:
 #   1. every op of engine/cuda against the CPU scalar references, the forward pass against the CPU backend on tiny
-#      models of 7 weight types (top-1 >= 99%), batch invariance on the GPU      -> $OUT/ops.txt
+#      models of 7 weight types and on the default model's first 4 layers (top-1 >= 99%), batch invariance on the
+#      GPU                                                                         -> $OUT/ops.txt
 #   2. decode bandwidth at batch 1 over 1 GiB of weights per type, as a fraction of the measured device-to-device
 #      copy bandwidth, and the prefill rate at 512 rows                            -> $OUT/bench.txt
 #   3. the machine (nvidia-smi), the commit tested and a one-screen verdict       -> $OUT/gpu.txt, $OUT/summary.txt
@@ -18,6 +19,7 @@ else
 fi
 export BATON_CUDA_LIB="$lib"
 export TMPDIR="${TMPDIR:-/tmp}"
+[ -f "$here/model.gguf" ] && export BATON_TEST_MODEL="$here/model.gguf"
 {
     date -u
     cat "$here/commit.txt" 2>/dev/null
@@ -25,11 +27,11 @@ export TMPDIR="${TMPDIR:-/tmp}"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
 } >"$OUT/gpu.txt"
 
-# each group in its own process with its own limit (330 s in all): a crash or a hung kernel in one leaves the rest
+# each group in its own process with its own limit (390 s in all): a crash or a hung kernel in one leaves the rest
 t0=$(date +%s)
 ops_rc=0
 : >"$OUT/ops.txt"
-for g in embed:30 elementwise:30 matmul:90 attention:60 forward:90 invariance:30; do
+for g in embed:30 elementwise:30 matmul:90 attention:60 forward:90 invariance:30 model:60; do
     name=${g%%:*} limit=${g##*:}
     echo "== $name (limit ${limit} s)" >>"$OUT/ops.txt"
     timeout "$limit" "$bin" "$name" >>"$OUT/ops.txt" 2>&1
@@ -39,7 +41,7 @@ for g in embed:30 elementwise:30 matmul:90 attention:60 forward:90 invariance:30
     if [ $rc != 0 ]; then ops_rc=1; fi
 done
 t1=$(date +%s)
-timeout 150 "$bin" --bench >"$OUT/bench.txt" 2>&1
+timeout 100 "$bin" --bench >"$OUT/bench.txt" 2>&1
 bench_rc=$?
 t2=$(date +%s)
 
