@@ -159,6 +159,14 @@ bt_status kvx_pool_register(kvx_context_t *ctx, const kvx_layout_t *layout, void
                             kvx_pool_t **out)
 {
     if (!mem) return bt_fail(BT_ERR_INVALID, "kvx: no memory to register");
+    if (mt == KVX_MEM_CUDA) {
+        /* ucp_mem_map does not check the type against the transports (Debian's UCX 1.13 maps "CUDA" memory with its
+         * host transports, which would then read device addresses on the host): ask the context what it moves */
+        ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+        if (ucp_context_query(ctx->ucp, &ca) != UCS_OK || !(ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+            return bt_fail(BT_ERR_UNSUPPORTED, "kvx: this UCX cannot move CUDA memory (built without CUDA support: "
+                                               "`ucx_info -d` lists no cuda_copy, cuda_ipc or gdr_copy transport)");
+    }
     return pool_map(ctx, layout, mem, mt, out);
 }
 
