@@ -27,11 +27,11 @@ export TMPDIR="${TMPDIR:-/tmp}"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
 } >"$OUT/gpu.txt"
 
-# each group in its own process with its own limit (390 s in all): a crash or a hung kernel in one leaves the rest
+# each group in its own process with its own limit (380 s in all): a crash or a hung kernel in one leaves the rest
 t0=$(date +%s)
 ops_rc=0
 : >"$OUT/ops.txt"
-for g in embed:30 elementwise:30 matmul:90 attention:60 forward:90 invariance:30 model:60; do
+for g in embed:20 elementwise:20 matmul:80 attention:40 forward:80 invariance:20 model:60 scheduler:60; do
     name=${g%%:*} limit=${g##*:}
     echo "== $name (limit ${limit} s)" >>"$OUT/ops.txt"
     timeout "$limit" "$bin" "$name" >>"$OUT/ops.txt" 2>&1
@@ -41,7 +41,7 @@ for g in embed:30 elementwise:30 matmul:90 attention:60 forward:90 invariance:30
     if [ $rc != 0 ]; then ops_rc=1; fi
 done
 t1=$(date +%s)
-timeout 100 "$bin" --bench >"$OUT/bench.txt" 2>&1
+timeout 90 "$bin" --bench >"$OUT/bench.txt" 2>&1
 bench_rc=$?
 t2=$(date +%s)
 
@@ -55,7 +55,7 @@ t2=$(date +%s)
     esac
     grep -E "^== [a-z]+: exit|^(FAIL|ok  )|CHECK failed|REQUIRE failed" "$OUT/ops.txt" | head -60
     grep -E "^op " "$OUT/ops.txt"
-    grep -E "^forward|^batch invariance" "$OUT/ops.txt"
+    grep -E "^forward|^batch invariance|^scheduler" "$OUT/ops.txt"
     echo "bench (exit $bench_rc, $((t2 - t1)) s):"
     grep -E "^bench" "$OUT/bench.txt"
 } >"$OUT/summary.txt" 2>&1

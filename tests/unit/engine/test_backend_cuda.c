@@ -22,6 +22,7 @@
 #include "engine/ggml_type.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -519,6 +520,90 @@ static void test_batch_invariance(void)
     bt_model_free(m);
 }
 
+/* ---- the scheduler on the GPU: its KV pool in device memory (bt_backend_kv_pool_create), prefix cache and
+ * copy-on-write through buf_copy, logits to the host sampler. 16 requests alone, then all at once with a tight
+ * token budget (mixed prefill and decode steps): every token and logprob identical. ---- */
+
+typedef struct sout {
+    int32_t tokens[48];
+    float logprobs[48];
+    int32_t n;
+} sout;
+
+static void sched_collect(void *user, const bt_sched_event *ev)
+{
+    sout *o = user;
+    if (ev->token >= 0 && o->n < 48) {
+        o->logprobs[o->n] = ev->logprob;
+        o->tokens[o->n++] = ev->token;
+    }
+}
+
+static bt_sched *sched_make(bt_model *m, size_t blocks, int32_t budget)
+{
+    bt_sched_config cfg = {0};
+    cfg.kv_mem = bt_kv_block_stride(&m->hp, BT_KV_F16) * (size_t)m->hp.n_layer * blocks;
+    cfg.max_batch_tokens = budget;
+    bt_sched *s = NULL;
+    if (bt_sched_create(m, gpu, &cfg, &s) != BT_OK) fprintf(stderr, "sched: %s\n", bt_last_error());
+    return s;
+}
+
+static void sched_run(bt_sched *s)
+{
+    for (int guard = 0; guard < 100000 && !bt_sched_idle(s); guard++)
+        if (bt_sched_step(s) < 0) break;
+}
+
+static void test_scheduler(void)
+{
+    enum { N = 16 };
+    char path[512];
+    tiny_model_opts o = {.n_embd = 256, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 512, .seed = 5};
+    tiny_model_defaults(&o);
+    snprintf(path, sizeof path, "%s/sched.gguf", test_tmpdir());
+    REQUIRE(tiny_model_write(path, &o) == 0);
+    bt_model *m;
+    REQUIRE(bt_model_load(path, &m) == BT_OK);
+    static int32_t prompts[N][100];
+    static int32_t lens[N];
+    static bt_req_params ps[N];
+    static sout alone[N], together[N];
+    uint64_t seed = 11;
+    for (int i = 0; i < N; i++) {
+        lens[i] = 1 + (int32_t)(test_rand_next(&seed) % 99);
+        for (int32_t k = 0; k < lens[i]; k++)
+            prompts[i][k] = i % 4 == 3 && k < 40 ? prompts[0][k % lens[0]] /* shared prefixes */
+                                              : (int32_t)(test_rand_next(&seed) % 512);
+        ps[i] = bt_req_params_default();
+        ps[i].sampling.max_tokens = 8 + i % 24;
+        ps[i].sampling.ignore_eos = 1;
+        ps[i].sampling.logprobs = 1;
+        if (i % 2) ps[i].sampling.temperature = 0.8f, ps[i].sampling.seed = 100 + (uint64_t)i;
+    }
+    for (int i = 0; i < N; i++) {
+        bt_sched *s = sched_make(m, 64, 512);
+        REQUIRE(s);
+        REQUIRE(bt_sched_submit(s, prompts[i], lens[i], &ps[i], sched_collect, &alone[i], NULL) == BT_OK);
+        sched_run(s);
+        bt_sched_destroy(s);
+    }
+    bt_sched *s = sched_make(m, 256, 64);
+    REQUIRE(s);
+    for (int i = 0; i < N; i++)
+        REQUIRE(bt_sched_submit(s, prompts[i], lens[i], &ps[i], sched_collect, &together[i], NULL) == BT_OK);
+    sched_run(s);
+    bt_sched_destroy(s);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += alone[i].n != ps[i].sampling.max_tokens || together[i].n != alone[i].n ||
+               memcmp(alone[i].tokens, together[i].tokens, sizeof(int32_t) * (size_t)alone[i].n) ||
+               memcmp(alone[i].logprobs, together[i].logprobs, sizeof(float) * (size_t)alone[i].n);
+    printf("scheduler on the GPU: %d of %d requests identical alone and together\n", N - bad, N);
+    CHECK_MSG(bad == 0, "scheduler: %d of %d requests differ from their solo runs", bad, N);
+    bt_model_free(m);
+}
+
 /* ---- benchmark ---- */
 
 static double now_s(void)
@@ -620,7 +705,7 @@ int main(int argc, char **argv)
     static const struct { const char *name; void (*fn)(void); } groups[] = {
         {"embed", test_embed}, {"elementwise", test_elementwise}, {"matmul", test_matmul}, {"matmul", test_matmul_large},
         {"attention", test_attention}, {"forward", test_forward}, {"invariance", test_batch_invariance},
-        {"model", test_real_model},
+        {"model", test_real_model}, {"scheduler", test_scheduler},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         int want = argc < 2;
