@@ -572,7 +572,9 @@ static const void *weight_dev(cuda_ctx *c, const void *p, size_t bytes)
         e->key = NULL;
         return NULL;
     }
-    if (cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    /* on the backend's stream: a plain cudaMemcpy from pageable memory may return before its DMA lands, and the
+     * non-blocking stream would not wait for it */
+    if (cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) {
         cudaGetLastError();
         cudaFree(d);
         e->key = NULL;
@@ -905,7 +907,7 @@ extern "C" __attribute__((visibility("default"))) bt_status bt_cuda_plugin_mma_t
     cudaEvent_t e0, e1;
     if (!sink || cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
         return cfail(c, BT_ERR_INTERNAL, "cuda: cannot time the mma rate");
-    const int iters = 4096, blocks = sms * 8;
+    const int iters = 1024, blocks = sms * 8; /* about 2e15 FLOP: ~1 s at the expected rate */
     k_mma_peak<<<blocks, 256, 0, c->stream>>>(16, sink); /* warm-up */
     cudaEventRecord(e0, c->stream);
     k_mma_peak<<<blocks, 256, 0, c->stream>>>(iters, sink);
