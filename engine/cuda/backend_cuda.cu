@@ -907,7 +907,7 @@ extern "C" __attribute__((visibility("default"))) bt_status bt_cuda_plugin_mma_t
     cudaEvent_t e0, e1;
     if (!sink || cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
         return cfail(c, BT_ERR_INTERNAL, "cuda: cannot time the mma rate");
-    const int iters = 1024, blocks = sms * 8; /* about 2e15 FLOP: ~1 s at the expected rate */
+    const int iters = 1024, blocks = sms * 8; /* about 6e14 FLOP: ~1 s at the expected rate */
     k_mma_peak<<<blocks, 256, 0, c->stream>>>(16, sink); /* warm-up */
     cudaEventRecord(e0, c->stream);
     k_mma_peak<<<blocks, 256, 0, c->stream>>>(iters, sink);
