@@ -166,7 +166,8 @@ bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_po
 /* Where a pool's memory lives. */
 typedef enum kvx_mem_type {
     KVX_MEM_HOST = 0,
-    KVX_MEM_CUDA = 1, /* device memory (cudaMalloc): UCS_MEMORY_TYPE_CUDA, moved by cuda_ipc, gdr_copy or rc with GPUDirect */
+    KVX_MEM_CUDA = 1, /* device memory (cudaMalloc): UCS_MEMORY_TYPE_CUDA, moved by cuda_ipc, gdr_copy, or rc with
+                       * GPUDirect RDMA */
 } kvx_mem_type_t;
 
 /* Registers existing memory of kvx_layout_check() bytes at mem (of type mt) as a pool and packs its descriptor; the

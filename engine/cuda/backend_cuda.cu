@@ -393,7 +393,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn(attn_dev_args a)
         for (int i = 0; i < per; i++)
             if (lane + 32 * i < hd) o[i] = fmaf(wacc[w][lane + 32 * i], f, o[i]);
     }
-    float *part = a.parts + (((size_t)t * (size_t)a.n_head + (size_t)h) * (size_t)a.n_seg + (size_t)seg) * (size_t)(hd + 2);
+    size_t slot = ((size_t)t * (size_t)a.n_head + (size_t)h) * (size_t)a.n_seg + (size_t)seg;
+    float *part = a.parts + slot * (size_t)(hd + 2);
     for (int i = 0; i < per; i++)
         if (lane + 32 * i < hd) part[lane + 32 * i] = o[i];
     if (lane == 0) part[hd] = mx, part[hd + 1] = L;
@@ -790,7 +791,8 @@ static bt_status cu_attention(bt_backend *be, const bt_attn_args *a)
     if (a->n_tokens <= 0) return BT_OK;
     if (a->head_dim > 32 * ATTN_MAX_PER_LANE)
         return cfail(c, BT_ERR_UNSUPPORTED, "cuda attention: head_dim %d > %d", a->head_dim, 32 * ATTN_MAX_PER_LANE);
-    if (!is_dev(a->kv->base)) return cfail(c, BT_ERR_UNSUPPORTED, "cuda attention: the KV pool is not in device memory");
+    if (!is_dev(a->kv->base))
+        return cfail(c, BT_ERR_UNSUPPORTED, "cuda attention: the KV pool is not in device memory");
     /* host staging: positions, then each run of tokens sharing a block table gets one copy of its used entries */
     int32_t T = a->n_tokens, max_pos = 0;
     size_t need = 2 * (size_t)T;

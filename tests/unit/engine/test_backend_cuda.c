@@ -140,7 +140,8 @@ static void test_matmul_large(void)
     size_t wb;
     uint8_t *w = rand_weight(BT_TYPE_Q8_0, K, N, &wb);
     float *deq = malloc((size_t)(K * N) * 4), x[3 * 512], out[3 * 64];
-    for (int64_t r = 0; r < N; r++) bt_cpu_dequantize_row_ref(BT_TYPE_Q8_0, K, w + (size_t)r * (wb / (size_t)N), deq + r * K);
+    for (int64_t r = 0; r < N; r++)
+        bt_cpu_dequantize_row_ref(BT_TYPE_Q8_0, K, w + (size_t)r * (wb / (size_t)N), deq + r * K);
     for (int i = 0; i < 3 * 512; i++) x[i] = frand() * (i < 512 ? 2e5f : i < 1024 ? 1.0f : 7e4f);
     bt_weight W = {.type = BT_TYPE_Q8_0, .n_in = K, .n_out = N, .data = w};
     float *xd = dev_from(x, sizeof x), *od = dev_from(NULL, sizeof out);
@@ -664,8 +665,9 @@ static int bench(void)
             for (int i = 0; i < nm; i++) gpu->ops->matmul(gpu, &W[i], NULL, xd, 1, od);
         sync_gpu(od);
         double dt = now_s() - t0, bw = (double)wb * nm * reps / dt;
-        printf("bench decode %-5s: %.1f GB/s of weights at batch 1 = %.1f%% of copy bandwidth (%.2f ms per GiB)\n",
-               bt_ggml_type_name(types[ti]), bw / 1e9, 100.0 * bw / copy_bw, dt / reps / ((double)wb * nm) * 1e3 * (double)(1 << 30));
+        printf("bench decode %-5s: %.1f GB/s of weights at batch 1 = %.1f%% of copy bandwidth (%.3f ms per matrix of "
+               "%.1f MB)\n", bt_ggml_type_name(types[ti]), bw / 1e9, 100.0 * bw / copy_bw, dt / reps / nm * 1e3,
+               (double)wb / 1e6);
         int32_t M = 512;
         gpu->ops->matmul(gpu, &W[0], NULL, xd, M, od);
         sync_gpu(od);
@@ -709,7 +711,8 @@ int main(int argc, char **argv)
     /* names on the command line pick groups (tools/gpu-check.sh runs each in its own process: a crash in one
      * leaves the others' results) */
     static const struct { const char *name; void (*fn)(void); } groups[] = {
-        {"embed", test_embed}, {"elementwise", test_elementwise}, {"matmul", test_matmul}, {"matmul", test_matmul_large},
+        {"embed", test_embed}, {"elementwise", test_elementwise}, {"matmul", test_matmul},
+        {"matmul", test_matmul_large},
         {"attention", test_attention}, {"forward", test_forward}, {"invariance", test_batch_invariance},
         {"model", test_real_model}, {"scheduler", test_scheduler},
     };
