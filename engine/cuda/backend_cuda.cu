@@ -445,7 +445,7 @@ static void head_of(const void *p, size_t bytes, uint8_t head[16])
 }
 
 /* scratch slots for staged host inputs and outputs */
-enum { S_X, S_OUT, S_PART, S_SCALE, S_I0, S_I1, S_I2, S_ATTN, S_COUNT };
+enum { S_X, S_OUT, S_PART, S_SCALE, S_I0, S_I1, S_I2, S_AI, S_ATTN, S_COUNT };
 
 struct cuda_ctx {
     bt_cuda_host host;
@@ -455,6 +455,10 @@ struct cuda_ctx {
     size_t w_cap, w_n, w_bytes;
     void *scratch[S_COUNT];
     size_t scratch_cap[S_COUNT];
+    /* the host bytes last staged into each slot by dev_in (valid while shadow_bytes > 0): a step's positions, slots
+     * and block tables are the same for every layer, so they cross once per step instead of once per op */
+    void *shadow[S_COUNT];
+    size_t shadow_bytes[S_COUNT], shadow_cap[S_COUNT];
     int32_t *h_ints; /* host staging for block tables */
     size_t h_ints_cap;
     bt_status err; /* first error of a void op, returned by the next op that returns a status */
@@ -511,6 +515,7 @@ static void *scratch(cuda_ctx *c, int slot, size_t bytes)
     /* the stream may still read the old buffer: wait before freeing it */
     cudaStreamSynchronize(c->stream);
     cudaFree(c->scratch[slot]);
+    c->shadow_bytes[slot] = 0;
     size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
     if (cudaMalloc(&c->scratch[slot], cap) != cudaSuccess) {
         cudaGetLastError();
@@ -526,10 +531,20 @@ static void *scratch(cuda_ctx *c, int slot, size_t bytes)
 static const void *dev_in(cuda_ctx *c, const void *p, size_t bytes, int slot)
 {
     if (!p || is_dev(p)) return p;
+    if (bytes && bytes == c->shadow_bytes[slot] && !memcmp(c->shadow[slot], p, bytes)) return c->scratch[slot];
     void *d = scratch(c, slot, bytes);
     if (!d) return NULL;
     /* from pageable memory: returns once the source has been read, so the caller may reuse it */
     cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c->stream);
+    c->shadow_bytes[slot] = 0;
+    if (bytes > c->shadow_cap[slot]) {
+        void *sh = realloc(c->shadow[slot], bytes);
+        if (!sh) return d; /* no shadow: the next call copies again */
+        c->shadow[slot] = sh;
+        c->shadow_cap[slot] = bytes;
+    }
+    memcpy(c->shadow[slot], p, bytes);
+    c->shadow_bytes[slot] = bytes;
     return d;
 }
 
@@ -600,7 +615,10 @@ static void cu_destroy(bt_backend *be)
     for (size_t i = 0; i < c->w_cap; i++)
         if (c->w[i].key) cudaFree(c->w[i].dev);
     free(c->w);
-    for (int i = 0; i < S_COUNT; i++) cudaFree(c->scratch[i]);
+    for (int i = 0; i < S_COUNT; i++) {
+        cudaFree(c->scratch[i]);
+        free(c->shadow[i]);
+    }
     free(c->h_ints);
     cudaStreamDestroy(c->stream);
     free(c);
@@ -821,12 +839,11 @@ static bt_status cu_attention(bt_backend *be, const bt_attn_args *a)
         used += nb;
         t++;
     }
-    int32_t *dints = (int32_t *)scratch(c, S_I0, (2 * (size_t)T + (size_t)used) * 4);
+    const int32_t *dints = (const int32_t *)dev_in(c, hp, (2 * (size_t)T + (size_t)used) * 4, S_AI);
     int32_t n_seg = max_pos / ATTN_SEG + 1;
     size_t parts_bytes = (size_t)T * (size_t)a->n_head * (size_t)n_seg * (size_t)(a->head_dim + 2) * 4;
     float *parts = (float *)scratch(c, S_ATTN, parts_bytes);
     if (!dints || !parts) return cfail(c, BT_ERR_NOMEM, "cuda attention: out of device memory for its scratch");
-    cudaMemcpyAsync(dints, hp, (2 * (size_t)T + (size_t)used) * 4, cudaMemcpyHostToDevice, c->stream);
     attn_dev_args d;
     d.g = kv_of(a->kv);
     d.layer = a->layer, d.n_tokens = T, d.n_head = a->n_head, d.n_head_kv = a->n_head_kv, d.head_dim = a->head_dim;
