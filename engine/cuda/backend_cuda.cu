@@ -71,13 +71,17 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
 {
     __shared__ __align__(32) half sw[MM_BN][MM_BK + 8];
     __shared__ __align__(32) half sx[BM][MM_BK + 8];
-    __shared__ __align__(32) float so[4][16 * 16];
+    /* the tile's raw GGUF bytes, row by row (quantized types), then the epilogue's output staging: 48,384 bytes of
+     * static shared memory in all for BM = 64, under the 48 KiB limit */
+    __shared__ __align__(32) unsigned char raw[MM_BN * TILE_SPAN_MAX];
+    float(*so)[16 * 16] = reinterpret_cast<float(*)[16 * 16]>(raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int64_t n0 = (int64_t)blockIdx.x * MM_BN;
     const int32_t m0 = blockIdx.y * BM;
     /* decode tile: warp w owns columns 16w..; prefill tile: warp w owns rows 16w.., all 4 column tiles */
     constexpr int NF = BM == 16 ? 1 : 4;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
+#pragma unroll
     for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
     const int64_t kb = (int64_t)blockIdx.z * MM_KSPLIT, ke = kb + MM_KSPLIT < K ? kb + MM_KSPLIT : K;
     if (gridDim.z > 1) {
@@ -85,15 +89,44 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         bias = NULL;
     }
     for (int64_t k0 = kb; k0 < ke; k0 += MM_BK) {
+        /* quantized weights: the tile's raw bytes first, row after row, consecutive threads reading consecutive
+         * words (coalesced; the blocks' own fields are only 2-byte aligned), then dequantized from shared memory */
+        size_t off = 0;
+        int len = 0;
+        int64_t c0 = 0;
+        if constexpr (blk_bytes<T>() > 0) {
+            tile_span<T>(k0, ke, &off, &len, &c0);
+            const int rows = N - n0 < MM_BN ? (int)(N - n0) : MM_BN;
+            if (((uintptr_t)w | rb | off | (size_t)len) % 4 == 0) {
+                const int wpr = len / 4;
+                for (int e = tid; e < rows * wpr; e += MM_THREADS) {
+                    int r = e / wpr, o = e % wpr;
+                    ((uint32_t *)(raw + r * TILE_SPAN_MAX))[o] =
+                        ((const uint32_t *)(w + (size_t)(n0 + r) * rb + off))[o];
+                }
+            } else {
+                const int hpr = len / 2;
+                for (int e = tid; e < rows * hpr; e += MM_THREADS) {
+                    int r = e / hpr, o = e % hpr;
+                    ((uint16_t *)(raw + r * TILE_SPAN_MAX))[o] =
+                        ((const uint16_t *)(w + (size_t)(n0 + r) * rb + off))[o];
+                }
+            }
+            __syncthreads();
+        }
         /* weights: 64 rows x 4 chunks = 256 chunks, two per thread */
         for (int i = tid; i < MM_BN * (MM_BK / 32); i += MM_THREADS) {
             int r = i / (MM_BK / 32), cc = i % (MM_BK / 32);
             int64_t c = k0 / 32 + cc;
             float y[32];
-            if (n0 + r < N && 32 * c < ke)
-                deq_chunk<T>(w + (size_t)(n0 + r) * rb, c, y);
-            else
+            if (n0 + r < N && 32 * c < ke) {
+                if constexpr (blk_bytes<T>() > 0)
+                    deq_chunk<T>(raw + r * TILE_SPAN_MAX, c - c0, y);
+                else
+                    deq_chunk<T>(w + (size_t)(n0 + r) * rb, c, y);
+            } else {
                 for (int j = 0; j < 32; j++) y[j] = 0.0f;
+            }
             for (int j = 0; j < 32; j++) sw[r][32 * cc + j] = __float2half_rn(y[j]);
         }
         for (int i = tid; i < BM * MM_BK; i += MM_THREADS) {
@@ -113,6 +146,7 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
                 wmma::mma_sync(acc[0], fa, fb, acc[0]);
             } else {
                 wmma::load_matrix_sync(fa, &sx[16 * warp][ks], MM_BK + 8);
+#pragma unroll
                 for (int f = 0; f < NF; f++) {
                     wmma::load_matrix_sync(fb, &sw[16 * f][ks], MM_BK + 8);
                     wmma::mma_sync(acc[f], fa, fb, acc[f]);
@@ -121,6 +155,8 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         }
         __syncthreads();
     }
+    /* unrolled: the accumulators must stay in registers (a loop over f indexes them, which puts them on the stack) */
+#pragma unroll
     for (int f = 0; f < NF; f++) {
         int rr = BM == 16 ? 0 : 16 * warp, cb = BM == 16 ? 16 * warp : 16 * f;
         wmma::store_matrix_sync(so[warp], acc[f], 16, wmma::mem_row_major);

@@ -153,4 +153,36 @@ __host__ __device__ __forceinline__ void deq_chunk(const uint8_t *row, int64_t c
     }
 }
 
+/* Bytes per block and elements per block of a quantized type T, at compile time (0 for the float types). */
+template <int T>
+__host__ __device__ constexpr int blk_bytes()
+{
+    return T == T_Q4_0 ? 18 : T == T_Q4_1 ? 20 : T == T_Q5_0 ? 22 : T == T_Q5_1 ? 24 : T == T_Q8_0 ? 34
+         : T == T_Q4_K ? 144 : T == T_Q6_K ? 210 : 0;
+}
+
+template <int T>
+__host__ __device__ constexpr int blk_elems()
+{
+    return T == T_Q4_K || T == T_Q6_K ? 256 : 32;
+}
+
+/* Most bytes tile_span returns (a Q6_K super-block), rounded up to a multiple of 4: the row stride of a staged tile. */
+#define TILE_SPAN_MAX 212
+
+/* The bytes of one weight row that the K tile [k0, min(k0 + 128, ke)) of quantized type T reads (k0 a multiple of
+ * 128, ke of 32): *len bytes from byte *off of the row, starting at chunk *c0, so that deq_chunk<T>(copy, c - *c0)
+ * on a copy of them equals deq_chunk<T>(row, c). Whole blocks: 1 to 4 legacy blocks, or the one K-quant super-block
+ * that holds the tile. *off and *len are even, and multiples of 4 for a whole tile of any type but Q6_K (the kernel
+ * copies words when they are, halves otherwise). */
+template <int T>
+__host__ __device__ inline void tile_span(int64_t k0, int64_t ke, size_t *off, int *len, int64_t *c0)
+{
+    const int64_t end = k0 + 128 < ke ? k0 + 128 : ke;
+    const int64_t b0 = k0 / blk_elems<T>(), b1 = (end + blk_elems<T>() - 1) / blk_elems<T>();
+    *off = (size_t)b0 * (size_t)blk_bytes<T>();
+    *len = (int)(b1 - b0) * blk_bytes<T>();
+    *c0 = b0 * (blk_elems<T>() / 32);
+}
+
 #endif

@@ -73,6 +73,60 @@ static void check_type(uint32_t t)
     free(row);
 }
 
+/* tile_span: the staged bytes of every K tile dequantize as the row itself does, for a tile-aligned K, a K that ends
+ * inside a tile, and the split-K slice ends (ke) the matmul uses */
+template <int T>
+static void check_span(uint32_t t)
+{
+    static const int64_t ks[] = {256, 512, 1024, 2048 + 256, 96, 64};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        int64_t K = ks[ki];
+        if (K % blk_elems<T>()) continue;
+        size_t bytes = row_bytes(t, K);
+        uint8_t *row = (uint8_t *)malloc(bytes), staged[TILE_SPAN_MAX];
+        for (size_t i = 0; i < bytes; i++) row[i] = (uint8_t)test_rand_next(&rng);
+        for (size_t b = 0; b < bytes / (size_t)blk_bytes<T>(); b++) { /* finite scales, as in check_type */
+            uint8_t *p = row + b * (size_t)blk_bytes<T>();
+            if (T == T_Q6_K) p[209] &= 0xbf;
+            else p[1] &= 0xbf, p[3] &= 0xbf;
+        }
+        for (int64_t kb = 0; kb < K; kb += 1024) {
+            int64_t ke = kb + 1024 < K ? kb + 1024 : K;
+            for (int64_t k0 = kb; k0 < ke; k0 += 128) {
+                size_t off;
+                int len;
+                int64_t c0;
+                tile_span<T>(k0, ke, &off, &len, &c0);
+                CHECK_MSG(len > 0 && len <= TILE_SPAN_MAX && off + (size_t)len <= bytes && len % 2 == 0 &&
+                              off % 2 == 0 && (T == T_Q6_K || k0 + 128 > ke || (len % 4 == 0 && off % 4 == 0)),
+                          "%s K %lld k0 %lld: span %zu+%d", bt_ggml_type_name(t), (long long)K, (long long)k0, off,
+                          len);
+                if (off + (size_t)len > bytes || len > TILE_SPAN_MAX) continue;
+                memcpy(staged, row + off, (size_t)len);
+                for (int64_t c = k0 / 32; c < (k0 + 128 < ke ? k0 + 128 : ke) / 32; c++) {
+                    float a[32], b[32];
+                    deq_chunk<T>(row, c, a);
+                    deq_chunk<T>(staged, c - c0, b);
+                    CHECK_MSG(!memcmp(a, b, sizeof a), "%s K %lld chunk %lld: staged copy differs",
+                              bt_ggml_type_name(t), (long long)K, (long long)c);
+                }
+            }
+        }
+        free(row);
+    }
+}
+
+static void test_tile_spans(void)
+{
+    check_span<T_Q4_0>(BT_TYPE_Q4_0);
+    check_span<T_Q4_1>(BT_TYPE_Q4_1);
+    check_span<T_Q5_0>(BT_TYPE_Q5_0);
+    check_span<T_Q5_1>(BT_TYPE_Q5_1);
+    check_span<T_Q8_0>(BT_TYPE_Q8_0);
+    check_span<T_Q4_K>(BT_TYPE_Q4_K);
+    check_span<T_Q6_K>(BT_TYPE_Q6_K);
+}
+
 static void test_every_type(void)
 {
     static const uint32_t types[] = {BT_TYPE_F32, BT_TYPE_F16, BT_TYPE_BF16, BT_TYPE_Q4_0, BT_TYPE_Q4_1,
@@ -83,5 +137,6 @@ static void test_every_type(void)
 int main(void)
 {
     RUN(test_every_type);
+    RUN(test_tile_spans);
     return test_summary();
 }
