@@ -46,8 +46,9 @@ __global__ void k_embed(const uint8_t *w, size_t rb, const int32_t *tokens, int3
 
 /* ---- matmul: out[M][N] = x[M][K] . W[N][K]^T, tensor cores on f16 tiles dequantized on the fly ----
  * A block of 128 threads (4 warps) owns BN = 64 output columns and BM rows (16 for decode-sized M, 64 otherwise);
- * grid = (N / 64, M / BM). Each K step of BK = 128 loads the 64 x 128 weight tile from the raw GGUF blocks (each
- * thread dequantizes two 32-element chunks into shared memory as f16) and the BM x 128 activation tile (f32 -> f16),
+ * grid = (N / 64, M / BM). Each K step of BK = 128 copies the 64-row weight tile's raw GGUF blocks to shared memory
+ * (coalesced word loads), dequantizes it there (each thread two 32-element chunks, to f16) and loads the BM x 128
+ * activation tile (f32 -> f16),
  * then every warp runs 8 WMMA 16x16x16 steps in K order. Each output element accumulates in f32 over the same K
  * steps in the same order whatever BM is: a row's bits do not depend on the batch. A row whose activations would
  * overflow f16 is first scaled by a power of two (k_row_scale), undone exactly in the epilogue.
