@@ -620,8 +620,9 @@ static void sync_gpu(void *dev)
     to_host(&f, dev, 4);
 }
 
-/* Device-to-device copy bandwidth (read + write bytes), then batch-1 matmul bandwidth over ~1 GiB of weights in 8
- * matrices of 8192 x 16384 per type (the decode roofline: weight bytes / time), then prefill rate at 512 rows. */
+/* Device-to-device copy bandwidth (read + write bytes) and the WMMA rate, then per weight type the matmul's weight
+ * bandwidth at 1 and 16 rows (decode: weight bytes / time, against the copy bandwidth) and its rate at 512 rows
+ * (prefill, against the WMMA rate). */
 static int bench(void)
 {
     size_t big = (size_t)1 << 30;
@@ -642,45 +643,55 @@ static int bench(void)
         printf("bench mma: not measured: %s\n", bt_last_error());
     static const uint32_t types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K, BT_TYPE_Q6_K, BT_TYPE_F16,
                                      BT_TYPE_BF16};
-    int64_t K = 8192, N = 16384;
+    /* per type 4 matrices of 8192 inputs and ~256 MiB each (one random matrix copied 4 times: 1 GiB read per pass,
+     * far past the 60 MB L2), so each launch streams enough that host overhead hides behind it */
+    const int64_t K = 8192;
+    const int nm = 4;
     float *x = malloc((size_t)K * 512 * 4);
     for (int64_t i = 0; i < K * 512; i++) x[i] = frand();
-    float *xd = dev_from(x, (size_t)K * 512 * 4), *od = dev_from(NULL, (size_t)N * 512 * 4);
+    float *xd = dev_from(x, (size_t)K * 512 * 4);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const bt_ggml_type_info *inf = bt_ggml_type_get(types[ti]);
+        size_t rowb = (size_t)(K / inf->block_elems) * inf->block_bytes;
+        int64_t N = (int64_t)((big / nm) / rowb) / 64 * 64;
         size_t wb;
         uint8_t *w = rand_weight(types[ti], K, N, &wb);
-        int nm = (int)(big / wb) > 0 ? (int)(big / wb) : 1;
-        if ((size_t)nm * wb > big) nm = 1;
-        bt_weight W[16];
-        for (int i = 0; i < nm && i < 16; i++) {
+        bt_weight W[4];
+        for (int i = 0; i < nm; i++) {
             gpu->ops->buf_set(gpu, (uint8_t *)a + (size_t)i * wb, w, wb);
             W[i] = (bt_weight){.type = types[ti], .n_in = K, .n_out = N, .data = (uint8_t *)a + (size_t)i * wb};
         }
-        if (nm > 16) nm = 16;
-        gpu->ops->matmul(gpu, &W[0], NULL, xd, 1, od);
-        sync_gpu(od);
-        int reps = 5;
-        t0 = now_s();
-        for (int r = 0; r < reps; r++)
-            for (int i = 0; i < nm; i++) gpu->ops->matmul(gpu, &W[i], NULL, xd, 1, od);
-        sync_gpu(od);
-        double dt = now_s() - t0, bw = (double)wb * nm * reps / dt;
-        printf("bench decode %-5s: %.1f GB/s of weights at batch 1 = %.1f%% of copy bandwidth (%.3f ms per matrix of "
-               "%.1f MB)\n", bt_ggml_type_name(types[ti]), bw / 1e9, 100.0 * bw / copy_bw, dt / reps / nm * 1e3,
-               (double)wb / 1e6);
+        free(w);
+        float *od = dev_from(NULL, (size_t)N * 512 * 4);
+        if (!od) return 1;
+        static const int32_t decode_rows[] = {1, 16};
+        for (size_t di = 0; di < 2; di++) {
+            int32_t M = decode_rows[di];
+            gpu->ops->matmul(gpu, &W[0], NULL, xd, M, od);
+            sync_gpu(od);
+            int reps = 5;
+            t0 = now_s();
+            for (int r = 0; r < reps; r++)
+                for (int i = 0; i < nm; i++) gpu->ops->matmul(gpu, &W[i], NULL, xd, M, od);
+            sync_gpu(od);
+            double dt = now_s() - t0, bw = (double)wb * nm * reps / dt;
+            printf("bench decode %-5s %2d rows: %.1f GB/s of weights = %.1f%% of copy bandwidth (%.3f ms per "
+                   "%lld x %lld matrix, %.0f MB)\n", bt_ggml_type_name(types[ti]), M, bw / 1e9, 100.0 * bw / copy_bw,
+                   dt / reps / nm * 1e3, (long long)N, (long long)K, (double)wb / 1e6);
+        }
         int32_t M = 512;
         gpu->ops->matmul(gpu, &W[0], NULL, xd, M, od);
         sync_gpu(od);
         t0 = now_s();
         for (int i = 0; i < nm; i++) gpu->ops->matmul(gpu, &W[i], NULL, xd, M, od);
         sync_gpu(od);
-        dt = now_s() - t0;
+        double dt = now_s() - t0;
         double tf = 2.0 * M * (double)N * K * nm / dt / 1e12;
         printf("bench prefill %-5s: %.1f TFLOP/s at %d rows = %.1f%% of the measured mma rate (datasheet dense f16: "
                "~989)\n", bt_ggml_type_name(types[ti]), tf, M, peak > 0 ? 100.0 * tf / peak : 0.0);
-        free(w);
+        gpu->ops->buf_free(gpu, od);
     }
-    gpu->ops->buf_free(gpu, xd), gpu->ops->buf_free(gpu, od), gpu->ops->buf_free(gpu, a);
+    gpu->ops->buf_free(gpu, xd), gpu->ops->buf_free(gpu, a);
     free(x);
     return 0;
 }
