@@ -101,6 +101,7 @@ static bt_status pool_map(kvx_context_t *ctx, const kvx_layout_t *layout, void *
         goto fail_unmap;
     }
     pool->base = attr.address;
+    pool->mem_type = mem ? mt : KVX_MEM_HOST;
     us = ucp_rkey_pack(ctx->ucp, pool->memh, &rkey_buf, &rkey_len);
     if (us != UCS_OK) {
         st = bt_fail(BT_ERR_IO, "kvx: ucp_rkey_pack: %s", ucs_status_string(us));

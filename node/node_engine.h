@@ -55,6 +55,7 @@ typedef struct bt_ne {
     bt_sched *sched;
     kvx_context_t *kvx;      /* NULL when kvtransfer is off or UCX could not start */
     kvx_pool_t *kvx_pool;    /* the scheduler's KV pool, registered (NULL with kvx) */
+    void *kv_device_mem;     /* --device cuda: the registered pool's GPU memory (the backend's buffer), else NULL */
     kvx_layout_t layout;     /* the KV layout (fingerprint included) */
     char fingerprint[17];    /* model fingerprint as 16 lower-case hex digits */
     int32_t n_vocab, max_context, max_running, max_batch_tokens;
