@@ -171,7 +171,9 @@ typedef enum kvx_mem_type {
 } kvx_mem_type_t;
 
 /* Registers existing memory of kvx_layout_check() bytes at mem (of type mt) as a pool and packs its descriptor; the
- * caller keeps the memory, which must outlive the pool, and its contents are left as they are. BT_ERR_INVALID for a
+ * caller keeps the memory, which must outlive the pool, and its contents are left as they are. A CUDA pool is only
+ * read and written by the transport: pushes from it need the put path (else BT_ERR_UNSUPPORTED) and carry no
+ * checksums, and data messages into it are dropped. BT_ERR_INVALID for a
  * bad layout or a NULL mem; BT_ERR_UNSUPPORTED when this UCX cannot register that memory type (a UCX built without
  * CUDA support, as Debian's is: `ucx_info -d` lists no cuda_copy / cuda_ipc / gdr_copy transport); BT_ERR_NOMEM /
  * BT_ERR_IO otherwise. The pool belongs to ctx. */
