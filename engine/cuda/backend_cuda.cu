@@ -498,6 +498,8 @@ struct cuda_ctx {
     size_t shadow_bytes[S_COUNT], shadow_cap[S_COUNT];
     int32_t *h_ints; /* host staging for block tables */
     size_t h_ints_cap;
+    struct buf_range *bufs; /* see in_bufs */
+    size_t n_bufs, bufs_cap;
     bt_status err; /* first error of a void op, returned by the next op that returns a status */
     char err_msg[256];
 };
@@ -536,7 +538,27 @@ static bt_status take_err(cuda_ctx *c)
     return c->host.fail(st, "%s", c->err_msg);
 }
 
-static int is_dev(const void *p)
+/* The buffers buf_alloc handed out, [n_bufs] sorted by start: the pointers ops receive are checked here first, so
+ * the driver is asked (cudaPointerGetAttributes, about a microsecond) only about host memory and foreign pointers. */
+struct buf_range {
+    uintptr_t start, end;
+};
+
+static int in_bufs(const cuda_ctx *c, const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    size_t lo = 0, hi = c->n_bufs;
+    while (lo < hi) { /* the last range starting at or before a */
+        size_t mid = (lo + hi) / 2;
+        if (c->bufs[mid].start <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && a < c->bufs[lo - 1].end;
+}
+
+static int is_dev_ptr(const void *p)
 {
     cudaPointerAttributes at;
     if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
@@ -544,6 +566,11 @@ static int is_dev(const void *p)
         return 0;
     }
     return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+static int is_dev(const cuda_ctx *c, const void *p)
+{
+    return in_bufs(c, p) || is_dev_ptr(p);
 }
 
 static void *scratch(cuda_ctx *c, int slot, size_t bytes)
@@ -567,7 +594,7 @@ static void *scratch(cuda_ctx *c, int slot, size_t bytes)
 /* p as a device pointer: itself, or bytes of host memory staged into scratch slot (NULL on failure) */
 static const void *dev_in(cuda_ctx *c, const void *p, size_t bytes, int slot)
 {
-    if (!p || is_dev(p)) return p;
+    if (!p || is_dev(c, p)) return p;
     if (bytes && bytes == c->shadow_bytes[slot] && !memcmp(c->shadow[slot], p, bytes)) return c->scratch[slot];
     void *d = scratch(c, slot, bytes);
     if (!d) return NULL;
@@ -595,12 +622,16 @@ static size_t wslot(const wentry *tab, size_t cap, const void *key)
 /* The device copy of an immutable host tensor of `bytes` at p (the pointer itself when it is device memory). */
 static const void *weight_dev(cuda_ctx *c, const void *p, size_t bytes)
 {
-    if (!p || is_dev(p)) return p;
+    if (!p) return p;
+    /* a key in the table is host memory (uploaded before; with unified addressing no device pointer equals it), so
+     * the common case, a weight used before, needs no question to the driver */
+    int known = c->w_cap && c->w[wslot(c->w, c->w_cap, p)].key == p;
+    if (!known && is_dev(c, p)) return p;
     uint8_t head[16];
     head_of(p, bytes, head);
-    if (c->w_cap) {
+    if (known) {
         wentry *e = &c->w[wslot(c->w, c->w_cap, p)];
-        if (e->key == p && e->bytes >= bytes && !memcmp(e->head, head, 16)) return e->dev;
+        if (e->bytes >= bytes && !memcmp(e->head, head, 16)) return e->dev;
     }
     if (2 * (c->w_n + 1) > c->w_cap) {
         size_t cap = c->w_cap ? 2 * c->w_cap : 1024;
@@ -657,6 +688,7 @@ static void cu_destroy(bt_backend *be)
         free(c->shadow[i]);
     }
     free(c->h_ints);
+    free(c->bufs);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -664,17 +696,41 @@ static void cu_destroy(bt_backend *be)
 
 static void *cu_buf_alloc(bt_backend *be, size_t bytes)
 {
+    cuda_ctx *c = CX(be);
+    if (c->n_bufs == c->bufs_cap) {
+        size_t cap = c->bufs_cap ? 2 * c->bufs_cap : 64;
+        struct buf_range *r = (struct buf_range *)realloc(c->bufs, cap * sizeof *r);
+        if (!r) return NULL;
+        c->bufs = r;
+        c->bufs_cap = cap;
+    }
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+    if (!bytes) bytes = 256;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
+    size_t i = c->n_bufs;
+    while (i > 0 && c->bufs[i - 1].start > (uintptr_t)p) {
+        c->bufs[i] = c->bufs[i - 1];
+        i--;
+    }
+    c->bufs[i].start = (uintptr_t)p, c->bufs[i].end = (uintptr_t)p + bytes;
+    c->n_bufs++;
     return p;
 }
 
 static void cu_buf_free(bt_backend *be, void *buf)
 {
-    cudaStreamSynchronize(CX(be)->stream);
+    cuda_ctx *c = CX(be);
+    if (!buf) return;
+    for (size_t i = 0; i < c->n_bufs; i++)
+        if (c->bufs[i].start == (uintptr_t)buf) {
+            memmove(&c->bufs[i], &c->bufs[i + 1], (c->n_bufs - i - 1) * sizeof *c->bufs);
+            c->n_bufs--;
+            break;
+        }
+    cudaStreamSynchronize(c->stream);
     cudaFree(buf);
 }
 
@@ -789,7 +845,7 @@ static bt_status cu_matmul(bt_backend *be, const bt_weight *w, const float *bias
     const uint8_t *wd = (const uint8_t *)weight_dev(c, w->data, rb * (size_t)w->n_out);
     const float *bd = (const float *)weight_dev(c, bias, (size_t)w->n_out * 4);
     const float *xd = (const float *)dev_in(c, x, xb, S_X);
-    int out_host = !is_dev(out);
+    int out_host = !is_dev(c, out);
     float *od = out_host ? (float *)scratch(c, S_OUT, ob) : out;
     size_t slices = (size_t)blocks_for(w->n_in, MM_KSPLIT);
     float *part = slices > 1 ? (float *)scratch(c, S_PART, slices * ob) : NULL;
@@ -824,7 +880,7 @@ static void cu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const flo
                         int32_t n_tokens, const int32_t *slots)
 {
     cuda_ctx *c = CX(be);
-    if (!is_dev(kv->base)) {
+    if (!is_dev(c, kv->base)) {
         keep_err(c, BT_ERR_UNSUPPORTED, "kv_write: the KV pool is not in device memory", cudaSuccess);
         return;
     }
@@ -846,7 +902,7 @@ static bt_status cu_attention(bt_backend *be, const bt_attn_args *a)
     if (a->n_tokens <= 0) return BT_OK;
     if (a->head_dim > 32 * ATTN_MAX_PER_LANE)
         return cfail(c, BT_ERR_UNSUPPORTED, "cuda attention: head_dim %d > %d", a->head_dim, 32 * ATTN_MAX_PER_LANE);
-    if (!is_dev(a->kv->base))
+    if (!is_dev(c, a->kv->base))
         return cfail(c, BT_ERR_UNSUPPORTED, "cuda attention: the KV pool is not in device memory");
     /* host staging: positions, then each run of tokens sharing a block table gets one copy of its used entries */
     int32_t T = a->n_tokens, max_pos = 0;
