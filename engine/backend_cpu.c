@@ -501,6 +501,19 @@ static bt_cpu_kv_rows attn_rows(const bt_kv_pool *kv, const uint8_t *blk, int32_
     return r;
 }
 
+/* Element i of row j (which = 0: K, 1: V) of rows r, dequantized as bt_cpu_scalar_attn_block reads it. */
+static float kv_row_elem(const bt_cpu_kv_rows *r, int which, int32_t hd, int32_t j, int32_t i)
+{
+    const void *base = which ? r->v : r->k;
+    size_t e = (size_t)j * (size_t)hd + (size_t)i;
+    if (r->type == BT_CPU_KV_F16) return bt_fp16_to_f32(((const uint16_t *)base)[e]);
+    if (r->type == BT_CPU_KV_U8) {
+        const uint16_t *sm = (which ? r->v_sm : r->k_sm) + 2 * j;
+        return fmaf(bt_fp16_to_f32(sm[0]), (float)((const uint8_t *)base)[e], bt_fp16_to_f32(sm[1]));
+    }
+    return ((const float *)base)[e];
+}
+
 static void prefetch_rows(const void *p, size_t bytes)
 {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 1);
@@ -627,9 +640,43 @@ static void attn_merge_run(void *ctx, int ti, int n_tasks)
         }
 }
 
+/* Sliding-window attention (a->window > 0), one (token, head) at a time in key order: a plain reference kept apart
+ * from the blocked kernels until those take a lower key bound. K/V elements are read as the blocked path reads them. */
+static void attn_windowed(const bt_attn_args *a)
+{
+    const bt_kv_pool *kv = a->kv;
+    int32_t hd = a->head_dim, group = a->n_head / a->n_head_kv;
+    for (int32_t t = 0; t < a->n_tokens; t++) {
+        int32_t p = a->pos[t], k0 = p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        for (int32_t h = 0; h < a->n_head; h++) {
+            const float *q = a->q + ((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)hd;
+            float *o = a->out + ((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)hd;
+            float m = -INFINITY, l = 0;
+            for (int32_t i = 0; i < hd; i++) o[i] = 0;
+            for (int32_t k = k0; k <= p; k++) {
+                const uint8_t *blk = bt_kv_block_ptr(kv, a->layer, a->tables[t][k / BT_KV_BLOCK]);
+                bt_cpu_kv_rows r = attn_rows(kv, blk, h / group);
+                int32_t j = k % BT_KV_BLOCK;
+                float s = 0;
+                for (int32_t i = 0; i < hd; i++) s = fmaf(q[i], kv_row_elem(&r, 0, hd, j, i), s);
+                s *= a->scale;
+                float mn = s > m ? s : m, c = bt_cpu_expf(m - mn), w = bt_cpu_expf(s - mn);
+                l = l * c + w;
+                for (int32_t i = 0; i < hd; i++) o[i] = fmaf(w, kv_row_elem(&r, 1, hd, j, i), o[i] * c);
+                m = mn;
+            }
+            for (int32_t i = 0; i < hd; i++) o[i] /= l;
+        }
+    }
+}
+
 static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
 {
     cpu_ctx *c = C(be);
+    if (a->window > 0) {
+        attn_windowed(a);
+        return BT_OK;
+    }
     /* count the tasks and their accumulators first */
     size_t n_seg_tasks = 0, n_merge = 0, floats = 0, merge_floats = 0;
     for (int32_t t = 0; t < a->n_tokens;) {
@@ -729,6 +776,16 @@ static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n
     C(be)->ops->swiglu(n, g, u, out);
 }
 
+/* gelu with the tanh approximation, in double so every ISA gets the same bits from this scalar loop */
+static void cpu_geglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double x = g[i];
+        double y = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+        out[i] = (float)y * u[i];
+    }
+}
+
 static void cpu_add(bt_backend *be, float *x, const float *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
@@ -741,6 +798,7 @@ static const bt_backend_ops cpu_ops = {
     .buf_free = cpu_buf_free,
     .buf_set = cpu_buf_copy,
     .buf_get = cpu_buf_copy,
+    .buf_copy = cpu_buf_copy,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
@@ -751,6 +809,7 @@ static const bt_backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
     .add = cpu_add,
 };
 
@@ -833,12 +892,12 @@ bt_status bt_backend_cpu_create(const bt_cpu_opts *o, bt_backend **out)
 
 int bt_backend_cpu_act_bits(const bt_backend *be)
 {
-    return ((const cpu_ctx *)be->ctx)->act_bits;
+    return be->ops == &cpu_ops ? ((const cpu_ctx *)be->ctx)->act_bits : 16;
 }
 
 const char *bt_backend_cpu_isa(const bt_backend *be)
 {
-    return ((const cpu_ctx *)be->ctx)->ops->name;
+    return be->ops == &cpu_ops ? ((const cpu_ctx *)be->ctx)->ops->name : be->ops->name;
 }
 
 /* Counts the model's matrices by weight type. */
@@ -849,6 +908,10 @@ static void count_matrix(const bt_weight *w, int *count)
 
 void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf, size_t cap)
 {
+    if (be->ops != &cpu_ops) {
+        snprintf(buf, cap, "%s kernels", be->ops->name);
+        return;
+    }
     const cpu_ctx *c = be->ctx;
     int count[BT_TYPE_COUNT] = {0};
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
@@ -871,5 +934,5 @@ void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf,
 
 int bt_backend_cpu_threads(const bt_backend *be)
 {
-    return bt_pool_size(((const cpu_ctx *)be->ctx)->pool);
+    return be->ops == &cpu_ops ? bt_pool_size(((const cpu_ctx *)be->ctx)->pool) : 1;
 }
