@@ -8,7 +8,7 @@ VENV     := .venv
 PYTEST   := $(VENV)/bin/python -m pytest
 
 .PHONY: all setup build build-asan build-fuzz build-neon run test test-unit test-asan test-fuzz test-neon test-integration \
-        test-skips bench clean \
+        test-skips bench clean gpu-carry \
         image test-image
 
 all: build
@@ -51,6 +51,7 @@ test: build build-asan build-fuzz build-neon
 
 test-unit:
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/$(BUILD)/ctest-junit.xml
+	@cat $(BUILD)/cuda-tests-not-run.txt 2>/dev/null || true
 
 test-asan:
 	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -88,3 +89,7 @@ bench: build
 
 clean:
 	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(NEON)
+
+# The folder tools/gpu-check.sh runs from on a lent GPU machine (README "CUDA backend"): build-cuda/.
+gpu-carry: build
+	@tools/gpu-check-prepare.sh $(BUILD) build-cuda

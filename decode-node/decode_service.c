@@ -716,6 +716,205 @@ static void run_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *m
     free(ids);
 }
 
+/* ---- Decode/Embed ---- */
+
+/* One Embed call: its inputs run as separate embedding requests of the scheduler; the event that ends the last of
+ * them answers. left counts the inputs still running plus the handler's own hold, so the call cannot be answered
+ * (and freed) before the handler has registered the cancel callback. */
+typedef struct embed_call {
+    decode_service_t *svc;
+    bt_rpc_call_t *rpc;
+    size_t n;
+    float *vecs;         /* [n][n_embd] */
+    uint64_t *ids;       /* [n] scheduler ids (0: not submitted) */
+    atomic_int left;
+    atomic_int failed;   /* the first bad outcome: an RS_* (RS_OK while none) */
+    bt_status error;     /* with RS_ERROR: the engine's; written once, under failed's first change */
+    uint32_t tokens;
+} embed_call;
+
+static void embed_free(embed_call *e)
+{
+    free(e->vecs);
+    free(e->ids);
+    free(e);
+}
+
+/* The call's answer once every input has ended. */
+static void embed_answer(embed_call *e)
+{
+    decode_service_t *s = e->svc;
+    int rs = atomic_load(&e->failed);
+    if (rs == RS_OK) {
+        int32_t E = s->ne->m->hp.n_embd;
+        Baton__V1__Embedding *emb = calloc(e->n, sizeof *emb);
+        Baton__V1__Embedding **embp = calloc(e->n, sizeof *embp);
+        if (emb && embp) {
+            for (size_t i = 0; i < e->n; i++) {
+                baton__v1__embedding__init(&emb[i]);
+                emb[i].n_values = (size_t)E;
+                emb[i].values = e->vecs + i * (size_t)E;
+                embp[i] = &emb[i];
+            }
+            Baton__V1__DecodeEmbedResponse r = BATON__V1__DECODE_EMBED_RESPONSE__INIT;
+            r.n_data = e->n;
+            r.data = embp;
+            r.prompt_tokens = e->tokens;
+            r.node_id = s->node_id;
+            if (bt_rpc_call_send(e->rpc, &r.base) != BT_OK) rs = RS_CANCELLED;
+            else bt_rpc_call_finish(e->rpc, BT_RPC_OK, NULL);
+        } else {
+            rs = RS_ERROR;
+            bt_rpc_call_finish(e->rpc, BT_RPC_RESOURCE_EXHAUSTED, "out of memory answering the embeddings");
+        }
+        free(emb);
+        free(embp);
+        if (rs == RS_CANCELLED) bt_rpc_call_finish(e->rpc, BT_RPC_CANCELLED, "the client went away");
+    } else if (rs == RS_TIMEOUT) {
+        bt_rpc_call_finish(e->rpc, BT_RPC_DEADLINE_EXCEEDED, "deadline exceeded before every input was computed");
+    } else if (rs == RS_ERROR) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "engine step failed: %s", bt_status_str(e->error));
+        BT_WARN(DEC_LOG, "embeddings: %s", msg);
+        bt_rpc_call_finish(e->rpc, BT_RPC_INTERNAL, msg);
+    } else {
+        bt_rpc_call_finish(e->rpc, BT_RPC_CANCELLED, "cancelled");
+    }
+    metrics_counter_inc(s->requests[rs]);
+    if (rs == RS_OK) metrics_counter_add(s->prompt_tokens, e->tokens);
+    bt_calls_leave(&s->calls);
+    embed_free(e);
+}
+
+/* Drops one hold; the last answers. */
+static void embed_release(embed_call *e)
+{
+    if (atomic_fetch_sub(&e->left, 1) == 1) embed_answer(e);
+}
+
+/* Records the first bad outcome and asks the scheduler to end the other inputs (their work is wasted now). */
+static void embed_fail(embed_call *e, int rs, bt_status err)
+{
+    int none = RS_OK;
+    if (!atomic_compare_exchange_strong(&e->failed, &none, rs)) return;
+    e->error = err;
+    for (size_t i = 0; i < e->n; i++)
+        if (e->ids[i]) bt_sched_abort(e->svc->sched, e->ids[i]);
+}
+
+/* Engine thread: an input ended (an embedding request has exactly one event). */
+static void embed_event(void *user, const bt_sched_event *ev)
+{
+    embed_call *e = user;
+    if (ev->finish == BT_END_NONE) return;
+    if (ev->finish == BT_END_TIMEOUT) embed_fail(e, RS_TIMEOUT, BT_OK);
+    else if (ev->finish == BT_END_ERROR) embed_fail(e, RS_ERROR, ev->error);
+    else if (ev->finish != BT_END_STOP) embed_fail(e, RS_CANCELLED, BT_OK);
+    embed_release(e);
+}
+
+static void embed_cancel(void *ud, bt_rpc_call_t *call)
+{
+    (void)call;
+    embed_fail(ud, RS_CANCELLED, BT_OK);
+}
+
+/* Decode/Embed's validation (the limits and the vocabulary), pure like decode_run_params. */
+bt_rpc_code decode_embed_check(const bt_ne_t *ne, const Baton__V1__DecodeEmbedRequest *q, uint32_t *tokens, char *err,
+                               size_t cap)
+{
+    if (q->model_fingerprint[0] && strcasecmp(q->model_fingerprint, ne->fingerprint) != 0) {
+        snprintf(err, cap, "model_fingerprint %.32s does not match this node's model %s (%s)", q->model_fingerprint,
+                 ne->fingerprint, ne->m->name);
+        return BT_RPC_FAILED_PRECONDITION;
+    }
+    if (q->n_inputs == 0 || q->n_inputs > DECODE_EMBED_MAX_INPUTS) {
+        snprintf(err, cap, "inputs holds %zu sequences (1..%d allowed)", q->n_inputs, DECODE_EMBED_MAX_INPUTS);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < q->n_inputs; i++) {
+        const Baton__V1__TokenIds *t = q->inputs[i];
+        size_t n = t ? t->n_ids : 0;
+        if (n == 0 || n > (size_t)ne->max_context) {
+            snprintf(err, cap, "inputs[%zu] has %zu tokens (1..%d allowed)", i, n, ne->max_context);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        for (size_t k = 0; k < n; k++)
+            if (t->ids[k] < 0 || t->ids[k] >= ne->n_vocab) {
+                snprintf(err, cap, "inputs[%zu].ids[%zu] = %d is outside the vocabulary [0, %d)", i, k, t->ids[k],
+                         ne->n_vocab);
+                return BT_RPC_INVALID_ARGUMENT;
+            }
+        total += n;
+    }
+    if (total > DECODE_EMBED_MAX_TOKENS) {
+        snprintf(err, cap, "inputs hold %llu tokens together (at most %d per call)", (unsigned long long)total,
+                 DECODE_EMBED_MAX_TOKENS);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    *tokens = (uint32_t)total;
+    return BT_RPC_OK;
+}
+
+/* Decode/Embed: check, admit, submit every input; the event that ends the last one answers. */
+static void embed_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    decode_service_t *s = ud;
+    const Baton__V1__DecodeEmbedRequest *q = (const Baton__V1__DecodeEmbedRequest *)msg;
+    const char *rid = q->request_id[0] ? q->request_id : "-";
+    char err[320];
+    uint32_t tokens = 0;
+    bt_rpc_code code = decode_embed_check(s->ne, q, &tokens, err, sizeof err);
+    if (code != BT_RPC_OK) {
+        bt_calls_reject(&s->calls, call, code, rid, err);
+        return;
+    }
+    if (!bt_calls_admit(&s->calls)) {
+        snprintf(err, sizeof err, "decode node %s is at capacity (%d requests in flight)", s->node_id,
+                 s->calls.max_inflight);
+        bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, err);
+        return;
+    }
+    size_t E = (size_t)s->ne->m->hp.n_embd;
+    embed_call *e = calloc(1, sizeof *e);
+    if (e) {
+        e->vecs = malloc(sizeof(float) * E * q->n_inputs);
+        e->ids = calloc(q->n_inputs, sizeof *e->ids);
+    }
+    if (!e || !e->vecs || !e->ids) {
+        if (e) embed_free(e);
+        bt_calls_leave(&s->calls);
+        bt_calls_reject(&s->calls, call, BT_RPC_RESOURCE_EXHAUSTED, rid, "out of memory");
+        return;
+    }
+    e->svc = s;
+    e->rpc = call;
+    e->n = q->n_inputs;
+    e->tokens = tokens;
+    atomic_init(&e->failed, RS_OK);
+    atomic_init(&e->left, (int)q->n_inputs + 1);
+    double deadline = bt_call_deadline(call);
+    for (size_t i = 0; i < q->n_inputs; i++) {
+        bt_req_params rp = bt_req_params_default();
+        rp.embedding = e->vecs + i * E;
+        rp.deadline = deadline;
+        uint64_t id = 0;
+        if (atomic_load(&e->failed) != RS_OK ||
+            bt_sched_submit(s->sched, q->inputs[i]->ids, (int32_t)q->inputs[i]->n_ids, &rp, embed_event, e, &id)) {
+            if (atomic_load(&e->failed) == RS_OK) {
+                BT_WARN(DEC_LOG, "embeddings %s: input %zu not submitted: %s", rid, i, bt_last_error());
+                embed_fail(e, RS_ERROR, BT_ERR_INTERNAL);
+            }
+            embed_release(e); /* this input never runs */
+            continue;
+        }
+        e->ids[i] = id; /* an abort racing this store only misses an input that then ends by itself */
+    }
+    bt_rpc_call_on_cancel(call, embed_cancel, e);
+    embed_release(e); /* the handler's hold */
+}
+
 /* ---- life cycle ---- */
 
 static bt_status register_metrics(decode_service_t *s, metrics_registry_t *reg)
@@ -790,6 +989,9 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
         goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Abort", BT_RPC_UNARY,
                                        &baton__v1__abort_request__descriptor, bt_calls_abort_handler, &s->calls)))
+        goto fail;
+    if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Embed", BT_RPC_UNARY,
+                                       &baton__v1__decode_embed_request__descriptor, embed_handler, s)))
         goto fail;
     *out = s;
     return BT_OK;

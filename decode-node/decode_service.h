@@ -17,8 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DECODE_MAX_INFLIGHT 1024
-#define DECODE_REMOTE_TIMEOUT_MS 120000 /* Run calls admitted at once (queued + running); beyond: RESOURCE_EXHAUSTED */
+#define DECODE_MAX_INFLIGHT 1024 /* Run and Embed calls admitted at once (queued + running); beyond: RESOURCE_EXHAUSTED */
+#define DECODE_REMOTE_TIMEOUT_MS 120000
+#define DECODE_EMBED_MAX_INPUTS 2048      /* sequences per Decode/Embed call (OpenAI's limit per request) */
+#define DECODE_EMBED_MAX_TOKENS (1 << 20) /* their tokens together */
 
 typedef struct decode_config {
     const char *model_path;    /* GGUF file; required */
@@ -52,6 +54,11 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
  * is not OK. Reads nothing but ne's limits (fuzzed by tests/fuzz/fuzz_node_request.c). */
 bt_rpc_code decode_run_params(const bt_ne_t *ne, const Baton__V1__DecodeRunRequest *q, bt_req_params *rp, char *err,
                               size_t cap);
+
+/* Decode/Embed's validation, pure like decode_run_params: the fingerprint, 1..DECODE_EMBED_MAX_INPUTS inputs of
+ * 1..context ids of the vocabulary, at most DECODE_EMBED_MAX_TOKENS in all (*tokens gets their sum). */
+bt_rpc_code decode_embed_check(const bt_ne_t *ne, const Baton__V1__DecodeEmbedRequest *q, uint32_t *tokens, char *err,
+                               size_t cap);
 
 /* The functions below are the slots of bt_node_service_ops_t (node/node_main.h): svc is a decode_service_t. */
 

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/status.h"
 #include "engine/kv_pool.h"
@@ -41,6 +42,9 @@ typedef bt_status (*bt_lane_fn)(bt_backend *lane, int i, void *user);
 
 typedef struct bt_backend_ops {
     const char *name;
+    /* 1: buffers (buf_alloc) are device memory the host cannot dereference; copy them with buf_set/get/copy only,
+     * and put the KV pool there (bt_backend_kv_pool_create). 0: host memory (cpu). */
+    int device_memory;
     void (*destroy)(bt_backend *be);
 
     /* Buffers the ops operate on. alloc returns NULL on failure; set/get copy from/to host memory. */
@@ -48,6 +52,8 @@ typedef struct bt_backend_ops {
     void (*buf_free)(bt_backend *be, void *buf);
     void (*buf_set)(bt_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*buf_get)(bt_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* Optional (NULL: memcpy): copies between two buffers of this backend (device memory for cuda). */
+    void (*buf_copy)(bt_backend *be, void *dst, const void *src, size_t bytes);
 
     /* out[n][w->n_in] = rows tokens[i] of the embedding matrix w, dequantized. */
     void (*embed)(bt_backend *be, const bt_weight *w, const int32_t *tokens, int32_t n, float *out);
@@ -95,6 +101,43 @@ struct bt_backend {
 static inline void bt_backend_destroy(bt_backend *be)
 {
     if (be) be->ops->destroy(be);
+}
+
+/* A KV pool of mem_bytes in the memory be computes on: as bt_kv_pool_create(hp, dtype, mem_bytes, NULL, out) for a
+ * host backend, in one buf_alloc buffer for a device backend (the pool then owns it: own_memory = 2). Destroy it with
+ * bt_backend_kv_pool_destroy. Errors as bt_kv_pool_create; BT_ERR_NOMEM when the device buffer cannot be had. */
+static inline bt_status bt_backend_kv_pool_create(bt_backend *be, const bt_hparams *hp, bt_kv_dtype dtype,
+                                                  size_t mem_bytes, bt_kv_pool **out)
+{
+    if (!be->ops->device_memory) return bt_kv_pool_create(hp, dtype, mem_bytes, NULL, out);
+    void *mem = be->ops->buf_alloc(be, mem_bytes);
+    if (!mem) return bt_fail(BT_ERR_NOMEM, "%s: cannot allocate a KV pool of %zu bytes", be->ops->name, mem_bytes);
+    bt_status st = bt_kv_pool_create(hp, dtype, mem_bytes, mem, out);
+    if (st) {
+        be->ops->buf_free(be, mem);
+        return st;
+    }
+    (*out)->own_memory = 2;
+    return BT_OK;
+}
+
+/* Destroys a pool from bt_backend_kv_pool_create (or bt_kv_pool_create); NULL allowed. */
+static inline void bt_backend_kv_pool_destroy(bt_backend *be, bt_kv_pool *p)
+{
+    if (p && p->own_memory == 2) {
+        be->ops->buf_free(be, p->base);
+        p->own_memory = 0;
+    }
+    bt_kv_pool_destroy(p);
+}
+
+/* Copies bytes between two buffers of be (memcpy for a host backend). */
+static inline void bt_backend_copy(bt_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (be->ops->buf_copy)
+        be->ops->buf_copy(be, dst, src, bytes);
+    else
+        memcpy(dst, src, bytes);
 }
 
 #endif

@@ -787,6 +787,7 @@ static const bt_backend_ops cpu_ops = {
     .buf_free = cpu_buf_free,
     .buf_set = cpu_buf_copy,
     .buf_get = cpu_buf_copy,
+    .buf_copy = cpu_buf_copy,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
@@ -881,12 +882,12 @@ bt_status bt_backend_cpu_create(const bt_cpu_opts *o, bt_backend **out)
 
 int bt_backend_cpu_act_bits(const bt_backend *be)
 {
-    return ((const cpu_ctx *)be->ctx)->act_bits;
+    return be->ops == &cpu_ops ? ((const cpu_ctx *)be->ctx)->act_bits : 16;
 }
 
 const char *bt_backend_cpu_isa(const bt_backend *be)
 {
-    return ((const cpu_ctx *)be->ctx)->ops->name;
+    return be->ops == &cpu_ops ? ((const cpu_ctx *)be->ctx)->ops->name : be->ops->name;
 }
 
 /* Counts the model's matrices by weight type. */
@@ -897,6 +898,10 @@ static void count_matrix(const bt_weight *w, int *count)
 
 void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf, size_t cap)
 {
+    if (be->ops != &cpu_ops) {
+        snprintf(buf, cap, "%s kernels", be->ops->name);
+        return;
+    }
     const cpu_ctx *c = be->ctx;
     int count[BT_TYPE_COUNT] = {0};
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
@@ -919,5 +924,5 @@ void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf,
 
 int bt_backend_cpu_threads(const bt_backend *be)
 {
-    return bt_pool_size(((const cpu_ctx *)be->ctx)->pool);
+    return be->ops == &cpu_ops ? bt_pool_size(((const cpu_ctx *)be->ctx)->pool) : 1;
 }

@@ -27,7 +27,8 @@ bt_status bt_cpu_opts_from_env(bt_cpu_opts *o);
  * lacks), BT_ERR_INVALID (act_bits not 8 or 16), BT_ERR_NOMEM. */
 bt_status bt_backend_cpu_create(const bt_cpu_opts *o, bt_backend **out);
 
-/* Name of the CPU kernel ISA in use ("avx512", "avx2", "scalar"); be must be a cpu backend. */
+/* Name of the CPU kernel ISA in use ("avx512", "avx2", "scalar"). These four accessors also answer for another
+ * backend (its name, 1 thread, 16-bit activations, "<name> kernels") so that reports need no branch. */
 const char *bt_backend_cpu_isa(const bt_backend *be);
 int bt_backend_cpu_threads(const bt_backend *be);
 /* Activation precision of quantized matmuls: 16 (default) or 8 (BATON_ACT_BITS=8). */

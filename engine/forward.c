@@ -293,7 +293,8 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
     if (i1 <= i0) return BT_OK;
     /* Only the rows that need logits go through the final norm and the (large) output matrix. */
     for (int32_t i = i0; i < i1; i++)
-        memcpy(fw->tmp + (size_t)i * (size_t)E, fw->x + (size_t)b->logit_rows[i] * (size_t)E, (size_t)E * 4);
+        bt_backend_copy(be, fw->tmp + (size_t)i * (size_t)E, fw->x + (size_t)b->logit_rows[i] * (size_t)E,
+                        (size_t)E * 4);
     op->rmsnorm(be, fw->tmp + (size_t)i0 * (size_t)E, m->output_norm.data, i1 - i0, E, hp->rms_eps,
                 fw->h + (size_t)i0 * (size_t)E);
     st = op->matmul(be, &m->output, NULL, fw->h + (size_t)i0 * (size_t)E, i1 - i0,
@@ -391,7 +392,7 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
     const bt_hparams *hp = &fw->m->hp;
     size_t E = (size_t)hp->n_embd;
     for (int32_t i = 0; i < b->n_hidden; i++)
-        memcpy(fw->tmp + (size_t)i * E, fw->x + (size_t)b->hidden_rows[i] * E, E * 4);
+        bt_backend_copy(fw->be, fw->tmp + (size_t)i * E, fw->x + (size_t)b->hidden_rows[i] * E, E * 4);
     fw->be->ops->rmsnorm(fw->be, fw->tmp, fw->m->output_norm.data, b->n_hidden, (int32_t)E, hp->rms_eps, fw->h);
     fw->be->ops->buf_get(fw->be, b->hidden, fw->h, (size_t)b->n_hidden * E * 4);
     return BT_OK;

@@ -37,7 +37,7 @@ typedef struct bt_kv_pool {
     size_t ks_off, vs_off; /* int8: offsets of the K and V fp16 (scale, min) pairs within a block (0 otherwise) */
     uint8_t *base;        /* [n_layer][n_blocks][block_stride] */
     size_t bytes;
-    int own_memory;       /* 1 when base was allocated here */
+    int own_memory;       /* 1 when base was allocated here; 2: a backend's device buffer (engine/backend.h) */
     int32_t *free_ids;    /* stack of free block ids, lowest ids on top so runs come out contiguous */
     int32_t n_free;
 } bt_kv_pool;

@@ -190,7 +190,11 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     if (!s->eog) goto nomem;
     if (cfg.n_eog) memcpy(s->eog, cfg.eog_ids, sizeof(int32_t) * (size_t)cfg.n_eog);
     s->cfg.eog_ids = s->eog;
-    if ((st = bt_kv_pool_create(&m->hp, cfg.kv_dtype, cfg.kv_mem, cfg.kv_memory, &s->kv))) goto fail;
+    if (cfg.kv_memory)
+        st = bt_kv_pool_create(&m->hp, cfg.kv_dtype, cfg.kv_mem, cfg.kv_memory, &s->kv);
+    else /* on the GPU for a device backend */
+        st = bt_backend_kv_pool_create(be, &m->hp, cfg.kv_dtype, cfg.kv_mem, &s->kv);
+    if (st) goto fail;
     bt_bm_config bc = {.n_blocks = s->kv->n_blocks, .window = 0, .fingerprint = m->fingerprint,
                        .disable_prefix_cache = cfg.disable_prefix_cache};
     if ((st = bt_bm_create(&bc, &s->bm))) goto fail;
@@ -344,7 +348,7 @@ void bt_sched_destroy(bt_sched *s)
     free(s->b_hidden);
     bt_forward_destroy(s->fw);
     bt_bm_destroy(s->bm);
-    bt_kv_pool_destroy(s->kv);
+    bt_backend_kv_pool_destroy(s->be, s->kv);
     free(s->eog);
     free(s->waiting);
     free(s->running);
@@ -627,7 +631,8 @@ static void copy_block(bt_sched *s, const bt_bm_copy *c)
 {
     if (c->src < 0) return;
     for (int32_t l = 0; l < s->kv->n_layer; l++)
-        memcpy(bt_kv_block_ptr(s->kv, l, c->dst), bt_kv_block_ptr(s->kv, l, c->src), s->kv->block_stride);
+        bt_backend_copy(s->be, bt_kv_block_ptr(s->kv, l, c->dst), bt_kv_block_ptr(s->kv, l, c->src),
+                        s->kv->block_stride);
 }
 
 /* Reserves KV slots for r's positions up to len (a no-op when already reserved, as after a failed remote

@@ -230,7 +230,7 @@ static void dm_destroy(bt_proposer *p)
     if (c) {
         bt_forward_destroy(c->fw);
         bt_bm_destroy(c->bm);
-        bt_kv_pool_destroy(c->kv);
+        bt_backend_kv_pool_destroy(c->be, c->kv);
         bt_model_free(c->owned);
         free(c->logits);
         free(c->scratch);
@@ -275,7 +275,7 @@ static bt_status dm_create(dm_ctx *c, const bt_proposer_ops *ops, bt_backend *be
     c->max_items = max_items;
     size_t stride = bt_kv_block_stride(&c->m->hp, BT_KV_F16) * (size_t)c->m->hp.n_layer;
     size_t blocks = ((size_t)kv_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK + 1;
-    if ((st = bt_kv_pool_create(&c->m->hp, BT_KV_F16, blocks * stride, NULL, &c->kv))) goto fail;
+    if ((st = bt_backend_kv_pool_create(be, &c->m->hp, BT_KV_F16, blocks * stride, &c->kv))) goto fail;
     bt_bm_config bc = {.n_blocks = c->kv->n_blocks, .fingerprint = c->m->fingerprint, .disable_prefix_cache = 1};
     if ((st = bt_bm_create(&bc, &c->bm))) goto fail;
     if ((st = bt_forward_create(c->m, be, DRAFT_MAX_TOKENS, profile, &c->fw))) goto fail;

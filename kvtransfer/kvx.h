@@ -163,6 +163,23 @@ void kvx_context_stats(kvx_context_t *ctx, kvx_stats_t *out);
  * UCX cannot map it. The memory is zero-filled; the pool belongs to ctx. */
 bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_pool_t **out);
 
+/* Where a pool's memory lives. */
+typedef enum kvx_mem_type {
+    KVX_MEM_HOST = 0,
+    KVX_MEM_CUDA = 1, /* device memory (cudaMalloc): UCS_MEMORY_TYPE_CUDA, moved by cuda_ipc, gdr_copy, or rc with
+                       * GPUDirect RDMA */
+} kvx_mem_type_t;
+
+/* Registers existing memory of kvx_layout_check() bytes at mem (of type mt) as a pool and packs its descriptor; the
+ * caller keeps the memory, which must outlive the pool, and its contents are left as they are. A CUDA pool is only
+ * read and written by the transport: pushes from it need the put path (else BT_ERR_UNSUPPORTED) and carry no
+ * checksums, and data messages into it are dropped. BT_ERR_INVALID for a
+ * bad layout or a NULL mem; BT_ERR_UNSUPPORTED when this UCX cannot register that memory type (a UCX built without
+ * CUDA support, as Debian's is: `ucx_info -d` lists no cuda_copy / cuda_ipc / gdr_copy transport); BT_ERR_NOMEM /
+ * BT_ERR_IO otherwise. The pool belongs to ctx. */
+bt_status kvx_pool_register(kvx_context_t *ctx, const kvx_layout_t *layout, void *mem, kvx_mem_type_t mt,
+                            kvx_pool_t **out);
+
 /* Unregisters the pool. Pushes from it and expectations into it must be destroyed first; UCX requests of
  * destroyed pushes are waited for (up to 5 s, blocking), then BT_ERR_INVALID and nothing is freed.
  * NULL is a no-op returning BT_OK. */

@@ -77,6 +77,7 @@ struct kvx_pool {
     uint64_t bytes;
     ucp_mem_h memh;
     void *base;
+    kvx_mem_type_t mem_type; /* KVX_MEM_CUDA: only RMA puts touch it (no host copies, no checksums read here) */
     uint8_t *desc;
     size_t desc_len;
     size_t pending_blocks;

@@ -54,7 +54,9 @@ bt_status kvx_desc_parse(const void *bytes, size_t len, kvx_desc_t *out)
     return BT_OK;
 }
 
-bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_pool_t **out)
+/* kvx_pool_create (mem NULL: UCX allocates host memory, zero-filled) and kvx_pool_register (mem of type mt) */
+static bt_status pool_map(kvx_context_t *ctx, const kvx_layout_t *layout, void *mem, kvx_mem_type_t mt,
+                          kvx_pool_t **out)
 {
     bt_status st;
     ucs_status_t us;
@@ -75,10 +77,21 @@ bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_po
         .length = bytes,
         .flags = UCP_MEM_MAP_ALLOCATE, /* shared-memory transports can then put one-sidedly */
     };
+    if (mem) {
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.address = mem;
+        mp.flags = 0;
+        mp.memory_type = mt == KVX_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    }
     us = ucp_mem_map(ctx->ucp, &mp, &pool->memh);
     if (us != UCS_OK) {
-        st = bt_fail(us == UCS_ERR_NO_MEMORY ? BT_ERR_NOMEM : BT_ERR_IO, "kvx: ucp_mem_map(%llu bytes): %s",
-                     (unsigned long long)bytes, ucs_status_string(us));
+        st = bt_fail(us == UCS_ERR_NO_MEMORY            ? BT_ERR_NOMEM
+                     : us == UCS_ERR_UNSUPPORTED || mt ? BT_ERR_UNSUPPORTED
+                                                       : BT_ERR_IO,
+                     "kvx: ucp_mem_map(%llu bytes of %s memory): %s%s", (unsigned long long)bytes,
+                     mt == KVX_MEM_CUDA ? "cuda" : "host", ucs_status_string(us),
+                     mt == KVX_MEM_CUDA ? " (this UCX may lack CUDA support: see `ucx_info -d`)" : "");
         goto fail;
     }
     ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
@@ -88,6 +101,7 @@ bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_po
         goto fail_unmap;
     }
     pool->base = attr.address;
+    pool->mem_type = mem ? mt : KVX_MEM_HOST;
     us = ucp_rkey_pack(ctx->ucp, pool->memh, &rkey_buf, &rkey_len);
     if (us != UCS_OK) {
         st = bt_fail(BT_ERR_IO, "kvx: ucp_rkey_pack: %s", ucs_status_string(us));
@@ -123,7 +137,7 @@ bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_po
     pool->next = ctx->pools;
     ctx->pools = pool;
     pthread_mutex_unlock(&ctx->mu);
-    memset(pool->base, 0, bytes);
+    if (!mem) memset(pool->base, 0, bytes);
     *out = pool;
     return BT_OK;
 
@@ -135,6 +149,26 @@ fail:
     pthread_mutex_unlock(&ctx->mu);
     free(pool);
     return st;
+}
+
+bt_status kvx_pool_create(kvx_context_t *ctx, const kvx_layout_t *layout, kvx_pool_t **out)
+{
+    return pool_map(ctx, layout, NULL, KVX_MEM_HOST, out);
+}
+
+bt_status kvx_pool_register(kvx_context_t *ctx, const kvx_layout_t *layout, void *mem, kvx_mem_type_t mt,
+                            kvx_pool_t **out)
+{
+    if (!mem) return bt_fail(BT_ERR_INVALID, "kvx: no memory to register");
+    if (mt == KVX_MEM_CUDA) {
+        /* ucp_mem_map does not check the type against the transports (Debian's UCX 1.13 maps "CUDA" memory with its
+         * host transports, which would then read device addresses on the host): ask the context what it moves */
+        ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+        if (ucp_context_query(ctx->ucp, &ca) != UCS_OK || !(ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+            return bt_fail(BT_ERR_UNSUPPORTED, "kvx: this UCX cannot move CUDA memory (built without CUDA support: "
+                                               "`ucx_info -d` lists no cuda_copy, cuda_ipc or gdr_copy transport)");
+    }
+    return pool_map(ctx, layout, mem, mt, out);
 }
 
 bt_status kvx_pool_destroy(kvx_pool_t *pool)

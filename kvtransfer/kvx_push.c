@@ -261,6 +261,12 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     bt_status st;
     kvx_context_t *ctx = pool->ctx;
     if (!a || peer->ctx != ctx) return bt_fail(BT_ERR_INVALID, "kvx: push: pool and peer from different contexts");
+    /* a pool in GPU memory is read by the transport alone: RMA puts (cuda_ipc, or rc with GPUDirect RDMA), and no
+     * checksums (they are computed on the host) */
+    if (pool->mem_type == KVX_MEM_CUDA && peer->path != KVX_PATH_PUT)
+        return bt_fail(BT_ERR_UNSUPPORTED, "kvx: a KV pool in GPU memory moves by RMA put only "
+                                           "(BATON_KVX_DATA_PATH=put), not by shared-memory copies or messages");
+    uint32_t flags = pool->mem_type == KVX_MEM_CUDA ? a->flags & ~(uint32_t)KVX_F_CRC : a->flags;
     kvx_push_t *p = calloc(1, sizeof *p);
     if (!p) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
     /* Layout and block checks happen here, before anything is posted. */
@@ -271,9 +277,9 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     uint32_t n_layers = pool->layout.n_layers;
     p->dst_blocks = malloc(n * sizeof *p->dst_blocks);
     p->layer_done = calloc(n_layers, 1);
-    if (a->flags & KVX_F_CRC) p->crcs = calloc((size_t)n_layers * n, sizeof *p->crcs);
+    if (flags & KVX_F_CRC) p->crcs = calloc((size_t)n_layers * n, sizeof *p->crcs);
     if (peer->path == KVX_PATH_AM) p->am_hdrs = malloc((size_t)n_layers * p->plan.n_runs * DATA_HDR);
-    if (!p->dst_blocks || !p->layer_done || ((a->flags & KVX_F_CRC) && !p->crcs) ||
+    if (!p->dst_blocks || !p->layer_done || ((flags & KVX_F_CRC) && !p->crcs) ||
         (peer->path == KVX_PATH_AM && !p->am_hdrs)) {
         st = bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
         goto fail_plan;
@@ -283,7 +289,7 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     p->pool = pool;
     p->peer = peer;
     p->epoch = a->epoch;
-    p->flags = a->flags;
+    p->flags = flags;
     p->cb = a->cb;
     p->cb_arg = a->cb_arg;
     p->notify.kind = KVX_OBJ_PUSH;
@@ -844,10 +850,10 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
         kvx_expect_finish(e, st, "kvx: epoch %llu: %llu of %llu bytes arrived", (unsigned long long)epoch,
                           (unsigned long long)e->bytes_received,
                           (unsigned long long)((uint64_t)n * n_layers * e->pool->layout.block_stride));
-    } else if ((e->flags & KVX_F_CRC) && !has_crc) {
+    } else if ((e->flags & KVX_F_CRC) && !has_crc && e->pool->mem_type != KVX_MEM_CUDA) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: checksums required but not sent", (unsigned long long)epoch);
-    } else if (has_crc) {
+    } else if (has_crc && e->pool->mem_type != KVX_MEM_CUDA) { /* GPU memory: not read on the host, not verified */
         long bad = verify_crcs(e, m + DONE_HDR);
         if (bad >= 0) {
             ctx->stats.crc_mismatches++;
@@ -878,7 +884,7 @@ ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length,
     const kvx_layout_t *l = e ? &e->pool->layout : NULL;
     int ok = e && (uint64_t)(uintptr_t)e->pool->base == base && layer < l->n_layers && count > 0 &&
              first < l->n_blocks && count <= l->n_blocks - first && length == (uint64_t)count * l->block_stride;
-    ok = ok && expect_owns(e, first, count);
+    ok = ok && expect_owns(e, first, count) && e->pool->mem_type != KVX_MEM_CUDA; /* no host copy into a GPU */
     if (!ok) {
         ctx->stats.dropped_writes++;
         BT_DEBUG("kvx", "%s: data for epoch %llu dropped (stale or outside its blocks)", ctx->name,

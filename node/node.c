@@ -5,6 +5,7 @@
 #include "common/http.h"
 #include "common/log.h"
 #include "common/paths.h"
+#include "engine/backend_cuda.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -142,7 +143,7 @@ typedef struct flag_def {
 enum {
     F_MODEL, F_ETCD, F_CLUSTER, F_NODE_ID, F_GRPC, F_HTTP, F_THREADS, F_KV_MEM, F_MBT, F_LOG, F_GRACE, F_SPEC,
     F_SPEC_K, F_TLS_CERT, F_TLS_KEY, F_TLS_CA, F_INSECURE, F_ETCD_USER, F_ETCD_PW, F_ETCD_CA, F_ETCD_CERT,
-    F_ETCD_KEY, F_N
+    F_ETCD_KEY, F_DEVICE, F_N
 };
 
 static const flag_def FLAGS[F_N] = {
@@ -168,6 +169,7 @@ static const flag_def FLAGS[F_N] = {
     [F_ETCD_CA] = {"--etcd-ca", "BATON_ETCD_CA"},
     [F_ETCD_CERT] = {"--etcd-cert", "BATON_ETCD_CERT"},
     [F_ETCD_KEY] = {"--etcd-key", "BATON_ETCD_KEY"},
+    [F_DEVICE] = {"--device", "BATON_DEVICE"},
 };
 
 void bt_node_usage(FILE *out, const char *prog)
@@ -181,6 +183,8 @@ void bt_node_usage(FILE *out, const char *prog)
             "  --grpc-listen HOST:PORT  gRPC listener; port 0 = a free port (BATON_GRPC_LISTEN; default %s)\n"
             "  --http-listen HOST:PORT  /health and /metrics (BATON_HTTP_LISTEN; default %s)\n"
             "  --threads N              compute threads, 0 = all CPUs (BATON_THREADS; default 0)\n"
+            "  --device cpu|cuda:N      compute backend; cuda needs a GPU, its driver and libbaton_cuda.so, and a\n"
+            "                           UCX with CUDA support for KV transfer (BATON_DEVICE; default cpu)\n"
             "  --kv-mem SIZE            KV pool size, e.g. 256M, 2G (BATON_KV_MEM; default 256M)\n"
             "  --max-batch-tokens N     token budget of one engine step (BATON_MAX_BATCH_TOKENS; default 512)\n"
             "  --log-level LEVEL        debug|info|warn|error (BATON_LOG; default info)\n"
@@ -318,6 +322,8 @@ static bt_status take_tuning(bt_node_flags_t *o, const flag_values *fv)
         if ((st = parse_int(src[F_THREADS], val[F_THREADS], 0, 1024, &v))) return st;
         o->threads = (int)v;
     }
+    if (val[F_DEVICE] && bt_device_parse(val[F_DEVICE], &o->device))
+        return bt_fail(BT_ERR_INVALID, "%s: %s", src[F_DEVICE], bt_last_error());
     if (val[F_KV_MEM] && (st = parse_size(src[F_KV_MEM], val[F_KV_MEM], &o->kv_mem))) return st;
     if (val[F_MBT]) {
         if ((st = parse_int(src[F_MBT], val[F_MBT], 16, 1 << 20, &v))) return st;
@@ -401,6 +407,7 @@ bt_status bt_node_flags_parse(bt_node_flags_t *f, mbr_role role, int argc, char 
     bt_node_flags_t o;
     memset(&o, 0, sizeof o);
     o.log_level = -1;
+    o.device = -1;
     o.grace_ms = BT_NODE_DEFAULT_GRACE_MS;
     if ((st = take_identity(&o, &fv, role)) || (st = take_listeners(&o, &fv)) || (st = take_tuning(&o, &fv)) ||
         (st = take_spec(&o, &fv, role)) || (st = take_security(&o, &fv)))

@@ -39,6 +39,7 @@ typedef struct bt_node_flags {
     char grpc_listen[BT_NODE_ADDR_MAX]; /* --grpc-listen / BATON_GRPC_LISTEN (default 127.0.0.1:0) */
     char http_listen[BT_NODE_ADDR_MAX]; /* --http-listen / BATON_HTTP_LISTEN (default 127.0.0.1:0) */
     int threads;                       /* --threads / BATON_THREADS: compute threads, 0 = all CPUs */
+    int device;                        /* --device / BATON_DEVICE: -1 the CPU (default), else the CUDA device */
     size_t kv_mem;                     /* --kv-mem / BATON_KV_MEM: KV pool bytes (K/M/G suffixes), 0 = default */
     int32_t max_batch_tokens;          /* --max-batch-tokens / BATON_MAX_BATCH_TOKENS, 0 = default */
     int log_level;                     /* --log-level / BATON_LOG: bt_log_level, -1 = unchanged */

@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "engine/backend_cpu.h"
+#include "engine/backend_cuda.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
@@ -102,14 +103,39 @@ static bt_status size_pool(bt_ne_t *ne, const bt_ne_config_t *cfg, const char *n
     return BT_OK;
 }
 
+/* A GPU node's pool: device memory from the backend registered as UCS_MEMORY_TYPE_CUDA. A UCX that cannot move
+ * CUDA memory (Debian's) leaves the node serving without KV transfer, its pool allocated by the scheduler. */
+static bt_status start_kvx_cuda(bt_ne_t *ne, const char *name, size_t n_blocks, void **kv_memory)
+{
+    size_t bytes = n_blocks * ne->kv_block_bytes;
+    ne->kv_device_mem = ne->be->ops->buf_alloc(ne->be, bytes);
+    if (!ne->kv_device_mem)
+        return bt_fail(BT_ERR_NOMEM, "cannot allocate a KV pool of %zu MiB on the GPU", bytes >> 20);
+    bt_status st = kvx_pool_register(ne->kvx, &ne->layout, ne->kv_device_mem, KVX_MEM_CUDA, &ne->kvx_pool);
+    if (st == BT_OK) {
+        *kv_memory = ne->kv_device_mem;
+        return BT_OK;
+    }
+    if (st != BT_ERR_UNSUPPORTED) return bt_fail(st, "cannot register the GPU KV pool with UCX: %s", bt_last_error());
+    BT_WARN(name, "%s: serving without KV transfer (no remote prefill)", bt_last_error());
+    ne->be->ops->buf_free(ne->be, ne->kv_device_mem);
+    ne->kv_device_mem = NULL;
+    kvx_context_destroy(ne->kvx);
+    ne->kvx = NULL;
+    return BT_OK;
+}
+
 /* The kvtransfer context and the KV pool registered with it (*kv_memory: its base), unless disabled. When UCX
- * cannot start the node serves without it (*kv_memory NULL: the scheduler allocates plain memory). */
+ * cannot start the node serves without it (*kv_memory NULL: the scheduler allocates plain memory). Runs after
+ * create_compute: a GPU node's pool comes from its backend. */
 static bt_status start_kvx(bt_ne_t *ne, const bt_ne_config_t *cfg, const char *name, size_t n_blocks,
                            void **kv_memory)
 {
     *kv_memory = NULL;
     if (cfg->disable_kvx) return BT_OK;
-    kvx_context_opts_t ko = {.name = name, .data_path = cfg->env.kvx_path};
+    /* GPU pools move by RMA puts only (kvx_push_create): the automatic path would pick host copies or messages */
+    kvx_data_path_t path = cfg->env.use_cuda && cfg->env.kvx_path == KVX_PATH_AUTO ? KVX_PATH_PUT : cfg->env.kvx_path;
+    kvx_context_opts_t ko = {.name = name, .data_path = path};
     bt_status st = kvx_context_create(&ko, &ne->kvx);
     if (st == BT_ERR_INVALID) return bt_fail(st, "kvtransfer: %s", bt_last_error());
     if (st != BT_OK) {
@@ -117,6 +143,7 @@ static bt_status start_kvx(bt_ne_t *ne, const bt_ne_config_t *cfg, const char *n
         ne->kvx = NULL;
         return BT_OK;
     }
+    if (cfg->env.use_cuda) return start_kvx_cuda(ne, name, n_blocks, kv_memory);
     if (kvx_pool_create(ne->kvx, &ne->layout, &ne->kvx_pool) != BT_OK)
         return bt_fail(BT_ERR_NOMEM, "cannot register a KV pool of %zu MiB with UCX: %s",
                        (n_blocks * ne->kv_block_bytes) >> 20, bt_last_error());
@@ -169,12 +196,13 @@ int bt_ne_constraint(const bt_ne_t *ne, const char *grammar, bt_constraint **out
     return 0;
 }
 
-/* The CPU backend and the speculative proposer (--spec; none by default). */
+/* The backend (cpu, or cuda with --device) and the speculative proposer (--spec; none by default). */
 static bt_status create_compute(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t n_blocks)
 {
     bt_cpu_opts co = cfg->env.cpu;
     co.n_threads = cfg->threads;
-    bt_status st = bt_backend_cpu_create(&co, &ne->be);
+    bt_status st = cfg->env.use_cuda ? bt_backend_cuda_create(cfg->env.cuda_device, &ne->be)
+                                     : bt_backend_cpu_create(&co, &ne->be);
     if (st) return st;
     ne->spec = bt_spec_config_default();
     if (cfg->spec && cfg->spec[0] && (st = bt_spec_parse(cfg->spec, &ne->spec))) return st;
@@ -217,9 +245,9 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
     int32_t eog[BT_NE_MAX_EOG], n_eog = 0;
     bt_status st;
     if ((st = load_model(ne, cfg->model_path)) || (st = size_pool(ne, cfg, name, &n_blocks)) ||
+        (st = create_compute(ne, cfg, n_blocks)) ||
         (st = start_kvx(ne, cfg, name, n_blocks, &kv_memory)) || (st = read_eog(ne, cfg->model_path, eog, &n_eog)) ||
         (st = start_constraints(ne, cfg->model_path)) ||
-        (st = create_compute(ne, cfg, n_blocks)) ||
         (st = start_scheduler(ne, cfg, n_blocks, kv_memory, eog, n_eog))) {
         bt_ne_destroy(ne);
         return st;
@@ -239,6 +267,7 @@ void bt_ne_destroy(bt_ne_t *ne)
     if (ne->kvx_pool && kvx_pool_destroy(ne->kvx_pool) != BT_OK)
         BT_WARN("node", "KV pool still in use at shutdown: %s", bt_last_error());
     kvx_context_destroy(ne->kvx);
+    if (ne->kv_device_mem) ne->be->ops->buf_free(ne->be, ne->kv_device_mem);
     bt_backend_destroy(ne->be);
     bt_model_free(ne->m);
     pthread_mutex_destroy(&ne->load_mu);

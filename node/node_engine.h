@@ -29,6 +29,7 @@ typedef struct bt_ne_env {
     bt_cpu_opts cpu;           /* BATON_CPU_ISA, BATON_ACT_BITS, BATON_CPU_REPACK, BATON_CPU_LANES (n_threads unused) */
     int profile;               /* BATON_PROFILE */
     kvx_data_path_t kvx_path;  /* BATON_KVX_DATA_PATH */
+    int use_cuda, cuda_device; /* the node's --device (copied by bt_node_main from its flags): 0 = the CPU */
 } bt_ne_env_t;
 
 /* Fills *out from the environment. BT_ERR_INVALID / BT_ERR_UNSUPPORTED with one line naming the variable and the
@@ -54,6 +55,7 @@ typedef struct bt_ne {
     bt_sched *sched;
     kvx_context_t *kvx;      /* NULL when kvtransfer is off or UCX could not start */
     kvx_pool_t *kvx_pool;    /* the scheduler's KV pool, registered (NULL with kvx) */
+    void *kv_device_mem;     /* --device cuda: the registered pool's GPU memory (the backend's buffer), else NULL */
     kvx_layout_t layout;     /* the KV layout (fingerprint included) */
     char fingerprint[17];    /* model fingerprint as 16 lower-case hex digits */
     int32_t n_vocab, max_context, max_running, max_batch_tokens;

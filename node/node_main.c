@@ -55,6 +55,8 @@ int bt_node_main(mbr_role role, const bt_node_service_ops_t *ops, int argc, char
         fprintf(stderr, "%s: %s\n", prog, bt_last_error());
         return 1;
     }
+    env.use_cuda = flags.device >= 0;
+    env.cuda_device = flags.device >= 0 ? flags.device : 0;
     bt_node_t *node = NULL;
     if (bt_node_create(&flags, role, &node) != BT_OK) {
         fprintf(stderr, "%s: %s\n", prog, bt_last_error());

@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #define MAX_TRACKED 256
-#define MAX_PREFILL 64 /* prefill candidates one decision weighs */
+#define MAX_PREFILL RTR_MAX_PREFILL_CANDIDATES /* prefill candidates one decision weighs (prefill_nodes) */
 #define POLL_MS 50
 
 typedef struct node_slot {
@@ -371,18 +371,43 @@ static rtr_place_node_t place_node(rtr_dispatch_t *d, const mbr_node_t *n, size_
     return p;
 }
 
-/* Indices of the healthy prefill nodes in nodes[n] (at most MAX_PREFILL). */
-static size_t prefill_nodes(const rtr_dispatch_t *d, const mbr_node_t *nodes, size_t n, size_t *idx)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < MAX_PREFILL; i++)
-        if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) idx[k++] = i;
-    return k;
-}
-
 static size_t match_of(rtr_dispatch_t *d, const mbr_node_t *n, const plan_req_t *rq)
 {
     return rtr_pindex_match(d->pindex, n->info.node_id, n->info.started_ms, rq->hashes, rq->n_hashes);
+}
+
+/* The prefill candidates one decision weighs (rtr_prefill_candidates): indices of healthy prefill nodes in nodes[n],
+ * at most MAX_PREFILL, prefix holders first. Out of memory: the first MAX_PREFILL healthy ones. */
+static size_t prefill_nodes(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t n, const plan_req_t *rq, size_t *idx)
+{
+    size_t healthy = 0, k = 0;
+    for (size_t i = 0; i < n; i++) healthy += usable_role(d, &nodes[i], MBR_ROLE_PREFILL) != 0;
+    size_t *h = malloc((2 * healthy + 1) * sizeof *h);
+    unsigned char *holds = calloc(healthy + 1, 1);
+    if (!h || !holds) {
+        free(h);
+        free(holds);
+        for (size_t i = 0; i < n && k < MAX_PREFILL; i++)
+            if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) idx[k++] = i;
+        return k;
+    }
+    uint32_t hid[RTR_PINDEX_HOLDERS];
+    int64_t hst[RTR_PINDEX_HOLDERS];
+    size_t nh = healthy > MAX_PREFILL && rq->n_hashes ? rtr_pindex_holders(d->pindex, rq->hashes[0], hid, hst) : 0;
+    for (size_t i = 0, j = 0; i < n; i++)
+        if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) {
+            uint32_t idh = nh ? rtr_pindex_id_hash(nodes[i].info.node_id) : 0;
+            for (size_t t = 0; t < nh; t++) holds[j] |= hid[t] == idh && hst[t] == nodes[i].info.started_ms;
+            h[j++] = i;
+        }
+    size_t pick[MAX_PREFILL];
+    pthread_mutex_lock(&d->mu);
+    k = rtr_prefill_candidates(healthy, holds, MAX_PREFILL, &d->rng, h + healthy, pick);
+    pthread_mutex_unlock(&d->mu);
+    for (size_t i = 0; i < k; i++) idx[i] = h[pick[i]];
+    free(h);
+    free(holds);
+    return k;
 }
 
 /* One decision with every input kept, for the decision log. */
@@ -517,22 +542,10 @@ static size_t keep_fit(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t *idx, 
     return fit ? fit : k; /* with none fit nothing was overwritten */
 }
 
-/* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
- * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
-static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req_t *rq, picked_t *out)
+/* The power of two choices among the usable decode nodes nodes[idx[0..k-1]] (k > 0), fit ones first: an index into
+ * nodes. */
+static size_t choose_decode(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t *idx, size_t k)
 {
-    mbr_node_t *nodes;
-    size_t n;
-    bt_status st = mbr_watcher_snapshot(d->watcher, &nodes, &n);
-    if (st) return st;
-    size_t idx[MAX_TRACKED];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < MAX_TRACKED; i++)
-        if (usable(d, &nodes[i]) && !rtr_exclude_has(ex, nodes[i].info.node_id)) idx[k++] = i;
-    if (!k) {
-        mbr_nodes_free(nodes, n);
-        return bt_fail(BT_ERR_UNAVAILABLE, "no healthy decode node");
-    }
     int64_t confirmed = mbr_watcher_confirmed_ms(d->watcher);
     pthread_mutex_lock(&d->mu);
     k = keep_fit(d, nodes, idx, k, confirmed);
@@ -544,6 +557,35 @@ static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req
         if (score(d, &nodes[b]) > score(d, &nodes[a])) a = b;
     }
     pthread_mutex_unlock(&d->mu);
+    return a;
+}
+
+/* A snapshot of the view (*nodes[*n], the caller frees it with mbr_nodes_free) and the decode node chosen in it
+ * (*a), never one in ex. BT_ERR_UNAVAILABLE (nothing to free) when no usable decode node is left. */
+static bt_status snapshot_choose(rtr_dispatch_t *d, const rtr_exclude_t *ex, mbr_node_t **nodes, size_t *n, size_t *a)
+{
+    bt_status st = mbr_watcher_snapshot(d->watcher, nodes, n);
+    if (st) return st;
+    size_t idx[MAX_TRACKED];
+    size_t k = 0;
+    for (size_t i = 0; i < *n && k < MAX_TRACKED; i++)
+        if (usable(d, &(*nodes)[i]) && !rtr_exclude_has(ex, (*nodes)[i].info.node_id)) idx[k++] = i;
+    if (!k) {
+        mbr_nodes_free(*nodes, *n);
+        return bt_fail(BT_ERR_UNAVAILABLE, ex->n ? "no healthy decode node left" : "no healthy decode node");
+    }
+    *a = choose_decode(d, *nodes, idx, k);
+    return BT_OK;
+}
+
+/* Picks a decode node, places the prefill, counts the call in flight and the prefill as pending, and remembers the
+ * prompt's blocks on the nodes that will hold them. BT_ERR_UNAVAILABLE when no decode node is left. */
+static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req_t *rq, picked_t *out)
+{
+    mbr_node_t *nodes;
+    size_t n, a;
+    bt_status st = snapshot_choose(d, ex, &nodes, &n, &a);
+    if (st) return st;
 
     plan_t *pl = malloc(sizeof *pl); /* ~10 KiB: kept off the choice thread's small stack */
     if (!pl) {
@@ -551,7 +593,7 @@ static bt_status pick(rtr_dispatch_t *d, const rtr_exclude_t *ex, const plan_req
         return bt_fail(BT_ERR_NOMEM, "out of memory");
     }
     pl->di = a;
-    pl->np = prefill_nodes(d, nodes, n, pl->pidx);
+    pl->np = prefill_nodes(d, nodes, n, rq, pl->pidx);
     place(d, nodes, rq, pl);
     const mbr_node_t *dn = &nodes[a];
     const mbr_node_t *pn = pl->dec.remote ? &nodes[pl->pidx[pl->dec.best]] : NULL;
@@ -656,7 +698,7 @@ bt_status rtr_dispatch_predict_ttft(rtr_dispatch_t *d, const int32_t *prompt, si
         return bt_fail(BT_ERR_NOMEM, "out of memory");
     }
     plan_req_t rq = {.request_id = "", .n_tokens = (int64_t)n_prompt, .hashes = h, .n_hashes = nh};
-    pl->np = prefill_nodes(d, nodes, n, pl->pidx);
+    pl->np = prefill_nodes(d, nodes, n, &rq, pl->pidx);
     double best = INFINITY;
     for (size_t i = 0; i < n; i++) {
         if (!usable(d, &nodes[i])) continue;
@@ -1042,4 +1084,76 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
     free(r.done);
     free(r.hashes);
     return ret;
+}
+
+/* ---- embeddings ---- */
+
+/* A decode node for one Embed attempt, never one in ex: its slot (call counted in flight; undo with unpick) and its
+ * model fingerprint. BT_ERR_UNAVAILABLE when none is left. */
+static bt_status pick_embed(rtr_dispatch_t *d, const rtr_exclude_t *ex, picked_t *out)
+{
+    mbr_node_t *nodes;
+    size_t n, a;
+    bt_status st = snapshot_choose(d, ex, &nodes, &n, &a);
+    if (st) return st;
+    const mbr_node_t *dn = &nodes[a];
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    node_slot_t *s = slot_get(d, &dn->info, 1);
+    if (s) s->inflight++;
+    pthread_mutex_unlock(&d->mu);
+    if (s) {
+        out->slot = s;
+        snprintf(out->fingerprint, sizeof out->fingerprint, "%s", dn->info.model);
+    }
+    mbr_nodes_free(nodes, n);
+    return s ? BT_OK : bt_fail(BT_ERR_NOMEM, "cannot open a channel to a decode node");
+}
+
+bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequest *tmpl, int timeout_ms,
+                             Baton__V1__DecodeEmbedResponse **out, bt_rpc_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    rtr_exclude_t ex = {0};
+    if (d->request_timeout_ms > 0 && (timeout_ms <= 0 || d->request_timeout_ms < timeout_ms))
+        timeout_ms = d->request_timeout_ms;
+    int64_t deadline = timeout_ms > 0 ? mono_ms() + timeout_ms : 0;
+    bt_status st = BT_OK;
+    for (int attempt = 0;; attempt++) {
+        int left = 0;
+        if (deadline) {
+            int64_t l = deadline - mono_ms();
+            if (l <= 0) {
+                res->code = BT_RPC_DEADLINE_EXCEEDED;
+                snprintf(res->message, sizeof res->message, "request deadline (%d ms) passed", timeout_ms);
+                st = bt_fail(BT_ERR_TIMEOUT, "%s", res->message);
+                break;
+            }
+            left = l > INT32_MAX ? INT32_MAX : (int)l;
+        }
+        picked_t p;
+        if ((st = pick_embed(d, &ex, &p)) != BT_OK) {
+            res->code = BT_RPC_UNAVAILABLE;
+            snprintf(res->message, sizeof res->message, "%s", bt_last_error());
+            st = BT_ERR_UNAVAILABLE;
+            break;
+        }
+        Baton__V1__DecodeEmbedRequest req = *tmpl;
+        req.model_fingerprint = p.fingerprint;
+        ProtobufCMessage *resp = NULL;
+        st = bt_rpc_unary(p.slot->ch, "/baton.v1.Decode/Embed", &req.base, &baton__v1__decode_embed_response__descriptor,
+                          left, &resp, res);
+        unpick(d, &p);
+        if (st == BT_OK) {
+            *out = (Baton__V1__DecodeEmbedResponse *)resp;
+            break;
+        }
+        BT_WARN("router", "embeddings %s: decode node %s failed: %s %s", tmpl->request_id, p.slot->node_id,
+                bt_rpc_code_str(res->code), res->message);
+        if (!retryable(res->code) || res->code == BT_RPC_CANCELLED || attempt >= d->max_migrations ||
+            rtr_exclude_add(&ex, p.slot->node_id) != BT_OK)
+            break;
+    }
+    rtr_exclude_free(&ex);
+    return st;
 }

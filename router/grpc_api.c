@@ -430,6 +430,33 @@ static void detokenize(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *ms
     bt_rpc_call_finish_status(call, st);
 }
 
+/* Generation/Embed: authorise, parse, then the embeddings job (router/embeddings.c) answers the call. */
+static void embed(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    rtr_t *r = ud;
+    const Baton__V1__EmbedRequest *q = (const Baton__V1__EmbedRequest *)msg;
+    if (!check_auth(r, call) || !check_model(r, call, q->model)) {
+        rtr_count_request(r, "client_error");
+        return;
+    }
+    if (!admit_quick(r, call)) return;
+    if (!rtr_ready(r)) {
+        rtr_count_request(r, "unavailable");
+        bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE, rtr_not_ready_reason(r));
+        return;
+    }
+    rtr_embed_req_t e;
+    bt_status st = rtr_embed_from_grpc(&r->model, q, &e);
+    if (st) {
+        rtr_embed_req_free(&e);
+        rtr_count_request(r, st == BT_ERR_NOMEM ? "server_error" : "client_error");
+        bt_rpc_call_finish(call, st == BT_ERR_NOMEM ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_INVALID_ARGUMENT,
+                           bt_last_error());
+        return;
+    }
+    rtr_embed_start_grpc(r, &e, call);
+}
+
 static void list_models(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 {
     (void)msg;
@@ -460,6 +487,9 @@ bt_status rtr_grpc_register(rtr_t *r, bt_rpc_server_t *s)
         return st;
     if ((st = bt_rpc_server_add_method(s, "/baton.v1.Generation/Detokenize", BT_RPC_UNARY,
                                        &baton__v1__detokenize_request__descriptor, detokenize, r)))
+        return st;
+    if ((st = bt_rpc_server_add_method(s, "/baton.v1.Generation/Embed", BT_RPC_UNARY,
+                                       &baton__v1__embed_request__descriptor, embed, r)))
         return st;
     return bt_rpc_server_add_method(s, "/baton.v1.Generation/ListModels", BT_RPC_UNARY,
                                     &baton__v1__list_models_request__descriptor, list_models, r);

@@ -5,6 +5,7 @@
 #include "router/router.h"
 
 #include "common/log.h"
+#include "router/tool_calls.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +28,8 @@ typedef struct choice {
     int stop_index;      /* -1: none */
     int overrun;         /* the node sent more than max_tokens: cut there, finish "length" */
     int sent_role;
+    int tools_on;        /* chat with tools and tool_choice other than none: the output is parsed for calls */
+    rtr_tool_stream_t ts; /* streaming with tools_on: content held from where a call may start */
 } choice_t;
 
 struct rtr_job {
@@ -66,6 +69,8 @@ void rtr_gen_free(rtr_gen_t *g)
     free(g->prompt);
     free(g->grammar);
     g->grammar = NULL;
+    rtr_tools_free(g->tools);
+    g->tools = NULL;
     for (int i = 0; i < g->n_stop; i++) free(g->stops[i]);
     free(g->stop_ids);
     memset(g, 0, sizeof *g);
@@ -77,6 +82,7 @@ static void job_free(rtr_job_t *j)
     j->g.adm = NULL;
     for (int i = 0; i < j->g.n; i++) {
         rtr_textgen_free(&j->ch[i].tg);
+        rtr_tool_stream_free(&j->ch[i].ts);
         free(j->ch[i].text);
         cJSON_Delete(j->ch[i].lp);
         if (j->seq_ids) free(j->seq_ids[i]);
@@ -242,6 +248,89 @@ static void sse_chunk(rtr_job_t *j, choice_t *c, const char *text, size_t len, c
     cJSON_Delete(o);
 }
 
+/* message.tool_calls / the calls of a parsed output, each with a fresh id. */
+static cJSON *tool_calls_json(const rtr_job_t *j, const rtr_tool_result_t *r)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < r->n_calls; i++) {
+        char id[40];
+        rtr_tool_call_id(j->g.tools->format, id, sizeof id);
+        cJSON *o = cJSON_CreateObject(), *fn = cJSON_AddObjectToObject(o, "function");
+        char *args = rtr_utf8_sanitize(r->calls[i].arguments, strlen(r->calls[i].arguments));
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddStringToObject(fn, "name", r->calls[i].name);
+        cJSON_AddStringToObject(fn, "arguments", args ? args : "{}");
+        free(args);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+/* Streams the calls as OpenAI does: per call, a chunk with index, id, type, name and empty arguments, then one
+ * with the arguments (under j->mu). */
+static void sse_tool_calls(rtr_job_t *j, choice_t *c, const rtr_tool_result_t *r)
+{
+    for (size_t i = 0; i < r->n_calls; i++) {
+        char id[40];
+        rtr_tool_call_id(j->g.tools->format, id, sizeof id);
+        char *args = rtr_utf8_sanitize(r->calls[i].arguments, strlen(r->calls[i].arguments));
+        for (int part = 0; part < 2; part++) {
+            cJSON *o = chunk_base(j);
+            cJSON *ch = cJSON_CreateObject();
+            if (!cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch)) {
+                cJSON_Delete(ch); /* out of memory: the cJSON_Add* below then do nothing */
+                ch = NULL;
+            }
+            cJSON_AddNumberToObject(ch, "index", c->index);
+            cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+            if (!c->sent_role) {
+                cJSON_AddStringToObject(delta, "role", "assistant");
+                cJSON_AddNullToObject(delta, "content");
+                c->sent_role = 1;
+            }
+            cJSON *tc = cJSON_CreateObject();
+            if (!cJSON_AddItemToArray(cJSON_AddArrayToObject(delta, "tool_calls"), tc)) {
+                cJSON_Delete(tc);
+                tc = NULL;
+            }
+            cJSON_AddNumberToObject(tc, "index", (double)i);
+            if (part == 0) {
+                cJSON_AddStringToObject(tc, "id", id);
+                cJSON_AddStringToObject(tc, "type", "function");
+            }
+            cJSON *f = cJSON_AddObjectToObject(tc, "function");
+            if (part == 0) cJSON_AddStringToObject(f, "name", r->calls[i].name);
+            cJSON_AddStringToObject(f, "arguments", part == 0 ? "" : args ? args : "{}");
+            cJSON_AddNullToObject(ch, "logprobs");
+            cJSON_AddNullToObject(ch, "finish_reason");
+            if (j->g.include_usage) cJSON_AddNullToObject(o, "usage");
+            sse_send_json(j, o);
+            cJSON_Delete(o);
+        }
+        free(args);
+    }
+}
+
+/* The end of a streamed choice with tools: the held text becomes calls or content, then the finish chunk. */
+static void sse_finish_tools(rtr_job_t *j, choice_t *c, const char *tail, size_t n_tail)
+{
+    const char *out;
+    size_t n_out;
+    rtr_tool_stream_push(&c->ts, tail, n_tail, &out, &n_out);
+    if (n_out) sse_chunk(j, c, out, n_out, NULL, NULL);
+    rtr_tool_result_t r;
+    int rc = rtr_tool_stream_finish(&c->ts, &r, &out, &n_out);
+    if (rc == 1) {
+        if (r.content) sse_chunk(j, c, r.content, r.content_len, NULL, NULL);
+        sse_tool_calls(j, c, &r);
+        rtr_tool_result_free(&r);
+        sse_chunk(j, c, "", 0, NULL, !strcmp(c->finish, "length") ? "length" : "tool_calls");
+        return;
+    }
+    sse_chunk(j, c, out, n_out, NULL, c->finish);
+}
+
 static void grpc_send(rtr_job_t *j, choice_t *c, const int32_t *ids, size_t n, Baton__V1__TokenLogprob *const *lps,
                       size_t n_lps, const char *text, size_t len, Baton__V1__FinishReason finish, int with_usage)
 {
@@ -347,7 +436,10 @@ static int on_tokens(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLog
         if (used) grpc_send(j, c, ids, used, lps, n_lps < used ? n_lps : used, delta ? delta : "", n_delta,
                   BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, 0);
     } else if (j->g.stream) {
-        if (n_delta || lp) sse_chunk(j, c, delta ? delta : "", n_delta, lp, NULL);
+        const char *out = delta ? delta : "";
+        size_t n_out = n_delta;
+        if (c->tools_on) rtr_tool_stream_push(&c->ts, out, n_out, &out, &n_out);
+        if (n_out || lp) sse_chunk(j, c, out, n_out, lp, NULL);
         else cJSON_Delete(lp);
     } else if (n_delta) {
         append(&c->text, &c->n_text, &c->cap_text, delta, n_delta);
@@ -444,10 +536,20 @@ static void job_complete(rtr_job_t *j)
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddNumberToObject(ch, "index", i);
             char *txt = rtr_utf8_sanitize(c->text ? c->text : "", c->n_text);
+            rtr_tool_result_t tr = {0};
+            int calls = c->tools_on && rtr_tool_parse(j->g.tools, c->text ? c->text : "", c->n_text, &tr) == 1;
+            if (calls) {
+                free(txt);
+                txt = tr.content ? rtr_utf8_sanitize(tr.content, tr.content_len) : NULL;
+                if (strcmp(c->finish ? c->finish : "stop", "length")) c->finish = "tool_calls";
+            }
             if (j->g.api == RTR_API_CHAT) {
                 cJSON *msg = cJSON_AddObjectToObject(ch, "message");
                 cJSON_AddStringToObject(msg, "role", "assistant");
-                cJSON_AddStringToObject(msg, "content", txt ? txt : "");
+                if (calls && !txt) cJSON_AddNullToObject(msg, "content");
+                else cJSON_AddStringToObject(msg, "content", txt ? txt : "");
+                if (calls) cJSON_AddItemToObject(msg, "tool_calls", tool_calls_json(j, &tr));
+                rtr_tool_result_free(&tr);
                 if (c->lp) {
                     cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                     cJSON_AddItemToObject(l, "content", c->lp);
@@ -573,7 +675,8 @@ static void *choice_main(void *arg)
         if (j->g.api == RTR_API_GRPC) {
             if (st == BT_OK) grpc_send(j, c, NULL, 0, NULL, 0, tail, n_tail, fr, last);
         } else if (j->g.stream) {
-            if (st == BT_OK) sse_chunk(j, c, tail, n_tail, NULL, c->finish);
+            if (st == BT_OK && c->tools_on) sse_finish_tools(j, c, tail, n_tail);
+            else if (st == BT_OK) sse_chunk(j, c, tail, n_tail, NULL, c->finish);
         } else if (n_tail) {
             append(&c->text, &c->n_text, &c->cap_text, tail, n_tail);
         }
@@ -648,6 +751,8 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
         c->index = i;
         c->stop_index = -1;
         rtr_textgen_init(&c->tg, r->model.tok, stops, j->g.n_stop);
+        c->tools_on = j->g.api == RTR_API_CHAT && j->g.tools && j->g.tools->choice != RTR_TOOL_CHOICE_NONE;
+        rtr_tool_stream_init(&c->ts, j->g.tools);
         if (j->g.logprobs && !j->g.stream && j->g.api != RTR_API_GRPC)
             c->lp = j->g.api == RTR_API_CHAT ? cJSON_CreateArray() : cmpl_lp_new();
         char buf[120];

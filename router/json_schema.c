@@ -249,13 +249,28 @@ static bt_status get_bound(gen *g, const cJSON *s, const char *name, int *has, d
     return BT_OK;
 }
 
+/* The four numeric bounds of a schema; has* says which are given. */
+typedef struct bounds {
+    int hmin, hmax, hxmin, hxmax;
+    double vmin, vmax, vxmin, vxmax;
+} bounds;
+
+static bt_status read_bounds(gen *g, const cJSON *s, bounds *o)
+{
+    memset(o, 0, sizeof *o);
+    if (get_bound(g, s, "minimum", &o->hmin, &o->vmin) || get_bound(g, s, "maximum", &o->hmax, &o->vmax) ||
+        get_bound(g, s, "exclusiveMinimum", &o->hxmin, &o->vxmin) ||
+        get_bound(g, s, "exclusiveMaximum", &o->hxmax, &o->vxmax))
+        return g->err;
+    return BT_OK;
+}
+
 static bt_status gen_integer(gen *g, const cJSON *s, bt_strbuf *b)
 {
-    int hmin, hmax, hxmin, hxmax;
-    double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
-    if (get_bound(g, s, "minimum", &hmin, &vmin) || get_bound(g, s, "maximum", &hmax, &vmax) ||
-        get_bound(g, s, "exclusiveMinimum", &hxmin, &vxmin) || get_bound(g, s, "exclusiveMaximum", &hxmax, &vxmax))
-        return g->err;
+    bounds bd;
+    if (read_bounds(g, s, &bd)) return g->err;
+    int hmin = bd.hmin, hmax = bd.hmax, hxmin = bd.hxmin, hxmax = bd.hxmax;
+    double vmin = bd.vmin, vmax = bd.vmax, vxmin = bd.vxmin, vxmax = bd.vxmax;
     const cJSON *mo = kw(s, "multipleOf");
     if (mo && !(cJSON_IsNumber(mo) && mo->valuedouble == 1.0))
         return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword 'multipleOf' is not supported");
@@ -278,11 +293,10 @@ static bt_status gen_integer(gen *g, const cJSON *s, bt_strbuf *b)
 
 static bt_status gen_number(gen *g, const cJSON *s, bt_strbuf *b)
 {
-    int hmin, hmax, hxmin, hxmax;
-    double vmin = 0, vmax = 0, vxmin = 0, vxmax = 0;
-    if (get_bound(g, s, "minimum", &hmin, &vmin) || get_bound(g, s, "maximum", &hmax, &vmax) ||
-        get_bound(g, s, "exclusiveMinimum", &hxmin, &vxmin) || get_bound(g, s, "exclusiveMaximum", &hxmax, &vxmax))
-        return g->err;
+    bounds bd;
+    if (read_bounds(g, s, &bd)) return g->err;
+    int hmin = bd.hmin, hmax = bd.hmax, hxmin = bd.hxmin, hxmax = bd.hxmax;
+    double vmin = bd.vmin, vmax = bd.vmax;
     const cJSON *mo = kw(s, "multipleOf");
     if (mo) {
         if (cJSON_IsNumber(mo) && mo->valuedouble == 1.0) return gen_integer(g, s, b);
@@ -1155,6 +1169,40 @@ bt_status rtr_json_schema_grammar(const cJSON *schema, char **out)
         return st;
     }
     bt_grammar_free(check);
+    *out = g.rules.p;
+    return BT_OK;
+}
+
+bt_status rtr_json_schema_rules(const cJSON *const *schemas, size_t n, const char *prefix, int compact, char **out)
+{
+    gen g = {0};
+    /* BASE_RULES starts with the ws rule: a compact grammar replaces it */
+    const char *base = BASE_RULES;
+    if (compact) {
+        bt_strbuf_puts(&g.rules, "ws ::= \" \"?\n");
+        base = strchr(BASE_RULES, '\n') + 1;
+    }
+    bt_strbuf_puts(&g.rules, base);
+    bt_strbuf_puts(&g.rules, "ipv4oct ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n");
+    bt_strbuf names = {0};
+    for (size_t i = 0; i < n; i++) {
+        g.root = schemas[i]; /* each schema is the document its own $ref "#..." points into */
+        int id = schema_rule(&g, schemas[i]);
+        if (id < 0) break;
+        sb_printf(&names, "%s%zu ::= s%d\n", prefix, i, id);
+    }
+    free(g.memo);
+    if (g.err || g.rules.oom || names.oom) {
+        free(g.rules.p);
+        free(names.p);
+        return g.err ? g.err : bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+    }
+    bt_strbuf_put(&g.rules, names.p ? names.p : "", names.n);
+    free(names.p);
+    if (g.rules.oom) {
+        free(g.rules.p);
+        return bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+    }
     *out = g.rules.p;
     return BT_OK;
 }

@@ -27,6 +27,15 @@
 /* Grammar text for `schema` into a malloc'd NUL-terminated *out (caller frees). Errors as above; BT_ERR_NOMEM. */
 bt_status rtr_json_schema_grammar(const cJSON *schema, char **out);
 
+/* Rules for several schemas in one grammar, for a caller that writes its own `root` (tool calls wrap each tool's
+ * parameters in the call syntax): rule "<prefix><i>" matches schemas[i], whose $ref "#..." resolve inside
+ * schemas[i]; the shared JSON rules (ws, jstr, jval, ...) come with them. prefix must not clash with those names or
+ * with s<digits>. compact: at most one space between JSON tokens (the spacing models write in tool calls; a small
+ * model given up to four whitespace characters at every gap spends its tokens on them). Errors as
+ * rtr_json_schema_grammar (a left-recursive $ref cycle is found only when the caller's grammar is parsed);
+ * BT_ERR_NOMEM. */
+bt_status rtr_json_schema_rules(const cJSON *const *schemas, size_t n, const char *prefix, int compact, char **out);
+
 /* Grammar text for any JSON object (response_format json_object). BT_ERR_NOMEM. */
 bt_status rtr_json_object_grammar(char **out);
 

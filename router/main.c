@@ -2,6 +2,7 @@
  * main = apply_env (defaults, BATON_* variables) -> parse_flags (each flag by the take_* step of its kind, then
  * the checks that need them all) -> serve (signals, rtr_create, rtr_start, wait, rtr_destroy). */
 #include "router/router.h"
+#include "router/tool_calls.h"
 
 #include "common/log.h"
 
@@ -21,6 +22,11 @@ static void usage(FILE *f)
             "  --chat-template builtin:NAME|FILE\n"
             "                            a built-in chat template (chatml, llama3, mistral, gemma, zephyr) or a Jinja\n"
             "                            file, instead of the model's own template (rendered by the interpreter)\n"
+            "  --tool-call-parser auto|hermes|llama3|mistral|mistral-args|none\n"
+            "                            how tool calls are read from the model's output (tools on\n"
+            "                            /v1/chat/completions); auto (default) detects it from the chat template's\n"
+            "                            text: <tool_call> = hermes (Hermes, Qwen 2.5/3), <|python_tag|> = llama3,\n"
+            "                            [TOOL_CALLS] = mistral ([ARGS] = mistral-args); none refuses tools\n"
             "  --etcd URL[,URL]          etcd endpoints\n"
             "  --http-listen HOST:PORT   OpenAI API, /health, /metrics (default 127.0.0.1:8000)\n"
             "  --grpc-listen HOST:PORT   baton.v1.Generation and health (default 127.0.0.1:50051)\n"
@@ -223,9 +229,19 @@ static int take_text_flag(rtr_config_t *cfg, const char *a, const char *v)
     return 0;
 }
 
-/* --prefill-mode and the placement model's milliseconds. 1 = taken, 0 = not one of them, -1 = bad (printed). */
+/* --prefill-mode, the placement model's milliseconds and --tool-call-parser (the flags whose value is one of a few
+ * names or a bounded number). 1 = taken, 0 = not one of them, -1 = bad (printed). */
 static int take_placement_flag(rtr_config_t *cfg, const char *a, const char *v)
 {
+    if (!strcmp(a, "--tool-call-parser")) {
+        rtr_tool_format f;
+        if (rtr_tool_format_choose(v, NULL, 0, &f) == BT_OK) {
+            cfg->tool_call_parser = v;
+            return 1;
+        }
+        fprintf(stderr, "baton-router: %s\n", bt_last_error());
+        return -1;
+    }
     if (!strcmp(a, "--prefill-mode")) {
         if (rtr_prefill_mode_parse(v, &cfg->prefill_mode) == BT_OK) return 1;
         fprintf(stderr, "baton-router: --prefill-mode: %s\n", bt_last_error());

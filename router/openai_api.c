@@ -1,4 +1,5 @@
-/* OpenAI-compatible HTTP API (DESIGN 9): /v1/chat/completions, /v1/completions, /v1/models, /health.
+/* OpenAI-compatible HTTP API (DESIGN 9): /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models,
+ * /tokenize, /detokenize, /health.
  * Validation happens here, before anything reaches a node: wrong types are refused naming the field, unknown
  * fields are ignored, and the prompt plus max_tokens must fit the context. */
 #include "router/router.h"
@@ -13,6 +14,7 @@
 /* A client error: 400 with a message that names the field. */
 #include "engine/grammar.h"
 #include "router/json_schema.h"
+#include "router/tool_calls.h"
 
 #define bad(http_status, ...) (*(http_status) = 400, bt_fail(BT_ERR_INVALID, __VA_ARGS__))
 
@@ -270,7 +272,8 @@ static bt_status placeholder_text(const rtr_model_t *m, const chat_msg *c, size_
 
 /* Renders msgs with placeholder contents, then encodes the template's text with its special markers and each
  * message's content as plain text in their places. */
-static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
+static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, size_t n, const char *tools_json,
+                                 tok_ids *out)
 {
     chat_msg *ph = calloc(n, sizeof *ph);
     char **txt = calloc(n, sizeof *txt);
@@ -285,7 +288,8 @@ static bt_status encode_segments(const rtr_model_t *m, const chat_msg *msgs, siz
         if ((st = placeholder_text(m, &msgs[i], i, &txt[i]))) goto out;
         ph[i] = (chat_msg){msgs[i].role, txt[i], strlen(txt[i]), msgs[i].extra_json};
     }
-    if ((st = chat_tmpl_render(&m->tmpl, ph, n, 1, &skel, &len))) goto out;
+    const chat_render_opts o = {.add_generation_prompt = 1, .tools_json = tools_json};
+    if ((st = chat_tmpl_render_opts(&m->tmpl, ph, n, &o, &skel, &len))) goto out;
     const char *s = skel, *end = skel + len, *run = skel;
     while (s < end && !st) {
         size_t idx, k = placeholder_at(s, end, n, &idx);
@@ -313,10 +317,17 @@ out:
 
 bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out)
 {
+    return rtr_chat_encode_tools(m, msgs, n, NULL, out);
+}
+
+bt_status rtr_chat_encode_tools(const rtr_model_t *m, const chat_msg *msgs, size_t n, const char *tools_json,
+                                tok_ids *out)
+{
     char *text = NULL, *skel = NULL;
     size_t len = 0, slen = 0;
     tok_ids full = {0}, bare = {0};
-    bt_status st = chat_tmpl_render(&m->tmpl, msgs, n, 1, &text, &len);
+    const chat_render_opts o = {.add_generation_prompt = 1, .tools_json = tools_json};
+    bt_status st = chat_tmpl_render_opts(&m->tmpl, msgs, n, &o, &text, &len);
     if (st || (st = tok_encode(m->tok, text, len, TOK_PARSE_SPECIAL, &full))) goto out;
     /* the same template with empty contents: how many markers the template itself produces */
     chat_msg *empty = calloc(n, sizeof *empty);
@@ -325,7 +336,7 @@ bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, 
         goto out;
     }
     for (size_t i = 0; i < n; i++) empty[i] = (chat_msg){msgs[i].role, "", 0, msgs[i].extra_json};
-    st = chat_tmpl_render(&m->tmpl, empty, n, 1, &skel, &slen);
+    st = chat_tmpl_render_opts(&m->tmpl, empty, n, &o, &skel, &slen);
     free(empty);
     if (st == BT_ERR_INVALID) {
         /* a Jinja template may refuse empty contents (raise_exception): place the contents by placeholders */
@@ -338,7 +349,7 @@ bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, 
         goto out;
     }
     tok_ids seg = {0};
-    if ((st = encode_segments(m, msgs, n, &seg))) {
+    if ((st = encode_segments(m, msgs, n, tools_json, &seg))) {
         tok_ids_free(&seg);
         goto out;
     }
@@ -381,16 +392,24 @@ static bt_status check_prompt_bytes(const rtr_model_t *m, size_t bytes, int *htt
                    bytes, max, m->n_ctx);
 }
 
-/* A tool message answers a call: it must name it. Assistant messages that carry calls need tool calling. */
-static bt_status check_tool_fields(const cJSON *msg, const char *role, int idx, int *http_status)
+/* A tool message answers a call: it must name it. Calls in assistant messages reach the template only when it
+ * renders them (else they would vanish from the prompt unseen). */
+static bt_status check_tool_fields(const rtr_model_t *m, const cJSON *msg, const char *role, int idx,
+                                   int *http_status)
 {
     const cJSON *id = field(msg, "tool_call_id");
     if (!strcmp(role, "tool") && !(cJSON_IsString(id) && id->valuestring[0]))
         return bad(http_status, "'messages[%d].tool_call_id' is required for role 'tool'", idx);
+    if (id && !cJSON_IsString(id)) return bad(http_status, "'messages[%d].tool_call_id' must be a string", idx);
     const cJSON *calls = field(msg, "tool_calls");
-    if (calls && !(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 0))
-        return bad(http_status, "'messages[%d].tool_calls' is not supported yet (tool calling is planned)", idx);
-    if (field(msg, "function_call")) return bad(http_status, "'messages[%d].function_call' is not supported", idx);
+    if (calls && strcmp(role, "assistant") && !(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 0))
+        return bad(http_status, "'messages[%d].tool_calls' is only allowed in assistant messages", idx);
+    if (calls && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0 && !m->tmpl_renders_tool_calls)
+        return bad(http_status, "'messages[%d].tool_calls': the chat template does not render tool calls; start the "
+                   "router with --chat-template FILE whose template does", idx);
+    if (field(msg, "function_call"))
+        return bad(http_status, "'messages[%d].function_call' (the deprecated functions API) is not supported: use "
+                   "tool_calls", idx);
     return BT_OK;
 }
 
@@ -399,7 +418,7 @@ static const char *const extra_fields[] = {"name", "tool_call_id", "tool_calls",
 
 /* The message's extra_fields as JSON text for the chat template, which sees them as plain data; *out stays NULL
  * when there are none. */
-static bt_status message_extra(const cJSON *msg, char **out)
+static bt_status message_extra(const cJSON *msg, int idx, char **out, int *http_status)
 {
     *out = NULL;
     cJSON *copy = NULL;
@@ -407,7 +426,17 @@ static bt_status message_extra(const cJSON *msg, char **out)
         const cJSON *f = field(msg, extra_fields[i]);
         if (!f) continue;
         if (!copy && !(copy = cJSON_CreateObject())) return bt_fail(BT_ERR_NOMEM, "out of memory");
-        cJSON *d = cJSON_Duplicate(f, 1);
+        cJSON *d = NULL;
+        if (!strcmp(extra_fields[i], "tool_calls")) {
+            bt_status st = rtr_tools_message_calls(f, idx, &d); /* arguments as objects, as templates read them */
+            if (st) {
+                cJSON_Delete(copy);
+                if (st == BT_ERR_INVALID) *http_status = 400;
+                return st;
+            }
+        } else {
+            d = cJSON_Duplicate(f, 1);
+        }
         if (!d || !cJSON_AddItemToObject(copy, extra_fields[i], d)) {
             cJSON_Delete(d);
             cJSON_Delete(copy);
@@ -434,6 +463,7 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
     size_t total = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, msgs) total += content_bytes(cJSON_GetObjectItemCaseSensitive(e, "content"));
+    if (g->tools && g->tools->tools_json) total += strlen(g->tools->tools_json); /* the template renders them too */
     bt_status st = check_prompt_bytes(m, total, http_status);
     if (st) return st;
     chat_msg *cm = calloc((size_t)n, sizeof *cm);
@@ -461,7 +491,7 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             st = bt_fail(BT_ERR_INVALID, "'messages[%d].role' must be system, developer, user, assistant or tool", i);
             goto out;
         }
-        if ((st = check_tool_fields(e, r, i, http_status))) goto out;
+        if ((st = check_tool_fields(m, e, r, i, http_status))) goto out;
         if ((st = message_content(cJSON_GetObjectItemCaseSensitive(e, "content"), &contents[i], i, http_status)))
             goto out;
         if (!valid_utf8(contents[i])) {
@@ -469,12 +499,12 @@ static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t 
             st = bt_fail(BT_ERR_INVALID, "'messages[%d].content' is not valid UTF-8", i);
             goto out;
         }
-        if ((st = message_extra(e, &extras[i]))) goto out;
+        if ((st = message_extra(e, i, &extras[i], http_status))) goto out;
         cm[i] = (chat_msg){!strcmp(r, "developer") ? "system" : r, contents[i], strlen(contents[i]), extras[i]};
         i++;
     }
     tok_ids ids = {0};
-    if ((st = rtr_chat_encode(m, cm, (size_t)n, &ids))) {
+    if ((st = rtr_chat_encode_tools(m, cm, (size_t)n, g->tools ? g->tools->tools_json : NULL, &ids))) {
         tok_ids_free(&ids);
         if (st == BT_ERR_INVALID) *http_status = 400;
         goto out;
@@ -552,19 +582,15 @@ static bt_status check_model(const rtr_model_t *m, const cJSON *body, int *http_
  * modalities ["text"], store: false, suffix "", service_tier "auto"/"default". */
 static bt_status check_unsupported(rtr_api api, const cJSON *body, int *http_status)
 {
-    static const char *const never[] = {"functions", "function_call", "prediction", "audio", "reasoning_effort",
-                                        "web_search_options"};
+    static const char *const never[] = {"prediction", "audio", "reasoning_effort", "web_search_options"};
     for (size_t i = 0; i < sizeof never / sizeof *never; i++)
         if (field(body, never[i])) return bad(http_status, "'%s' is not supported", never[i]);
-    const cJSON *f = field(body, "tools");
-    if (f && !(cJSON_IsArray(f) && cJSON_GetArraySize(f) == 0))
-        return bad(http_status, "'%s' is not supported yet (tool calling is planned)", "tools");
-    f = field(body, "tool_choice");
-    if (f && !(cJSON_IsString(f) && !strcmp(f->valuestring, "none")))
-        return bad(http_status, "'%s' other than \"none\" is not supported yet (tool calling is planned)", "tool_choice");
-    f = field(body, "parallel_tool_calls");
-    if (f && !cJSON_IsBool(f)) return bad(http_status, "'%s' must be a boolean", "parallel_tool_calls");
-    f = field(body, "modalities");
+    static const char *const deprecated[] = {"functions", "function_call"};
+    for (size_t i = 0; i < sizeof deprecated / sizeof *deprecated; i++)
+        if (field(body, deprecated[i]))
+            return bad(http_status, "'%s' (OpenAI's deprecated functions API) is not supported: use 'tools' and "
+                       "'tool_choice'", deprecated[i]);
+    const cJSON *f = field(body, "modalities");
     if (f && !(cJSON_IsArray(f) && cJSON_GetArraySize(f) == 1 && cJSON_IsString(f->child) &&
                !strcmp(f->child->valuestring, "text")))
         return bad(http_status, "'%s' other than [\"text\"] is not supported", "modalities");
@@ -636,6 +662,26 @@ static bt_status parse_response_format(const cJSON *body, rtr_gen_t *g, int *htt
                    "extensions regex and grammar are)", "response_format", t);
     }
     return take_grammar(st, grammar, "response_format", g, http_status);
+}
+
+/* tools, tool_choice, parallel_tool_calls (router/tool_calls.h): the template sees the tools; a forced call
+ * becomes the request's grammar. Every refusal is a 400 naming the field. */
+static bt_status parse_tools(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status)
+{
+    const rtr_tool_env_t env = {.format = (rtr_tool_format)m->tool_format,
+                                .tmpl_renders_tools = m->has_tmpl && m->tmpl_renders_tools,
+                                .has_response_format = g->grammar != NULL, .chat = api == RTR_API_CHAT};
+    char *grammar = NULL;
+    bt_status st = rtr_tools_from_request(body, &env, &g->tools, &grammar);
+    if (st == BT_ERR_NOMEM) *http_status = 500;
+    if (st == BT_ERR_NOMEM) return st;
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", bt_last_error());
+        *http_status = 400;
+        return bt_fail(BT_ERR_INVALID, "%s", msg);
+    }
+    return grammar ? take_grammar(BT_OK, grammar, "tools", g, http_status) : BT_OK;
 }
 
 bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body, rtr_gen_t *g, int *http_status)
@@ -723,6 +769,7 @@ bt_status rtr_openai_parse(const rtr_model_t *m, rtr_api api, const cJSON *body,
     if ((st = parse_stop(body, g, http_status))) return st;
     if ((st = parse_logit_bias(m, body, g, http_status))) return st;
     if ((st = parse_response_format(body, g, http_status))) return st;
+    if ((st = parse_tools(m, api, body, g, http_status))) return st;
     const cJSON *user = field(body, "user");
     if (user && !cJSON_IsString(user)) return bad(http_status, "'%s' must be a string", "user");
     st = api == RTR_API_CHAT ? chat_prompt(m, body, g, http_status) : completion_prompt(m, body, g, http_status);
@@ -847,7 +894,10 @@ static cJSON *tokenizer_body(rtr_t *r, http_request_t *req)
 static bt_status tokenize_body(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     memset(g, 0, sizeof *g);
-    if (field(body, "messages")) return chat_prompt(m, body, g, http_status);
+    if (field(body, "messages")) { /* tools are rendered as a chat request would render them */
+        bt_status st = parse_tools(m, RTR_API_CHAT, body, g, http_status);
+        return st ? st : chat_prompt(m, body, g, http_status);
+    }
     const cJSON *p = field(body, "prompt");
     if (!cJSON_IsString(p)) return bad(http_status, "'%s' (a string) or 'messages' is required", "prompt");
     int add_special = 1;
@@ -940,6 +990,30 @@ static void h_detokenize(http_request_t *req, void *arg)
     free(text);
 }
 
+/* POST /v1/embeddings: parsed here, computed on a decode node (router/embeddings.c). */
+static void h_embeddings(http_request_t *req, void *arg)
+{
+    rtr_t *r = arg;
+    if (!rtr_ready(r)) {
+        rtr_count_request(r, "unavailable");
+        http_response_header(req, "Retry-After", "1");
+        http_respond_error(req, 503, rtr_not_ready_reason(r), NULL, NULL);
+        return;
+    }
+    cJSON *body = tokenizer_body(r, req);
+    if (!body) return;
+    rtr_embed_req_t e;
+    int status = 400;
+    bt_status st = rtr_embed_parse(&r->model, body, &e, &status);
+    cJSON_Delete(body);
+    if (st) {
+        rtr_embed_req_free(&e);
+        respond_parse_error(r, req, st, status);
+        return;
+    }
+    rtr_embed_start_http(r, &e, req);
+}
+
 static void h_models(http_request_t *req, void *arg)
 {
     rtr_t *r = arg;
@@ -981,6 +1055,7 @@ bt_status rtr_openai_register(rtr_t *r, http_server_t *s)
     if ((st = http_server_route(s, "GET", "/v1/models", HTTP_ROUTE_AUTH, h_models, r))) return st;
     if ((st = http_server_route(s, "POST", "/tokenize", HTTP_ROUTE_AUTH, h_tokenize, r))) return st;
     if ((st = http_server_route(s, "POST", "/detokenize", HTTP_ROUTE_AUTH, h_detokenize, r))) return st;
+    if ((st = http_server_route(s, "POST", "/v1/embeddings", HTTP_ROUTE_AUTH, h_embeddings, r))) return st;
     if ((st = http_server_route(s, "GET", "/v1/models/", HTTP_ROUTE_AUTH | HTTP_ROUTE_PREFIX, h_model_one, r)))
         return st;
     return http_server_route(s, "GET", "/health", 0, h_health, r);

@@ -143,3 +143,29 @@ void rtr_admit_rates(double measured_gen_tok_s, double decode_mean_tok_s, double
     *decode_tok_s = dmax(dmax(measured_gen_tok_s, decode_mean_tok_s * nd), RTR_ADMIT_FLOOR_DECODE_TOK_S * nd);
     *prefill_tok_s = dmax(prefill_mean_tok_s * np, RTR_ADMIT_FLOOR_PREFILL_TOK_S * np);
 }
+
+size_t rtr_prefill_candidates(size_t n, const unsigned char *holds, size_t max, uint64_t *rng, size_t *scratch,
+                              size_t *out)
+{
+    size_t k = 0, n_rest = 0;
+    if (n <= max) {
+        for (size_t i = 0; i < n; i++) out[k++] = i;
+        return k;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (holds && holds[i] && k < max) out[k++] = i;
+        else scratch[n_rest++] = i;
+    }
+    for (size_t j = 0; j < n_rest && k < max; j++) { /* partial Fisher-Yates over the rest */
+        uint64_t x = *rng ? *rng : 0x9e3779b97f4a7c15ull;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *rng = x;
+        size_t r = j + (size_t)(x % (uint64_t)(n_rest - j)), t = scratch[j];
+        scratch[j] = scratch[r];
+        scratch[r] = t;
+        out[k++] = scratch[j];
+    }
+    return k;
+}

@@ -28,8 +28,21 @@ typedef struct pi_node {
     int32_t head, tail;    /* most and least recently used */
 } pi_node_t;
 
+/* Which nodes were last sent a chain that starts with hash h: a hint that lets a decision among many nodes find the
+ * likely prefix holders without looking every node up (rtr_pindex_holders). Fixed size, no eviction order beyond
+ * overwriting: a stale or lost hint only costs cache affinity. */
+#define PI_FIRST_SLOTS (1u << 16)
+#define PI_FIRST_PROBE 8
+typedef struct pi_first {
+    uint64_t h;                          /* 0 = empty (a SipHash output of 0 is merely never hinted) */
+    uint32_t idh[RTR_PINDEX_HOLDERS];    /* id_hash of the node's id */
+    int64_t started[RTR_PINDEX_HOLDERS];
+    uint8_t n, next;                     /* holders kept; the one overwritten next */
+} pi_first_t;
+
 struct rtr_pindex {
     pthread_mutex_t mu;
+    pi_first_t *first;     /* [PI_FIRST_SLOTS], NULL without memory (no hints) */
     pi_node_t *nodes;      /* [n_nodes] */
     size_t n_nodes, cap_nodes;
     /* node id -> index in nodes, open addressing, rebuilt whenever nodes changes (a node joins or is forgotten):
@@ -74,6 +87,7 @@ bt_status rtr_pindex_create(rtr_pindex_t **out)
     rtr_pindex_t *x = calloc(1, sizeof *x);
     if (!x) return bt_fail(BT_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&x->mu, NULL);
+    x->first = calloc(PI_FIRST_SLOTS, sizeof *x->first); /* NULL: no hints, everything else works */
     *out = x;
     return BT_OK;
 }
@@ -95,6 +109,7 @@ void rtr_pindex_destroy(rtr_pindex_t *x)
     for (size_t i = 0; i < x->n_nodes; i++) node_clear(&x->nodes[i]);
     free(x->nodes);
     free(x->slot);
+    free(x->first);
     pthread_mutex_destroy(&x->mu);
     free(x);
 }
@@ -243,12 +258,62 @@ size_t rtr_pindex_match(rtr_pindex_t *x, const char *node_id, int64_t started_ms
     return k;
 }
 
+/* The hint slot of h: its own, else an empty one in its probe window, else the window's first (overwritten). */
+static pi_first_t *first_slot(rtr_pindex_t *x, uint64_t h, int create)
+{
+    if (!x->first || !h) return NULL;
+    uint32_t k0 = (uint32_t)(h >> 40) & (PI_FIRST_SLOTS - 1);
+    pi_first_t *empty = NULL;
+    for (uint32_t j = 0; j < PI_FIRST_PROBE; j++) {
+        pi_first_t *f = &x->first[(k0 + j) & (PI_FIRST_SLOTS - 1)];
+        if (f->h == h) return f;
+        if (!f->h && !empty) empty = f;
+    }
+    if (!create) return NULL;
+    pi_first_t *f = empty ? empty : &x->first[k0];
+    memset(f, 0, sizeof *f);
+    f->h = h;
+    return f;
+}
+
+static void first_note(rtr_pindex_t *x, uint64_t h, const char *node_id, int64_t started_ms)
+{
+    pi_first_t *f = first_slot(x, h, 1);
+    if (!f) return;
+    uint32_t idh = id_hash(node_id);
+    for (uint8_t i = 0; i < f->n; i++)
+        if (f->idh[i] == idh && f->started[i] == started_ms) return;
+    uint8_t i = f->n < RTR_PINDEX_HOLDERS ? f->n++ : f->next;
+    if (f->n == RTR_PINDEX_HOLDERS && i == f->next) f->next = (uint8_t)((f->next + 1) % RTR_PINDEX_HOLDERS);
+    f->idh[i] = idh;
+    f->started[i] = started_ms;
+}
+
+uint32_t rtr_pindex_id_hash(const char *node_id)
+{
+    return id_hash(node_id);
+}
+
+size_t rtr_pindex_holders(rtr_pindex_t *x, uint64_t h0, uint32_t *idh, int64_t *started)
+{
+    pthread_mutex_lock(&x->mu);
+    pi_first_t *f = first_slot(x, h0, 0);
+    size_t n = f ? f->n : 0;
+    for (size_t i = 0; i < n; i++) {
+        idh[i] = f->idh[i];
+        started[i] = f->started[i];
+    }
+    pthread_mutex_unlock(&x->mu);
+    return n;
+}
+
 void rtr_pindex_insert(rtr_pindex_t *x, const char *node_id, int64_t started_ms, int64_t capacity, const uint64_t *h,
                        size_t n)
 {
     if (capacity <= 0) capacity = RTR_PINDEX_DEFAULT_CAPACITY;
     if (capacity > INT32_MAX / 2) capacity = INT32_MAX / 2;
     pthread_mutex_lock(&x->mu);
+    if (n) first_note(x, h[0], node_id, started_ms);
     pi_node_t *nd = node_get(x, node_id, started_ms, capacity);
     /* last block first, so the first block is the most recent and eviction trims the chain from its tail */
     for (size_t i = n; nd && i-- > 0;)

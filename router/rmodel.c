@@ -3,9 +3,12 @@
 
 #include "common/log.h"
 #include "engine/gguf.h"
+#include "router/tool_calls.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
@@ -24,6 +27,7 @@ static int32_t arch_i32(const gguf_file *f, const char *arch, const char *name)
 static void load_attention_shape(const gguf_file *f, const char *arch, rtr_model_t *m)
 {
     int32_t n_embd = arch_i32(f, arch, "embedding_length");
+    m->n_embd = n_embd;
     int32_t n_head = arch_i32(f, arch, "attention.head_count");
     m->n_layer = arch_i32(f, arch, "block_count");
     m->n_head_kv = arch_i32(f, arch, "attention.head_count_kv");
@@ -86,6 +90,67 @@ fail:
     tok_free(m.tok);
     gguf_close(f);
     return st;
+}
+
+/* A --chat-template FILE's text (at most 8 MiB, as the loader reads it) into *out (caller frees). */
+static bt_status read_small_file(const char *path, char **out, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return bt_fail(errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    size_t cap = (size_t)8 << 20;
+    char *buf = malloc(cap + 1);
+    size_t n = buf ? fread(buf, 1, cap, fp) : 0;
+    int err = !buf || ferror(fp);
+    fclose(fp);
+    if (err) {
+        bt_status st = buf ? bt_fail(BT_ERR_IO, "cannot read %s", path) : bt_fail(BT_ERR_NOMEM, "out of memory");
+        free(buf);
+        return st;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return BT_OK;
+}
+
+bt_status rtr_model_tools_init(rtr_model_t *m, const char *path, const char *chat_template, const char *parser)
+{
+    char *text = NULL;
+    size_t len = 0;
+    gguf_file *f = NULL;
+    bt_status st = BT_OK;
+    if (m->has_tmpl && m->tmpl.kind == CHAT_TMPL_JINJA) { /* built-in renderers never render tools */
+        if (chat_template) {
+            if ((st = read_small_file(chat_template, &text, &len))) return st;
+        } else {
+            gguf_str s;
+            if ((st = gguf_open(path, &f))) return st;
+            if (gguf_get_str(f, "tokenizer.chat_template", &s) == BT_OK && s.len) {
+                if (!(text = malloc((size_t)s.len + 1))) st = bt_fail(BT_ERR_NOMEM, "out of memory");
+                else {
+                    memcpy(text, s.ptr, (size_t)s.len);
+                    text[s.len] = 0;
+                    len = (size_t)s.len;
+                }
+            }
+            gguf_close(f);
+            if (st) return st;
+        }
+    }
+    rtr_tool_format fmt;
+    if ((st = rtr_tool_format_choose(parser, text, len, &fmt))) {
+        free(text);
+        return st;
+    }
+    m->tool_format = (int)fmt;
+    m->tmpl_renders_tools = text && strstr(text, "tools") != NULL;
+    m->tmpl_renders_tool_calls = text && strstr(text, "tool_calls") != NULL;
+    free(text);
+    BT_INFO("router", "tool calling: parser %s%s; the chat template %s tools", rtr_tool_format_name(fmt),
+            parser && strcmp(parser, "auto") ? " (--tool-call-parser)" : " (detected)",
+            m->tmpl_renders_tools ? "renders" : "does not render");
+    return BT_OK;
 }
 
 void rtr_model_free(rtr_model_t *m)

@@ -300,6 +300,7 @@ bt_status rtr_create(const rtr_config_t *cfg, rtr_t **out)
         return bt_fail(st, "cannot load %s: %s", cfg->model_path, msg);
     }
     if (cfg->served_model_name) snprintf(r->model.name, sizeof r->model.name, "%s", cfg->served_model_name);
+    if ((st = rtr_model_tools_init(&r->model, cfg->model_path, cfg->chat_template, cfg->tool_call_parser))) goto fail;
     if ((st = setup_metrics(r)) || (st = rtr_probes_metrics(r)) || (st = rtr_planner_init(r))) goto fail;
     etcd_config_t ec = {.endpoints = cfg->etcd, .user = cfg->etcd_user, .password = cfg->etcd_password};
     bt_tls_etcd_paths(&cfg->etcd_tls, &ec.ca_file, &ec.cert_file, &ec.key_file);

@@ -8,6 +8,7 @@
  *   dispatch.c    choice of a decode node and prefill placement, Decode/Run, migration when a node dies mid-stream
  *   job.c         one client request: n choices on worker threads, usage, metrics, answering the client
  *   openai_api.c  HTTP routes (OpenAI shapes) and request validation
+ *   embeddings.c  /v1/embeddings: inputs, Decode/Embed on a thread per request, the answer
  *   grpc_api.c    baton.v1.Generation over gRPC
  *   router.c      flags, start-up and shutdown */
 #ifndef BATON_ROUTER_ROUTER_H
@@ -67,7 +68,12 @@ typedef struct rtr_model {
     char fingerprint[17]; /* gguf_fingerprint as 16 lower-case hex digits, as nodes publish it */
     uint64_t fingerprint_u64; /* the same value: keys the prefix hashes (DESIGN 5.3) */
     int32_t n_layer, n_head_kv, head_dim; /* attention shape, for the KV size; 0 when the metadata lacks it */
+    int32_t n_embd;     /* the hidden size (the embeddings' dimensions); 0 when the metadata lacks it */
     double kv_bytes_per_token; /* f16 K and V over every layer: n_layer * 2 * n_head_kv * head_dim * 2 bytes */
+    /* tool calling (router/tool_calls.h; rtr_model_tools_init) */
+    int tool_format;             /* rtr_tool_format of the parser in use */
+    int tmpl_renders_tools;      /* the Jinja template's text refers to tools */
+    int tmpl_renders_tool_calls; /* ... and to messages' tool_calls */
 } rtr_model_t;
 
 /* Loads what the router needs from the GGUF at path (tokenizer, chat template, names, context); max_ctx > 0
@@ -77,6 +83,10 @@ bt_status rtr_model_load(const char *path, int32_t max_ctx, rtr_model_t *m);
 /* Same, with chat_template (NULL: the model's) choosing the template as --chat-template builtin:NAME|FILE does;
  * a chat_template that cannot be used is an error (as chat_tmpl_init_gguf's). */
 bt_status rtr_model_load_tmpl(const char *path, int32_t max_ctx, const char *chat_template, rtr_model_t *m);
+/* Sets m's tool fields from its template's text (the GGUF's at path, or the chat_template FILE) and the
+ * --tool-call-parser flag (NULL or "auto": detect from the text). A built-in renderer renders no tools.
+ * BT_ERR_INVALID for an unknown flag value; the template's text failing to load again is BT_ERR_IO/NOT_FOUND. */
+bt_status rtr_model_tools_init(rtr_model_t *m, const char *path, const char *chat_template, const char *parser);
 void rtr_model_free(rtr_model_t *m);
 /* 1 when name (NULL or "" = any) names this model: its id, general.name or file name. */
 int rtr_model_matches(const rtr_model_t *m, const char *name);
@@ -200,6 +210,15 @@ int rtr_place_within_slo(double ttft_s, double slo_s);
  * at least 1; fallback (at least 1) when the rate was never measured. Pure; can't fail. */
 int rtr_planner_replicas(double demand_tok_s, double rate_tok_s, int fallback);
 
+/* Which of n healthy prefill nodes one placement decision weighs (dispatch.c and the simulator): every one when
+ * n <= max; else those that hold a prefix of the prompt (holds[i] nonzero; holds may be NULL) first, up to max, then
+ * a uniform random sample of the others, drawn with the xorshift64 state *rng (advanced), so every node gets its
+ * share of the work however large the cluster. Writes indices 0..n-1 to out[<= max] and returns their count;
+ * scratch holds n entries. Pure but for *rng. */
+#define RTR_MAX_PREFILL_CANDIDATES 64
+size_t rtr_prefill_candidates(size_t n, const unsigned char *holds, size_t max, uint64_t *rng, size_t *scratch,
+                              size_t *out);
+
 /* The decode-node preference of dispatch.c's power of two choices (higher wins): KV headroom (free / total, 1 when
  * total is unknown) minus running / max_running (max_running <= 0 reads as 64). Pure, so the simulator runs it. */
 double rtr_decode_score(double kv_total, double kv_free, int64_t running, double max_running);
@@ -229,6 +248,14 @@ size_t rtr_pindex_match(rtr_pindex_t *x, const char *node_id, int64_t started_ms
  * from their tails, as a node's own LRU does. Allocation failure is harmless: the node is then forgotten. */
 void rtr_pindex_insert(rtr_pindex_t *x, const char *node_id, int64_t started_ms, int64_t capacity, const uint64_t *h,
                        size_t n);
+/* The nodes most recently sent a chain starting with h0 (at most RTR_PINDEX_HOLDERS, as rtr_pindex_id_hash of their
+ * ids and their started_ms): a hint to find likely prefix holders among many nodes without a lookup per node. It may
+ * name a node that has since evicted the chain or left (check with rtr_pindex_match), and may have lost a holder.
+ * Returns the count. Can't fail. */
+#define RTR_PINDEX_HOLDERS 4
+size_t rtr_pindex_holders(rtr_pindex_t *x, uint64_t h0, uint32_t *idh, int64_t *started);
+/* The hash rtr_pindex_holders reports a node id by. */
+uint32_t rtr_pindex_id_hash(const char *node_id);
 /* Forgets a node (it left the view). Can't fail. */
 void rtr_pindex_forget(rtr_pindex_t *x, const char *node_id);
 /* Hashes held for a node (tests, logs). */
@@ -350,6 +377,48 @@ void rtr_exclude_free(rtr_exclude_t *e);
 bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest *req, const rtr_run_ops_t *ops,
                            rtr_run_result_t *res);
 
+/* Computes embeddings on a decode node (Decode/Embed; req's model_fingerprint is filled here): the node is chosen
+ * as for Run, and a node that fails (dies, restarts, sheds the call) is replaced by another, up to the migration
+ * limit; nothing is streamed, so a retry simply starts over. timeout_ms (0 = none) is capped by
+ * --request-timeout-s. Blocks. BT_OK with *out (free with protobuf_c_message_free_unpacked); else res says what the
+ * node or the router answered (UNAVAILABLE: no healthy decode node). */
+bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequest *req, int timeout_ms,
+                             Baton__V1__DecodeEmbedResponse **out, bt_rpc_result_t *res);
+
+/* ---- embeddings.c: POST /v1/embeddings (issue 23.5) ---- */
+
+typedef struct rtr rtr_t;
+
+#define RTR_EMBED_MAX_INPUTS 2048 /* inputs per request (OpenAI's limit; the nodes' DECODE_EMBED_MAX_INPUTS) */
+
+/* A validated embeddings request: its inputs as token ids. */
+typedef struct rtr_embed_req {
+    tok_ids *inputs;
+    size_t n;
+    uint32_t tokens;    /* all inputs together */
+    int base64;         /* encoding_format "base64": little-endian float32, base64-encoded */
+} rtr_embed_req_t;
+
+/* Parses an OpenAI embeddings body: "input" as a string, an array of strings, an array of token ids or an array of
+ * arrays of token ids (strings are tokenized as raw text, BOS per the model file, special-token text not parsed,
+ * as `baton embed` does); "encoding_format" float|base64; "dimensions" only as the model's own size; "model" and
+ * "user" as for chat. A client error is 400 naming the field (*http_status), BT_ERR_NOMEM 500. *out is zeroed first
+ * and owns what it holds even on error (free with rtr_embed_req_free). */
+bt_status rtr_embed_parse(const rtr_model_t *m, const cJSON *body, rtr_embed_req_t *out, int *http_status);
+void rtr_embed_req_free(rtr_embed_req_t *e);
+/* The OpenAI answer {"object":"list","data":[{"object":"embedding","index":i,"embedding":...}],"model","usage"}
+ * with floats printed to round-trip exactly (%.9g) or base64. NULL when out of memory; free the result. */
+char *rtr_embed_answer_json(const char *model, const Baton__V1__DecodeEmbedResponse *resp, int base64, size_t *len);
+/* Admits e (ownership moves in, even on error), defers req, and computes on a decode node on a thread of its own;
+ * that thread answers: 200, or 429 (node at capacity), 503 (no decode node), 504 (deadline), 500/502. */
+void rtr_embed_start_http(rtr_t *r, rtr_embed_req_t *e, http_request_t *req);
+/* The same inputs from gRPC's EmbedRequest (texts or token_ids); errors as rtr_embed_parse's (all client errors are
+ * BT_ERR_INVALID, INVALID_ARGUMENT), *out owned as there. */
+bt_status rtr_embed_from_grpc(const rtr_model_t *m, const Baton__V1__EmbedRequest *q, rtr_embed_req_t *out);
+/* As rtr_embed_start_http for a gRPC Generation/Embed call: the job answers and finishes the call (RESOURCE_EXHAUSTED,
+ * UNAVAILABLE, DEADLINE_EXCEEDED, ... as the node or dispatch answered). */
+void rtr_embed_start_grpc(rtr_t *r, rtr_embed_req_t *e, bt_rpc_call_t *call);
+
 /* ---- job.c ---- */
 
 typedef enum rtr_api {
@@ -358,7 +427,6 @@ typedef enum rtr_api {
     RTR_API_GRPC = 2,       /* gRPC Generation/Generate */
 } rtr_api;
 
-typedef struct rtr rtr_t;
 
 /* A validated request, ready to run: what every front end produces. Owned strings and arrays. */
 typedef struct rtr_gen {
@@ -389,6 +457,7 @@ typedef struct rtr_gen {
     float logit_bias[RTR_MAX_LOGIT_BIAS];
     char request_id[64];
     char *grammar;       /* structured output compiled to GBNF (router/json_schema.h), or NULL */
+    struct rtr_tools *tools; /* the request's tools (router/tool_calls.h), or NULL; owned */
     struct rtr_adm *adm; /* admission claim (rtr_admit_gen); the job releases it */
 } rtr_gen_t;
 
@@ -452,6 +521,7 @@ typedef struct rtr_config {
     const char *model_path;
     const char *served_model_name; /* the id served for the model; NULL = the short id of its file name */
     const char *chat_template;     /* --chat-template builtin:NAME|FILE; NULL = the model's own */
+    const char *tool_call_parser;  /* --tool-call-parser auto|hermes|llama3|mistral|mistral-args|none; NULL = auto */
     const char *etcd;
     const char *http_listen;  /* host:port */
     const char *grpc_listen;
@@ -619,6 +689,9 @@ int rtr_chat_role_ok(const char *role);
  * characters, never a marker). Content without marker text gives exactly the ids of the rendered string.
  * BT_ERR_INVALID (roles the template rejects), BT_ERR_NOMEM; *out may hold a partial result on error. */
 bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out);
+/* Same, with the request's tools (a JSON array, NULL: none) that a Jinja template sees. */
+bt_status rtr_chat_encode_tools(const rtr_model_t *m, const chat_msg *msgs, size_t n, const char *tools_json,
+                                tok_ids *out);
 /* Tokenize / Detokenize as validated and computed for the gRPC API (exposed for unit tests and fuzzers).
  * BT_ERR_INVALID naming the field, BT_ERR_NOMEM. detokenize's *text is malloc'd valid UTF-8. */
 bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids);

@@ -2,17 +2,18 @@
 # baton against llama.cpp on the same GGUF, the same threads, alternated runs, medians (issue 19's targets).
 #
 #   tools/bench-vs-llamacpp.sh [--model PATH] [--threads N] [--reps N] [--llama-dir DIR] [--concurrency 16,64]
+#   tools/bench-vs-llamacpp.sh --build-only [--llama-dir DIR]     (what tools/chat-vs-llamacpp.py runs)
 #
-# llama.cpp's tools come from DIR (default $XDG_CACHE_HOME/baton/llama.cpp): DIR/build/bin/llama-bench and
-# llama-batched-bench. When they are missing the script builds them from the llama-cpp-python sdist on PyPI (its
-# vendor/llama.cpp; GGML_NATIVE, Release): a few minutes on 2 cores, once.
+# llama.cpp's tools come from DIR (default $XDG_CACHE_HOME/baton/llama.cpp): DIR/build/bin/llama-bench,
+# llama-batched-bench and llama-completion (for tools/chat-vs-llamacpp.py). When one is missing the script builds
+# them from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp; GGML_NATIVE, Release): minutes on 2 cores, once.
 #
 # Each repetition runs, in this order: baton bench (prefill 512, decode batch 1), llama-bench (-p 512 -n 64), baton
 # bench --concurrency LIST, llama-batched-bench (-npp 128 -ntg 32 -npl LIST). Prints the medians and the ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" threads=2 reps=3 conc="16,64"
+model="" threads=2 reps=3 conc="16,64" build_only=0
 dir="${XDG_CACHE_HOME:-$HOME/.cache}/baton/llama.cpp"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -21,14 +22,12 @@ while [ $# -gt 0 ]; do
     --reps) reps="$2"; shift 2 ;;
     --llama-dir) dir="$2"; shift 2 ;;
     --concurrency) conc="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-vs-llamacpp: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 baton="${BATON_BUILD_DIR:-build}/bin/baton"
-[ -x "$baton" ] || { echo "bench-vs-llamacpp: $baton not built (make build)" >&2; exit 1; }
-[ -n "$model" ] || model="$("$baton" model path)"
-[ -r "$model" ] || { echo "bench-vs-llamacpp: model $model not readable (baton model fetch)" >&2; exit 1; }
 
 build_llama() {
     mkdir -p "$dir"
@@ -57,10 +56,14 @@ EOF
     cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
         "-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx" >/dev/null
-    cmake --build "$dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench >/dev/null
+    cmake --build "$dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-completion >/dev/null
 }
-lb="$dir/build/bin/llama-bench" lbb="$dir/build/bin/llama-batched-bench"
-[ -x "$lb" ] && [ -x "$lbb" ] || build_llama
+lb="$dir/build/bin/llama-bench" lbb="$dir/build/bin/llama-batched-bench" lc="$dir/build/bin/llama-completion"
+[ -x "$lb" ] && [ -x "$lbb" ] && [ -x "$lc" ] || build_llama
+[ "$build_only" = 1 ] && { echo "$dir/build/bin"; exit 0; }
+[ -x "$baton" ] || { echo "bench-vs-llamacpp: $baton not built (make build)" >&2; exit 1; }
+[ -n "$model" ] || model="$("$baton" model path)"
+[ -r "$model" ] || { echo "bench-vs-llamacpp: model $model not readable (baton model fetch)" >&2; exit 1; }
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

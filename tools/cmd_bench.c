@@ -40,6 +40,27 @@ static void bw_worker(void *ctx, int ith, int nth)
     j->sums[ith] = s0 + s1 + s2 + s3;
 }
 
+/* Device-to-device copy bandwidth of a device backend (--device cuda), bytes read + written per second over 512 MiB
+ * buffers (the decode roofline's bandwidth there); 0 when the buffers cannot be had. */
+static double device_copy_bandwidth(bt_backend *be)
+{
+    size_t bytes = (size_t)512 << 20;
+    void *a = be->ops->buf_alloc(be, bytes), *b = be->ops->buf_alloc(be, bytes);
+    double bw = 0;
+    if (a && b) {
+        float sync;
+        be->ops->buf_copy(be, b, a, bytes);
+        be->ops->buf_get(be, &sync, b, sizeof sync);
+        double t0 = bench_now_s();
+        for (int i = 0; i < 10; i++) be->ops->buf_copy(be, b, a, bytes);
+        be->ops->buf_get(be, &sync, b, sizeof sync);
+        bw = 2.0 * (double)bytes * 10 / (bench_now_s() - t0);
+    }
+    if (a) be->ops->buf_free(be, a);
+    if (b) be->ops->buf_free(be, b);
+    return bw;
+}
+
 /* Median read bandwidth in bytes/s over a 512 MiB buffer with n_threads threads, on huge pages as the engine's
  * weights and KV pool are (bench_cpu_kernels --memory-only: 4 KiB pages read 5-15% slower here). */
 static double measure_bandwidth(int n_threads, int reps)
@@ -192,11 +213,13 @@ int cmd_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++) /* speculative decoding on and off: its own options (tools/cmd_bench_spec.c) */
         if (!strcmp(argv[i], "--spec")) return bench_spec_main(argc, argv);
     const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16";
+    int device = -1;
     long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: baton bench [--model PATH] [--threads N] [--reps N] [--decode-tokens N] [--json FILE]\n"
+            printf("usage: baton bench [--model PATH] [--threads N] [--device cpu|cuda:N] [--reps N] [--decode-tokens N]\n"
+                   "                  [--json FILE]\n"
                    "                  [--concurrency N[,N...] [--prompt-tokens N] [--kv-dtype f16|f32|int8]]\n"
                    "Prefill tok/s (128 and 512 prompt tokens), decode tok/s (batch 1), memory bandwidth and the\n"
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
@@ -226,6 +249,9 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--json")) json = v;
         else if (!strcmp(a, "--threads")) threads = strtol(v, &end, 10);
+        else if (!strcmp(a, "--device")) {
+            if (cli_device_parse("bench", v, &device)) return 2;
+        }
         else if (!strcmp(a, "--reps")) reps = strtol(v, &end, 10);
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
         else if (!strcmp(a, "--concurrency")) conc = v;
@@ -253,6 +279,12 @@ int cmd_bench(int argc, char **argv)
     }
     cli_engine_env env;
     if (cli_engine_env_read("bench", (int)threads, &env)) return 1;
+    env.device = device;
+    if (device >= 0 && (conc || prefix > 0)) {
+        fprintf(stderr, "baton bench: --concurrency and --prefix run on the CPU backend only (their rooflines are "
+                        "the CPU's)\n");
+        return 2;
+    }
     char def[4096];
     if (!model_path) {
         if (bt_default_model_path(def, sizeof def)) {
@@ -407,7 +439,9 @@ int cmd_bench(int argc, char **argv)
     if (rc) {
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
     } else {
-        double bw1 = measure_bandwidth(1, 5), bwn = nth > 1 ? measure_bandwidth(nth, 5) : bw1;
+        int on_device = r.be->ops->device_memory && r.be->ops->buf_copy;
+        double bw1 = on_device ? device_copy_bandwidth(r.be) : measure_bandwidth(1, 5);
+        double bwn = nth > 1 && !on_device ? measure_bandwidth(nth, 5) : bw1;
         double wbytes = (double)bt_model_weight_bytes(m);
         double p128 = bench_median(pre128, (int)reps), p512 = bench_median(pre512, (int)reps), d = bench_median(dec, (int)reps);
         double roof = bwn / wbytes; /* tokens/s if decode only streamed the weights once per token */
@@ -420,7 +454,11 @@ int cmd_bench(int argc, char **argv)
         printf("prefill 512 tokens  %8.1f tok/s\n", p512);
         printf("decode batch 1      %8.1f tok/s   (%.2f ms/token, %ld tokens after a 128-token prompt)\n", d,
                1000.0 / d, decode_n);
-        printf("memory bandwidth    %8.1f GB/s on 1 thread, %.1f GB/s on %d\n", bw1 / 1e9, bwn / 1e9, nth);
+        if (on_device)
+            printf("memory bandwidth    %8.1f GB/s (%s device-to-device copy, read + write)\n", bwn / 1e9,
+                   r.be->ops->name);
+        else
+            printf("memory bandwidth    %8.1f GB/s on 1 thread, %.1f GB/s on %d\n", bw1 / 1e9, bwn / 1e9, nth);
         printf("weights per token   %8.1f MB\n", wbytes / 1e6);
         printf("decode roofline     %8.1f tok/s   (achieved %.0f%%)\n", roof, 100.0 * d / roof);
         if (json) {

@@ -42,6 +42,7 @@ static void generate_usage(FILE *out)
             "  --min-p P             (default 0 = off)\n"
             "  --seed S              sampling seed (default 0)\n"
             "  --threads N           compute threads (default: all CPUs)\n"
+            "  --device cpu|cuda:N   the backend (default cpu; cuda needs a GPU, its driver and libbaton_cuda.so)\n"
             "  --ctx N               context length (default: the model's, at most 8192)\n"
             "  --kv-dtype D          KV cache element type: f16 (default), f32, int8\n"
             "  --spec S              speculative decoding: none (default), ngram[:MIN-MAX], draft:PATH, self:L; the output\n"
@@ -84,6 +85,7 @@ typedef struct gen_opts {
     const char *model, *prompt, *chat, *system, *tmpl;
     long max_tokens, threads, ctx;
     int kv_dtype;
+    int device; /* --device: -1 cpu */
     bt_sampling sp;
     bt_spec_config spec;
     int ids, quiet, spec_fixed_k;
@@ -93,6 +95,7 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->max_tokens = 128;
+    o->device = -1;
     o->sp = bt_sampling_default();
     o->spec = bt_spec_config_default();
     for (int i = 1; i < argc; i++) {
@@ -125,6 +128,7 @@ static int parse_gen(int argc, char **argv, gen_opts *o)
         }
         else if (!strcmp(a, "--max-tokens")) { if (parse_long(a, v, 0, 1 << 20, &o->max_tokens)) return -1; }
         else if (!strcmp(a, "--threads")) { if (parse_long(a, v, 0, 256, &o->threads)) return -1; }
+        else if (!strcmp(a, "--device")) { if (cli_device_parse("generate", v, &o->device)) return -1; }
         else if (!strcmp(a, "--ctx")) { if (parse_long(a, v, 16, 1 << 20, &o->ctx)) return -1; }
         else if (!strcmp(a, "--top-k")) { if (parse_long(a, v, 0, INT32_MAX, &n)) return -1; o->sp.top_k = (int32_t)n; }
         else if (!strcmp(a, "--seed")) { if (parse_long(a, v, 0, LONG_MAX, &n)) return -1; o->sp.seed = (uint64_t)n; }
@@ -214,6 +218,7 @@ int cmd_generate(int argc, char **argv)
     if (pr) return pr > 0 ? 0 : 2;
     cli_engine_env env;
     if (cli_engine_env_read("generate", (int)o.threads, &env)) return 1;
+    env.device = o.device;
     bt_model *m = load_model_or_report("generate", o.model);
     if (!m) return 1;
     int rc = 1;
@@ -272,7 +277,7 @@ int cmd_generate(int argc, char **argv)
                 ids.n, o.max_tokens, ctx);
         goto out;
     }
-    if (bt_backend_cpu_create(&env.cpu, &be)) {
+    if (cli_backend_create(&env, &be)) {
         fprintf(stderr, "baton generate: %s\n", bt_last_error());
         goto out;
     }

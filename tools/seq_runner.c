@@ -13,11 +13,11 @@ bt_status seq_runner_init(seq_runner *r, const bt_model *m, const cli_engine_env
     r->n_ctx = n_ctx;
     r->chunk = chunk;
     r->n_blocks = (n_ctx + BT_KV_BLOCK - 1) / BT_KV_BLOCK;
-    bt_status st = bt_backend_cpu_create(&env->cpu, &r->be);
+    bt_status st = cli_backend_create(env, &r->be);
     if (st) return st;
     if ((st = bt_forward_create(m, r->be, chunk, env->profile, &r->fw))) goto fail;
     size_t mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer * (size_t)r->n_blocks;
-    if ((st = bt_kv_pool_create(&m->hp, dtype, mem, NULL, &r->kv))) goto fail;
+    if ((st = bt_backend_kv_pool_create(r->be, &m->hp, dtype, mem, &r->kv))) goto fail;
     r->table = malloc((size_t)r->n_blocks * sizeof *r->table);
     r->logits = malloc((size_t)chunk * (size_t)m->hp.n_vocab * sizeof *r->logits);
     if (!r->table || !r->logits) {
@@ -34,7 +34,7 @@ fail:
 void seq_runner_free(seq_runner *r)
 {
     bt_forward_destroy(r->fw);
-    bt_kv_pool_destroy(r->kv);
+    if (r->be) bt_backend_kv_pool_destroy(r->be, r->kv);
     bt_backend_destroy(r->be);
     free(r->table);
     free(r->logits);

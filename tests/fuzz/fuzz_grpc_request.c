@@ -1,5 +1,5 @@
-/* libFuzzer target: the router's gRPC request validators. Byte 0 picks the method (0 Generate through
- * rtr_grpc_parse, 1 Tokenize, 2 Detokenize); the rest is the protobuf request as it arrives on the wire. */
+/* libFuzzer target: the router's gRPC request validators. Byte 0 picks the method (mod 4: 0 Generate through
+ * rtr_grpc_parse, 1 Tokenize, 2 Detokenize, 3 Embed through rtr_embed_from_grpc); the rest is the protobuf request as it arrives on the wire. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,13 +52,26 @@ static void detokenize(const uint8_t *p, size_t n)
     baton__v1__detokenize_request__free_unpacked(q, NULL);
 }
 
+static void embed(const uint8_t *p, size_t n)
+{
+    Baton__V1__EmbedRequest *q = baton__v1__embed_request__unpack(NULL, n, p);
+    if (!q) return;
+    rtr_embed_req_t e;
+    if (rtr_embed_from_grpc(&fuzz_model, q, &e) == BT_OK) {
+        fuzz_check_embed(&e);
+    }
+    rtr_embed_req_free(&e);
+    baton__v1__embed_request__free_unpacked(q, NULL);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    switch (data[0] % 3) {
+    switch (data[0] % 4) {
     case 0: generate(data + 1, size - 1); break;
     case 1: tokenize(data + 1, size - 1); break;
-    default: detokenize(data + 1, size - 1); break;
+    case 2: detokenize(data + 1, size - 1); break;
+    default: embed(data + 1, size - 1); break;
     }
     return 0;
 }

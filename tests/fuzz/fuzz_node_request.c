@@ -1,7 +1,7 @@
 /* libFuzzer target: what a node accepts from the network before any work, the wire bytes of a Decode/Run or a
- * Prefill/Run request through protobuf-c and then the node's own validation (decode_run_params,
- * prefill_check_request) under the default model's limits. The first byte picks the request; the rest is its wire
- * encoding. The two service files are compiled in so that they are instrumented. */
+ * Prefill/Run or a Decode/Embed request through protobuf-c and then the node's own validation (decode_run_params,
+ * prefill_check_request, decode_embed_check) under the default model's limits. The first byte picks the request
+ * (mod 3); the rest is its wire encoding. The two service files are compiled in so that they are instrumented. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +34,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512] = "";
     bt_req_params rp = bt_req_params_default();
     rp.sampling = bt_sampling_default();
-    if (data[0] & 1) {
+    if (data[0] % 3 == 2) {
+        Baton__V1__DecodeEmbedRequest *q = baton__v1__decode_embed_request__unpack(NULL, size - 1, data + 1);
+        if (!q) return 0;
+        uint32_t tokens = 0;
+        bt_rpc_code code = decode_embed_check(&g_ne, q, &tokens, err, sizeof err);
+        if (code != BT_RPC_OK && !err[0]) abort();
+        if (code == BT_RPC_OK) { /* what the handler then trusts */
+            uint64_t sum = 0;
+            if (!q->n_inputs || q->n_inputs > DECODE_EMBED_MAX_INPUTS) abort();
+            for (size_t i = 0; i < q->n_inputs; i++) {
+                if (!q->inputs[i] || !q->inputs[i]->n_ids || q->inputs[i]->n_ids > (size_t)g_ne.max_context) abort();
+                for (size_t k = 0; k < q->inputs[i]->n_ids; k++)
+                    if (q->inputs[i]->ids[k] < 0 || q->inputs[i]->ids[k] >= g_ne.n_vocab) abort();
+                sum += q->inputs[i]->n_ids;
+            }
+            if (sum != tokens || sum > DECODE_EMBED_MAX_TOKENS) abort();
+        }
+        baton__v1__decode_embed_request__free_unpacked(q, NULL);
+    } else if (data[0] % 3 == 1) {
         Baton__V1__PrefillRunRequest *q = baton__v1__prefill_run_request__unpack(NULL, size - 1, data + 1);
         if (!q) return 0;
         bt_rpc_code code = prefill_check_request(&g_ne, q, &rp, err, sizeof err);

@@ -26,6 +26,20 @@ static void fuzz_model_load(void)
     }
 }
 
+/* What the router relies on in an accepted embeddings request (HTTP or gRPC): aborts otherwise. */
+static inline void fuzz_check_embed(const rtr_embed_req_t *e)
+{
+    uint64_t sum = 0;
+    if (!e->n || e->n > RTR_EMBED_MAX_INPUTS) abort();
+    for (size_t i = 0; i < e->n; i++) {
+        if (!e->inputs[i].n || e->inputs[i].n > (size_t)fuzz_model.n_ctx) abort();
+        for (size_t k = 0; k < e->inputs[i].n; k++)
+            if (e->inputs[i].ids[k] < 0 || e->inputs[i].ids[k] >= tok_n_vocab(fuzz_model.tok)) abort();
+        sum += e->inputs[i].n;
+    }
+    if (sum != e->tokens) abort();
+}
+
 /* Every router fuzzer starts the same way: quiet logs, the model loaded once. */
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

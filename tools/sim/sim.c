@@ -2,8 +2,8 @@
  *  - The router sees the nodes' state as it is now, not as their last load report (up to 1 s old) said; its own
  *    in-flight counts are therefore exact. One logical router: every request passes the same admission.
  *  - Decode choice: two alive decode nodes drawn at random, rtr_decode_score picks (dispatch.c's rule). Prefill
- *    candidates: up to RTR_SIM_MAX_PREFILL (the router's MAX_PREFILL) consecutive alive prefill nodes from a random
- *    start. rtr_place_decide decides local or remote and where, with the router's default overhead.
+ *    candidates: rtr_prefill_candidates over the alive prefill nodes (the router's choice: prefix holders first, a
+ *    random sample of the rest, at most its MAX_PREFILL). rtr_place_decide decides local or remote and where, with the router's default overhead.
  *  - Admission: rtr_admit_queue_s against --max-queue-s with rtr_admit_rates (measured generated tokens over the
  *    last 5 s, the nodes' marginal prefill rate 1 / prefill.token_s, the floors); the competing tokens are every
  *    admitted request's remaining tokens (the router takes min(remaining, o) of each: the simulation's bound is the
@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#define RTR_SIM_MAX_PREFILL 64 /* dispatch.c's MAX_PREFILL */
+#define RTR_SIM_MAX_PREFILL RTR_MAX_PREFILL_CANDIDATES /* dispatch.c's MAX_PREFILL */
 #define SIM_MAX_HASHES 1024    /* block hashes per request the prefix index sees (16 K tokens) */
 
 enum { EV_ARRIVAL, EV_PSTEP, EV_DSTEP, EV_KV_DONE, EV_PLAN, EV_FAIL, EV_REPAIR };
@@ -64,6 +64,7 @@ typedef struct node {
     uint32_t epoch;
     int busy;
     char id[24];
+    uint32_t id_hash;               /* rtr_pindex_id_hash(id) */
     req_t *q_head, *q_tail;         /* prefill queue (a decode node's local prefills) */
     int64_t q_tokens;
     int q_len;
@@ -87,6 +88,9 @@ typedef struct sim {
     node_t *nodes;                  /* prefill nodes first */
     int np, nd;
     int *alive_p, n_alive_p, *alive_d, n_alive_d;
+    unsigned char *cand_holds;      /* [np] rtr_prefill_candidates' inputs */
+    size_t *cand_scratch;
+    uint64_t cand_rng;
     ev_t *heap;
     size_t n_ev, cap_ev;
     uint64_t seq, rng, next_id;
@@ -557,11 +561,22 @@ static void place_and_send(sim_t *s, req_t *r)
     rtr_place_cand_t cands[RTR_SIM_MAX_PREFILL];
     int pidx[RTR_SIM_MAX_PREFILL];
     size_t np = 0;
-    if (s->n_alive_p) {
-        size_t k = (size_t)s->n_alive_p < RTR_SIM_MAX_PREFILL ? (size_t)s->n_alive_p : RTR_SIM_MAX_PREFILL;
-        size_t start = (size_t)s->n_alive_p > RTR_SIM_MAX_PREFILL ? rnd(s) % (uint64_t)s->n_alive_p : 0;
+    if (s->n_alive_p) { /* the router's choice of candidates (rtr_prefill_candidates) */
+        size_t na = (size_t)s->n_alive_p, pick[RTR_SIM_MAX_PREFILL];
+        uint32_t hid[RTR_PINDEX_HOLDERS];
+        int64_t hst[RTR_PINDEX_HOLDERS];
+        size_t nhold = na > RTR_SIM_MAX_PREFILL && s->pindex && nh ? rtr_pindex_holders(s->pindex, s->hashes[0], hid, hst)
+                                                                   : 0;
+        for (size_t j = 0; nhold && j < na; j++) {
+            const node_t *pnode = &s->nodes[s->alive_p[j]];
+            uint32_t idh = pnode->id_hash;
+            s->cand_holds[j] = 0;
+            for (size_t t = 0; t < nhold; t++) s->cand_holds[j] |= hid[t] == idh && hst[t] == (int64_t)pnode->epoch;
+        }
+        size_t k = rtr_prefill_candidates(na, nhold ? s->cand_holds : NULL, RTR_SIM_MAX_PREFILL,
+                                          &s->cand_rng, s->cand_scratch, pick);
         for (size_t j = 0; j < k; j++) {
-            pidx[np] = s->alive_p[(start + j) % (size_t)s->n_alive_p];
+            pidx[np] = s->alive_p[pick[j]];
             fill_place_node(s, pidx[np], &pn[np]);
             pn[np].cached_tokens = (int64_t)pmatch(s, pidx[np], nh) * 16;
             np++;
@@ -805,14 +820,19 @@ static bt_status sim_setup(sim_t *s, const sim_config_t *cfg, sim_result_t *res)
     s->nodes = calloc((size_t)n, sizeof *s->nodes);
     s->alive_p = calloc((size_t)(s->np + 1), sizeof(int));
     s->alive_d = calloc((size_t)s->nd, sizeof(int));
+    s->cand_holds = calloc((size_t)(s->np + 1), 1);
+    s->cand_scratch = calloc((size_t)(s->np + 1), sizeof(size_t));
+    s->cand_rng = s->rng ^ 0x5bd1e995ull;
     res->nodes = calloc((size_t)n, sizeof *res->nodes);
-    if (!s->nodes || !s->alive_p || !s->alive_d || !res->nodes) return bt_fail(BT_ERR_NOMEM, "out of memory");
+    if (!s->nodes || !s->alive_p || !s->alive_d || !s->cand_holds || !s->cand_scratch || !res->nodes)
+        return bt_fail(BT_ERR_NOMEM, "out of memory");
     res->n_nodes = n;
     for (int i = 0; i < n; i++) {
         node_t *nd = &s->nodes[i];
         nd->decode = i >= s->np;
         nd->alive = 1;
         snprintf(nd->id, sizeof nd->id, "%s%d", nd->decode ? "d" : "p", nd->decode ? i - s->np : i);
+        nd->id_hash = rtr_pindex_id_hash(nd->id);
         alive_add(s, i);
     }
     if (cfg->use_prefix_index && rtr_pindex_create(&s->pindex)) return bt_fail(BT_ERR_NOMEM, "out of memory");
@@ -831,6 +851,8 @@ static void sim_teardown(sim_t *s)
     free(s->nodes);
     free(s->alive_p);
     free(s->alive_d);
+    free(s->cand_holds);
+    free(s->cand_scratch);
     for (size_t i = 0; i < s->n_ev; i++)
         if (s->heap[i].type == EV_ARRIVAL) free(s->heap[i].p);
     free(s->heap);

@@ -223,9 +223,75 @@ static void test_sliding_window_attention(void)
     fixture_close(&f);
 }
 
+/* Sliding window (bt_attn_args.window): against float64 attention over the keys p - window < k <= p only, f32 KV */
+static void test_window_attention(void)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, BT_KV_F32, 0x77) == 0);
+    static const int32_t windows[] = {1, 5, 100, 512};
+    static const int32_t probe[] = {0, 3, 99, 300, 699};
+    double worst = 0;
+    float out[ROW];
+    for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++)
+        for (size_t pi = 0; pi < sizeof probe / sizeof probe[0]; pi++) {
+            int32_t p = probe[pi], win = windows[wi], k0 = p - win + 1 > 0 ? p - win + 1 : 0;
+            const int32_t *tables[1] = {f.table[0]};
+            bt_attn_args a = {.kv = f.kv, .layer = 0, .n_tokens = 1, .n_head = N_HEAD, .n_head_kv = N_KV,
+                              .head_dim = HD, .scale = 0.125f, .window = win, .q = f.q[0] + (size_t)p * ROW, .pos = &p,
+                              .tables = tables, .out = out};
+            REQUIRE(f.be[0]->ops->attention(f.be[0], &a) == BT_OK);
+            for (int h = 0; h < N_HEAD; h++) {
+                int g = h / (N_HEAD / N_KV);
+                const float *qh = f.q[0] + (size_t)p * ROW + (size_t)h * HD;
+                double w[LEN], mx = -INFINITY, sum = 0;
+                for (int32_t j = k0; j <= p; j++) {
+                    double d = 0;
+                    for (int i = 0; i < HD; i++) d += (double)qh[i] * f.k[0][((size_t)j * N_KV + g) * HD + i];
+                    w[j] = d * 0.125;
+                    mx = w[j] > mx ? w[j] : mx;
+                }
+                for (int32_t j = k0; j <= p; j++) sum += (w[j] = exp(w[j] - mx));
+                for (int i = 0; i < HD; i++) {
+                    double o = 0;
+                    for (int32_t j = k0; j <= p; j++) o += w[j] * f.v[0][((size_t)j * N_KV + g) * HD + i];
+                    double err = fabs(o / sum - (double)out[h * HD + i]);
+                    worst = err > worst ? err : worst;
+                }
+            }
+        }
+    CHECK_MSG(worst < 2e-6, "window attention: max abs error %g against float64", worst);
+    fixture_close(&f);
+}
+
+/* geglu against float64 gelu_tanh(g) * u (as g / (1 + exp(-2y)) * u: 0.5 g (1 + tanh(y)) cancels for g < 0), within
+ * the kernel's bound (test_cpu_attn.c): 2e-6 of the value plus 1e-7 of |g u|, the negative tail's exp carrying the
+ * float rounding of its argument */
+static void test_geglu(void)
+{
+    bt_backend *be;
+    REQUIRE(test_backend_cpu(1, &be) == 0);
+    enum { N = 1000 };
+    float g[N], u[N], out[N];
+    uint64_t seed = 3;
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)((int)(test_rand_next(&seed) % 20001) - 10000) * 1e-3f;
+        u[i] = (float)((int)(test_rand_next(&seed) % 2001) - 1000) * 1e-3f;
+    }
+    be->ops->geglu(be, g, u, N, out);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        double x = g[i], y = sqrt(2 / M_PI) * (x + 0.044715 * x * x * x), ref = x / (1 + exp(-2 * y)) * u[i];
+        bad += fabs(ref - out[i]) > 2e-6 * fabs(ref) + 1e-7 * fabs(x * u[i]) + 1e-30;
+    }
+    CHECK_MSG(bad == 0, "geglu: %d of %d values outside the bound", bad, N);
+    bt_backend_destroy(be);
+}
+
 int main(void)
 {
     RUN(test_long_context_attention);
     RUN(test_sliding_window_attention);
+    RUN(test_window_attention);
+    RUN(test_geglu);
     return test_summary();
 }

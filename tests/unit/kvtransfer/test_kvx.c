@@ -593,6 +593,33 @@ static void push_one(kvx_pool_t *pool, kvx_peer_t *p, agent_t *a, uint32_t blk)
     CHECK(agent_expect_wait(a, e, NULL) == BT_OK);
 }
 
+/* kvx_pool_register: existing host memory keeps its contents and address; CUDA memory on this UCX (Debian's 1.13 has
+ * no CUDA transports; here the memory is not even on a GPU) is refused with an error, not a crash */
+static void test_pool_register(void)
+{
+    kvx_context_opts_t o = {.name = "reg"};
+    kvx_context_t *ctx = NULL;
+    kvx_pool_t *pool = NULL;
+    REQUIRE(kvx_context_opts_from_env(&o) == BT_OK);
+    REQUIRE(kvx_context_create(&o, &ctx) == BT_OK);
+    uint64_t bytes;
+    REQUIRE(kvx_layout_check(&SRC_L, &bytes) == BT_OK);
+    uint8_t *mem = malloc(bytes);
+    REQUIRE(mem);
+    for (uint64_t i = 0; i < bytes; i++) mem[i] = (uint8_t)(i * 7);
+    CHECK(kvx_pool_register(ctx, &SRC_L, NULL, KVX_MEM_HOST, &pool) == BT_ERR_INVALID);
+    REQUIRE(kvx_pool_register(ctx, &SRC_L, mem, KVX_MEM_HOST, &pool) == BT_OK);
+    CHECK(kvx_pool_base(pool) == mem && mem[1] == 7 && mem[bytes - 1] == (uint8_t)((bytes - 1) * 7));
+    CHECK(kvx_pool_destroy(pool) == BT_OK);
+    pool = NULL;
+    bt_status st = kvx_pool_register(ctx, &SRC_L, mem, KVX_MEM_CUDA, &pool);
+    CHECK_MSG(st != BT_OK && !pool, "host memory registered as CUDA memory");
+    if (st) fprintf(stderr, "kvx_pool_register(KVX_MEM_CUDA) here: %s\n", bt_last_error());
+    if (pool) kvx_pool_destroy(pool);
+    kvx_context_destroy(ctx);
+    free(mem);
+}
+
 static void test_peer_cache_cap(void)
 {
     agent_t a;
@@ -1283,6 +1310,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "UCX_TLS=%s\n", tls ? tls : "(unset)");
     RUN(test_bitexact);
     RUN(test_peer_cache_cap);
+    RUN(test_pool_register);
     RUN(test_refusals);
     RUN(test_forged_descriptor);
     RUN(test_stale_epoch);

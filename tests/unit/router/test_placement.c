@@ -213,8 +213,49 @@ static void test_model_kv_bytes(void)
     rtr_model_free(&m);
 }
 
+/* Prefill candidates past 64 nodes: before, the router weighed the first 64 in view order and never used the rest. */
+static void test_prefill_candidates(void)
+{
+    size_t out[RTR_MAX_PREFILL_CANDIDATES], scratch[300];
+    unsigned char holds[300] = {0};
+    uint64_t rng = 42;
+    size_t k = rtr_prefill_candidates(10, NULL, RTR_MAX_PREFILL_CANDIDATES, &rng, scratch, out);
+    CHECK(k == 10);
+    for (size_t i = 0; i < k; i++) CHECK(out[i] == i);
+    CHECK(rng == 42); /* no draw when everyone fits */
+
+    const size_t n = 300;
+    holds[7] = holds[250] = holds[299] = 1;
+    int seen[300] = {0};
+    for (int round = 0; round < 400; round++) {
+        k = rtr_prefill_candidates(n, holds, RTR_MAX_PREFILL_CANDIDATES, &rng, scratch, out);
+        REQUIRE(k == RTR_MAX_PREFILL_CANDIDATES);
+        CHECK(out[0] == 7 && out[1] == 250 && out[2] == 299); /* prefix holders first */
+        unsigned char dup[300] = {0};
+        for (size_t i = 0; i < k; i++) {
+            REQUIRE(out[i] < n);
+            CHECK_MSG(!dup[out[i]], "index %zu twice", out[i]);
+            dup[out[i]] = 1;
+            seen[out[i]]++;
+        }
+    }
+    /* every node is drawn, about evenly: 400 rounds x 61 draws over 297 nodes, ~82 each */
+    int lo = 1 << 30, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (holds[i]) continue;
+        if (seen[i] < lo) lo = seen[i];
+        if (seen[i] > hi) hi = seen[i];
+    }
+    CHECK_MSG(lo >= 40 && hi <= 130, "draws per node %d..%d", lo, hi);
+    /* more holders than room: the first max of them */
+    memset(holds, 1, sizeof holds);
+    k = rtr_prefill_candidates(n, holds, RTR_MAX_PREFILL_CANDIDATES, &rng, scratch, out);
+    CHECK(k == RTR_MAX_PREFILL_CANDIDATES && out[0] == 0 && out[63] == 63);
+}
+
 int main(void)
 {
+    RUN(test_prefill_candidates);
     RUN(test_idle_decode_stays_local);
     RUN(test_busy_decode_sends_long_prompts_away);
     RUN(test_shorter_queue_wins);

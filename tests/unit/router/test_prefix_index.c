@@ -3,6 +3,8 @@
 #include "router/router.h"
 #include "test_util.h"
 
+#include <stdio.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,8 +129,44 @@ static void test_random_against_reference(void)
     rtr_pindex_destroy(x);
 }
 
+/* The first-block hint: the last RTR_PINDEX_HOLDERS nodes sent a chain, by id hash and incarnation. */
+static void test_holders_hint(void)
+{
+    rtr_pindex_t *x;
+    REQUIRE(rtr_pindex_create(&x) == BT_OK);
+    uint64_t a[3] = {0x1111, 0x2222, 0x3333}, b[1] = {0x4444};
+    uint32_t idh[RTR_PINDEX_HOLDERS];
+    int64_t st[RTR_PINDEX_HOLDERS];
+    CHECK(rtr_pindex_holders(x, a[0], idh, st) == 0);
+    rtr_pindex_insert(x, "p1", 7, 0, a, 3);
+    rtr_pindex_insert(x, "p1", 7, 0, a, 2); /* again: one entry */
+    REQUIRE(rtr_pindex_holders(x, a[0], idh, st) == 1);
+    CHECK(idh[0] == rtr_pindex_id_hash("p1") && st[0] == 7);
+    CHECK(rtr_pindex_holders(x, a[1], idh, st) == 0); /* only chains' first blocks are hinted */
+    rtr_pindex_insert(x, "p2", 1, 0, b, 1);
+    char id[16];
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "n%d", i);
+        rtr_pindex_insert(x, id, 0, 0, a, 1);
+    }
+    size_t n = rtr_pindex_holders(x, a[0], idh, st);
+    CHECK(n == RTR_PINDEX_HOLDERS);
+    for (size_t i = 0; i < n; i++) { /* the most recent four: n2..n5 */
+        int found = 0;
+        for (int k = 2; k < 6; k++) {
+            snprintf(id, sizeof id, "n%d", k);
+            found |= idh[i] == rtr_pindex_id_hash(id);
+        }
+        CHECK(found);
+    }
+    REQUIRE(rtr_pindex_holders(x, b[0], idh, st) == 1);
+    CHECK(idh[0] == rtr_pindex_id_hash("p2") && st[0] == 1);
+    rtr_pindex_destroy(x);
+}
+
 int main(void)
 {
+    RUN(test_holders_hint);
     RUN(test_match_prefix);
     RUN(test_lru_bound_and_order);
     RUN(test_forget_and_reset);
