@@ -268,6 +268,12 @@ __global__ void k_add(float *x, const float *y, int64_t n)
     if (i < n) x[i] += y[i];
 }
 
+__global__ void k_scale(float *x, float s, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s; /* one float multiply: the CPU's bits exactly */
+}
+
 /* ---- KV pool ---- */
 
 struct kv_geom {
@@ -963,6 +969,11 @@ static void cu_add(bt_backend *be, float *x, const float *y, int64_t n)
     if (n > 0) k_add<<<blocks_for(n, 256), 256, 0, CX(be)->stream>>>(x, y, n);
 }
 
+static void cu_scale(bt_backend *be, float *x, float s, int64_t n)
+{
+    if (n > 0) k_scale<<<blocks_for(n, 256), 256, 0, CX(be)->stream>>>(x, s, n);
+}
+
 static bt_backend_ops make_ops(void)
 {
     bt_backend_ops o;
@@ -985,6 +996,7 @@ static bt_backend_ops make_ops(void)
     o.swiglu = cu_swiglu;
     o.geglu = cu_geglu;
     o.add = cu_add;
+    o.scale = cu_scale;
     o.max_lanes = NULL;
     o.run_lanes = NULL;
     return o;

@@ -196,7 +196,7 @@ static void test_embed(void)
     }
 }
 
-/* rmsnorm, rope (both layouts), swiglu, geglu, add against the CPU backend */
+/* rmsnorm, rope (both layouts), swiglu, geglu, add, scale against the CPU backend */
 static void test_elementwise(void)
 {
     enum { R = 9, N = 4096 };
@@ -232,6 +232,14 @@ static void test_elementwise(void)
     to_host(got, od, R * N * 4);
     CHECK_MSG((e = rel_err(got, ref, R * N)) <= 1.0, "add %.3g", e);
     printf("op add worst error %.3f of bound\n", e);
+
+    memcpy(ref, x, R * N * 4);
+    cpu->ops->scale(cpu, ref, 25.298221f, R * N);
+    gpu->ops->buf_copy(gpu, od, xd, R * N * 4);
+    gpu->ops->scale(gpu, od, 25.298221f, R * N);
+    to_host(got, od, R * N * 4);
+    CHECK_MSG(!memcmp(got, ref, R * N * 4), "scale differs from the CPU's bits");
+    printf("op scale bit-identical: %s\n", memcmp(got, ref, R * N * 4) ? "no" : "yes");
 
     /* rope: 9 tokens x 32 heads x 128, positions up to 30000, rotating 96 of 128 dims */
     int32_t pos[R] = {0, 1, 2, 100, 255, 256, 4095, 17000, 30000};
