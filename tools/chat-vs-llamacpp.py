@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Greedy chat output of baton against llama.cpp's llama-completion on the same GGUF (issue 23's agreement check).
 
-    tools/chat-vs-llamacpp.py [--model PATH] [--prompts FILE] [--max-tokens N] [--threads N] [--llama-dir DIR]
+    tools/chat-vs-llamacpp.py [--model PATH] [--prompts FILE] [--max-tokens N] [--threads N] [--llama-dir DIR] [--raw]
 
 Each prompt (a JSON line with "chat": user text, as tools/workloads/chat.jsonl; default: that file and
 tools/workloads/input-grounded.jsonl) is rendered once with baton's chat template (`baton chat-template`), then
 generated greedily by `baton generate --chat` and by llama-completion on exactly that rendered text (its special
 tokens parsed; a BOS the template wrote is left to llama.cpp, which adds the model's own). Prints, per prompt, whether the two texts are identical and, if not, after how many
-characters they part; then how many agree. llama.cpp comes from DIR (default $XDG_CACHE_HOME/baton/llama.cpp),
+characters they part; then how many agree. --raw sends each text as a plain completion prompt instead (for base
+models without a chat format: `baton generate --prompt`, llama-completion -p). llama.cpp comes from DIR (default $XDG_CACHE_HOME/baton/llama.cpp),
 built by tools/bench-vs-llamacpp.sh --build-only when missing. Exit status 0 (the figure is the report, not a
 verdict); 1 when a tool fails.
 
@@ -40,6 +41,7 @@ def main():
     ap.add_argument("--prompts", action="append")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--raw", action="store_true", help="plain completion prompts, no chat template")
     ap.add_argument("--llama-dir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                                                         "baton", "llama.cpp"))
     a = ap.parse_args()
@@ -58,14 +60,17 @@ def main():
     agree = 0
     for i, p in enumerate(prompts):
         user = p["chat"]
-        conv = json.dumps([{"role": "user", "content": user}])
-        rendered = run([baton, "chat-template", "--model", model, conv])
-        for bos in BOS_TEXTS:  # llama-completion adds the model's BOS itself: a second one would change the text
-            if rendered.startswith(bos):
-                rendered = rendered[len(bos):]
-                break
-        ours = run([baton, "generate", "--model", model, "--chat", user, "--max-tokens", str(a.max_tokens),
-                    "--threads", str(a.threads), "--quiet"])
+        if a.raw:
+            rendered = user
+        else:
+            conv = json.dumps([{"role": "user", "content": user}])
+            rendered = run([baton, "chat-template", "--model", model, conv])
+            for bos in BOS_TEXTS:  # llama-completion adds the model's BOS itself: a second one would change the text
+                if rendered.startswith(bos):
+                    rendered = rendered[len(bos):]
+                    break
+        ours = run([baton, "generate", "--model", model, "--prompt" if a.raw else "--chat", user, "--max-tokens",
+                    str(a.max_tokens), "--threads", str(a.threads), "--quiet"])
         theirs = run([lc, "-m", model, "-p", rendered, "-n", str(a.max_tokens), "--temp", "0", "-no-cnv",
                       "--no-display-prompt", "--simple-io", "-t", str(a.threads), "--no-warmup"],
                      stdin=subprocess.DEVNULL, timeout=600)
@@ -81,7 +86,8 @@ def main():
         if not same:
             print(f"    baton:     {ours[max(0, n - 20):n + 40]!r}")
             print(f"    llama.cpp: {theirs[max(0, n - 20):n + 40]!r}")
-    print(f"{agree} of {len(prompts)} prompts identical ({a.max_tokens} greedy tokens; model {model})")
+    print(f"{agree} of {len(prompts)} prompts identical ({a.max_tokens} greedy tokens, {'raw' if a.raw else 'chat'}; "
+          f"model {model})")
 
 
 if __name__ == "__main__":
