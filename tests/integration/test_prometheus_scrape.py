@@ -114,10 +114,12 @@ def test_scaledobject_query_rises_under_load_and_falls_after(default_model, tmp_
                 assert time.monotonic() - t0 < 60, f"the query never settled at 1: {prom.query(query)}"
                 time.sleep(1)
             idle = prom.query(query)
-            # load: more than two one-thread nodes can serve, for 25 s
-            load = subprocess.Popen(bench + ["--rate", "12", "--duration", "25", "--json", str(tmp_path / "b.json")],
+            # load: 16 requests/s of 48 tokens for 35 s, more than one one-thread node serves within the TPOT target;
+            # longer than the planner's 30 s demand window, so the demand it sees reaches the full rate (at 12/s for
+            # 25 s a fast AVX-512 host saw the answer rise only in the last second)
+            load = subprocess.Popen(bench + ["--rate", "16", "--duration", "35", "--json", str(tmp_path / "b.json")],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            under = sample(prom, query, 25)
+            under = sample(prom, query, 35)
             out, err = load.communicate(timeout=600)
             assert load.returncode == 0, err
             t_end = time.monotonic()
@@ -132,7 +134,7 @@ def test_scaledobject_query_rises_under_load_and_falls_after(default_model, tmp_
             run = json.loads((tmp_path / "b.json").read_text())["runs"][0]
             bench_fig = (f"{run.get('completed')} requests, {run.get('throughput_output_tok_s', 0):.0f} output tok/s, "
                          f"TTFT p50 {run.get('ttft_ms', {}).get('p50', 0):.0f} ms")
-            print(f"\nScaledObject query {query}\n  idle {idle:g}; under load (rate 12/s for 25 s) "
+            print(f"\nScaledObject query {query}\n  idle {idle:g}; under load (rate 16/s for 35 s) "
                   f"{[v for v in under if v is not None]} peak {peak:g}; back to {after:g} {fell_s:.0f} s after the "
                   f"load ended; bench-serve: {bench_fig}")
         finally:
