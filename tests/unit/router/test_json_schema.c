@@ -148,6 +148,11 @@ static void test_json_object_and_regex(void)
     CHECK(rtr_regex_grammar("a\\bb", &text) == BT_ERR_UNSUPPORTED);
     CHECK(rtr_regex_grammar("a)", &text) == BT_ERR_INVALID);
     CHECK(rtr_regex_grammar("*a", &text) == BT_ERR_INVALID);
+    /* a repetition of a part that can match nothing (fuzz_json_schema's find): refused, never a grammar that the
+     * nodes cannot load */
+    CHECK(rtr_regex_grammar("^()+[A-]}", &text) == BT_ERR_UNSUPPORTED);
+    CHECK(strstr(bt_last_error(), "can match the empty string") != NULL);
+    CHECK(rtr_regex_grammar("(a?)*b", &text) == BT_ERR_UNSUPPORTED);
 }
 
 int main(void)
