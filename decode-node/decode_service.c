@@ -61,6 +61,9 @@ struct decode_service {
 
     pthread_mutex_t load_mu; /* the load sampler's memory, below */
     uint64_t load_hits, load_queries;
+
+    pthread_mutex_t embeds_mu; /* embeds; taken before no other lock of ours */
+    bt_list embeds;            /* embed_call by link: Embed calls in flight, for Decode/Abort by request id */
 };
 
 struct dec_call {
@@ -731,6 +734,8 @@ typedef struct embed_call {
     atomic_int failed;   /* the first bad outcome: an RS_* (RS_OK while none) */
     bt_status error;     /* with RS_ERROR: the engine's; written once, under failed's first change */
     uint32_t tokens;
+    char request_id[BT_CALL_ID_MAX];
+    bt_list_node link;   /* in svc->embeds until answered */
 } embed_call;
 
 static void embed_free(embed_call *e)
@@ -744,6 +749,9 @@ static void embed_free(embed_call *e)
 static void embed_answer(embed_call *e)
 {
     decode_service_t *s = e->svc;
+    pthread_mutex_lock(&s->embeds_mu); /* Abort no longer finds it, so it may be freed below */
+    bt_list_remove(&s->embeds, &e->link);
+    pthread_mutex_unlock(&s->embeds_mu);
     int rs = atomic_load(&e->failed);
     if (rs == RS_OK) {
         int32_t E = s->ne->m->hp.n_embd;
@@ -782,6 +790,7 @@ static void embed_answer(embed_call *e)
     }
     metrics_counter_inc(s->requests[rs]);
     if (rs == RS_OK) metrics_counter_add(s->prompt_tokens, e->tokens);
+    if (rs == RS_CANCELLED) BT_INFO(DEC_LOG, "embeddings %s: cancelled", e->request_id);
     bt_calls_leave(&s->calls);
     embed_free(e);
 }
@@ -817,6 +826,32 @@ static void embed_cancel(void *ud, bt_rpc_call_t *call)
 {
     (void)call;
     embed_fail(ud, RS_CANCELLED, BT_OK);
+}
+
+/* Cancels the Embed calls in flight named request_id; how many it found. */
+static int embed_abort(decode_service_t *s, const char *request_id)
+{
+    int found = 0;
+    pthread_mutex_lock(&s->embeds_mu);
+    BT_LIST_FOR(e, &s->embeds, embed_call, link) {
+        if (strcmp(e->request_id, request_id)) continue;
+        embed_fail(e, RS_CANCELLED, BT_OK);
+        found++;
+    }
+    pthread_mutex_unlock(&s->embeds_mu);
+    return found;
+}
+
+/* Decode/Abort: the Run calls (node/calls.h) and the Embed calls named by the request id. */
+static void abort_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    decode_service_t *s = ud;
+    const Baton__V1__AbortRequest *q = (const Baton__V1__AbortRequest *)msg;
+    Baton__V1__AbortResponse r = BATON__V1__ABORT_RESPONSE__INIT;
+    if (q->request_id[0]) r.found = bt_calls_abort(&s->calls, q->request_id) + embed_abort(s, q->request_id) > 0;
+    BT_DEBUG(DEC_LOG, "abort %s: %s", q->request_id, r.found ? "found" : "unknown or finished");
+    bt_rpc_call_send(call, &r.base);
+    bt_rpc_call_finish(call, BT_RPC_OK, NULL);
 }
 
 /* Decode/Embed's validation (the limits and the vocabulary), pure like decode_run_params. */
@@ -892,8 +927,12 @@ static void embed_handler(void *ud, bt_rpc_call_t *call, const ProtobufCMessage 
     e->rpc = call;
     e->n = q->n_inputs;
     e->tokens = tokens;
+    snprintf(e->request_id, sizeof e->request_id, "%s", q->request_id);
     atomic_init(&e->failed, RS_OK);
     atomic_init(&e->left, (int)q->n_inputs + 1);
+    pthread_mutex_lock(&s->embeds_mu);
+    bt_list_push_front(&s->embeds, &e->link);
+    pthread_mutex_unlock(&s->embeds_mu);
     double deadline = bt_call_deadline(call);
     for (size_t i = 0; i < q->n_inputs; i++) {
         bt_req_params rp = bt_req_params_default();
@@ -959,6 +998,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
     if (!s) return bt_fail(BT_ERR_NOMEM, "out of memory creating the decode service");
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->load_mu, NULL);
+    pthread_mutex_init(&s->embeds_mu, NULL);
     snprintf(s->node_id, sizeof s->node_id, "%s", cfg->node_id ? cfg->node_id : "");
     s->members = cfg->members;
     bt_calls_init(&s->calls, cfg->max_inflight > 0 ? cfg->max_inflight : DECODE_MAX_INFLIGHT, DEC_LOG);
@@ -988,7 +1028,7 @@ bt_status decode_service_create(const decode_config_t *cfg, decode_service_t **o
                                        &baton__v1__decode_run_request__descriptor, run_handler, s)))
         goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Abort", BT_RPC_UNARY,
-                                       &baton__v1__abort_request__descriptor, bt_calls_abort_handler, &s->calls)))
+                                       &baton__v1__abort_request__descriptor, abort_handler, s)))
         goto fail;
     if ((st = bt_rpc_server_add_method(cfg->rpc, "/baton.v1.Decode/Embed", BT_RPC_UNARY,
                                        &baton__v1__decode_embed_request__descriptor, embed_handler, s)))
@@ -1047,5 +1087,6 @@ void decode_service_destroy(void *svc)
     bt_calls_destroy(&s->calls);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->load_mu);
+    pthread_mutex_destroy(&s->embeds_mu);
     free(s);
 }

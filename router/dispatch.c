@@ -381,9 +381,8 @@ static size_t match_of(rtr_dispatch_t *d, const mbr_node_t *n, const plan_req_t 
 static size_t prefill_nodes(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t n, const plan_req_t *rq, size_t *idx)
 {
     size_t healthy = 0, k = 0;
-    for (size_t i = 0; i < n; i++) healthy += usable_role(d, &nodes[i], MBR_ROLE_PREFILL) != 0;
-    size_t *h = malloc((2 * healthy + 1) * sizeof *h);
-    unsigned char *holds = calloc(healthy + 1, 1);
+    size_t *h = malloc((2 * n + 1) * sizeof *h); /* [n] healthy indices, then rtr_prefill_candidates' scratch */
+    unsigned char *holds = calloc(n + 1, 1);
     if (!h || !holds) {
         free(h);
         free(holds);
@@ -391,15 +390,16 @@ static size_t prefill_nodes(rtr_dispatch_t *d, const mbr_node_t *nodes, size_t n
             if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) idx[k++] = i;
         return k;
     }
+    for (size_t i = 0; i < n; i++) /* one usable_role per node (it parses the address) */
+        if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) h[healthy++] = i;
     uint32_t hid[RTR_PINDEX_HOLDERS];
     int64_t hst[RTR_PINDEX_HOLDERS];
     size_t nh = healthy > MAX_PREFILL && rq->n_hashes ? rtr_pindex_holders(d->pindex, rq->hashes[0], hid, hst) : 0;
-    for (size_t i = 0, j = 0; i < n; i++)
-        if (usable_role(d, &nodes[i], MBR_ROLE_PREFILL)) {
-            uint32_t idh = nh ? rtr_pindex_id_hash(nodes[i].info.node_id) : 0;
-            for (size_t t = 0; t < nh; t++) holds[j] |= hid[t] == idh && hst[t] == nodes[i].info.started_ms;
-            h[j++] = i;
-        }
+    for (size_t j = 0; j < healthy && nh; j++) {
+        const mbr_node_t *x = &nodes[h[j]];
+        uint32_t idh = rtr_pindex_id_hash(x->info.node_id);
+        for (size_t t = 0; t < nh; t++) holds[j] |= hid[t] == idh && hst[t] == x->info.started_ms;
+    }
     size_t pick[MAX_PREFILL];
     pthread_mutex_lock(&d->mu);
     k = rtr_prefill_candidates(healthy, holds, MAX_PREFILL, &d->rng, h + healthy, pick);
@@ -1110,8 +1110,66 @@ static bt_status pick_embed(rtr_dispatch_t *d, const rtr_exclude_t *ex, picked_t
     return s ? BT_OK : bt_fail(BT_ERR_NOMEM, "cannot open a channel to a decode node");
 }
 
+#define EMBED_POLL_MS 100 /* how often an Embed call in flight asks whether its client is still there */
+
+/* Decode/Embed as a cancellable call (the wire format of a unary call, as decode's call_prefill): when cancelled()
+ * says the client left, the call is cancelled, so the node aborts the inputs at once. Returns as bt_rpc_unary does;
+ * BT_ERR_CANCELLED with res->code CANCELLED when the client left. */
+static bt_status embed_call(bt_rpc_channel_t *ch, const Baton__V1__DecodeEmbedRequest *req, int timeout_ms,
+                            int (*cancelled)(void *), void *ud, ProtobufCMessage **out, bt_rpc_result_t *res)
+{
+    bt_rpc_stream_t *rs = NULL;
+    bt_status st = bt_rpc_stream_open(ch, "/baton.v1.Decode/Embed", &req->base,
+                                      &baton__v1__decode_embed_response__descriptor, timeout_ms, NULL, &rs);
+    if (st != BT_OK) {
+        res->code = BT_RPC_INTERNAL;
+        snprintf(res->message, sizeof res->message, "%s", bt_last_error());
+        return st;
+    }
+    ProtobufCMessage *m = NULL, *first = NULL;
+    int left = 0;
+    for (;;) {
+        int ready = 0;
+        st = bt_rpc_stream_next_wait(rs, EMBED_POLL_MS, &m, &ready);
+        if (st != BT_OK) break;
+        if (!ready) {
+            if (!left && cancelled && cancelled(ud)) {
+                left = 1;
+                bt_rpc_stream_cancel(rs);
+            }
+            continue;
+        }
+        if (!m) break;
+        if (first) protobuf_c_message_free_unpacked(m, NULL);
+        else first = m;
+    }
+    if (bt_rpc_stream_result(rs, res) != BT_OK) {
+        res->code = BT_RPC_INTERNAL;
+        snprintf(res->message, sizeof res->message, "no result");
+    }
+    bt_rpc_stream_close(rs);
+    if (left) {
+        res->code = BT_RPC_CANCELLED;
+        snprintf(res->message, sizeof res->message, "the client went away");
+        st = bt_fail(BT_ERR_CANCELLED, "%s", res->message);
+    } else if (st == BT_OK && !first) {
+        res->code = BT_RPC_INTERNAL;
+        snprintf(res->message, sizeof res->message, "the decode node answered nothing");
+        st = bt_fail(BT_ERR_FORMAT, "%s", res->message);
+    } else if (st != BT_OK) {
+        bt_fail(st, "%s: %s", bt_rpc_code_str(res->code), res->message);
+    }
+    if (st != BT_OK) {
+        if (first) protobuf_c_message_free_unpacked(first, NULL);
+        return st;
+    }
+    *out = first;
+    return BT_OK;
+}
+
 bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequest *tmpl, int timeout_ms,
-                             Baton__V1__DecodeEmbedResponse **out, bt_rpc_result_t *res)
+                             int (*cancelled)(void *), void *ud, Baton__V1__DecodeEmbedResponse **out,
+                             bt_rpc_result_t *res)
 {
     memset(res, 0, sizeof *res);
     rtr_exclude_t ex = {0};
@@ -1141,11 +1199,15 @@ bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequ
         Baton__V1__DecodeEmbedRequest req = *tmpl;
         req.model_fingerprint = p.fingerprint;
         ProtobufCMessage *resp = NULL;
-        st = bt_rpc_unary(p.slot->ch, "/baton.v1.Decode/Embed", &req.base, &baton__v1__decode_embed_response__descriptor,
-                          left, &resp, res);
+        st = embed_call(p.slot->ch, &req, left, cancelled, ud, &resp, res);
         unpick(d, &p);
         if (st == BT_OK) {
             *out = (Baton__V1__DecodeEmbedResponse *)resp;
+            break;
+        }
+        if (st == BT_ERR_CANCELLED && res->code == BT_RPC_CANCELLED) {
+            BT_INFO("router", "embeddings %s: the client went away; cancelled on decode node %s", tmpl->request_id,
+                    p.slot->node_id);
             break;
         }
         BT_WARN("router", "embeddings %s: decode node %s failed: %s %s", tmpl->request_id, p.slot->node_id,

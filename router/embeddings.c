@@ -291,6 +291,7 @@ static const char *status_label(bt_rpc_code c)
     case BT_RPC_INVALID_ARGUMENT: return "client_error";
     case BT_RPC_RESOURCE_EXHAUSTED: return "overloaded";
     case BT_RPC_UNAVAILABLE: return "unavailable";
+    case BT_RPC_CANCELLED: return "cancelled";
     default: return "server_error";
     }
 }
@@ -335,6 +336,15 @@ static void job_free(embed_job *j)
     atomic_fetch_sub(&r->active_jobs, 1);
 }
 
+/* The client of a job in flight left (HTTP: its socket closed; gRPC: cancelled or past its deadline), or the router
+ * is stopping. */
+static int client_left(void *ud)
+{
+    embed_job *j = ud;
+    if (atomic_load(&j->r->stopping)) return 1;
+    return j->req ? http_request_client_gone(j->req) : bt_rpc_call_cancelled(j->call);
+}
+
 static void *embed_main(void *arg)
 {
     embed_job *j = arg;
@@ -362,7 +372,7 @@ static void *embed_main(void *arg)
             int64_t left = dl - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
             timeout_ms = left < 1 ? 1 : left > INT32_MAX ? INT32_MAX : (int)left;
         }
-        st = rtr_dispatch_embed(j->r->dispatch, &q, timeout_ms, &resp, &res);
+        st = rtr_dispatch_embed(j->r->dispatch, &q, timeout_ms, client_left, j, &resp, &res);
     }
     char msg[400];
     if (st == BT_OK && resp->n_data != j->e.n) {

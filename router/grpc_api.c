@@ -2,9 +2,11 @@
  * Limits as over HTTP; errors map to INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED, UNAVAILABLE. */
 #include "router/router.h"
 
+#include "common/http.h"
 #include "common/log.h"
 #include "engine/grammar.h"
 #include "router/json_schema.h"
+#include "router/tool_calls.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -59,37 +61,116 @@ static int valid_utf8(const char *s)
     return ok;
 }
 
-/* Renders a chat (or takes text) and tokenizes it into ids. BT_ERR_INVALID with a message for the client. */
-static bt_status to_ids(const rtr_model_t *model, const char *text, const Baton__V1__ChatMessages *chat, unsigned flags,
-                        tok_ids *ids)
+/* The shared checks (router/openai_api.c, router/tool_calls.c) name OpenAI's fields; the same error re-recorded with
+ * this API's names: messages[i] is chat.messages[i], tools[i].function.name is tools[i].name, a tool call's
+ * function.arguments is its arguments. */
+static bt_status grpc_names(bt_status st)
 {
-    if (chat) {
-        if (!chat->n_messages) return bt_fail(BT_ERR_INVALID, "'chat.messages' must not be empty");
-        if (!model->has_tmpl) return bt_fail(BT_ERR_INVALID, "this model has no chat template");
-        size_t total = 0;
-        for (size_t i = 0; i < chat->n_messages; i++) total += strlen(chat->messages[i]->content);
-        if (total > rtr_prompt_max_bytes(model))
-            return bt_fail(BT_ERR_INVALID, "'chat' has %zu bytes of text; at most %zu fit this model's context of %d tokens",
-                           total, rtr_prompt_max_bytes(model), model->n_ctx);
-        chat_msg *cm = calloc(chat->n_messages, sizeof *cm);
-        if (!cm) return bt_fail(BT_ERR_NOMEM, "out of memory");
-        for (size_t i = 0; i < chat->n_messages; i++) {
-            const Baton__V1__ChatMessage *m = chat->messages[i];
-            if (!rtr_chat_role_ok(m->role)) {
-                free(cm);
-                return bt_fail(BT_ERR_INVALID,
-                               "'chat.messages[%zu].role' must be system, developer, user, assistant or tool", i);
-            }
-            if (!valid_utf8(m->content)) {
-                free(cm);
-                return bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
-            }
-            cm[i] = (chat_msg){!strcmp(m->role, "developer") ? "system" : m->role, m->content, strlen(m->content), NULL};
+    char in[512], out[640];
+    snprintf(in, sizeof in, "%s", bt_last_error());
+    size_t o = 0;
+    for (const char *p = in; *p && o + 16 < sizeof out;) {
+        if (!strncmp(p, "'messages[", 10)) {
+            memcpy(out + o, "'chat.messages[", 15);
+            o += 15;
+            p += 10;
+        } else if (!strncmp(p, "].function.", 11)) {
+            memcpy(out + o, "].", 2);
+            o += 2;
+            p += 11;
+        } else {
+            out[o++] = *p++;
         }
-        bt_status st = rtr_chat_encode(model, cm, chat->n_messages, ids);
-        free(cm);
-        return st;
     }
+    out[o] = '\0';
+    return bt_fail(st, "%s", out);
+}
+
+/* A gRPC chat message as the OpenAI message object the shared checks read; NULL when out of memory. */
+static cJSON *message_json(const Baton__V1__ChatMessage *m)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddStringToObject(o, "role", m->role)) goto fail;
+    if (*m->name && !cJSON_AddStringToObject(o, "name", m->name)) goto fail;
+    if (*m->tool_call_id && !cJSON_AddStringToObject(o, "tool_call_id", m->tool_call_id)) goto fail;
+    if (m->n_tool_calls) {
+        cJSON *a = cJSON_AddArrayToObject(o, "tool_calls");
+        for (size_t i = 0; a && i < m->n_tool_calls; i++) {
+            const Baton__V1__ToolCall *c = m->tool_calls[i];
+            cJSON *tc = cJSON_CreateObject(), *fn = NULL;
+            if (!tc || !cJSON_AddItemToArray(a, tc)) {
+                cJSON_Delete(tc);
+                goto fail;
+            }
+            if ((*c->id && !cJSON_AddStringToObject(tc, "id", c->id)) ||
+                !cJSON_AddStringToObject(tc, "type", "function") || !(fn = cJSON_AddObjectToObject(tc, "function")) || !cJSON_AddStringToObject(fn, "name", c->name) ||
+                !cJSON_AddStringToObject(fn, "arguments", c->arguments))
+                goto fail;
+        }
+        if (!a) goto fail;
+    }
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* The chat messages checked and rendered with the model's template (and the request's tools, NULL: none). */
+static bt_status chat_to_ids(const rtr_model_t *model, const Baton__V1__ChatMessages *chat, const char *tools_json,
+                             tok_ids *ids)
+{
+    if (!chat->n_messages) return bt_fail(BT_ERR_INVALID, "'chat.messages' must not be empty");
+    if (!model->has_tmpl) return bt_fail(BT_ERR_INVALID, "this model has no chat template");
+    size_t total = tools_json ? strlen(tools_json) : 0; /* the template renders the tools too */
+    for (size_t i = 0; i < chat->n_messages; i++) total += strlen(chat->messages[i]->content);
+    if (total > rtr_prompt_max_bytes(model))
+        return bt_fail(BT_ERR_INVALID,
+                       "'chat' has %zu bytes of text; at most %zu fit this model's context of %d tokens", total, rtr_prompt_max_bytes(model), model->n_ctx);
+    chat_msg *cm = calloc(chat->n_messages, sizeof *cm);
+    char **extras = calloc(chat->n_messages, sizeof *extras);
+    bt_status st = BT_OK;
+    if (!cm || !extras) {
+        st = bt_fail(BT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < chat->n_messages; i++) {
+        const Baton__V1__ChatMessage *m = chat->messages[i];
+        if (!rtr_chat_role_ok(m->role)) {
+            st = bt_fail(BT_ERR_INVALID, "'chat.messages[%zu].role' must be system, developer, user, assistant or tool",
+                         i);
+            goto out;
+        }
+        if (!valid_utf8(m->content) || !valid_utf8(m->name) || !valid_utf8(m->tool_call_id)) {
+            st = bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
+            goto out;
+        }
+        cJSON *o = message_json(m);
+        if (!o) {
+            st = bt_fail(BT_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        st = rtr_chat_message_extra(model, o, m->role, (int)i, &extras[i]);
+        cJSON_Delete(o);
+        if (st) {
+            st = grpc_names(st);
+            goto out;
+        }
+        cm[i] = (chat_msg){!strcmp(m->role, "developer") ? "system" : m->role, m->content, strlen(m->content),
+                           extras[i]};
+    }
+    st = rtr_chat_encode_tools(model, cm, chat->n_messages, tools_json, ids);
+out:
+    for (size_t i = 0; extras && i < chat->n_messages; i++) free(extras[i]);
+    free(extras);
+    free(cm);
+    return st;
+}
+
+/* Renders a chat (or takes text) and tokenizes it into ids. BT_ERR_INVALID with a message for the client. */
+static bt_status to_ids(const rtr_model_t *model, const char *text, const Baton__V1__ChatMessages *chat,
+                        const char *tools_json, unsigned flags, tok_ids *ids)
+{
+    if (chat) return chat_to_ids(model, chat, tools_json, ids);
     if (strlen(text) > rtr_prompt_max_bytes(model))
         return bt_fail(BT_ERR_INVALID, "'text' has %zu bytes; at most %zu fit this model's context of %d tokens",
                        strlen(text), rtr_prompt_max_bytes(model), model->n_ctx);
@@ -126,8 +207,10 @@ static bt_status parse_prompt(const rtr_model_t *m, const Baton__V1__GenerateReq
     tok_ids ids = {0};
     bt_status st;
     switch (q->prompt_case) {
-    case BATON__V1__GENERATE_REQUEST__PROMPT_TEXT: st = to_ids(m, q->text, NULL, TOK_ADD_SPECIAL, &ids); break;
-    case BATON__V1__GENERATE_REQUEST__PROMPT_CHAT: st = to_ids(m, NULL, q->chat, 0, &ids); break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TEXT: st = to_ids(m, q->text, NULL, NULL, TOK_ADD_SPECIAL, &ids); break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_CHAT:
+        st = to_ids(m, NULL, q->chat, g->tools ? g->tools->tools_json : NULL, 0, &ids);
+        break;
     case BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
         for (size_t i = 0; i < q->token_ids->n_ids; i++)
             if (q->token_ids->ids[i] < 0 || q->token_ids->ids[i] >= tok_n_vocab(m->tok))
@@ -236,6 +319,22 @@ static bt_status copy_request_id(const char *id, rtr_gen_t *g)
     return BT_OK;
 }
 
+/* Grammar text, checked, becomes g's: an error is INVALID_ARGUMENT (or NOMEM) prefixed with where it came from. */
+static bt_status take_grammar(bt_status st, char *grammar, const char *where, rtr_gen_t *g)
+{
+    bt_grammar *gr = NULL;
+    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
+    bt_grammar_free(gr);
+    if (st) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", bt_last_error());
+        free(grammar);
+        return bt_fail(st == BT_ERR_NOMEM ? st : BT_ERR_INVALID, "'%s': %s", where, msg);
+    }
+    g->grammar = grammar;
+    return BT_OK;
+}
+
 /* ResponseFormat (issue 23) as grammar text (router/json_schema.h), checked; every client error is
  * INVALID_ARGUMENT naming what is wrong. */
 static bt_status parse_response_format(const Baton__V1__ResponseFormat *f, rtr_gen_t *g)
@@ -261,17 +360,97 @@ static bt_status parse_response_format(const Baton__V1__ResponseFormat *f, rtr_g
         break;
     default: return BT_OK;
     }
-    bt_grammar *gr = NULL;
-    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
-    bt_grammar_free(gr);
-    if (st) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s", bt_last_error());
-        free(grammar);
-        return bt_fail(st == BT_ERR_NOMEM ? st : BT_ERR_INVALID, "'response_format': %s", msg);
+    return take_grammar(st, grammar, "response_format", g);
+}
+
+/* The request's tools as the OpenAI body fields rtr_tools_from_request reads (tools, tool_choice,
+ * parallel_tool_calls), so both APIs run one set of checks. BT_ERR_INVALID naming the field, BT_ERR_NOMEM. */
+static bt_status tools_body(const Baton__V1__GenerateRequest *q, cJSON **out)
+{
+    *out = NULL;
+    cJSON *b = cJSON_CreateObject(), *a = b && q->n_tools ? cJSON_AddArrayToObject(b, "tools") : NULL;
+    bt_status st = BT_OK;
+    if (!b || (q->n_tools && !a)) goto nomem;
+    for (size_t i = 0; i < q->n_tools && i <= RTR_TOOL_MAX_TOOLS; i++) {
+        const Baton__V1__Tool *t = q->tools[i];
+        cJSON *o = cJSON_CreateObject(), *fn = NULL;
+        if (!o || !cJSON_AddItemToArray(a, o)) {
+            cJSON_Delete(o);
+            goto nomem;
+        }
+        if (!valid_utf8(t->name) || !valid_utf8(t->description)) {
+            st = bt_fail(BT_ERR_INVALID, "'tools[%zu]' is not valid UTF-8", i);
+            goto fail;
+        }
+        if (!cJSON_AddStringToObject(o, "type", "function") || !(fn = cJSON_AddObjectToObject(o, "function")) ||
+            !cJSON_AddStringToObject(fn, "name", t->name) ||
+            (*t->description && !cJSON_AddStringToObject(fn, "description", t->description)) ||
+            (t->strict && !cJSON_AddTrueToObject(fn, "strict")))
+            goto nomem;
+        if (*t->parameters) {
+            cJSON *p = NULL;
+            if (http_json_parse(t->parameters, strlen(t->parameters), &p)) {
+                char msg[300];
+                snprintf(msg, sizeof msg, "%s", bt_last_error());
+                st = bt_fail(BT_ERR_INVALID, "'tools[%zu].parameters' must be a JSON schema object as JSON text: %s", i,
+                             msg);
+                goto fail;
+            }
+            if (!cJSON_AddItemToObject(fn, "parameters", p)) {
+                cJSON_Delete(p);
+                goto nomem;
+            }
+        }
     }
-    g->grammar = grammar;
+    const Baton__V1__ToolChoice *c = q->tool_choice;
+    if (c && c->choice_case == BATON__V1__TOOL_CHOICE__CHOICE_MODE) {
+        static const char *const modes[] = {NULL, "none", "auto", "required"};
+        if ((unsigned)c->mode >= sizeof modes / sizeof *modes) {
+            st = bt_fail(BT_ERR_INVALID, "'tool_choice.mode' %d is not a ToolChoiceMode", (int)c->mode);
+            goto fail;
+        }
+        if (modes[c->mode] && !cJSON_AddStringToObject(b, "tool_choice", modes[c->mode])) goto nomem;
+    } else if (c && c->choice_case == BATON__V1__TOOL_CHOICE__CHOICE_FUNCTION) {
+        cJSON *o = cJSON_AddObjectToObject(b, "tool_choice"), *fn = o ? cJSON_AddObjectToObject(o, "function") : NULL;
+        if (!fn || !cJSON_AddStringToObject(o, "type", "function") ||
+            !cJSON_AddStringToObject(fn, "name", c->function))
+            goto nomem;
+    }
+    if (q->parallel_tool_calls_opt_case &&
+        !cJSON_AddBoolToObject(b, "parallel_tool_calls", q->parallel_tool_calls))
+        goto nomem;
+    *out = b;
     return BT_OK;
+nomem:
+    st = bt_fail(BT_ERR_NOMEM, "out of memory");
+fail:
+    cJSON_Delete(b);
+    return st;
+}
+
+/* tools, tool_choice, parallel_tool_calls through rtr_tools_from_request, as /v1/chat/completions reads them: the
+ * template sees the tools, a forced call becomes the request's grammar. After parse_response_format. */
+static bt_status parse_tools(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
+{
+    const Baton__V1__ToolChoice *c = q->tool_choice;
+    int asks = q->n_tools || q->parallel_tool_calls_opt_case ||
+               (c && (c->choice_case == BATON__V1__TOOL_CHOICE__CHOICE_FUNCTION ||
+                      (c->choice_case == BATON__V1__TOOL_CHOICE__CHOICE_MODE &&
+                       c->mode != BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_NONE)));
+    if (!asks) return BT_OK;
+    if (q->prompt_case != BATON__V1__GENERATE_REQUEST__PROMPT_CHAT)
+        return bt_fail(BT_ERR_INVALID, "'%s' needs a 'chat' prompt", q->n_tools ? "tools" : "tool_choice");
+    cJSON *body = NULL;
+    bt_status st = tools_body(q, &body);
+    if (st) return st;
+    const rtr_tool_env_t env = {.format = (rtr_tool_format)m->tool_format,
+                                .tmpl_renders_tools = m->has_tmpl && m->tmpl_renders_tools,
+                                .has_response_format = g->grammar != NULL, .chat = 1};
+    char *grammar = NULL;
+    st = rtr_tools_from_request(body, &env, &g->tools, &grammar);
+    cJSON_Delete(body);
+    if (st) return st == BT_ERR_NOMEM ? st : grpc_names(BT_ERR_INVALID);
+    return grammar ? take_grammar(BT_OK, grammar, "tools", g) : BT_OK;
 }
 
 bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
@@ -284,6 +463,8 @@ bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest 
         st = bt_fail(BT_ERR_INVALID, "'n' must be at most %d", RTR_MAX_N);
         goto fail;
     }
+    if (q->response_format && (st = parse_response_format(q->response_format, g))) goto fail;
+    if ((st = parse_tools(m, q, g))) goto fail;
     if ((st = parse_prompt(m, q, g)) || (st = parse_length(m, q, g)) || (st = parse_stops(m, q, g))) goto fail;
     if (q->top_logprobs > RTR_MAX_TOP_LOGPROBS) {
         st = bt_fail(BT_ERR_INVALID, "'top_logprobs' must be at most %d", RTR_MAX_TOP_LOGPROBS);
@@ -295,7 +476,6 @@ bt_status rtr_grpc_parse(const rtr_model_t *m, const Baton__V1__GenerateRequest 
     g->no_spec = q->disable_speculation;
     if ((st = copy_request_id(q->request_id, g))) goto fail;
     if (q->sampling && (st = parse_sampling(m, q->sampling, g))) goto fail;
-    if (q->response_format && (st = parse_response_format(q->response_format, g))) goto fail;
     return BT_OK;
 fail:
     rtr_gen_free(g);
@@ -369,8 +549,8 @@ static void generate(void *ud, bt_rpc_call_t *call, const ProtobufCMessage *msg)
 
 bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeRequest *q, tok_ids *ids)
 {
-    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) return to_ids(m, NULL, q->chat, 0, ids);
-    return to_ids(m, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL,
+    if (q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_CHAT) return to_ids(m, NULL, q->chat, NULL, 0, ids);
+    return to_ids(m, q->input_case == BATON__V1__TOKENIZE_REQUEST__INPUT_TEXT ? q->text : "", NULL, NULL,
                   q->add_special_tokens ? TOK_ADD_SPECIAL : 0, ids);
 }
 

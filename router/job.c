@@ -331,8 +331,10 @@ static void sse_finish_tools(rtr_job_t *j, choice_t *c, const char *tail, size_t
     sse_chunk(j, c, out, n_out, NULL, c->finish);
 }
 
+/* One GenerateResponse of choice c (under j->mu); calls (may be NULL) are the parsed tool calls of its end. */
 static void grpc_send(rtr_job_t *j, choice_t *c, const int32_t *ids, size_t n, Baton__V1__TokenLogprob *const *lps,
-                      size_t n_lps, const char *text, size_t len, Baton__V1__FinishReason finish, int with_usage)
+                      size_t n_lps, const char *text, size_t len, Baton__V1__FinishReason finish, int with_usage,
+                      const rtr_tool_result_t *calls)
 {
     Baton__V1__GenerateResponse m = BATON__V1__GENERATE_RESPONSE__INIT;
     m.request_id = j->id;
@@ -364,6 +366,23 @@ static void grpc_send(rtr_job_t *j, choice_t *c, const int32_t *ids, size_t n, B
     m.finish_reason = finish;
     if (finish != BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED && c->stop_index >= 0)
         m.stop = j->g.stops[c->stop_index];
+    size_t n_calls = calls ? calls->n_calls : 0;
+    Baton__V1__ToolCall *tc = n_calls ? calloc(n_calls, sizeof *tc) : NULL;
+    Baton__V1__ToolCall **tcp = n_calls ? calloc(n_calls, sizeof *tcp) : NULL;
+    char (*ids_tc)[40] = n_calls ? calloc(n_calls, sizeof *ids_tc) : NULL;
+    char **args = n_calls ? calloc(n_calls, sizeof *args) : NULL;
+    if (!tc || !tcp || !ids_tc || !args) n_calls = 0;
+    for (size_t i = 0; i < n_calls; i++) {
+        baton__v1__tool_call__init(&tc[i]);
+        rtr_tool_call_id(j->g.tools->format, ids_tc[i], sizeof ids_tc[i]);
+        args[i] = rtr_utf8_sanitize(calls->calls[i].arguments, strlen(calls->calls[i].arguments));
+        tc[i].id = ids_tc[i];
+        tc[i].name = calls->calls[i].name;
+        tc[i].arguments = args[i] ? args[i] : "{}";
+        tcp[i] = &tc[i];
+    }
+    m.tool_calls = tcp;
+    m.n_tool_calls = n_calls;
     Baton__V1__Usage u = BATON__V1__USAGE__INIT;
     if (with_usage) {
         u.prompt_tokens = (uint32_t)j->g.n_prompt;
@@ -373,11 +392,42 @@ static void grpc_send(rtr_job_t *j, choice_t *c, const int32_t *ids, size_t n, B
         m.usage = &u;
     }
     if (bt_rpc_call_send(j->call, &m.base) != BT_OK) atomic_store(&j->gone, 1);
+    for (size_t i = 0; i < n_calls; i++) free(args[i]);
+    free(args);
+    free(ids_tc);
+    free(tcp);
+    free(tc);
     for (size_t i = 0; i < n_out; i++) free(names[i]);
     free(names);
     free(items);
     free(out);
     free(t);
+}
+
+/* The end of a gRPC choice with tools (as sse_finish_tools): the held text becomes calls, sent in the last message
+ * with finish_reason TOOL_CALLS (LENGTH stays), or is released as its text. */
+static void grpc_finish_tools(rtr_job_t *j, choice_t *c, const char *tail, size_t n_tail, Baton__V1__FinishReason fr,
+                              int with_usage)
+{
+    const char *out;
+    size_t n_out;
+    char *text = NULL;
+    size_t n_text = 0, cap_text = 0;
+    rtr_tool_stream_push(&c->ts, tail, n_tail, &out, &n_out);
+    append(&text, &n_text, &cap_text, out, n_out);
+    rtr_tool_result_t r;
+    int rc = rtr_tool_stream_finish(&c->ts, &r, &out, &n_out);
+    if (rc == 1) {
+        if (r.content) append(&text, &n_text, &cap_text, r.content, r.content_len);
+        if (fr != BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH)
+            fr = BATON__V1__FINISH_REASON__FINISH_REASON_TOOL_CALLS;
+        grpc_send(j, c, NULL, 0, NULL, 0, text ? text : "", n_text, fr, with_usage, &r);
+        rtr_tool_result_free(&r);
+    } else {
+        if (rc == 0) append(&text, &n_text, &cap_text, out, n_out);
+        grpc_send(j, c, NULL, 0, NULL, 0, text ? text : "", n_text, fr, with_usage, NULL);
+    }
+    free(text);
 }
 
 static int on_tokens(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLogprob *const *lps, size_t n_lps)
@@ -433,8 +483,11 @@ static int on_tokens(void *ud, const int32_t *ids, size_t n, Baton__V1__TokenLog
         atomic_store(&j->g.adm->c[c->index].got, (long long)c->n_tokens);
     }
     if (j->g.api == RTR_API_GRPC) {
-        if (used) grpc_send(j, c, ids, used, lps, n_lps < used ? n_lps : used, delta ? delta : "", n_delta,
-                  BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, 0);
+        const char *out = delta ? delta : "";
+        size_t n_out = n_delta;
+        if (c->tools_on) rtr_tool_stream_push(&c->ts, out, n_out, &out, &n_out);
+        if (used) grpc_send(j, c, ids, used, lps, n_lps < used ? n_lps : used, out, n_out,
+                            BATON__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, 0, NULL);
     } else if (j->g.stream) {
         const char *out = delta ? delta : "";
         size_t n_out = n_delta;
@@ -673,7 +726,8 @@ static void *choice_main(void *arg)
     int last = --j->remaining == 0;
     if (!atomic_load(&j->gone) && !(st != BT_OK && j->g.api != RTR_API_GRPC && !j->g.stream)) {
         if (j->g.api == RTR_API_GRPC) {
-            if (st == BT_OK) grpc_send(j, c, NULL, 0, NULL, 0, tail, n_tail, fr, last);
+            if (st == BT_OK && c->tools_on) grpc_finish_tools(j, c, tail, n_tail, fr, last);
+            else if (st == BT_OK) grpc_send(j, c, NULL, 0, NULL, 0, tail, n_tail, fr, last, NULL);
         } else if (j->g.stream) {
             if (st == BT_OK && c->tools_on) sse_finish_tools(j, c, tail, n_tail);
             else if (st == BT_OK) sse_chunk(j, c, tail, n_tail, NULL, c->finish);
@@ -751,7 +805,8 @@ static bt_status job_create(rtr_t *r, rtr_gen_t *g, rtr_job_t **out)
         c->index = i;
         c->stop_index = -1;
         rtr_textgen_init(&c->tg, r->model.tok, stops, j->g.n_stop);
-        c->tools_on = j->g.api == RTR_API_CHAT && j->g.tools && j->g.tools->choice != RTR_TOOL_CHOICE_NONE;
+        c->tools_on = (j->g.api == RTR_API_CHAT || j->g.api == RTR_API_GRPC) && j->g.tools &&
+                      j->g.tools->choice != RTR_TOOL_CHOICE_NONE;
         rtr_tool_stream_init(&c->ts, j->g.tools);
         if (j->g.logprobs && !j->g.stream && j->g.api != RTR_API_GRPC)
             c->lp = j->g.api == RTR_API_CHAT ? cJSON_CreateArray() : cmpl_lp_new();

@@ -449,6 +449,14 @@ static bt_status message_extra(const cJSON *msg, int idx, char **out, int *http_
     return *out ? BT_OK : bt_fail(BT_ERR_NOMEM, "out of memory");
 }
 
+bt_status rtr_chat_message_extra(const rtr_model_t *m, const cJSON *msg, const char *role, int idx, char **extra)
+{
+    int http_status = 400;
+    *extra = NULL;
+    bt_status st = check_tool_fields(m, msg, role, idx, &http_status);
+    return st ? st : message_extra(msg, idx, extra, &http_status);
+}
+
 static bt_status chat_prompt(const rtr_model_t *m, const cJSON *body, rtr_gen_t *g, int *http_status)
 {
     const cJSON *msgs = field(body, "messages");

@@ -380,10 +380,13 @@ bt_status rtr_dispatch_run(rtr_dispatch_t *d, const Baton__V1__DecodeRunRequest 
 /* Computes embeddings on a decode node (Decode/Embed; req's model_fingerprint is filled here): the node is chosen
  * as for Run, and a node that fails (dies, restarts, sheds the call) is replaced by another, up to the migration
  * limit; nothing is streamed, so a retry simply starts over. timeout_ms (0 = none) is capped by
- * --request-timeout-s. Blocks. BT_OK with *out (free with protobuf_c_message_free_unpacked); else res says what the
- * node or the router answered (UNAVAILABLE: no healthy decode node). */
+ * --request-timeout-s. cancelled(ud) (may be NULL) is asked every 100 ms while the node computes: when it says 1
+ * the call is cancelled (the node aborts the inputs) and BT_ERR_CANCELLED returns with res->code CANCELLED.
+ * Blocks. BT_OK with *out (free with protobuf_c_message_free_unpacked); else res says what the node or the router
+ * answered (UNAVAILABLE: no healthy decode node). */
 bt_status rtr_dispatch_embed(rtr_dispatch_t *d, const Baton__V1__DecodeEmbedRequest *req, int timeout_ms,
-                             Baton__V1__DecodeEmbedResponse **out, bt_rpc_result_t *res);
+                             int (*cancelled)(void *), void *ud, Baton__V1__DecodeEmbedResponse **out,
+                             bt_rpc_result_t *res);
 
 /* ---- embeddings.c: POST /v1/embeddings (issue 23.5) ---- */
 
@@ -689,6 +692,13 @@ int rtr_chat_role_ok(const char *role);
  * characters, never a marker). Content without marker text gives exactly the ids of the rendered string.
  * BT_ERR_INVALID (roles the template rejects), BT_ERR_NOMEM; *out may hold a partial result on error. */
 bt_status rtr_chat_encode(const rtr_model_t *m, const chat_msg *msgs, size_t n, tok_ids *out);
+/* One chat message (OpenAI's shape) checked as /v1/chat/completions checks it: tool_call_id present for role tool,
+ * tool_calls only in assistant messages and only when the template renders them, no function_call; *extra gets
+ * the fields the template sees besides role and content (name, tool_call_id, tool_calls with arguments as
+ * objects, reasoning_content) as JSON text, NULL when none (caller frees). BT_ERR_INVALID naming
+ * 'messages[idx]...', BT_ERR_NOMEM. */
+bt_status rtr_chat_message_extra(const rtr_model_t *m, const cJSON *msg, const char *role, int idx, char **extra);
+
 /* Same, with the request's tools (a JSON array, NULL: none) that a Jinja template sees. */
 bt_status rtr_chat_encode_tools(const rtr_model_t *m, const chat_msg *msgs, size_t n, const char *tools_json,
                                 tok_ids *out);

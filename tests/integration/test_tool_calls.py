@@ -318,3 +318,172 @@ def test_tokenize_renders_tools(cluster):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=60)
     assert e.value.code == 400 and b"does not render tools" in e.value.read()
+
+
+# ---- the same through gRPC baton.v1.Generation/Generate (tools, tool_choice, ToolCall) ----
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    from harness import pygen
+    return pygen.api_stubs(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def stubs(cluster, pb):
+    import grpc
+    chans = [grpc.insecure_channel(cluster[i].grpc_addr) for i in (0, 1)]
+    yield [pb[1].GenerationStub(ch) for ch in chans]
+    for ch in chans:
+        ch.close()
+
+
+def grpc_tools(pb2, tools=TOOLS):
+    return [pb2.Tool(name=t["function"]["name"], description=t["function"].get("description", ""),
+                     parameters=json.dumps(t["function"]["parameters"]) if "parameters" in t["function"] else "",
+                     strict=bool(t["function"].get("strict"))) for t in tools]
+
+
+def grpc_chat(pb2, messages):
+    out = []
+    for m in messages:
+        calls = [pb2.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+                 for c in m.get("tool_calls") or []]
+        out.append(pb2.ChatMessage(role=m["role"], content=m.get("content") or "",
+                                   tool_call_id=m.get("tool_call_id", ""), tool_calls=calls))
+    return pb2.ChatMessages(messages=out)
+
+
+def grpc_generate(stub, pb2, messages, choice, seed, temperature, max_tokens=200, parallel=None, tools=TOOLS):
+    """Generate's messages, and per choice (text, token ids, tool calls, finish reason); usage from the last."""
+    kw = dict(chat=grpc_chat(pb2, messages), tools=grpc_tools(pb2, tools), max_tokens=max_tokens,
+              sampling=pb2.SamplingParams(temperature=temperature, seed=seed))
+    if choice is not None:
+        kw["tool_choice"] = choice
+    if parallel is not None:
+        kw["parallel_tool_calls"] = parallel
+    msgs = list(stub.Generate(pb2.GenerateRequest(**kw), timeout=300))
+    ids = [i for m in msgs for i in m.token_ids]
+    text = "".join(m.text for m in msgs)
+    calls = [c for m in msgs for c in m.tool_calls]
+    return msgs, text, ids, calls, msgs[-1].finish_reason
+
+
+def http_answer(client, messages, tool_choice, seed, temperature, max_tokens=200, **extra):
+    kw = dict(model="", messages=messages, tools=TOOLS, max_tokens=max_tokens, temperature=temperature, seed=seed)
+    if tool_choice is not None:
+        kw["tool_choice"] = tool_choice
+    kw.update(extra)
+    return client.chat.completions.create(**kw)
+
+
+def call_pairs(calls):
+    return [(c.name if hasattr(c, "name") else c.function.name,
+             json.loads(c.arguments if hasattr(c, "arguments") else c.function.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize("grpc_choice,http_choice,seed", [
+    ("required", "required", 5),
+    ({"function": "get_time"}, {"type": "function", "function": {"name": "get_time"}}, 11),
+])
+def test_grpc_forced_call_equals_http(client, stubs, pb, grpc_choice, http_choice, seed):
+    """A required or named call over gRPC: the last message carries ToolCall entries (finish_reason TOOL_CALLS,
+    no text held back as content), the arguments validate, and the calls, tokens and usage equal the HTTP answer
+    for the same request and seed."""
+    pb2 = pb[0]
+    choice = pb2.ToolChoice(mode=pb2.TOOL_CHOICE_REQUIRED) if grpc_choice == "required" else \
+        pb2.ToolChoice(function=grpc_choice["function"])
+    msgs, text, ids, calls, finish = grpc_generate(stubs[0], pb2, ASK, choice, seed, 0.7)
+    assert finish == pb2.FINISH_REASON_TOOL_CALLS, text
+    assert text == "" and ids and calls
+    assert all(not m.tool_calls for m in msgs[:-1])  # the calls come with the choice's end
+    for c in calls:
+        assert c.id.startswith("call_") and len(c.id) == 29
+        jsonschema.Draft202012Validator(SCHEMAS[c.name]).validate(json.loads(c.arguments))
+    if grpc_choice != "required":
+        assert [c.name for c in calls] == [grpc_choice["function"]]
+    h = http_answer(client, ASK, http_choice, seed, 0.7)
+    ch = h.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    assert call_pairs(calls) == call_pairs(ch.message.tool_calls)
+    assert msgs[-1].usage.prompt_tokens == h.usage.prompt_tokens
+    assert msgs[-1].usage.completion_tokens == h.usage.completion_tokens == len(ids)
+
+
+def test_grpc_history_and_auto_equal_http(client, stubs, pb):
+    """A conversation with an assistant call and the tool's result, tool_choice auto (unset) and greedy: the gRPC
+    prompt renders as HTTP's (same prompt tokens) and the answer (text or calls) is the same."""
+    pb2 = pb[0]
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature_c\": 21}"}]
+    msgs, text, ids, calls, finish = grpc_generate(stubs[0], pb2, history, None, 1, 0.0, max_tokens=40)
+    h = http_answer(client, history, None, 1, 0.0, max_tokens=40)
+    ch = h.choices[0]
+    assert msgs[-1].usage.prompt_tokens == h.usage.prompt_tokens
+    assert text == (ch.message.content or "")
+    assert call_pairs(calls) == call_pairs(ch.message.tool_calls or [])
+    want = {"stop": pb2.FINISH_REASON_STOP, "length": pb2.FINISH_REASON_LENGTH,
+            "tool_calls": pb2.FINISH_REASON_TOOL_CALLS}[ch.finish_reason]
+    assert finish == want
+
+
+def test_grpc_parallel_false_one_call(stubs, pb):
+    pb2 = pb[0]
+    for seed in range(2):
+        _, _, _, calls, finish = grpc_generate(stubs[0], pb2, ASK, pb2.ToolChoice(mode=pb2.TOOL_CHOICE_REQUIRED),
+                                               seed, 0.6, parallel=False)
+        assert finish == pb2.FINISH_REASON_TOOL_CALLS and len(calls) == 1
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(tool_choice="named:nope"), "'tool_choice' names the function 'nope'"),
+    (dict(tools="dup"), "'tools[2].name' 'get_weather' repeats"),
+    (dict(tools="badparams"), "'tools[0].parameters' must be a JSON schema object"),
+    (dict(tools="minprops"), "minProperties"),
+    (dict(response_format=True), "'response_format' together with tool_choice"),
+    (dict(text=True), "'tools' needs a 'chat' prompt"),
+    (dict(tool_message_without_id=True), "'chat.messages[1].tool_call_id' is required"),
+])
+def test_grpc_tool_errors_name_the_field(stubs, pb, change, needle):
+    import grpc
+    pb2 = pb[0]
+    tools = grpc_tools(pb2)
+    if change.get("tools") == "dup":
+        tools = tools + tools[:1]
+    elif change.get("tools") == "badparams":
+        tools[0].parameters = "{\"type\": "
+    elif change.get("tools") == "minprops":
+        tools = [pb2.Tool(name="f", parameters='{"type": "object", "minProperties": 1}')]
+    kw = dict(tools=tools, max_tokens=8, tool_choice=pb2.ToolChoice(mode=pb2.TOOL_CHOICE_REQUIRED))
+    if "tool_choice" in change:
+        kw["tool_choice"] = pb2.ToolChoice(function=change["tool_choice"].split(":")[1])
+    if change.get("response_format"):
+        kw["response_format"] = pb2.ResponseFormat(json_object=True)
+    if change.get("text"):
+        kw["text"] = "hello"
+    elif change.get("tool_message_without_id"):
+        kw["chat"] = pb2.ChatMessages(messages=[pb2.ChatMessage(role="user", content="hi"),
+                                                pb2.ChatMessage(role="tool", content="21")])
+    else:
+        kw["chat"] = grpc_chat(pb2, ASK)
+    with pytest.raises(grpc.RpcError) as e:
+        list(stubs[0].Generate(pb2.GenerateRequest(**kw), timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in e.value.details(), e.value.details()
+
+
+def test_grpc_default_template_refuses_tools(stubs, pb):
+    """The router whose template renders no tools answers INVALID_ARGUMENT, never a plain answer."""
+    import grpc
+    pb2 = pb[0]
+    with pytest.raises(grpc.RpcError) as e:
+        list(stubs[1].Generate(pb2.GenerateRequest(chat=grpc_chat(pb2, ASK), tools=grpc_tools(pb2), max_tokens=8),
+                               timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not render tools" in e.value.details()
+    msgs = list(stubs[1].Generate(pb2.GenerateRequest(chat=grpc_chat(pb2, ASK), tools=grpc_tools(pb2), max_tokens=4,
+                                                      tool_choice=pb2.ToolChoice(mode=pb2.TOOL_CHOICE_NONE)),
+                                  timeout=60))
+    assert msgs[-1].finish_reason in (pb2.FINISH_REASON_STOP, pb2.FINISH_REASON_LENGTH)
+    assert not any(m.tool_calls for m in msgs)

@@ -1,6 +1,7 @@
 /* router/grpc_api.c request parsing (rtr_grpc_parse): prompt forms, limits, stops, sampling ranges and error
  * messages naming the field; the same shape as test_openai_parse.c. */
 #include "router/router.h"
+#include "router/tool_calls.h"
 #include "test_util.h"
 
 #include <string.h>
@@ -213,6 +214,147 @@ static void test_sampling_ranges(void)
     expect_error(&q, BT_ERR_INVALID, "'sampling.logit_bias' [1] bias");
 }
 
+
+/* Tool calling (issue 23): the fields run through rtr_tools_from_request and rtr_chat_message_extra as over HTTP;
+ * errors name this API's fields. The served model is given a hermes parser and a template that renders tools. */
+static void test_tools(void)
+{
+    int fmt0 = model.tool_format, rt0 = model.tmpl_renders_tools, rc0 = model.tmpl_renders_tool_calls;
+    model.tool_format = RTR_TOOL_FMT_HERMES;
+    model.tmpl_renders_tools = model.tmpl_renders_tool_calls = 1;
+    Baton__V1__ChatMessage m = BATON__V1__CHAT_MESSAGE__INIT;
+    m.role = "user";
+    m.content = "What is the weather in Paris?";
+    Baton__V1__ChatMessage *mp[3] = {&m};
+    Baton__V1__ChatMessages chat = BATON__V1__CHAT_MESSAGES__INIT;
+    chat.messages = mp;
+    chat.n_messages = 1;
+    Baton__V1__Tool t0 = BATON__V1__TOOL__INIT, t1 = BATON__V1__TOOL__INIT;
+    t0.name = "get_weather";
+    t0.description = "Current weather";
+    t0.parameters = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}";
+    t1.name = "get_time";
+    Baton__V1__Tool *tp[2] = {&t0, &t1};
+    Baton__V1__GenerateRequest q = BATON__V1__GENERATE_REQUEST__INIT;
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_CHAT;
+    q.chat = &chat;
+    q.tools = tp;
+    q.n_tools = 2;
+    rtr_gen_t g;
+    /* unset tool_choice: auto, no grammar, the template sees the tools */
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.tools && g.tools->choice == RTR_TOOL_CHOICE_AUTO && g.tools->n_names == 2 && !g.grammar);
+    CHECK(g.tools && g.tools->tools_json && strstr(g.tools->tools_json, "\"parameters\":{\"type\":\"object\""));
+    rtr_gen_free(&g);
+    Baton__V1__ToolChoice c = BATON__V1__TOOL_CHOICE__INIT;
+    q.tool_choice = &c;
+    c.choice_case = BATON__V1__TOOL_CHOICE__CHOICE_MODE;
+    c.mode = BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_REQUIRED;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.tools && g.tools->choice == RTR_TOOL_CHOICE_REQUIRED && g.tools->parallel && g.grammar);
+    rtr_gen_free(&g);
+    q.parallel_tool_calls_opt_case = BATON__V1__GENERATE_REQUEST__PARALLEL_TOOL_CALLS_OPT_PARALLEL_TOOL_CALLS;
+    q.parallel_tool_calls = 0;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.tools && !g.tools->parallel);
+    rtr_gen_free(&g);
+    q.parallel_tool_calls_opt_case = 0;
+    c.mode = BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_NONE;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.tools && g.tools->choice == RTR_TOOL_CHOICE_NONE && !g.grammar);
+    rtr_gen_free(&g);
+    c.choice_case = BATON__V1__TOOL_CHOICE__CHOICE_FUNCTION;
+    c.function = "get_time";
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.tools && g.tools->choice == RTR_TOOL_CHOICE_NAMED && g.tools->named == 1 && g.grammar);
+    rtr_gen_free(&g);
+
+    /* a conversation with a call and its result */
+    Baton__V1__ToolCall call = BATON__V1__TOOL_CALL__INIT;
+    call.id = "call_1";
+    call.name = "get_weather";
+    call.arguments = "{\"city\": \"Paris\"}";
+    Baton__V1__ToolCall *cp[1] = {&call};
+    Baton__V1__ChatMessage a = BATON__V1__CHAT_MESSAGE__INIT, r = BATON__V1__CHAT_MESSAGE__INIT;
+    a.role = "assistant";
+    a.tool_calls = cp;
+    a.n_tool_calls = 1;
+    r.role = "tool";
+    r.content = "{\"temperature\": 21}";
+    r.tool_call_id = "call_1";
+    mp[1] = &a;
+    mp[2] = &r;
+    chat.n_messages = 3;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    rtr_gen_free(&g);
+    r.tool_call_id = "";
+    expect_error(&q, BT_ERR_INVALID, "'chat.messages[2].tool_call_id' is required");
+    r.tool_call_id = "call_1";
+    call.arguments = "[1]";
+    expect_error(&q, BT_ERR_INVALID, "'chat.messages[1].tool_calls[0].arguments' must be a JSON object");
+    call.arguments = "{}";
+    mp[1] = &r; /* tool_calls on a tool message */
+    r.tool_calls = cp;
+    r.n_tool_calls = 1;
+    expect_error(&q, BT_ERR_INVALID, "'chat.messages[1].tool_calls' is only allowed in assistant messages");
+    r.tool_calls = NULL;
+    r.n_tool_calls = 0;
+    mp[1] = &a;
+    model.tmpl_renders_tool_calls = 0;
+    expect_error(&q, BT_ERR_INVALID, "'chat.messages[1].tool_calls': the chat template does not render");
+    model.tmpl_renders_tool_calls = 1;
+    chat.n_messages = 1;
+
+    /* refusals, each naming the field */
+    c.function = "nope";
+    expect_error(&q, BT_ERR_INVALID, "'tool_choice' names the function 'nope'");
+    c.choice_case = BATON__V1__TOOL_CHOICE__CHOICE_MODE;
+    c.mode = (Baton__V1__ToolChoiceMode)7;
+    expect_error(&q, BT_ERR_INVALID, "'tool_choice.mode' 7");
+    c.mode = BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_REQUIRED;
+    t1.name = "get weather";
+    expect_error(&q, BT_ERR_INVALID, "'tools[1].name' must be");
+    t1.name = "get_weather";
+    expect_error(&q, BT_ERR_INVALID, "'tools[1].name' 'get_weather' repeats");
+    t1.name = "get_time";
+    t1.parameters = "{\"type\": ";
+    expect_error(&q, BT_ERR_INVALID, "'tools[1].parameters' must be a JSON schema object");
+    t1.parameters = "[]";
+    expect_error(&q, BT_ERR_INVALID, "'tools[1].parameters' must be a JSON schema object");
+    t1.parameters = "{\"type\":\"object\",\"a\":1,\"a\":2}";
+    expect_error(&q, BT_ERR_INVALID, "'tools[1].parameters'");
+    t1.parameters = "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}";
+    expect_error(&q, BT_ERR_INVALID, "tools");
+    t1.parameters = "";
+    Baton__V1__ResponseFormat f = BATON__V1__RESPONSE_FORMAT__INIT;
+    f.format_case = BATON__V1__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+    f.json_object = 1;
+    q.response_format = &f;
+    expect_error(&q, BT_ERR_INVALID, "'response_format' together with tool_choice \"required\"");
+    q.response_format = NULL;
+    model.tool_format = RTR_TOOL_FMT_NONE;
+    expect_error(&q, BT_ERR_INVALID, "'tools': no tool-call format is known");
+    model.tool_format = RTR_TOOL_FMT_HERMES;
+    model.tmpl_renders_tools = 0;
+    expect_error(&q, BT_ERR_INVALID, "'tools': the chat template does not render tools");
+    model.tmpl_renders_tools = 1;
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TEXT;
+    q.text = "Hello";
+    expect_error(&q, BT_ERR_INVALID, "'tools' needs a 'chat' prompt");
+    q.n_tools = 0;
+    expect_error(&q, BT_ERR_INVALID, "'tool_choice' needs a 'chat' prompt");
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_CHAT;
+    q.chat = &chat; /* text and chat share the oneof's storage */
+    expect_error(&q, BT_ERR_INVALID, "'tool_choice' other than \"none\" needs a non-empty 'tools'");
+    c.mode = BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_NONE; /* asks for nothing: accepted without tools */
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(!g.tools && !g.grammar);
+    rtr_gen_free(&g);
+    model.tool_format = fmt0;
+    model.tmpl_renders_tools = rt0;
+    model.tmpl_renders_tool_calls = rc0;
+}
+
 int main(void)
 {
     const char *path = test_default_model();
@@ -228,6 +370,7 @@ int main(void)
     RUN(test_token_ids_and_chat_ok);
     RUN(test_errors);
     RUN(test_sampling_ranges);
+    RUN(test_tools);
     rtr_model_free(&model);
     return test_summary();
 }

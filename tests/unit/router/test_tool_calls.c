@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/grammar.h"
+#include "grammar_accepts.h"
 #include "test_util.h"
 
 static char *names_weather[] = {"get_current_temperature", "get_temperature_date", "get_weather"};
@@ -210,20 +211,10 @@ static bt_grammar *grammar_of(rtr_tool_format f, const char *params_json, int na
     return g;
 }
 
-static int accepts(const bt_grammar *g, const char *doc)
-{
-    bt_gstate a = {0}, tmp = {0};
-    if (bt_grammar_start(g, &a)) return 0;
-    int r = bt_grammar_advance(g, &a, (const uint8_t *)doc, strlen(doc), &tmp) == 1 && a.accepting;
-    bt_gstate_free(&a);
-    bt_gstate_free(&tmp);
-    return r;
-}
-
 /* What the grammar accepts, the parser reads back as calls. */
 static void accepts_and_parses(const bt_grammar *g, rtr_tool_format f, const char *doc, int n_calls)
 {
-    CHECK_MSG(accepts(g, doc), "%s grammar rejects %s", rtr_tool_format_name(f), doc);
+    CHECK_MSG(grammar_accepts(g, doc), "%s grammar rejects %s", rtr_tool_format_name(f), doc);
     const char *names[] = {"get_weather", "get_temperature_date"};
     rtr_tools_t t = {.format = f, .choice = RTR_TOOL_CHOICE_REQUIRED, .parallel = 1, .names = (char **)names,
                      .n_names = 2, .named = -1};
@@ -248,20 +239,20 @@ static void test_grammar(void)
                        "<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"date\": \"2024-10-01\"}}\n"
                        "</tool_call>",
                        2);
-    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
-    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}\n</tool_call>"));
-    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
-    CHECK(!accepts(g, "Sure! <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"));
+    CHECK(!grammar_accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
+    CHECK(!grammar_accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}\n</tool_call>"));
+    CHECK(!grammar_accepts(g, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
+    CHECK(!grammar_accepts(g, "Sure! <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"));
     bt_grammar_free(g);
 
     g = grammar_of(RTR_TOOL_FMT_HERMES, city, 1, 0); /* named get_temperature_date, one call */
     REQUIRE(g);
-    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"));
+    CHECK(!grammar_accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"));
     accepts_and_parses(g, RTR_TOOL_FMT_HERMES,
                        "<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"date\": \"2024-10-01\"}}\n"
                        "</tool_call>",
                        1);
-    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"date\": \"2024-10-01\"}}\n"
+    CHECK(!grammar_accepts(g, "<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"date\": \"2024-10-01\"}}\n"
                       "</tool_call>\n<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"date\": "
                       "\"2024-10-02\"}}\n</tool_call>"));
     bt_grammar_free(g);
@@ -269,7 +260,7 @@ static void test_grammar(void)
     g = grammar_of(RTR_TOOL_FMT_LLAMA3, city, -1, 0);
     REQUIRE(g);
     accepts_and_parses(g, RTR_TOOL_FMT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", 1);
-    CHECK(!accepts(g, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"));
+    CHECK(!grammar_accepts(g, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"));
     bt_grammar_free(g);
 
     g = grammar_of(RTR_TOOL_FMT_MISTRAL, city, -1, 1);
@@ -310,7 +301,7 @@ static void test_grammar(void)
     REQUIRE(rtr_tools_grammar(RTR_TOOL_FMT_HERMES, two, two_params, 2, 0, 1, 0, &text) == BT_OK);
     bt_grammar *gr = NULL;
     CHECK(bt_grammar_parse(text, strlen(text), &gr) == BT_OK);
-    CHECK(accepts(gr, "<tool_call>\n{\"name\": \"ok\", \"arguments\": {\"x\": [1]}}\n</tool_call>"));
+    CHECK(grammar_accepts(gr, "<tool_call>\n{\"name\": \"ok\", \"arguments\": {\"x\": [1]}}\n</tool_call>"));
     bt_grammar_free(gr);
     free(text);
     cJSON_Delete(bad);
@@ -335,7 +326,7 @@ static bt_status text_grammar(rtr_tool_format f, bt_grammar **out)
 /* Accepted documents parse to what they are: plain text (no call), or calls whose strict arguments validate. */
 static void text_case(const bt_grammar *g, rtr_tool_format f, const char *doc, int accepted, int n_calls)
 {
-    CHECK_MSG(accepts(g, doc) == accepted, "%s: '%s' should be %s", rtr_tool_format_name(f), doc,
+    CHECK_MSG(grammar_accepts(g, doc) == accepted, "%s: '%s' should be %s", rtr_tool_format_name(f), doc,
               accepted ? "accepted" : "rejected");
     if (!accepted) return;
     const char *names[] = {"get_weather", "get_temperature_date"};
