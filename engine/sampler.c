@@ -279,6 +279,8 @@ const bt_sampling *bt_sampler_seq_params(const bt_sampler_seq *s) { return &s->s
 
 int32_t bt_sampler_seq_n_generated(const bt_sampler_seq *s) { return s->n_gen; }
 
+int32_t bt_sampler_seq_index(const bt_sampler_seq *s) { return s->index; }
+
 int32_t bt_sampler_seq_remaining(const bt_sampler_seq *s)
 {
     if (!s->sp.max_tokens) return INT32_MAX;

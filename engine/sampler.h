@@ -168,6 +168,10 @@ bt_status bt_sampler_seq_rollback(bt_sampler_seq *s, int32_t n);
 /* Tokens accepted so far (the prompt not counted). */
 int32_t bt_sampler_seq_n_generated(const bt_sampler_seq *s);
 
+/* The sample index s draws with (its RNG stream): bt_sampler_seq_fork(s, bt_sampler_seq_index(s), ...) makes a
+ * scratch copy that draws as s does. */
+int32_t bt_sampler_seq_index(const bt_sampler_seq *s);
+
 /* Tokens the sequence may still generate under max_tokens, or INT32_MAX when there is no limit. */
 int32_t bt_sampler_seq_remaining(const bt_sampler_seq *s);
 

@@ -4,7 +4,10 @@
  * first catches up on the tokens it has not seen (the whole prompt the first time, prefilled here on the decode node
  * whoever prefilled the target; afterwards the last accepted token or two) and drops the KV of its rejected drafts,
  * then runs k one-token steps batched over every drafting sequence. Draft tokens are drawn with the sequence's own
- * sampler at the same (seed, position) as the target will draw, so a draft close to the target is accepted often. */
+ * sampler at the same (seed, position) as the target will draw, so a draft close to the target is accepted often;
+ * drafts after the first are drawn with a scratch copy of that sampler which has accepted the drafts before them
+ * (grammar state, penalties), as the target's will have when it verifies them, and a draft that would end the
+ * sequence (end of sequence, a stop id, a grammar with nothing left to allow) is the last. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +41,7 @@ typedef struct dm_ctx {
     int32_t b_tokens[DRAFT_MAX_TOKENS], b_pos[DRAFT_MAX_TOKENS], b_seq[DRAFT_MAX_TOKENS], b_rows[DRAFT_MAX_TOKENS];
     bt_seq_view *views;     /* [max_items] */
     int32_t *row_of;        /* [max_items] logits row of each item in a pass, -1 when it has none */
+    bt_sampler_seq **scr;   /* [max_items] during a proposal: the item's sampler after its drafts so far, or NULL */
     int32_t max_items;
     double round_s;         /* recent seconds per drafting round (one-token pass), exponentially weighted */
 } dm_ctx;
@@ -169,11 +173,10 @@ static int32_t dm_catch_up(dm_ctx *c, bt_spec_item *items, int32_t n, int32_t *n
     return nt;
 }
 
-static void dm_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
+/* The drafting passes of dm_propose over items[n] (n <= max_items), with c->scr set up. */
+static void dm_draft(dm_ctx *c, bt_spec_item *items, int32_t n)
 {
-    dm_ctx *c = p->ctx;
     int32_t V = c->m->hp.n_vocab;
-    if (n > c->max_items) n = c->max_items;
     int32_t ns = 0, nl = 0;
     int32_t nt = dm_catch_up(c, items, n, &ns);
     if (nt == 0) return;
@@ -200,12 +203,16 @@ static void dm_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
         for (int32_t i = 0; i < n; i++) {
             bt_spec_item *it = &items[i];
             if (c->row_of[i] < 0) continue;
-            int32_t tok = bt_sampler_sample(it->sampler, c->logits + (size_t)c->row_of[i] * (size_t)V,
-                                            it->n_tokens + j, c->scratch, NULL);
+            const bt_sampler_seq *smp = c->scr[i] ? c->scr[i] : it->sampler;
+            int32_t tok = bt_sampler_sample(smp, c->logits + (size_t)c->row_of[i] * (size_t)V, it->n_tokens + j,
+                                            c->scratch, NULL);
             it->drafts[it->n_drafts++] = tok;
             c->row_of[i] = -1;
             dm_seq *d = it->state;
             if (it->n_drafts >= it->k) continue;
+            bt_finish f = BT_FINISH_NONE;
+            if (c->scr[i] && (bt_sampler_seq_accept(c->scr[i], tok, &f) != BT_OK || f != BT_FINISH_NONE))
+                continue; /* the target would end here (or the copy failed): nothing after it can be kept */
             if (dm_reserve(c, d, &tok, 1)) continue; /* pool full: these drafts are all it gets this step */
             int32_t nb;
             const int32_t *table = bt_bm_seq_table(c->bm, d->seq, &nb);
@@ -219,6 +226,23 @@ static void dm_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
             ns++;
         }
         if (nt == 0) return;
+    }
+}
+
+static void dm_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
+{
+    dm_ctx *c = p->ctx;
+    if (n > c->max_items) n = c->max_items;
+    for (int32_t i = 0; i < n; i++) { /* out of memory: drafts after the first use the state before the first */
+        c->scr[i] = NULL;
+        if (items[i].k > 1 && bt_sampler_seq_fork(items[i].sampler, bt_sampler_seq_index(items[i].sampler),
+                                                   &c->scr[i]) != BT_OK)
+            c->scr[i] = NULL;
+    }
+    dm_draft(c, items, n);
+    for (int32_t i = 0; i < n; i++) {
+        bt_sampler_seq_free(c->scr[i]);
+        c->scr[i] = NULL;
     }
 }
 
@@ -236,6 +260,7 @@ static void dm_destroy(bt_proposer *p)
         free(c->scratch);
         free(c->views);
         free(c->row_of);
+        free(c->scr);
         free(c);
     }
     free(p);
@@ -283,7 +308,8 @@ static bt_status dm_create(dm_ctx *c, const bt_proposer_ops *ops, bt_backend *be
     c->scratch = malloc(sizeof(float) * (size_t)bt_sampler_scratch_floats(c->m->hp.n_vocab));
     c->views = malloc(sizeof(bt_seq_view) * (size_t)max_items);
     c->row_of = malloc(sizeof(int32_t) * (size_t)max_items);
-    if (!c->logits || !c->scratch || !c->views || !c->row_of) {
+    c->scr = calloc((size_t)max_items, sizeof *c->scr);
+    if (!c->logits || !c->scratch || !c->views || !c->row_of || !c->scr) {
         st = bt_fail(BT_ERR_NOMEM, "out of memory creating the draft proposer");
         goto fail;
     }

@@ -291,43 +291,259 @@ static bt_status gen_integer(gen *g, const cJSON *s, bt_strbuf *b)
     return BT_OK;
 }
 
+/* ---- numbers between decimal bounds ----
+ * A bounded number is written without exponent, with at most 15 significant digits in all (integer digits plus
+ * fraction digits), and each bound is the shortest decimal that reads back as the schema's double, which must have
+ * at most 15 significant digits too. Decimals of at most 15 significant digits read back as distinct doubles in the
+ * same order (DBL_DIG), so comparing the decimal strings, which the grammar does digit by digit, is comparing what
+ * a validator compares: every number the grammar allows validates, and near a bound nothing valid of up to that
+ * many digits is left out. */
+
+#define NUM_SIG_DIGITS 15
+#define NUM_MIN_FRACTION 6 /* fraction digits allowed where the bounds need fewer */
+
+typedef struct dbound {
+    int on, strict, neg;
+    uint64_t iv;   /* integer part */
+    char fp[24];   /* fraction digits, trailing zeros stripped ("" = none) */
+} dbound;
+
+/* One side of a fraction comparison still open: 0.phi against 0.d (d: the rest of a bound's fraction digits). */
+typedef struct fside {
+    int on, strict;
+    const char *d;
+} fside;
+
+/* Alternatives for the non-empty digit strings phi of at most r digits with lo <= 0.phi <= hi (either side strict,
+ * or off), written to b joined by " | "; returns whether there is one. *eps: whether the empty fraction qualifies. */
+static int frac_alts(bt_strbuf *b, fside lo, fside hi, int r, int *eps)
+{
+    *eps = (!lo.on || (!*lo.d && !lo.strict)) && (!hi.on || !hi.strict || *hi.d);
+    if (r <= 0) return 0;
+    if (!lo.on && !hi.on) {
+        sb_printf(b, "[0-9]{1,%d}", r);
+        return 1;
+    }
+    int any = 0;
+    char free_digits[11];
+    int n_free = 0;
+    for (int d = 0; d <= 9; d++) {
+        fside nl = {0, 0, ""}, nh = {0, 0, ""};
+        int ok = 1;
+        if (lo.on) {
+            int c = *lo.d ? lo.d[0] - '0' : 0;
+            if (!*lo.d) nl = lo.strict && d == 0 ? lo : nl; /* 0.phi > 0: still waiting for a non-zero digit */
+            else if (d == c) nl = (fside){1, lo.strict, lo.d + 1};
+            else if (d < c) ok = 0;
+        }
+        if (hi.on) {
+            int c = *hi.d ? hi.d[0] - '0' : 0;
+            if (!*hi.d) { /* 0.phi <= 0: zeros only; < 0: nothing */
+                if (hi.strict || d != 0) ok = 0;
+                else nh = hi;
+            } else if (d == c) {
+                nh = (fside){1, hi.strict, hi.d + 1};
+            } else if (d > c) {
+                ok = 0;
+            }
+        }
+        if (!ok) continue;
+        if (!nl.on && !nh.on) {
+            free_digits[n_free++] = (char)('0' + d);
+            continue;
+        }
+        bt_strbuf sub = {0};
+        int sub_eps;
+        int sub_any = frac_alts(&sub, nl, nh, r - 1, &sub_eps);
+        if (sub_any || sub_eps) {
+            if (any++) bt_strbuf_puts(b, " | ");
+            sb_printf(b, "\"%c\"", '0' + d);
+            if (sub_any) {
+                sb_printf(b, " ( %s )%s", sub.p ? sub.p : "", sub_eps ? "?" : "");
+            }
+        }
+        if (sub.oom) b->oom = 1;
+        free(sub.p);
+    }
+    if (n_free) {
+        if (any++) bt_strbuf_puts(b, " | ");
+        free_digits[n_free] = 0;
+        sb_printf(b, "[%s] [0-9]{0,%d}", free_digits, r - 1);
+    }
+    return any > 0;
+}
+
+/* The fraction part ("." and digits, or nothing) of the alternatives above into b; 0 when there is no fraction at
+ * all that qualifies (not even none). */
+static int frac_part(bt_strbuf *b, fside lo, fside hi, int r)
+{
+    bt_strbuf alts = {0};
+    int eps, any = frac_alts(&alts, lo, hi, r, &eps);
+    if (alts.oom) b->oom = 1;
+    if (any) sb_printf(b, " ( \".\" ( %s ) )%s", alts.p ? alts.p : "", eps ? "?" : "");
+    free(alts.p);
+    return any || eps;
+}
+
+/* Magnitudes m (digits, no sign) with A <= m <= B (A on; B off: integer part at most int_cap), fractions of at most
+ * F digits, as alternatives into b; returns whether there is one. */
+static int magnitude_alts(bt_strbuf *b, const dbound *A, const dbound *B, int F, uint64_t int_cap)
+{
+    uint64_t a = A->iv, hi_int = B->on ? B->iv : int_cap;
+    fside flo = {1, A->strict, A->fp}, fhi = {B->on, B->strict, B->fp}, off = {0, 0, ""};
+    int any = 0;
+    bt_strbuf alt = {0};
+    if (a > hi_int) return 0;
+    if (a == hi_int && B->on) {
+        sb_printf(&alt, "\"%llu\"", (unsigned long long)a);
+        if (frac_part(&alt, flo, fhi, F) && alt.p) {
+            bt_strbuf_puts(b, alt.p);
+            any = 1;
+        }
+        if (alt.oom) b->oom = 1;
+        free(alt.p);
+        return any;
+    }
+    sb_printf(&alt, "\"%llu\"", (unsigned long long)a);
+    if (frac_part(&alt, flo, off, F)) {
+        bt_strbuf_puts(b, alt.p);
+        any = 1;
+    }
+    free(alt.p);
+    uint64_t mid_hi = B->on ? hi_int - 1 : hi_int;
+    if (a + 1 <= mid_hi) {
+        if (any++) bt_strbuf_puts(b, " | ");
+        nonneg_range(b, a + 1, mid_hi);
+        sb_printf(b, " ( \".\" [0-9]{1,%d} )?", F);
+    }
+    if (B->on) {
+        alt = (bt_strbuf){0};
+        sb_printf(&alt, "\"%llu\"", (unsigned long long)hi_int);
+        if (frac_part(&alt, off, fhi, F)) {
+            if (any++) bt_strbuf_puts(b, " | ");
+            bt_strbuf_puts(b, alt.p);
+        }
+        free(alt.p);
+    }
+    return any;
+}
+
+/* A numeric bound as the shortest decimal that reads back as its double. BT_ERR_UNSUPPORTED past 15 significant
+ * digits. */
+static bt_status to_dbound(gen *g, const char *name, double v, int strict, dbound *o)
+{
+    char buf[48];
+    int p;
+    for (p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    if (p > NUM_SIG_DIGITS)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' %.17g: a number bound of more than %d significant "
+                    "digits is not supported", name, v, NUM_SIG_DIGITS);
+    char digits[24];
+    int nd = 0, e;
+    const char *q = buf;
+    memset(o, 0, sizeof *o);
+    o->on = 1;
+    o->strict = strict;
+    if (*q == '-') {
+        o->neg = 1;
+        q++;
+    }
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9') digits[nd++] = *q;
+    e = *q == 'e' ? atoi(q + 1) : 0;
+    digits[nd] = 0;
+    int point = e + 1; /* digits before the decimal point */
+    char ip[64] = "0";
+    if (point > 24 || -point + nd >= (int)sizeof o->fp)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' %.17g: a number bound of more than %d significant "
+                    "digits is not supported", name, v, NUM_SIG_DIGITS);
+    if (point >= nd) { /* digits then zeros */
+        memcpy(ip, digits, (size_t)nd);
+        memset(ip + nd, '0', (size_t)(point - nd));
+        ip[point] = 0;
+    } else if (point > 0) {
+        memcpy(ip, digits, (size_t)point);
+        ip[point] = 0;
+        memcpy(o->fp, digits + point, (size_t)(nd - point) + 1);
+    } else { /* zeros then digits */
+        memset(o->fp, '0', (size_t)-point);
+        memcpy(o->fp - point, digits, (size_t)nd + 1);
+    }
+    size_t fl = strlen(o->fp);
+    while (fl && o->fp[fl - 1] == '0') o->fp[--fl] = 0;
+    o->iv = strtoull(ip, NULL, 10);
+    if (o->iv == 0 && !fl) o->neg = 0; /* -0 is 0 */
+    return BT_OK;
+}
+
 static bt_status gen_number(gen *g, const cJSON *s, bt_strbuf *b)
 {
     bounds bd;
     if (read_bounds(g, s, &bd)) return g->err;
-    int hmin = bd.hmin, hmax = bd.hmax, hxmin = bd.hxmin, hxmax = bd.hxmax;
-    double vmin = bd.vmin, vmax = bd.vmax;
     const cJSON *mo = kw(s, "multipleOf");
     if (mo) {
         if (cJSON_IsNumber(mo) && mo->valuedouble == 1.0) return gen_integer(g, s, b);
         return fail(g, BT_ERR_UNSUPPORTED, "JSON schema keyword 'multipleOf' is not supported");
     }
-    if (!hmin && !hmax && !hxmin && !hxmax) {
+    if (!bd.hmin && !bd.hmax && !bd.hxmin && !bd.hxmax) {
         bt_strbuf_puts(b, "jnum");
         return BT_OK;
     }
-    if (hxmin || hxmax)
-        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' on a number is not supported (use minimum/maximum, or "
-                    "type integer)", hxmin ? "exclusiveMinimum" : "exclusiveMaximum");
-    if (!hmin || vmin < 0 || vmin != floor(vmin) || (hmax && vmax != floor(vmax)))
-        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'minimum'/'maximum' on a number: only integer bounds with a "
-                    "minimum >= 0 are supported");
-    uint64_t lo = (uint64_t)vmin;
-    const char *frac = "( \".\" [0-9]{1,8} )?";
-    if (!hmax) {
-        bt_strbuf_puts(b, "( ");
-        nonneg_range(b, lo, INF_U64);
-        sb_printf(b, " %s )", frac);
-        return BT_OK;
+    /* the tighter bound of each side (an exclusive one wins a tie) */
+    dbound L = {0}, U = {0};
+    const char *lname = NULL, *uname = NULL;
+    int lx = bd.hxmin && (!bd.hmin || bd.vxmin >= bd.vmin), ux = bd.hxmax && (!bd.hmax || bd.vxmax <= bd.vmax);
+    if (bd.hmin || bd.hxmin) {
+        lname = lx ? "exclusiveMinimum" : "minimum";
+        if (to_dbound(g, lname, lx ? bd.vxmin : bd.vmin, lx, &L)) return g->err;
     }
-    if (vmax < vmin) return fail(g, BT_ERR_INVALID, "JSON schema number bounds leave no value");
-    uint64_t hi = (uint64_t)vmax;
+    if (bd.hmax || bd.hxmax) {
+        uname = ux ? "exclusiveMaximum" : "maximum";
+        if (to_dbound(g, uname, ux ? bd.vxmax : bd.vmax, ux, &U)) return g->err;
+    }
+    double lv = lx ? bd.vxmin : bd.vmin, uv = ux ? bd.vxmax : bd.vmax;
+    if (L.on && U.on && (lv > uv || (lv == uv && (L.strict || U.strict))))
+        return fail(g, BT_ERR_INVALID, "JSON schema number bounds leave no value (%s %g, %s %g)", lname, lv, uname,
+                    uv);
+    /* fraction digits: what the bounds spell, at least NUM_MIN_FRACTION, within NUM_SIG_DIGITS with the integers */
+    int f0 = (int)strlen(L.fp), ib = 1;
+    if ((int)strlen(U.fp) > f0) f0 = (int)strlen(U.fp);
+    if (L.on && ndigits(L.iv) > ib) ib = ndigits(L.iv);
+    if (U.on && ndigits(U.iv) > ib) ib = ndigits(U.iv);
+    int F = f0 > NUM_MIN_FRACTION ? f0 : NUM_MIN_FRACTION;
+    if (ib + F > NUM_SIG_DIGITS) F = NUM_SIG_DIGITS - ib;
+    if (F < f0 || F < 1)
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema number bounds ('%s'%s%s%s) need more than %d significant "
+                    "digits", lname ? lname : uname, lname && uname ? ", '" : "", lname && uname ? uname : "",
+                    lname && uname ? "'" : "", NUM_SIG_DIGITS);
+    uint64_t cap = pow10u(NUM_SIG_DIGITS - F) - 1; /* integer part on an open side */
+    int lneg = L.on && L.neg, uneg = U.on && U.neg;
+    int any = 0;
     bt_strbuf_puts(b, "( ");
-    if (hi > lo) { /* below the maximum any fraction fits; at it only zeros */
-        nonneg_range(b, lo, hi - 1);
-        sb_printf(b, " %s | ", frac);
+    /* x >= 0: from max(L, 0) to U */
+    if (!uneg) {
+        dbound A = {1, 0, 0, 0, ""};
+        if (L.on && !lneg) A = L;
+        if (magnitude_alts(b, &A, &U, F, cap)) any = 1;
     }
-    sb_printf(b, "\"%llu\" ( \".\" \"0\"{1,8} )? )", (unsigned long long)hi);
+    /* x < 0: "-" and a magnitude m > 0 from |U| (U < 0) to |L| (L < 0) */
+    if (!L.on || lneg) {
+        dbound A = {1, 1, 0, 0, ""}, B = {0};
+        if (uneg) A = U;
+        if (L.on) B = L;
+        bt_strbuf neg = {0};
+        if (magnitude_alts(&neg, &A, &B, F, cap) && neg.p) {
+            if (any++) bt_strbuf_puts(b, " | ");
+            sb_printf(b, "\"-\" ( %s )", neg.p);
+        }
+        if (neg.oom) b->oom = 1;
+        free(neg.p);
+    }
+    if (!any) bt_strbuf_puts(b, "[^\\x00-\\U0010FFFF]"); /* empty: matches nothing */
+    bt_strbuf_puts(b, " )");
     return BT_OK;
 }
 
@@ -580,7 +796,8 @@ static int32_t rx_escape(rx *r, int32_t e)
     }
 }
 
-static bt_status rx_class(rx *r, bt_strbuf *b)
+/* The class after '[' into *out (normalised; caller frees out->r). */
+static bt_status rx_class_parse(rx *r, cls *out)
 {
     cls c = {0};
     int negate = 0;
@@ -637,6 +854,14 @@ static bt_status rx_class(rx *r, bt_strbuf *b)
         free(c.r);
         return r->err = bt_fail(BT_ERR_NOMEM, "regex: out of memory");
     }
+    *out = c;
+    return BT_OK;
+}
+
+static bt_status rx_class(rx *r, bt_strbuf *b)
+{
+    cls c = {0};
+    if (rx_class_parse(r, &c)) return r->err;
     emit_class(r, b, &c);
     free(c.r);
     return BT_OK;
@@ -788,6 +1013,456 @@ static bt_status regex_expr(const char *re, int json, bt_strbuf *b)
     return BT_OK;
 }
 
+/* ---- pattern with minLength/maxLength: the regex as an automaton crossed with a character counter ----
+ * The pattern is parsed again into a Thompson NFA (a repetition {m,n} is that many copies of its atom, parsed
+ * anew), and the grammar gets one rule per pair (automaton state, characters so far) that can be reached from the
+ * start and can still reach an accepting pair: a right-linear grammar of exactly the pattern's strings whose length
+ * (in code points, as JSON Schema counts) lies in [minLength, maxLength]. Without maxLength the counter stops at
+ * minLength. Dead pairs are left out, so every prefix the grammar allows can be completed. Too many states or pairs
+ * is BT_ERR_UNSUPPORTED (a 400), never a silent loosening. */
+
+#define NFA_MAX_STATES 4096
+#define LEN_MAX_PAIRS 20000
+
+typedef struct nfa_edge {
+    int to, cl; /* cl: index into nfa.cl, -1 for an empty move */
+} nfa_edge;
+
+typedef struct nfa_state {
+    nfa_edge *e;
+    int n, cap;
+} nfa_state;
+
+typedef struct nfa {
+    nfa_state *s;
+    int n, cap;
+    cls *cl;
+    int n_cl, cap_cl;
+    int full, oom;
+} nfa;
+
+typedef struct frag {
+    int in, out;
+} frag;
+
+static void nfa_free(nfa *a)
+{
+    for (int i = 0; i < a->n; i++) free(a->s[i].e);
+    for (int i = 0; i < a->n_cl; i++) free(a->cl[i].r);
+    free(a->s);
+    free(a->cl);
+}
+
+static int nfa_new(nfa *a)
+{
+    if (a->n >= NFA_MAX_STATES) {
+        a->full = 1;
+        return 0;
+    }
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 64;
+        nfa_state *ns = realloc(a->s, sizeof *ns * (size_t)cap);
+        if (!ns) {
+            a->oom = 1;
+            return 0;
+        }
+        a->s = ns;
+        a->cap = cap;
+    }
+    a->s[a->n] = (nfa_state){0};
+    return a->n++;
+}
+
+static void nfa_edge_add(nfa *a, int from, int to, int cl)
+{
+    if (a->full || a->oom) return;
+    nfa_state *st = &a->s[from];
+    if (st->n == st->cap) {
+        int cap = st->cap ? st->cap * 2 : 2;
+        nfa_edge *ne = realloc(st->e, sizeof *ne * (size_t)cap);
+        if (!ne) {
+            a->oom = 1;
+            return;
+        }
+        st->e = ne;
+        st->cap = cap;
+    }
+    st->e[st->n++] = (nfa_edge){to, cl};
+}
+
+/* A fragment of one labelled edge; takes c's ranges. */
+static frag nfa_class_frag(nfa *a, cls *c)
+{
+    frag f = {nfa_new(a), nfa_new(a)};
+    if (c->oom) a->oom = 1;
+    if (!a->full && !a->oom && a->n_cl == a->cap_cl) {
+        int cap = a->cap_cl ? a->cap_cl * 2 : 16;
+        cls *nc = realloc(a->cl, sizeof *nc * (size_t)cap);
+        if (!nc) {
+            a->oom = 1;
+        } else {
+            a->cl = nc;
+            a->cap_cl = cap;
+        }
+    }
+    if (a->full || a->oom) {
+        free(c->r);
+        *c = (cls){0};
+        return f;
+    }
+    a->cl[a->n_cl] = *c;
+    *c = (cls){0};
+    nfa_edge_add(a, f.in, f.out, a->n_cl++);
+    return f;
+}
+
+static bt_status nx_alt(rx *r, nfa *a, frag *f);
+
+/* One atom at r->p: a group, a class, '.', or a character or escape. */
+static bt_status nx_atom(rx *r, nfa *a, frag *f)
+{
+    char c = *r->p;
+    cls k = {0};
+    if (c == '(') {
+        r->p++;
+        if (r->p < r->end && *r->p == '?') {
+            if (r->end - r->p >= 2 && r->p[1] == ':') r->p += 2;
+            else return rx_unsupported(r, "lookaround and named groups '(?...)'");
+        }
+        if (++r->nest > 64) return rx_fail(r, "groups nested too deep");
+        nx_alt(r, a, f);
+        r->nest--;
+        if (!r->err && (r->p >= r->end || *r->p != ')')) rx_fail(r, "missing ')'");
+        r->p++;
+        return r->err;
+    }
+    if (c == '[') {
+        r->p++;
+        if (rx_class_parse(r, &k)) return r->err;
+    } else if (c == '.') {
+        r->p++;
+        cls_add(&k, '\n', '\n');
+        cls_normalise(&k, 1);
+    } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+        return rx_fail(r, "nothing to repeat");
+    } else {
+        int32_t cp = rx_cp(r);
+        if (cp == '\\') {
+            int32_t e = rx_cp(r);
+            int neg;
+            if (shorthand(&k, e, &neg)) {
+                cls_normalise(&k, neg);
+                cp = -2;
+            } else {
+                free(k.r);
+                k = (cls){0};
+                cp = rx_escape(r, e);
+            }
+        }
+        if (cp == -1 && !r->err) rx_fail(r, "invalid UTF-8 or a trailing '\\'");
+        if (r->err) {
+            free(k.r);
+            return r->err;
+        }
+        if (cp >= 0) cls_add(&k, (uint32_t)cp, (uint32_t)cp);
+    }
+    *f = nfa_class_frag(a, &k);
+    return r->err;
+}
+
+/* The quantifier after an atom: *m..*n (n = -1: unbounded); 1..1 when there is none. */
+static bt_status nx_quantifier(rx *r, long *m, long *n)
+{
+    *m = *n = 1;
+    if (r->p >= r->end) return BT_OK;
+    char q = *r->p;
+    if (q == '*' || q == '+' || q == '?') {
+        *m = q == '+';
+        *n = q == '?' ? 1 : -1;
+        r->p++;
+    } else if (q == '{') {
+        r->p++;
+        long x = 0, y;
+        int digits = 0;
+        while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && x <= MAX_COUNT) {
+            x = x * 10 + (*r->p++ - '0');
+            digits++;
+        }
+        if (!digits) return rx_fail(r, "bad '{' quantifier");
+        y = x;
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            y = -1;
+            if (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
+                y = 0;
+                while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && y <= MAX_COUNT) y = y * 10 + (*r->p++ - '0');
+            }
+        }
+        if (r->p >= r->end || *r->p != '}') return rx_fail(r, "bad '{' quantifier");
+        r->p++;
+        if (x > MAX_COUNT || y > MAX_COUNT) return rx_unsupported(r, "a repetition count above 1000");
+        if (y >= 0 && y < x) return rx_fail(r, "{m,n} with n < m");
+        *m = x;
+        *n = y;
+    } else {
+        return BT_OK;
+    }
+    if (r->p < r->end && *r->p == '?') r->p++; /* lazy: the same language */
+    if (r->p < r->end && *r->p == '+') return rx_unsupported(r, "possessive quantifiers");
+    if (r->p < r->end && (*r->p == '*' || *r->p == '{')) return rx_fail(r, "a quantifier after a quantifier");
+    return BT_OK;
+}
+
+/* Another copy of the atom that starts at ap (fresh states). */
+static bt_status nx_copy(rx *r, nfa *a, const char *ap, frag *f)
+{
+    const char *save = r->p;
+    r->p = ap;
+    nx_atom(r, a, f);
+    r->p = save;
+    return r->err;
+}
+
+static bt_status nx_seq(rx *r, nfa *a, frag *f)
+{
+    int cur = nfa_new(a);
+    f->in = cur;
+    while (r->p < r->end && *r->p != '|' && *r->p != ')' && !r->err && !a->full && !a->oom) {
+        char c = *r->p;
+        if (c == '^') {
+            if (r->p != r->start) return rx_unsupported(r, "'^' other than at the start");
+            r->p++;
+            continue;
+        }
+        if (c == '$') {
+            if (r->p + 1 != r->end) return rx_unsupported(r, "'$' other than at the end");
+            r->p++;
+            continue;
+        }
+        const char *ap = r->p;
+        frag first, x;
+        long m, n;
+        if (nx_atom(r, a, &first) || nx_quantifier(r, &m, &n)) return r->err;
+        int have_first = 1;
+        for (long i = 0; i < m && !r->err && !a->full && !a->oom; i++) {
+            if (have_first) x = first, have_first = 0;
+            else if (nx_copy(r, a, ap, &x)) return r->err;
+            nfa_edge_add(a, cur, x.in, -1);
+            cur = x.out;
+        }
+        if (n < 0) { /* a loop: cur -> atom -> cur */
+            if (have_first) x = first;
+            else if (nx_copy(r, a, ap, &x)) return r->err;
+            nfa_edge_add(a, cur, x.in, -1);
+            nfa_edge_add(a, x.out, cur, -1);
+        } else if (n > m) {
+            int end = nfa_new(a);
+            for (long i = m; i < n && !r->err && !a->full && !a->oom; i++) {
+                if (have_first) x = first, have_first = 0;
+                else if (nx_copy(r, a, ap, &x)) return r->err;
+                nfa_edge_add(a, cur, end, -1);
+                nfa_edge_add(a, cur, x.in, -1);
+                cur = x.out;
+            }
+            nfa_edge_add(a, cur, end, -1);
+            cur = end;
+        }
+    }
+    f->out = cur;
+    return r->err;
+}
+
+static bt_status nx_alt(rx *r, nfa *a, frag *f)
+{
+    f->in = nfa_new(a);
+    f->out = nfa_new(a);
+    for (;;) {
+        frag s = {0, 0};
+        if (nx_seq(r, a, &s)) return r->err;
+        nfa_edge_add(a, f->in, s.in, -1);
+        nfa_edge_add(a, s.out, f->out, -1);
+        if (r->p >= r->end || *r->p != '|' || a->full || a->oom) return r->err;
+        r->p++;
+    }
+}
+
+/* What one automaton state leads to: the labelled edges of its empty-move closure, and whether that closure
+ * holds the final state. */
+typedef struct nfa_reach {
+    nfa_edge *e;
+    int n;
+    int accept;
+} nfa_reach;
+
+static bt_status nfa_closures(const nfa *a, int final, const int *imp, int n_imp, nfa_reach *out)
+{
+    int *stack = malloc(sizeof *stack * (size_t)a->n), *seen = calloc((size_t)a->n, sizeof *seen);
+    bt_status st = stack && seen ? BT_OK : bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+    for (int i = 0; i < n_imp && !st; i++) {
+        int sp = 0, n = 0, cap = 0;
+        nfa_edge *e = NULL;
+        stack[sp++] = imp[i];
+        seen[imp[i]] = i + 1;
+        while (sp && !st) {
+            int q = stack[--sp];
+            if (q == final) out[i].accept = 1;
+            for (int k = 0; k < a->s[q].n; k++) {
+                nfa_edge x = a->s[q].e[k];
+                if (x.cl >= 0) {
+                    if (n == cap) {
+                        cap = cap ? cap * 2 : 4;
+                        nfa_edge *ne = realloc(e, sizeof *ne * (size_t)cap);
+                        if (!ne) {
+                            st = bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+                            break;
+                        }
+                        e = ne;
+                    }
+                    e[n++] = x;
+                } else if (seen[x.to] != i + 1) {
+                    seen[x.to] = i + 1;
+                    stack[sp++] = x.to;
+                }
+            }
+        }
+        out[i].e = e;
+        out[i].n = n;
+    }
+    free(stack);
+    free(seen);
+    return st;
+}
+
+/* The string of a pattern with length bounds [mn, mx] (mx < 0: none) as rules into g->rules; b gets the
+ * expression. */
+static bt_status gen_pattern_len(gen *g, const char *pattern, long mn, long mx, bt_strbuf *b)
+{
+    nfa a = {0};
+    rx r = {.p = pattern, .end = pattern + strlen(pattern), .start = pattern, .json = 1};
+    frag top = {0, 0};
+    nx_alt(&r, &a, &top);
+    if (!r.err && !a.full && !a.oom && r.p != r.end) rx_fail(&r, "unbalanced ')'");
+    if (r.err) {
+        nfa_free(&a);
+        return fail(g, r.err, "JSON schema 'pattern': %s", bt_last_error());
+    }
+    if (a.full || a.oom) {
+        nfa_free(&a);
+        return a.oom ? fail(g, BT_ERR_NOMEM, "JSON schema: out of memory")
+                     : fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'pattern' with minLength/maxLength: the pattern needs "
+                            "more than %d automaton states (long repetitions); not supported", NFA_MAX_STATES);
+    }
+    /* the states a pair can be in: the start and every labelled edge's target */
+    int *idx = malloc(sizeof *idx * (size_t)a.n), *imp = malloc(sizeof *imp * (size_t)a.n), n_imp = 0;
+    nfa_reach *reach = NULL;
+    int K = mx >= 0 ? (int)mx : (int)mn, W = K + 1;
+    unsigned char *live = NULL;
+    int *ids = NULL, *queue = NULL;
+    bt_status st = BT_OK;
+    if (!idx || !imp) {
+        st = fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+        goto out;
+    }
+    for (int q = 0; q < a.n; q++) idx[q] = -1;
+    idx[top.in] = n_imp;
+    imp[n_imp++] = top.in;
+    for (int q = 0; q < a.n; q++)
+        for (int k = 0; k < a.s[q].n; k++) {
+            int t = a.s[q].e[k].to;
+            if (a.s[q].e[k].cl >= 0 && idx[t] < 0) {
+                idx[t] = n_imp;
+                imp[n_imp++] = t;
+            }
+        }
+    if ((long)n_imp * W > LEN_MAX_PAIRS) {
+        st = fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'pattern' with minLength/maxLength: %d automaton states times "
+                  "%d lengths is above %d rules; not supported", n_imp, W, LEN_MAX_PAIRS);
+        goto out;
+    }
+    size_t np = (size_t)n_imp * (size_t)W;
+    reach = calloc((size_t)n_imp, sizeof *reach);
+    live = calloc(np, 1);
+    ids = malloc(sizeof *ids * np);
+    queue = malloc(sizeof *queue * np);
+    if (!reach || !live || !ids || !queue) {
+        st = fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+        goto out;
+    }
+    if ((st = nfa_closures(&a, top.out, imp, n_imp, reach))) {
+        st = fail(g, st, "%s", bt_last_error());
+        goto out;
+    }
+    /* pairs reachable from (start, 0): bit 1 of live; then those that reach acceptance: bit 2 */
+    int head = 0, tail = 0;
+    live[0] = 1;
+    queue[tail++] = 0;
+    while (head < tail) {
+        int p = queue[head++], i = p / W, k = p % W;
+        int nk = mx >= 0 ? k + 1 : (k + 1 < K ? k + 1 : K);
+        if (nk > K) continue;
+        for (int e = 0; e < reach[i].n; e++) {
+            int t = idx[reach[i].e[e].to] * W + nk;
+            if (!(live[t] & 1)) {
+                live[t] |= 1;
+                queue[tail++] = t;
+            }
+        }
+    }
+    /* liveness by fixed point over the reachable pairs, in reverse discovery order first (usually one pass) */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int qi = tail - 1; qi >= 0; qi--) {
+            int p = queue[qi], i = p / W, k = p % W;
+            if (live[p] & 2) continue;
+            int ok = reach[i].accept && k >= mn;
+            int nk = mx >= 0 ? k + 1 : (k + 1 < K ? k + 1 : K);
+            for (int e = 0; !ok && nk <= K && e < reach[i].n; e++) ok = live[idx[reach[i].e[e].to] * W + nk] & 2;
+            if (ok) {
+                live[p] |= 2;
+                changed = 1;
+            }
+        }
+    }
+    if (!(live[0] & 2)) {
+        st = mx >= 0 ? fail(g, BT_ERR_INVALID, "JSON schema 'pattern' allows no string of length %ld to %ld", mn, mx)
+                     : fail(g, BT_ERR_INVALID, "JSON schema 'pattern' allows no string of length %ld or more", mn);
+        goto out;
+    }
+    for (size_t p = 0; p < np; p++) ids[p] = live[p] == 3 ? g->n_rules++ : -1;
+    rx er = {.json = 1};
+    for (int qi = 0; qi < tail; qi++) {
+        int p = queue[qi], i = p / W, k = p % W;
+        if (ids[p] < 0) continue;
+        int nk = mx >= 0 ? k + 1 : (k + 1 < K ? k + 1 : K), any = 0;
+        sb_printf(&g->rules, "s%d ::= ", ids[p]);
+        for (int e = 0; nk <= K && e < reach[i].n; e++) {
+            int t = idx[reach[i].e[e].to] * W + nk;
+            if (ids[t] < 0) continue;
+            if (any++) bt_strbuf_puts(&g->rules, " | ");
+            emit_class(&er, &g->rules, &a.cl[reach[i].e[e].cl]);
+            sb_printf(&g->rules, " s%d", ids[t]);
+        }
+        if (reach[i].accept && k >= mn) bt_strbuf_puts(&g->rules, any ? " | \"\"" : "\"\"");
+        bt_strbuf_puts(&g->rules, "\n");
+        if (g->rules.n > RTR_SCHEMA_MAX_GRAMMAR) {
+            st = fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'pattern' with minLength/maxLength compiles to a grammar "
+                      "above %u bytes", RTR_SCHEMA_MAX_GRAMMAR);
+            goto out;
+        }
+    }
+    sb_printf(b, "\"\\\"\" s%d \"\\\"\"", ids[0]);
+out:
+    for (int i = 0; reach && i < n_imp; i++) free(reach[i].e);
+    free(reach);
+    free(live);
+    free(ids);
+    free(queue);
+    free(idx);
+    free(imp);
+    nfa_free(&a);
+    return st;
+}
+
 /* ---- schemas ---- */
 
 static bt_status gen_schema(gen *g, const cJSON *s, bt_strbuf *b);
@@ -799,11 +1474,11 @@ static bt_status gen_string(gen *g, const cJSON *s, bt_strbuf *b)
     if (mx >= 0 && mx < mn) return fail(g, BT_ERR_INVALID, "JSON schema maxLength is below minLength");
     const cJSON *pat = kw(s, "pattern"), *fmt = kw(s, "format");
     if (pat && fmt) return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'pattern' together with 'format' is not supported");
-    if ((pat || fmt) && (kw(s, "minLength") || kw(s, "maxLength")))
-        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema '%s' together with minLength/maxLength is not supported",
-                    pat ? "pattern" : "format");
+    if (fmt && (kw(s, "minLength") || kw(s, "maxLength")))
+        return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'format' together with minLength/maxLength is not supported");
+    if (pat && !cJSON_IsString(pat)) return fail(g, BT_ERR_INVALID, "JSON schema 'pattern' must be a string");
+    if (pat && (kw(s, "minLength") || kw(s, "maxLength"))) return gen_pattern_len(g, pat->valuestring, mn, mx, b);
     if (pat) {
-        if (!cJSON_IsString(pat)) return fail(g, BT_ERR_INVALID, "JSON schema 'pattern' must be a string");
         bt_strbuf_puts(b, "\"\\\"\" ");
         bt_status st = regex_expr(pat->valuestring, 1, b);
         if (st) return fail(g, st, "JSON schema 'pattern': %s", bt_last_error());
@@ -1031,6 +1706,150 @@ static const char *other_keyword(const cJSON *s, const char *const *allowed)
     return NULL;
 }
 
+/* ---- oneOf: enforced where no value can match two branches ----
+ * The grammar allows what any branch allows; that satisfies oneOf exactly when no value validates against two
+ * branches, which is checked here for each pair on what the schemas say at their top level: different JSON types,
+ * disjoint const/enum values, or (objects) a property required by both whose schemas are themselves exclusive, the
+ * usual discriminator. Anything else is refused rather than loosened to anyOf. */
+
+enum { JT_NULL = 1, JT_BOOL = 2, JT_INT = 4, JT_FRAC = 8, JT_STR = 16, JT_ARR = 32, JT_OBJ = 64, JT_ANY = 127 };
+
+#define ONEOF_DEPTH 4 /* nesting of properties and combinations the check looks through */
+
+/* s with its $ref chain followed (NULL when it names nothing: gen_schema reports that). */
+static const cJSON *deref(gen *g, const cJSON *s)
+{
+    for (int i = 0; i < 16 && cJSON_IsObject(s); i++) {
+        const cJSON *r = kw(s, "$ref");
+        if (!cJSON_IsString(r)) return s;
+        s = resolve_ref(g, r->valuestring);
+    }
+    return cJSON_IsObject(s) || cJSON_IsBool(s) ? s : NULL;
+}
+
+static int value_type(const cJSON *v)
+{
+    if (cJSON_IsNull(v)) return JT_NULL;
+    if (cJSON_IsBool(v)) return JT_BOOL;
+    if (cJSON_IsNumber(v)) return v->valuedouble == floor(v->valuedouble) ? JT_INT : JT_FRAC;
+    if (cJSON_IsString(v)) return JT_STR;
+    if (cJSON_IsArray(v)) return JT_ARR;
+    return JT_OBJ;
+}
+
+static int type_name_bits(const char *t)
+{
+    static const char *const names[] = {"null", "boolean", "integer", "number", "string", "array", "object"};
+    static const int bits[] = {JT_NULL, JT_BOOL, JT_INT, JT_INT | JT_FRAC, JT_STR, JT_ARR, JT_OBJ};
+    for (int i = 0; i < 7; i++)
+        if (!strcmp(t, names[i])) return bits[i];
+    return JT_ANY;
+}
+
+/* The JSON types a value valid against s may have (a superset). */
+static int schema_types(gen *g, const cJSON *s, int depth)
+{
+    s = deref(g, s);
+    if (!s || cJSON_IsTrue(s) || depth > ONEOF_DEPTH) return JT_ANY;
+    if (cJSON_IsFalse(s)) return 0;
+    const cJSON *en = kw(s, "enum"), *cn = kw(s, "const");
+    if (cn) return value_type(cn);
+    if (cJSON_IsArray(en)) {
+        int t = 0;
+        for (const cJSON *x = en->child; x; x = x->next) t |= value_type(x);
+        return t;
+    }
+    const char *combo = kw(s, "anyOf") ? "anyOf" : kw(s, "oneOf") ? "oneOf" : kw(s, "allOf") ? "allOf" : NULL;
+    if (combo && cJSON_IsArray(kw(s, combo))) {
+        int t = 0;
+        for (const cJSON *x = kw(s, combo)->child; x; x = x->next) t |= schema_types(g, x, depth + 1);
+        return t;
+    }
+    const cJSON *type = kw(s, "type");
+    if (cJSON_IsString(type)) return type_name_bits(type->valuestring);
+    if (cJSON_IsArray(type)) {
+        int t = 0;
+        for (const cJSON *x = type->child; x; x = x->next) t |= cJSON_IsString(x) ? type_name_bits(x->valuestring) : JT_ANY;
+        return t;
+    }
+    if (kw(s, "properties") || kw(s, "required") || kw(s, "additionalProperties")) return JT_OBJ;
+    if (kw(s, "items") || kw(s, "prefixItems") || kw(s, "minItems") || kw(s, "maxItems")) return JT_ARR;
+    if (kw(s, "pattern") || kw(s, "format") || kw(s, "minLength") || kw(s, "maxLength")) return JT_STR;
+    if (kw(s, "minimum") || kw(s, "maximum") || kw(s, "exclusiveMinimum") || kw(s, "exclusiveMaximum"))
+        return JT_INT | JT_FRAC;
+    return JT_ANY;
+}
+
+/* Whether value v is in s's const/enum list (*listed = 0 when s has none). */
+static int in_values(const cJSON *s, const cJSON *v, int *listed)
+{
+    const cJSON *cn = kw(s, "const"), *en = kw(s, "enum");
+    *listed = cn || cJSON_IsArray(en);
+    if (cn) return cJSON_Compare(cn, v, 1);
+    if (cJSON_IsArray(en))
+        for (const cJSON *x = en->child; x; x = x->next)
+            if (cJSON_Compare(x, v, 1)) return 1;
+    return 0;
+}
+
+static int required_in(const cJSON *s, const char *name)
+{
+    const cJSON *r = kw(s, "required");
+    if (!cJSON_IsArray(r)) return 0;
+    for (const cJSON *x = r->child; x; x = x->next)
+        if (cJSON_IsString(x) && !strcmp(x->valuestring, name)) return 1;
+    return 0;
+}
+
+/* 1 when no value can be valid against both a and b (as far as the rules above see). */
+static int exclusive(gen *g, const cJSON *a, const cJSON *b, int depth)
+{
+    a = deref(g, a);
+    b = deref(g, b);
+    if (!a || !b || depth > ONEOF_DEPTH) return 0;
+    if (cJSON_IsFalse(a) || cJSON_IsFalse(b)) return 1;
+    if (!cJSON_IsObject(a) || !cJSON_IsObject(b)) return 0;
+    int common = schema_types(g, a, depth) & schema_types(g, b, depth);
+    if (!common) return 1;
+    int la, lb;
+    in_values(a, NULL, &la);
+    in_values(b, NULL, &lb);
+    if (la && lb) { /* both list their values: exclusive when no value is in both lists */
+        const cJSON *cn = kw(a, "const"), *en = kw(a, "enum");
+        for (const cJSON *x = cn ? cn : en->child; x; x = cn ? NULL : x->next) {
+            int listed;
+            if (in_values(b, x, &listed)) return 0;
+        }
+        return 1;
+    }
+    if (common != JT_OBJ) return 0;
+    const cJSON *pa = kw(a, "properties"), *pb = kw(b, "properties");
+    if (!cJSON_IsObject(pa) || !cJSON_IsObject(pb)) return 0;
+    for (const cJSON *p = pa->child; p; p = p->next) {
+        const cJSON *q = kw(pb, p->string);
+        if (q && required_in(a, p->string) && required_in(b, p->string) && exclusive(g, p, q, depth + 1)) return 1;
+    }
+    return 0;
+}
+
+/* BT_OK when oneOf's branches are pairwise exclusive; else BT_ERR_UNSUPPORTED naming the first overlapping pair. */
+static bt_status check_one_of(gen *g, const cJSON *list)
+{
+    int i = 0;
+    for (const cJSON *a = list->child; a; a = a->next, i++) {
+        int j = i + 1;
+        for (const cJSON *b = a->next; b; b = b->next, j++) {
+            if (exclusive(g, a, b, 0)) continue;
+            if (g->err) return g->err;
+            return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'oneOf': branches %d and %d may both match one value, "
+                        "which oneOf forbids and a grammar cannot rule out; supported are branches of different "
+                        "JSON types, with disjoint const/enum values, or objects whose values of a property "
+                        "required by both are exclusive (a discriminator); use anyOf when overlap is fine", i, j);
+        }
+    }
+    return g->err;
+}
+
 static bt_status gen_schema(gen *g, const cJSON *s, bt_strbuf *b)
 {
     if (cJSON_IsTrue(s)) {
@@ -1064,12 +1883,16 @@ static bt_status gen_schema(gen *g, const cJSON *s, bt_strbuf *b)
             return fail(g, BT_ERR_INVALID, "JSON schema '%s' must be a non-empty array", combo);
         if (!strcmp(combo, "allOf") && cJSON_GetArraySize(list) != 1)
             return fail(g, BT_ERR_UNSUPPORTED, "JSON schema 'allOf' with more than one schema is not supported");
+        if (!strcmp(combo, "oneOf") && check_one_of(g, list)) return g->err;
         bt_strbuf_puts(b, "( ");
+        int n_alts = 0;
         for (const cJSON *x = list->child; x; x = x->next) {
+            if (cJSON_IsFalse(x)) continue; /* matches nothing: no alternative */
             int id = schema_rule(g, x);
             if (id < 0) return g->err;
-            sb_printf(b, "%ss%d", x == list->child ? "" : " | ", id);
+            sb_printf(b, "%ss%d", n_alts++ ? " | " : "", id);
         }
+        if (!n_alts) return fail(g, BT_ERR_INVALID, "JSON schema '%s' of only false schemas allows no value", combo);
         bt_strbuf_puts(b, " )");
         return BT_OK;
     }

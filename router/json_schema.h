@@ -7,10 +7,16 @@
  * schema order with required (optional ones may be left out; no other property is ever generated, which every
  * additionalProperties accepts), additionalProperties as a schema for objects without properties; items,
  * prefixItems, minItems/maxItems; minLength/maxLength, pattern (a regex subset, matched whole: a superset of what
- * the unanchored pattern accepts is never produced), format date/time/date-time/uuid/ipv4/email; integer
- * minimum/maximum/exclusiveMinimum/exclusiveMaximum exactly (digit ranges); number bounds when they are integers;
- * enum, const, anyOf, oneOf (as anyOf: alternatives must not overlap for oneOf to validate, which the schema's author
- * promises), allOf of one schema, $ref to #, #/$defs/NAME or #/definitions/NAME (recursion allowed), and the
+ * the unanchored pattern accepts is never produced), both together (the pattern's automaton crossed with a length
+ * counter; BT_ERR_UNSUPPORTED past 4,096 automaton states or 20,000 state-length pairs), format
+ * date/time/date-time/uuid/ipv4/email; integer minimum/maximum/exclusiveMinimum/exclusiveMaximum exactly (digit
+ * ranges); number bounds of any sign, integer or not, exclusive or not, exactly, for bounds of at most 15
+ * significant digits (numbers are then written without exponent with at most 15 significant digits, so the decimal
+ * comparison the grammar makes is the one a validator makes on doubles); enum, const, anyOf, oneOf when its branches
+ * are provably exclusive (different JSON types, disjoint const/enum values, or objects with a required property
+ * whose schemas are exclusive: a discriminator; otherwise BT_ERR_UNSUPPORTED naming oneOf, since the grammar cannot
+ * rule out a value that matches two branches), allOf of one schema, $ref to #, #/$defs/NAME or #/definitions/NAME
+ * (recursion allowed), and the
  * annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly).
  * Anything else is BT_ERR_UNSUPPORTED with a message naming the keyword; malformed schemas are BT_ERR_INVALID.
  * Every output the grammar allows validates against the schema. */

@@ -753,6 +753,62 @@ static void test_spec_draft_models(void)
 }
 
 
+/* A grammar with a draft model: the target as its own draft at fixed k keeps every draft, because each draft after
+ * the first is masked with the grammar state after the drafts before it, as the target masks it (a draft drawn with
+ * the state before the first draft is often forbidden there, or drawn from another distribution); the output is the
+ * plain constrained output. */
+static void test_constrained_draft_model(void)
+{
+    enum { N = 16 };
+    const char *piece[256];
+    size_t len[256];
+    for (int i = 0; i < 256; i++) {
+        piece[i] = CPIECES[i % N_CPIECES];
+        len[i] = strlen(piece[i]);
+    }
+    bt_constraint_vocab *v = NULL;
+    bt_constraint *c = NULL;
+    REQUIRE(bt_constraint_vocab_create(256, piece, len, NULL, &v) == BT_OK);
+    REQUIRE(bt_constraint_create(CGRAMMAR, strlen(CGRAMMAR), v, &c) == BT_OK);
+    static job jobs[N];
+    static out alone[N], spec[N];
+    make_jobs(jobs, N);
+    for (int i = 0; i < N; i++) {
+        jobs[i].p.sampling.max_tokens = 60;
+        jobs[i].p.sampling.ignore_eos = 0;
+        jobs[i].p.sampling.temperature = i % 2 ? 1.5f : 0.0f;
+        jobs[i].p.sampling.top_p = 1.0f;
+        jobs[i].p.sampling.repetition_penalty = i % 4 == 1 ? 1.3f : 1.0f; /* penalties follow the drafts too */
+        jobs[i].p.constraint = c;
+    }
+    proposer = NULL;
+    run_alone(jobs, N, alone);
+    bt_spec_config sc = bt_spec_config_default();
+    char arg[600];
+    snprintf(arg, sizeof arg, "draft:%s", model_path);
+    REQUIRE(bt_spec_parse(arg, &sc) == BT_OK);
+    REQUIRE(bt_spec_create(&sc, model, backend, 8192, 256, &proposer) == BT_OK);
+    fixed_k = 1;
+    bt_sched_stats st;
+    run_together(jobs, N, spec, 1024, 256, 0, &st);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += alone[i].n != spec[i].n || alone[i].finish != spec[i].finish ||
+               memcmp(alone[i].tokens, spec[i].tokens, sizeof(int32_t) * (size_t)alone[i].n);
+    CHECK_MSG(bad == 0, "%d constrained requests differ under draft-model speculation", bad);
+    fprintf(stderr, "  draft model (the target) on constrained: %llu drafts, %llu accepted in %llu verifications\n",
+            (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+            (unsigned long long)st.spec_verifications);
+    CHECK(st.spec_proposed > 100);
+    CHECK_MSG(st.spec_accepted == st.spec_proposed, "%llu of %llu drafts accepted", (unsigned long long)st.spec_accepted,
+              (unsigned long long)st.spec_proposed);
+    fixed_k = 0;
+    bt_proposer_destroy(proposer);
+    proposer = NULL;
+    bt_constraint_unref(c);
+    bt_constraint_vocab_free(v);
+}
+
 /* The reference embedding of a prompt: one forward pass over the whole prompt with every row's hidden state, then
  * the normalized mean in double, as the scheduler defines it. */
 static void embed_reference(const int32_t *prompt, int32_t n, float *vec)
@@ -863,6 +919,7 @@ int main(void)
     RUN(test_spec_draft_models);
     RUN(test_embeddings);
     RUN(test_constrained);
+    RUN(test_constrained_draft_model);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();

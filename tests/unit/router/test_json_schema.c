@@ -101,7 +101,11 @@ static void test_errors(void)
     expect_error("{\"not\":{\"type\":\"string\"}}", BT_ERR_UNSUPPORTED, "'not'");
     expect_error("{\"if\":{},\"then\":{}}", BT_ERR_UNSUPPORTED, "'if'");
     expect_error("{\"type\":\"number\",\"multipleOf\":0.5}", BT_ERR_UNSUPPORTED, "'multipleOf'");
-    expect_error("{\"type\":\"number\",\"minimum\":0.5}", BT_ERR_UNSUPPORTED, "minimum");
+    expect_error("{\"type\":\"number\",\"minimum\":0.1234567890123456}", BT_ERR_UNSUPPORTED, "'minimum'");
+    expect_error("{\"type\":\"number\",\"maximum\":1e-20}", BT_ERR_UNSUPPORTED, "'maximum'");
+    expect_error("{\"type\":\"number\",\"minimum\":123456789.125,\"maximum\":987654321.0000001}", BT_ERR_UNSUPPORTED,
+                 "'maximum'");
+    expect_error("{\"type\":\"number\",\"minimum\":1.5,\"exclusiveMaximum\":1.5}", BT_ERR_INVALID, "no value");
     expect_error("{\"type\":\"string\",\"format\":\"hostname\"}", BT_ERR_UNSUPPORTED, "format 'hostname'");
     expect_error("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", BT_ERR_UNSUPPORTED, "back-references");
     expect_error("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", BT_ERR_UNSUPPORTED, "lookaround");
@@ -110,12 +114,138 @@ static void test_errors(void)
     expect_error("{\"type\":\"array\",\"uniqueItems\":true}", BT_ERR_UNSUPPORTED, "'uniqueItems'");
     expect_error("{\"type\":\"strong\"}", BT_ERR_INVALID, "'strong'");
     expect_error("{\"allOf\":[{},{}]}", BT_ERR_UNSUPPORTED, "'allOf'");
+    /* oneOf whose branches may overlap: refused (it used to be taken as anyOf, which may produce a value that
+     * matches two branches) */
+    expect_error("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", BT_ERR_UNSUPPORTED,
+                 "'oneOf': branches 0 and 1");
+    expect_error("{\"oneOf\":[{\"type\":\"null\"},{\"type\":\"number\"},{\"type\":\"integer\"}]}",
+                 BT_ERR_UNSUPPORTED, "'oneOf': branches 1 and 2");
+    expect_error("{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[3,2.0]}]}", BT_ERR_UNSUPPORTED, "'oneOf'");
+    expect_error("{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"}}},"
+                 "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
+                 BT_ERR_UNSUPPORTED, "'oneOf'"); /* k not required in the first: {} matches both */
+    expect_error("{\"oneOf\":[{},{\"type\":\"null\"}]}", BT_ERR_UNSUPPORTED, "'oneOf'");
     expect_error("{\"type\":\"string\",\"pattern\":\"[a\"}", BT_ERR_INVALID, "unterminated");
     /* $ref cycles that match nothing before they recur (left recursion; found by fuzz_json_schema) */
     expect_error("{\"$ref\":\"#\"}", BT_ERR_UNSUPPORTED, "$ref cycle");
     expect_error("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"string\"}]}", BT_ERR_UNSUPPORTED, "$ref cycle");
     expect_error("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},"
                  "\"$ref\":\"#/$defs/a\"}", BT_ERR_UNSUPPORTED, "$ref cycle");
+}
+
+/* Numbers between non-integer and negative bounds (issue 23: exact, not a 400): every decimal of up to three
+ * fraction digits in [-12, 12] (and a few spellings: "-0", "1.0", "007") is accepted exactly when it is a JSON
+ * number that compares right against the bounds as doubles, which is what a validator does. */
+static void test_number_bounds(void)
+{
+    static const struct {
+        const char *schema;
+        int hl, hu, xl, xu;
+        double lo, hi;
+    } B[] = {
+        {"{\"type\":\"number\",\"minimum\":-2.5}", 1, 0, 0, 0, -2.5, 0},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":0.1}", 0, 1, 0, 1, 0, 0.1},
+        {"{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":0.1}", 1, 1, 0, 1, -2.5, 0.1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-0.125,\"maximum\":-0.05}", 1, 1, 1, 0, -0.125, -0.05},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}", 1, 1, 1, 1, 0, 1},
+        {"{\"type\":\"number\",\"minimum\":3.25,\"maximum\":3.5}", 1, 1, 0, 0, 3.25, 3.5},
+        {"{\"type\":\"number\",\"minimum\":-7,\"maximum\":-7}", 1, 1, 0, 0, -7, -7},
+        {"{\"type\":\"number\",\"maximum\":-0.001}", 0, 1, 0, 0, 0, -0.001},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":9.99}", 1, 0, 1, 0, 9.99, 0},
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"exclusiveMinimum\":0.5}", 1, 1, 1, 0, 0.5, 1},
+        {"{\"type\":\"number\",\"minimum\":-1e-3,\"maximum\":2e1}", 1, 1, 0, 0, -0.001, 20},
+    };
+    for (size_t c = 0; c < sizeof B / sizeof *B; c++) {
+        bt_grammar *g = compile_schema(B[c].schema);
+        if (!g) continue;
+        int bad = 0, accepted = 0;
+        for (int v = -12000; v <= 12000 && bad < 5; v++) {
+            for (int f = 0; f <= 3; f++) { /* v / 1000 written with f fraction digits, when it has no more */
+                int scale = f == 0 ? 1000 : f == 1 ? 100 : f == 2 ? 10 : 1;
+                if (v % scale) continue;
+                char doc[32];
+                int a = abs(v) / 1000, frac = (abs(v) % 1000) / scale;
+                if (f == 0) snprintf(doc, sizeof doc, "%s%d", v < 0 ? "-" : "", a);
+                else snprintf(doc, sizeof doc, "%s%d.%0*d", v < 0 ? "-" : "", a, f, frac);
+                double x = strtod(doc, NULL);
+                int want = (!B[c].hl || (B[c].xl ? x > B[c].lo : x >= B[c].lo)) &&
+                           (!B[c].hu || (B[c].xu ? x < B[c].hi : x <= B[c].hi));
+                int got = grammar_accepts(g, doc);
+                accepted += got;
+                if (got != want && bad++ < 5)
+                    CHECK_MSG(0, "schema %s: %s %s (want %s)", B[c].schema, doc, got ? "accepted" : "rejected",
+                              want ? "accepted" : "rejected");
+            }
+        }
+        CHECK_MSG(accepted > 0 || (B[c].hl && B[c].hu && B[c].lo == B[c].hi && (B[c].xl || B[c].xu)), "%s",
+                  B[c].schema);
+        CHECK(!grammar_accepts(g, "-0") || (!B[c].hl || (B[c].xl ? 0 > B[c].lo : 0 >= B[c].lo)));
+        CHECK(!grammar_accepts(g, "007") && !grammar_accepts(g, "1e0") && !grammar_accepts(g, "."));
+        bt_grammar_free(g);
+    }
+}
+
+/* oneOf that holds exactly: branches of different types, disjoint const/enum values, a discriminator property
+ * (through $ref too), a false branch. */
+static void test_one_of(void)
+{
+    static const char *const ok[] = {
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},{\"type\":[\"null\",\"boolean\"]}]}",
+        "{\"oneOf\":[{\"enum\":[\"a\",\"b\"]},{\"const\":\"c\"},{\"type\":\"number\"}]}",
+        "{\"oneOf\":[{\"type\":\"integer\",\"maximum\":0},{\"enum\":[1.5,2.5]}]}",
+        "{\"$defs\":{\"c\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"circle\"},\"r\":{\"type\":\"number\"}},"
+        "\"required\":[\"kind\",\"r\"]},\"s\":{\"properties\":{\"kind\":{\"enum\":[\"square\",\"box\"]}},"
+        "\"required\":[\"kind\"]}},\"oneOf\":[{\"$ref\":\"#/$defs/c\"},{\"$ref\":\"#/$defs/s\"},{\"type\":\"array\"}]}",
+        "{\"oneOf\":[false,{\"type\":\"string\"},{\"type\":\"boolean\"}]}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        bt_grammar *g = compile_schema(ok[i]);
+        bt_grammar_free(g);
+    }
+    bt_grammar *g = compile_schema(ok[3]);
+    if (g) {
+        CHECK(grammar_accepts(g, "{\"kind\": \"circle\", \"r\": 2}"));
+        CHECK(grammar_accepts(g, "{\"kind\": \"box\"}"));
+        CHECK(grammar_accepts(g, "[1, \"x\"]"));
+        CHECK(!grammar_accepts(g, "{\"kind\": \"triangle\"}"));
+        bt_grammar_free(g);
+    }
+}
+
+/* pattern together with minLength/maxLength (an automaton crossed with a counter): exactly the pattern's strings of
+ * those lengths, counted in characters (an escape or a multi-byte character is one); refused when too large. */
+static void test_pattern_length(void)
+{
+    static const kase P[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]*$\",\"minLength\":3,\"maxLength\":5}",
+         {"\"abc\"", "\"ab1\"", "\"a1234\"", "\"abcde\"", "\"zz99\""},
+         {"\"ab\"", "\"abcdef\"", "\"a12345\"", "\"1ab\"", "\"\""}},
+        {"{\"type\":\"string\",\"pattern\":\"^(ab|c)*$\",\"maxLength\":3}",
+         {"\"\"", "\"ab\"", "\"abc\"", "\"cab\"", "\"ccc\""},
+         {"\"abab\"", "\"cccc\"", "\"a\"", "\"ba\""}},
+        {"{\"type\":\"string\",\"pattern\":\"^x(é|\\\\\\\")+$\",\"minLength\":3}",
+         {"\"xéé\"", "\"x\\\"\\\"\"", "\"xé\\\"é\""},
+         {"\"xé\"", "\"x\\\"\"", "\"x\""}},
+        {"{\"type\":\"string\",\"pattern\":\"[0-9]{2,4}-?[A-F]{0,3}\",\"minLength\":4,\"maxLength\":4}",
+         {"\"1234\"", "\"12-A\"", "\"12AB\"", "\"123A\"", "\"12-F\""},
+         {"\"123\"", "\"12345\"", "\"12-AB\"", "\"1-AB\""}},
+    };
+    for (size_t i = 0; i < sizeof P / sizeof *P; i++) {
+        bt_grammar *g = compile_schema(P[i].schema);
+        if (!g) continue;
+        for (int k = 0; k < 6 && P[i].good[k]; k++)
+            CHECK_MSG(grammar_accepts(g, P[i].good[k]), "schema %s should accept %s", P[i].schema, P[i].good[k]);
+        for (int k = 0; k < 6 && P[i].bad[k]; k++)
+            CHECK_MSG(!grammar_accepts(g, P[i].bad[k]), "schema %s should reject %s", P[i].schema, P[i].bad[k]);
+        bt_grammar_free(g);
+    }
+    expect_error("{\"type\":\"string\",\"pattern\":\"^[a-z]{3}$\",\"minLength\":5}", BT_ERR_INVALID, "no string");
+    expect_error("{\"type\":\"string\",\"pattern\":\"^(a{1000}){1000}$\",\"maxLength\":10}", BT_ERR_UNSUPPORTED,
+                 "automaton states");
+    expect_error("{\"type\":\"string\",\"pattern\":\"^[a-z]{1,200}(x|y){0,90}$\",\"maxLength\":1000}",
+                 BT_ERR_UNSUPPORTED, "minLength/maxLength");
+    expect_error("{\"type\":\"string\",\"pattern\":\"(?=a)\",\"maxLength\":3}", BT_ERR_UNSUPPORTED, "lookaround");
+    expect_error("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":3}", BT_ERR_UNSUPPORTED, "'format' together");
 }
 
 static void test_json_object_and_regex(void)
@@ -152,6 +282,9 @@ int main(void)
 {
     RUN(test_cases);
     RUN(test_errors);
+    RUN(test_number_bounds);
+    RUN(test_one_of);
+    RUN(test_pattern_length);
     RUN(test_json_object_and_regex);
     return test_summary();
 }
