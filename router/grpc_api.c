@@ -140,7 +140,11 @@ static bt_status chat_to_ids(const rtr_model_t *model, const Baton__V1__ChatMess
                          i);
             goto out;
         }
-        if (!valid_utf8(m->content) || !valid_utf8(m->name) || !valid_utf8(m->tool_call_id)) {
+        int utf8 = valid_utf8(m->content) && valid_utf8(m->name) && valid_utf8(m->tool_call_id);
+        for (size_t k = 0; utf8 && k < m->n_tool_calls; k++)
+            utf8 = valid_utf8(m->tool_calls[k]->id) && valid_utf8(m->tool_calls[k]->name) &&
+                   valid_utf8(m->tool_calls[k]->arguments);
+        if (!utf8) {
             st = bt_fail(BT_ERR_INVALID, "'chat.messages[%zu]' is not valid UTF-8", i);
             goto out;
         }
@@ -433,10 +437,13 @@ fail:
 static bt_status parse_tools(const rtr_model_t *m, const Baton__V1__GenerateRequest *q, rtr_gen_t *g)
 {
     const Baton__V1__ToolChoice *c = q->tool_choice;
-    int asks = q->n_tools || q->parallel_tool_calls_opt_case ||
+    /* what asks for nothing (no tools; tool_choice unset, unspecified or none; parallel_tool_calls alone) is
+     * accepted with any prompt, as over HTTP */
+    int asks = q->n_tools ||
                (c && (c->choice_case == BATON__V1__TOOL_CHOICE__CHOICE_FUNCTION ||
                       (c->choice_case == BATON__V1__TOOL_CHOICE__CHOICE_MODE &&
-                       c->mode != BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_NONE)));
+                       c->mode != BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_NONE &&
+                       c->mode != BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_UNSPECIFIED)));
     if (!asks) return BT_OK;
     if (q->prompt_case != BATON__V1__GENERATE_REQUEST__PROMPT_CHAT)
         return bt_fail(BT_ERR_INVALID, "'%s' needs a 'chat' prompt", q->n_tools ? "tools" : "tool_choice");

@@ -350,6 +350,13 @@ static void test_tools(void)
     REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
     CHECK(!g.tools && !g.grammar);
     rtr_gen_free(&g);
+    q.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TEXT; /* and with a text prompt, parallel_tool_calls too */
+    q.text = "Hello";
+    q.parallel_tool_calls_opt_case = BATON__V1__GENERATE_REQUEST__PARALLEL_TOOL_CALLS_OPT_PARALLEL_TOOL_CALLS;
+    c.mode = BATON__V1__TOOL_CHOICE_MODE__TOOL_CHOICE_UNSPECIFIED;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(!g.tools && !g.grammar);
+    rtr_gen_free(&g);
     model.tool_format = fmt0;
     model.tmpl_renders_tools = rt0;
     model.tmpl_renders_tool_calls = rc0;
