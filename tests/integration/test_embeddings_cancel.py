@@ -28,6 +28,13 @@ def cancelled_count(node):
     return 0.0
 
 
+def status_count(node, status):
+    for line in node.metrics().splitlines():
+        if line.startswith("baton_requests_total{") and f'status="{status}"' in line:
+            return float(line.split()[-1])
+    return 0.0
+
+
 def wait_for(pred, timeout, step=0.02):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -54,17 +61,20 @@ def test_http_client_leaving_cancels_the_embed_call(cluster):
     s = socket.create_connection((u.hostname, u.port), timeout=10)
     s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    before = cancelled_count(d)
+    before, ok_before = cancelled_count(d), status_count(d, "ok")
     assert wait_for(lambda: (d.metric("baton_running_sequences") or 0) > 0, 30), "the node never ran the inputs"
     t0 = time.monotonic()
     s.close()
-    assert wait_for(lambda: cancelled_count(d) > before, 10), d.log()[-2000:]
+    # the router notices within its 100 ms polls (plus the socket check); the node aborts after its current step,
+    # which a sanitizer build makes seconds long, so that bound is looser
+    assert wait_for(lambda: "the client went away; cancelled on decode node dec-cancel" in rtr.log(), 3), rtr.log()
+    router_s = time.monotonic() - t0
+    assert wait_for(lambda: cancelled_count(d) > before, 60), d.log()[-2000:]
     took = time.monotonic() - t0
     assert wait_for(lambda: (d.metric("baton_running_sequences") or 0) == 0, 5)
-    print(f"client left -> the decode node cancelled the embeddings in {took:.2f} s")
-    assert took < 3.0, took
+    print(f"client left -> router cancelled the call in {router_s:.2f} s, the decode node aborted in {took:.2f} s")
+    assert status_count(d, "ok") == ok_before, "the node computed the whole request"
     assert re.search(r"embeddings emb-\d+: cancelled", d.log())
-    assert "the client went away; cancelled on decode node dec-cancel" in rtr.log()
     # the router and the node go on serving
     cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=120)
     r = cl.embeddings.create(model="", input=["still here"], encoding_format="float")
@@ -83,9 +93,9 @@ def test_decode_abort_finds_embed_calls(cluster, tmp_path_factory):
         before = cancelled_count(d)
         assert stub.Abort(n.AbortRequest(request_id="emb-abort-me"), timeout=5).found
         with pytest.raises(grpc.RpcError) as e:
-            fut.result(timeout=10)
+            fut.result(timeout=60)
         assert e.value.code() == grpc.StatusCode.CANCELLED
-        assert wait_for(lambda: cancelled_count(d) > before, 5)
+        assert wait_for(lambda: cancelled_count(d) > before, 10)
         assert "embeddings emb-abort-me: cancelled" in d.log()
         assert not stub.Abort(n.AbortRequest(request_id="emb-abort-me"), timeout=5).found
 
