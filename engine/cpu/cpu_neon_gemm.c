@@ -39,8 +39,7 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
     const int mins = bt_gl_fp16_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
-    for (int r = 0; r < nr; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
         bt_gl_prefetch_block(next, b, type);
         int8x16_t c[8][4];
@@ -65,7 +64,7 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
             block_accumulate(acc[r], isum, d, m, a->d, a->ds, mins);
         }
     }
-    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+    store_all(out, out_stride, acc, nr, n_valid);
 }
 
 /* ---- 16-bit activations: codes as 32 elements x 16 rows of int16 (c[e][0]: rows 0..7, c[e][1]: rows 8..15) ---- */
@@ -118,8 +117,7 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
     const int mins = bt_gl_has_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
-    for (int r = 0; r < nr; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
         bt_gl_prefetch_block(next, b, type);
         int16x8_t c[32][2];
@@ -157,7 +155,7 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
             block_accumulate(acc[r], s, d, m, ad, ads, mins);
         }
     }
-    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+    store_all(out, out_stride, acc, nr, n_valid);
 }
 
 #define NEON_GEMM(name, fn, TYPE)                                                                              \

@@ -51,6 +51,13 @@ AI void block_accumulate_q6k(float32x4_t acc[4], const int32x4_t isum0[4], const
     }
 }
 
+/* acc[r][0..3] = 0 for the nr activation rows */
+AI void acc_zero(float32x4_t acc[][4], int nr)
+{
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+}
+
 AI void store_rows(float *out, const float32x4_t acc[4], int n_valid)
 {
     if (n_valid == BT_CPU_PACK_ROWS) {
@@ -60,6 +67,12 @@ AI void store_rows(float *out, const float32x4_t acc[4], int n_valid)
     float tmp[BT_CPU_PACK_ROWS];
     for (int i = 0; i < 4; i++) vst1q_f32(tmp + 4 * i, acc[i]);
     memcpy(out, tmp, (size_t)n_valid * sizeof(float));
+}
+
+/* Every activation row's n_valid outputs: row r at out + r * out_stride */
+AI void store_all(float *out, size_t out_stride, float32x4_t acc[][4], int nr, int n_valid)
+{
+    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
 }
 
 #endif

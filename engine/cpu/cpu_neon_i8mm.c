@@ -96,53 +96,35 @@ AI void split_rows(const int32x4_t t[8], int32x4_t r0[4], int32x4_t r1[4])
     }
 }
 
-/* ---- 8-bit activations ---- */
+/* ---- one pair of activation rows (r0, r1; r1 == r0 for an odd last row) against block b's operands ---- */
 
-AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
-              size_t out_stride, int n_valid, const void *next, const int type)
+/* 8-bit activations: one smmla per (octet, row pair); Q4_0's offset (codes q + 8) starts every sum. */
+AI void pair8(const void *act, size_t act_stride, int r0, int r1, int64_t b, const int8x16_t w[4][8], int off,
+              const float32x4_t d[4], const float32x4_t m[4], int mins, float32x4_t acc0[4], float32x4_t acc1[4])
 {
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_fp16_min(type);
-    const int64_t nb = n / BT_QK;
-    float32x4_t acc[BT_CPU_GEMM_NR][4];
-    for (int r = 0; r < nr; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
-    for (int64_t b = 0; b < nb; b++) {
-        bt_gl_prefetch_block(next, b, type);
-        int8x16_t w[4][8];
-        const int off = weight_operands(bt_gl_codes(group, b, type, cb), type, 0, w);
-        float32x4_t d[4], m[4];
-        block_scales(group, b, type, cb, d, m);
-        for (int r = 0; r < nr; r += 2) {
-            const int r1 = r + 1 < nr ? r + 1 : r; /* an odd last row pairs with itself */
-            const bt_block_q8_32 *a0 = BT_GL_ACT8(act, act_stride, r, b), *a1 = BT_GL_ACT8(act, act_stride, r1, b);
-            int8x16_t a[4];
-            for (int h = 0; h < 2; h++) {
-                const int64x2_t x = vreinterpretq_s64_s8(vld1q_s8(a0->qs + 16 * h)),
-                                y = vreinterpretq_s64_s8(vld1q_s8(a1->qs + 16 * h));
-                a[2 * h] = vreinterpretq_s8_s64(vzip1q_s64(x, y));
-                a[2 * h + 1] = vreinterpretq_s8_s64(vzip2q_s64(x, y));
-            }
-            const int32_t o0 = -off * a0->sum, o1 = -off * a1->sum;
-            const int32x4_t init = {o0, o0, o1, o1};
-            int32x4_t t[8];
-            for (int p = 0; p < 8; p++) t[p] = init;
-            for (int mm = 0; mm < 4; mm++)
-                for (int p = 0; p < 8; p++) t[p] = vmmlaq_s32(t[p], a[mm], w[mm][p]);
-            int32x4_t s0[4], s1[4];
-            split_rows(t, s0, s1);
-            block_accumulate(acc[r], s0, d, m, a0->d, a0->ds, mins);
-            if (r1 != r) block_accumulate(acc[r1], s1, d, m, a1->d, a1->ds, mins);
-        }
+    const bt_block_q8_32 *a0 = BT_GL_ACT8(act, act_stride, r0, b), *a1 = BT_GL_ACT8(act, act_stride, r1, b);
+    int8x16_t a[4];
+    for (int h = 0; h < 2; h++) {
+        const int64x2_t x = vreinterpretq_s64_s8(vld1q_s8(a0->qs + 16 * h)),
+                        y = vreinterpretq_s64_s8(vld1q_s8(a1->qs + 16 * h));
+        a[2 * h] = vreinterpretq_s8_s64(vzip1q_s64(x, y));
+        a[2 * h + 1] = vreinterpretq_s8_s64(vzip2q_s64(x, y));
     }
-    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+    const int32_t o0 = -off * a0->sum, o1 = -off * a1->sum;
+    const int32x4_t init = {o0, o0, o1, o1};
+    int32x4_t t[8];
+    for (int p = 0; p < 8; p++) t[p] = init;
+    for (int mm = 0; mm < 4; mm++)
+        for (int p = 0; p < 8; p++) t[p] = vmmlaq_s32(t[p], a[mm], w[mm][p]);
+    int32x4_t s0[4], s1[4];
+    split_rows(t, s0, s1);
+    block_accumulate(acc0, s0, d, m, a0->d, a0->ds, mins);
+    if (r1 != r0) block_accumulate(acc1, s1, d, m, a1->d, a1->ds, mins);
 }
-
-/* ---- 16-bit activations ---- */
 
 /* Row r's 32 activations of block b as low bytes lo[0..1] and high bytes hi[0..1] (16 elements each), in the
  * element order of the weight operands. */
-AI void split16(const int16_t *qs, const int nibble_order, uint8x16_t lo[2], int8x16_t hi[2])
+AI void split16(const int16_t *qs, const int nibble_order, uint8x16_t lo[2], uint8x16_t hi[2])
 {
     static const uint8_t order[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
     for (int h = 0; h < 2; h++) {
@@ -153,7 +135,7 @@ AI void split16(const int16_t *qs, const int nibble_order, uint8x16_t lo[2], int
             v.val[1] = vqtbl1q_u8(v.val[1], idx);
         }
         lo[h] = v.val[0];
-        hi[h] = vreinterpretq_s8_u8(v.val[1]);
+        hi[h] = v.val[1];
     }
 }
 
@@ -165,72 +147,91 @@ AI void pair_rows(uint8x16_t x, uint8x16_t y, uint8x16_t *first, uint8x16_t *sec
     *second = vreinterpretq_u8_u64(vzip2q_u64(a, b));
 }
 
-AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
-               size_t out_stride, int n_valid, const void *next, const int type)
+/* 16-bit activations: smmla on the high bytes, usmmla on the low ones, isum = 256 * high + low; Q6_K's two halves
+ * are summed apart; Q4_0's offset comes off the exact sum. */
+AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, const int8x16_t w[4][8], int off,
+               const float32x4_t d[4], const float32x4_t m[4], int mins, float32x4_t acc0[4], float32x4_t acc1[4],
+               const int type)
+{
+    const int nibble_order = !bt_gl_byte_codes(type);
+    uint8x16_t lo0[2], lo1[2], hi0[2], hi1[2], alo[4], ahi[4];
+    split16(bt_gl_act16_qs(act, act_stride, r0, b, type), nibble_order, lo0, hi0);
+    split16(bt_gl_act16_qs(act, act_stride, r1, b, type), nibble_order, lo1, hi1);
+    for (int h = 0; h < 2; h++) {
+        pair_rows(lo0[h], lo1[h], &alo[2 * h], &alo[2 * h + 1]);
+        pair_rows(hi0[h], hi1[h], &ahi[2 * h], &ahi[2 * h + 1]);
+    }
+    int32x4_t tl[8], th[8], half0[8];
+    for (int p = 0; p < 8; p++) tl[p] = th[p] = vdupq_n_s32(0);
+    for (int mm = 0; mm < 4; mm++) {
+        if (type == BT_TYPE_Q6_K && mm == 2) /* Q6_K: elements 0..15 have their own d */
+            for (int p = 0; p < 8; p++) {
+                half0[p] = vaddq_s32(vshlq_n_s32(th[p], 8), tl[p]);
+                tl[p] = th[p] = vdupq_n_s32(0);
+            }
+        for (int p = 0; p < 8; p++) {
+            th[p] = vmmlaq_s32(th[p], vreinterpretq_s8_u8(ahi[mm]), w[mm][p]);
+            tl[p] = vusmmlaq_s32(tl[p], alo[mm], w[mm][p]);
+        }
+    }
+    int32x4_t t[8];
+    for (int p = 0; p < 8; p++) t[p] = vaddq_s32(vshlq_n_s32(th[p], 8), tl[p]);
+    if (off) { /* Q4_0: codes are q + 8, so 8 * sum(a) comes off */
+        const int32_t o0 = off * BT_GL_ACT16(act, act_stride, r0, b)->sum,
+                      o1 = off * BT_GL_ACT16(act, act_stride, r1, b)->sum;
+        const int32x4_t o = {o0, o0, o1, o1};
+        for (int p = 0; p < 8; p++) t[p] = vsubq_s32(t[p], o);
+    }
+    int32x4_t s0[4], s1[4];
+    split_rows(t, s0, s1);
+    float ad0, ads0, ad1, ads1;
+    bt_gl_act16_scales(act, act_stride, r0, b, type, &ad0, &ads0);
+    bt_gl_act16_scales(act, act_stride, r1, b, type, &ad1, &ads1);
+    if (type == BT_TYPE_Q6_K) {
+        int32x4_t h0[4], h1[4];
+        split_rows(half0, h0, h1);
+        block_accumulate_q6k(acc0, h0, s0, d, m, ad0);
+        if (r1 != r0) block_accumulate_q6k(acc1, h1, s1, d, m, ad1);
+        return;
+    }
+    block_accumulate(acc0, s0, d, m, ad0, ads0, mins);
+    if (r1 != r0) block_accumulate(acc1, s1, d, m, ad1, ads1, mins);
+}
+
+/* A 16-row group times nr activation rows: block by block, the weight operands once, then every pair of rows. */
+AI void gemm(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out, size_t out_stride,
+             int n_valid, const void *next, const int type, const int bits16)
 {
     const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_has_min(type);
-    const int nibble_order = !bt_gl_byte_codes(type);
+    const int mins = bits16 ? bt_gl_has_min(type) : bt_gl_fp16_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
-    for (int r = 0; r < nr; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
         bt_gl_prefetch_block(next, b, type);
         int8x16_t w[4][8];
-        const int off = weight_operands(bt_gl_codes(group, b, type, cb), type, 1, w);
+        const int off = weight_operands(bt_gl_codes(group, b, type, cb), type, bits16, w);
         float32x4_t d[4], m[4];
         block_scales(group, b, type, cb, d, m);
         for (int r = 0; r < nr; r += 2) {
             const int r1 = r + 1 < nr ? r + 1 : r;
-            uint8x16_t lo0[2], lo1[2], alo[4];
-            int8x16_t hi0[2], hi1[2], ahi[4];
-            split16(bt_gl_act16_qs(act, act_stride, r, b, type), nibble_order, lo0, hi0);
-            split16(bt_gl_act16_qs(act, act_stride, r1, b, type), nibble_order, lo1, hi1);
-            for (int h = 0; h < 2; h++) {
-                uint8x16_t x, y;
-                pair_rows(lo0[h], lo1[h], &alo[2 * h], &alo[2 * h + 1]);
-                pair_rows(vreinterpretq_u8_s8(hi0[h]), vreinterpretq_u8_s8(hi1[h]), &x, &y);
-                ahi[2 * h] = vreinterpretq_s8_u8(x), ahi[2 * h + 1] = vreinterpretq_s8_u8(y);
-            }
-            int32x4_t tl[8], th[8], half0[8];
-            for (int p = 0; p < 8; p++) tl[p] = th[p] = vdupq_n_s32(0);
-            for (int mm = 0; mm < 4; mm++) {
-                if (type == BT_TYPE_Q6_K && mm == 2) /* Q6_K: elements 0..15 have their own d */
-                    for (int p = 0; p < 8; p++) {
-                        half0[p] = vaddq_s32(vshlq_n_s32(th[p], 8), tl[p]);
-                        tl[p] = th[p] = vdupq_n_s32(0);
-                    }
-                for (int p = 0; p < 8; p++) {
-                    th[p] = vmmlaq_s32(th[p], ahi[mm], w[mm][p]);
-                    tl[p] = vusmmlaq_s32(tl[p], alo[mm], w[mm][p]);
-                }
-            }
-            int32x4_t t[8];
-            for (int p = 0; p < 8; p++) t[p] = vaddq_s32(vshlq_n_s32(th[p], 8), tl[p]);
-            if (off) { /* Q4_0: codes are q + 8, so 8 * sum(a) comes off */
-                const int32_t o0 = off * BT_GL_ACT16(act, act_stride, r, b)->sum,
-                              o1 = off * BT_GL_ACT16(act, act_stride, r1, b)->sum;
-                const int32x4_t o = {o0, o0, o1, o1};
-                for (int p = 0; p < 8; p++) t[p] = vsubq_s32(t[p], o);
-            }
-            int32x4_t s0[4], s1[4];
-            split_rows(t, s0, s1);
-            float ad0, ads0, ad1, ads1;
-            bt_gl_act16_scales(act, act_stride, r, b, type, &ad0, &ads0);
-            bt_gl_act16_scales(act, act_stride, r1, b, type, &ad1, &ads1);
-            if (type == BT_TYPE_Q6_K) {
-                int32x4_t h0[4], h1[4];
-                split_rows(half0, h0, h1);
-                block_accumulate_q6k(acc[r], h0, s0, d, m, ad0);
-                if (r1 != r) block_accumulate_q6k(acc[r1], h1, s1, d, m, ad1);
-                continue;
-            }
-            block_accumulate(acc[r], s0, d, m, ad0, ads0, mins);
-            if (r1 != r) block_accumulate(acc[r1], s1, d, m, ad1, ads1, mins);
+            if (bits16) pair16(act, act_stride, r, r1, b, w, off, d, m, mins, acc[r], acc[r1], type);
+            else pair8(act, act_stride, r, r1, b, w, off, d, m, mins, acc[r], acc[r1]);
         }
     }
-    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+    store_all(out, out_stride, acc, nr, n_valid);
+}
+
+AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
+              size_t out_stride, int n_valid, const void *next, const int type)
+{
+    gemm(n, group, act, act_stride, nr, out, out_stride, n_valid, next, type, 0);
+}
+
+AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
+               size_t out_stride, int n_valid, const void *next, const int type)
+{
+    gemm(n, group, act, act_stride, nr, out, out_stride, n_valid, next, type, 1);
 }
 
 #define I8MM_GEMM(name, fn, TYPE)                                                                              \
