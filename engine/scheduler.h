@@ -50,6 +50,11 @@ typedef struct bt_sched_config {
     int spec_fixed_k;          /* 1: always ask for spec_k_max drafts (no adaptive k, no cost rule): for tests and
                                 * for measuring what drafting costs */
     int profile;               /* the forward pass logs time per op kind (BATON_PROFILE, read at the edge) */
+    /* Models with sliding-window layers (Gemma 3): by default those layers have their own block space and a
+     * sequence holds their KV only for the window of its next position (engine/kv_groups.h). 1: they share the
+     * global block tables and keep every position, as nodes that hand KV over need (one block list moves every
+     * layer); with the local space, kv_export requests are refused and remote prefill is declined (local). */
+    int kv_full_local;
 } bt_sched_config;
 
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
@@ -123,6 +128,9 @@ typedef void (*bt_sched_emit_fn)(void *user, const bt_sched_event *ev);
 typedef struct bt_sched_stats {
     int32_t waiting, running;
     int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    int32_t kv_local_blocks_used, kv_local_blocks_cached; /* the sliding-window layers' space (0 without one) */
+    int64_t kv_bytes_used;   /* KV bytes held by used blocks: global blocks x their layers + local blocks x theirs */
+    int64_t kv_bytes_peak;   /* the most kv_bytes_used seen at the end of a step */
     int64_t kv_tokens_used;  /* positions held by running sequences (KV utilisation = this / (used * 16)) */
     uint64_t steps, prompt_tokens, computed_prompt_tokens, generated_tokens, preemptions;
     uint64_t prefix_query_tokens, prefix_hit_tokens;

@@ -227,6 +227,8 @@ static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t 
     sc.eog_ids = eog;
     sc.n_eog = n_eog;
     sc.profile = cfg->env.profile;
+    /* a node that hands KV over moves one block list for every layer: its local layers keep every position */
+    sc.kv_full_local = kv_memory != NULL;
     bt_status st = bt_sched_create(ne->m, ne->be, &sc, &ne->sched);
     if (st) return bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
     ne->kv_blocks_total = bt_sched_kv_pool(ne->sched)->n_blocks;
