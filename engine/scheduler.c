@@ -384,9 +384,6 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
                            i, s->m->hp.n_vocab);
     if (p->embedding && (p->remote || p->kv_export || p->hold_kv))
         return bt_fail(BT_ERR_INVALID, "an embedding request takes no remote prefill, KV export or hold_kv");
-    if (p->kv_export && bt_kvg_windowed(s->kvg))
-        return bt_fail(BT_ERR_UNSUPPORTED, "KV export needs a scheduler whose local layers keep every position "
-                       "(kv_full_local)");
     int32_t max_tokens = p->embedding ? 0
                          : p->sampling.max_tokens > 0 ? p->sampling.max_tokens
                                                       : s->cfg.max_context - n_prompt;
@@ -544,7 +541,9 @@ static void remote_end(bt_sched *s, sreq *r, const ctl_item *a)
 {
     r->remote = REMOTE_ENDED;
     s->n_remote_pending--;
+    /* local blocks before the window were never written: released before the others are published */
     if (a->st == BT_OK && a->token >= 0 && a->token < s->m->hp.n_vocab &&
+        bt_kvg_seq_release_window(s->kvg, r->seq, r->n_tokens) >= 0 &&
         bt_kvg_seq_set_computed(s->kvg, r->seq, r->n_tokens) == BT_OK) {
         accept_token(s, r, a->token, a->has_so ? &a->so : NULL);
         return;
@@ -692,18 +691,22 @@ static void admit(bt_sched *s, int32_t *budget)
         memmove(&s->waiting[0], &s->waiting[1], sizeof(sreq *) * (size_t)(s->n_waiting - 1));
         s->n_waiting--;
         s->running[s->n_running++] = r;
-        /* a released local window cannot be handed over as one block list: such a scheduler prefills here */
-        if (r->p.remote && r->remote == REMOTE_NONE && r->n_generated == 0 && !bt_kvg_windowed(s->kvg)) {
+        if (r->p.remote && r->remote == REMOTE_NONE && r->n_generated == 0) {
             /* remote prefill: the whole prompt's blocks now, then nothing to compute here until it ends */
             if (reserve_to(s, r, r->n_tokens)) {
                 requeue(s, r);
                 break;
             }
-            int32_t nb;
+            int32_t nb, nlb, lfirst = 0;
             const int32_t *table = bt_kvg_seq_table(s->kvg, r->seq, &nb);
+            const int32_t *ltable = bt_kvg_seq_local_table(s->kvg, r->seq, &nlb);
+            if (ltable) { /* the window before the first generated position, less the prefix-cache hit */
+                lfirst = bt_kvg_window_first_block(s->m->hp.swa_window, r->n_tokens);
+                if (lfirst < cached / BT_KV_BLOCK) lfirst = cached / BT_KV_BLOCK;
+            }
             r->remote = REMOTE_ENDED; /* whatever happens next, at most one attempt */
-            if (r->p.remote->start(r->user, r->id, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, cached) ==
-                0) {
+            if (r->p.remote->start(r->user, r->id, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, cached,
+                                   ltable, lfirst) == 0) {
                 r->remote = REMOTE_PENDING;
                 s->n_remote_pending++;
                 s->st.remote_prefills++;
@@ -1049,9 +1052,9 @@ int bt_sched_step(bt_sched *s)
         } else if (r->feed_from + r->feed_n == r->n_tokens) {
             r->logit_row = nl;
             s->b_rows[nl++] = nt - 1;
-            if (r->p.kv_export && !r->export_begun && r->n_generated == 0 && !bt_kvg_windowed(s->kvg)) {
+            if (r->p.kv_export && !r->export_begun && r->n_generated == 0) {
                 r->export_begun = 1;
-                if (r->p.kv_export->begin(r->user, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK) == 0)
+                if (r->p.kv_export->begin(r->user, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, ltable) == 0)
                     s->b_export[s->n_export++] = r;
             }
         }
@@ -1164,6 +1167,11 @@ void bt_sched_stop(bt_sched *s)
 }
 
 const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s) { return s->kv; }
+
+int32_t bt_sched_kv_window(const bt_sched *s)
+{
+    return bt_kvg_windowed(s->kvg) ? s->m->hp.swa_window : 0;
+}
 
 bt_status bt_sched_check(bt_sched *s)
 {

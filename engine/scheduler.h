@@ -52,16 +52,17 @@ typedef struct bt_sched_config {
     int profile;               /* the forward pass logs time per op kind (BATON_PROFILE, read at the edge) */
     /* Models with sliding-window layers (Gemma 3): by default those layers have their own block space and a
      * sequence holds their KV only for the window of its next position (engine/kv_groups.h). 1: they share the
-     * global block tables and keep every position, as nodes that hand KV over need (one block list moves every
-     * layer); with the local space, kv_export requests are refused and remote prefill is declined (local). */
+     * global block tables and keep every position (as before; for comparisons). */
     int kv_full_local;
 } bt_sched_config;
 
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
 typedef struct bt_kv_export {
     /* In the step that computes the request's last prompt token, before its forward pass: the blocks holding the
-     * prompt, in prompt order (n_blocks = ceil(n_prompt / 16)). Return 0 to get layer() calls in that step. */
-    int (*begin)(void *user, const int32_t *blocks, int32_t n_blocks);
+     * prompt, in prompt order (n_blocks = ceil(n_prompt / 16)), and with a local block space (bt_sched_kv_window
+     * > 0) the sliding-window layers' blocks, local_blocks[n_blocks], whose entries before that step's window are
+     * -1 (NULL otherwise). Return 0 to get layer() calls in that step. */
+    int (*begin)(void *user, const int32_t *blocks, int32_t n_blocks, const int32_t *local_blocks);
     /* After that step wrote layer `layer`'s K/V: every prompt position of the layer is then in the pool. Quick. */
     void (*layer)(void *user, int32_t layer);
 } bt_kv_export;
@@ -70,8 +71,13 @@ typedef struct bt_kv_export {
 typedef struct bt_remote_prefill {
     /* At admission, once blocks for the whole prompt are reserved (the n_cached leading tokens came from the prefix
      * cache and are already computed): return 0 when a remote prefill was started; the request then keeps its
-     * blocks and computes nothing until bt_sched_remote_done. Nonzero: it prefills locally. Must not block. */
-    int (*start)(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached);
+     * blocks and computes nothing until bt_sched_remote_done. Nonzero: it prefills locally. Must not block.
+     * With a local block space (bt_sched_kv_window > 0), local_blocks[n_blocks] are the sliding-window layers'
+     * blocks and only entries local_first.. need their KV (the window before the first generated position, less
+     * what the prefix cache supplied); the others are released unwritten when the prefill succeeds. Without one,
+     * local_blocks is NULL and local_first 0. */
+    int (*start)(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached,
+                 const int32_t *local_blocks, int32_t local_first);
 } bt_remote_prefill;
 
 typedef struct bt_req_params {
@@ -203,6 +209,10 @@ void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st);
 /* The KV pool (layout, base, block count), for registering it with kvtransfer and for tests. Its blocks belong to
  * the engine thread: read or write them only as the kv_export / remote hooks allow. */
 const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s);
+
+/* The sliding-window layers' window when they have their own block space (engine/kv_groups.h; then kv_export and
+ * remote prefill hand over two block lists), else 0. Can't fail. */
+int32_t bt_sched_kv_window(const bt_sched *s);
 
 /* Seconds on the monotonic clock deadlines use. */
 double bt_sched_now(void);
