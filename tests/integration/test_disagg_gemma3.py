@@ -91,7 +91,8 @@ def test_gemma3_remote_equals_colocated(pb, cluster):
     assert sent == sum(transfer_bytes(len(c[0])) for c in cases), (sent, full)
     print(f"KV transferred for {len(cases)} prompts: {sent} bytes ({full} with every layer's every block, "
           f"{sent / full:.1%}); 2,500-token prompt: {transfer_bytes(2500)} vs {((2500 + 15) // 16) * LAYERS * BLOCK_BYTES}")
-    assert sent < full * 0.5
+    assert sent < full * 0.6  # short prompts (all within one window) send all 18 layers' blocks
+    assert transfer_bytes(2500) < 0.35 * ((2500 + 15) // 16) * LAYERS * BLOCK_BYTES
 
     # Prompts sharing the transferred prompts' prefixes, prefilled locally on both decode nodes: dr holds the global
     # layers' blocks of every transferred prompt but the local layers' only for their last window, so it may reuse a
