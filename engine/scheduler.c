@@ -101,6 +101,7 @@ struct bt_sched {
     int32_t spec_n_open;       /* running requests with an open proposer state */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
+    bt_spec_check spec_check; /* drafting steps against plain ones, by step size */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
     int32_t n_export;
     bt_spec_item *b_items;   /* [max_running] draft requests of this step */
@@ -186,6 +187,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
     bt_spec_global_init(&s->spec_global);
+    bt_spec_check_init(&s->spec_check);
     bt_status st;
     int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
     s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
@@ -817,7 +819,10 @@ static double draft_threshold(const bt_sched *s, bt_proposer *pr)
     }
     double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
     /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
-    return bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
+    const bt_sched_stats *st = &s->st;
+    double thr = bt_spec_threshold(st->decode_fixed_s, st->decode_row_s, st->decode_row_s, round, n_decode, rows);
+    /* where drafting steps of this size were measured slower per token than plain ones, the model is wrong there */
+    return (thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr) * bt_spec_check_factor(&s->spec_check, rows);
 }
 
 /* How many drafts r asks for this step, or -1 when r cannot draft at all now (not a plain decode, opted out, no
@@ -877,6 +882,10 @@ static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
         s->st.spec_threshold = thr;
         s->st.spec_alpha = alpha_sum / n_considered;
         s->st.spec_k = k_sum / n_considered;
+        s->st.spec_threshold_sum += thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr;
+        s->st.spec_alpha_sum += s->st.spec_alpha;
+        s->st.spec_k_sum += s->st.spec_k;
+        s->st.spec_considered_steps++;
     }
     return ni;
 }
@@ -1023,7 +1032,7 @@ int bt_sched_step(bt_sched *s)
     add_drafts(s, &budget);
 
     /* 3. build the batch */
-    int32_t nt = 0, ns = 0, nl = 0, nh = 0;
+    int32_t nt = 0, ns = 0, nl = 0, nh = 0, n_drafts = 0;
     int decode_only = 1;
     s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
@@ -1037,6 +1046,7 @@ int bt_sched_step(bt_sched *s)
         s->b_reqs[ns] = r;
         r->logit_row = -1;
         if (r->feed_n - r->n_draft != 1 || r->feed_from + 1 != r->n_tokens) decode_only = 0;
+        n_drafts += r->n_draft;
         for (int32_t k = 0; k < r->feed_n; k++) {
             s->b_tokens[nt] = r->tokens[r->feed_from + k];
             s->b_pos[nt] = r->feed_from + k;
@@ -1067,12 +1077,14 @@ int bt_sched_step(bt_sched *s)
     bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl, s->b_hidden_rows, nh,
                   s->b_hidden};
     bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
-    double t_run = bt_sched_now();
+    double t_run = bt_sched_now(), dt = 0;
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
     if (!st) {
-        double dt = bt_sched_now() - t_run;
+        dt = bt_sched_now() - t_run;
         fit_add(&s->fit, nt, dt, &s->st.step_fixed_s, &s->st.step_token_s);
-        if (decode_only) fit_add(&s->fit_decode, nt, dt, &s->st.decode_fixed_s, &s->st.decode_row_s);
+        if (decode_only) {
+            fit_add(&s->fit_decode, nt, dt, &s->st.decode_fixed_s, &s->st.decode_row_s);
+        }
     }
     bt_forward_set_layer_hook(s->fw, NULL, NULL);
     s->st.steps++;
@@ -1087,6 +1099,7 @@ int bt_sched_step(bt_sched *s)
     }
     /* 4. publish computed KV, sample, emit, finish */
     int32_t V = s->m->hp.n_vocab;
+    uint64_t accepted0 = s->st.spec_accepted;
     for (int32_t j = 0; j < ns; j++) {
         sreq *r = s->b_reqs[j];
         if (r->n_draft > 0) {
@@ -1108,6 +1121,8 @@ int bt_sched_step(bt_sched *s)
                                         s->scratch, &so);
         accept_token(s, r, tok, &so);
     }
+    if (decode_only && s->cfg.proposer)
+        bt_spec_check_add(&s->spec_check, ns, n_drafts, (int64_t)(s->st.spec_accepted - accepted0), dt);
     snapshot(s);
     return nt;
 }

@@ -155,6 +155,9 @@ typedef struct bt_sched_stats {
     uint64_t decode_seq_steps, decode_tokens; /* decoding sequences' steps (verifications included), their tokens */
     uint64_t spec_accepted_hist[BT_SPEC_K_LIMIT + 1];
     double spec_threshold, spec_alpha, spec_k;
+    /* the same three summed over every step that considered drafting, and those steps */
+    double spec_threshold_sum, spec_alpha_sum, spec_k_sum;
+    uint64_t spec_considered_steps;
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;
