@@ -60,10 +60,11 @@ test-asan:
 test-fuzz:
 	@cd $(FUZZ) && ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/$(FUZZ)/ctest-junit.xml
 
-# BATON_REQUIRE_ISA=neon: qemu's default CPU model has the dot product, so a NEON entry that skips is a failure.
+# BATON_REQUIRE_ISA=neon,neon-i8mm: qemu's default CPU model (max) has the dot product and i8mm, so a NEON entry that
+# skips is a failure.
 # test_sampler (no kernels; 3.5 minutes under qemu) runs in the native suites only.
 test-neon:
-	@cd $(NEON) && BATON_REQUIRE_ISA=neon ctest --output-on-failure -j $(JOBS) -E '^test_sampler$$' \
+	@cd $(NEON) && BATON_REQUIRE_ISA=neon,neon-i8mm ctest --output-on-failure -j $(JOBS) -E '^test_sampler$$' \
 	  --output-junit $(CURDIR)/$(NEON)/ctest-junit.xml
 
 test-integration:

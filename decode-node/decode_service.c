@@ -91,6 +91,8 @@ struct dec_call {
     int ignore_eos;             /* the request's: under a grammar, whether EOS may come first */
     uint32_t *blocks;           /* destination blocks of the prompt */
     uint32_t n_blocks, skip;
+    uint32_t *lblocks;          /* the sliding-window layers' destination blocks from lfirst on (NULL: none) */
+    uint32_t lfirst;
     kvx_expect_t *expect;
     double deadline;            /* the call's, monotonic seconds (0 = none) */
 };
@@ -105,6 +107,7 @@ static void call_free(bt_call_t *base)
     free(c->sampling_pb);
     free(c->grammar);
     free(c->blocks);
+    free(c->lblocks);
     free(c);
 }
 
@@ -422,6 +425,11 @@ static bt_status request_prefill(dec_call *c, bt_rpc_channel_t *ch, Baton__V1__S
     d.block_ids = c->blocks;
     d.layout_fingerprint = ne->layout.fingerprint;
     d.skip_blocks = c->skip;
+    if (c->lblocks) {
+        d.n_local_block_ids = c->n_blocks - c->lfirst;
+        d.local_block_ids = c->lblocks;
+        d.local_first_block = c->lfirst;
+    }
     d.checksums = 1;
     d.pool_descriptor.data = (uint8_t *)desc;
     d.pool_descriptor.len = dlen;
@@ -553,23 +561,38 @@ static void *prefill_worker(void *arg)
 }
 
 /* Engine thread, at admission: register where the prompt's KV will land, then hand the call to a worker. */
-static int remote_start(void *user, uint64_t sched_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached)
+static int remote_start(void *user, uint64_t sched_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached,
+                        const int32_t *local_blocks, int32_t local_first)
 {
     dec_call *c = user;
     decode_service_t *s = c->svc;
     uint32_t skip = (uint32_t)(n_cached / BT_KV_BLOCK);
-    if (skip >= (uint32_t)n_blocks) return 1;
+    if (skip >= (uint32_t)n_blocks || (local_blocks && (local_first < 0 || local_first >= n_blocks))) return 1;
     c->blocks = malloc(sizeof(uint32_t) * (size_t)n_blocks);
     if (!c->blocks) return 1;
     for (int32_t i = 0; i < n_blocks; i++) c->blocks[i] = (uint32_t)blocks[i];
     c->n_blocks = (uint32_t)n_blocks;
     c->skip = skip;
+    if (local_blocks) { /* the sliding-window layers: only the window before the first generated position moves */
+        c->lblocks = malloc(sizeof(uint32_t) * (size_t)(n_blocks - local_first));
+        if (!c->lblocks) return 1;
+        for (int32_t i = local_first; i < n_blocks; i++) {
+            if (local_blocks[i] < 0) return 1; /* released: cannot happen for a window the scheduler chose */
+            c->lblocks[i - local_first] = (uint32_t)local_blocks[i];
+        }
+        c->lfirst = (uint32_t)local_first;
+    }
     atomic_store(&c->base.sched_id, sched_id); /* the worker may need it before bt_sched_submit has returned */
     /* the expectation outlives the prefill node's push deadline (the call's), so no late write can land after it */
     int left_ms = remote_wait_ms(s, c, bt_sched_now());
     if (left_ms > DEC_EXPECT_MAX_MS) left_ms = DEC_EXPECT_MAX_MS;
     kvx_expect_args_t a = {.blocks = c->blocks + skip, .n_blocks = (size_t)(n_blocks - (int32_t)skip),
                            .flags = KVX_F_CRC, .timeout_ms = (uint32_t)left_ms + DEC_EXPECT_SLACK_MS};
+    if (c->lblocks) {
+        a.layer_group = s->ne->kv_layer_group;
+        a.local_blocks = c->lblocks;
+        a.n_local_blocks = c->n_blocks - c->lfirst;
+    }
     if (kvx_expect_create(s->ne->kvx_pool, &a, &c->expect) != BT_OK) {
         BT_WARN(DEC_LOG, "request %s: cannot expect remote KV (%s); prefilling locally", c->base.request_id,
                 bt_last_error());

@@ -580,7 +580,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
         bt_cpu_kv_rows ahead = {0};
         if (b + ATTN_PREFETCH < nb)
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + ATTN_PREFETCH]), tk->g);
-        else if (b == nb - 1 && nt)
+        else if (b == nb - 1 && nt && a->tables[nt->t0][nt->seg * ATTN_SEG_BLOCKS] >= 0) /* not window-released */
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, a->tables[nt->t0][nt->seg * ATTN_SEG_BLOCKS]), nt->g);
         if (ahead.k && spread) {
             rows.pf_k = ahead.k, rows.pf_v = ahead.v, rows.pf_bytes = bytes;

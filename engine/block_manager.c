@@ -535,6 +535,62 @@ bt_status bt_bm_seq_match_prefix(bt_bm *bm, int32_t seq, const int32_t *tokens, 
     return BT_OK;
 }
 
+int32_t bt_bm_prefix_scan(const bt_bm *bm, const int32_t *tokens, int32_t n_tokens, int32_t max_blocks,
+                          uint8_t *state)
+{
+    int32_t n = n_tokens > 0 ? (n_tokens - 1) / BT_BM_BLOCK : 0;
+    if (bm->cfg.disable_prefix_cache || !tokens) n = 0;
+    if (n > max_blocks) n = max_blocks;
+    bt_prefix_hash prev = BT_PREFIX_HASH_ROOT;
+    for (int32_t i = 0; i < n; i++) {
+        prev = bt_prefix_hash_block(prev, tokens + (size_t)i * BT_BM_BLOCK, bm->cfg.fingerprint);
+        int32_t b = htab_find(bm, prev);
+        state[i] = b < 0 ? 0 : bm->refcount[b] == 0 ? 2 : 1;
+    }
+    return n;
+}
+
+bt_status bt_bm_seq_match_prefix_range(bt_bm *bm, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                       int32_t first, int32_t n_match, int32_t *n_cached_tokens)
+{
+    bm_seq *s = seq_get(bm, seq);
+    if (!s) return bt_fail(BT_ERR_INVALID, "prefix match on unknown sequence %d", seq);
+    if (s->len != 0) return bt_fail(BT_ERR_INVALID, "prefix match on sequence %d of %d tokens", seq, s->len);
+    int32_t max_blocks = n_tokens > 0 ? (n_tokens - 1) / BT_BM_BLOCK : 0;
+    if (n_tokens < 0 || (n_tokens > 0 && !tokens) || n_match < 0 || n_match > max_blocks || first < 0 ||
+        first > n_match || (first > 0 && bm->cfg.window <= 0) || (n_match > 0 && bm->cfg.disable_prefix_cache))
+        return bt_fail(BT_ERR_INVALID, "prefix match of blocks [%d, %d) of a %d-token prompt", first, n_match,
+                       n_tokens);
+    bt_status st = seq_reserve(s, n_match * BT_BM_BLOCK, n_match, n_match);
+    if (st != BT_OK) return st;
+    bt_prefix_hash prev = BT_PREFIX_HASH_ROOT;
+    for (int32_t i = 0; i < n_match; i++) {
+        prev = bt_prefix_hash_block(prev, tokens + (size_t)i * BT_BM_BLOCK, bm->cfg.fingerprint);
+        s->hashes[i] = prev;
+        if (i >= first && htab_find(bm, prev) < 0)
+            return bt_fail(BT_ERR_INVALID, "prefix match: block %d of the prompt is not cached", i);
+    }
+    for (int32_t i = 0; i < n_match; i++) {
+        int32_t b = BT_BM_NO_BLOCK;
+        if (i >= first) {
+            b = htab_find(bm, s->hashes[i]);
+            block_ref(bm, b);
+        }
+        s->table[i] = b;
+    }
+    if (n_match) memcpy(s->tokens, tokens, (size_t)n_match * BT_BM_BLOCK * sizeof *tokens);
+    s->n_table = s->n_hashed = n_match;
+    s->n_released = first;
+    s->len = s->computed = n_match * BT_BM_BLOCK;
+    bm->prefix_queries++;
+    bm->prefix_query_blocks += (uint64_t)max_blocks;
+    bm->prefix_hit_blocks += (uint64_t)n_match;
+    bm->prefix_query_tokens += (uint64_t)n_tokens;
+    bm->prefix_hit_tokens += (uint64_t)n_match * BT_BM_BLOCK;
+    *n_cached_tokens = n_match * BT_BM_BLOCK;
+    return BT_OK;
+}
+
 /* The block an append into s would write first, when that block already exists and is shared. */
 static int cow_due(const bt_bm *bm, const bm_seq *s)
 {

@@ -107,6 +107,20 @@ bt_status bt_bm_seq_match_prefix(bt_bm *bm, int32_t seq, const int32_t *tokens, 
  * bt_bm_can_allocate until matched. Counts nothing. */
 int32_t bt_bm_prefix_probe(const bt_bm *bm, const int32_t *tokens, int32_t n_tokens, int32_t *n_evictable);
 
+/* Block-by-block look-up that does not stop at a miss (for a second block space whose early blocks may have been
+ * released, engine/kv_groups.h): state[i] for the prompt's first matchable blocks, at most min(max_blocks,
+ * (n_tokens - 1) / 16): 0 not cached, 1 cached and held by a sequence, 2 cached and evictable. Returns how many
+ * were filled (0 with the prefix cache disabled). Counts nothing. */
+int32_t bt_bm_prefix_scan(const bt_bm *bm, const int32_t *tokens, int32_t n_tokens, int32_t max_blocks,
+                          uint8_t *state);
+
+/* bt_bm_seq_match_prefix for an explicit range: seq (empty) gets the prompt's first n_match blocks as computed
+ * tokens, sharing the cached blocks [first, n_match), each of which must be in the prefix table (see
+ * bt_bm_prefix_scan); entries before first are window-released (BT_BM_NO_BLOCK; first > 0 needs a window). Counts
+ * one query. BT_ERR_INVALID (bad range, a block not cached, seq not empty), BT_ERR_NOMEM; nothing changes then. */
+bt_status bt_bm_seq_match_prefix_range(bt_bm *bm, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                       int32_t first, int32_t n_match, int32_t *n_cached_tokens);
+
 /* Blocks bt_bm_seq_append(seq, n_new) would allocate, including a copy-on-write block; -1 for an unknown seq. */
 int32_t bt_bm_seq_blocks_needed(const bt_bm *bm, int32_t seq, int32_t n_new);
 

@@ -33,6 +33,8 @@ struct bt_forward {
     float *tmp;     /* [T][n_embd] sub-layer output */
     int32_t *slots; /* [T] */
     const int32_t **tables; /* [T] */
+    int32_t *lslots; /* [T] slots in the sliding-window layers' block space (= slots without local tables) */
+    const int32_t **ltables; /* [T] */
     bt_forward_layer_fn layer_fn; /* optional: after each layer's K/V are in the pool */
     void *layer_user;
     int64_t lane_steps; /* steps run on lanes */
@@ -104,6 +106,8 @@ void bt_forward_destroy(bt_forward *fw)
         if (bufs[i]) fw->be->ops->buf_free(fw->be, bufs[i]);
     free(fw->slots);
     free(fw->tables);
+    free(fw->lslots);
+    free(fw->ltables);
     free(fw);
 }
 
@@ -140,8 +144,10 @@ bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_token
     fw->tmp = balloc(fw, T * E * 4);
     fw->slots = malloc(T * sizeof *fw->slots);
     fw->tables = malloc(T * sizeof *fw->tables);
+    fw->lslots = malloc(T * sizeof *fw->lslots);
+    fw->ltables = malloc(T * sizeof *fw->ltables);
     if (!fw->x || !fw->h || !fw->q || !fw->k || !fw->v || !fw->att || !fw->g || !fw->u || !fw->tmp || !fw->slots ||
-        !fw->tables) {
+        !fw->tables || !fw->lslots || !fw->ltables) {
         bt_forward_destroy(fw);
         return bt_fail(BT_ERR_NOMEM, "out of memory for forward scratch of %d tokens", max_tokens);
     }
@@ -179,6 +185,16 @@ static bt_status check_batch(const bt_forward *fw, const bt_kv_pool *kv, const b
             if (s->block_table[j] < 0 || s->block_table[j] >= kv->n_blocks)
                 return bt_fail(BT_ERR_INVALID, "KV block id %d outside the pool (%d blocks)", s->block_table[j],
                                kv->n_blocks);
+        if (!s->local_table) continue;
+        /* the local layers read keys from p - window + 1 on: earlier entries may have been released */
+        if (hp->swa_window <= 0 || p / BT_KV_BLOCK >= s->n_local_blocks)
+            return bt_fail(BT_ERR_INVALID, "position %d: local block table of %d blocks (window %d)", p,
+                           s->n_local_blocks, hp->swa_window);
+        int32_t j0 = p > hp->swa_window ? (p - hp->swa_window) / BT_KV_BLOCK : 0;
+        for (int32_t j = j0; j <= p / BT_KV_BLOCK; j++)
+            if (s->local_table[j] < 0 || s->local_table[j] >= kv->n_blocks)
+                return bt_fail(BT_ERR_INVALID, "local KV block id %d (entry %d, position %d) outside the pool (%d "
+                               "blocks)", s->local_table[j], j, p, kv->n_blocks);
     }
     for (int32_t i = 0; i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
@@ -249,13 +265,15 @@ static bt_status run_span(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, flo
         op->rope(be, q, pos, T, hp->n_head, hp->head_dim, hp->n_rot, base, hp->rope_freq_scale, hp->rope_neox);
         op->rope(be, k, pos, T, hp->n_head_kv, hp->head_dim, hp->n_rot, base, hp->rope_freq_scale, hp->rope_neox);
         mark(sp, P_ROPE);
-        op->kv_write(be, kv, l, k, v, T, fw->slots + t0);
+        int local = L->window > 0; /* a sliding-window layer: its own block space when the batch brings one */
+        op->kv_write(be, kv, l, k, v, T, (local ? fw->lslots : fw->slots) + t0);
         mark(sp, P_KV_WRITE);
         /* this layer's KV of the whole batch is final now: a prefill node starts moving it while the rest of the
          * layer (and the later layers) compute (never with lanes: see lanes_for) */
         if (fw->layer_fn) fw->layer_fn(fw->layer_user, l);
         aa.layer = l;
         aa.window = L->window;
+        aa.tables = (local ? fw->ltables : fw->tables) + t0;
         if ((st = op->attention(be, &aa))) return st;
         mark(sp, P_ATTN);
         if ((st = op->matmul(be, &L->wo, NULL, att, T, tmp))) return st;
@@ -371,6 +389,9 @@ bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, floa
         const bt_seq_view *s = &b->seqs[b->seq[i]];
         fw->slots[i] = s->block_table[b->pos[i] / BT_KV_BLOCK] * BT_KV_BLOCK + b->pos[i] % BT_KV_BLOCK;
         fw->tables[i] = s->block_table;
+        const int32_t *lt = s->local_table ? s->local_table : s->block_table;
+        fw->lslots[i] = lt[b->pos[i] / BT_KV_BLOCK] * BT_KV_BLOCK + b->pos[i] % BT_KV_BLOCK;
+        fw->ltables[i] = lt;
     }
     fw->cur = NULL;
     if (fw->profile) {

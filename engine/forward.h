@@ -15,6 +15,10 @@
 typedef struct bt_seq_view {
     const int32_t *block_table; /* [n_blocks] KV block ids; slot of position p = table[p / 16] * 16 + p % 16 */
     int32_t n_blocks;
+    /* Optional (NULL: block_table serves every layer): the table of the sliding-window layers' block space
+     * (engine/kv_groups.h); entries before the window of a token's position may be BT_BM_NO_BLOCK (-1). */
+    const int32_t *local_table; /* [n_local_blocks] */
+    int32_t n_local_blocks;
 } bt_seq_view;
 
 typedef struct bt_batch {

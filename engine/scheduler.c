@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "engine/block_manager.h"
+#include "engine/kv_groups.h"
 #include "engine/forward.h"
 
 typedef struct sreq {
@@ -75,7 +76,8 @@ struct bt_sched {
     bt_sched_config cfg;
     int32_t *eog;
     bt_kv_pool *kv;
-    bt_bm *bm;
+    bt_kvg *kvg;             /* block tables: the global space, and the local layers' when their window releases */
+    int32_t n_local_layers;  /* layers with a window (their bytes are the local space's when it exists) */
     bt_forward *fw;
 
     /* engine-thread state */
@@ -99,6 +101,7 @@ struct bt_sched {
     int32_t spec_n_open;       /* running requests with an open proposer state */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
+    bt_spec_check spec_check; /* drafting steps against plain ones, by step size */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
     int32_t n_export;
     bt_spec_item *b_items;   /* [max_running] draft requests of this step */
@@ -184,6 +187,7 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
     bt_spec_global_init(&s->spec_global);
+    bt_spec_check_init(&s->spec_check);
     bt_status st;
     int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
     s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
@@ -195,9 +199,11 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     else /* on the GPU for a device backend */
         st = bt_backend_kv_pool_create(be, &m->hp, cfg.kv_dtype, cfg.kv_mem, &s->kv);
     if (st) goto fail;
-    bt_bm_config bc = {.n_blocks = s->kv->n_blocks, .window = 0, .fingerprint = m->fingerprint,
-                       .disable_prefix_cache = cfg.disable_prefix_cache};
-    if ((st = bt_bm_create(&bc, &s->bm))) goto fail;
+    for (int32_t l = 0; l < m->hp.n_layer; l++) s->n_local_layers += m->layers[l].window > 0;
+    bt_kvg_config gc = {.n_blocks = s->kv->n_blocks, .fingerprint = m->fingerprint,
+                        .disable_prefix_cache = cfg.disable_prefix_cache,
+                        .window = s->n_local_layers && !cfg.kv_full_local ? m->hp.swa_window : 0};
+    if ((st = bt_kvg_create(&gc, &s->kvg))) goto fail;
     if ((st = bt_forward_create(m, be, B, cfg.profile, &s->fw))) goto fail;
     s->logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
     s->scratch = malloc(sizeof(float) * 2 * (size_t)V);
@@ -239,7 +245,7 @@ static void park(bt_sched *s, uint64_t id, int32_t seq)
 {
     if (grow((void **)&s->parked, &s->cap_parked, s->n_parked + 1, sizeof(parked))) {
         BT_WARN("sched", "request %llu: out of memory parking its KV blocks; released now", (unsigned long long)id);
-        bt_bm_seq_free(s->bm, seq);
+        bt_kvg_seq_free(s->kvg, seq);
         return;
     }
     s->parked[s->n_parked++] = (parked){id, seq};
@@ -249,7 +255,7 @@ static void unpark(bt_sched *s, uint64_t id)
 {
     for (int32_t i = 0; i < s->n_parked; i++)
         if (s->parked[i].id == id) {
-            bt_bm_seq_free(s->bm, s->parked[i].seq);
+            bt_kvg_seq_free(s->kvg, s->parked[i].seq);
             s->parked[i] = s->parked[--s->n_parked];
             return;
         }
@@ -262,7 +268,7 @@ static void finish_and_free(bt_sched *s, sreq *r)
     if (remote_pending) s->n_remote_pending--;
     if (r->seq >= 0) {
         if (remote_pending || r->p.hold_kv) park(s, r->id, r->seq);
-        else bt_bm_seq_free(s->bm, r->seq);
+        else bt_kvg_seq_free(s->kvg, r->seq);
     }
     r->seq = -1;
     for (int32_t i = 0; i < s->n_running; i++)
@@ -302,7 +308,7 @@ static int waiting_insert(bt_sched *s, sreq *r)
  * an error event instead of being lost. */
 static void requeue(bt_sched *s, sreq *r)
 {
-    bt_bm_seq_free(s->bm, r->seq);
+    bt_kvg_seq_free(s->kvg, r->seq);
     r->seq = -1;
     spec_close(s, r); /* a draft model's KV too: a waiting request holds no memory a running one could use */
     for (int32_t i = 0; i < s->n_running; i++)
@@ -347,7 +353,7 @@ void bt_sched_destroy(bt_sched *s)
     free(s->b_hidden_rows);
     free(s->b_hidden);
     bt_forward_destroy(s->fw);
-    bt_bm_destroy(s->bm);
+    bt_kvg_destroy(s->kvg);
     bt_backend_kv_pool_destroy(s->be, s->kv);
     free(s->eog);
     free(s->waiting);
@@ -537,8 +543,10 @@ static void remote_end(bt_sched *s, sreq *r, const ctl_item *a)
 {
     r->remote = REMOTE_ENDED;
     s->n_remote_pending--;
+    /* local blocks before the window were never written: released before the others are published */
     if (a->st == BT_OK && a->token >= 0 && a->token < s->m->hp.n_vocab &&
-        bt_bm_seq_set_computed(s->bm, r->seq, r->n_tokens) == BT_OK) {
+        bt_kvg_seq_release_window(s->kvg, r->seq, r->n_tokens) >= 0 &&
+        bt_kvg_seq_set_computed(s->kvg, r->seq, r->n_tokens) == BT_OK) {
         accept_token(s, r, a->token, a->has_so ? &a->so : NULL);
         return;
     }
@@ -626,13 +634,17 @@ static int preempt_one(bt_sched *s, const sreq *keep)
     return 1;
 }
 
-/* Copies one block (all layers, K and V) for copy-on-write. */
-static void copy_block(bt_sched *s, const bt_bm_copy *c)
+/* Copies blocks for copy-on-write (K and V): c in the layers of the global space (every layer when there is no
+ * local space), lc (may be NULL) in the sliding-window layers. */
+static void copy_block(bt_sched *s, const bt_bm_copy *c, const bt_bm_copy *lc)
 {
-    if (c->src < 0) return;
-    for (int32_t l = 0; l < s->kv->n_layer; l++)
-        bt_backend_copy(s->be, bt_kv_block_ptr(s->kv, l, c->dst), bt_kv_block_ptr(s->kv, l, c->src),
+    int split = bt_kvg_windowed(s->kvg);
+    for (int32_t l = 0; l < s->kv->n_layer; l++) {
+        const bt_bm_copy *x = split && s->m->layers[l].window > 0 ? lc : c;
+        if (!x || x->src < 0) continue;
+        bt_backend_copy(s->be, bt_kv_block_ptr(s->kv, l, x->dst), bt_kv_block_ptr(s->kv, l, x->src),
                         s->kv->block_stride);
+    }
 }
 
 /* Reserves KV slots for r's positions up to len (a no-op when already reserved, as after a failed remote
@@ -640,14 +652,12 @@ static void copy_block(bt_sched *s, const bt_bm_copy *c)
 static int reserve_to(bt_sched *s, sreq *r, int32_t len)
 {
     for (;;) {
-        int32_t have = bt_bm_seq_len(s->bm, r->seq);
+        int32_t have = bt_kvg_seq_len(s->kvg, r->seq);
         if (have >= len) return 0;
-        bt_bm_copy cow = {-1, -1};
-        bt_status st = bt_bm_seq_append(s->bm, r->seq, len - have, r->tokens + have, &cow);
-        if (st == BT_OK) {
-            copy_block(s, &cow);
-            return 0;
-        }
+        bt_bm_copy cow = {-1, -1}, lcow = {-1, -1};
+        bt_status st = bt_kvg_seq_append(s->kvg, r->seq, len - have, r->tokens + have, &cow, &lcow);
+        copy_block(s, &cow, &lcow); /* a global copy may be reported even when the local space failed */
+        if (st == BT_OK) return 0;
         if (st != BT_ERR_EXHAUSTED || !preempt_one(s, r)) return -1;
     }
 }
@@ -657,16 +667,17 @@ static void admit(bt_sched *s, int32_t *budget)
 {
     while (s->n_waiting > 0 && *budget > 0 && s->n_running < s->cfg.max_running) {
         sreq *r = s->waiting[0];
-        int32_t evictable = 0;
+        int32_t evictable = 0, evictable_local = 0;
         /* an embedding needs every token's hidden state: it reuses no cached prefix */
-        int32_t hits = r->p.embedding ? 0 : bt_bm_prefix_probe(s->bm, r->tokens, r->n_tokens, &evictable);
-        int32_t need = (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK - hits + evictable;
+        int32_t hits = r->p.embedding ? 0
+                                      : bt_kvg_prefix_probe(s->kvg, r->tokens, r->n_tokens, &evictable, &evictable_local);
+        int32_t blocks = (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK - hits;
         /* all of the prompt's blocks must fit now, so an admission never forces a preemption by itself */
-        if (!bt_bm_can_allocate(s->bm, need)) break;
+        if (!bt_kvg_can_allocate(s->kvg, blocks + evictable, blocks + evictable_local)) break;
         int32_t seq, cached = 0;
-        if (bt_bm_seq_create(s->bm, &seq)) break;
-        if (!r->p.embedding && bt_bm_seq_match_prefix(s->bm, seq, r->tokens, r->n_tokens, &cached)) {
-            bt_bm_seq_free(s->bm, seq);
+        if (bt_kvg_seq_create(s->kvg, &seq)) break;
+        if (!r->p.embedding && bt_kvg_seq_match_prefix(s->kvg, seq, r->tokens, r->n_tokens, &cached)) {
+            bt_kvg_seq_free(s->kvg, seq);
             break;
         }
         r->seq = seq;
@@ -675,7 +686,7 @@ static void admit(bt_sched *s, int32_t *budget)
         int32_t n = r->n_tokens - cached;
         if (n > *budget) n = *budget;
         if (grow((void **)&s->running, &s->cap_running, s->n_running + 1, sizeof(sreq *))) {
-            bt_bm_seq_free(s->bm, seq);
+            bt_kvg_seq_free(s->kvg, seq);
             r->seq = -1;
             break;
         }
@@ -688,11 +699,16 @@ static void admit(bt_sched *s, int32_t *budget)
                 requeue(s, r);
                 break;
             }
-            int32_t nb;
-            const int32_t *table = bt_bm_seq_table(s->bm, r->seq, &nb);
+            int32_t nb, nlb, lfirst = 0;
+            const int32_t *table = bt_kvg_seq_table(s->kvg, r->seq, &nb);
+            const int32_t *ltable = bt_kvg_seq_local_table(s->kvg, r->seq, &nlb);
+            if (ltable) { /* the window before the first generated position, less the prefix-cache hit */
+                lfirst = bt_kvg_window_first_block(s->m->hp.swa_window, r->n_tokens);
+                if (lfirst < cached / BT_KV_BLOCK) lfirst = cached / BT_KV_BLOCK;
+            }
             r->remote = REMOTE_ENDED; /* whatever happens next, at most one attempt */
-            if (r->p.remote->start(r->user, r->id, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, cached) ==
-                0) {
+            if (r->p.remote->start(r->user, r->id, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, cached,
+                                   ltable, lfirst) == 0) {
                 r->remote = REMOTE_PENDING;
                 s->n_remote_pending++;
                 s->st.remote_prefills++;
@@ -736,20 +752,29 @@ static void fit_add(step_fit *f, double n, double t, double *fixed, double *per_
 
 static void snapshot(bt_sched *s)
 {
-    bt_bm_stats bs;
-    bt_bm_get_stats(s->bm, &bs);
+    bt_bm_stats bs, ls = {0};
+    bt_bm_get_stats(bt_kvg_global(s->kvg), &bs);
+    if (bt_kvg_windowed(s->kvg)) bt_bm_get_stats(bt_kvg_local(s->kvg), &ls);
     s->st.waiting = s->n_waiting;
     s->st.running = s->n_running;
     s->st.kv_blocks_used = bs.blocks_used;
     s->st.kv_blocks_cached = bs.blocks_cached;
+    s->st.kv_local_blocks_used = ls.blocks_used;
+    s->st.kv_local_blocks_cached = ls.blocks_cached;
+    {
+        int64_t stride = (int64_t)s->kv->block_stride, n_local = bt_kvg_windowed(s->kvg) ? s->n_local_layers : 0;
+        s->st.kv_bytes_used = (int64_t)bs.blocks_used * (s->kv->n_layer - n_local) * stride +
+                              (int64_t)ls.blocks_used * n_local * stride;
+        if (s->st.kv_bytes_used > s->st.kv_bytes_peak) s->st.kv_bytes_peak = s->st.kv_bytes_used;
+    }
     s->st.kv_tokens_used = 0;
-    for (int32_t i = 0; i < s->n_running; i++) s->st.kv_tokens_used += bt_bm_seq_len(s->bm, s->running[i]->seq);
+    for (int32_t i = 0; i < s->n_running; i++) s->st.kv_tokens_used += bt_kvg_seq_len(s->kvg, s->running[i]->seq);
     s->st.prefix_query_tokens = bs.prefix_query_tokens;
     s->st.prefix_hit_tokens = bs.prefix_hit_tokens;
     s->st.kv_blocks_parked = 0;
     for (int32_t i = 0; i < s->n_parked; i++) {
         int32_t nb = 0;
-        bt_bm_seq_table(s->bm, s->parked[i].seq, &nb);
+        bt_kvg_seq_table(s->kvg, s->parked[i].seq, &nb);
         s->st.kv_blocks_parked += nb;
     }
     pthread_mutex_lock(&s->mu);
@@ -794,7 +819,10 @@ static double draft_threshold(const bt_sched *s, bt_proposer *pr)
     }
     double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
     /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
-    return bt_spec_threshold(s->st.decode_fixed_s, s->st.decode_row_s, round, n_decode, rows);
+    const bt_sched_stats *st = &s->st;
+    double thr = bt_spec_threshold(st->decode_fixed_s, st->decode_row_s, st->decode_row_s, round, n_decode, rows);
+    /* where drafting steps of this size were measured slower per token than plain ones, the model is wrong there */
+    return (thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr) * bt_spec_check_factor(&s->spec_check, rows);
 }
 
 /* How many drafts r asks for this step, or -1 when r cannot draft at all now (not a plain decode, opted out, no
@@ -854,6 +882,10 @@ static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
         s->st.spec_threshold = thr;
         s->st.spec_alpha = alpha_sum / n_considered;
         s->st.spec_k = k_sum / n_considered;
+        s->st.spec_threshold_sum += thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr;
+        s->st.spec_alpha_sum += s->st.spec_alpha;
+        s->st.spec_k_sum += s->st.spec_k;
+        s->st.spec_considered_steps++;
     }
     return ni;
 }
@@ -874,9 +906,11 @@ static void place_drafts(bt_sched *s, int32_t n, int32_t *budget)
             }
             r->draft[d] = r->tokens[r->n_tokens + d] = it->drafts[d];
         }
-        bt_bm_copy cow = {-1, -1};
-        if (nd <= 0 || bt_bm_seq_append(s->bm, r->seq, nd, r->tokens + r->n_tokens, &cow) != BT_OK) continue;
-        copy_block(s, &cow);
+        bt_bm_copy cow = {-1, -1}, lcow = {-1, -1};
+        if (nd <= 0) continue;
+        bt_status ast = bt_kvg_seq_append(s->kvg, r->seq, nd, r->tokens + r->n_tokens, &cow, &lcow);
+        copy_block(s, &cow, &lcow);
+        if (ast != BT_OK) continue;
         r->n_draft = nd;
         r->feed_n += nd;
         *budget -= nd;
@@ -923,8 +957,8 @@ static void verify_drafts(bt_sched *s, sreq *r)
     while (acc < m && acc < nd && toks[acc] == r->draft[acc]) acc++;
     r->n_draft = 0;
     /* positions before n0 + m - 1 hold the last token and the kept drafts: their KV is valid */
-    bt_bm_seq_truncate(s->bm, r->seq, n0 + m - 1);
-    bt_bm_seq_set_computed(s->bm, r->seq, n0 + m - 1);
+    bt_kvg_seq_truncate(s->kvg, r->seq, n0 + m - 1);
+    bt_kvg_seq_set_computed(s->kvg, r->seq, n0 + m - 1);
     s->st.spec_verifications++;
     s->st.decode_seq_steps++;
     s->st.decode_tokens += (uint64_t)m;
@@ -973,7 +1007,7 @@ int bt_sched_step(bt_sched *s)
     /* 1. running requests continue (decodes need 1 token, unfinished prefills a chunk), in serving order */
     for (int32_t i = 0; i < s->n_running && budget > 0;) {
         sreq *r = s->running[i];
-        int32_t done = bt_bm_seq_computed(s->bm, r->seq);
+        int32_t done = bt_kvg_seq_computed(s->kvg, r->seq);
         int32_t n = r->n_tokens - done;
         if (n > budget) n = budget;
         if (n <= 0 || r->remote == REMOTE_PENDING) {
@@ -998,18 +1032,21 @@ int bt_sched_step(bt_sched *s)
     add_drafts(s, &budget);
 
     /* 3. build the batch */
-    int32_t nt = 0, ns = 0, nl = 0, nh = 0;
+    int32_t nt = 0, ns = 0, nl = 0, nh = 0, n_drafts = 0;
     int decode_only = 1;
     s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
         if (r->feed_n <= 0) continue;
         int32_t nb;
-        const int32_t *table = bt_bm_seq_table(s->bm, r->seq, &nb);
-        s->b_views[ns] = (bt_seq_view){table, nb};
+        const int32_t *table = bt_kvg_seq_table(s->kvg, r->seq, &nb);
+        int32_t nlb = 0;
+        const int32_t *ltable = bt_kvg_seq_local_table(s->kvg, r->seq, &nlb);
+        s->b_views[ns] = (bt_seq_view){table, nb, ltable, nlb};
         s->b_reqs[ns] = r;
         r->logit_row = -1;
         if (r->feed_n - r->n_draft != 1 || r->feed_from + 1 != r->n_tokens) decode_only = 0;
+        n_drafts += r->n_draft;
         for (int32_t k = 0; k < r->feed_n; k++) {
             s->b_tokens[nt] = r->tokens[r->feed_from + k];
             s->b_pos[nt] = r->feed_from + k;
@@ -1027,7 +1064,7 @@ int bt_sched_step(bt_sched *s)
             s->b_rows[nl++] = nt - 1;
             if (r->p.kv_export && !r->export_begun && r->n_generated == 0) {
                 r->export_begun = 1;
-                if (r->p.kv_export->begin(r->user, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK) == 0)
+                if (r->p.kv_export->begin(r->user, table, (r->n_tokens + BT_KV_BLOCK - 1) / BT_KV_BLOCK, ltable) == 0)
                     s->b_export[s->n_export++] = r;
             }
         }
@@ -1040,12 +1077,14 @@ int bt_sched_step(bt_sched *s)
     bt_batch b = {nt, s->b_tokens, s->b_pos, s->b_seq, s->b_views, ns, s->b_rows, nl, s->b_hidden_rows, nh,
                   s->b_hidden};
     bt_forward_set_layer_hook(s->fw, s->n_export ? export_layer : NULL, s);
-    double t_run = bt_sched_now();
+    double t_run = bt_sched_now(), dt = 0;
     bt_status st = bt_forward_run(s->fw, s->kv, &b, s->logits);
     if (!st) {
-        double dt = bt_sched_now() - t_run;
+        dt = bt_sched_now() - t_run;
         fit_add(&s->fit, nt, dt, &s->st.step_fixed_s, &s->st.step_token_s);
-        if (decode_only) fit_add(&s->fit_decode, nt, dt, &s->st.decode_fixed_s, &s->st.decode_row_s);
+        if (decode_only) {
+            fit_add(&s->fit_decode, nt, dt, &s->st.decode_fixed_s, &s->st.decode_row_s);
+        }
     }
     bt_forward_set_layer_hook(s->fw, NULL, NULL);
     s->st.steps++;
@@ -1060,13 +1099,14 @@ int bt_sched_step(bt_sched *s)
     }
     /* 4. publish computed KV, sample, emit, finish */
     int32_t V = s->m->hp.n_vocab;
+    uint64_t accepted0 = s->st.spec_accepted;
     for (int32_t j = 0; j < ns; j++) {
         sreq *r = s->b_reqs[j];
         if (r->n_draft > 0) {
             verify_drafts(s, r);
             continue;
         }
-        bt_bm_seq_set_computed(s->bm, r->seq, r->feed_from + r->feed_n);
+        bt_kvg_seq_set_computed(s->kvg, r->seq, r->feed_from + r->feed_n);
         if (r->p.embedding) {
             embed_step(s, r);
             continue;
@@ -1081,6 +1121,8 @@ int bt_sched_step(bt_sched *s)
                                         s->scratch, &so);
         accept_token(s, r, tok, &so);
     }
+    if (decode_only && s->cfg.proposer)
+        bt_spec_check_add(&s->spec_check, ns, n_drafts, (int64_t)(s->st.spec_accepted - accepted0), dt);
     snapshot(s);
     return nt;
 }
@@ -1141,16 +1183,31 @@ void bt_sched_stop(bt_sched *s)
 
 const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s) { return s->kv; }
 
+int32_t bt_sched_kv_window(const bt_sched *s)
+{
+    return bt_kvg_windowed(s->kvg) ? s->m->hp.swa_window : 0;
+}
+
 bt_status bt_sched_check(bt_sched *s)
 {
-    bt_status st = bt_bm_check(s->bm);
+    bt_status st = bt_kvg_check(s->kvg);
     if (st) return st;
+    int32_t window = s->m->hp.swa_window;
     for (int32_t i = 0; i < s->n_running; i++) {
         const sreq *r = s->running[i];
-        int32_t len = bt_bm_seq_len(s->bm, r->seq), done = bt_bm_seq_computed(s->bm, r->seq);
+        int32_t len = bt_kvg_seq_len(s->kvg, r->seq), done = bt_kvg_seq_computed(s->kvg, r->seq);
         if (r->n_draft || len < done || len > r->n_tokens)
             return bt_fail(BT_ERR_INTERNAL, "request %llu: %d drafts left, KV length %d, computed %d, tokens %d",
                            (unsigned long long)r->id, r->n_draft, len, done, r->n_tokens);
+        if (!bt_kvg_windowed(s->kvg)) continue;
+        /* between steps a running sequence holds exactly the local blocks its next query can see */
+        int32_t nl, released = 0, first = bt_kvg_window_first_block(window, done);
+        const int32_t *lt = bt_kvg_seq_local_table(s->kvg, r->seq, &nl);
+        while (released < nl && lt[released] == BT_BM_NO_BLOCK) released++;
+        if (first > nl) first = nl;
+        if (released != first)
+            return bt_fail(BT_ERR_INTERNAL, "request %llu: %d local blocks released at computed %d, window wants %d",
+                           (unsigned long long)r->id, released, done, first);
     }
     return BT_OK;
 }

@@ -50,13 +50,19 @@ typedef struct bt_sched_config {
     int spec_fixed_k;          /* 1: always ask for spec_k_max drafts (no adaptive k, no cost rule): for tests and
                                 * for measuring what drafting costs */
     int profile;               /* the forward pass logs time per op kind (BATON_PROFILE, read at the edge) */
+    /* Models with sliding-window layers (Gemma 3): by default those layers have their own block space and a
+     * sequence holds their KV only for the window of its next position (engine/kv_groups.h). 1: they share the
+     * global block tables and keep every position (as before; for comparisons). */
+    int kv_full_local;
 } bt_sched_config;
 
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
 typedef struct bt_kv_export {
     /* In the step that computes the request's last prompt token, before its forward pass: the blocks holding the
-     * prompt, in prompt order (n_blocks = ceil(n_prompt / 16)). Return 0 to get layer() calls in that step. */
-    int (*begin)(void *user, const int32_t *blocks, int32_t n_blocks);
+     * prompt, in prompt order (n_blocks = ceil(n_prompt / 16)), and with a local block space (bt_sched_kv_window
+     * > 0) the sliding-window layers' blocks, local_blocks[n_blocks], whose entries before that step's window are
+     * -1 (NULL otherwise). Return 0 to get layer() calls in that step. */
+    int (*begin)(void *user, const int32_t *blocks, int32_t n_blocks, const int32_t *local_blocks);
     /* After that step wrote layer `layer`'s K/V: every prompt position of the layer is then in the pool. Quick. */
     void (*layer)(void *user, int32_t layer);
 } bt_kv_export;
@@ -65,8 +71,13 @@ typedef struct bt_kv_export {
 typedef struct bt_remote_prefill {
     /* At admission, once blocks for the whole prompt are reserved (the n_cached leading tokens came from the prefix
      * cache and are already computed): return 0 when a remote prefill was started; the request then keeps its
-     * blocks and computes nothing until bt_sched_remote_done. Nonzero: it prefills locally. Must not block. */
-    int (*start)(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached);
+     * blocks and computes nothing until bt_sched_remote_done. Nonzero: it prefills locally. Must not block.
+     * With a local block space (bt_sched_kv_window > 0), local_blocks[n_blocks] are the sliding-window layers'
+     * blocks and only entries local_first.. need their KV (the window before the first generated position, less
+     * what the prefix cache supplied); the others are released unwritten when the prefill succeeds. Without one,
+     * local_blocks is NULL and local_first 0. */
+    int (*start)(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached,
+                 const int32_t *local_blocks, int32_t local_first);
 } bt_remote_prefill;
 
 typedef struct bt_req_params {
@@ -123,6 +134,9 @@ typedef void (*bt_sched_emit_fn)(void *user, const bt_sched_event *ev);
 typedef struct bt_sched_stats {
     int32_t waiting, running;
     int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    int32_t kv_local_blocks_used, kv_local_blocks_cached; /* the sliding-window layers' space (0 without one) */
+    int64_t kv_bytes_used;   /* KV bytes held by used blocks: global blocks x their layers + local blocks x theirs */
+    int64_t kv_bytes_peak;   /* the most kv_bytes_used seen at the end of a step */
     int64_t kv_tokens_used;  /* positions held by running sequences (KV utilisation = this / (used * 16)) */
     uint64_t steps, prompt_tokens, computed_prompt_tokens, generated_tokens, preemptions;
     uint64_t prefix_query_tokens, prefix_hit_tokens;
@@ -141,6 +155,9 @@ typedef struct bt_sched_stats {
     uint64_t decode_seq_steps, decode_tokens; /* decoding sequences' steps (verifications included), their tokens */
     uint64_t spec_accepted_hist[BT_SPEC_K_LIMIT + 1];
     double spec_threshold, spec_alpha, spec_k;
+    /* the same three summed over every step that considered drafting, and those steps */
+    double spec_threshold_sum, spec_alpha_sum, spec_k_sum;
+    uint64_t spec_considered_steps;
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;
@@ -195,6 +212,10 @@ void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st);
 /* The KV pool (layout, base, block count), for registering it with kvtransfer and for tests. Its blocks belong to
  * the engine thread: read or write them only as the kv_export / remote hooks allow. */
 const bt_kv_pool *bt_sched_kv_pool(const bt_sched *s);
+
+/* The sliding-window layers' window when they have their own block space (engine/kv_groups.h; then kv_export and
+ * remote prefill hand over two block lists), else 0. Can't fail. */
+int32_t bt_sched_kv_window(const bt_sched *s);
 
 /* Seconds on the monotonic clock deadlines use. */
 double bt_sched_now(void);

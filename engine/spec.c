@@ -230,7 +230,6 @@ bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer
 /* ---- adaptive k ---- */
 
 #define SPEC_DECAY 0.8f        /* weight of the past per verification: about the last 5 steps count */
-#define SPEC_MIN_THRESHOLD 0.1 /* never draft a position accepted less than 1 time in 10, even when rows look free */
 #define SPEC_PROBE_STEPS 16
 #define SPEC_PROBE_MAX 512
 
@@ -301,20 +300,21 @@ void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepte
     else if (st->probe_every < SPEC_PROBE_MAX) st->probe_every *= 2;
 }
 
-double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows)
+double bt_spec_threshold(double fixed, double per_row, double draft_row, double round, int32_t n_decode, int32_t rows)
 {
     if (per_row < 0) per_row = 0;
+    if (draft_row < 0) draft_row = 0;
     if (round < 0) round = 0;
     double t = fixed + per_row * rows;
     if (n_decode <= 0 || t <= 0) return 0;
-    return (per_row * n_decode + round) / t;
+    return (draft_row * n_decode + round) / t;
 }
 
 int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int may_probe)
 {
     /* probes only where the cost allows drafting at all: a compute-bound batch is not worth probing */
     may_probe = may_probe && threshold < 0.5;
-    if (threshold < SPEC_MIN_THRESHOLD) threshold = SPEC_MIN_THRESHOLD;
+    if (threshold < BT_SPEC_MIN_THRESHOLD) threshold = BT_SPEC_MIN_THRESHOLD;
     double p = 1, a = 0.5;
     int32_t k = 0;
     while (k < k_max) {
@@ -326,4 +326,42 @@ int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int
     if (k == 0 && ++st->idle_steps >= st->probe_every && may_probe) k = 1;
     if (k > 0) st->idle_steps = 0;
     return k;
+}
+
+/* ---- the drafting check ---- */
+
+static int check_size(int32_t n)
+{
+    if (n <= 16) return n < 1 ? 0 : n - 1;
+    int b = 16;
+    for (int32_t m = 32; n >= m && b < BT_SPEC_CHECK_SIZES - 1; m *= 2) b++;
+    return b;
+}
+
+void bt_spec_check_init(bt_spec_check *c)
+{
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < BT_SPEC_CHECK_SIZES; i++) c->factor[i] = 1;
+}
+
+void bt_spec_check_add(bt_spec_check *c, int32_t n_seqs, int32_t n_drafts, int64_t n_accepted, double t)
+{
+    if (n_seqs < 1 || !(t > 0)) return;
+    int b = check_size(n_seqs);
+    if (n_drafts <= 0) {
+        double x = t / n_seqs;
+        c->plain_spt[b] = c->plain_spt[b] > 0 ? 0.9 * c->plain_spt[b] + 0.1 * x : x;
+        c->factor[b] = 1 + (c->factor[b] - 1) * 0.995;
+        return;
+    }
+    double x = t / (double)(n_seqs + (n_accepted > 0 ? n_accepted : 0));
+    c->draft_spt[b] = c->draft_spt[b] > 0 ? 0.8 * c->draft_spt[b] + 0.2 * x : x;
+    if (c->plain_spt[b] <= 0) return; /* nothing to compare with yet */
+    if (c->draft_spt[b] > c->plain_spt[b]) c->factor[b] = fmin(c->factor[b] * 1.1, BT_SPEC_CHECK_MAX);
+    else c->factor[b] = fmax(c->factor[b] / 1.05, 1.0);
+}
+
+double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs)
+{
+    return c->factor[check_size(n_seqs)];
 }

@@ -152,9 +152,34 @@ float bt_spec_alpha(const bt_spec_stats *st);
  * was kept). */
 void bt_spec_stats_update(bt_spec_stats *st, int32_t n_drafts, int32_t n_accepted);
 
-/* The cost threshold above for a step: fixed, per_row and round in seconds, n_decode sequences and rows without
- * drafts. 0 while nothing is known of the costs (draft freely, bounded by the 0.1 floor of bt_spec_choose_k). */
-double bt_spec_threshold(double fixed, double per_row, double round, int32_t n_decode, int32_t rows);
+/* The cost threshold above for a step: a draft at position i pays when P_i > (draft_row * n_decode + round) / T,
+ * T = fixed + per_row * rows the step without drafts (n_decode decoding sequences, rows rows in all), draft_row
+ * what one more row of a sequence that already has one costs, round the proposer's cost of a drafting round; all
+ * in seconds. 0 while nothing is known of the costs (draft freely, bounded by the 0.1 floor of bt_spec_choose_k). */
+double bt_spec_threshold(double fixed, double per_row, double draft_row, double round, int32_t n_decode, int32_t rows);
+
+/* The drafting check: the cost model behind the threshold can be wrong (a fitted row cost that misses lanes,
+ * sampling, a machine's noise), so the scheduler also compares what it gets. Per size of decode-only step (1 .. 16
+ * sequences each, then 17-31, 32-63, 64-127, 128 and more), exponential averages of the seconds per emitted token of
+ * steps without drafts and of steps with drafts; each drafting step that was slower per token than the plain ones
+ * raises the size's factor on the threshold (x1.1, at most BT_SPEC_CHECK_MAX: then nothing is drafted there), each
+ * faster one lowers it (/1.05, down to 1), and plain steps let it decay toward 1 so that drafting is retried. */
+#define BT_SPEC_CHECK_SIZES 20
+#define BT_SPEC_CHECK_MAX 16.0
+typedef struct bt_spec_check {
+    double plain_spt[BT_SPEC_CHECK_SIZES], draft_spt[BT_SPEC_CHECK_SIZES], factor[BT_SPEC_CHECK_SIZES];
+} bt_spec_check;
+
+void bt_spec_check_init(bt_spec_check *c);
+
+/* A decode-only step of n_seqs sequences that carried n_drafts drafts, kept n_accepted of them, took t seconds. */
+void bt_spec_check_add(bt_spec_check *c, int32_t n_seqs, int32_t n_drafts, int64_t n_accepted, double t);
+
+/* The threshold factor (>= 1) for a step of n_seqs sequences. */
+double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs);
+
+/* Never draft a position accepted less than 1 time in 10, even when rows look free. */
+#define BT_SPEC_MIN_THRESHOLD 0.1
 
 /* The drafts to ask for: the largest k <= k_max with P_k > max(threshold, 0.1) (0 when none), except that a
  * sequence that has not drafted for probe_every steps probes with 1 when may_probe and threshold < 0.5. The caller

@@ -156,7 +156,7 @@ static int32_t dm_catch_up(dm_ctx *c, bt_spec_item *items, int32_t n, int32_t *n
         }
         int32_t nb;
         const int32_t *table = bt_bm_seq_table(c->bm, d->seq, &nb);
-        c->views[ns] = (bt_seq_view){table, nb};
+        c->views[ns] = (bt_seq_view){.block_table = table, .n_blocks = nb};
         for (int32_t k = 0; k < take; k++) {
             c->b_tokens[nt] = it->tokens[keep + k];
             c->b_pos[nt] = keep + k;
@@ -216,7 +216,7 @@ static void dm_draft(dm_ctx *c, bt_spec_item *items, int32_t n)
             if (dm_reserve(c, d, &tok, 1)) continue; /* pool full: these drafts are all it gets this step */
             int32_t nb;
             const int32_t *table = bt_bm_seq_table(c->bm, d->seq, &nb);
-            c->views[ns] = (bt_seq_view){table, nb};
+            c->views[ns] = (bt_seq_view){.block_table = table, .n_blocks = nb};
             c->b_tokens[nt] = tok;
             c->b_pos[nt] = d->n_fed - 1;
             c->b_seq[nt] = ns;

@@ -257,6 +257,13 @@ typedef struct kvx_push_args {
     uint32_t timeout_ms; /* deadline from creation; 0 = 30 s */
     kvx_push_cb cb;      /* optional */
     void *cb_arg;
+    /* Optional (layer_group NULL: every layer moves the lists above). A model whose sliding-window layers have their
+     * own block space: each layer l with layer_group[l] != 0 moves local_src_blocks[i] -> local_dst_blocks[i]
+     * instead (n_local_blocks >= 1), the others move the lists above. The receiver's expectation must name the
+     * same map and lists. */
+    const uint8_t *layer_group; /* [n_layers] */
+    const uint32_t *local_src_blocks, *local_dst_blocks;
+    size_t n_local_blocks;
 } kvx_push_args_t;
 
 /* Validates and plans a push of `pool`'s blocks into `peer`'s pool. Layout mismatch, out-of-range or
@@ -278,6 +285,9 @@ bt_status kvx_push_wait(kvx_push_t *push);
 
 /* Nanoseconds from creation to completion (or to now while running): for baton_kv_transfer_seconds. */
 uint64_t kvx_push_elapsed_ns(const kvx_push_t *push);
+
+/* Bytes the push moves in all: each layer's list's blocks times the block stride. Can't fail. */
+uint64_t kvx_push_bytes(const kvx_push_t *push);
 
 /* Contiguous ranges posted so far, one put (or copy, or message) each: plan runs x layers posted. */
 size_t kvx_push_puts(const kvx_push_t *push);
@@ -305,6 +315,11 @@ typedef struct kvx_expect_args {
     kvx_peer_t *sender;  /* optional: the sender's peer; its death ends the expectation with BT_ERR_PEER */
     kvx_expect_cb cb;    /* optional */
     void *cb_arg;
+    /* Optional, as in kvx_push_args_t: layers with layer_group[l] != 0 receive local_blocks (n_local_blocks >= 1,
+     * in the sender's order) instead of blocks. Both lists count as pending. */
+    const uint8_t *layer_group; /* [n_layers] */
+    const uint32_t *local_blocks;
+    size_t n_local_blocks;
 } kvx_expect_args_t;
 
 /* Registers that blocks of `pool` will be written under an epoch. BT_ERR_INVALID for ids out of range, n == 0,

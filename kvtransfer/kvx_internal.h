@@ -128,6 +128,13 @@ struct kvx_push {
     uint8_t *layer_done;  /* [n_layers] */
     uint32_t layers_posted;
     uint32_t *crcs;       /* [n_layers][n_blocks] per-layer block checksums when KVX_F_CRC */
+    /* a second block list for the layers marked in layer_group (sliding-window layers with their own block space);
+     * layer_group NULL: every layer moves plan */
+    uint8_t *layer_group;   /* [n_layers] 1: the layer moves lplan */
+    kvx_plan_t lplan;
+    uint32_t *ldst_blocks;  /* [lplan.n_blocks] */
+    uint32_t *lcrcs;        /* [n_layers][lplan.n_blocks] when KVX_F_CRC */
+    uint32_t digest;        /* of the destination lists and the layer map: CLAIM and DONE carry it */
     uint8_t *am_hdrs;     /* AM path: [n_layers][n_runs] data headers, alive until the push is freed */
     uint8_t *msg;         /* DONE message, alive until the push is freed */
     uint8_t claim[32];    /* CLAIM message, alive until the push is freed */
@@ -156,6 +163,9 @@ struct kvx_expect {
     size_t n_blocks;
     uint32_t blocks_crc;
     uint32_t *sorted;        /* [n_blocks] the blocks in ascending order (AM data ownership checks) */
+    uint8_t *layer_group;    /* [n_layers] 1: the layer's blocks are lblocks (NULL: every layer's are blocks) */
+    uint32_t *lblocks, *lsorted; /* [n_lblocks] the second list, in the sender's order and ascending */
+    size_t n_lblocks;
     uint64_t bytes_received; /* AM data path */
     int claimed;             /* a sender claimed the epoch (one sender per expectation) */
     kvx_expect_cb cb;
@@ -229,5 +239,9 @@ static inline uint64_t kvx_get64(const uint8_t *p)
 
 /* crc32c of a block id list as little-endian u32s. */
 uint32_t kvx_blocks_digest(const uint32_t *blocks, size_t n);
+/* Digest of a transfer's destination lists: kvx_blocks_digest(blocks, n) without a layer map, else that chained
+ * with the second list and the map. */
+uint32_t kvx_lists_digest(const uint32_t *blocks, size_t n, const uint32_t *lblocks, size_t nl,
+                          const uint8_t *layer_group, uint32_t n_layers);
 
 #endif

@@ -10,7 +10,8 @@
  * BT_ERR_STALE, so late completions never touch blocks that were re-assigned.
  *
  * DONE, little-endian: u32 magic "KXDN", u16 version 1, u16 flags, u64 push id, u64 epoch, u64 fingerprint,
- *   u32 n_blocks, u32 digest of the destination ids, u32 n_layers, u32 reserved, then u32 crc[n_blocks] when
+ *   u32 n_blocks (both lists), u32 digest of the destination ids (kvx_lists_digest: with a second list for the
+ *   layers of a layer map, its ids and the map too), u32 n_layers, u32 reserved, then u32 crc[n_blocks] when
  *   flags has KVX_F_CRC. A block's crc is the crc32c of its per-layer crc32c values in layer order.
  * ACK: u32 magic "KXAK" (answer to DONE) or "KXCA" (answer to CLAIM), i32 status, u64 push id, u64 epoch.
  * CLAIM: u32 magic "KXCL", u16 version 1, u16 reserved, u64 push id, u64 epoch, u32 n_blocks, u32 digest of the
@@ -54,11 +55,36 @@ uint32_t kvx_blocks_digest(const uint32_t *blocks, size_t n)
     return bt_crc32c(crc, buf, k);
 }
 
-/* Block checksum from its per-layer checksums: crcs is [n_layers][n_blocks]. */
-static uint32_t fold_block_crc(const uint32_t *crcs, uint32_t n_layers, size_t n_blocks, size_t i)
+uint32_t kvx_lists_digest(const uint32_t *blocks, size_t n, const uint32_t *lblocks, size_t nl,
+                          const uint8_t *layer_group, uint32_t n_layers)
+{
+    uint32_t crc = kvx_blocks_digest(blocks, n);
+    if (!layer_group) return crc;
+    uint8_t b[4];
+    kvx_put32(b, crc);
+    crc = bt_crc32c(0, b, 4);
+    kvx_put32(b, kvx_blocks_digest(lblocks, nl));
+    crc = bt_crc32c(crc, b, 4);
+    for (uint32_t l = 0; l < n_layers; l++) {
+        uint8_t g = layer_group[l] != 0;
+        crc = bt_crc32c(crc, &g, 1);
+    }
+    return crc;
+}
+
+/* 1 when layer moves the second list (layer_group may be NULL). */
+static inline int in_group(const uint8_t *layer_group, uint32_t layer)
+{
+    return layer_group && layer_group[layer];
+}
+
+/* Block checksum from its per-layer checksums over the layers of group g: crcs is [n_layers][n_blocks]. */
+static uint32_t fold_block_crc(const uint32_t *crcs, uint32_t n_layers, size_t n_blocks, size_t i,
+                               const uint8_t *layer_group, int g)
 {
     uint32_t crc = 0;
     for (uint32_t l = 0; l < n_layers; l++) {
+        if (in_group(layer_group, l) != g) continue;
         uint8_t b[4];
         kvx_put32(b, crcs[(size_t)l * n_blocks + i]);
         crc = bt_crc32c(crc, b, 4);
@@ -76,9 +102,13 @@ static void push_free(kvx_push_t *p)
     p->pool->users--;
     kvx_peer_unref(p->peer);
     kvx_plan_free(&p->plan);
+    kvx_plan_free(&p->lplan);
     free(p->dst_blocks);
+    free(p->ldst_blocks);
+    free(p->layer_group);
     free(p->layer_done);
     free(p->crcs);
+    free(p->lcrcs);
     free(p->am_hdrs);
     free(p->msg);
     free(p);
@@ -148,7 +178,7 @@ static void push_send_done(kvx_push_t *p)
         kvx_push_finish(p, BT_ERR_PEER, "kvx: %s", p->peer->err);
         return;
     }
-    size_t n = p->plan.n_blocks;
+    size_t n0 = p->plan.n_blocks, n1 = p->lplan.n_blocks, n = n0 + n1;
     uint32_t n_layers = p->plan.local.n_layers;
     int crc = (p->flags & KVX_F_CRC) != 0;
     p->msg_len = DONE_HDR + (crc ? 4 * n : 0);
@@ -165,11 +195,15 @@ static void push_send_done(kvx_push_t *p)
     kvx_put64(m + 16, p->epoch);
     kvx_put64(m + 24, p->plan.local.fingerprint);
     kvx_put32(m + 32, (uint32_t)n);
-    kvx_put32(m + 36, kvx_blocks_digest(p->dst_blocks, n));
+    kvx_put32(m + 36, p->digest);
     kvx_put32(m + 40, n_layers);
     kvx_put32(m + 44, 0);
-    if (crc)
-        for (size_t i = 0; i < n; i++) kvx_put32(m + DONE_HDR + 4 * i, fold_block_crc(p->crcs, n_layers, n, i));
+    if (crc) {
+        for (size_t i = 0; i < n0; i++)
+            kvx_put32(m + DONE_HDR + 4 * i, fold_block_crc(p->crcs, n_layers, n0, i, p->layer_group, 0));
+        for (size_t i = 0; i < n1; i++)
+            kvx_put32(m + DONE_HDR + 4 * (n0 + i), fold_block_crc(p->lcrcs, n_layers, n1, i, p->layer_group, 1));
+    }
     p->state = KVX_PUSH_ACKING;
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
@@ -239,8 +273,8 @@ static void push_send_claim(kvx_push_t *p)
     kvx_put16(m + 6, 0);
     kvx_put64(m + 8, p->id);
     kvx_put64(m + 16, p->epoch);
-    kvx_put32(m + 24, (uint32_t)p->plan.n_blocks);
-    kvx_put32(m + 28, kvx_blocks_digest(p->dst_blocks, p->plan.n_blocks));
+    kvx_put32(m + 24, (uint32_t)(p->plan.n_blocks + p->lplan.n_blocks));
+    kvx_put32(m + 28, p->digest);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
@@ -273,18 +307,34 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     if ((st = kvx_plan_build(&pool->layout, &peer->d.layout, a->src_blocks, a->dst_blocks, a->n_blocks,
                              &p->plan)) != BT_OK)
         goto fail;
-    size_t n = a->n_blocks;
+    size_t n = a->n_blocks, nl = a->layer_group ? a->n_local_blocks : 0;
     uint32_t n_layers = pool->layout.n_layers;
+    if (a->layer_group &&
+        (st = kvx_plan_build(&pool->layout, &peer->d.layout, a->local_src_blocks, a->local_dst_blocks, nl,
+                             &p->lplan)) != BT_OK)
+        goto fail_plan;
+    size_t max_runs = p->plan.n_runs > p->lplan.n_runs ? p->plan.n_runs : p->lplan.n_runs;
     p->dst_blocks = malloc(n * sizeof *p->dst_blocks);
     p->layer_done = calloc(n_layers, 1);
     if (flags & KVX_F_CRC) p->crcs = calloc((size_t)n_layers * n, sizeof *p->crcs);
-    if (peer->path == KVX_PATH_AM) p->am_hdrs = malloc((size_t)n_layers * p->plan.n_runs * DATA_HDR);
+    if ((flags & KVX_F_CRC) && nl) p->lcrcs = calloc((size_t)n_layers * nl, sizeof *p->lcrcs);
+    if (nl) {
+        p->ldst_blocks = malloc(nl * sizeof *p->ldst_blocks);
+        p->layer_group = malloc(n_layers);
+    }
+    if (peer->path == KVX_PATH_AM) p->am_hdrs = malloc((size_t)n_layers * max_runs * DATA_HDR);
     if (!p->dst_blocks || !p->layer_done || ((flags & KVX_F_CRC) && !p->crcs) ||
+        (nl && (!p->ldst_blocks || !p->layer_group || ((flags & KVX_F_CRC) && !p->lcrcs))) ||
         (peer->path == KVX_PATH_AM && !p->am_hdrs)) {
         st = bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
         goto fail_plan;
     }
     memcpy(p->dst_blocks, a->dst_blocks, n * sizeof *p->dst_blocks);
+    if (nl) {
+        memcpy(p->ldst_blocks, a->local_dst_blocks, nl * sizeof *p->ldst_blocks);
+        for (uint32_t l = 0; l < n_layers; l++) p->layer_group[l] = a->layer_group[l] != 0;
+    }
+    p->digest = kvx_lists_digest(p->dst_blocks, n, p->ldst_blocks, nl, p->layer_group, n_layers);
     p->ctx = ctx;
     p->pool = pool;
     p->peer = peer;
@@ -318,11 +368,15 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
 
 fail_plan:
     kvx_plan_free(&p->plan);
+    kvx_plan_free(&p->lplan);
 fail:
     free(p->am_hdrs);
     free(p->dst_blocks);
+    free(p->ldst_blocks);
+    free(p->layer_group);
     free(p->layer_done);
     free(p->crcs);
+    free(p->lcrcs);
     free(p);
     return st;
 }
@@ -330,18 +384,20 @@ fail:
 bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
 {
     kvx_context_t *ctx = p->ctx;
-    const kvx_plan_t *plan = &p->plan;
-    if (layer >= plan->local.n_layers)
-        return bt_fail(BT_ERR_INVALID, "kvx: layer %u out of range (%u layers)", layer, plan->local.n_layers);
+    if (layer >= p->plan.local.n_layers)
+        return bt_fail(BT_ERR_INVALID, "kvx: layer %u out of range (%u layers)", layer, p->plan.local.n_layers);
     if (p->layer_done[layer]) return bt_fail(BT_ERR_INVALID, "kvx: layer %u posted twice", layer);
-    if (p->crcs) {
+    int grp = in_group(p->layer_group, layer);
+    const kvx_plan_t *plan = grp ? &p->lplan : &p->plan;
+    uint32_t *crcs = grp ? p->lcrcs : p->crcs;
+    if (crcs) {
         /* The caller owns this layer's bytes now; checksum them outside the lock. */
         const uint8_t *base = p->pool->base;
         uint64_t stride = plan->local.block_stride;
         size_t i = 0;
         for (size_t r = 0; r < plan->n_runs; r++)
             for (uint32_t b = 0; b < plan->runs[r].n_blocks; b++, i++)
-                p->crcs[(size_t)layer * plan->n_blocks + i] =
+                crcs[(size_t)layer * plan->n_blocks + i] =
                     bt_crc32c(0, base + kvx_layout_offset(&plan->local, layer, plan->runs[r].src_block + b), stride);
         if (p->test_flip_layer == (int64_t)layer)
             ((uint8_t *)p->pool->base)[kvx_layout_offset(&plan->local, layer, plan->runs[0].src_block)] ^= 1;
@@ -392,7 +448,8 @@ bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
             kvx_range_t rg = kvx_plan_range(plan, layer, r);
             void *req;
             if (peer->path == KVX_PATH_AM) {
-                uint8_t *h = p->am_hdrs + ((size_t)layer * plan->n_runs + r) * DATA_HDR;
+                size_t max_runs = p->plan.n_runs > p->lplan.n_runs ? p->plan.n_runs : p->lplan.n_runs;
+                uint8_t *h = p->am_hdrs + ((size_t)layer * max_runs + r) * DATA_HDR;
                 kvx_put32(h, DATA_MAGIC);
                 kvx_put32(h + 4, layer);
                 kvx_put64(h + 8, p->epoch);
@@ -417,7 +474,7 @@ bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
             ctx->stats.bytes_pushed += rg.len;
         }
     }
-    if (p->state == KVX_PUSH_POSTING && p->layers_posted == plan->local.n_layers) push_flush(p);
+    if (p->state == KVX_PUSH_POSTING && p->layers_posted == p->plan.local.n_layers) push_flush(p);
     bt_status st = BT_OK;
     if (p->state == KVX_PUSH_DONE && p->status != BT_OK) st = bt_fail(p->status, "%s", p->err);
     kvx_kick(ctx);
@@ -453,6 +510,15 @@ uint64_t kvx_push_elapsed_ns(const kvx_push_t *p)
     uint64_t end = p->state == KVX_PUSH_DONE ? p->end_ns : kvx_now_ns();
     pthread_mutex_unlock(&ctx->mu);
     return end - p->start_ns;
+}
+
+uint64_t kvx_push_bytes(const kvx_push_t *p)
+{
+    uint64_t sum = 0;
+    for (uint32_t l = 0; l < p->plan.local.n_layers; l++)
+        sum += (uint64_t)(in_group(p->layer_group, l) ? p->lplan.n_blocks : p->plan.n_blocks) *
+               p->plan.local.block_stride;
+    return sum;
 }
 
 size_t kvx_push_puts(const kvx_push_t *p)
@@ -491,20 +557,24 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* 1 when blocks first..first+count-1 all belong to e (sorted and distinct, so they sit side by side). */
-static int expect_owns(const kvx_expect_t *e, uint32_t first, uint32_t count)
+/* 1 when blocks first..first+count-1 all belong to e's list for layer (sorted and distinct, so they sit side by
+ * side). */
+static int expect_owns(const kvx_expect_t *e, uint32_t layer, uint32_t first, uint32_t count)
 {
-    size_t lo = 0, hi = e->n_blocks;
+    int grp = in_group(e->layer_group, layer);
+    const uint32_t *sorted = grp ? e->lsorted : e->sorted;
+    size_t n = grp ? e->n_lblocks : e->n_blocks;
+    size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (e->sorted[mid] < first)
+        if (sorted[mid] < first)
             lo = mid + 1;
         else
             hi = mid;
     }
-    if (lo + count > e->n_blocks) return 0;
+    if (lo + count > n) return 0;
     for (uint32_t k = 0; k < count; k++)
-        if (e->sorted[lo + k] != first + k) return 0;
+        if (sorted[lo + k] != first + k) return 0;
     return 1;
 }
 
@@ -517,6 +587,9 @@ static void expect_free(kvx_expect_t *e)
     if (e->sender) kvx_peer_unref(e->sender);
     free(e->sorted);
     free(e->blocks);
+    free(e->lsorted);
+    free(e->lblocks);
+    free(e->layer_group);
     free(e);
     pthread_cond_broadcast(&ctx->cv);
 }
@@ -532,7 +605,7 @@ void kvx_expect_finish(kvx_expect_t *e, bt_status st, const char *fmt, ...)
     if (e->done) return;
     e->done = 1;
     e->status = st;
-    e->pool->pending_blocks -= e->n_blocks; /* the caller may reuse them (after bumping the epoch) */
+    e->pool->pending_blocks -= e->n_blocks + e->n_lblocks; /* the caller may reuse them (after bumping the epoch) */
     if (st != BT_OK && fmt) {
         va_list ap;
         va_start(ap, fmt);
@@ -559,6 +632,17 @@ static kvx_expect_t *expect_pending(kvx_context_t *ctx, uint64_t epoch)
     return NULL;
 }
 
+/* Frees an expectation that was never registered. */
+static void expect_discard(kvx_expect_t *e)
+{
+    free(e->sorted);
+    free(e->blocks);
+    free(e->lsorted);
+    free(e->lblocks);
+    free(e->layer_group);
+    free(e);
+}
+
 bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_expect_t **out)
 {
     bt_status st;
@@ -566,28 +650,45 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
     if (!a || !a->blocks || a->n_blocks == 0 || a->n_blocks > KVX_MAX_BLOCKS)
         return bt_fail(BT_ERR_INVALID, "kvx: expectation needs 1..%u blocks", KVX_MAX_BLOCKS);
     if (a->sender && a->sender->ctx != ctx) return bt_fail(BT_ERR_INVALID, "kvx: sender peer from another context");
-    /* Same checks as a plan into this pool. */
+    size_t nl = a->layer_group ? a->n_local_blocks : 0;
+    if (a->layer_group && (!a->local_blocks || nl == 0 || nl > KVX_MAX_BLOCKS))
+        return bt_fail(BT_ERR_INVALID, "kvx: expectation's second list needs 1..%u blocks", KVX_MAX_BLOCKS);
+    /* Same checks as a plan into this pool, per list. */
     kvx_plan_t plan = {0};
     if ((st = kvx_plan_build(&pool->layout, &pool->layout, a->blocks, a->blocks, a->n_blocks, &plan)) != BT_OK)
         return st;
     kvx_plan_free(&plan);
+    if (nl && (st = kvx_plan_build(&pool->layout, &pool->layout, a->local_blocks, a->local_blocks, nl, &plan)) != BT_OK)
+        return st;
+    kvx_plan_free(&plan);
+    uint32_t n_layers = pool->layout.n_layers;
     kvx_expect_t *e = calloc(1, sizeof *e);
     if (!e) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
     e->blocks = malloc(a->n_blocks * sizeof *e->blocks);
     e->sorted = malloc(a->n_blocks * sizeof *e->sorted);
-    if (!e->blocks || !e->sorted) {
-        free(e->sorted);
-        free(e->blocks);
-        free(e);
+    if (nl) {
+        e->lblocks = malloc(nl * sizeof *e->lblocks);
+        e->lsorted = malloc(nl * sizeof *e->lsorted);
+        e->layer_group = malloc(n_layers);
+    }
+    if (!e->blocks || !e->sorted || (nl && (!e->lblocks || !e->lsorted || !e->layer_group))) {
+        expect_discard(e);
         return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
     }
     memcpy(e->blocks, a->blocks, a->n_blocks * sizeof *e->blocks);
     memcpy(e->sorted, a->blocks, a->n_blocks * sizeof *e->sorted);
     qsort(e->sorted, a->n_blocks, sizeof *e->sorted, cmp_u32);
+    if (nl) {
+        memcpy(e->lblocks, a->local_blocks, nl * sizeof *e->lblocks);
+        memcpy(e->lsorted, a->local_blocks, nl * sizeof *e->lsorted);
+        qsort(e->lsorted, nl, sizeof *e->lsorted, cmp_u32);
+        for (uint32_t l = 0; l < n_layers; l++) e->layer_group[l] = a->layer_group[l] != 0;
+    }
     e->ctx = ctx;
     e->pool = pool;
     e->n_blocks = a->n_blocks;
-    e->blocks_crc = kvx_blocks_digest(a->blocks, a->n_blocks);
+    e->n_lblocks = nl;
+    e->blocks_crc = kvx_lists_digest(e->blocks, e->n_blocks, e->lblocks, nl, e->layer_group, n_layers);
     e->flags = a->flags;
     e->cb = a->cb;
     e->cb_arg = a->cb_arg;
@@ -600,9 +701,7 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
     while (!e->epoch || expect_pending(ctx, e->epoch)) {
         if (a->epoch) {
             pthread_mutex_unlock(&ctx->mu);
-            free(e->sorted);
-            free(e->blocks);
-            free(e);
+            expect_discard(e);
             return bt_fail(BT_ERR_INVALID, "kvx: epoch %llu already pending", (unsigned long long)a->epoch);
         }
         e->epoch = kvx_random_u64(); /* fresh, unguessable; drawn again on the 2^-64 chance that it is taken */
@@ -611,16 +710,14 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
         if (a->sender->failed) {
             st = bt_fail(BT_ERR_PEER, "kvx: sender %s", a->sender->err);
             pthread_mutex_unlock(&ctx->mu);
-            free(e->sorted);
-            free(e->blocks);
-            free(e);
+            expect_discard(e);
             return st;
         }
         e->sender = a->sender;
         e->sender->refs++;
     }
     pool->users++;
-    pool->pending_blocks += e->n_blocks;
+    pool->pending_blocks += e->n_blocks + e->n_lblocks;
     bt_list_push_front(&ctx->expects, &e->link);
     ctx->stats.live_expects++;
     kvx_kick(ctx);
@@ -756,21 +853,35 @@ static void send_ack(kvx_context_t *ctx, ucp_ep_h ep, uint32_t magic, bt_status 
     }
 }
 
-/* Verifies the checksums of e's blocks against the sender's; returns the index of the first bad block or -1. */
+/* Verifies the checksums of e's blocks (the first list's, then the second's, each over its layers) against the
+ * sender's; returns the index of the first bad block in that order, or -1. */
 static long verify_crcs(const kvx_expect_t *e, const uint8_t *crcs)
 {
     const kvx_layout_t *l = &e->pool->layout;
     const uint8_t *base = e->pool->base;
-    for (size_t i = 0; i < e->n_blocks; i++) {
+    for (size_t i = 0; i < e->n_blocks + e->n_lblocks; i++) {
+        int grp = i >= e->n_blocks;
+        uint32_t block = grp ? e->lblocks[i - e->n_blocks] : e->blocks[i];
         uint32_t crc = 0;
         for (uint32_t layer = 0; layer < l->n_layers; layer++) {
+            if (in_group(e->layer_group, layer) != grp) continue;
             uint8_t b[4];
-            kvx_put32(b, bt_crc32c(0, base + kvx_layout_offset(l, layer, e->blocks[i]), l->block_stride));
+            kvx_put32(b, bt_crc32c(0, base + kvx_layout_offset(l, layer, block), l->block_stride));
             crc = bt_crc32c(crc, b, 4);
         }
         if (crc != kvx_get32(crcs + 4 * i)) return (long)i;
     }
     return -1;
+}
+
+/* Bytes the AM data path must have delivered for e: each list's blocks in each of its layers. */
+static uint64_t expect_bytes(const kvx_expect_t *e)
+{
+    const kvx_layout_t *l = &e->pool->layout;
+    uint64_t sum = 0;
+    for (uint32_t layer = 0; layer < l->n_layers; layer++)
+        sum += (uint64_t)(in_group(e->layer_group, layer) ? e->n_lblocks : e->n_blocks) * l->block_stride;
+    return sum;
 }
 
 /* CLAIM: the sender asks before writing one-sidedly. Accepted once per expectation, for its exact block list; a
@@ -797,7 +908,7 @@ ucs_status_t kvx_am_claim_cb(void *arg, const void *header, size_t header_length
     } else if (e->claimed) {
         st = BT_ERR_STALE; /* one sender per epoch; the first claim stands */
         BT_WARN("kvx", "%s: second claim for epoch %llu refused", ctx->name, (unsigned long long)epoch);
-    } else if (n != e->n_blocks || digest != e->blocks_crc) {
+    } else if (n != e->n_blocks + e->n_lblocks || digest != e->blocks_crc) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender claimed a different block list", (unsigned long long)epoch);
     } else {
@@ -834,7 +945,7 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
     if (fp != e->pool->layout.fingerprint || n_layers != e->pool->layout.n_layers) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender layout differs", (unsigned long long)epoch);
-    } else if (n != e->n_blocks || digest != e->blocks_crc) {
+    } else if (n != e->n_blocks + e->n_lblocks || digest != e->blocks_crc) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender wrote a different block list", (unsigned long long)epoch);
     } else if (!(flags & KVX_DONE_AM) && !e->claimed) {
@@ -844,12 +955,10 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: completion message has %zu bytes", (unsigned long long)epoch,
                           length);
-    } else if ((flags & KVX_DONE_AM) &&
-               e->bytes_received != (uint64_t)n * n_layers * e->pool->layout.block_stride) {
+    } else if ((flags & KVX_DONE_AM) && e->bytes_received != expect_bytes(e)) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: %llu of %llu bytes arrived", (unsigned long long)epoch,
-                          (unsigned long long)e->bytes_received,
-                          (unsigned long long)((uint64_t)n * n_layers * e->pool->layout.block_stride));
+                          (unsigned long long)e->bytes_received, (unsigned long long)expect_bytes(e));
     } else if ((e->flags & KVX_F_CRC) && !has_crc && e->pool->mem_type != KVX_MEM_CUDA) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: checksums required but not sent", (unsigned long long)epoch);
@@ -859,7 +968,7 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
             ctx->stats.crc_mismatches++;
             st = BT_ERR_FORMAT;
             kvx_expect_finish(e, st, "kvx: epoch %llu: block %u failed its crc32c check", (unsigned long long)epoch,
-                              e->blocks[bad]);
+                              (size_t)bad < e->n_blocks ? e->blocks[bad] : e->lblocks[(size_t)bad - e->n_blocks]);
         }
     }
     if (st == BT_OK) kvx_expect_finish(e, BT_OK, NULL);
@@ -884,7 +993,7 @@ ucs_status_t kvx_am_data_cb(void *arg, const void *header, size_t header_length,
     const kvx_layout_t *l = e ? &e->pool->layout : NULL;
     int ok = e && (uint64_t)(uintptr_t)e->pool->base == base && layer < l->n_layers && count > 0 &&
              first < l->n_blocks && count <= l->n_blocks - first && length == (uint64_t)count * l->block_stride;
-    ok = ok && expect_owns(e, first, count) && e->pool->mem_type != KVX_MEM_CUDA; /* no host copy into a GPU */
+    ok = ok && expect_owns(e, layer, first, count) && e->pool->mem_type != KVX_MEM_CUDA; /* no host copy into a GPU */
     if (!ok) {
         ctx->stats.dropped_writes++;
         BT_DEBUG("kvx", "%s: data for epoch %llu dropped (stale or outside its blocks)", ctx->name,

@@ -230,6 +230,12 @@ static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t 
     bt_status st = bt_sched_create(ne->m, ne->be, &sc, &ne->sched);
     if (st) return bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
     ne->kv_blocks_total = bt_sched_kv_pool(ne->sched)->n_blocks;
+    ne->kv_window = bt_sched_kv_window(ne->sched);
+    if (ne->kv_window > 0) {
+        ne->kv_layer_group = malloc((size_t)ne->m->hp.n_layer);
+        if (!ne->kv_layer_group) return bt_fail(BT_ERR_NOMEM, "out of memory for the KV layer map");
+        for (int32_t l = 0; l < ne->m->hp.n_layer; l++) ne->kv_layer_group[l] = ne->m->layers[l].window > 0;
+    }
     return bt_sched_start(ne->sched);
 }
 
@@ -270,6 +276,7 @@ void bt_ne_destroy(bt_ne_t *ne)
     if (ne->kv_device_mem) ne->be->ops->buf_free(ne->be, ne->kv_device_mem);
     bt_backend_destroy(ne->be);
     bt_model_free(ne->m);
+    free(ne->kv_layer_group);
     pthread_mutex_destroy(&ne->load_mu);
     free(ne);
 }
@@ -325,7 +332,12 @@ bt_status bt_ne_register_metrics(bt_ne_t *ne, metrics_registry_t *reg)
         if (st) return st;
     }
     metrics_gauge_set(ne->g_kv_capacity, (double)ne->kv_blocks_total);
-    bt_status st = metrics_counter_register(reg, "baton_preemptions_total",
+    bt_status st = metrics_gauge_register(reg, "baton_kv_bytes_used",
+                                          "Bytes of KV cache held by sequences: used global blocks times the layers "
+                                          "they hold, plus the sliding-window layers' used blocks times theirs.",
+                                          &ne->g_kv_bytes);
+    if (st) return st;
+    st = metrics_counter_register(reg, "baton_preemptions_total",
                                             "Running sequences sent back to wait (and recompute later) because the KV "
                                             "pool ran out.",
                                             &ne->c_preemptions);
@@ -416,6 +428,7 @@ void bt_ne_load(bt_ne_t *ne, mbr_load_report_t *out, bt_sched_stats *st)
     metrics_gauge_set(ne->g_running, st->running);
     metrics_gauge_set(ne->g_waiting, st->waiting);
     metrics_gauge_set(ne->g_kv_used, st->kv_blocks_used);
+    if (ne->g_kv_bytes) metrics_gauge_set(ne->g_kv_bytes, (double)st->kv_bytes_used);
     metrics_gauge_set(ne->g_kv_capacity, st->kv_blocks_total);
     out->running_seqs = st->running;
     out->kv_blocks_total = st->kv_blocks_total;

@@ -61,8 +61,13 @@ typedef struct bt_ne {
     int32_t n_vocab, max_context, max_running, max_batch_tokens;
     int64_t kv_blocks_total;
     size_t kv_block_bytes;   /* one block, all layers */
+    /* [n_layer] 1: a sliding-window layer with its own block space (its KV moves as the handoff's second list,
+     * engine/kv_groups.h); NULL when the scheduler has no such space */
+    uint8_t *kv_layer_group;
+    int32_t kv_window;       /* that space's window in tokens, 0 without it */
 
     metrics_gauge_t *g_running, *g_waiting, *g_kv_used, *g_kv_capacity; /* set by bt_ne_register_metrics */
+    metrics_gauge_t *g_kv_bytes;  /* baton_kv_bytes_used: bytes of KV held (the sliding-window space's at its size) */
     bt_spec_config spec;     /* what --spec asked for */
     bt_proposer *proposer;   /* NULL without speculation */
     metrics_counter_t *c_spec_proposed, *c_spec_accepted; /* labelled with the proposer; NULL without speculation */

@@ -63,6 +63,8 @@ struct pf_call {
     uint64_t epoch;
     uint32_t *dst_blocks;       /* [n_prompt_blocks] */
     uint32_t n_dst, skip;
+    uint32_t *ldst_blocks;      /* [n_dst - lfirst] the sliding-window layers' destination (NULL: none) */
+    uint32_t lfirst;
     uint32_t push_flags;
     int timeout_ms;
     kvx_peer_t *peer;
@@ -96,6 +98,7 @@ static void call_free(bt_call_t *base)
     pf_call *c = (pf_call *)base;
     kvx_peer_release(c->peer);
     free(c->dst_blocks);
+    free(c->ldst_blocks);
     free(c);
 }
 
@@ -127,26 +130,44 @@ static void on_push_done(kvx_push_t *push, bt_status st, void *arg)
 
 /* ---- export hooks (engine thread) ---- */
 
-static int export_begin(void *user, const int32_t *blocks, int32_t n_blocks)
+static int export_begin(void *user, const int32_t *blocks, int32_t n_blocks, const int32_t *local_blocks)
 {
     pf_call *c = user;
     prefill_service_t *s = c->svc;
-    if ((uint32_t)n_blocks != c->n_dst) {
-        snprintf(c->err, sizeof c->err, "prompt has %d blocks, destination names %u", n_blocks, c->n_dst);
+    if ((uint32_t)n_blocks != c->n_dst || !local_blocks != !c->ldst_blocks) {
+        snprintf(c->err, sizeof c->err, "prompt has %d blocks%s, destination names %u%s", n_blocks,
+                 local_blocks ? " with local-layer blocks" : "", c->n_dst, c->ldst_blocks ? " with local-layer blocks" : "");
         c->push_failed_early = 1;
         return 1;
     }
-    uint32_t n = c->n_dst - c->skip;
-    uint32_t *src = malloc(sizeof(uint32_t) * (n ? n : 1));
+    uint32_t n = c->n_dst - c->skip, nl = c->ldst_blocks ? c->n_dst - c->lfirst : 0;
+    uint32_t *src = malloc(sizeof(uint32_t) * (n + nl ? n + nl : 1));
     if (!src) {
         snprintf(c->err, sizeof c->err, "out of memory planning the KV transfer");
         c->push_failed_early = 1;
         return 1;
     }
     for (uint32_t i = 0; i < n; i++) src[i] = (uint32_t)blocks[c->skip + i];
+    for (uint32_t i = 0; i < nl; i++) {
+        int32_t b = local_blocks[c->lfirst + i];
+        if (b < 0) { /* the window this node kept starts later than the decode node asked */
+            snprintf(c->err, sizeof c->err, "local-layer block %u was released here before the transfer",
+                     c->lfirst + i);
+            c->push_failed_early = 1;
+            free(src);
+            return 1;
+        }
+        src[n + i] = (uint32_t)b;
+    }
     kvx_push_args_t a = {.src_blocks = src, .dst_blocks = c->dst_blocks + c->skip, .n_blocks = n,
                          .epoch = c->epoch, .flags = c->push_flags, .timeout_ms = (uint32_t)c->timeout_ms,
                          .cb = on_push_done, .cb_arg = c};
+    if (nl) {
+        a.layer_group = s->ne->kv_layer_group;
+        a.local_src_blocks = src + n;
+        a.local_dst_blocks = c->ldst_blocks;
+        a.n_local_blocks = nl;
+    }
     pthread_mutex_lock(&c->base.mu);
     c->push_running = 1;
     pthread_mutex_unlock(&c->base.mu);
@@ -306,9 +327,11 @@ static void record_served(pf_call *c, uint64_t bytes)
         pthread_mutex_unlock(&s->bw_mu);
     }
     BT_DEBUG(PF_LOG,
-             "request %s: %d prompt tokens (%d cached) -> %s epoch %" PRIu64 ": %u blocks, %" PRIu64
+             "request %s: %d prompt tokens (%d cached) -> %s epoch %" PRIu64 ": %u blocks (%u of them in the "
+             "sliding-window layers), %" PRIu64
              " bytes in %zu descriptors, prefill %.3f s, transfer %.3f s after the last layer (%.3f s streamed)",
-             c->base.request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip, bytes,
+             c->base.request_id, c->n_prompt, c->n_cached, c->dest_node, c->epoch, c->n_dst - c->skip,
+             c->ldst_blocks ? c->n_dst - c->lfirst : c->n_dst - c->skip, bytes,
              kvx_push_puts(c->push), c->t_done - c->t_arrive, secs, span);
 }
 
@@ -319,10 +342,7 @@ static void answer(pf_call *c)
     char msg[400] = "";
     int ps;
     uint64_t bytes = 0;
-    if (c->push) {
-        const kvx_plan_t *plan = kvx_push_plan(c->push);
-        bytes = (uint64_t)plan->n_blocks * plan->local.n_layers * plan->local.block_stride;
-    }
+    if (c->push) bytes = kvx_push_bytes(c->push);
     bt_rpc_code code = answer_status(c, msg, sizeof msg, &ps);
     if (code == BT_RPC_OK) {
         send_reply(c, bytes);
@@ -447,6 +467,29 @@ bt_rpc_code prefill_check_request(const bt_ne_t *ne, const Baton__V1__PrefillRun
         snprintf(err, cap, "destination.pool_descriptor is empty");
         return BT_RPC_INVALID_ARGUMENT;
     }
+    if (ne->kv_window > 0 && d->n_local_block_ids == 0) {
+        snprintf(err, cap, "destination.local_block_ids is empty: this node keeps sliding-window layers' KV in their "
+                 "own block space and needs the decode node's blocks for them");
+        return BT_RPC_FAILED_PRECONDITION;
+    }
+    if (ne->kv_window <= 0 && d->n_local_block_ids) {
+        snprintf(err, cap, "destination.local_block_ids given, but this node has no separate sliding-window block "
+                 "space");
+        return BT_RPC_FAILED_PRECONDITION;
+    }
+    if (d->n_local_block_ids) {
+        /* the window this node still holds after prefilling: from the block of position n_prompt - window on */
+        size_t held = ne->kv_window > 0 && q->n_prompt_token_ids > (size_t)ne->kv_window
+                          ? (q->n_prompt_token_ids - (size_t)ne->kv_window) / BT_KV_BLOCK
+                          : 0;
+        if (d->local_first_block >= n_blocks || d->local_first_block < held ||
+            d->n_local_block_ids != n_blocks - d->local_first_block) {
+            snprintf(err, cap, "destination.local_block_ids has %zu entries from block %u; a prompt of %zu tokens "
+                     "with a %d-token window needs blocks %zu.. (%zu blocks)", d->n_local_block_ids,
+                     d->local_first_block, q->n_prompt_token_ids, ne->kv_window, held, n_blocks);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+    }
     bt_sampling *sp = &rp->sampling;
     if (bt_ne_sampling_from_proto(ne, q->sampling, q->logprobs, q->top_logprobs, q->sample_index,
                                   bt_ne_random_seed(), sp, err, cap))
@@ -479,19 +522,22 @@ static bt_rpc_code call_create(prefill_service_t *s, bt_rpc_call_t *call, const 
     const Baton__V1__KvDestination *d = q->destination;
     pf_call *c = calloc(1, sizeof *c);
     uint32_t *dst = malloc(sizeof(uint32_t) * d->n_block_ids);
+    uint32_t *ldst = d->n_local_block_ids ? malloc(sizeof(uint32_t) * d->n_local_block_ids) : NULL;
     kvx_peer_t *peer = NULL;
     bt_status pst = BT_ERR_NOMEM;
-    if (c && dst) pst = kvx_peer_get(s->ne->kvx, bt_ne_node_key(d->decode_node_id), d->pool_descriptor.data,
+    if (c && dst && (ldst || !d->n_local_block_ids)) pst = kvx_peer_get(s->ne->kvx, bt_ne_node_key(d->decode_node_id), d->pool_descriptor.data,
                                      d->pool_descriptor.len, &peer);
     if (pst != BT_OK) {
         snprintf(err, cap, "%s", pst == BT_ERR_NOMEM ? "out of memory" : bt_last_error());
         free(c);
         free(dst);
+        free(ldst);
         return pst == BT_ERR_NOMEM    ? BT_RPC_RESOURCE_EXHAUSTED
                : pst == BT_ERR_FORMAT ? BT_RPC_INVALID_ARGUMENT
                                       : BT_RPC_UNAVAILABLE;
     }
     memcpy(dst, d->block_ids, sizeof(uint32_t) * d->n_block_ids);
+    if (ldst) memcpy(ldst, d->local_block_ids, sizeof(uint32_t) * d->n_local_block_ids);
     bt_call_init(&c->base, &s->calls, call, rid, call_free);
     c->svc = s;
     snprintf(c->dest_node, sizeof c->dest_node, "%s", d->decode_node_id);
@@ -499,6 +545,8 @@ static bt_rpc_code call_create(prefill_service_t *s, bt_rpc_call_t *call, const 
     c->dst_blocks = dst;
     c->n_dst = (uint32_t)d->n_block_ids;
     c->skip = d->skip_blocks;
+    c->ldst_blocks = ldst;
+    c->lfirst = d->local_first_block;
     c->push_flags = d->checksums ? KVX_F_CRC : 0;
     c->peer = peer;
     c->n_prompt = (int32_t)q->n_prompt_token_ids;

@@ -106,10 +106,12 @@ static void conc_emit(void *user, const bt_sched_event *ev)
 /* Offline continuous batching: n requests of plen random prompt tokens and `gen` output tokens each, submitted at
  * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
 static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int n, int plen, int gen,
-                             bt_kv_dtype dtype, const int32_t *toks, double *prefill, double *decode, double *kv_util)
+                             bt_kv_dtype dtype, int full_local, const int32_t *toks, double *prefill, double *decode,
+                             double *kv_util, double *kv_peak)
 {
     bt_sched_config cfg = {0};
     cfg.profile = profile;
+    cfg.kv_full_local = full_local;
     cfg.kv_dtype = dtype;
     cfg.kv_mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer *
                  (size_t)(n * ((plen + gen) / BT_KV_BLOCK + 2));
@@ -154,6 +156,9 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int
     *prefill = (double)plen * n / (t.last_first_token - t0);
     *decode = (double)(t.generated - n) / (t1 - t.last_first_token);
     *kv_util = util_n ? util_sum / util_n : 0;
+    bt_sched_stats fin;
+    bt_sched_get_stats(s, &fin);
+    *kv_peak = (double)fin.kv_bytes_peak;
     bt_sched_destroy(s);
     return 0;
 }
@@ -212,7 +217,7 @@ int cmd_bench(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) /* speculative decoding on and off: its own options (tools/cmd_bench_spec.c) */
         if (!strcmp(argv[i], "--spec")) return bench_spec_main(argc, argv);
-    const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16";
+    const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16", *kv_window = "release";
     int device = -1;
     long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
     for (int i = 1; i < argc; i++) {
@@ -228,7 +233,9 @@ int cmd_bench(int argc, char **argv)
                    "aggregate tok/s, with the decode roofline at each N: the lower of memory (weights once per step\n"
                    "plus each sequence's KV, at the measured bandwidth) and compute (the matmuls' multiply-\n"
                    "accumulates at the measured rate of the dot instruction on every thread). --kv-dtype: the KV\n"
-                   "cache's element type for these runs (default f16).\n"
+                   "cache's element type for these runs (default f16). --kv-window release|full: a model with\n"
+                   "sliding-window layers holds their KV only for the window (default) or for every position; the\n"
+                   "KV MiB column is the most KV bytes the run held at once, per sequence.\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
                    "tokens in the prefix cache.\n"
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
@@ -256,6 +263,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--decode-tokens")) decode_n = strtol(v, &end, 10);
         else if (!strcmp(a, "--concurrency")) conc = v;
         else if (!strcmp(a, "--kv-dtype")) kv_name = v;
+        else if (!strcmp(a, "--kv-window")) kv_window = v;
         else if (!strcmp(a, "--prefix")) prefix = strtol(v, &end, 10);
         else if (!strcmp(a, "--prompt-tokens")) prompt_n = strtol(v, &end, 10);
         else {
@@ -272,6 +280,11 @@ int cmd_bench(int argc, char **argv)
             return 2;
         }
     }
+    if (strcmp(kv_window, "release") && strcmp(kv_window, "full")) {
+        fprintf(stderr, "baton bench: --kv-window must be release or full, not '%s'\n", kv_window);
+        return 2;
+    }
+    int full_local = !strcmp(kv_window, "full");
     int kv_dtype = bt_kv_dtype_from_name(kv_name);
     if (kv_dtype < 0) {
         fprintf(stderr, "baton bench: --kv-dtype must be f16, f32 or int8, not '%s'\n", kv_name);
@@ -354,8 +367,8 @@ int cmd_bench(int argc, char **argv)
                "request, %s KV\n",
                bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof,
                prompt_n, decode_n, kv_name);
-        printf("%-12s %16s %16s %14s %10s %15s %13s\n", "concurrency", "prefill tok/s", "decode tok/s", "vs batch 1",
-               "KV util", "roofline tok/s", "roof vs 1");
+        printf("%-12s %16s %16s %14s %10s %15s %13s %14s\n", "concurrency", "prefill tok/s", "decode tok/s",
+               "vs batch 1", "KV util", "roofline tok/s", "roof vs 1", "KV MiB/seq");
         double base = 0;
         int crc = 0;
         FILE *jf = json ? fopen(json, "w") : NULL;
@@ -375,10 +388,10 @@ int cmd_bench(int argc, char **argv)
                 crc = 2;
                 break;
             }
-            double pre[100], dec[100], util[100];
+            double pre[100], dec[100], util[100], kvp[100];
             for (long k = 0; k < reps; k++)
                 if (bench_concurrency(m, r.be, env.profile, n, (int)prompt_n, (int)decode_n, (bt_kv_dtype)kv_dtype,
-                                      ctoks, &pre[k], &dec[k], &util[k])) {
+                                      full_local, ctoks, &pre[k], &dec[k], &util[k], &kvp[k])) {
                     fprintf(stderr, "baton bench: %s\n", bt_last_error());
                     crc = 1;
                     break;
@@ -388,10 +401,12 @@ int cmd_bench(int argc, char **argv)
             double roof = bw > 0 ? n * bw / (wbytes + n * kv_seq) : 0;
             if (compute_roof > 0 && compute_roof < roof) roof = compute_roof;
             if (first) base = d, roof_base = roof;
-            printf("%-12d %16.1f %16.1f %13.2fx %9.1f%% %15.0f %12.2fx\n", n, p, d, base > 0 ? d / base : 0, 100 * u,
-                   roof, roof_base > 0 ? roof / roof_base : 0);
+            double kv_mib = bench_median(kvp, (int)reps) / n / (1024.0 * 1024.0);
+            printf("%-12d %16.1f %16.1f %13.2fx %9.1f%% %15.0f %12.2fx %14.2f\n", n, p, d, base > 0 ? d / base : 0,
+                   100 * u, roof, roof_base > 0 ? roof / roof_base : 0, kv_mib);
             if (jf) fprintf(jf, "%s{\"concurrency\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
-                            "\"kv_utilization\": %.4f, \"roofline_tok_s\": %.2f}", first ? "" : ", ", n, p, d, u, roof);
+                            "\"kv_utilization\": %.4f, \"roofline_tok_s\": %.2f, \"kv_peak_bytes_per_seq\": %.0f}",
+                            first ? "" : ", ", n, p, d, u, roof, kv_mib * 1024.0 * 1024.0);
             first = 0;
         }
         if (jf) {

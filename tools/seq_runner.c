@@ -53,7 +53,7 @@ bt_status seq_runner_feed(seq_runner *r, const int32_t *tokens, int32_t n, int a
         return bt_fail(BT_ERR_INVALID, "sequence of %d tokens exceeds the context of %d", r->n_past + n, r->n_ctx);
     if (all_logits && n > r->chunk) return bt_fail(BT_ERR_INVALID, "all_logits needs n <= chunk (%d)", r->chunk);
     int32_t pos[r->chunk], seq[r->chunk], rows[r->chunk];
-    bt_seq_view sv = {r->table, r->n_blocks};
+    bt_seq_view sv = {.block_table = r->table, .n_blocks = r->n_blocks};
     for (int32_t done = 0; done < n;) {
         int32_t m = n - done < r->chunk ? n - done : r->chunk;
         for (int32_t i = 0; i < m; i++) {

@@ -250,6 +250,7 @@ const char *bt_cpu_isa_name(bt_cpu_isa isa)
     case BT_CPU_ISA_AVX2: return "avx2";
     case BT_CPU_ISA_AVX512: return "avx512";
     case BT_CPU_ISA_NEON: return "neon";
+    case BT_CPU_ISA_NEON_I8MM: return "neon-i8mm";
     default: return "unknown";
     }
 }
@@ -263,7 +264,8 @@ int bt_cpu_isa_built(bt_cpu_isa isa)
     case BT_CPU_ISA_AVX512: return 1;
 #endif
 #ifdef BT_CPU_ARM64
-    case BT_CPU_ISA_NEON: return 1;
+    case BT_CPU_ISA_NEON:
+    case BT_CPU_ISA_NEON_I8MM: return 1;
 #endif
     default: return 0;
     }
@@ -294,9 +296,11 @@ int bt_cpu_isa_supported(bt_cpu_isa isa)
     default: return 0;
     }
 #elif defined(BT_CPU_ARM64)
-    /* HWCAP_ASIMD (bit 1) and HWCAP_ASIMDDP (bit 20) of the aarch64 Linux ABI */
-    unsigned long hw = getauxval(AT_HWCAP);
-    return isa == BT_CPU_ISA_NEON && (hw >> 1 & 1) && (hw >> 20 & 1);
+    /* HWCAP_ASIMD (bit 1) and HWCAP_ASIMDDP (bit 20), and HWCAP2_I8MM (bit 13), of the aarch64 Linux ABI */
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    int neon = (hw >> 1 & 1) && (hw >> 20 & 1);
+    if (isa == BT_CPU_ISA_NEON) return neon;
+    return isa == BT_CPU_ISA_NEON_I8MM && neon && (hw2 >> 13 & 1);
 #else
     return 0;
 #endif
@@ -344,6 +348,7 @@ const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa)
 #endif
 #ifdef BT_CPU_ARM64
     case BT_CPU_ISA_NEON: return &bt_cpu_ops_neon;
+    case BT_CPU_ISA_NEON_I8MM: return &bt_cpu_ops_neon_i8mm;
 #endif
     default: return NULL;
     }

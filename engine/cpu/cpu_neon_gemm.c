@@ -7,54 +7,9 @@
  * The integer dot is exact, then per output element acc = fma((float)isum, d_w * d_a, acc) and, for layouts with a
  * min, acc = fma(m_w, ds_a, acc): the bits of bt_cpu_gemm_packed_ref. */
 #include <arm_neon.h>
-#include <string.h>
 
-#include "engine/cpu/cpu_fp16.h"
-#include "engine/cpu/cpu_gemm_layout.h"
 #include "engine/cpu/cpu_impl.h"
-
-#define AI static inline __attribute__((always_inline))
-
-/* the 16 fp16 values at p as 4 float32x4 */
-AI void load_h16(const uint16_t *p, float32x4_t v[4])
-{
-    for (int i = 0; i < 4; i++) v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
-}
-
-/* Block b's 16 weight scales d (and mins m) as floats. */
-AI void block_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, float32x4_t d[4],
-                     float32x4_t m[4])
-{
-    if (bt_gl_kquant(type)) { /* Q4_K: d and m; Q6_K: the two halves' d */
-        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
-        for (int i = 0; i < 4; i++) d[i] = vld1q_f32(f + 4 * i), m[i] = vld1q_f32(f + 16 + 4 * i);
-        return;
-    }
-    const uint16_t *sc = bt_gl_scales(group, b, type, cb);
-    load_h16(sc, d);
-    if (bt_gl_fp16_min(type)) load_h16(sc + 16, m);
-}
-
-/* acc[i] (rows 4i .. 4i + 3) = fma(isum, d * ad, acc) then, with a min, fma(m, ads, acc) */
-AI void block_accumulate(float32x4_t acc[4], const int32x4_t isum[4], const float32x4_t d[4], const float32x4_t m[4],
-                         float ad, float ads, const int mins)
-{
-    for (int i = 0; i < 4; i++) {
-        acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(isum[i]), vmulq_f32(d[i], vdupq_n_f32(ad)));
-        if (mins) acc[i] = vfmaq_f32(acc[i], m[i], vdupq_n_f32(ads));
-    }
-}
-
-AI void store_rows(float *out, const float32x4_t acc[4], int n_valid)
-{
-    if (n_valid == BT_CPU_PACK_ROWS) {
-        for (int i = 0; i < 4; i++) vst1q_f32(out + 4 * i, acc[i]);
-        return;
-    }
-    float tmp[BT_CPU_PACK_ROWS];
-    for (int i = 0; i < 4; i++) vst1q_f32(tmp + 4 * i, acc[i]);
-    memcpy(out, tmp, (size_t)n_valid * sizeof(float));
-}
+#include "engine/cpu/cpu_neon_gemm.h"
 
 /* ---- 8-bit activations: codes as 8 quads of 4 elements x 16 rows (quad k: elements 4k .. 4k + 3) ---- */
 
@@ -84,8 +39,7 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
     const int mins = bt_gl_fp16_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
-    for (int r = 0; r < nr; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
         bt_gl_prefetch_block(next, b, type);
         int8x16_t c[8][4];
@@ -110,7 +64,7 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
             block_accumulate(acc[r], isum, d, m, a->d, a->ds, mins);
         }
     }
-    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+    store_all(out, out_stride, acc, nr, n_valid);
 }
 
 /* ---- 16-bit activations: codes as 32 elements x 16 rows of int16 (c[e][0]: rows 0..7, c[e][1]: rows 8..15) ---- */
@@ -163,8 +117,7 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
     const int mins = bt_gl_has_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
-    for (int r = 0; r < nr; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
         bt_gl_prefetch_block(next, b, type);
         int16x8_t c[32][2];
@@ -195,17 +148,14 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
                 const int32x4_t o = vdupq_n_s32(off * BT_GL_ACT16(act, act_stride, r, b)->sum);
                 for (int i = 0; i < 4; i++) s[i] = vsubq_s32(s[i], o);
             }
-            if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
-                for (int i = 0; i < 4; i++) {
-                    acc[r][i] = vfmaq_f32(acc[r][i], vcvtq_f32_s32(half0[i]), vmulq_f32(d[i], vdupq_n_f32(ad)));
-                    acc[r][i] = vfmaq_f32(acc[r][i], vcvtq_f32_s32(s[i]), vmulq_f32(m[i], vdupq_n_f32(ad)));
-                }
+            if (type == BT_TYPE_Q6_K) {
+                block_accumulate_q6k(acc[r], half0, s, d, m, ad);
                 continue;
             }
             block_accumulate(acc[r], s, d, m, ad, ads, mins);
         }
     }
-    for (int r = 0; r < nr; r++) store_rows(out + (size_t)r * out_stride, acc[r], n_valid);
+    store_all(out, out_stride, acc, nr, n_valid);
 }
 
 #define NEON_GEMM(name, fn, TYPE)                                                                              \

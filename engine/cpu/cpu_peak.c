@@ -85,6 +85,22 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static double neon_rate(int by
                              : "w"(w));
     return (double)iters * 8 / (mono_s() - t0);
 }
+
+/* smmla (a 2x8 by 8x2 int8 product: 32 MACs) on 8 chains: instructions per second */
+__attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) static double i8mm_rate(long iters)
+{
+    __attribute__((vector_size(16))) int a0 = {0}, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __attribute__((vector_size(16))) int w = {0x01010101, 0x01010101, 0x01010101, 0x01010101};
+    double t0 = mono_s();
+    for (long it = 0; it < iters; it++)
+        __asm__ volatile("smmla %0.4s, %8.16b, %8.16b\n\tsmmla %1.4s, %8.16b, %8.16b\n\t"
+                         "smmla %2.4s, %8.16b, %8.16b\n\tsmmla %3.4s, %8.16b, %8.16b\n\t"
+                         "smmla %4.4s, %8.16b, %8.16b\n\tsmmla %5.4s, %8.16b, %8.16b\n\t"
+                         "smmla %6.4s, %8.16b, %8.16b\n\tsmmla %7.4s, %8.16b, %8.16b"
+                         : CHAINS
+                         : "w"(w));
+    return (double)iters * 8 / (mono_s() - t0);
+}
 #endif
 
 double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
@@ -102,6 +118,8 @@ double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
 #elif defined(__aarch64__)
         if (isa == BT_CPU_ISA_NEON && bt_cpu_isa_supported(BT_CPU_ISA_NEON))
             r = neon_rate(bytes, 500 * 1000) * (bytes ? 16 : 4);
+        else if (isa == BT_CPU_ISA_NEON_I8MM && bt_cpu_isa_supported(BT_CPU_ISA_NEON_I8MM))
+            r = i8mm_rate(500 * 1000) * (bytes ? 32 : 16); /* 16-bit: smmla + usmmla per 32 MACs */
 #endif
         best = r > best ? r : best;
     }

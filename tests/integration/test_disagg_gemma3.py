@@ -3,8 +3,13 @@
 - node level (real baton-prefill and baton-decode in a real etcd, KV over UCX shared memory, the grpcio client):
   prompts of 10 to 1,500 tokens, greedy and seeded sampling, give bit-identical tokens and logprobs whether the
   decode node prefills locally or the prefill node pushes the KV; prompts past the 512-token sliding window
-  included. The transfer carries every block of all 18 layers (1 KV head x 256 dims, f16: 16,384 bytes per block and
-  layer); a chat prompt through the prefill node gives exactly what `baton generate` prints;
+  included (up to 2,500 tokens, nearly 5 windows). The sliding-window layers have their own block space on both
+  nodes, so the transfer carries every prompt block of the 3 global layers but only the window before the first
+  generated position of the 15 local ones (1 KV head x 256 dims, f16: 16,384 bytes per block and layer), asserted to
+  the byte from baton_kv_transfer_bytes_total; later prompts that share a transferred prefix give the same output
+  as a colocated node (the decode node reuses a transferred prefix only where it holds the local window before the
+  split, so it never serves KV it was not sent); a chat prompt through the prefill node gives exactly what
+  `baton generate` prints;
 - the local cluster (deploy/local/cluster, the `make run` launcher) with --model: the same greedy completion through
   the router's OpenAI API with the request prefilled on the prefill node and with --prefill 0 (colocated)."""
 import concurrent.futures as cf
@@ -24,6 +29,15 @@ from test_local_cluster import local_cluster, node_metric
 
 SHM = {"UCX_TLS": "sm", "UCX_POSIX_ERROR_HANDLING": "y", "UCX_SYSV_ERROR_HANDLING": "y"}
 LAYERS, BLOCK_BYTES = 18, 2 * 1 * 16 * 256 * 2
+GLOBAL_LAYERS, WINDOW = 3, 512  # layers 5, 11, 17 are global; the other 15 slide over 512 positions
+
+
+def transfer_bytes(n_prompt):
+    """What the prefill node sends for a prompt the decode node has no prefix of: the global layers' blocks, and the
+    local layers' blocks from the one holding position n_prompt - window on."""
+    blocks = (n_prompt + 15) // 16
+    first = (n_prompt - WINDOW) // 16 if n_prompt > WINDOW else 0
+    return (blocks * GLOBAL_LAYERS + (blocks - first) * (LAYERS - GLOBAL_LAYERS)) * BLOCK_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +70,7 @@ def run(pb, stub, ids, sampled, seed, hint=None, max_tokens=4):
 def test_gemma3_remote_equals_colocated(pb, cluster):
     p, dr, dl = cluster["p"], cluster["dr"], cluster["dl"]
     rng = random.Random(3)
-    lengths = [10, 100, 511, 513, 700, 1500]
+    lengths = [10, 100, 511, 513, 700, 1500, 2500]
     cases = [([2] + [rng.randrange(300, 200000) for _ in range(n - 1)], i % 2 == 1, 500 + i)
              for i, n in enumerate(lengths)]
     hint = pb["baton.v1.node_pb2"].PrefillHint(node_id=p.node_id, grpc_address=p.grpc_addr)
@@ -73,7 +87,26 @@ def test_gemma3_remote_equals_colocated(pb, cluster):
     assert dr.metric("baton_remote_prefills_total", 'result="ok"') == len(cases), dr.log()[-3000:]
     assert dr.metric("baton_remote_prefills_total", 'result="fallback"') == 0
     blocks = sum((len(c[0]) + 15) // 16 for c in cases)
-    assert p.metric("baton_kv_transfer_bytes_total") == blocks * LAYERS * BLOCK_BYTES
+    sent, full = p.metric("baton_kv_transfer_bytes_total"), blocks * LAYERS * BLOCK_BYTES
+    assert sent == sum(transfer_bytes(len(c[0])) for c in cases), (sent, full)
+    print(f"KV transferred for {len(cases)} prompts: {sent} bytes ({full} with every layer's every block, "
+          f"{sent / full:.1%}); 2,500-token prompt: {transfer_bytes(2500)} vs {((2500 + 15) // 16) * LAYERS * BLOCK_BYTES}")
+    assert sent < full * 0.6  # short prompts (all within one window) send all 18 layers' blocks
+    assert transfer_bytes(2500) < 0.35 * ((2500 + 15) // 16) * LAYERS * BLOCK_BYTES
+
+    # Prompts sharing the transferred prompts' prefixes, prefilled locally on both decode nodes: dr holds the global
+    # layers' blocks of every transferred prompt but the local layers' only for their last window, so it may reuse a
+    # prefix only where that window is there (the whole 2,500-token prompt) and must recompute the rest (its first
+    # 2,000 tokens); dl computed everything itself. Any KV served that was never sent would part the outputs.
+    long_ids = cases[-1][0]
+    follow = [(long_ids + [rng.randrange(300, 200000) for _ in range(20)], False, 900),
+              (long_ids[:2000] + [rng.randrange(300, 200000) for _ in range(30)], True, 901),
+              (cases[-2][0][:1200] + [rng.randrange(300, 200000) for _ in range(5)], False, 902)]
+    with grpc.insecure_channel(dr.grpc_addr) as cr, grpc.insecure_channel(dl.grpc_addr) as cl:
+        s_remote, s_local = mk(cr), mk(cl)
+        for ids, sampled, seed in follow:
+            assert run(pb, s_remote, ids, sampled, seed) == run(pb, s_local, ids, sampled, seed), len(ids)
+    assert dr.metric("baton_remote_prefills_total", 'result="ok"') == len(cases)
 
 
 def test_gemma3_remote_equals_baton_generate(pb, cluster, baton_bin, gemma3_model):

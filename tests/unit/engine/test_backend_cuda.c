@@ -386,7 +386,7 @@ static int run_seq(fenv *e, const int32_t *table, int32_t n_blocks, const int32_
 {
     int32_t pos[128], seqi[128], rows[128];
     for (int32_t i = 0; i < n; i++) pos[i] = p0 + i, seqi[i] = 0, rows[i] = i;
-    bt_seq_view sv = {table, n_blocks};
+    bt_seq_view sv = {.block_table = table, .n_blocks = n_blocks};
     bt_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq = seqi, .seqs = &sv, .n_seqs = 1,
                   .logit_rows = rows, .n_logits = n};
     return bt_forward_run(e->fw, e->kv, &b, logits) ? -1 : 0;
@@ -525,7 +525,7 @@ static void test_batch_invariance(void)
     for (int i = 0; i < 40; i++) tok[1 + i] = toks[i], pos[1 + i] = i, seq[1 + i] = 1;
     tok[41] = toks[41], pos[41] = 10, seq[41] = 2;
     for (int i = 0; i < 42; i++) rows[i] = i;
-    bt_seq_view sv[3] = {{ta, 4}, {tb, 4}, {tc, 4}};
+    bt_seq_view sv[3] = {{.block_table = ta, .n_blocks = 4}, {.block_table = tb, .n_blocks = 4}, {.block_table = tc, .n_blocks = 4}};
     bt_batch b = {.n_tokens = 42, .tokens = tok, .pos = pos, .seq = seq, .seqs = sv, .n_seqs = 3, .logit_rows = rows,
                   .n_logits = 42};
     REQUIRE(bt_forward_run(e.fw, e.kv, &b, batched) == BT_OK);

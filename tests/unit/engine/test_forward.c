@@ -78,7 +78,7 @@ static void seq_free(seq *s, env *e)
 static int run_alone(env *e, seq *s, int32_t chunk)
 {
     int32_t V = e->m->hp.n_vocab;
-    bt_seq_view sv = {s->table, s->n_blocks};
+    bt_seq_view sv = {.block_table = s->table, .n_blocks = s->n_blocks};
     for (int32_t done = 0; done < s->len; done += chunk) {
         int32_t n = s->len - done < chunk ? s->len - done : chunk;
         int32_t pos[256], sq[256], rows[256];
@@ -100,7 +100,7 @@ static int run_mixed(env *e, seq *ss, int n)
     int32_t V = e->m->hp.n_vocab;
     int32_t done[8] = {0};
     bt_seq_view sv[8];
-    for (int i = 0; i < n; i++) sv[i] = (bt_seq_view){ss[i].table, ss[i].n_blocks};
+    for (int i = 0; i < n; i++) sv[i] = (bt_seq_view){.block_table = ss[i].table, .n_blocks = ss[i].n_blocks};
     float *out = malloc(sizeof(float) * 64 * (size_t)V);
     int rc = 0;
     for (int step = 0;; step++) {
@@ -212,7 +212,7 @@ static void test_lanes(void)
             int32_t len = 20 + 3 * i;
             seq_make(&lane[i], &e, len, 500 + (uint64_t)i);
             seq_make(&solo[i], &e, len, 500 + (uint64_t)i);
-            sv[i] = (bt_seq_view){lane[i].table, lane[i].n_blocks};
+            sv[i] = (bt_seq_view){.block_table = lane[i].table, .n_blocks = lane[i].n_blocks};
             REQUIRE(run_alone(&e, &solo[i], 1) == 0);
             seq pre = lane[i];
             pre.len = len - D; /* the prompt, then D decode steps of all sequences together */
@@ -267,7 +267,7 @@ static void test_lanes_multi_row(void)
             int32_t len = 30 + 5 * i;
             seq_make(&lane[i], &e, len, 900 + (uint64_t)i);
             seq_make(&solo[i], &e, len, 900 + (uint64_t)i);
-            sv[i] = (bt_seq_view){lane[i].table, lane[i].n_blocks};
+            sv[i] = (bt_seq_view){.block_table = lane[i].table, .n_blocks = lane[i].n_blocks};
             REQUIRE(run_alone(&e, &solo[i], 1) == 0);
             seq pre = lane[i];
             pre.len = len - D * R;
@@ -375,7 +375,7 @@ static void test_bad_batches(void)
     env e;
     REQUIRE(env_open(&e, path, 1, 8) == 0);
     int32_t table[2] = {0, 1}, bad_table[1] = {100000};
-    bt_seq_view sv = {table, 2}, bsv = {bad_table, 1};
+    bt_seq_view sv = {.block_table = table, .n_blocks = 2}, bsv = {.block_table = bad_table, .n_blocks = 1};
     int32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, pos[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8}, sq[9] = {0}, rows[1] = {0};
     float logits[256];
     bt_batch b = {9, tok, pos, sq, &sv, 1, rows, 1, NULL, 0, NULL};

@@ -44,12 +44,14 @@ static bt_model *model;
 static bt_backend *backend;
 static bt_proposer *proposer; /* make_sched's schedulers speculate with it when set */
 static int fixed_k;           /* and always ask for k_max drafts when set */
+static int full_local;        /* make_sched: sliding-window layers keep every position (kv_full_local) */
 
 static bt_sched *make_sched(size_t kv_blocks, int32_t budget)
 {
     bt_sched_config cfg = {0};
     cfg.proposer = proposer;
     cfg.spec_fixed_k = fixed_k;
+    cfg.kv_full_local = full_local;
     cfg.kv_mem = bt_kv_block_stride(&model->hp, BT_KV_F16) * (size_t)model->hp.n_layer * kv_blocks;
     cfg.max_batch_tokens = budget;
     bt_sched *s = NULL;
@@ -316,47 +318,67 @@ typedef struct rjob {
     int go_remote;          /* start() accepts */
     uint64_t d_id;
     int32_t d_blocks[64], n_d_blocks, n_cached;
+    int32_t d_local[64], d_lfirst; /* the sliding-window layers' blocks, when the decode side has that space */
+    int has_d_local;
     int started;
     /* prefill side */
     int32_t p_blocks[64], n_p_blocks;
+    int32_t p_local[64];
+    int has_p_local;
+    int64_t copied; /* bytes moved */
     int begins, layers_seen, layer_order_ok;
     int32_t first_token;
     bt_sample_out so;
     bt_end_reason p_finish;
 } rjob;
 
-static int r_start(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached)
+static int r_start(void *user, uint64_t req_id, const int32_t *blocks, int32_t n_blocks, int32_t n_cached,
+                   const int32_t *local_blocks, int32_t local_first)
 {
     rjob *j = user;
     j->started++;
     j->d_id = req_id;
     memcpy(j->d_blocks, blocks, sizeof(int32_t) * (size_t)n_blocks);
+    j->has_d_local = local_blocks != NULL;
+    if (local_blocks) memcpy(j->d_local, local_blocks, sizeof(int32_t) * (size_t)n_blocks);
+    j->d_lfirst = local_first;
     j->n_d_blocks = n_blocks;
     j->n_cached = n_cached;
     return j->go_remote ? 0 : 1;
 }
 
-static int x_begin(void *user, const int32_t *blocks, int32_t n_blocks)
+static int x_begin(void *user, const int32_t *blocks, int32_t n_blocks, const int32_t *local_blocks)
 {
     rjob *j = user;
     j->begins++;
     memcpy(j->p_blocks, blocks, sizeof(int32_t) * (size_t)n_blocks);
+    j->has_p_local = local_blocks != NULL;
+    if (local_blocks) memcpy(j->p_local, local_blocks, sizeof(int32_t) * (size_t)n_blocks);
     j->n_p_blocks = n_blocks;
     j->layers_seen = 0;
     j->layer_order_ok = 1;
     return 0;
 }
 
-/* what kvtransfer does: the layer's blocks past the decode side's cache hit, P's pool -> D's pool */
+/* what kvtransfer does: the layer's blocks past the decode side's cache hit, P's pool -> D's pool; a sliding-window
+ * layer with its own block space on both sides moves only the blocks from the decode side's local_first on */
 static void x_layer(void *user, int32_t layer)
 {
     rjob *j = user;
     if (layer != j->layers_seen) j->layer_order_ok = 0;
     j->layers_seen++;
     const bt_kv_pool *src = bt_sched_kv_pool(j->p), *dst = bt_sched_kv_pool(j->d);
-    for (int32_t b = j->n_cached / BT_KV_BLOCK; b < j->n_p_blocks; b++)
-        memcpy(bt_kv_block_ptr(dst, layer, j->d_blocks[b]), bt_kv_block_ptr(src, layer, j->p_blocks[b]),
-               src->block_stride);
+    int local = model->layers[layer].window > 0 && j->has_d_local;
+    if (local && !j->has_p_local) return; /* not a supported pairing: the outputs will show it */
+    for (int32_t b = local ? j->d_lfirst : j->n_cached / BT_KV_BLOCK; b < j->n_p_blocks; b++) {
+        int32_t sb = local ? j->p_local[b] : j->p_blocks[b], db = local ? j->d_local[b] : j->d_blocks[b];
+        if (sb < 0 || db < 0) { /* the prefill side released what the decode side asked for */
+            j->layer_order_ok = 0;
+            continue;
+        }
+        memcpy(bt_kv_block_ptr(dst, layer, db), bt_kv_block_ptr(src, layer, sb), src->block_stride);
+        j->copied += (int64_t)src->block_stride;
+    }
 }
 
 static void p_collect(void *user, const bt_sched_event *ev)
@@ -372,7 +394,10 @@ static void p_collect(void *user, const bt_sched_event *ev)
 static const bt_remote_prefill REMOTE = {r_start};
 static const bt_kv_export EXPORT = {x_begin, x_layer};
 
-static void test_remote_prefill_handoff(void)
+/* Remote prefill between two schedulers through the hooks; then the same prompts again on the decode side alone,
+ * whose prefix cache then holds what the transfers wrote (and, for sliding-window layers, only that). *copied: the
+ * bytes moved. */
+static void remote_handoff(int64_t *copied)
 {
     enum { N = 24 };
     static job jobs[N];
@@ -430,6 +455,23 @@ static void test_remote_prefill_handoff(void)
     bt_sched_get_stats(d, &st);
     CHECK(st.kv_blocks_used == 0 && st.kv_blocks_parked == 0 && st.finished == N);
     CHECK(st.remote_fallbacks >= 1 && st.remote_prefills >= 10);
+    *copied = 0;
+    for (int i = 0; i < N; i++) *copied += rj[i].copied;
+    /* the same prompts on D alone: cached prefixes from the transfers are reused only where D has their KV */
+    uint64_t hits0 = st.prefix_hit_tokens;
+    for (int i = 0; i < N; i++) {
+        memset(&res[i], 0, sizeof res[i]);
+        REQUIRE(bt_sched_submit(d, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].p, collect, &res[i], NULL) == BT_OK);
+    }
+    int bad_check = 0;
+    for (int guard = 0; guard < 100000 && !bt_sched_idle(d); guard++) {
+        if (bt_sched_step(d) < 0) break;
+        if (bt_sched_check(d) != BT_OK && bad_check++ == 0) fprintf(stderr, "check: %s\n", bt_last_error());
+    }
+    CHECK(bad_check == 0);
+    check_same(jobs, alone, res, N, "after remote prefills, from D's prefix cache");
+    bt_sched_get_stats(d, &st);
+    CHECK(st.prefix_hit_tokens > hits0);
 
     /* aborted while the remote prefill runs: the event comes at once, the blocks only when the transfer ended */
     rjob *j = &rj[0];
@@ -453,6 +495,12 @@ static void test_remote_prefill_handoff(void)
     CHECK(st.kv_blocks_parked == 0 && st.kv_blocks_used == 0);
     bt_sched_destroy(d);
     bt_sched_destroy(p);
+}
+
+static void test_remote_prefill_handoff(void)
+{
+    int64_t copied;
+    remote_handoff(&copied);
 }
 
 static void test_engine_thread(void)
@@ -824,7 +872,7 @@ static void embed_reference(const int32_t *prompt, int32_t n, float *vec)
     REQUIRE(bt_forward_create(model, backend, n, 0, &fw) == BT_OK);
     for (int32_t i = 0; i < nb; i++) table[i] = i;
     for (int32_t i = 0; i < n; i++) pos[i] = i, sq[i] = 0, rows[i] = i;
-    bt_seq_view sv = {table, nb};
+    bt_seq_view sv = {.block_table = table, .n_blocks = nb};
     bt_batch b = {n, prompt, pos, sq, &sv, 1, rows, 0, rows, n, hidden};
     REQUIRE(bt_forward_run(fw, kv, &b, logit_dummy) == BT_OK);
     double sum[1024] = {0}, ss = 0;
@@ -900,6 +948,105 @@ static void test_embeddings(void)
     bt_sched_destroy(s);
 }
 
+/* Sliding-window release (engine/kv_groups.h) on a tiny gemma3 model (window 24, every other layer local):
+ * every token and logprob equals the run whose local layers keep every position, alone, 64 at once, under
+ * preemption, with n-gram speculation and with prefix-cache hits; the scheduler's invariants (the local space's
+ * window included) hold after every step; and a long sequence holds fewer KV bytes. */
+static void test_sliding_window_release(void)
+{
+    enum { N = 64 };
+    static job jobs[N];
+    static out ref[N], got[N];
+    bt_model *llama = model;
+    char path[600];
+    snprintf(path, sizeof path, "%s/swa.gguf", test_tmpdir());
+    tiny_model_opts o = {.arch = "gemma3", .n_layer = 4, .swa_window = 24, .swa_pattern = 2};
+    REQUIRE(tiny_model_write(path, &o) == 0 && bt_model_load(path, &model) == BT_OK);
+    REQUIRE(model->hp.swa_window == 24 && model->layers[0].window == 24 && model->layers[1].window == 0);
+    make_jobs(jobs, N);
+    full_local = 1;
+    run_alone(jobs, N, ref);
+    full_local = 0;
+    run_alone(jobs, N, got);
+    check_same(jobs, ref, got, N, "window release, alone");
+    bt_sched_stats st;
+    run_together(jobs, N, got, 1024, 256, 0, &st);
+    check_same(jobs, ref, got, N, "window release, 64 concurrent");
+    run_together(jobs, N, got, 24, 128, 0, &st);
+    check_same(jobs, ref, got, N, "window release, tight pool");
+    CHECK(st.preemptions > 0);
+    REQUIRE(bt_spec_ngram_create(1, 4, &proposer) == BT_OK);
+    fixed_k = 1;
+    run_together(jobs, N, got, 1024, 256, 0, &st);
+    check_same(jobs, ref, got, N, "window release, ngram");
+    CHECK(st.spec_accepted > 0);
+    run_together(jobs, N, got, 24, 128, 0, &st);
+    check_same(jobs, ref, got, N, "window release, ngram, tight pool");
+    bt_proposer_destroy(proposer);
+    proposer = NULL;
+    fixed_k = 0;
+
+    /* remote prefill: the local layers move only the window before the first generated position */
+    int64_t copied_full, copied_slim;
+    full_local = 1;
+    remote_handoff(&copied_full);
+    full_local = 0;
+    remote_handoff(&copied_slim);
+    fprintf(stderr, "  remote prefill: %lld bytes moved with the local space, %lld without\n", (long long)copied_slim,
+            (long long)copied_full);
+    CHECK(copied_slim > 0 && copied_slim < copied_full);
+
+    /* twice through one scheduler: the second pass reuses cached prefixes only where their window is cached */
+    bt_sched *s = make_sched(2048, 256);
+    REQUIRE(s != NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(got, 0, sizeof got);
+        for (int i = 0; i < N; i++)
+            REQUIRE(bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].p, collect, &got[i], NULL) == BT_OK);
+        int bad_check = 0;
+        for (int guard = 0; guard < 100000 && !bt_sched_idle(s); guard++) {
+            if (bt_sched_step(s) < 0) break;
+            if (bt_sched_check(s) != BT_OK && bad_check++ == 0) fprintf(stderr, "check: %s\n", bt_last_error());
+        }
+        CHECK(bad_check == 0);
+        check_same(jobs, ref, got, N, pass ? "window release, prefix-cache hits" : "window release, cold cache");
+    }
+    bt_sched_get_stats(s, &st);
+    CHECK(st.prefix_hit_tokens > 0 && st.kv_blocks_used == 0 && st.kv_local_blocks_used == 0);
+    bt_sched_destroy(s);
+
+    /* one 360-token sequence: the local layers hold about their window, the global ones every position */
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = (i * 7) % 256;
+    bt_req_params p = bt_req_params_default();
+    p.sampling.max_tokens = 60;
+    p.sampling.ignore_eos = 1;
+    int64_t peak[2];
+    out o2[2];
+    for (int fl = 0; fl < 2; fl++) {
+        full_local = fl;
+        s = make_sched(64, 64);
+        REQUIRE(s != NULL);
+        memset(&o2[fl], 0, sizeof o2[fl]);
+        REQUIRE(bt_sched_submit(s, prompt, 300, &p, collect, &o2[fl], NULL) == BT_OK);
+        run_until_idle(s);
+        bt_sched_get_stats(s, &st);
+        peak[fl] = st.kv_bytes_peak;
+        bt_sched_destroy(s);
+    }
+    full_local = 0;
+    CHECK(o2[0].n == 60 && o2[1].n == 60 && !memcmp(o2[0].tokens, o2[1].tokens, sizeof o2[0].tokens));
+    size_t stride = bt_kv_block_stride(&model->hp, BT_KV_F16);
+    /* 360 positions = 23 blocks: 2 global layers x 23 + 2 local layers x (window + one chunk) at most */
+    CHECK_MSG(peak[1] == (int64_t)(23 * 4 * stride) && peak[0] < (int64_t)((23 * 2 + 8 * 2) * stride),
+              "peak KV bytes: %lld with release, %lld without (stride %zu)", (long long)peak[0], (long long)peak[1],
+              stride);
+    fprintf(stderr, "  360-token sequence: peak KV %lld bytes with release, %lld without\n", (long long)peak[0],
+            (long long)peak[1]);
+    bt_model_free(model);
+    model = llama;
+}
+
 int main(void)
 {
     char *path = model_path;
@@ -920,6 +1067,7 @@ int main(void)
     RUN(test_embeddings);
     RUN(test_constrained);
     RUN(test_constrained_draft_model);
+    RUN(test_sliding_window_release);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();

@@ -137,16 +137,19 @@ static void test_adaptive_k(void)
     CHECK(fabsf(bt_spec_alpha(&run) - 0.5f) < 0.1f && bt_spec_alpha_at(&run, 3) > 0.9f);
     CHECK(bt_spec_choose_k(&run, 8, 0.3, 1) == 8);
     /* a compute-bound step: the threshold nears 1; a sequence kept at 0.8 drafts nothing */
-    double thr = bt_spec_threshold(0.003, 0.001, 0, 64, 64);
+    double thr = bt_spec_threshold(0.003, 0.001, 0.001, 0, 64, 64);
     CHECK(thr > 0.9 && thr < 1);
     bt_spec_stats mid;
     bt_spec_stats_init(&mid);
     mid.hits[0] = 8, mid.tries[0] = 10;
     CHECK(bt_spec_choose_k(&mid, 8, thr, 1) == 0);
     CHECK(bt_spec_choose_k(&mid, 8, 0.5, 1) == 2); /* 0.8 then 0.8 * ~0.79 */
-    CHECK(bt_spec_threshold(0.003, 0, 0, 1, 1) == 0);
+    CHECK(bt_spec_threshold(0.003, 0, 0, 0, 1, 1) == 0);
     /* a draft model's round (1 ms) on a 4 ms batch-1 step: a draft must be accepted more than 1 time in 4 */
-    CHECK(fabs(bt_spec_threshold(0.004, 0, 0.001, 1, 1) - 0.25) < 1e-9);
+    CHECK(fabs(bt_spec_threshold(0.004, 0, 0, 0.001, 1, 1) - 0.25) < 1e-9);
+    /* a draft row dearer than a sequence's own row (a batch-1 step has idle compute a draft row must pay for):
+     * 4 sequences at 6 ms, a draft row 0.7 ms: a draft must be kept more than 0.7 * 4 / 6 of the time */
+    CHECK(fabs(bt_spec_threshold(0.002, 0.001, 0.0007, 0, 4, 4) - 0.0028 / 0.006) < 1e-9);
     /* every draft rejected: k falls to 0, then a single probe every 16 steps while drafting is cheap */
     for (int i = 0; i < 20; i++) bt_spec_stats_update(&st, 4, 0);
     CHECK(bt_spec_alpha(&st) < 0.1f);
@@ -185,11 +188,50 @@ static void test_adaptive_k(void)
     CHECK(bt_spec_alpha(&st) == a);
 }
 
+/* The drafting check raises the threshold only where drafting steps were slower per emitted token than plain steps
+ * of the same size, and lets it fall back once plain steps come again. */
+static void test_check(void)
+{
+    bt_spec_check c;
+    bt_spec_check_init(&c);
+    CHECK(bt_spec_check_factor(&c, 1) == 1 && bt_spec_check_factor(&c, 16) == 1 && bt_spec_check_factor(&c, 500) == 1);
+    /* nothing to compare with: a drafting step alone changes nothing */
+    bt_spec_check_add(&c, 16, 8, 2, 0.020);
+    CHECK(bt_spec_check_factor(&c, 16) == 1);
+    /* batch 1 copying: 5 ms plain, 9 ms for 1 + 4 kept drafts (1.8 ms per token): the factor stays 1 */
+    for (int i = 0; i < 50; i++) {
+        bt_spec_check_add(&c, 1, 0, 0, 0.005);
+        bt_spec_check_add(&c, 1, 8, 4, 0.009);
+    }
+    CHECK(bt_spec_check_factor(&c, 1) == 1);
+    /* 16 sequences, compute-bound: 16 ms plain (1 ms per token), 24 ms with 8 drafts of which 4 kept (1.2 ms): the
+     * factor climbs to its cap; other sizes are untouched */
+    for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 16, 0, 0, 0.016);
+    for (int i = 0; i < 60; i++) bt_spec_check_add(&c, 16, 8, 4, 0.024);
+    CHECK(bt_spec_check_factor(&c, 16) == BT_SPEC_CHECK_MAX);
+    CHECK(bt_spec_check_factor(&c, 15) == 1 && bt_spec_check_factor(&c, 17) == 1 && bt_spec_check_factor(&c, 1) == 1);
+    /* plain steps only from then on: the factor decays back toward 1 (drafting is tried again) */
+    for (int i = 0; i < 600; i++) bt_spec_check_add(&c, 16, 0, 0, 0.016);
+    CHECK(bt_spec_check_factor(&c, 16) < 1.8);
+    /* drafting that now pays lowers it the rest of the way */
+    for (int i = 0; i < 60; i++) bt_spec_check_add(&c, 16, 4, 4, 0.018);
+    CHECK(bt_spec_check_factor(&c, 16) == 1);
+    /* sizes: 17 .. 31 share one, as do 32 .. 63 and everything from 128 */
+    for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 20, 0, 0, 0.020);
+    for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 30, 8, 0, 0.040);
+    CHECK(bt_spec_check_factor(&c, 17) > 1 && bt_spec_check_factor(&c, 31) > 1 && bt_spec_check_factor(&c, 32) == 1);
+    /* nonsense input is ignored */
+    bt_spec_check_add(&c, 0, 4, 4, 0.01);
+    bt_spec_check_add(&c, 4, 4, 4, -1);
+    CHECK(bt_spec_check_factor(&c, 0) == 1 && bt_spec_check_factor(&c, 4) == 1);
+}
+
 int main(void)
 {
     RUN(test_parse);
     RUN(test_ngram_basics);
     RUN(test_ngram_incremental_vs_brute);
     RUN(test_adaptive_k);
+    RUN(test_check);
     return test_summary();
 }

@@ -185,6 +185,14 @@ static int agent_main(int fd)
                 if (st) fprintf(stderr, "agent: sender peer: %s\n", bt_last_error());
             }
             a.sender = sender;
+            off += dl;
+            uint32_t nl = 0;
+            if (off + 4 <= n) memcpy(&nl, m + off, 4), off += 4;
+            if (nl) { /* a second list and the layer map (pool's layer count) */
+                a.local_blocks = (const uint32_t *)(m + off), off += 4 * (size_t)nl;
+                a.n_local_blocks = nl;
+                a.layer_group = m + off;
+            }
             int slot = 0;
             while (slot < MAX_EXPECTS && exp[slot]) slot++;
             kvx_expect_t *e = NULL;
@@ -383,9 +391,11 @@ static void agent_kill(agent_t *a)
     a->pid = 0;
 }
 
-/* Registers an expectation in the agent; returns its epoch (0 on failure, status in *st). */
-static uint64_t agent_expect(agent_t *a, const uint32_t *blocks, size_t n, uint64_t epoch, uint32_t flags,
-                             uint32_t timeout_ms, const void *sender_desc, size_t sender_len, int32_t *st_out)
+/* Registers an expectation in the agent, with a second list for the layers of map (nl 0: none); returns its epoch
+ * (0 on failure, status in *st). */
+static uint64_t agent_expect2(agent_t *a, const uint32_t *blocks, size_t n, const uint32_t *lblocks, size_t nl,
+                              const uint8_t *map, uint64_t epoch, uint32_t flags, uint32_t timeout_ms,
+                              const void *sender_desc, size_t sender_len, int32_t *st_out)
 {
     buf_t b = {0};
     BUF_VAL(&b, epoch);
@@ -395,6 +405,11 @@ static uint64_t agent_expect(agent_t *a, const uint32_t *blocks, size_t n, uint6
     buf_add(&b, blocks, 4 * n);
     BUF_VAL(&b, (uint32_t)sender_len);
     if (sender_len) buf_add(&b, sender_desc, sender_len);
+    BUF_VAL(&b, (uint32_t)nl);
+    if (nl) {
+        buf_add(&b, lblocks, 4 * nl);
+        buf_add(&b, map, a->layout.n_layers);
+    }
     size_t len;
     uint8_t *r = agent_call(a, OP_EXPECT, b.p, b.n, &len);
     free(b.p);
@@ -407,6 +422,12 @@ static uint64_t agent_expect(agent_t *a, const uint32_t *blocks, size_t n, uint6
     free(r);
     if (st_out) *st_out = st;
     return st ? 0 : e;
+}
+
+static uint64_t agent_expect(agent_t *a, const uint32_t *blocks, size_t n, uint64_t epoch, uint32_t flags,
+                             uint32_t timeout_ms, const void *sender_desc, size_t sender_len, int32_t *st_out)
+{
+    return agent_expect2(a, blocks, n, NULL, 0, NULL, epoch, flags, timeout_ms, sender_desc, sender_len, st_out);
 }
 
 /* An agent call answered by (status, pending blocks); BT_ERR_PEER when the answer is missing. */
@@ -751,6 +772,76 @@ static void test_bitexact(void)
     CHECK_MSG(st.am_data_received == want_am, "%s path: receiver got %llu data messages, want %llu",
               kvx_data_path_name(kvx_peer_data_path(peer)), (unsigned long long)st.am_data_received,
               (unsigned long long)want_am);
+    kvx_peer_release(peer);
+    agent_close(&a);
+    sender_free(&s);
+}
+
+/* A model whose sliding-window layers have their own block space: layers 1 and 3 move a second, shorter list whose
+ * destination ids repeat the first list's (other layers' bytes), with and without checksums; every other byte of the
+ * receiver's pool is untouched. A receiver expecting one list refuses a two-list push before anything lands. */
+static void test_two_lists(void)
+{
+    sender_t s;
+    agent_t a;
+    REQUIRE(sender_init(&s, &SRC_L, 31) == 0);
+    REQUIRE(agent_init(&a, &DST_L, 32) == 0);
+    kvx_peer_t *peer = NULL;
+    REQUIRE(kvx_peer_get(s.ctx, 1, a.desc, a.desc_len, &peer) == BT_OK);
+    check_path(peer);
+    const uint8_t map[4] = {0, 1, 0, 1};
+    uint32_t src[10], dst[10], lsrc[3] = {20, 21, 40}, ldst[3] = {10, 11, 12};
+    for (uint32_t i = 0; i < 10; i++) src[i] = i, dst[i] = 10 + i;
+    for (int round = 0; round < 2; round++) {
+        uint32_t flags = round ? KVX_F_CRC : 0;
+        int32_t est;
+        uint64_t epoch = agent_expect2(&a, dst, 10, ldst, 3, map, 0, flags, 10000, NULL, 0, &est);
+        REQUIRE(est == BT_OK && epoch != 0);
+        kvx_push_args_t args = {.src_blocks = src, .dst_blocks = dst, .n_blocks = 10, .epoch = epoch,
+                                .flags = flags, .timeout_ms = 10000, .layer_group = map,
+                                .local_src_blocks = lsrc, .local_dst_blocks = ldst, .n_local_blocks = 3};
+        kvx_push_t *push = NULL;
+        REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
+        CHECK(kvx_push_all(push) == BT_OK);
+        CHECK_MSG(kvx_push_wait(push) == BT_OK, "round %d: %s", round, kvx_push_error(push));
+        /* 2 layers x 1 run + 2 layers x 2 runs (20-21, 40) */
+        CHECK_MSG(kvx_push_puts(push) == 6, "%zu puts", kvx_push_puts(push));
+        kvx_push_destroy(push);
+        CHECK(agent_expect_wait(&a, epoch, NULL) == BT_OK);
+    }
+    /* the receiver's pool: its pattern, with layers 0 and 2 of blocks 10..19 and layers 1 and 3 of 10..12 replaced */
+    uint64_t bytes;
+    kvx_layout_check(&DST_L, &bytes);
+    size_t len;
+    uint8_t *dump = agent_call(&a, OP_DUMP, NULL, 0, &len), *want = malloc(bytes);
+    REQUIRE(dump && want && len == bytes);
+    fill_pattern(want, bytes, a.seed);
+    const uint8_t *sb = kvx_pool_base(s.pool);
+    for (uint32_t l = 0; l < 4; l++) {
+        const uint32_t *ss = map[l] ? lsrc : src, *dd = map[l] ? ldst : dst;
+        for (uint32_t i = 0; i < (map[l] ? 3u : 10u); i++)
+            memcpy(want + kvx_layout_offset(&DST_L, l, dd[i]), sb + kvx_layout_offset(&SRC_L, l, ss[i]),
+                   DST_L.block_stride);
+    }
+    CHECK(memcmp(want, dump, bytes) == 0);
+    free(want);
+    free(dump);
+    /* one list expected, two pushed: refused (on the claim, or at DONE on the AM path) */
+    int32_t est;
+    uint64_t epoch = agent_expect(&a, dst, 10, 0, 0, 10000, NULL, 0, &est);
+    REQUIRE(est == BT_OK && epoch != 0);
+    kvx_push_args_t args = {.src_blocks = src, .dst_blocks = dst, .n_blocks = 10, .epoch = epoch, .timeout_ms = 10000,
+                            .layer_group = map, .local_src_blocks = lsrc, .local_dst_blocks = ldst,
+                            .n_local_blocks = 3};
+    kvx_push_t *push = NULL;
+    REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
+    kvx_push_all(push);
+    CHECK(kvx_push_wait(push) == BT_ERR_FORMAT);
+    kvx_push_destroy(push);
+    CHECK(agent_expect_wait(&a, epoch, NULL) == BT_ERR_FORMAT);
+    /* a second list without any block is refused before anything is planned */
+    args.n_local_blocks = 0;
+    CHECK(kvx_push_create(s.pool, peer, &args, &push) == BT_ERR_INVALID);
     kvx_peer_release(peer);
     agent_close(&a);
     sender_free(&s);
@@ -1309,6 +1400,7 @@ int main(int argc, char **argv)
     const char *tls = getenv("UCX_TLS");
     fprintf(stderr, "UCX_TLS=%s\n", tls ? tls : "(unset)");
     RUN(test_bitexact);
+    RUN(test_two_lists);
     RUN(test_peer_cache_cap);
     RUN(test_pool_register);
     RUN(test_refusals);
