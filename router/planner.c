@@ -56,6 +56,9 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
         (st = get_num(dec, "max_running", 0, &running)) || (st = get_num(dec, "kv_tokens", 0, &kv)) ||
         (st = get_num(root, "kv_bytes_per_token", 0, &p->kv_bytes_per_token)))
         return st;
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(root, "router");
+    if (rt && !cJSON_IsObject(rt)) return bt_fail(BT_ERR_FORMAT, "profile: \"router\" must be an object");
+    if (rt && (st = get_num(rt, "request_s", 0, &p->request_s))) return st;
     if (!(p->prefill_token_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"prefill.token_s\" must be > 0");
     if (!(p->decode_fixed_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"decode.fixed_s\" must be > 0");
     if (chunk < 1 || running < 1) return bt_fail(BT_ERR_FORMAT, "profile: chunk_tokens and max_running must be >= 1");
@@ -112,6 +115,10 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     cJSON_AddNumberToObject(dec, "ctx_token_s", p->decode_ctx_s);
     cJSON_AddNumberToObject(dec, "max_running", (double)p->max_running);
     cJSON_AddNumberToObject(dec, "kv_tokens", (double)p->kv_tokens);
+    if (p->request_s > 0) {
+        cJSON *rt = cJSON_AddObjectToObject(o, "router");
+        if (rt) cJSON_AddNumberToObject(rt, "request_s", p->request_s);
+    }
     for (int i = 0; i < p->n_xfer; i++) {
         cJSON *t = cJSON_AddObjectToObject(x, p->xfer[i].name);
         if (!t) continue;
@@ -255,7 +262,7 @@ void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambd
     double s = prefill_service_s(p, isl);
     double tpot = decode_tpot90(p, lambda, isl, osl, nd);
     if (np > 0) {
-        *ttft_s = wait90_c(lambda, s, np) + s + transfer_s(p, t, isl);
+        *ttft_s = wait90_c(lambda, s, np) + s + transfer_s(p, t, isl) + p->request_s;
         *tpot_s = tpot;
         return;
     }
@@ -263,7 +270,7 @@ void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambd
      * prompts before it and rides one decode step */
     double rho_p = lambda * s / nd;
     *tpot_s = rho_p < 1 && isfinite(tpot) ? tpot / (1.0 - rho_p) : INFINITY;
-    *ttft_s = wait90(rho_p, s) + s + (isfinite(tpot) ? tpot : 0);
+    *ttft_s = wait90(rho_p, s) + s + (isfinite(tpot) ? tpot : 0) + p->request_s;
 }
 
 /* What one search asks of a count n: which role n sizes, with the other role's count fixed. */

@@ -11,6 +11,7 @@
  *                                        t = decode_fixed_s + B * decode_seq_s + C * decode_ctx_s
  *   a mixed step (colocated)             decode step + n * prefill_token_s
  *   KV transfer of b bytes               t = xfer_latency_s + b / xfer_bytes_s
+ *   the request path outside the engines (router, RPCs) adds request_s to every TTFT
  *
  * Queueing approximation (per role, the load split evenly over N nodes, arrivals Poisson at rate lambda):
  *   prefill: service S = ceil(ISL / chunk) * prefill_fixed_s + ISL * prefill_token_s + prefill_seq_s, utilisation rho = lambda S / N.
@@ -72,6 +73,8 @@ typedef struct plan_profile {
     double prefill_fixed_s, prefill_token_s, prefill_seq_s;
     double decode_fixed_s, decode_seq_s, decode_ctx_s;
     double kv_bytes_per_token;
+    double request_s;         /* the serving path outside the engines, per request: HTTP, tokenization, placement,
+                               * the RPCs and the first token's way back (0 = not measured); adds to TTFT */
     int64_t chunk_tokens;     /* prefill tokens per step */
     int64_t max_running;      /* sequences per decode batch */
     int64_t kv_tokens;        /* KV capacity of one node in tokens (0 = unbounded) */

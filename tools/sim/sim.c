@@ -14,6 +14,8 @@
  *    Prompts are chunked to prefill.chunk_tokens per step (decode rows count against that budget on decode nodes).
  *    A decode node admits sequences FCFS while they fit max_running and the KV capacity, reserving prompt + output
  *    (no preemption). Prefix caches hold what the router's prefix index says they hold.
+ *  - The serving path outside the engines (HTTP, tokenization, the RPCs, the first token's way back) is one
+ *    constant per request, the profile's request_s: a request reaches placement that long after it was sent.
  *  - KV transfer: each prefill node pushes one request at a time over its link (latency + bytes / bandwidth, the
  *    blocks the decode node lacks). The first token reaches the client when the KV has arrived (TTFT).
  *  - Failures: a failed node's requests (queued, transferring to it, running) move to other nodes with their
@@ -631,7 +633,7 @@ static void admit(sim_t *s, const sim_arrival_t *a)
     req_t *r = req_new(s);
     if (!r) return;
     s->res->arrived++;
-    r->t_arrive = s->now;
+    r->t_arrive = s->now - s->pf->request_s; /* when the client sent it: TTFT and E2E count the path too */
     r->isl = a->prompt_tokens > 0 ? a->prompt_tokens : 1;
     r->osl = a->output_tokens > 0 ? a->output_tokens : 1;
     r->group = a->prefix_group;
@@ -792,7 +794,8 @@ static void next_arrival(sim_t *s)
         return;
     }
     *keep = a;
-    ev_push(s, a.t > s->now ? a.t : s->now, EV_ARRIVAL, 0, 0, keep);
+    /* the request reaches the router's placement after the serving path's own time (profile request_s) */
+    ev_push(s, (a.t > s->now ? a.t : s->now) + s->pf->request_s, EV_ARRIVAL, 0, 0, keep);
 }
 
 static bt_status sim_setup(sim_t *s, const sim_config_t *cfg, sim_result_t *res)
