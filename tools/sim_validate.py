@@ -190,6 +190,8 @@ def main():
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
     ap.add_argument("--quiet-tag", default="sim_validate")
+    ap.add_argument("--gap-s", type=float, default=20,
+                    help="pause between quiet windows so that others can take a turn (default 20)")
     ap.add_argument("--json")
     ap.add_argument("--no-targets", action="store_true", help="exit 0 even when a target is missed")
     a = ap.parse_args()
@@ -201,6 +203,8 @@ def main():
     try:
         for rep in range(a.repeats):
             for wpath in workloads:
+                if rows:
+                    time.sleep(a.gap_s)
                 print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} ...", file=sys.stderr)
                 row, sim_profile = measure(a, wpath, rep, tmp)
                 row["sim"] = simulate(a, wpath, sim_profile)
