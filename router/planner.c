@@ -196,6 +196,7 @@ void plan_obs_merge(plan_obs_t *a, const plan_obs_t *b)
     a->req_s += b->req_s;
     a->prompt_tok_s += b->prompt_tok_s;
     a->gen_tok_s += b->gen_tok_s;
+    a->queued += b->queued;
     a->routers += b->routers > 0 ? b->routers : 1;
 }
 
@@ -309,45 +310,69 @@ static int least_n(const plan_query_t *q)
     return hi;
 }
 
-/* Count at 50% utilisation of the given work (seconds of node time per second). */
-static int half_busy(double work)
+static int clamp_count(double n)
 {
-    double n = ceil(work / 0.5);
-    return n < 1 ? 1 : n > PLAN_MAX_REPLICAS ? PLAN_MAX_REPLICAS : (int)n;
+    return !(n >= 1) ? 1 : n > PLAN_MAX_REPLICAS ? PLAN_MAX_REPLICAS : (int)ceil(n);
+}
+
+/* Count at PLAN_FALLBACK_UTIL of the given work (node-seconds per second). */
+static int fallback_count(double work) { return clamp_count(work / PLAN_FALLBACK_UTIL); }
+
+/* Nodes that hold the p99.9 of a Poisson(l) concurrency: beyond it nobody waits for a node. */
+static int concurrency_cap(double l) { return clamp_count(l + 3.0 * sqrt(l > 0 ? l : 0) + 1.0); }
+
+/* Node-seconds per second of the per-sequence decode work (the fixed step cost is shared by the batch). */
+static double decode_work(const plan_profile_t *p, double lambda, double isl, double osl)
+{
+    return lambda * osl * (p->decode_seq_s + (isl + osl / 2.0) * p->decode_ctx_s);
+}
+
+/* Sequences decoding at once when each runs alone: lambda OSL t1. */
+static double decode_concurrency(const plan_profile_t *p, double lambda, double isl, double osl)
+{
+    return lambda * osl * plan_decode_step_s(p, 1, isl + osl / 2.0);
 }
 
 void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_obs_t *obs, plan_answer_t *out)
 {
     memset(out, 0, sizeof *out);
     out->slo_reachable = 1;
-    double lambda = obs->req_s > 0 ? obs->req_s : 0;
-    double isl = lambda > 0 ? obs->prompt_tok_s / lambda : 0, osl = lambda > 0 ? obs->gen_tok_s / lambda : 0;
+    double seen = obs->req_s > 0 ? obs->req_s : 0;
+    double isl = seen > 0 ? obs->prompt_tok_s / seen : 0, osl = seen > 0 ? obs->gen_tok_s / seen : 0;
     if (isl < 1) isl = 1;
     if (osl < 1) osl = 1;
+    double excess = (obs->queued > 0 ? obs->queued : 0) - seen * ttft_target(t);
+    out->drain_req_s = excess > 0 ? excess / PLAN_DRAIN_S : 0;
+    double lambda = seen + out->drain_req_s;
     out->lambda = lambda;
     out->isl = isl;
     out->osl = osl;
     int np = t->colocated ? 0 : 1, nd = 1;
     if (lambda > 0) {
         double s = prefill_service_s(p, isl);
+        double wp = lambda * s, wd = decode_work(p, lambda, isl, osl);
+        double lp = lambda * s, ld = decode_concurrency(p, lambda, isl, osl);
         plan_query_t q = {.p = p, .t = t, .lambda = lambda, .isl = isl, .osl = osl};
         if (!t->colocated) {
             q.role = 0, q.other = 1;
             if (!(np = least_n(&q))) {
-                np = half_busy(lambda * s);
+                np = fallback_count(wp);
                 out->slo_reachable = 0;
             }
+            if (np > concurrency_cap(lp)) np = concurrency_cap(lp);
             q.role = 1, q.other = np;
             if (!(nd = least_n(&q))) {
-                nd = half_busy(lambda * osl * p->decode_fixed_s);
+                nd = fallback_count(wd);
                 out->slo_reachable = 0;
             }
+            if (nd > concurrency_cap(ld)) nd = concurrency_cap(ld);
         } else {
             q.role = 2;
             if (!(nd = least_n(&q))) {
-                nd = half_busy(lambda * (s + osl * p->decode_fixed_s));
+                nd = fallback_count(wp + wd);
                 out->slo_reachable = 0;
             }
+            if (nd > concurrency_cap(lp + ld)) nd = concurrency_cap(lp + ld);
         }
     }
     out->prefill = np;

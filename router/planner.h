@@ -27,9 +27,22 @@
  *            stretches every decode step: TPOT90 = decode TPOT90 / (1 - rho_p); a prompt queues on the decode node
  *            it was sent to (chosen for KV room, not queue), so its wait is M/M/1's at rho_p: W90 = S ln(10 rho_p) /
  *            (1 - rho_p); TTFT90 = W90 + S + one decode step.
- * Each count is the least N (1 .. PLAN_MAX_REPLICAS) whose predictions are within headroom * target. A target no
- * count meets (the service time alone exceeds it) gives the count that keeps utilisation at 50%, with
- * slo_reachable = 0.
+ * Each count is the least N (1 .. PLAN_MAX_REPLICAS) whose predictions are within headroom * target.
+ *
+ * Saturation and backlog. The load planned for is the observed rate plus the drain of the excess backlog:
+ *   lambda = req_s + max(0, queued - req_s * TTFT target) / PLAN_DRAIN_S
+ * (queued: choices admitted and still waiting for their first token; what a cluster that meets the TTFT target
+ * holds anyway is not excess), so a saturated cluster, whose observed rate is what it manages to serve, is sized to
+ * serve the demand and work off its queue within PLAN_DRAIN_S. A target no count meets (the service time alone,
+ * or a step's fixed cost, exceeds it: more nodes cannot help) gives the throughput count instead, with
+ * slo_reachable = 0: the least N that keeps each node's work at PLAN_FALLBACK_UTIL, where work is node-seconds per
+ * second: lambda S for prefill, lambda OSL (decode_seq_s + ctx decode_ctx_s) for decode (a step's fixed cost is
+ * shared by the whole batch and is not charged per token). Every count is then capped by the concurrency bound:
+ * with N at least the p99.9 of the requests a role holds at once when nobody queues (Poisson of mean lambda S for
+ * prefill, lambda OSL t1 for decode with t1 the step time of a lone sequence: L + 3 sqrt(L) + 1), no request ever
+ * waits for a node, so a larger N cannot lower a prediction. The answer is therefore finite at and past
+ * saturation and proportional to the load (a saturated profile whose decode fit degenerates to a large fixed step
+ * asked for 95 decode nodes on a two-node test cluster before).
  *
  * Smoothing (plan_smooth_t): the observed rates are already means over the router's window (30 s). An answer above
  * the current one is taken at once (under-provisioning breaks the SLO now) when it passes a dead band of 5% of the
@@ -59,6 +72,8 @@
 #define PLAN_DEFAULT_MAX_RUNNING 256
 #define PLAN_P90_Z 1.2816
 #define PLAN_UP_TOLERANCE 0.05         /* a raw answer must pass current * (1 + this) (integer part) to raise it */
+#define PLAN_DRAIN_S 30.0              /* an excess backlog is planned to be worked off within this (the window) */
+#define PLAN_FALLBACK_UTIL 0.5         /* node utilisation planned for when no count meets a target */
 
 typedef struct plan_transport {
     char name[16];          /* "shm", "tcp", "rdma", ... */
@@ -110,6 +125,7 @@ typedef struct plan_obs {
     double req_s;          /* requests admitted per second */
     double prompt_tok_s;   /* prompt tokens per second (of those requests) */
     double gen_tok_s;      /* tokens generated per second */
+    double queued;         /* choices admitted and waiting for their first token, now (the backlog) */
     int routers;           /* records merged into this one */
 } plan_obs_t;
 
@@ -125,7 +141,9 @@ typedef struct plan_targets {
 
 typedef struct plan_answer {
     int prefill, decode;              /* raw counts (prefill 0 when colocated) */
-    double lambda, isl, osl;          /* the load planned for: req/s, mean prompt and output tokens */
+    double lambda, isl, osl;          /* the load planned for: req/s (observed plus the backlog's drain), mean
+                                       * prompt and output tokens */
+    double drain_req_s;               /* the backlog's share of lambda */
     double ttft_s, tpot_s;            /* predicted p90 at the chosen counts */
     int slo_reachable;                /* 0 when no count meets a target */
 } plan_answer_t;
@@ -135,8 +153,8 @@ typedef struct plan_answer {
 void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambda, double isl, double osl, int np,
                   int nd, double *ttft_s, double *tpot_s);
 
-/* The least counts that meet the targets for the observed load (see the opening comment). No load (req_s <= 0)
- * gives 1 of each role planned. Can't fail. */
+/* The least counts that meet the targets for the observed load and backlog (see the opening comment), each
+ * within the concurrency cap. No load and no backlog gives 1 of each role planned. Can't fail. */
 void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_obs_t *obs, plan_answer_t *out);
 
 /* Smoothing state, one per role. Zero-initialise, then plan_smooth_init. */

@@ -7,7 +7,8 @@ the quiet file (default /tmp/QUIET) is gone, create it, then `baton profile` (un
 (deploy/local/cluster up --detach, its own ports and run directory), warm it up, probe the serving path outside
 the engines (serial one-token requests: their TTFT less the profile's step for them is the profile's
 router.request_s), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
-and end are kept. The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
+and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
+measurement's own: a disturbed window says so). The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
 lengths from the seed alike: tools/workload.c wl_draw) with that window's profile.
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
@@ -23,6 +24,7 @@ while it measures; it is not part of `make test` (tests/integration/test_sim_cli
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +53,33 @@ def loadavg():
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def busy_cpu_s():
+    """CPU seconds the whole machine has spent busy (every CPU, every process) since boot."""
+    f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, idle, iowait, irq, softirq = (int(x) for x in f[:7])
+    return (user + nice + system + irq + softirq) / HZ
+
+
+def own_children_cpu_s():
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cluster_cpu_s(run_dir):
+    """CPU seconds of the cluster's processes (etcd, router, nodes), read before they stop."""
+    total = 0.0
+    for pid_file in Path(run_dir).glob("*.pid"):
+        try:
+            f = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / HZ
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
 class QuietWindow:
     """Holds the quiet file while a measurement runs: others wait while it exists, and so does this."""
 
@@ -70,11 +99,16 @@ class QuietWindow:
             self.path.write_text(f"{self.tag} {int(time.time())}\n")
         self.t0 = time.monotonic()
         self.load_start = loadavg()
+        self.busy0, self.own0 = busy_cpu_s(), own_children_cpu_s()
+        self.cluster_s = 0.0
         return self
 
     def __exit__(self, *exc):
         self.load_end = loadavg()
         self.seconds = time.monotonic() - self.t0
+        # what other processes took: all busy time less this measurement's own (its commands and the cluster)
+        mine = own_children_cpu_s() - self.own0 + self.cluster_s
+        self.others_share = max(0.0, busy_cpu_s() - self.busy0 - mine) / (self.seconds * os.cpu_count())
         if self.path:
             self.path.unlink(missing_ok=True)
         if self.seconds > WINDOW_WARN_S:
@@ -132,6 +166,7 @@ def measure(a, wpath, rep, tmp):
             out = tmp / f"bench-{tag}.json"
             run([baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
         finally:
+            qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
     real = json.loads(out.read_text())["runs"][0]
     p = json.loads(Path(profile).read_text())
@@ -140,6 +175,7 @@ def measure(a, wpath, rep, tmp):
     sim_profile.write_text(json.dumps(p))
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
            "load_start": qw.load_start, "load_end": qw.load_end, "window_s": round(qw.seconds, 1),
+           "others_cpu_share": round(qw.others_share, 3),
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
                        "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3},
@@ -209,7 +245,8 @@ def main():
                 row, sim_profile = measure(a, wpath, rep, tmp)
                 row["sim"] = simulate(a, wpath, sim_profile)
                 rows.append(row)
-                print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s; measured "
+                print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
+                      f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
     except CmdError as e:
         print(f"sim_validate: {e}", file=sys.stderr)
@@ -221,10 +258,10 @@ def main():
     for t in table:
         print(f"{t['rate']:>6g} {t['cell']:<12} {t['measured']:>10.4g} {t['simulated']:>10.4g} {100 * t['error']:>+7.1f}% "
               f"{'±' + format(100 * t['target'], 'g') + '%':>7}  {'pass' if t['pass'] else 'FAIL'}")
-    print("load averages (1/5/15 min) at the start and end of each window:")
+    print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
+              f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
               f"{r['profile']['request_ms']:.1f} ms")
     if a.json:
