@@ -8,7 +8,9 @@ the quiet file (default /tmp/QUIET) is gone, create it, then `baton profile` (un
 the engines (serial one-token requests: their TTFT less the profile's step for them is the profile's
 router.request_s), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
 and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
-measurement's own: a disturbed window says so). The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
+measurement's own). The quiet file binds only those who honour it, so a window also waits until other processes
+use less than --max-others of the CPUs, and one they disturbed anyway is measured again and left out of the
+medians. The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
 lengths from the seed alike: tools/workload.c wl_draw) with that window's profile.
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
@@ -78,6 +80,25 @@ def cluster_cpu_s(run_dir):
         except (OSError, ValueError, IndexError):
             pass
     return total
+
+
+def others_share_now(seconds=10):
+    """The CPU share busy over the next few seconds while this script runs nothing: other processes' load."""
+    b0, t0 = busy_cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    return max(0.0, busy_cpu_s() - b0) / ((time.monotonic() - t0) * os.cpu_count())
+
+
+def wait_until_idle(limit, max_wait_s):
+    """Waits (up to max_wait_s) until other processes take less than limit of the CPUs: the quiet file binds only
+    those who honour it, and a build or a test suite next door would be measured along with the cluster."""
+    end = time.monotonic() + max_wait_s
+    while True:
+        share = others_share_now()
+        if share < limit or time.monotonic() >= end:
+            return share
+        print(f"  other processes use {100 * share:.0f}% of the CPUs; waiting", file=sys.stderr)
+        time.sleep(20)
 
 
 class QuietWindow:
@@ -202,11 +223,18 @@ def summarize(rows, workloads):
         rs = [r for r in rows if r["workload"] == str(wpath)]
         if not rs:
             continue
+        # per repetition, its clean window, else its last (disturbed) one
+        per_rep = {}
+        for r in rs:
+            if r["rep"] not in per_rep or per_rep[r["rep"]].get("disturbed", False):
+                per_rep[r["rep"]] = r
+        rs = list(per_rep.values())
         for cell, tol in CELLS:
             real = statistics.median(r["real"][cell] for r in rs)
             sim = statistics.median(r["sim"][cell] for r in rs)
             err = (sim - real) / real if real else (0.0 if sim == real else float("inf"))
             table.append({"workload": str(wpath), "rate": rs[0]["rate"], "cell": cell, "n": len(rs),
+                          "disturbed": sum(bool(r.get("disturbed")) for r in rs),
                           "measured": real, "simulated": sim, "error": err, "target": tol, "pass": abs(err) <= tol})
     return table
 
@@ -228,6 +256,12 @@ def main():
     ap.add_argument("--quiet-tag", default="sim_validate")
     ap.add_argument("--gap-s", type=float, default=20,
                     help="pause between quiet windows so that others can take a turn (default 20)")
+    ap.add_argument("--max-others", type=float, default=0.15,
+                    help="a window where other processes took more than this share of the CPUs is disturbed: it "
+                         "is measured again (--retries) and left out of the medians when a clean one exists; "
+                         "windows start once others use less (1 = off; default 0.15)")
+    ap.add_argument("--retries", type=int, default=2)
+    ap.add_argument("--max-wait-s", type=float, default=900, help="longest wait for others to go idle (default 900)")
     ap.add_argument("--json")
     ap.add_argument("--no-targets", action="store_true", help="exit 0 even when a target is missed")
     a = ap.parse_args()
@@ -241,10 +275,19 @@ def main():
             for wpath in workloads:
                 if rows:
                     time.sleep(a.gap_s)
-                print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} ...", file=sys.stderr)
-                row, sim_profile = measure(a, wpath, rep, tmp)
-                row["sim"] = simulate(a, wpath, sim_profile)
-                rows.append(row)
+                for attempt in range(a.retries + 1):
+                    before = wait_until_idle(a.max_others, a.max_wait_s) if a.max_others < 1 else 0.0
+                    print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} (others "
+                          f"{100 * before:.0f}% before) ...", file=sys.stderr)
+                    row, sim_profile = measure(a, wpath, rep, tmp)
+                    row["sim"] = simulate(a, wpath, sim_profile)
+                    row["others_before"] = round(before, 3)
+                    row["disturbed"] = row["others_cpu_share"] > a.max_others
+                    rows.append(row)
+                    if not row["disturbed"]:
+                        break
+                    print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs",
+                          file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
@@ -261,14 +304,16 @@ def main():
     print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
+              f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
               f"{r['profile']['request_ms']:.1f} ms")
     if a.json:
         Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats, "rows": rows,
                                             "table": table}, indent=1))
     missed = sum(not t["pass"] for t in table)
-    print(f"{len(table) - missed} of {len(table)} cells within target")
+    print(f"{len(table) - missed} of {len(table)} cells within target"
+          + (f" (medians include {max(t['disturbed'] for t in table)} disturbed window(s) per load)"
+             if any(t["disturbed"] for t in table) else ""))
     return 1 if missed and not a.no_targets else 0
 
 
