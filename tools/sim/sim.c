@@ -101,6 +101,7 @@ typedef struct sim {
     int64_t chunk, max_running, kv_tokens;
     /* admission's view */
     double pending_prompt, compete;
+    double pending_req;             /* admitted, first token not yet delivered: the planner's backlog */
     uint64_t gen_total, prompt_total, admitted;
     double gen_ring[6][2];
     int gen_n;
@@ -314,7 +315,10 @@ static void req_finish(sim_t *s, req_t *r)
 static void req_fail(sim_t *s, req_t *r)
 {
     s->res->failed++;
-    if (r->gen == 0) s->pending_prompt -= r->isl;
+    if (r->gen == 0) {
+        s->pending_prompt -= r->isl;
+        s->pending_req -= 1;
+    }
     s->compete -= r->osl - r->gen;
     req_free(s, r);
 }
@@ -327,6 +331,7 @@ static void first_token(sim_t *s, req_t *r)
     s->gen_total++;
     s->compete -= 1;
     s->pending_prompt -= r->isl;
+    s->pending_req -= 1;
     hist_add(&s->res->ttft, s->now - r->t_arrive);
 }
 
@@ -595,6 +600,7 @@ static void place_and_send(sim_t *s, req_t *r)
         !rtr_place_within_slo(dec.best_ttft_s, s->cfg->admit_ttft_slo_s)) {
         s->res->rejected++;
         s->pending_prompt -= r->isl;
+        s->pending_req -= 1;
         s->compete -= r->osl;
         req_free(s, r);
         return;
@@ -653,6 +659,7 @@ static void admit(sim_t *s, const sim_arrival_t *a)
     s->admitted++;
     s->prompt_total += (uint64_t)r->isl;
     s->pending_prompt += r->isl;
+    s->pending_req += 1;
     s->compete += r->osl;
     place_and_send(s, r);
 }
@@ -742,7 +749,7 @@ static void plan_tick(sim_t *s)
     const double *o = s->plan_ring[(s->plan_n - back) % 32];
     s->plan_n++;
     double dt = smp[0] - o[0];
-    plan_obs_t obs = {.routers = 1};
+    plan_obs_t obs = {.routers = 1, .queued = s->pending_req};
     if (dt > 0) {
         obs.req_s = (smp[1] - o[1]) / dt;
         obs.prompt_tok_s = (smp[2] - o[2]) / dt;
