@@ -318,8 +318,17 @@ static int clamp_count(double n)
 /* Count at PLAN_FALLBACK_UTIL of the given work (node-seconds per second). */
 static int fallback_count(double work) { return clamp_count(work / PLAN_FALLBACK_UTIL); }
 
-/* Nodes that hold the p99.9 of a Poisson(l) concurrency: beyond it nobody waits for a node. */
+/* Nodes that hold the p99.9 of a Poisson(l) concurrency: beyond it nobody waits for a node (prefill: the router
+ * weighs every candidate's queue). */
 static int concurrency_cap(double l) { return clamp_count(l + 3.0 * sqrt(l > 0 ? l : 0) + 1.0); }
+
+/* The same for nodes chosen by two random picks (decode nodes, rtr_decode_score): a request shares a busy node
+ * when both picks are busy, (l / N)^2, at most 1% from N = 10 l. */
+static int concurrency_cap_2choice(double l)
+{
+    int a = concurrency_cap(l), b = clamp_count(10.0 * l);
+    return a > b ? a : b;
+}
 
 /* Node-seconds per second of the per-sequence decode work (the fixed step cost is shared by the batch). */
 static double decode_work(const plan_profile_t *p, double lambda, double isl, double osl)
@@ -365,14 +374,14 @@ void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_o
                 nd = fallback_count(wd);
                 out->slo_reachable = 0;
             }
-            if (nd > concurrency_cap(ld)) nd = concurrency_cap(ld);
+            if (nd > concurrency_cap_2choice(ld)) nd = concurrency_cap_2choice(ld);
         } else {
             q.role = 2;
             if (!(nd = least_n(&q))) {
                 nd = fallback_count(wp + wd);
                 out->slo_reachable = 0;
             }
-            if (nd > concurrency_cap(lp + ld)) nd = concurrency_cap(lp + ld);
+            if (nd > concurrency_cap_2choice(lp + ld)) nd = concurrency_cap_2choice(lp + ld);
         }
     }
     out->prefill = np;

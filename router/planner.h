@@ -38,9 +38,11 @@
  * slo_reachable = 0: the least N that keeps each node's work at PLAN_FALLBACK_UTIL, where work is node-seconds per
  * second: lambda S for prefill, lambda OSL (decode_seq_s + ctx decode_ctx_s) for decode (a step's fixed cost is
  * shared by the whole batch and is not charged per token). Every count is then capped by the concurrency bound:
- * with N at least the p99.9 of the requests a role holds at once when nobody queues (Poisson of mean lambda S for
- * prefill, lambda OSL t1 for decode with t1 the step time of a lone sequence: L + 3 sqrt(L) + 1), no request ever
- * waits for a node, so a larger N cannot lower a prediction. The answer is therefore finite at and past
+ * with N at least the p99.9 of the requests a role holds at once when nobody queues (Poisson of mean L = lambda S
+ * for prefill, lambda OSL t1 for decode with t1 the step time of a lone sequence, their sum when colocated:
+ * L + 3 sqrt(L) + 1), no prompt waits for a prefill node, so a larger N cannot lower a prediction; decode and
+ * colocated nodes are chosen by two random picks, which both find a busy node (L / N)^2 of the time, so their cap
+ * is at least 10 L (1%). The answer is therefore finite at and past
  * saturation and proportional to the load (a saturated profile whose decode fit degenerates to a large fixed step
  * asked for 95 decode nodes on a two-node test cluster before).
  *
