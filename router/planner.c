@@ -58,7 +58,8 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
         return st;
     const cJSON *rt = cJSON_GetObjectItemCaseSensitive(root, "router");
     if (rt && !cJSON_IsObject(rt)) return bt_fail(BT_ERR_FORMAT, "profile: \"router\" must be an object");
-    if (rt && (st = get_num(rt, "request_s", 0, &p->request_s))) return st;
+    if (rt && ((st = get_num(rt, "request_s", 0, &p->request_s)) || (st = get_num(rt, "token_s", 0, &p->path_token_s))))
+        return st;
     if (!(p->prefill_token_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"prefill.token_s\" must be > 0");
     if (!(p->decode_fixed_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"decode.fixed_s\" must be > 0");
     if (chunk < 1 || running < 1) return bt_fail(BT_ERR_FORMAT, "profile: chunk_tokens and max_running must be >= 1");
@@ -115,9 +116,10 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     cJSON_AddNumberToObject(dec, "ctx_token_s", p->decode_ctx_s);
     cJSON_AddNumberToObject(dec, "max_running", (double)p->max_running);
     cJSON_AddNumberToObject(dec, "kv_tokens", (double)p->kv_tokens);
-    if (p->request_s > 0) {
+    if (p->request_s > 0 || p->path_token_s > 0) {
         cJSON *rt = cJSON_AddObjectToObject(o, "router");
         if (rt) cJSON_AddNumberToObject(rt, "request_s", p->request_s);
+        if (rt) cJSON_AddNumberToObject(rt, "token_s", p->path_token_s);
     }
     for (int i = 0; i < p->n_xfer; i++) {
         cJSON *t = cJSON_AddObjectToObject(x, p->xfer[i].name);

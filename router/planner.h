@@ -92,6 +92,9 @@ typedef struct plan_profile {
     double kv_bytes_per_token;
     double request_s;         /* the serving path outside the engines, per request: HTTP, tokenization, placement,
                                * the RPCs and the first token's way back (0 = not measured); adds to TTFT */
+    double path_token_s;      /* CPU the serving path (router, client) spends per streamed token where it shares
+                               * the nodes' cores, as on a one-host cluster: each decode row's step is that much
+                               * longer (0 = the router runs elsewhere); the simulator's only */
     int64_t chunk_tokens;     /* prefill tokens per step */
     int64_t max_running;      /* sequences per decode batch */
     int64_t kv_tokens;        /* KV capacity of one node in tokens (0 = unbounded) */

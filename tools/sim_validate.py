@@ -6,7 +6,8 @@ Each measurement runs in its own quiet window (one per workload and repetition, 
 the quiet file (default /tmp/QUIET) is gone, create it, then `baton profile` (unless --profile), start the cluster
 (deploy/local/cluster up --detach, its own ports and run directory), warm it up, probe the serving path outside
 the engines (serial one-token requests: their TTFT less the profile's step for them is the profile's
-router.request_s), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
+router.request_s) and the router's and client's CPU per streamed token (router.token_s: on one host it comes out
+of the engine's cores), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
 and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
 measurement's own). The quiet file binds only those who honour it, so a window also waits until other processes
 use less than --max-others of the CPUs, and one they disturbed anyway is measured again and left out of the
@@ -165,6 +166,24 @@ def probe_request_s(a, baton, url, profile, tmp):
     return max(0.0, r["ttft_ms"]["p50"] / 1e3 - step), r["ttft_ms"]["p50"] / 1e3
 
 
+def proc_cpu_s(pid_file):
+    try:
+        f = Path(f"/proc/{int(Path(pid_file).read_text())}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / HZ
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def probe_path_token_s(a, baton, url, run_dir, tmp):
+    """CPU the serving path spends per streamed token on this host: the router's and the client's CPU over a few
+    serial long streams, per token (the decode node's RPC threads are not separated from its engine: left out)."""
+    n, out_tokens = 4, 128
+    r0, c0 = proc_cpu_s(Path(run_dir) / "router.pid"), own_children_cpu_s()
+    run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--rate", "inf", "--requests", n,
+                   "--concurrency-limit", 1, "--prompt-tokens", 8, "--output-tokens", out_tokens, "--seed", 2])
+    return (proc_cpu_s(Path(run_dir) / "router.pid") - r0 + own_children_cpu_s() - c0) / (n * out_tokens)
+
+
 def measure(a, wpath, rep, tmp):
     """One quiet window: profile, cluster, probe, bench. Returns the measured row and the profile used."""
     baton = Path(a.build) / "bin" / "baton"
@@ -192,6 +211,7 @@ def measure(a, wpath, rep, tmp):
             run([baton, "bench-serve", "--url", url, "--quiet", "--rate", "inf", "--requests", 4,
                  "--prompt-tokens", 64, "--output-tokens", 16])
             request_s, probe_ttft = probe_request_s(a, baton, url, profile, tmp)
+            path_token_s = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], tmp)
             out = tmp / f"bench-{tag}.json"
             run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
         finally:
@@ -200,6 +220,7 @@ def measure(a, wpath, rep, tmp):
     real = json.loads(out.read_text())["runs"][0]
     p = json.loads(Path(profile).read_text())
     p.setdefault("router", {})["request_s"] = request_s
+    p["router"]["token_s"] = path_token_s
     sim_profile = tmp / f"sim-profile-{tag}.json"
     sim_profile.write_text(json.dumps(p))
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
@@ -207,7 +228,8 @@ def measure(a, wpath, rep, tmp):
            "others_cpu_share": round(qw.others_share, 3),
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
-                       "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3},
+                       "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3,
+                       "path_token_ms": path_token_s * 1e3},
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
                     "tpot_p50_ms": real["tpot_ms"]["p50"], "tpot_p90_ms": real["tpot_ms"]["p90"],
                     "goodput": real["good_requests"] / max(1, real["requests"])}}
@@ -324,7 +346,7 @@ def main():
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
               f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
-              f"{r['profile']['request_ms']:.1f} ms")
+              f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_token_ms', 0):.2f} ms/token")
     if a.json:
         Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats, "rows": rows,
                                             "table": table}, indent=1))

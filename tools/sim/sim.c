@@ -16,6 +16,8 @@
  *    (no preemption). Prefix caches hold what the router's prefix index says they hold.
  *  - The serving path outside the engines (HTTP, tokenization, the RPCs, the first token's way back) is one
  *    constant per request, the profile's request_s: a request reaches placement that long after it was sent.
+ *    Where that path shares the decode node's cores (a one-host cluster), its CPU per streamed token
+ *    (path_token_s) lengthens each step by that much per row.
  *  - KV transfer: each prefill node pushes one request at a time over its link (latency + bytes / bandwidth, the
  *    blocks the decode node lacks). The first token reaches the client when the KV has arrived (TTFT).
  *  - Failures: a failed node's requests (queued, transferring to it, running) move to other nodes with their
@@ -401,8 +403,10 @@ static void node_start(sim_t *s, int i)
         ptoks = take_prefill(s, n, s->chunk - b > 0 ? s->chunk - b : 0);
         if (!b && !ptoks) return;
         double ctx = n->ctx_base_sum + (double)b * (double)n->step_idx;
+        /* every row streams one token, and on a one-host cluster the serving path's CPU for it (path_token_s)
+         * comes out of the step */
         dt = (b ? plan_decode_step_s(pf, b, ctx) : pf->prefill_fixed_s) + (double)ptoks * pf->prefill_token_s +
-             (double)n->n_done * pf->prefill_seq_s;
+             (double)n->n_done * pf->prefill_seq_s + (double)(b + n->n_done) * pf->path_token_s;
         n->step_b = b;
     }
     n->busy = 1;

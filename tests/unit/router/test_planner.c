@@ -322,13 +322,14 @@ static void test_profile_json(void)
     plan_profile_t p = profile(), q;
     snprintf(p.host, sizeof p.host, "test host");
     p.request_s = 0.004;
+    p.path_token_s = 0.0005;
     char *txt = plan_profile_to_json(&p, "{\"prefill\": [[16, 0.03]]}");
     REQUIRE(txt);
     REQUIRE(plan_profile_from_json(txt, &q) == BT_OK);
     free(txt);
     CHECK(q.prefill_token_s == p.prefill_token_s && q.decode_seq_s == p.decode_seq_s && q.n_xfer == 1);
     CHECK(!strcmp(q.xfer[0].name, "shm") && q.xfer[0].bytes_s == 5e9 && !strcmp(q.host, "test host"));
-    CHECK(q.request_s == 0.004);
+    CHECK(q.request_s == 0.004 && q.path_token_s == 0.0005);
     /* the serving path's time adds to every TTFT prediction */
     double t0, t1, tp;
     plan_predict(&q, &targets, 1, 300, 100, 1, 1, &t1, &tp);
