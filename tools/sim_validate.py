@@ -324,6 +324,9 @@ def main():
                     row["others_before"] = round(before, 3)
                     row["disturbed"] = row["others_cpu_share"] > a.max_others
                     rows.append(row)
+                    if a.json:  # as it goes: a run cut short keeps its windows
+                        Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats,
+                                                            "rows": rows, "table": summarize(rows, workloads)}, indent=1))
                     if not row["disturbed"]:
                         break
                     print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs",
