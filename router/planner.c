@@ -338,6 +338,18 @@ static double decode_work(const plan_profile_t *p, double lambda, double isl, do
     return lambda * osl * (p->decode_seq_s + (isl + osl / 2.0) * p->decode_ctx_s);
 }
 
+/* The throughput count of decode: its per-sequence work at PLAN_FALLBACK_UTIL, and room for the sequences in
+ * flight (ld) within max_running and the KV capacity. */
+static int decode_fallback(const plan_profile_t *p, double wd, double ld, double isl, double osl)
+{
+    int n = fallback_count(wd);
+    int64_t max_run = p->max_running > 0 ? p->max_running : PLAN_DEFAULT_MAX_RUNNING;
+    int room = clamp_count(ld / (double)max_run);
+    if (p->kv_tokens > 0 && clamp_count(ld * (isl + osl) / (double)p->kv_tokens) > room)
+        room = clamp_count(ld * (isl + osl) / (double)p->kv_tokens);
+    return n > room ? n : room;
+}
+
 /* Sequences decoding at once when each runs alone: lambda OSL t1. */
 static double decode_concurrency(const plan_profile_t *p, double lambda, double isl, double osl)
 {
@@ -361,8 +373,8 @@ void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_o
     int np = t->colocated ? 0 : 1, nd = 1;
     if (lambda > 0) {
         double s = prefill_service_s(p, isl);
-        double wp = lambda * s, wd = decode_work(p, lambda, isl, osl);
-        double lp = lambda * s, ld = decode_concurrency(p, lambda, isl, osl);
+        double wp = lambda * s, wd = decode_work(p, lambda, isl, osl); /* work; wp is also prefill's concurrency */
+        double ld = decode_concurrency(p, lambda, isl, osl);
         plan_query_t q = {.p = p, .t = t, .lambda = lambda, .isl = isl, .osl = osl};
         if (!t->colocated) {
             q.role = 0, q.other = 1;
@@ -370,20 +382,21 @@ void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_o
                 np = fallback_count(wp);
                 out->slo_reachable = 0;
             }
-            if (np > concurrency_cap(lp)) np = concurrency_cap(lp);
+            if (np > concurrency_cap(wp)) np = concurrency_cap(wp);
             q.role = 1, q.other = np;
             if (!(nd = least_n(&q))) {
-                nd = fallback_count(wd);
+                nd = decode_fallback(p, wd, ld, isl, osl);
                 out->slo_reachable = 0;
             }
             if (nd > concurrency_cap_2choice(ld)) nd = concurrency_cap_2choice(ld);
         } else {
             q.role = 2;
             if (!(nd = least_n(&q))) {
-                nd = fallback_count(wp + wd);
+                int room = decode_fallback(p, 0, ld, isl, osl), busy = fallback_count(wp + wd);
+                nd = busy > room ? busy : room;
                 out->slo_reachable = 0;
             }
-            if (nd > concurrency_cap_2choice(lp + ld)) nd = concurrency_cap_2choice(lp + ld);
+            if (nd > concurrency_cap_2choice(wp + ld)) nd = concurrency_cap_2choice(wp + ld);
         }
     }
     out->prefill = np;

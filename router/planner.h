@@ -37,7 +37,8 @@
  * or a step's fixed cost, exceeds it: more nodes cannot help) gives the throughput count instead, with
  * slo_reachable = 0: the least N that keeps each node's work at PLAN_FALLBACK_UTIL, where work is node-seconds per
  * second: lambda S for prefill, lambda OSL (decode_seq_s + ctx decode_ctx_s) for decode (a step's fixed cost is
- * shared by the whole batch and is not charged per token). Every count is then capped by the concurrency bound:
+ * shared by the whole batch and is not charged per token), and at least the decode nodes whose max_running and KV
+ * capacity hold the sequences in flight. Every count is then capped by the concurrency bound:
  * with N at least the p99.9 of the requests a role holds at once when nobody queues (Poisson of mean L = lambda S
  * for prefill, lambda OSL t1 for decode with t1 the step time of a lone sequence, their sum when colocated:
  * L + 3 sqrt(L) + 1), no prompt waits for a prefill node, so a larger N cannot lower a prediction; decode and
