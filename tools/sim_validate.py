@@ -155,14 +155,17 @@ def prio(a):
 
 def probe_request_s(a, baton, url, profile, tmp):
     """The serving path's own time: serial one-token requests at an idle cluster; their median TTFT less the
-    profile's prefill step for such a prompt (what the engine spends on them)."""
+    profile's step for such a prompt (what the engine spends on them)."""
     out = tmp / "probe.json"
     run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out, "--rate", "inf", "--requests", 12,
          "--concurrency-limit", 1, "--prompt-tokens", 1, "--output-tokens", 1, "--seed", 1])
     r = json.loads(out.read_text())["runs"][0]
     p = json.loads(Path(profile).read_text())
     n = r.get("mean_prompt_tokens") or 1
-    step = p["prefill"]["fixed_s"] + n * p["prefill"]["token_s"] + p["prefill"].get("seq_s", 0)
+    # a prompt of a token or two is one pass over the weights and one logits row: a batch-1 decode step (the
+    # prefill fit, made on 16..512-token prompts, prices it at a fraction of that)
+    step = max(p["prefill"]["fixed_s"] + n * p["prefill"]["token_s"] + p["prefill"].get("seq_s", 0),
+               p["decode"]["fixed_s"] + p["decode"]["seq_s"] + n * p["decode"].get("ctx_token_s", 0))
     return max(0.0, r["ttft_ms"]["p50"] / 1e3 - step), r["ttft_ms"]["p50"] / 1e3
 
 
