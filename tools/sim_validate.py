@@ -11,7 +11,7 @@ of the engine's cores), run bench-serve, stop the cluster, delete the file. The 
 and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
 measurement's own). The quiet file binds only those who honour it, so a window also waits until other processes
 use less than --max-others of the CPUs, and one they disturbed anyway is measured again and left out of the
-medians. The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
+medians (so are disturbed repetitions, when another repetition of the load was clean). The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
 lengths from the seed alike: tools/workload.c wl_draw) with that window's profile.
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
@@ -256,12 +256,15 @@ def summarize(rows, workloads):
         rs = [r for r in rows if r["workload"] == str(wpath)]
         if not rs:
             continue
-        # per repetition, its clean window, else its last (disturbed) one
+        # per repetition, its clean window, else its last (disturbed) one; disturbed repetitions only when no
+        # repetition of this load was clean
         per_rep = {}
         for r in rs:
             if r["rep"] not in per_rep or per_rep[r["rep"]].get("disturbed", False):
                 per_rep[r["rep"]] = r
         rs = list(per_rep.values())
+        if any(not r.get("disturbed") for r in rs):
+            rs = [r for r in rs if not r.get("disturbed")]
         for cell, tol in CELLS:
             real = statistics.median(r["real"][cell] for r in rs)
             sim = statistics.median(r["sim"][cell] for r in rs)
