@@ -201,12 +201,12 @@ def measure(a, wpath, rep, tmp):
     up = [ROOT / "deploy/local/cluster", "up", "--detach"] + (["--model", a.model] if a.model else [])
     up += ["--prefill", "1", "--decode", "1", "--prefill-cpus", "0", "--decode-cpus", "1",
            "--router-args", "--prefill-mode remote"] if a.shape == "1p1d" else ["--prefill", "0", "--decode", "1"]
-    pin = prio(a) + pin
     with QuietWindow(a.quiet_file, a.quiet_tag) as qw:
         profile = a.profile
         if not profile:
             profile = tmp / f"profile-{tag}.json"
-            run(pin + [baton, "profile", "--reps", a.profile_reps, "--out", profile]
+            # the profile runs as the nodes do: pinned to one CPU with one thread for 1p1d, every core colocated
+            run(prio(a) + pin + [baton, "profile", "--reps", a.profile_reps, "--out", profile]
                 + (["--threads", "1"] if pin else []) + (["--model", a.model] if a.model else []))
         try:
             run(prio(a) + up, env=env)
