@@ -56,6 +56,10 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
         (st = get_num(dec, "max_running", 0, &running)) || (st = get_num(dec, "kv_tokens", 0, &kv)) ||
         (st = get_num(root, "kv_bytes_per_token", 0, &p->kv_bytes_per_token)))
         return st;
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(root, "router");
+    if (rt && !cJSON_IsObject(rt)) return bt_fail(BT_ERR_FORMAT, "profile: \"router\" must be an object");
+    if (rt && ((st = get_num(rt, "request_s", 0, &p->request_s)) || (st = get_num(rt, "token_s", 0, &p->path_token_s))))
+        return st;
     if (!(p->prefill_token_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"prefill.token_s\" must be > 0");
     if (!(p->decode_fixed_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"decode.fixed_s\" must be > 0");
     if (chunk < 1 || running < 1) return bt_fail(BT_ERR_FORMAT, "profile: chunk_tokens and max_running must be >= 1");
@@ -112,6 +116,11 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     cJSON_AddNumberToObject(dec, "ctx_token_s", p->decode_ctx_s);
     cJSON_AddNumberToObject(dec, "max_running", (double)p->max_running);
     cJSON_AddNumberToObject(dec, "kv_tokens", (double)p->kv_tokens);
+    if (p->request_s > 0 || p->path_token_s > 0) {
+        cJSON *rt = cJSON_AddObjectToObject(o, "router");
+        if (rt) cJSON_AddNumberToObject(rt, "request_s", p->request_s);
+        if (rt) cJSON_AddNumberToObject(rt, "token_s", p->path_token_s);
+    }
     for (int i = 0; i < p->n_xfer; i++) {
         cJSON *t = cJSON_AddObjectToObject(x, p->xfer[i].name);
         if (!t) continue;
@@ -189,6 +198,7 @@ void plan_obs_merge(plan_obs_t *a, const plan_obs_t *b)
     a->req_s += b->req_s;
     a->prompt_tok_s += b->prompt_tok_s;
     a->gen_tok_s += b->gen_tok_s;
+    a->queued += b->queued;
     a->routers += b->routers > 0 ? b->routers : 1;
 }
 
@@ -255,7 +265,7 @@ void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambd
     double s = prefill_service_s(p, isl);
     double tpot = decode_tpot90(p, lambda, isl, osl, nd);
     if (np > 0) {
-        *ttft_s = wait90_c(lambda, s, np) + s + transfer_s(p, t, isl);
+        *ttft_s = wait90_c(lambda, s, np) + s + transfer_s(p, t, isl) + p->request_s;
         *tpot_s = tpot;
         return;
     }
@@ -263,7 +273,7 @@ void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambd
      * prompts before it and rides one decode step */
     double rho_p = lambda * s / nd;
     *tpot_s = rho_p < 1 && isfinite(tpot) ? tpot / (1.0 - rho_p) : INFINITY;
-    *ttft_s = wait90(rho_p, s) + s + (isfinite(tpot) ? tpot : 0);
+    *ttft_s = wait90(rho_p, s) + s + (isfinite(tpot) ? tpot : 0) + p->request_s;
 }
 
 /* What one search asks of a count n: which role n sizes, with the other role's count fixed. */
@@ -302,45 +312,91 @@ static int least_n(const plan_query_t *q)
     return hi;
 }
 
-/* Count at 50% utilisation of the given work (seconds of node time per second). */
-static int half_busy(double work)
+static int clamp_count(double n)
 {
-    double n = ceil(work / 0.5);
-    return n < 1 ? 1 : n > PLAN_MAX_REPLICAS ? PLAN_MAX_REPLICAS : (int)n;
+    return !(n >= 1) ? 1 : n > PLAN_MAX_REPLICAS ? PLAN_MAX_REPLICAS : (int)ceil(n);
+}
+
+/* Count at PLAN_FALLBACK_UTIL of the given work (node-seconds per second). */
+static int fallback_count(double work) { return clamp_count(work / PLAN_FALLBACK_UTIL); }
+
+/* Nodes that hold the p99.9 of a Poisson(l) concurrency: beyond it nobody waits for a node (prefill: the router
+ * weighs every candidate's queue). */
+static int concurrency_cap(double l) { return clamp_count(l + 3.0 * sqrt(l > 0 ? l : 0) + 1.0); }
+
+/* The same for nodes chosen by two random picks (decode nodes, rtr_decode_score): a request shares a busy node
+ * when both picks are busy, (l / N)^2, at most 1% from N = 10 l. */
+static int concurrency_cap_2choice(double l)
+{
+    int a = concurrency_cap(l), b = clamp_count(10.0 * l);
+    return a > b ? a : b;
+}
+
+/* Node-seconds per second of the per-sequence decode work (the fixed step cost is shared by the batch). */
+static double decode_work(const plan_profile_t *p, double lambda, double isl, double osl)
+{
+    return lambda * osl * (p->decode_seq_s + (isl + osl / 2.0) * p->decode_ctx_s);
+}
+
+/* The throughput count of decode: its per-sequence work at PLAN_FALLBACK_UTIL, and room for the sequences in
+ * flight (ld) within max_running and the KV capacity. */
+static int decode_fallback(const plan_profile_t *p, double wd, double ld, double isl, double osl)
+{
+    int n = fallback_count(wd);
+    int64_t max_run = p->max_running > 0 ? p->max_running : PLAN_DEFAULT_MAX_RUNNING;
+    int room = clamp_count(ld / (double)max_run);
+    if (p->kv_tokens > 0 && clamp_count(ld * (isl + osl) / (double)p->kv_tokens) > room)
+        room = clamp_count(ld * (isl + osl) / (double)p->kv_tokens);
+    return n > room ? n : room;
+}
+
+/* Sequences decoding at once when each runs alone: lambda OSL t1. */
+static double decode_concurrency(const plan_profile_t *p, double lambda, double isl, double osl)
+{
+    return lambda * osl * plan_decode_step_s(p, 1, isl + osl / 2.0);
 }
 
 void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_obs_t *obs, plan_answer_t *out)
 {
     memset(out, 0, sizeof *out);
     out->slo_reachable = 1;
-    double lambda = obs->req_s > 0 ? obs->req_s : 0;
-    double isl = lambda > 0 ? obs->prompt_tok_s / lambda : 0, osl = lambda > 0 ? obs->gen_tok_s / lambda : 0;
+    double seen = obs->req_s > 0 ? obs->req_s : 0;
+    double isl = seen > 0 ? obs->prompt_tok_s / seen : 0, osl = seen > 0 ? obs->gen_tok_s / seen : 0;
     if (isl < 1) isl = 1;
     if (osl < 1) osl = 1;
+    double excess = (obs->queued > 0 ? obs->queued : 0) - seen * ttft_target(t);
+    out->drain_req_s = excess > 0 ? excess / PLAN_DRAIN_S : 0;
+    double lambda = seen + out->drain_req_s;
     out->lambda = lambda;
     out->isl = isl;
     out->osl = osl;
     int np = t->colocated ? 0 : 1, nd = 1;
     if (lambda > 0) {
         double s = prefill_service_s(p, isl);
+        double wp = lambda * s, wd = decode_work(p, lambda, isl, osl); /* work; wp is also prefill's concurrency */
+        double ld = decode_concurrency(p, lambda, isl, osl);
         plan_query_t q = {.p = p, .t = t, .lambda = lambda, .isl = isl, .osl = osl};
         if (!t->colocated) {
             q.role = 0, q.other = 1;
             if (!(np = least_n(&q))) {
-                np = half_busy(lambda * s);
+                np = fallback_count(wp);
                 out->slo_reachable = 0;
             }
+            if (np > concurrency_cap(wp)) np = concurrency_cap(wp);
             q.role = 1, q.other = np;
             if (!(nd = least_n(&q))) {
-                nd = half_busy(lambda * osl * p->decode_fixed_s);
+                nd = decode_fallback(p, wd, ld, isl, osl);
                 out->slo_reachable = 0;
             }
+            if (nd > concurrency_cap_2choice(ld)) nd = concurrency_cap_2choice(ld);
         } else {
             q.role = 2;
             if (!(nd = least_n(&q))) {
-                nd = half_busy(lambda * (s + osl * p->decode_fixed_s));
+                int room = decode_fallback(p, 0, ld, isl, osl), busy = fallback_count(wp + wd);
+                nd = busy > room ? busy : room;
                 out->slo_reachable = 0;
             }
+            if (nd > concurrency_cap_2choice(wp + ld)) nd = concurrency_cap_2choice(wp + ld);
         }
     }
     out->prefill = np;

@@ -11,6 +11,7 @@
  *                                        t = decode_fixed_s + B * decode_seq_s + C * decode_ctx_s
  *   a mixed step (colocated)             decode step + n * prefill_token_s
  *   KV transfer of b bytes               t = xfer_latency_s + b / xfer_bytes_s
+ *   the request path outside the engines (router, RPCs) adds request_s to every TTFT
  *
  * Queueing approximation (per role, the load split evenly over N nodes, arrivals Poisson at rate lambda):
  *   prefill: service S = ceil(ISL / chunk) * prefill_fixed_s + ISL * prefill_token_s + prefill_seq_s, utilisation rho = lambda S / N.
@@ -26,9 +27,25 @@
  *            stretches every decode step: TPOT90 = decode TPOT90 / (1 - rho_p); a prompt queues on the decode node
  *            it was sent to (chosen for KV room, not queue), so its wait is M/M/1's at rho_p: W90 = S ln(10 rho_p) /
  *            (1 - rho_p); TTFT90 = W90 + S + one decode step.
- * Each count is the least N (1 .. PLAN_MAX_REPLICAS) whose predictions are within headroom * target. A target no
- * count meets (the service time alone exceeds it) gives the count that keeps utilisation at 50%, with
- * slo_reachable = 0.
+ * Each count is the least N (1 .. PLAN_MAX_REPLICAS) whose predictions are within headroom * target.
+ *
+ * Saturation and backlog. The load planned for is the observed rate plus the drain of the excess backlog:
+ *   lambda = req_s + max(0, queued - req_s * TTFT target) / PLAN_DRAIN_S
+ * (queued: choices admitted and still waiting for their first token; what a cluster that meets the TTFT target
+ * holds anyway is not excess), so a saturated cluster, whose observed rate is what it manages to serve, is sized to
+ * serve the demand and work off its queue within PLAN_DRAIN_S. A target no count meets (the service time alone,
+ * or a step's fixed cost, exceeds it: more nodes cannot help) gives the throughput count instead, with
+ * slo_reachable = 0: the least N that keeps each node's work at PLAN_FALLBACK_UTIL, where work is node-seconds per
+ * second: lambda S for prefill, lambda OSL (decode_seq_s + ctx decode_ctx_s) for decode (a step's fixed cost is
+ * shared by the whole batch and is not charged per token), and at least the decode nodes whose max_running and KV
+ * capacity hold the sequences in flight. Every count is then capped by the concurrency bound:
+ * with N at least the p99.9 of the requests a role holds at once when nobody queues (Poisson of mean L = lambda S
+ * for prefill, lambda OSL t1 for decode with t1 the step time of a lone sequence, their sum when colocated:
+ * L + 3 sqrt(L) + 1), no prompt waits for a prefill node, so a larger N cannot lower a prediction; decode and
+ * colocated nodes are chosen by two random picks, which both find a busy node (L / N)^2 of the time, so their cap
+ * is at least 10 L (1%). The answer is therefore finite at and past
+ * saturation and proportional to the load (a saturated profile whose decode fit degenerates to a large fixed step
+ * asked for 95 decode nodes on a two-node test cluster before).
  *
  * Smoothing (plan_smooth_t): the observed rates are already means over the router's window (30 s). An answer above
  * the current one is taken at once (under-provisioning breaks the SLO now) when it passes a dead band of 5% of the
@@ -58,6 +75,8 @@
 #define PLAN_DEFAULT_MAX_RUNNING 256
 #define PLAN_P90_Z 1.2816
 #define PLAN_UP_TOLERANCE 0.05         /* a raw answer must pass current * (1 + this) (integer part) to raise it */
+#define PLAN_DRAIN_S 30.0              /* an excess backlog is planned to be worked off within this (the window) */
+#define PLAN_FALLBACK_UTIL 0.5         /* node utilisation planned for when no count meets a target */
 
 typedef struct plan_transport {
     char name[16];          /* "shm", "tcp", "rdma", ... */
@@ -72,6 +91,11 @@ typedef struct plan_profile {
     double prefill_fixed_s, prefill_token_s, prefill_seq_s;
     double decode_fixed_s, decode_seq_s, decode_ctx_s;
     double kv_bytes_per_token;
+    double request_s;         /* the serving path outside the engines, per request: HTTP, tokenization, placement,
+                               * the RPCs and the first token's way back (0 = not measured); adds to TTFT */
+    double path_token_s;      /* CPU the serving path (router, client) spends per streamed token where it shares
+                               * the nodes' cores, as on a one-host cluster: each decode row's step is that much
+                               * longer (0 = the router runs elsewhere); the simulator's only */
     int64_t chunk_tokens;     /* prefill tokens per step */
     int64_t max_running;      /* sequences per decode batch */
     int64_t kv_tokens;        /* KV capacity of one node in tokens (0 = unbounded) */
@@ -107,6 +131,7 @@ typedef struct plan_obs {
     double req_s;          /* requests admitted per second */
     double prompt_tok_s;   /* prompt tokens per second (of those requests) */
     double gen_tok_s;      /* tokens generated per second */
+    double queued;         /* choices admitted and waiting for their first token, now (the backlog) */
     int routers;           /* records merged into this one */
 } plan_obs_t;
 
@@ -122,7 +147,9 @@ typedef struct plan_targets {
 
 typedef struct plan_answer {
     int prefill, decode;              /* raw counts (prefill 0 when colocated) */
-    double lambda, isl, osl;          /* the load planned for: req/s, mean prompt and output tokens */
+    double lambda, isl, osl;          /* the load planned for: req/s (observed plus the backlog's drain), mean
+                                       * prompt and output tokens */
+    double drain_req_s;               /* the backlog's share of lambda */
     double ttft_s, tpot_s;            /* predicted p90 at the chosen counts */
     int slo_reachable;                /* 0 when no count meets a target */
 } plan_answer_t;
@@ -132,8 +159,8 @@ typedef struct plan_answer {
 void plan_predict(const plan_profile_t *p, const plan_targets_t *t, double lambda, double isl, double osl, int np,
                   int nd, double *ttft_s, double *tpot_s);
 
-/* The least counts that meet the targets for the observed load (see the opening comment). No load (req_s <= 0)
- * gives 1 of each role planned. Can't fail. */
+/* The least counts that meet the targets for the observed load and backlog (see the opening comment), each
+ * within the concurrency cap. No load and no backlog gives 1 of each role planned. Can't fail. */
 void plan_compute(const plan_profile_t *p, const plan_targets_t *t, const plan_obs_t *obs, plan_answer_t *out);
 
 /* Smoothing state, one per role. Zero-initialise, then plan_smooth_init. */

@@ -95,8 +95,9 @@ static void gather(rtr_t *r, const plan_obs_t *own, plan_obs_t *all)
     planner_key(r, r->router_id, key, sizeof key);
     char val[256];
     int64_t now = wall_ms();
-    int len = snprintf(val, sizeof val, "{\"req_s\":%.6g,\"prompt_tok_s\":%.6g,\"gen_tok_s\":%.6g,\"timestamp_ms\":%lld}",
-                       own->req_s, own->prompt_tok_s, own->gen_tok_s, (long long)now);
+    int len = snprintf(val, sizeof val,
+                       "{\"req_s\":%.6g,\"prompt_tok_s\":%.6g,\"gen_tok_s\":%.6g,\"queued\":%.6g,\"timestamp_ms\":%lld}",
+                       own->req_s, own->prompt_tok_s, own->gen_tok_s, own->queued, (long long)now);
     if (etcd_put(r->etcd, key, val, (size_t)len, 0, NULL)) return;
     planner_key(r, "", key, sizeof key);
     etcd_range_opts_t o = {.prefix = 1};
@@ -112,7 +113,9 @@ static void gather(rtr_t *r, const plan_obs_t *own, plan_obs_t *all)
         if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && cJSON_IsNumber(c) && cJSON_IsNumber(ts) &&
             now - (int64_t)ts->valuedouble <= RTR_PLANNER_STALE_MS && a->valuedouble >= 0 && b->valuedouble >= 0 &&
             c->valuedouble >= 0) {
-            plan_obs_t x = {.req_s = a->valuedouble, .prompt_tok_s = b->valuedouble, .gen_tok_s = c->valuedouble, .routers = 1};
+            const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "queued"); /* absent from older routers' records */
+            plan_obs_t x = {.req_s = a->valuedouble, .prompt_tok_s = b->valuedouble, .gen_tok_s = c->valuedouble,
+                            .queued = cJSON_IsNumber(q) && q->valuedouble > 0 ? q->valuedouble : 0, .routers = 1};
             plan_obs_merge(&sum, &x);
         }
         cJSON_Delete(j);
@@ -157,6 +160,18 @@ static int profile_of(rtr_t *r, const rtr_cluster_rates_t *cr, plan_profile_t *p
     return 1;
 }
 
+/* Choices admitted and still waiting for their first token: the backlog the planner drains. */
+static double backlog(rtr_t *r)
+{
+    long n = 0;
+    pthread_mutex_lock(&r->adm_mu);
+    for (size_t i = 0; i < r->n_adm; i++)
+        for (int k = 0; r->adm[i] && k < r->adm[i]->n; k++)
+            n += !atomic_load(&r->adm[i]->c[k].started) && !atomic_load(&r->adm[i]->c[k].ended);
+    pthread_mutex_unlock(&r->adm_mu);
+    return (double)n;
+}
+
 void rtr_planner_tick(rtr_t *r)
 {
     double *s = r->samples[r->next_sample];
@@ -172,7 +187,7 @@ void rtr_planner_tick(rtr_t *r)
     int oldest = r->n_samples < RTR_PLANNER_WINDOW_S + 1 ? 0 : r->next_sample;
     double *o = r->samples[oldest];
     double dt = s[0] - o[0];
-    plan_obs_t own = {.routers = 1};
+    plan_obs_t own = {.routers = 1, .queued = backlog(r)};
     if (dt > 0) {
         own.prompt_tok_s = (s[1] - o[1]) / dt;
         own.req_s = (s[3] - o[3]) / dt;

@@ -22,12 +22,13 @@
 #include "tools/engine_env.h"
 
 #define PF_MAX_POINTS 4096
-#define PF_SWEEP_TOKENS 8192 /* prompt tokens one decode-sweep point may cost (per --reps) */
+#define PF_SWEEP_TOKENS 8192 /* prompt tokens one decode-sweep point may cost */
 
 typedef struct pf_points {
     double x[PF_MAX_POINTS * 2]; /* [n][k] regressors */
     double y[PF_MAX_POINTS];     /* step seconds */
-    int n, k;
+    int rep[PF_MAX_POINTS];      /* the repetition (--reps) that measured it */
+    int n, k, cur_rep;
 } pf_points;
 
 static void pf_add(pf_points *p, double x0, double x1, double y)
@@ -35,6 +36,7 @@ static void pf_add(pf_points *p, double x0, double x1, double y)
     if (p->n >= PF_MAX_POINTS) return;
     p->x[p->n * p->k] = x0;
     if (p->k > 1) p->x[p->n * p->k + 1] = x1;
+    p->rep[p->n] = p->cur_rep;
     p->y[p->n++] = y;
 }
 
@@ -181,13 +183,15 @@ static void usage(FILE *o)
             "  KV transfer time  = latency_s + bytes / bytes_s     (shm: memory copy of KV blocks; more transports\n"
             "                                                      from `--kvx-json`, a JSON object with transport,\n"
             "                                                      bytes_s or gb_s, latency_s)\n"
-            "Each model is a least-squares fit over every measured step; the points are kept under \"samples\".\n"
-            "About a minute with the defaults on 2 cores; --reps N repeats every measurement N times (default 1).\n"
+            "Each model is a least-squares fit over the shapes measured: per shape, the median step of each\n"
+            "repetition, then the least of those (outside load only adds time); the points are kept under \"samples\".\n"
+            "About 45 s per repetition on 2 cores; --reps N sweeps every shape N times in turn (default 1; 3 on a\n"
+            "shared machine).\n"
             "Progress goes to stderr; the profile to --out (default: stdout).\n"
             "  --threads N      engine threads (default: as the nodes, every core)\n"
             "  --max-batch N    largest decode batch measured (default 32)\n"
             "  --max-context N  longest prompt in the decode sweep (default 512; batch x context stays under\n"
-            "                   8192 tokens per --reps)\n");
+            "                   8192 tokens)\n");
 }
 
 static int parse_long(const char *a, const char *v, long lo, long hi, long *out)
@@ -209,13 +213,22 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run):
- * the fit takes the median step of each group of equal regressors (decode: same batch, context per sequence within
- * 16 tokens), weighted by 1 / y^2 so that it minimises relative error (small and large steps count alike). */
+static double median_of(double *v, int m)
+{
+    qsort(v, (size_t)m, sizeof *v, cmp_double);
+    return m % 2 ? v[m / 2] : (v[m / 2 - 1] + v[m / 2]) / 2;
+}
+
+/* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run,
+ * and a build next door slowed every shape it overlapped by 1.5-2.5x for tens of seconds): the fit takes, for each
+ * group of equal regressors (decode: same batch, context per sequence within 16 tokens), the median step of each
+ * repetition and then the least of those medians. Repetitions sweep every shape in turn, so a burst of outside load
+ * spoils one repetition of a shape, not all of them; other processes only ever add time. Points are weighted by
+ * 1 / y^2 so that the fit minimises relative error (small and large steps count alike). */
 static int fit_robust(const pf_points *p, int dec_shape, double *c)
 {
     static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
-    static int used[PF_MAX_POINTS];
+    static int used[PF_MAX_POINTS], members[PF_MAX_POINTS];
     memset(used, 0, sizeof used);
     int ng = 0;
     for (int i = 0; i < p->n; i++) {
@@ -230,12 +243,19 @@ static int fit_robust(const pf_points *p, int dec_shape, double *c)
                 same = p->x[j * 2 + 1] == p->x[i * 2 + 1];
             if (!same || used[j]) continue;
             used[j] = 1;
-            ys[m++] = p->y[j];
+            members[m++] = j;
             sx0 += p->x[j * p->k];
             if (p->k > 1) sx1 += p->x[j * 2 + 1];
         }
-        qsort(ys, (size_t)m, sizeof *ys, cmp_double);
-        gy[ng] = m % 2 ? ys[m / 2] : (ys[m / 2 - 1] + ys[m / 2]) / 2;
+        double best = INFINITY;
+        for (int a = 0; a < m; a++) { /* each repetition's median; members are in measuring order */
+            int rep = p->rep[members[a]], q = 0;
+            if (a && p->rep[members[a - 1]] == rep) continue;
+            for (int b = a; b < m && p->rep[members[b]] == rep; b++) ys[q++] = p->y[members[b]];
+            double med = median_of(ys, q);
+            if (med < best) best = med;
+        }
+        gy[ng] = best;
         gx[ng * p->k] = sx0 / m;
         if (p->k > 1) gx[ng * 2 + 1] = sx1 / m;
         gw[ng] = gy[ng] > 0 ? 1.0 / (gy[ng] * gy[ng]) : 0;
@@ -336,21 +356,24 @@ int cmd_profile(int argc, char **argv)
     const int plens[] = {16, 64, 128, 256, 384, 512};
     fprintf(stderr, "profile: warm-up\n");
     rc = run_batch(s, m, 2, 128, 2, 99, NULL, NULL); /* first steps fault pages in and fill caches: not measured */
-    for (long r = 0; r < reps && !rc; r++)
+    /* each repetition sweeps every shape, so that outside load that comes and goes hits one repetition of a shape
+     * (fit_robust keeps the best repetition's median) */
+    for (long r = 0; r < reps && !rc; r++) {
+        pre.cur_rep = dec.cur_rep = (int)r;
         for (size_t i = 0; i < sizeof plens / sizeof *plens && !rc; i++)
             for (int k = 1; k <= 4 && !rc; k += 3) {
                 fprintf(stderr, "profile: prefill %d x %d tokens (%.0f s)\n", k, plens[i], bench_now_s() - t_start);
                 rc = run_batch(s, m, k, plens[i], 1, (uint64_t)(r * 100 + i * 7 + k), &pre, NULL);
             }
-    /* a decode batch of b sequences of context c costs its b * c prompt tokens first: past PF_SWEEP_TOKENS only the
-     * short contexts are measured, which keeps the default run near a minute on 2 cores */
-    for (long r = 0; r < reps && !rc; r++)
+        /* a decode batch of b sequences of context c costs its b * c prompt tokens first: past PF_SWEEP_TOKENS only
+         * the short contexts are measured, which keeps a repetition near 45 s on 2 cores */
         for (long b = 1; b <= max_batch && !rc; b *= 2)
             for (long c = 32; c <= max_ctx && !rc; c *= 4) {
-                if (b * c > PF_SWEEP_TOKENS * reps && c > 32) continue;
+                if (b * c > PF_SWEEP_TOKENS && c > 32) continue;
                 fprintf(stderr, "profile: decode batch %ld, context %ld (%.0f s)\n", b, c, bench_now_s() - t_start);
                 rc = run_batch(s, m, (int)b, (int)c, 12, (uint64_t)(r * 1000 + b * 13 + c), NULL, &dec);
             }
+    }
     plan_profile_t p;
     memset(&p, 0, sizeof p);
     double c[3];

@@ -4,6 +4,7 @@ somewhere, the same report twice from the same seed, and bench-serve's generator
 A short `baton profile` run on the default model writes a profile the simulator accepts."""
 import json
 import subprocess
+import sys
 
 from conftest import ROOT
 
@@ -84,3 +85,23 @@ def test_profile_short_run_feeds_the_simulator(baton_bin, default_model, tmp_pat
     assert "CPUs online" in p["host"] and p["kv_bytes_per_token"] == 23040
     r = baton(baton_bin, "simulate", "--profile", out, "--decode", 1, "--rate", 0.2, "--requests", 5, "--json", "-")
     assert r.returncode == 0 and json.loads(r.stdout)["finished"] == 5, r.stderr
+
+
+def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
+    """tools/sim_validate.py end to end on a tiny workload (its figures need a quiet machine; here only that it
+    runs both sides and prints the table): a given profile, one repetition, no quiet file nor idle wait, targets
+    not enforced."""
+    from harness.etcd import free_port
+
+    wl = tmp_path / "validate-tiny.json"
+    wl.write_text('{"rate": 4, "requests": 6, "prompt_tokens": 16, "prompt_sd": 4, "output_tokens": 4, "seed": 3}\n')
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, str(ROOT / "tools/sim_validate.py"), "--repeats", "1", "--profile",
+                        ROOT / "deploy/profiles/cpu-smollm2-135m.json", "--quiet-file", "", "--max-others", "1", "--no-targets",
+                        "--port-base", str(free_port()), "--build", str(baton_bin.parent.parent), "--model",
+                        str(default_model), "--json", str(out), str(wl)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "ttft_p90_ms" in r.stdout and "cells within target" in r.stdout, r.stdout
+    j = json.loads(out.read_text())
+    assert len(j["table"]) == 5 and j["rows"][0]["requests"] == 6
+    assert all(x >= 0 for x in j["rows"][0]["real"].values()) and j["rows"][0]["sim"]["ttft_p50_ms"] > 0

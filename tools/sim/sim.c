@@ -14,6 +14,10 @@
  *    Prompts are chunked to prefill.chunk_tokens per step (decode rows count against that budget on decode nodes).
  *    A decode node admits sequences FCFS while they fit max_running and the KV capacity, reserving prompt + output
  *    (no preemption). Prefix caches hold what the router's prefix index says they hold.
+ *  - The serving path outside the engines (HTTP, tokenization, the RPCs, the first token's way back) is one
+ *    constant per request, the profile's request_s: a request reaches placement that long after it was sent.
+ *    Where that path shares the decode node's cores (a one-host cluster), its CPU per streamed token
+ *    (path_token_s) lengthens each step by that much per row.
  *  - KV transfer: each prefill node pushes one request at a time over its link (latency + bytes / bandwidth, the
  *    blocks the decode node lacks). The first token reaches the client when the KV has arrived (TTFT).
  *  - Failures: a failed node's requests (queued, transferring to it, running) move to other nodes with their
@@ -99,6 +103,7 @@ typedef struct sim {
     int64_t chunk, max_running, kv_tokens;
     /* admission's view */
     double pending_prompt, compete;
+    double pending_req;             /* admitted, first token not yet delivered: the planner's backlog */
     uint64_t gen_total, prompt_total, admitted;
     double gen_ring[6][2];
     int gen_n;
@@ -312,7 +317,10 @@ static void req_finish(sim_t *s, req_t *r)
 static void req_fail(sim_t *s, req_t *r)
 {
     s->res->failed++;
-    if (r->gen == 0) s->pending_prompt -= r->isl;
+    if (r->gen == 0) {
+        s->pending_prompt -= r->isl;
+        s->pending_req -= 1;
+    }
     s->compete -= r->osl - r->gen;
     req_free(s, r);
 }
@@ -325,6 +333,7 @@ static void first_token(sim_t *s, req_t *r)
     s->gen_total++;
     s->compete -= 1;
     s->pending_prompt -= r->isl;
+    s->pending_req -= 1;
     hist_add(&s->res->ttft, s->now - r->t_arrive);
 }
 
@@ -394,8 +403,10 @@ static void node_start(sim_t *s, int i)
         ptoks = take_prefill(s, n, s->chunk - b > 0 ? s->chunk - b : 0);
         if (!b && !ptoks) return;
         double ctx = n->ctx_base_sum + (double)b * (double)n->step_idx;
+        /* every row streams one token, and on a one-host cluster the serving path's CPU for it (path_token_s)
+         * comes out of the step */
         dt = (b ? plan_decode_step_s(pf, b, ctx) : pf->prefill_fixed_s) + (double)ptoks * pf->prefill_token_s +
-             (double)n->n_done * pf->prefill_seq_s;
+             (double)n->n_done * pf->prefill_seq_s + (double)(b + n->n_done) * pf->path_token_s;
         n->step_b = b;
     }
     n->busy = 1;
@@ -593,6 +604,7 @@ static void place_and_send(sim_t *s, req_t *r)
         !rtr_place_within_slo(dec.best_ttft_s, s->cfg->admit_ttft_slo_s)) {
         s->res->rejected++;
         s->pending_prompt -= r->isl;
+        s->pending_req -= 1;
         s->compete -= r->osl;
         req_free(s, r);
         return;
@@ -631,7 +643,7 @@ static void admit(sim_t *s, const sim_arrival_t *a)
     req_t *r = req_new(s);
     if (!r) return;
     s->res->arrived++;
-    r->t_arrive = s->now;
+    r->t_arrive = s->now - s->pf->request_s; /* when the client sent it: TTFT and E2E count the path too */
     r->isl = a->prompt_tokens > 0 ? a->prompt_tokens : 1;
     r->osl = a->output_tokens > 0 ? a->output_tokens : 1;
     r->group = a->prefix_group;
@@ -651,6 +663,7 @@ static void admit(sim_t *s, const sim_arrival_t *a)
     s->admitted++;
     s->prompt_total += (uint64_t)r->isl;
     s->pending_prompt += r->isl;
+    s->pending_req += 1;
     s->compete += r->osl;
     place_and_send(s, r);
 }
@@ -740,7 +753,7 @@ static void plan_tick(sim_t *s)
     const double *o = s->plan_ring[(s->plan_n - back) % 32];
     s->plan_n++;
     double dt = smp[0] - o[0];
-    plan_obs_t obs = {.routers = 1};
+    plan_obs_t obs = {.routers = 1, .queued = s->pending_req};
     if (dt > 0) {
         obs.req_s = (smp[1] - o[1]) / dt;
         obs.prompt_tok_s = (smp[2] - o[2]) / dt;
@@ -792,7 +805,8 @@ static void next_arrival(sim_t *s)
         return;
     }
     *keep = a;
-    ev_push(s, a.t > s->now ? a.t : s->now, EV_ARRIVAL, 0, 0, keep);
+    /* the request reaches the router's placement after the serving path's own time (profile request_s) */
+    ev_push(s, (a.t > s->now ? a.t : s->now) + s->pf->request_s, EV_ARRIVAL, 0, 0, keep);
 }
 
 static bt_status sim_setup(sim_t *s, const sim_config_t *cfg, sim_result_t *res)

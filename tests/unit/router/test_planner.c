@@ -1,4 +1,5 @@
-/* router/planner.c: replica counts for a steady load, a step change, no flapping, one answer from two routers;
+/* router/planner.c: replica counts for a steady load, a step change, no flapping, one answer from two routers,
+ * saturation (a finite, load-proportional answer) and a backlog's drain;
  * the least-squares fit and the profile's JSON. */
 #include "router/planner.h"
 #include "test_util.h"
@@ -180,6 +181,107 @@ static void test_one_answer_two_routers(void)
     }
 }
 
+/* A saturated colocated node's fit (issue 22): its decode steps always carry a full batch, so its decode fit
+ * degenerates to one large fixed step (60 ms, nothing per sequence) above the TPOT target, and its prefill costs
+ * 1.3 ms a token. The old fallback charged the fixed step to every token (95 nodes for two busy ones); now the
+ * answer is the throughput count, finite and proportional to the load. */
+static plan_profile_t saturated_profile(void)
+{
+    plan_profile_t p;
+    memset(&p, 0, sizeof p);
+    p.prefill_token_s = 0.0013;
+    p.decode_fixed_s = 0.06;
+    p.chunk_tokens = 512;
+    p.max_running = 256;
+    return p;
+}
+
+static void test_saturation_is_finite_and_sensible(void)
+{
+    plan_profile_t p = saturated_profile();
+    plan_targets_t t = {.ttft_s = 2.0, .tpot_s = 0.05, .colocated = 1};
+    plan_obs_t o = load(16, 32, 48);
+    plan_answer_t a;
+    plan_compute(&p, &t, &o, &a);
+    CHECK(!a.slo_reachable); /* a 60 ms step can never meet 50 ms */
+    /* prefill work 16 x 32 x 1.3 ms = 0.67 node-s/s at 50%: 2 nodes */
+    CHECK_MSG(a.decode == 2, "decode %d", a.decode);
+    /* twice the load, twice the work; never the old 95 */
+    o = load(32, 32, 48);
+    plan_compute(&p, &t, &o, &a);
+    CHECK_MSG(a.decode >= 3 && a.decode <= 4, "decode %d at 32 req/s", a.decode);
+    /* far past saturation on a normal profile: finite and within the concurrency bound */
+    plan_profile_t q = profile();
+    plan_targets_t tq = targets;
+    for (double rate = 100; rate <= 1e5; rate *= 10) { /* 1e5 req/s: 52,000 prefill nodes busy at once */
+        o = load(rate, 500, 200);
+        plan_compute(&q, &tq, &o, &a);
+        double lp = rate * (q.prefill_fixed_s + 500 * q.prefill_token_s);
+        double ld = rate * 200 * plan_decode_step_s(&q, 1, 600);
+        double dcap = fmax(ld + 3 * sqrt(ld) + 2, 10 * ld + 1);
+        CHECK_MSG(a.prefill >= 1 && a.prefill <= lp + 3 * sqrt(lp) + 2 && a.decode >= 1 && a.decode <= dcap &&
+                      isfinite(a.ttft_s) && isfinite(a.tpot_s),
+                  "rate %g: %d prefill, %d decode, ttft %g, tpot %g", rate, a.prefill, a.decode, a.ttft_s, a.tpot_s);
+    }
+    /* a target barely above a lone sequence's step: the Poisson batch term asks for near-empty nodes (hundreds of
+     * thousands); the count stops where a request rarely shares its node */
+    plan_profile_t e = profile();
+    e.decode_fixed_s = 0.0395;
+    o = load(16, 300, 100);
+    plan_compute(&e, &targets, &o, &a);
+    double le = 16 * 100 * plan_decode_step_s(&e, 1, 350);
+    CHECK_MSG(a.decode >= 1 && a.decode <= fmax(le + 3 * sqrt(le) + 2, 10 * le + 1), "decode %d (L %g)", a.decode, le);
+    /* a fixed cost above the TPOT target with disaggregation: decode sized for throughput, not per token */
+    plan_targets_t td = {.ttft_s = 2.0, .tpot_s = 0.05};
+    o = load(16, 32, 48);
+    plan_compute(&p, &td, &o, &a);
+    CHECK_MSG(!a.slo_reachable && a.decode == 1 && a.prefill >= 1 && a.prefill <= 3, "%d prefill, %d decode",
+              a.prefill, a.decode);
+}
+
+/* A backlog beyond what the TTFT target allows is planned to drain within PLAN_DRAIN_S; the normal queue of a
+ * cluster that meets its target is not. The raised answer falls back once the queue is gone (after the window). */
+static void test_backlog_drains(void)
+{
+    plan_profile_t p = profile();
+    plan_obs_t o = load(10, 300, 100);
+    plan_answer_t base, normal, big;
+    plan_compute(&p, &targets, &o, &base);
+    o.queued = 10 * targets.ttft_s; /* what meeting the target holds anyway */
+    plan_compute(&p, &targets, &o, &normal);
+    CHECK(normal.prefill == base.prefill && normal.decode == base.decode && normal.drain_req_s == 0);
+    o.queued = 10 * targets.ttft_s + 600; /* 600 excess requests: 20 req/s more over 30 s */
+    plan_compute(&p, &targets, &o, &big);
+    CHECK(fabs(big.drain_req_s - 600 / PLAN_DRAIN_S) < 1e-9 && fabs(big.lambda - 30) < 1e-9);
+    plan_obs_t o30 = load(30, 300, 100);
+    plan_answer_t at30;
+    plan_compute(&p, &targets, &o30, &at30);
+    CHECK_MSG(big.prefill == at30.prefill && big.decode == at30.decode && big.prefill > base.prefill,
+              "backlog %d/%d, 30 req/s %d/%d, base %d/%d", big.prefill, big.decode, at30.prefill, at30.decode,
+              base.prefill, base.decode);
+    /* a saturated cluster serving 10 req/s with a growing queue: up while it grows, down a window after it drains */
+    plan_smooth_t sp;
+    plan_smooth_init(&sp, 30);
+    int peak = 0, first = 0, changes = 0, last = 0;
+    for (int tick = 0; tick < 200; tick++) {
+        plan_obs_t ot = load(10, 300, 100);
+        ot.queued = tick < 60 ? 20 + 10.0 * tick : 20; /* grows 10/s for a minute, then drained */
+        plan_answer_t x;
+        plan_compute(&p, &targets, &ot, &x);
+        int v = plan_smooth_tick(&sp, x.prefill);
+        if (tick == 0) first = v;
+        if (tick && v != last) changes++;
+        last = v;
+        if (v > peak) peak = v;
+    }
+    CHECK_MSG(peak > first && last == base.prefill, "first %d, peak %d, last %d", first, peak, last);
+    CHECK_MSG(changes < 30, "the answer changed %d times", changes);
+    /* records merge the backlog too */
+    plan_obs_t a = {.queued = 3, .routers = 1}, b = {.queued = 4, .routers = 1};
+    plan_obs_merge(&a, &b);
+    CHECK(a.queued == 7 && a.routers == 2);
+}
+
 static void test_fit(void)
 {
     double x[20], y[20], c[3];
@@ -219,12 +321,23 @@ static void test_profile_json(void)
 {
     plan_profile_t p = profile(), q;
     snprintf(p.host, sizeof p.host, "test host");
+    p.request_s = 0.004;
+    p.path_token_s = 0.0005;
     char *txt = plan_profile_to_json(&p, "{\"prefill\": [[16, 0.03]]}");
     REQUIRE(txt);
     REQUIRE(plan_profile_from_json(txt, &q) == BT_OK);
     free(txt);
     CHECK(q.prefill_token_s == p.prefill_token_s && q.decode_seq_s == p.decode_seq_s && q.n_xfer == 1);
     CHECK(!strcmp(q.xfer[0].name, "shm") && q.xfer[0].bytes_s == 5e9 && !strcmp(q.host, "test host"));
+    CHECK(q.request_s == 0.004 && q.path_token_s == 0.0005);
+    /* the serving path's time adds to every TTFT prediction */
+    double t0, t1, tp;
+    plan_predict(&q, &targets, 1, 300, 100, 1, 1, &t1, &tp);
+    q.request_s = 0;
+    plan_predict(&q, &targets, 1, 300, 100, 1, 1, &t0, &tp);
+    CHECK(isfinite(t0) && fabs(t1 - t0 - 0.004) < 1e-9);
+    CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0, \"token_s\": 1e-3}, \"decode\": {\"fixed_s\": 0.01, "
+                                 "\"seq_s\": 0}, \"router\": 3}", &q) == BT_ERR_FORMAT);
     CHECK(plan_profile_from_json("{nope", &q) == BT_ERR_FORMAT);
     CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0.1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
     CHECK(strstr(bt_last_error(), "token_s") != NULL);
@@ -238,6 +351,8 @@ int main(void)
     RUN(test_step_change);
     RUN(test_no_flapping);
     RUN(test_one_answer_two_routers);
+    RUN(test_saturation_is_finite_and_sensible);
+    RUN(test_backlog_drains);
     RUN(test_fit);
     RUN(test_profile_json);
     return test_summary();

@@ -150,6 +150,27 @@ static void test_single_request_timing(void)
     sim_result_free(&r);
 }
 
+/* The serving path's constants: request_s delays a request's start (TTFT grows by it, TPOT does not), and its
+ * per-token CPU on a one-host cluster lengthens every step by that much per row. */
+static void test_serving_path(void)
+{
+    sim_config_t c = config(0, 1);
+    gen_t g = {.s = 5, .rate = 1, .max = 1};
+    sim_result_t base, path;
+    REQUIRE(sim_run(&c, next, &g, &base) == BT_OK);
+    c.profile.request_s = 0.01;
+    c.profile.path_token_s = 0.002;
+    g = (gen_t){.s = 5, .rate = 1, .max = 1};
+    REQUIRE(sim_run(&c, next, &g, &path) == BT_OK);
+    REQUIRE(base.finished == 1 && path.finished == 1);
+    /* the lone request's first token: +10 ms of path, +2 ms for its row */
+    CHECK_MSG(fabs(path.ttft.sum - base.ttft.sum - 0.012) < 1e-9, "ttft %g vs %g", path.ttft.sum, base.ttft.sum);
+    if (base.tpot.n)
+        CHECK_MSG(fabs(path.tpot.sum - base.tpot.sum - 0.002) < 1e-9, "tpot %g vs %g", path.tpot.sum, base.tpot.sum);
+    sim_result_free(&base);
+    sim_result_free(&path);
+}
+
 static void test_bad_config(void)
 {
     sim_config_t c = config(1, 0);
@@ -167,6 +188,7 @@ int main(void)
     RUN(test_conservation_under_failures);
     RUN(test_deterministic);
     RUN(test_single_request_timing);
+    RUN(test_serving_path);
     RUN(test_bad_config);
     return test_summary();
 }
