@@ -580,6 +580,39 @@ static bt_status rx_unsupported(rx *r, const char *what)
     return r->err;
 }
 
+/* A counted repetition at r->p ('{'): {m}, {m,} or {m,n}, read past its '}' into *m, *n (n = -1: unbounded). On a
+ * malformed one the error names the '{'. */
+static bt_status rx_count(rx *r, long *m, long *n)
+{
+    const char *brace = r->p++;
+    long x = 0, y;
+    int digits = 0;
+    while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && x <= MAX_COUNT) {
+        x = x * 10 + (*r->p++ - '0');
+        digits++;
+    }
+    if (!digits) {
+        r->p = brace;
+        return rx_fail(r, "bad '{' quantifier");
+    }
+    y = x;
+    if (r->p < r->end && *r->p == ',') {
+        r->p++;
+        y = -1;
+        if (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
+            y = 0;
+            while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && y <= MAX_COUNT) y = y * 10 + (*r->p++ - '0');
+        }
+    }
+    if (r->p >= r->end || *r->p != '}') return rx_fail(r, "bad '{' quantifier");
+    r->p++;
+    if (x > MAX_COUNT || y > MAX_COUNT) return rx_unsupported(r, "a repetition count above 1000");
+    if (y >= 0 && y < x) return rx_fail(r, "{m,n} with n < m");
+    *m = x;
+    *n = y;
+    return BT_OK;
+}
+
 /* One code point of the pattern (UTF-8), -1 at the end or on invalid UTF-8. */
 static int32_t rx_cp(rx *r)
 {
@@ -950,30 +983,8 @@ static bt_status rx_seq(rx *r, bt_strbuf *b)
                 bt_strbuf_put(b, &q, 1);
                 r->p++;
             } else if (q == '{') {
-                const char *save = r->p++;
-                long m = 0, n = -1;
-                int digits = 0;
-                while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && m <= MAX_COUNT) {
-                    m = m * 10 + (*r->p++ - '0');
-                    digits++;
-                }
-                if (!digits) {
-                    r->p = save;
-                    return rx_fail(r, "bad '{' quantifier");
-                }
-                n = m;
-                if (r->p < r->end && *r->p == ',') {
-                    r->p++;
-                    n = -1;
-                    if (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
-                        n = 0;
-                        while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && n <= MAX_COUNT) n = n * 10 + (*r->p++ - '0');
-                    }
-                }
-                if (r->p >= r->end || *r->p != '}') return rx_fail(r, "bad '{' quantifier");
-                r->p++;
-                if (m > MAX_COUNT || n > MAX_COUNT) return rx_unsupported(r, "a repetition count above 1000");
-                if (n >= 0 && n < m) return rx_fail(r, "{m,n} with n < m");
+                long m, n;
+                if (rx_count(r, &m, &n)) return r->err;
                 if (n < 0) sb_printf(b, "{%ld,}", m);
                 else sb_printf(b, "{%ld,%ld}", m, n);
             }
@@ -1181,29 +1192,7 @@ static bt_status nx_quantifier(rx *r, long *m, long *n)
         *n = q == '?' ? 1 : -1;
         r->p++;
     } else if (q == '{') {
-        r->p++;
-        long x = 0, y;
-        int digits = 0;
-        while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && x <= MAX_COUNT) {
-            x = x * 10 + (*r->p++ - '0');
-            digits++;
-        }
-        if (!digits) return rx_fail(r, "bad '{' quantifier");
-        y = x;
-        if (r->p < r->end && *r->p == ',') {
-            r->p++;
-            y = -1;
-            if (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
-                y = 0;
-                while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && y <= MAX_COUNT) y = y * 10 + (*r->p++ - '0');
-            }
-        }
-        if (r->p >= r->end || *r->p != '}') return rx_fail(r, "bad '{' quantifier");
-        r->p++;
-        if (x > MAX_COUNT || y > MAX_COUNT) return rx_unsupported(r, "a repetition count above 1000");
-        if (y >= 0 && y < x) return rx_fail(r, "{m,n} with n < m");
-        *m = x;
-        *n = y;
+        if (rx_count(r, m, n)) return r->err;
     } else {
         return BT_OK;
     }

@@ -276,6 +276,20 @@ static void test_json_object_and_regex(void)
     CHECK(rtr_regex_grammar("^()+[A-]}", &text) == BT_ERR_UNSUPPORTED);
     CHECK(strstr(bt_last_error(), "can match the empty string") != NULL);
     CHECK(rtr_regex_grammar("(a?)*b", &text) == BT_ERR_UNSUPPORTED);
+    /* counted repetitions, read by one parser for the grammar path and the pattern-with-length automaton */
+    static const char *bad_counts[] = {"a{", "a{,3}", "a{3,2}", "a{2", "a{x}"};
+    for (size_t i = 0; i < sizeof bad_counts / sizeof *bad_counts; i++) {
+        char schema[160];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\",\"maxLength\":8}", bad_counts[i]);
+        CHECK_MSG(rtr_regex_grammar(bad_counts[i], &text) == BT_ERR_INVALID, "%s", bad_counts[i]);
+        expect_error(schema, BT_ERR_INVALID, "regex at offset");
+    }
+    CHECK(rtr_regex_grammar("a{3,2}", &text) == BT_ERR_INVALID && strstr(bt_last_error(), "n < m") != NULL);
+    CHECK(rtr_regex_grammar("a{1001}", &text) == BT_ERR_UNSUPPORTED);
+    expect_error("{\"type\":\"string\",\"pattern\":\"a{1001}\",\"maxLength\":8}", BT_ERR_UNSUPPORTED, "above 1000");
+    REQUIRE(rtr_regex_grammar("^a{2,}b{1,2}$", &text) == BT_OK);
+    free(text);
+    text = NULL;
 }
 
 int main(void)
