@@ -434,10 +434,14 @@ void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth)
  * (the 28 MB output matrix) is read from memory once for up to 64 rows. */
 #define PACKED_ROW_CHUNK 64
 
-/* The first row tile of a group prefetches the next group when a chunk has at least this many rows: then the
- * kernel is compute-bound and the hardware prefetcher alone left it waiting on memory a fifth of the time; with
- * fewer rows it streams at memory speed and the extra prefetches only cost (batch 1: ~5% slower). */
-#define PACKED_PREFETCH_ROWS 4
+/* The first row tile of a group prefetches the next group (the kernels' `next`), at any row count. With many rows
+ * the kernel is compute-bound and the hardware prefetcher alone left it waiting on memory a fifth of the time. At
+ * batch 1 an earlier Zen 4 host measured the prefetches ~5% slower, but on an Intel Xeon with AVX-512 (2026-12) the
+ * weights stream ~1.8x faster with them: baton bench decode batch 1, alternated runs, 197-215 -> 381-393 tok/s
+ * (avx512) and 152-165 -> 281-309 (BATON_CPU_ISA=avx2). So they stay on everywhere. */
+
+/* Below this many rows a matmul streams the weights: one contiguous slice per thread (see slices()). */
+#define PACKED_STREAM_ROWS 4
 
 /* Phase 2 on packed weights: groups [lo, hi) of 16 output rows. */
 static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
@@ -461,7 +465,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
                 int64_t r = r0 + (r1 - r0) * t / nt;
                 int nr = (int)(r0 + (r1 - r0) * (t + 1) / nt - r);
                 gemm(mm->n_in, grp, (const char *)mm->xq + (size_t)r * ab, ab, nr, mm->out + (size_t)r * os + o, os,
-                     nv, t == 0 && r1 - r0 >= PACKED_PREFETCH_ROWS && g + 1 < hi ? grp + p->group_bytes : NULL);
+                     nv, t == 0 && g + 1 < hi ? grp + p->group_bytes : NULL);
             }
         }
     }
@@ -517,13 +521,13 @@ static void quantize_acts(bt_pool *pool, int nth, const bt_cpu_matmul *mm)
 }
 
 /* Tasks of a matmul over nth > 1 threads, at least 16 output rows each. Batched (compute-bound): 4 per thread, so a
- * descheduled thread's share is picked up by the others. Fewer rows than PACKED_PREFETCH_ROWS stream the weights at
+ * descheduled thread's share is picked up by the others. Fewer rows than PACKED_STREAM_ROWS stream the weights at
  * memory speed: one contiguous slice per thread, read start to end by the hardware prefetcher, instead of four
  * that each start with a wait on memory (batch-1 decode: +12%, 5 alternated runs of baton bench --concurrency 1,
  * median 276 -> 309 tok/s). The split never changes how an output element is computed. */
 static int slices(const bt_cpu_matmul *mm, int nth)
 {
-    int64_t per = mm->n_rows < PACKED_PREFETCH_ROWS ? 1 : 4;
+    int64_t per = mm->n_rows < PACKED_STREAM_ROWS ? 1 : 4;
     int64_t k = mm->n_out / 16 < per * nth ? mm->n_out / 16 : per * nth;
     return k < 1 ? 1 : (int)k;
 }
