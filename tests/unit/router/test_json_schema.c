@@ -292,6 +292,50 @@ static void test_json_object_and_regex(void)
     text = NULL;
 }
 
+/* Arrays well past their first doublings (json_schema.c's grow): a class of 20 ranges on both paths, an automaton
+ * with 20 branches out of one state (edges, states, classes, closures) and an object of 40 properties (rule memo). */
+static void test_growth(void)
+{
+    char *text = NULL;
+    bt_grammar *g = NULL;
+    REQUIRE(rtr_regex_grammar("^[acegikmoqsuwyACEGIK]+$", &text) == BT_OK);
+    REQUIRE(bt_grammar_parse(text, strlen(text), &g) == BT_OK);
+    free(text);
+    CHECK(grammar_accepts(g, "aK") && grammar_accepts(g, "yIAc"));
+    CHECK(!grammar_accepts(g, "ab") && !grammar_accepts(g, "B"));
+    bt_grammar_free(g);
+
+    static const kase P[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^[acegikmoqsuwyACEGIK]{2}$\",\"maxLength\":2}",
+         {"\"aK\"", "\"yI\""},
+         {"\"a\"", "\"ab\"", "\"aKa\""}},
+        {"{\"type\":\"string\",\"pattern\":\"^(a|c|e|g|i|k|m|o|q|s|u|w|y|A|C|E|G|I|K|M)+$\",\"maxLength\":3}",
+         {"\"aM\"", "\"M\"", "\"yyy\""},
+         {"\"\"", "\"b\"", "\"aaaa\""}},
+    };
+    for (size_t i = 0; i < sizeof P / sizeof *P; i++) {
+        g = compile_schema(P[i].schema);
+        if (!g) continue;
+        for (int k = 0; k < 6 && P[i].good[k]; k++)
+            CHECK_MSG(grammar_accepts(g, P[i].good[k]), "schema %s should accept %s", P[i].schema, P[i].good[k]);
+        for (int k = 0; k < 6 && P[i].bad[k]; k++)
+            CHECK_MSG(!grammar_accepts(g, P[i].bad[k]), "schema %s should reject %s", P[i].schema, P[i].bad[k]);
+        bt_grammar_free(g);
+    }
+
+    char schema[2048] = "{\"type\":\"object\",\"required\":[\"p39\"],\"properties\":{";
+    for (int i = 0; i < 40; i++) {
+        size_t len = strlen(schema);
+        snprintf(schema + len, sizeof schema - len, "%s\"p%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+    }
+    strcat(schema, "}}");
+    g = compile_schema(schema);
+    REQUIRE(g != NULL);
+    CHECK(grammar_accepts(g, "{\"p0\": 1, \"p20\": 2, \"p39\": 3}"));
+    CHECK(!grammar_accepts(g, "{\"p0\": 1}") && !grammar_accepts(g, "{\"p39\": \"x\"}"));
+    bt_grammar_free(g);
+}
+
 int main(void)
 {
     RUN(test_cases);
@@ -300,5 +344,6 @@ int main(void)
     RUN(test_one_of);
     RUN(test_pattern_length);
     RUN(test_json_object_and_regex);
+    RUN(test_growth);
     return test_summary();
 }
