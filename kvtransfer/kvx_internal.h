@@ -107,6 +107,20 @@ struct kvx_peer {
  * blocks before any byte is written (AM pushes skip it: the receiver checks every data message). */
 enum { KVX_PUSH_CLAIMING = 0, KVX_PUSH_POSTING, KVX_PUSH_FLUSHING, KVX_PUSH_ACKING, KVX_PUSH_DONE };
 
+/* One block list of a push: the plan that moves it, its destination ids and their checksums. Zeroed: no list. */
+typedef struct kvx_push_list {
+    kvx_plan_t plan;
+    uint32_t *dst_blocks; /* [plan.n_blocks] copy, for the block-list digest */
+    uint32_t *crcs;       /* [n_layers][plan.n_blocks] per-layer block checksums when KVX_F_CRC */
+} kvx_push_list_t;
+
+/* One block list of an expectation. Zeroed: no list. */
+typedef struct kvx_expect_list {
+    uint32_t *blocks; /* [n] in the sender's order */
+    uint32_t *sorted; /* [n] ascending (AM data ownership checks) */
+    size_t n;
+} kvx_expect_list_t;
+
 struct kvx_push {
     kvx_context_t *ctx;
     bt_list_node link; /* in ctx->pushes */
@@ -123,18 +137,13 @@ struct kvx_push {
     uint64_t end_ns;
     kvx_pool_t *pool;
     kvx_peer_t *peer;
-    kvx_plan_t plan;
-    uint32_t *dst_blocks; /* [n_blocks] copy, for the block-list digest */
+    /* lists[1] moves the layers marked in layer_group (sliding-window layers with their own block space), lists[0]
+     * the others; layer_group NULL: every layer moves lists[0] and lists[1] is zeroed */
+    kvx_push_list_t lists[2];
+    uint8_t *layer_group; /* [n_layers] 1: the layer moves lists[1] */
     uint8_t *layer_done;  /* [n_layers] */
     uint32_t layers_posted;
-    uint32_t *crcs;       /* [n_layers][n_blocks] per-layer block checksums when KVX_F_CRC */
-    /* a second block list for the layers marked in layer_group (sliding-window layers with their own block space);
-     * layer_group NULL: every layer moves plan */
-    uint8_t *layer_group;   /* [n_layers] 1: the layer moves lplan */
-    kvx_plan_t lplan;
-    uint32_t *ldst_blocks;  /* [lplan.n_blocks] */
-    uint32_t *lcrcs;        /* [n_layers][lplan.n_blocks] when KVX_F_CRC */
-    uint32_t digest;        /* of the destination lists and the layer map: CLAIM and DONE carry it */
+    uint32_t digest;      /* of the destination lists and the layer map: CLAIM and DONE carry it */
     uint8_t *am_hdrs;     /* AM path: [n_layers][n_runs] data headers, alive until the push is freed */
     uint8_t *msg;         /* DONE message, alive until the push is freed */
     uint8_t claim[32];    /* CLAIM message, alive until the push is freed */
@@ -159,13 +168,9 @@ struct kvx_expect {
     uint64_t deadline_ms;
     kvx_pool_t *pool;
     kvx_peer_t *sender;
-    uint32_t *blocks;
-    size_t n_blocks;
-    uint32_t blocks_crc;
-    uint32_t *sorted;        /* [n_blocks] the blocks in ascending order (AM data ownership checks) */
-    uint8_t *layer_group;    /* [n_layers] 1: the layer's blocks are lblocks (NULL: every layer's are blocks) */
-    uint32_t *lblocks, *lsorted; /* [n_lblocks] the second list, in the sender's order and ascending */
-    size_t n_lblocks;
+    kvx_expect_list_t lists[2]; /* as a push's: lists[1] for the layers in layer_group, else zeroed */
+    uint8_t *layer_group;       /* [n_layers] 1: the layer's blocks are lists[1]'s (NULL: all are lists[0]'s) */
+    uint32_t blocks_crc;        /* kvx_lists_digest of the lists and the layer map */
     uint64_t bytes_received; /* AM data path */
     int claimed;             /* a sender claimed the epoch (one sender per expectation) */
     kvx_expect_cb cb;

@@ -94,6 +94,54 @@ static uint32_t fold_block_crc(const uint32_t *crcs, uint32_t n_layers, size_t n
 
 /* ---- push ---------------------------------------------------------------------------------------------- */
 
+/* Copies dst[plan.n_blocks] into l (its plan built) and makes room for its checksums when crc. BT_ERR_NOMEM
+ * (what was allocated stays in l for push_list_free). */
+static bt_status push_list_alloc(kvx_push_list_t *l, const uint32_t *dst, uint32_t n_layers, int crc)
+{
+    size_t n = l->plan.n_blocks;
+    l->dst_blocks = malloc(n * sizeof *l->dst_blocks);
+    if (crc) l->crcs = calloc((size_t)n_layers * n, sizeof *l->crcs);
+    if (!l->dst_blocks || (crc && !l->crcs)) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+    memcpy(l->dst_blocks, dst, n * sizeof *l->dst_blocks);
+    return BT_OK;
+}
+
+static void push_list_free(kvx_push_list_t *l)
+{
+    kvx_plan_free(&l->plan);
+    free(l->dst_blocks);
+    free(l->crcs);
+}
+
+static uint32_t push_n_layers(const kvx_push_t *p)
+{
+    return p->lists[0].plan.local.n_layers;
+}
+
+/* Blocks in both lists, as CLAIM and DONE count them. */
+static size_t push_n_blocks(const kvx_push_t *p)
+{
+    return p->lists[0].plan.n_blocks + p->lists[1].plan.n_blocks;
+}
+
+/* The AM path's data headers hold this many runs per layer. */
+static size_t push_max_runs(const kvx_push_t *p)
+{
+    return p->lists[0].plan.n_runs > p->lists[1].plan.n_runs ? p->lists[0].plan.n_runs : p->lists[1].plan.n_runs;
+}
+
+/* Frees what a push owns besides its references (also a push that was never registered). */
+static void push_discard(kvx_push_t *p)
+{
+    push_list_free(&p->lists[0]);
+    push_list_free(&p->lists[1]);
+    free(p->layer_group);
+    free(p->layer_done);
+    free(p->am_hdrs);
+    free(p->msg);
+    free(p);
+}
+
 static void push_free(kvx_push_t *p)
 {
     kvx_context_t *ctx = p->ctx;
@@ -101,17 +149,7 @@ static void push_free(kvx_push_t *p)
     ctx->stats.live_pushes--;
     p->pool->users--;
     kvx_peer_unref(p->peer);
-    kvx_plan_free(&p->plan);
-    kvx_plan_free(&p->lplan);
-    free(p->dst_blocks);
-    free(p->ldst_blocks);
-    free(p->layer_group);
-    free(p->layer_done);
-    free(p->crcs);
-    free(p->lcrcs);
-    free(p->am_hdrs);
-    free(p->msg);
-    free(p);
+    push_discard(p);
     pthread_cond_broadcast(&ctx->cv);
 }
 
@@ -178,8 +216,8 @@ static void push_send_done(kvx_push_t *p)
         kvx_push_finish(p, BT_ERR_PEER, "kvx: %s", p->peer->err);
         return;
     }
-    size_t n0 = p->plan.n_blocks, n1 = p->lplan.n_blocks, n = n0 + n1;
-    uint32_t n_layers = p->plan.local.n_layers;
+    size_t n = push_n_blocks(p);
+    uint32_t n_layers = push_n_layers(p);
     int crc = (p->flags & KVX_F_CRC) != 0;
     p->msg_len = DONE_HDR + (crc ? 4 * n : 0);
     p->msg = malloc(p->msg_len);
@@ -193,16 +231,16 @@ static void push_send_done(kvx_push_t *p)
     kvx_put16(m + 6, (uint16_t)((crc ? KVX_F_CRC : 0) | (p->peer->path == KVX_PATH_AM ? KVX_DONE_AM : 0)));
     kvx_put64(m + 8, p->id);
     kvx_put64(m + 16, p->epoch);
-    kvx_put64(m + 24, p->plan.local.fingerprint);
+    kvx_put64(m + 24, p->lists[0].plan.local.fingerprint);
     kvx_put32(m + 32, (uint32_t)n);
     kvx_put32(m + 36, p->digest);
     kvx_put32(m + 40, n_layers);
     kvx_put32(m + 44, 0);
-    if (crc) {
-        for (size_t i = 0; i < n0; i++)
-            kvx_put32(m + DONE_HDR + 4 * i, fold_block_crc(p->crcs, n_layers, n0, i, p->layer_group, 0));
-        for (size_t i = 0; i < n1; i++)
-            kvx_put32(m + DONE_HDR + 4 * (n0 + i), fold_block_crc(p->lcrcs, n_layers, n1, i, p->layer_group, 1));
+    size_t i = 0; /* the first list's blocks, then the second's */
+    for (int g = 0; crc && g < 2; g++) {
+        const kvx_push_list_t *l = &p->lists[g];
+        for (size_t k = 0; k < l->plan.n_blocks; k++, i++)
+            kvx_put32(m + DONE_HDR + 4 * i, fold_block_crc(l->crcs, n_layers, l->plan.n_blocks, k, p->layer_group, g));
     }
     p->state = KVX_PUSH_ACKING;
     ucp_request_param_t rp = {
@@ -273,7 +311,7 @@ static void push_send_claim(kvx_push_t *p)
     kvx_put16(m + 6, 0);
     kvx_put64(m + 8, p->id);
     kvx_put64(m + 16, p->epoch);
-    kvx_put32(m + 24, (uint32_t)(p->plan.n_blocks + p->lplan.n_blocks));
+    kvx_put32(m + 24, (uint32_t)push_n_blocks(p));
     kvx_put32(m + 28, p->digest);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
@@ -303,38 +341,26 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     uint32_t flags = pool->mem_type == KVX_MEM_CUDA ? a->flags & ~(uint32_t)KVX_F_CRC : a->flags;
     kvx_push_t *p = calloc(1, sizeof *p);
     if (!p) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
-    /* Layout and block checks happen here, before anything is posted. */
-    if ((st = kvx_plan_build(&pool->layout, &peer->d.layout, a->src_blocks, a->dst_blocks, a->n_blocks,
-                             &p->plan)) != BT_OK)
-        goto fail;
-    size_t n = a->n_blocks, nl = a->layer_group ? a->n_local_blocks : 0;
+    /* Layout and block checks happen here, before anything is posted: every list's plan, then the buffers. */
+    size_t nl = a->layer_group ? a->n_local_blocks : 0;
     uint32_t n_layers = pool->layout.n_layers;
-    if (a->layer_group &&
-        (st = kvx_plan_build(&pool->layout, &peer->d.layout, a->local_src_blocks, a->local_dst_blocks, nl,
-                             &p->lplan)) != BT_OK)
-        goto fail_plan;
-    size_t max_runs = p->plan.n_runs > p->lplan.n_runs ? p->plan.n_runs : p->lplan.n_runs;
-    p->dst_blocks = malloc(n * sizeof *p->dst_blocks);
+    const uint32_t *src[2] = {a->src_blocks, a->local_src_blocks}, *dst[2] = {a->dst_blocks, a->local_dst_blocks};
+    size_t n[2] = {a->n_blocks, nl};
+    int n_lists = a->layer_group ? 2 : 1;
+    for (int g = 0; g < n_lists; g++)
+        if ((st = kvx_plan_build(&pool->layout, &peer->d.layout, src[g], dst[g], n[g], &p->lists[g].plan)) != BT_OK)
+            goto fail;
+    for (int g = 0; g < n_lists; g++)
+        if ((st = push_list_alloc(&p->lists[g], dst[g], n_layers, (flags & KVX_F_CRC) != 0)) != BT_OK) goto fail;
     p->layer_done = calloc(n_layers, 1);
-    if (flags & KVX_F_CRC) p->crcs = calloc((size_t)n_layers * n, sizeof *p->crcs);
-    if ((flags & KVX_F_CRC) && nl) p->lcrcs = calloc((size_t)n_layers * nl, sizeof *p->lcrcs);
-    if (nl) {
-        p->ldst_blocks = malloc(nl * sizeof *p->ldst_blocks);
-        p->layer_group = malloc(n_layers);
-    }
-    if (peer->path == KVX_PATH_AM) p->am_hdrs = malloc((size_t)n_layers * max_runs * DATA_HDR);
-    if (!p->dst_blocks || !p->layer_done || ((flags & KVX_F_CRC) && !p->crcs) ||
-        (nl && (!p->ldst_blocks || !p->layer_group || ((flags & KVX_F_CRC) && !p->lcrcs))) ||
-        (peer->path == KVX_PATH_AM && !p->am_hdrs)) {
+    if (nl) p->layer_group = malloc(n_layers);
+    if (peer->path == KVX_PATH_AM) p->am_hdrs = malloc((size_t)n_layers * push_max_runs(p) * DATA_HDR);
+    if (!p->layer_done || (nl && !p->layer_group) || (peer->path == KVX_PATH_AM && !p->am_hdrs)) {
         st = bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
-        goto fail_plan;
+        goto fail;
     }
-    memcpy(p->dst_blocks, a->dst_blocks, n * sizeof *p->dst_blocks);
-    if (nl) {
-        memcpy(p->ldst_blocks, a->local_dst_blocks, nl * sizeof *p->ldst_blocks);
-        for (uint32_t l = 0; l < n_layers; l++) p->layer_group[l] = a->layer_group[l] != 0;
-    }
-    p->digest = kvx_lists_digest(p->dst_blocks, n, p->ldst_blocks, nl, p->layer_group, n_layers);
+    for (uint32_t l = 0; nl && l < n_layers; l++) p->layer_group[l] = a->layer_group[l] != 0;
+    p->digest = kvx_lists_digest(p->lists[0].dst_blocks, n[0], p->lists[1].dst_blocks, nl, p->layer_group, n_layers);
     p->ctx = ctx;
     p->pool = pool;
     p->peer = peer;
@@ -352,7 +378,7 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     if (peer->failed) {
         st = bt_fail(BT_ERR_PEER, "kvx: %s", peer->err);
         pthread_mutex_unlock(&ctx->mu);
-        goto fail_plan;
+        goto fail;
     }
     p->id = ctx->next_push_id++;
     peer->refs++;
@@ -366,30 +392,20 @@ bt_status kvx_push_create(kvx_pool_t *pool, kvx_peer_t *peer, const kvx_push_arg
     *out = p;
     return BT_OK;
 
-fail_plan:
-    kvx_plan_free(&p->plan);
-    kvx_plan_free(&p->lplan);
 fail:
-    free(p->am_hdrs);
-    free(p->dst_blocks);
-    free(p->ldst_blocks);
-    free(p->layer_group);
-    free(p->layer_done);
-    free(p->crcs);
-    free(p->lcrcs);
-    free(p);
+    push_discard(p);
     return st;
 }
 
 bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
 {
     kvx_context_t *ctx = p->ctx;
-    if (layer >= p->plan.local.n_layers)
-        return bt_fail(BT_ERR_INVALID, "kvx: layer %u out of range (%u layers)", layer, p->plan.local.n_layers);
+    if (layer >= push_n_layers(p))
+        return bt_fail(BT_ERR_INVALID, "kvx: layer %u out of range (%u layers)", layer, push_n_layers(p));
     if (p->layer_done[layer]) return bt_fail(BT_ERR_INVALID, "kvx: layer %u posted twice", layer);
-    int grp = in_group(p->layer_group, layer);
-    const kvx_plan_t *plan = grp ? &p->lplan : &p->plan;
-    uint32_t *crcs = grp ? p->lcrcs : p->crcs;
+    kvx_push_list_t *list = &p->lists[in_group(p->layer_group, layer)];
+    const kvx_plan_t *plan = &list->plan;
+    uint32_t *crcs = list->crcs;
     if (crcs) {
         /* The caller owns this layer's bytes now; checksum them outside the lock. */
         const uint8_t *base = p->pool->base;
@@ -448,8 +464,7 @@ bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
             kvx_range_t rg = kvx_plan_range(plan, layer, r);
             void *req;
             if (peer->path == KVX_PATH_AM) {
-                size_t max_runs = p->plan.n_runs > p->lplan.n_runs ? p->plan.n_runs : p->lplan.n_runs;
-                uint8_t *h = p->am_hdrs + ((size_t)layer * max_runs + r) * DATA_HDR;
+                uint8_t *h = p->am_hdrs + ((size_t)layer * push_max_runs(p) + r) * DATA_HDR;
                 kvx_put32(h, DATA_MAGIC);
                 kvx_put32(h + 4, layer);
                 kvx_put64(h + 8, p->epoch);
@@ -474,7 +489,7 @@ bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
             ctx->stats.bytes_pushed += rg.len;
         }
     }
-    if (p->state == KVX_PUSH_POSTING && p->layers_posted == p->plan.local.n_layers) push_flush(p);
+    if (p->state == KVX_PUSH_POSTING && p->layers_posted == push_n_layers(p)) push_flush(p);
     bt_status st = BT_OK;
     if (p->state == KVX_PUSH_DONE && p->status != BT_OK) st = bt_fail(p->status, "%s", p->err);
     kvx_kick(ctx);
@@ -484,7 +499,7 @@ bt_status kvx_push_layer(kvx_push_t *p, uint32_t layer)
 
 bt_status kvx_push_all(kvx_push_t *p)
 {
-    for (uint32_t l = 0; l < p->plan.local.n_layers; l++) {
+    for (uint32_t l = 0; l < push_n_layers(p); l++) {
         if (p->layer_done[l]) continue;
         bt_status st = kvx_push_layer(p, l);
         if (st != BT_OK) return st;
@@ -515,9 +530,8 @@ uint64_t kvx_push_elapsed_ns(const kvx_push_t *p)
 uint64_t kvx_push_bytes(const kvx_push_t *p)
 {
     uint64_t sum = 0;
-    for (uint32_t l = 0; l < p->plan.local.n_layers; l++)
-        sum += (uint64_t)(in_group(p->layer_group, l) ? p->lplan.n_blocks : p->plan.n_blocks) *
-               p->plan.local.block_stride;
+    for (uint32_t l = 0; l < push_n_layers(p); l++)
+        sum += (uint64_t)p->lists[in_group(p->layer_group, l)].plan.n_blocks * p->lists[0].plan.local.block_stride;
     return sum;
 }
 
@@ -528,7 +542,7 @@ size_t kvx_push_puts(const kvx_push_t *p)
 
 const kvx_plan_t *kvx_push_plan(const kvx_push_t *p)
 {
-    return &p->plan;
+    return &p->lists[0].plan;
 }
 
 const char *kvx_push_error(const kvx_push_t *p)
@@ -561,9 +575,9 @@ static int cmp_u32(const void *a, const void *b)
  * side). */
 static int expect_owns(const kvx_expect_t *e, uint32_t layer, uint32_t first, uint32_t count)
 {
-    int grp = in_group(e->layer_group, layer);
-    const uint32_t *sorted = grp ? e->lsorted : e->sorted;
-    size_t n = grp ? e->n_lblocks : e->n_blocks;
+    const kvx_expect_list_t *list = &e->lists[in_group(e->layer_group, layer)];
+    const uint32_t *sorted = list->sorted;
+    size_t n = list->n;
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -578,6 +592,41 @@ static int expect_owns(const kvx_expect_t *e, uint32_t layer, uint32_t first, ui
     return 1;
 }
 
+/* Copies blocks[n] into l, in the sender's order and ascending. BT_ERR_NOMEM (what was allocated stays in l for
+ * expect_list_free). */
+static bt_status expect_list_init(kvx_expect_list_t *l, const uint32_t *blocks, size_t n)
+{
+    l->blocks = malloc(n * sizeof *l->blocks);
+    l->sorted = malloc(n * sizeof *l->sorted);
+    if (!l->blocks || !l->sorted) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
+    memcpy(l->blocks, blocks, n * sizeof *l->blocks);
+    memcpy(l->sorted, blocks, n * sizeof *l->sorted);
+    qsort(l->sorted, n, sizeof *l->sorted, cmp_u32);
+    l->n = n;
+    return BT_OK;
+}
+
+static void expect_list_free(kvx_expect_list_t *l)
+{
+    free(l->blocks);
+    free(l->sorted);
+}
+
+/* Blocks in both lists, as CLAIM and DONE count them. */
+static size_t expect_n_blocks(const kvx_expect_t *e)
+{
+    return e->lists[0].n + e->lists[1].n;
+}
+
+/* Frees what an expectation owns besides its references (also one that was never registered). */
+static void expect_discard(kvx_expect_t *e)
+{
+    expect_list_free(&e->lists[0]);
+    expect_list_free(&e->lists[1]);
+    free(e->layer_group);
+    free(e);
+}
+
 static void expect_free(kvx_expect_t *e)
 {
     kvx_context_t *ctx = e->ctx;
@@ -585,12 +634,7 @@ static void expect_free(kvx_expect_t *e)
     ctx->stats.live_expects--;
     e->pool->users--;
     if (e->sender) kvx_peer_unref(e->sender);
-    free(e->sorted);
-    free(e->blocks);
-    free(e->lsorted);
-    free(e->lblocks);
-    free(e->layer_group);
-    free(e);
+    expect_discard(e);
     pthread_cond_broadcast(&ctx->cv);
 }
 
@@ -605,7 +649,7 @@ void kvx_expect_finish(kvx_expect_t *e, bt_status st, const char *fmt, ...)
     if (e->done) return;
     e->done = 1;
     e->status = st;
-    e->pool->pending_blocks -= e->n_blocks + e->n_lblocks; /* the caller may reuse them (after bumping the epoch) */
+    e->pool->pending_blocks -= expect_n_blocks(e); /* the caller may reuse them (after bumping the epoch) */
     if (st != BT_OK && fmt) {
         va_list ap;
         va_start(ap, fmt);
@@ -632,17 +676,6 @@ static kvx_expect_t *expect_pending(kvx_context_t *ctx, uint64_t epoch)
     return NULL;
 }
 
-/* Frees an expectation that was never registered. */
-static void expect_discard(kvx_expect_t *e)
-{
-    free(e->sorted);
-    free(e->blocks);
-    free(e->lsorted);
-    free(e->lblocks);
-    free(e->layer_group);
-    free(e);
-}
-
 bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_expect_t **out)
 {
     bt_status st;
@@ -654,41 +687,31 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
     if (a->layer_group && (!a->local_blocks || nl == 0 || nl > KVX_MAX_BLOCKS))
         return bt_fail(BT_ERR_INVALID, "kvx: expectation's second list needs 1..%u blocks", KVX_MAX_BLOCKS);
     /* Same checks as a plan into this pool, per list. */
-    kvx_plan_t plan = {0};
-    if ((st = kvx_plan_build(&pool->layout, &pool->layout, a->blocks, a->blocks, a->n_blocks, &plan)) != BT_OK)
-        return st;
-    kvx_plan_free(&plan);
-    if (nl && (st = kvx_plan_build(&pool->layout, &pool->layout, a->local_blocks, a->local_blocks, nl, &plan)) != BT_OK)
-        return st;
-    kvx_plan_free(&plan);
+    const uint32_t *ids[2] = {a->blocks, a->local_blocks};
+    size_t n[2] = {a->n_blocks, nl};
+    int n_lists = nl ? 2 : 1;
+    for (int g = 0; g < n_lists; g++) {
+        kvx_plan_t plan = {0};
+        if ((st = kvx_plan_build(&pool->layout, &pool->layout, ids[g], ids[g], n[g], &plan)) != BT_OK) return st;
+        kvx_plan_free(&plan);
+    }
     uint32_t n_layers = pool->layout.n_layers;
     kvx_expect_t *e = calloc(1, sizeof *e);
     if (!e) return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
-    e->blocks = malloc(a->n_blocks * sizeof *e->blocks);
-    e->sorted = malloc(a->n_blocks * sizeof *e->sorted);
-    if (nl) {
-        e->lblocks = malloc(nl * sizeof *e->lblocks);
-        e->lsorted = malloc(nl * sizeof *e->lsorted);
-        e->layer_group = malloc(n_layers);
+    for (int g = 0; g < n_lists; g++) {
+        if ((st = expect_list_init(&e->lists[g], ids[g], n[g])) != BT_OK) {
+            expect_discard(e);
+            return st;
+        }
     }
-    if (!e->blocks || !e->sorted || (nl && (!e->lblocks || !e->lsorted || !e->layer_group))) {
+    if (nl && !(e->layer_group = malloc(n_layers))) {
         expect_discard(e);
         return bt_fail(BT_ERR_NOMEM, "kvx: out of memory");
     }
-    memcpy(e->blocks, a->blocks, a->n_blocks * sizeof *e->blocks);
-    memcpy(e->sorted, a->blocks, a->n_blocks * sizeof *e->sorted);
-    qsort(e->sorted, a->n_blocks, sizeof *e->sorted, cmp_u32);
-    if (nl) {
-        memcpy(e->lblocks, a->local_blocks, nl * sizeof *e->lblocks);
-        memcpy(e->lsorted, a->local_blocks, nl * sizeof *e->lsorted);
-        qsort(e->lsorted, nl, sizeof *e->lsorted, cmp_u32);
-        for (uint32_t l = 0; l < n_layers; l++) e->layer_group[l] = a->layer_group[l] != 0;
-    }
+    for (uint32_t l = 0; nl && l < n_layers; l++) e->layer_group[l] = a->layer_group[l] != 0;
     e->ctx = ctx;
     e->pool = pool;
-    e->n_blocks = a->n_blocks;
-    e->n_lblocks = nl;
-    e->blocks_crc = kvx_lists_digest(e->blocks, e->n_blocks, e->lblocks, nl, e->layer_group, n_layers);
+    e->blocks_crc = kvx_lists_digest(e->lists[0].blocks, n[0], e->lists[1].blocks, nl, e->layer_group, n_layers);
     e->flags = a->flags;
     e->cb = a->cb;
     e->cb_arg = a->cb_arg;
@@ -717,7 +740,7 @@ bt_status kvx_expect_create(kvx_pool_t *pool, const kvx_expect_args_t *a, kvx_ex
         e->sender->refs++;
     }
     pool->users++;
-    pool->pending_blocks += e->n_blocks + e->n_lblocks;
+    pool->pending_blocks += expect_n_blocks(e);
     bt_list_push_front(&ctx->expects, &e->link);
     ctx->stats.live_expects++;
     kvx_kick(ctx);
@@ -854,24 +877,28 @@ static void send_ack(kvx_context_t *ctx, ucp_ep_h ep, uint32_t magic, bt_status 
 }
 
 /* Verifies the checksums of e's blocks (the first list's, then the second's, each over its layers) against the
- * sender's; returns the index of the first bad block in that order, or -1. */
-static long verify_crcs(const kvx_expect_t *e, const uint8_t *crcs)
+ * sender's: 0 when all match, else -1 with *bad the first failing block in that order. */
+static int verify_crcs(const kvx_expect_t *e, const uint8_t *crcs, uint32_t *bad)
 {
     const kvx_layout_t *l = &e->pool->layout;
     const uint8_t *base = e->pool->base;
-    for (size_t i = 0; i < e->n_blocks + e->n_lblocks; i++) {
-        int grp = i >= e->n_blocks;
-        uint32_t block = grp ? e->lblocks[i - e->n_blocks] : e->blocks[i];
-        uint32_t crc = 0;
-        for (uint32_t layer = 0; layer < l->n_layers; layer++) {
-            if (in_group(e->layer_group, layer) != grp) continue;
-            uint8_t b[4];
-            kvx_put32(b, bt_crc32c(0, base + kvx_layout_offset(l, layer, block), l->block_stride));
-            crc = bt_crc32c(crc, b, 4);
+    size_t i = 0;
+    for (int g = 0; g < 2; g++) {
+        for (size_t k = 0; k < e->lists[g].n; k++, i++) {
+            uint32_t block = e->lists[g].blocks[k], crc = 0;
+            for (uint32_t layer = 0; layer < l->n_layers; layer++) {
+                if (in_group(e->layer_group, layer) != g) continue;
+                uint8_t b[4];
+                kvx_put32(b, bt_crc32c(0, base + kvx_layout_offset(l, layer, block), l->block_stride));
+                crc = bt_crc32c(crc, b, 4);
+            }
+            if (crc != kvx_get32(crcs + 4 * i)) {
+                *bad = block;
+                return -1;
+            }
         }
-        if (crc != kvx_get32(crcs + 4 * i)) return (long)i;
     }
-    return -1;
+    return 0;
 }
 
 /* Bytes the AM data path must have delivered for e: each list's blocks in each of its layers. */
@@ -880,7 +907,7 @@ static uint64_t expect_bytes(const kvx_expect_t *e)
     const kvx_layout_t *l = &e->pool->layout;
     uint64_t sum = 0;
     for (uint32_t layer = 0; layer < l->n_layers; layer++)
-        sum += (uint64_t)(in_group(e->layer_group, layer) ? e->n_lblocks : e->n_blocks) * l->block_stride;
+        sum += (uint64_t)e->lists[in_group(e->layer_group, layer)].n * l->block_stride;
     return sum;
 }
 
@@ -908,7 +935,7 @@ ucs_status_t kvx_am_claim_cb(void *arg, const void *header, size_t header_length
     } else if (e->claimed) {
         st = BT_ERR_STALE; /* one sender per epoch; the first claim stands */
         BT_WARN("kvx", "%s: second claim for epoch %llu refused", ctx->name, (unsigned long long)epoch);
-    } else if (n != e->n_blocks + e->n_lblocks || digest != e->blocks_crc) {
+    } else if (n != expect_n_blocks(e) || digest != e->blocks_crc) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender claimed a different block list", (unsigned long long)epoch);
     } else {
@@ -945,7 +972,7 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
     if (fp != e->pool->layout.fingerprint || n_layers != e->pool->layout.n_layers) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender layout differs", (unsigned long long)epoch);
-    } else if (n != e->n_blocks + e->n_lblocks || digest != e->blocks_crc) {
+    } else if (n != expect_n_blocks(e) || digest != e->blocks_crc) {
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: sender wrote a different block list", (unsigned long long)epoch);
     } else if (!(flags & KVX_DONE_AM) && !e->claimed) {
@@ -963,12 +990,12 @@ ucs_status_t kvx_am_done_cb(void *arg, const void *header, size_t header_length,
         st = BT_ERR_FORMAT;
         kvx_expect_finish(e, st, "kvx: epoch %llu: checksums required but not sent", (unsigned long long)epoch);
     } else if (has_crc && e->pool->mem_type != KVX_MEM_CUDA) { /* GPU memory: not read on the host, not verified */
-        long bad = verify_crcs(e, m + DONE_HDR);
-        if (bad >= 0) {
+        uint32_t bad;
+        if (verify_crcs(e, m + DONE_HDR, &bad)) {
             ctx->stats.crc_mismatches++;
             st = BT_ERR_FORMAT;
             kvx_expect_finish(e, st, "kvx: epoch %llu: block %u failed its crc32c check", (unsigned long long)epoch,
-                              (size_t)bad < e->n_blocks ? e->blocks[bad] : e->lblocks[(size_t)bad - e->n_blocks]);
+                              bad);
         }
     }
     if (st == BT_OK) kvx_expect_finish(e, BT_OK, NULL);

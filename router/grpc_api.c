@@ -4,7 +4,6 @@
 
 #include "common/http.h"
 #include "common/log.h"
-#include "engine/grammar.h"
 #include "router/json_schema.h"
 #include "router/tool_calls.h"
 
@@ -323,20 +322,11 @@ static bt_status copy_request_id(const char *id, rtr_gen_t *g)
     return BT_OK;
 }
 
-/* Grammar text, checked, becomes g's: an error is INVALID_ARGUMENT (or NOMEM) prefixed with where it came from. */
+/* Grammar text, checked (rtr_gen_take_grammar): every error but out of memory is INVALID_ARGUMENT. */
 static bt_status take_grammar(bt_status st, char *grammar, const char *where, rtr_gen_t *g)
 {
-    bt_grammar *gr = NULL;
-    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
-    bt_grammar_free(gr);
-    if (st) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s", bt_last_error());
-        free(grammar);
-        return bt_fail(st == BT_ERR_NOMEM ? st : BT_ERR_INVALID, "'%s': %s", where, msg);
-    }
-    g->grammar = grammar;
-    return BT_OK;
+    st = rtr_gen_take_grammar(st, grammar, where, g);
+    return st && st != BT_ERR_NOMEM ? bt_fail(BT_ERR_INVALID, "%s", bt_last_error()) : st;
 }
 
 /* ResponseFormat (issue 23) as grammar text (router/json_schema.h), checked; every client error is

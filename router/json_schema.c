@@ -1,5 +1,6 @@
 #include "router/json_schema.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -10,6 +11,22 @@
 #include "common/strbuf.h"
 #include "engine/grammar.h"
 
+/* Room for element n of the array at *arrp (the address of a T *, *cap elements of elem bytes): when it is full,
+ * realloc'd to twice its capacity (min when empty). -1 on overflow or out of memory, leaving the array and *cap
+ * as they were. The pointer moves by memcpy so that any T * can be passed without breaking aliasing rules. */
+static int grow(void *arrp, int n, int *cap, size_t elem, int min)
+{
+    if (n < *cap) return 0;
+    if (*cap > INT_MAX / 2) return -1;
+    int ncap = *cap ? *cap * 2 : min;
+    if ((size_t)ncap > SIZE_MAX / elem) return -1;
+    void *old, *arr;
+    memcpy(&old, arrp, sizeof old);
+    if (!(arr = realloc(old, elem * (size_t)ncap))) return -1;
+    memcpy(arrp, &arr, sizeof arr);
+    *cap = ncap;
+    return 0;
+}
 
 __attribute__((format(printf, 2, 3))) static void sb_printf(bt_strbuf *b, const char *fmt, ...)
 {
@@ -637,15 +654,9 @@ typedef struct cls {
 
 static void cls_add(cls *c, uint32_t lo, uint32_t hi)
 {
-    if (c->n == c->cap) {
-        int cap = c->cap ? c->cap * 2 : 8;
-        cpr *nr = realloc(c->r, sizeof *nr * (size_t)cap);
-        if (!nr) {
-            c->oom = 1;
-            return;
-        }
-        c->r = nr;
-        c->cap = cap;
+    if (grow(&c->r, c->n, &c->cap, sizeof *c->r, 8)) {
+        c->oom = 1;
+        return;
     }
     c->r[c->n++] = (cpr){lo, hi};
 }
@@ -1070,15 +1081,9 @@ static int nfa_new(nfa *a)
         a->full = 1;
         return 0;
     }
-    if (a->n == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 64;
-        nfa_state *ns = realloc(a->s, sizeof *ns * (size_t)cap);
-        if (!ns) {
-            a->oom = 1;
-            return 0;
-        }
-        a->s = ns;
-        a->cap = cap;
+    if (grow(&a->s, a->n, &a->cap, sizeof *a->s, 64)) {
+        a->oom = 1;
+        return 0;
     }
     a->s[a->n] = (nfa_state){0};
     return a->n++;
@@ -1088,15 +1093,9 @@ static void nfa_edge_add(nfa *a, int from, int to, int cl)
 {
     if (a->full || a->oom) return;
     nfa_state *st = &a->s[from];
-    if (st->n == st->cap) {
-        int cap = st->cap ? st->cap * 2 : 2;
-        nfa_edge *ne = realloc(st->e, sizeof *ne * (size_t)cap);
-        if (!ne) {
-            a->oom = 1;
-            return;
-        }
-        st->e = ne;
-        st->cap = cap;
+    if (grow(&st->e, st->n, &st->cap, sizeof *st->e, 2)) {
+        a->oom = 1;
+        return;
     }
     st->e[st->n++] = (nfa_edge){to, cl};
 }
@@ -1106,16 +1105,7 @@ static frag nfa_class_frag(nfa *a, cls *c)
 {
     frag f = {nfa_new(a), nfa_new(a)};
     if (c->oom) a->oom = 1;
-    if (!a->full && !a->oom && a->n_cl == a->cap_cl) {
-        int cap = a->cap_cl ? a->cap_cl * 2 : 16;
-        cls *nc = realloc(a->cl, sizeof *nc * (size_t)cap);
-        if (!nc) {
-            a->oom = 1;
-        } else {
-            a->cl = nc;
-            a->cap_cl = cap;
-        }
-    }
+    if (!a->full && !a->oom && grow(&a->cl, a->n_cl, &a->cap_cl, sizeof *a->cl, 16)) a->oom = 1;
     if (a->full || a->oom) {
         free(c->r);
         *c = (cls){0};
@@ -1298,14 +1288,9 @@ static bt_status nfa_closures(const nfa *a, int final, const int *imp, int n_imp
             for (int k = 0; k < a->s[q].n; k++) {
                 nfa_edge x = a->s[q].e[k];
                 if (x.cl >= 0) {
-                    if (n == cap) {
-                        cap = cap ? cap * 2 : 4;
-                        nfa_edge *ne = realloc(e, sizeof *ne * (size_t)cap);
-                        if (!ne) {
-                            st = bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
-                            break;
-                        }
-                        e = ne;
+                    if (grow(&e, n, &cap, sizeof *e, 4)) {
+                        st = bt_fail(BT_ERR_NOMEM, "JSON schema: out of memory");
+                        break;
                     }
                     e[n++] = x;
                 } else if (seen[x.to] != i + 1) {
@@ -1931,15 +1916,9 @@ static int schema_rule(gen *g, const cJSON *s)
     if (g->err) return -1;
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].node == s) return g->memo[i].id;
-    if (g->n_memo == g->cap_memo) {
-        int cap = g->cap_memo ? g->cap_memo * 2 : 32;
-        memo *nm = realloc(g->memo, sizeof *nm * (size_t)cap);
-        if (!nm) {
-            fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
-            return -1;
-        }
-        g->memo = nm;
-        g->cap_memo = cap;
+    if (grow(&g->memo, g->n_memo, &g->cap_memo, sizeof *g->memo, 32)) {
+        fail(g, BT_ERR_NOMEM, "JSON schema: out of memory");
+        return -1;
     }
     int id = g->n_rules++;
     g->memo[g->n_memo++] = (memo){s, id};

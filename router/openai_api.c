@@ -572,6 +572,21 @@ bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_toke
     return BT_OK;
 }
 
+bt_status rtr_gen_take_grammar(bt_status st, char *grammar, const char *where, rtr_gen_t *g)
+{
+    bt_grammar *gr = NULL;
+    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
+    bt_grammar_free(gr);
+    if (st) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", bt_last_error());
+        free(grammar);
+        return bt_fail(st, "'%s': %s", where, msg);
+    }
+    g->grammar = grammar;
+    return BT_OK;
+}
+
 /* 'model', when given, names the served model: else 404. */
 static bt_status check_model(const rtr_model_t *m, const cJSON *body, int *http_status)
 {
@@ -613,21 +628,11 @@ static bt_status check_unsupported(rtr_api api, const cJSON *body, int *http_sta
     return BT_OK;
 }
 
-/* Grammar text, checked: an error is the client's 400 (500 when out of memory), prefixed with where it came from. */
+/* Grammar text, checked (rtr_gen_take_grammar): an error is the client's 400, 500 when out of memory. */
 static bt_status take_grammar(bt_status st, char *grammar, const char *where, rtr_gen_t *g, int *http_status)
 {
-    bt_grammar *gr = NULL;
-    if (!st) st = bt_grammar_parse(grammar, strlen(grammar), &gr);
-    bt_grammar_free(gr);
-    if (st) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s", bt_last_error());
-        free(grammar);
-        *http_status = st == BT_ERR_NOMEM ? 500 : 400;
-        return bt_fail(st, "'%s': %s", where, msg);
-    }
-    g->grammar = grammar;
-    return BT_OK;
+    if ((st = rtr_gen_take_grammar(st, grammar, where, g)) != BT_OK) *http_status = st == BT_ERR_NOMEM ? 500 : 400;
+    return st;
 }
 
 /* response_format (issue 23): text; json_object; json_schema {name, schema, strict}; and baton's extensions

@@ -708,5 +708,10 @@ bt_status rtr_grpc_tokenize(const rtr_model_t *m, const Baton__V1__TokenizeReque
 bt_status rtr_grpc_detokenize(const rtr_model_t *m, const Baton__V1__DetokenizeRequest *q, char **text);
 /* Shared final checks: prompt non-empty, prompt + max_tokens within the context (fills max_tokens when 0). */
 bt_status rtr_gen_check_context(const rtr_model_t *m, rtr_gen_t *g, int max_tokens_given);
+/* Shared check of a request's grammar text (structured output, a forced tool call): grammar, the output of a call
+ * that returned st (NULL after an error), is parsed and its ownership moves in. BT_OK: g->grammar holds it. Else it
+ * is freed and the producer's or the parser's code comes back unmapped (BT_ERR_INVALID, BT_ERR_UNSUPPORTED,
+ * BT_ERR_NOMEM, ...) with bt_last_error() "'where': why"; each API maps the code to its own answer. */
+bt_status rtr_gen_take_grammar(bt_status st, char *grammar, const char *where, rtr_gen_t *g);
 
 #endif

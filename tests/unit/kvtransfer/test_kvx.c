@@ -839,6 +839,23 @@ static void test_two_lists(void)
     CHECK(kvx_push_wait(push) == BT_ERR_FORMAT);
     kvx_push_destroy(push);
     CHECK(agent_expect_wait(&a, epoch, NULL) == BT_ERR_FORMAT);
+    /* a bit flipped after its checksum was taken, in a layer of the second list and in one of the first: each list's
+     * checksums are folded over its own layers and caught */
+    for (int k = 0; k < 2; k++) {
+        uint64_t mismatches = agent_stats(&a).crc_mismatches;
+        epoch = agent_expect2(&a, dst, 10, ldst, 3, map, 0, KVX_F_CRC, 10000, NULL, 0, &est);
+        REQUIRE(est == BT_OK && epoch != 0);
+        args.epoch = epoch;
+        args.flags = KVX_F_CRC;
+        REQUIRE(kvx_push_create(s.pool, peer, &args, &push) == BT_OK);
+        push->test_flip_layer = k ? 2 : 1;
+        CHECK(kvx_push_all(push) == BT_OK);
+        CHECK_MSG(kvx_push_wait(push) == BT_ERR_FORMAT, "layer %d: %s", k ? 2 : 1, kvx_push_error(push));
+        kvx_push_destroy(push);
+        CHECK(agent_expect_wait(&a, epoch, NULL) == BT_ERR_FORMAT);
+        CHECK(agent_stats(&a).crc_mismatches == mismatches + 1);
+    }
+    args.flags = 0;
     /* a second list without any block is refused before anything is planned */
     args.n_local_blocks = 0;
     CHECK(kvx_push_create(s.pool, peer, &args, &push) == BT_ERR_INVALID);

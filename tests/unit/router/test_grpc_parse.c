@@ -362,6 +362,32 @@ static void test_tools(void)
     model.tmpl_renders_tool_calls = rc0;
 }
 
+/* response_format: every refusal of its schema, regex or grammar, an unsupported one too, is INVALID_ARGUMENT
+ * (BT_ERR_INVALID) naming 'response_format' and what is wrong; a grammar that parses becomes the request's. */
+static void test_response_format(void)
+{
+    Baton__V1__GenerateRequest q = text_request();
+    Baton__V1__ResponseFormat f = BATON__V1__RESPONSE_FORMAT__INIT;
+    q.response_format = &f;
+    f.format_case = BATON__V1__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
+    f.json_schema = "{\"type\":\"object\",\"minProperties\":2}";
+    expect_error(&q, BT_ERR_INVALID, "'response_format': ");
+    expect_error(&q, BT_ERR_INVALID, "'minProperties'");
+    f.format_case = BATON__V1__RESPONSE_FORMAT__FORMAT_REGEX;
+    f.regex = "(?=a)";
+    expect_error(&q, BT_ERR_INVALID, "'response_format': ");
+    expect_error(&q, BT_ERR_INVALID, "lookaround");
+    f.format_case = BATON__V1__RESPONSE_FORMAT__FORMAT_GRAMMAR;
+    f.grammar = "root ::= x";
+    expect_error(&q, BT_ERR_INVALID, "'response_format': grammar: ");
+    expect_error(&q, BT_ERR_INVALID, "'x' is used but never defined");
+    f.grammar = "root ::= \"yes\" | \"no\"";
+    rtr_gen_t g;
+    REQUIRE(rtr_grpc_parse(&model, &q, &g) == BT_OK);
+    CHECK(g.grammar && !strcmp(g.grammar, f.grammar));
+    rtr_gen_free(&g);
+}
+
 int main(void)
 {
     const char *path = test_default_model();
@@ -378,6 +404,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_sampling_ranges);
     RUN(test_tools);
+    RUN(test_response_format);
     rtr_model_free(&model);
     return test_summary();
 }

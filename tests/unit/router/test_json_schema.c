@@ -67,19 +67,25 @@ static const kase CASES[] = {
     {"{}", {"{\"any\": [1, \"x\", null]}", "3", "\"s\""}, {"{", "nul"}},
 };
 
-static void test_cases(void)
+/* Each case's schema compiles to a grammar that accepts its good documents and rejects its bad ones. */
+static void check_kases(const kase *cases, size_t n)
 {
-    for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
-        bt_grammar *g = compile_schema(CASES[i].schema);
+    for (size_t i = 0; i < n; i++) {
+        bt_grammar *g = compile_schema(cases[i].schema);
         if (!g) continue;
-        for (int k = 0; k < 6 && CASES[i].good[k]; k++)
-            CHECK_MSG(grammar_accepts(g, CASES[i].good[k]), "schema %s should accept %s", CASES[i].schema,
-                      CASES[i].good[k]);
-        for (int k = 0; k < 6 && CASES[i].bad[k]; k++)
-            CHECK_MSG(!grammar_accepts(g, CASES[i].bad[k]), "schema %s should reject %s", CASES[i].schema,
-                      CASES[i].bad[k]);
+        for (int k = 0; k < 6 && cases[i].good[k]; k++)
+            CHECK_MSG(grammar_accepts(g, cases[i].good[k]), "schema %s should accept %s", cases[i].schema,
+                      cases[i].good[k]);
+        for (int k = 0; k < 6 && cases[i].bad[k]; k++)
+            CHECK_MSG(!grammar_accepts(g, cases[i].bad[k]), "schema %s should reject %s", cases[i].schema,
+                      cases[i].bad[k]);
         bt_grammar_free(g);
     }
+}
+
+static void test_cases(void)
+{
+    check_kases(CASES, sizeof CASES / sizeof *CASES);
 }
 
 static void expect_error(const char *schema_text, bt_status want, const char *needle)
@@ -230,15 +236,7 @@ static void test_pattern_length(void)
          {"\"1234\"", "\"12-A\"", "\"12AB\"", "\"123A\"", "\"12-F\""},
          {"\"123\"", "\"12345\"", "\"12-AB\"", "\"1-AB\""}},
     };
-    for (size_t i = 0; i < sizeof P / sizeof *P; i++) {
-        bt_grammar *g = compile_schema(P[i].schema);
-        if (!g) continue;
-        for (int k = 0; k < 6 && P[i].good[k]; k++)
-            CHECK_MSG(grammar_accepts(g, P[i].good[k]), "schema %s should accept %s", P[i].schema, P[i].good[k]);
-        for (int k = 0; k < 6 && P[i].bad[k]; k++)
-            CHECK_MSG(!grammar_accepts(g, P[i].bad[k]), "schema %s should reject %s", P[i].schema, P[i].bad[k]);
-        bt_grammar_free(g);
-    }
+    check_kases(P, sizeof P / sizeof *P);
     expect_error("{\"type\":\"string\",\"pattern\":\"^[a-z]{3}$\",\"minLength\":5}", BT_ERR_INVALID, "no string");
     expect_error("{\"type\":\"string\",\"pattern\":\"^(a{1000}){1000}$\",\"maxLength\":10}", BT_ERR_UNSUPPORTED,
                  "automaton states");
@@ -292,6 +290,42 @@ static void test_json_object_and_regex(void)
     text = NULL;
 }
 
+/* Arrays well past their first doublings (json_schema.c's grow): a class of 20 ranges on both paths, an automaton
+ * with 20 branches out of one state (edges, states, classes, closures) and an object of 40 properties (rule memo). */
+static void test_growth(void)
+{
+    char *text = NULL;
+    bt_grammar *g = NULL;
+    REQUIRE(rtr_regex_grammar("^[acegikmoqsuwyACEGIK]+$", &text) == BT_OK);
+    REQUIRE(bt_grammar_parse(text, strlen(text), &g) == BT_OK);
+    free(text);
+    CHECK(grammar_accepts(g, "aK") && grammar_accepts(g, "yIAc"));
+    CHECK(!grammar_accepts(g, "ab") && !grammar_accepts(g, "B"));
+    bt_grammar_free(g);
+
+    static const kase P[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^[acegikmoqsuwyACEGIK]{2}$\",\"maxLength\":2}",
+         {"\"aK\"", "\"yI\""},
+         {"\"a\"", "\"ab\"", "\"aKa\""}},
+        {"{\"type\":\"string\",\"pattern\":\"^(a|c|e|g|i|k|m|o|q|s|u|w|y|A|C|E|G|I|K|M)+$\",\"maxLength\":3}",
+         {"\"aM\"", "\"M\"", "\"yyy\""},
+         {"\"\"", "\"b\"", "\"aaaa\""}},
+    };
+    check_kases(P, sizeof P / sizeof *P);
+
+    char schema[2048] = "{\"type\":\"object\",\"required\":[\"p39\"],\"properties\":{";
+    for (int i = 0; i < 40; i++) {
+        size_t len = strlen(schema);
+        snprintf(schema + len, sizeof schema - len, "%s\"p%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+    }
+    strcat(schema, "}}");
+    g = compile_schema(schema);
+    REQUIRE(g != NULL);
+    CHECK(grammar_accepts(g, "{\"p0\": 1, \"p20\": 2, \"p39\": 3}"));
+    CHECK(!grammar_accepts(g, "{\"p0\": 1}") && !grammar_accepts(g, "{\"p39\": \"x\"}"));
+    bt_grammar_free(g);
+}
+
 int main(void)
 {
     RUN(test_cases);
@@ -300,5 +334,6 @@ int main(void)
     RUN(test_one_of);
     RUN(test_pattern_length);
     RUN(test_json_object_and_regex);
+    RUN(test_growth);
     return test_summary();
 }

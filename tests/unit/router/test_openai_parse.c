@@ -162,6 +162,26 @@ static void test_errors(void)
     expect_error(RTR_API_COMPLETION, "{\"prompt\":\"\xff\"}", 400, "prompt");
 }
 
+/* rtr_gen_take_grammar, the check both APIs share: a grammar that parses becomes the request's; otherwise it is freed
+ * and the producer's or the parser's code comes back unmapped, its message prefixed with where it came from. */
+static void test_take_grammar(void)
+{
+    rtr_gen_t g = {0};
+    char *text = strdup("root ::= \"yes\" | \"no\"");
+    REQUIRE(text != NULL);
+    CHECK(rtr_gen_take_grammar(BT_OK, text, "response_format", &g) == BT_OK && g.grammar == text);
+    rtr_gen_free(&g);
+    memset(&g, 0, sizeof g);
+    CHECK(rtr_gen_take_grammar(BT_OK, strdup("root ::= x"), "tools", &g) == BT_ERR_INVALID && !g.grammar);
+    CHECK_MSG(!strncmp(bt_last_error(), "'tools': grammar: ", 18) && strstr(bt_last_error(), "'x' is used but never"),
+              "%s", bt_last_error());
+    bt_fail(BT_ERR_UNSUPPORTED, "JSON schema keyword 'minProperties' is not supported");
+    CHECK(rtr_gen_take_grammar(BT_ERR_UNSUPPORTED, NULL, "response_format", &g) == BT_ERR_UNSUPPORTED && !g.grammar);
+    CHECK(!strcmp(bt_last_error(), "'response_format': JSON schema keyword 'minProperties' is not supported"));
+    bt_fail(BT_ERR_NOMEM, "out of memory");
+    CHECK(rtr_gen_take_grammar(BT_ERR_NOMEM, NULL, "tools", &g) == BT_ERR_NOMEM && !g.grammar);
+}
+
 /* Issue 16.7: marker text typed in a message stays characters; the template's own markers stay special; content
  * without marker text tokenizes exactly as the rendered string did before. */
 static void test_special_tokens_in_content(void)
@@ -284,6 +304,7 @@ int main(void)
     RUN(test_special_tokens_in_content);
     RUN(test_special_tokens_in_content_jinja);
     RUN(test_model_names);
+    RUN(test_take_grammar);
     rtr_model_free(&model);
     return test_summary();
 }
