@@ -239,7 +239,8 @@ static void bench_gemm_kernels(bt_cpu_isa isa)
     static const struct { uint32_t t; int64_t n_in, n_out; int cold, rows; } cases[] = {
         {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},
         {BT_TYPE_Q8_0, 576, 49152, 0, 16}, {BT_TYPE_Q8_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 1},
-        {BT_TYPE_Q8_0, 576, 49152, 0, 1}};
+        {BT_TYPE_Q8_0, 576, 49152, 0, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 16},
+        {BT_TYPE_Q6_K, 1536, 576, 1, 1}};
     uint64_t seed = 7;
     printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
            "% peak");

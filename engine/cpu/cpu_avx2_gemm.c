@@ -79,13 +79,30 @@ AI void store_rows(const int NR, const __m256 (*acc)[2], float *out, size_t out_
     }
 }
 
+/* The 8 integer scales at p as floats: signed bytes (Q6_K) or unsigned */
+AI __m256 kq_scale8_ps(const uint8_t *p, const int type)
+{
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(type == BT_TYPE_Q6_K ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
 /* The 16 rows' d and m of block b as two halves each (m zero for types without one). */
 AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m256 *d, __m256 *m)
 {
-    if (bt_gl_kquant(type)) { /* Q4_K: d and m; Q6_K: the two halves' d */
-        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
-        d[0] = _mm256_load_ps(f), d[1] = _mm256_load_ps(f + 8);
-        m[0] = _mm256_load_ps(f + 16), m[1] = _mm256_load_ps(f + 24);
+    if (bt_gl_kquant(type)) { /* Q4_K, Q5_K: d = A * s0, m = -(B * s1); Q6_K: the halves' d, A * s0 and A * s1 */
+        const float *sup = bt_gl_kq_super(group, b, cb);
+        const uint8_t *s = bt_gl_kq_bytes(group, b, cb);
+        const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+        for (int h = 0; h < 2; h++) {
+            const __m256 a = _mm256_load_ps(sup + 8 * h);
+            d[h] = _mm256_mul_ps(a, kq_scale8_ps(s + 8 * h, type));
+            if (type == BT_TYPE_Q6_K) {
+                m[h] = _mm256_mul_ps(a, kq_scale8_ps(s + 16 + 8 * h, type));
+            } else { /* the sign flipped exactly, as -(x) */
+                const __m256 x = _mm256_mul_ps(_mm256_load_ps(sup + 16 + 8 * h), kq_scale8_ps(s + 16 + 8 * h, type));
+                m[h] = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(x), sign));
+            }
+        }
         return;
     }
     const uint16_t *sc = bt_gl_scales(group, b, type, cb);

@@ -37,12 +37,28 @@ AI __m512i dpwssd_b(__m512i acc, __m512i w, const void *p)
 #define GEMM_ARGS int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR, \
                   float *out, size_t out_stride, int n_valid
 
-/* The 16 rows' d and m of block b as floats (m zero for types without one; for Q6_K the two halves' d). */
+/* The 16 integer scales at p as floats: signed bytes (Q6_K) or unsigned */
+AI __m512 kq_scale_ps(const uint8_t *p, const int type)
+{
+    const __m128i v = _mm_load_si128((const __m128i *)p);
+    return _mm512_cvtepi32_ps(type == BT_TYPE_Q6_K ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+}
+
+/* The 16 rows' d and m of block b as floats (m zero for types without one; for Q6_K the two halves' d). K-quants:
+ * d = A * s0, m = -(B * s1) or A * s1 (Q6_K), as cpu_gemm.c's kq_scales. */
 AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, __m512 *dw, __m512 *mw)
 {
     if (bt_gl_kquant(type)) {
-        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
-        *dw = _mm512_load_ps(f), *mw = _mm512_load_ps(f + BT_CPU_PACK_ROWS);
+        const float *sup = bt_gl_kq_super(group, b, cb);
+        const uint8_t *s = bt_gl_kq_bytes(group, b, cb);
+        const __m512 a = _mm512_load_ps(sup);
+        *dw = _mm512_mul_ps(a, kq_scale_ps(s, type));
+        if (type == BT_TYPE_Q6_K) {
+            *mw = _mm512_mul_ps(a, kq_scale_ps(s + BT_CPU_PACK_ROWS, type));
+        } else { /* the sign flipped exactly, as -(x) */
+            const __m512 m = _mm512_mul_ps(_mm512_load_ps(sup + BT_CPU_PACK_ROWS), kq_scale_ps(s + BT_CPU_PACK_ROWS, type));
+            *mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32((int)0x80000000u)));
+        }
         return;
     }
     const uint16_t *sc = bt_gl_scales(group, b, type, cb);

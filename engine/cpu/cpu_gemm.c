@@ -7,12 +7,16 @@
  *   Q4_1:       unit = 1 block:  [d: 16][m: 16] [codes: 256 bytes]
  *   Q4_0, Q8_0: unit = 2 blocks: [d of b: 16][d of b+1: 16] [codes of b][codes of b+1] (an odd last block leaves
  *               its partner's space zero)
- *   Q4_K:       unit = 1 block (a 32-element sub-block of a super-block), 16-bit activations only:
- *               [d: 16 fp32][m: 16 fp32] [codes: 256 bytes] with d = d_super * scale and m = -(dmin * min), both
- *               exact in fp32, so the block is a Q4_1 block with wider scales; its codes are laid out as Q4_1's
- *               (low nibble element i, high nibble element 16 + i). Activations stay in the K-quant format
- *               (bt_block_q16_256): the block's activations are qs[32 s ..] of super-block b / 8 (s = b % 8), d is the
- *               super-block's and ds = d * (bsums[2s] + bsums[2s+1]).
+ *   Q4_K:       16-bit activations only, one super-unit per 256-element super-block (8 blocks): [A: 16 fp32]
+ *               [B: 16 fp32] (the rows' d and dmin), then per block pair [s0 of b: 16][s1 of b: 16][s0 of b+1: 16]
+ *               [s1 of b+1: 16] (bytes: each row's 6-bit sub-block scale and min) [codes of b][codes of b+1]. The
+ *               kernels form d = A * s0 and m = -(B * s1), both exact in fp32, so the block is a Q4_1 block with
+ *               wider scales; its codes are laid out as Q4_1's (low nibble element i, high nibble element 16 + i).
+ *               2,432 bytes per 16 rows x 256 elements, 1.06x the GGUF block's size (the fp32 d and m of every
+ *               block, as this layout stored them before, made it 1.33x: 1.3x the bytes a memory-bound decode
+ *               streams). Activations stay in the K-quant format (bt_block_q16_256): the block's activations are
+ *               qs[32 s ..] of super-block b / 8 (s = b % 8), d is the super-block's and ds = d * (bsums[2s] +
+ *               bsums[2s+1]).
  * Code vector k of a block (dword j = 4 bytes of row j):
  *   Q4_0 / Q4_1, 8-bit act:  bytes qs[4k .. 4k+3] (k < 4): low nibbles are elements 4k+t, high ones 16+4k+t, the
  *                            pairing vpdpbusd needs against activation dwords k and k + 4;
@@ -27,11 +31,11 @@
  * Q8_0 kernels run it (bt_cpu_pack_layout).
  *   Q5_1:       unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as Q8_0's
  *               for the same precision (8-bit: without the 0x80 flip, since they are already valid u8 operands).
- *   Q5_K:       as Q4_K (fp32 d and m per 32-element sub-block, 16-bit activations only, K-quant activations), with
- *               its codes (0..31) as bytes arranged as Q5_1's 16-bit layout: [d: 16 fp32][m: 16 fp32] [codes: 512].
- *   Q6_K:       unit = 1 block (a 32-element slice of a super-block), 16-bit activations only: [d0: 16 fp32][d1: 16
- *               fp32] [codes: 512 bytes], d0 and d1 = d_super * scale of the slice's two 16-element sub-blocks (exact
- *               in fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
+ *   Q5_K:       as Q4_K (super-units, d = A * s0 and m = -(B * s1), 16-bit activations only, K-quant
+ *               activations), with its codes (0..31) as bytes arranged as Q5_1's 16-bit layout (512 per block).
+ *   Q6_K:       super-units as Q4_K's, 16-bit activations only: A = the super-block's d (B unused, zero), s0 and s1
+ *               the signed scales of block b's two 16-element sub-blocks, d0 = A * s0 and d1 = A * s1 (exact in
+ *               fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
  *               two integer dots, over elements 0..15 and 16..31 (each |isum| < 16 * 32 * 32767 < 2^24: exact), each
  *               scaled by its own d: acc = fma(isum0, d0 * d_a, acc), then acc = fma(isum1, d1 * d_a, acc). Folding
  *               the sub-block scales into the codes instead would let one block's dot pass 2^31. Activations in the
@@ -41,6 +45,7 @@
 #include <string.h>
 
 #include "engine/cpu/cpu_fp16.h"
+#include "engine/cpu/cpu_gemm_layout.h"
 #include "engine/cpu/cpu_kernels.h"
 
 static const int pair_order[4] = {0, 2, 1, 3}; /* byte t of a 16-bit-layout dword holds code 4k + pair_order[t] */
@@ -91,11 +96,11 @@ static int is_kquant(uint32_t t)
     return t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_K || t == BT_TYPE_Q6_K;
 }
 
-/* bytes of a unit's scales: 64 (fp16 d, and m or a partner block's d) or, for Q4_K and Q6_K, 128 (fp32 d and m, or
- * the two halves' d) */
+/* bytes of a unit's scales (not the K-quants): 64 (fp16 d, and m or a partner block's d) */
 static size_t scale_bytes(uint32_t t)
 {
-    return is_kquant(t) ? 128 : 64;
+    (void)t;
+    return 64;
 }
 
 /* elements of the GGUF block a row is made of (the packed blocks are 32 elements whatever the type) */
@@ -112,14 +117,15 @@ static int code_offset(uint32_t t, int bits)
     return 0;
 }
 
-/* blocks per unit (see the layout above) */
+/* blocks per unit (see the layout above; the K-quants' super-units hold 8) */
 static int unit_blocks(uint32_t t)
 {
-    return has_min(t) || is_kquant(t) ? 1 : 2;
+    return is_kquant(t) ? 8 : has_min(t) ? 1 : 2;
 }
 
 static size_t unit_bytes(uint32_t t)
 {
+    if (is_kquant(t)) return bt_gl_kq_super_bytes(code_bytes(t));
     return scale_bytes(t) + (size_t)unit_blocks(t) * code_bytes(t);
 }
 
@@ -129,7 +135,7 @@ static size_t group_bytes(uint32_t t, int64_t n_in)
     return (nb + u - 1) / u * unit_bytes(t);
 }
 
-/* the 16 d of block b (m follows for Q4_1) and its code vectors */
+/* the 16 d of block b (m follows for Q4_1 and Q5_1; not the K-quants: kq_scales) and its code vectors */
 static uint16_t *block_scales(uint32_t t, uint8_t *group, int64_t b)
 {
     int u = unit_blocks(t);
@@ -138,8 +144,34 @@ static uint16_t *block_scales(uint32_t t, uint8_t *group, int64_t b)
 
 static uint8_t *block_codes(uint32_t t, uint8_t *group, int64_t b)
 {
+    if (is_kquant(t)) return (uint8_t *)bt_gl_codes(group, b, (int)t, code_bytes(t));
     int u = unit_blocks(t);
     return group + (size_t)(b / u) * unit_bytes(t) + scale_bytes(t) + (size_t)(b % u) * code_bytes(t);
+}
+
+/* Row j's weight scales of K-quant block b as the kernels form them: d = A * s0, and m = -(B * s1) (Q4_K, Q5_K) or
+ * the second half's d = A * s1 (Q6_K). */
+static void kq_scales(uint32_t t, const uint8_t *group, int64_t b, int j, float *d, float *m)
+{
+    const float *sup = bt_gl_kq_super(group, b, code_bytes(t));
+    const uint8_t *s = bt_gl_kq_bytes(group, b, code_bytes(t));
+    if (t == BT_TYPE_Q6_K) {
+        *d = sup[j] * (float)(int8_t)s[j];
+        *m = sup[j] * (float)(int8_t)s[BT_CPU_PACK_ROWS + j];
+        return;
+    }
+    *d = sup[j] * (float)s[j];
+    *m = -(sup[BT_CPU_PACK_ROWS + j] * (float)s[BT_CPU_PACK_ROWS + j]);
+}
+
+/* Writes row j's K-quant scales of block b: the super-block's A and B (again for each of its blocks: the same
+ * values) and the block's two integer scales. */
+static void kq_put_scales(uint32_t t, uint8_t *group, int64_t b, int j, float a, float bm, uint8_t s0, uint8_t s1)
+{
+    float *sup = (float *)bt_gl_kq_super(group, b, code_bytes(t));
+    uint8_t *s = (uint8_t *)bt_gl_kq_bytes(group, b, code_bytes(t));
+    sup[j] = a, sup[BT_CPU_PACK_ROWS + j] = bm;
+    s[j] = s0, s[BT_CPU_PACK_ROWS + j] = s1;
 }
 
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
@@ -168,40 +200,37 @@ typedef struct pack_job {
     int64_t n_groups;
 } pack_job;
 
-/* Sub-block s of a Q4_K super-block as row j of a packed Q4_K block: its fp32 scale and min into f (d[16], m[16]),
- * its 32 codes as Q4_1 stores them (low nibble element i, high nibble element 16 + i) into q32. */
-static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, float *f, uint8_t q32[BT_QK / 2])
+/* Sub-block s of a Q4_K super-block as row j of packed Q4_K block b: its d, dmin, scale and min into the group, its
+ * 32 codes as Q4_1 stores them (low nibble element i, high nibble element 16 + i) into q32. */
+static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, uint8_t *group, int64_t b, uint8_t q32[BT_QK / 2])
 {
     uint8_t sc6, m6;
     bt_q4k_scale_min(sb->scales, s, &sc6, &m6);
-    f[j] = bt_fp16_to_f32(sb->d) * (float)sc6;
-    f[BT_CPU_PACK_ROWS + j] = -(bt_fp16_to_f32(sb->dmin) * (float)m6);
+    kq_put_scales(BT_TYPE_Q4_K, group, b, j, bt_fp16_to_f32(sb->d), bt_fp16_to_f32(sb->dmin), sc6, m6);
     const uint8_t *qs = sb->qs + 32 * (s / 2); /* element l of the sub-block: low nibble (s even) or high nibble */
     const int shift = (s & 1) * 4;
     for (int i = 0; i < BT_QK / 2; i++)
         q32[i] = (uint8_t)(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
 }
 
-/* Sub-block s of a Q5_K super-block as row j of a packed Q5_K block: fp32 scale and min as Q4_K's, its 32 codes
- * (0..31) into q32. */
-static void pack_q5k_block(const bt_block_q5_k *sb, int s, int j, float *f, uint8_t q32[BT_QK])
+/* Sub-block s of a Q5_K super-block as row j of packed Q5_K block b: scales as Q4_K's, its 32 codes (0..31) into
+ * q32. */
+static void pack_q5k_block(const bt_block_q5_k *sb, int s, int j, uint8_t *group, int64_t b, uint8_t q32[BT_QK])
 {
     uint8_t sc6, m6;
     bt_q4k_scale_min(sb->scales, s, &sc6, &m6);
-    f[j] = bt_fp16_to_f32(sb->d) * (float)sc6;
-    f[BT_CPU_PACK_ROWS + j] = -(bt_fp16_to_f32(sb->dmin) * (float)m6);
+    kq_put_scales(BT_TYPE_Q5_K, group, b, j, bt_fp16_to_f32(sb->d), bt_fp16_to_f32(sb->dmin), sc6, m6);
     const uint8_t *qs = sb->qs + 32 * (s / 2);
     const int shift = (s & 1) * 4;
     for (int l = 0; l < BT_QK; l++) q32[l] = (uint8_t)(((qs[l] >> shift) & 15) | ((sb->qh[l] >> s) & 1) << 4);
 }
 
-/* Slice s (0..7: elements 32 s .. 32 s + 31) of a Q6_K super-block as row j of a packed Q6_K block: the d of its two
- * 16-element sub-blocks into f (d0[16], d1[16]), its values q - 32 into q32. */
-static void pack_q6k_block(const bt_block_q6_k *sb, int s, int j, float *f, int8_t q32[BT_QK])
+/* Slice s (0..7: elements 32 s .. 32 s + 31) of a Q6_K super-block as row j of packed Q6_K block b: the super-block's
+ * d and the signed scales of the slice's two 16-element sub-blocks into the group, its values q - 32 into q32. */
+static void pack_q6k_block(const bt_block_q6_k *sb, int s, int j, uint8_t *group, int64_t b, int8_t q32[BT_QK])
 {
-    const float d = bt_fp16_to_f32(sb->d);
-    f[j] = d * (float)sb->scales[2 * s];
-    f[BT_CPU_PACK_ROWS + j] = d * (float)sb->scales[2 * s + 1];
+    kq_put_scales(BT_TYPE_Q6_K, group, b, j, bt_fp16_to_f32(sb->d), 0.0f, (uint8_t)sb->scales[2 * s],
+                  (uint8_t)sb->scales[2 * s + 1]);
     for (int e = 0; e < BT_QK; e++) { /* element 32 s + e of the super-block (cpu_quants.c's q6k_value) */
         const int x = 32 * s + e, h = x / 128, sub = (x % 128) / 32, l = x % 32;
         const int lo = (sb->ql[64 * h + 32 * (sub & 1) + l] >> (4 * (sub >> 1))) & 0x0f;
@@ -244,21 +273,21 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
         const uint8_t *qs;
         uint8_t q32[BT_QK / 2];
         if (p->wtype == BT_TYPE_Q4_K) {
-            pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q32);
+            pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, dst, b, q32);
             for (int k = 0; k < 4; k++)
                 for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
             continue;
         }
         if (p->wtype == BT_TYPE_Q5_K) {
             uint8_t q[BT_QK];
-            pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q);
+            pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
             uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
             continue;
         }
         if (p->wtype == BT_TYPE_Q6_K) {
             int8_t q[BT_QK];
-            pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, (float *)sc, q);
+            pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
             uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = (uint8_t)q[2 * k], c2[32 * k + 1] = (uint8_t)q[2 * k + 1];
             continue;
@@ -437,9 +466,10 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                     int64_t i0 = 0, i1 = 0;
                     for (int e = 0; e < 16; e++) i0 += (int64_t)q[e] * a->qs[32 * sb + e];
                     for (int e = 16; e < BT_QK; e++) i1 += (int64_t)q[e] * a->qs[32 * sb + e];
-                    const float *f = (const float *)block_scales(p->wtype, g, b);
-                    acc = fmaf((float)i0, f[j] * a->d, acc);
-                    acc = fmaf((float)i1, f[BT_CPU_PACK_ROWS + j] * a->d, acc);
+                    float d0, d1;
+                    kq_scales(p->wtype, g, b, j, &d0, &d1);
+                    acc = fmaf((float)i0, d0 * a->d, acc);
+                    acc = fmaf((float)i1, d1 * a->d, acc);
                     continue;
                 }
                 if (is_kquant(p->wtype)) { /* K-quant activations: sub-block b % 8 of super-block b / 8 */
@@ -458,10 +488,13 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                     ad = a->d, ads = a->ds, asum = a->sum;
                 }
                 isum -= (int64_t)off * asum;
-                const uint16_t *sc = block_scales(p->wtype, g, b);
-                const float *f = (const float *)sc; /* Q4_K: fp32 scales */
-                float dw = is_kquant(p->wtype) ? f[j] : bt_fp16_to_f32(sc[j]);
-                float mw = is_kquant(p->wtype) ? f[BT_CPU_PACK_ROWS + j] : bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
+                float dw, mw;
+                if (is_kquant(p->wtype)) {
+                    kq_scales(p->wtype, g, b, j, &dw, &mw);
+                } else {
+                    const uint16_t *sc = block_scales(p->wtype, g, b);
+                    dw = bt_fp16_to_f32(sc[j]), mw = bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
+                }
                 acc = fmaf((float)isum, dw * ad, acc);
                 if (mins) acc = fmaf(mw, ads, acc);
             }

@@ -27,10 +27,36 @@ BT_GL_AI int bt_gl_byte_codes(const int type)
     return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1 || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K;
 }
 
-/* K-quant layouts (Q4_K, Q5_K, Q6_K): 128 bytes of fp32 scales per unit, activations in the K-quant format. */
+/* K-quant layouts (Q4_K, Q5_K, Q6_K): a super-unit per 256-element super-block (cpu_gemm.c), activations in the
+ * K-quant format. */
 BT_GL_AI int bt_gl_kquant(const int type)
 {
     return type == BT_TYPE_Q4_K || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K;
+}
+
+/* Bytes of a K-quant super-unit: [A: 16 fp32][B: 16 fp32], then four pair units of 64 scale bytes and two blocks of
+ * cb code bytes. */
+BT_GL_AI size_t bt_gl_kq_super_bytes(const size_t cb)
+{
+    return 128 + 4 * (64 + 2 * cb);
+}
+
+/* The super-unit of block b: A (16 fp32) then B (16 fp32) of its super-block. */
+BT_GL_AI const float *bt_gl_kq_super(const uint8_t *group, int64_t b, const size_t cb)
+{
+    return (const float *)(group + (size_t)(b >> 3) * bt_gl_kq_super_bytes(cb));
+}
+
+/* Block b's pair unit: [s0, s1 of the even block][s0, s1 of the odd block] (16 bytes each) [codes][codes]. */
+BT_GL_AI const uint8_t *bt_gl_kq_pair(const uint8_t *group, int64_t b, const size_t cb)
+{
+    return (const uint8_t *)bt_gl_kq_super(group, b, cb) + 128 + (size_t)((b & 7) >> 1) * (64 + 2 * cb);
+}
+
+/* Block b's 16 integer scales s0, then its 16 s1 (unsigned for Q4_K and Q5_K, signed for Q6_K). */
+BT_GL_AI const uint8_t *bt_gl_kq_bytes(const uint8_t *group, int64_t b, const size_t cb)
+{
+    return bt_gl_kq_pair(group, b, cb) + 32 * (size_t)(b & 1);
 }
 
 /* Layouts whose blocks carry a min term (fp16 for Q4_1 and Q5_1, fp32 for Q4_K and Q5_K). */
@@ -39,17 +65,15 @@ BT_GL_AI int bt_gl_has_min(const int type)
     return bt_gl_fp16_min(type) || type == BT_TYPE_Q4_K || type == BT_TYPE_Q5_K;
 }
 
-/* Block b's unit: Q4_1, Q5_1, Q4_K and Q6_K one block per unit (64 or 128 bytes of scales, then cb code bytes),
+/* Block b's unit (not the K-quants): Q4_1 and Q5_1 one block per unit (64 bytes of scales, then cb code bytes),
  * Q4_0 and Q8_0 two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for byte
  * codes). */
 BT_GL_AI const uint8_t *bt_gl_unit(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
-    if (bt_gl_kquant(type)) return group + (size_t)b * (128 + cb);
     return bt_gl_fp16_min(type) ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
 }
 
-/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1 and Q5_1); Q4_K keeps fp32 d and m at bt_gl_unit instead, Q6_K the
- * fp32 d of its two 16-element halves. */
+/* Block b's 16 fp16 d (then 16 fp16 m for Q4_1 and Q5_1); not the K-quants (bt_gl_kq_bytes). */
 BT_GL_AI const uint16_t *bt_gl_scales(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
     return (const uint16_t *)(bt_gl_unit(group, b, type, cb) + (bt_gl_fp16_min(type) ? 0 : 32 * (b & 1)));
@@ -58,15 +82,16 @@ BT_GL_AI const uint16_t *bt_gl_scales(const uint8_t *group, int64_t b, const int
 /* Block b's code vectors. */
 BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
-    if (bt_gl_kquant(type)) return bt_gl_unit(group, b, type, cb) + 128;
+    if (bt_gl_kquant(type)) return bt_gl_kq_pair(group, b, cb) + 64 + cb * (size_t)(b & 1);
     return bt_gl_unit(group, b, type, cb) + 64 + (bt_gl_fp16_min(type) ? 0 : cb * (size_t)(b & 1));
 }
 
-/* Bytes of the group per block, for prefetching a group block by block (unit bytes / blocks per unit). */
+/* Bytes of the group per block, for prefetching a group block by block (a unit's or super-unit's bytes over its
+ * blocks). */
 BT_GL_AI int bt_gl_block_share(const int type)
 {
-    return type == BT_TYPE_Q4_K   ? 384
-           : type == BT_TYPE_Q6_K || type == BT_TYPE_Q5_K ? 640
+    return type == BT_TYPE_Q4_K   ? 304
+           : type == BT_TYPE_Q6_K || type == BT_TYPE_Q5_K ? 560
            : type == BT_TYPE_Q4_1 ? 320
            : type == BT_TYPE_Q4_0 ? 288
            : type == BT_TYPE_Q5_1 ? 576

@@ -17,13 +17,39 @@ AI void load_h16(const uint16_t *p, float32x4_t v[4])
     for (int i = 0; i < 4; i++) v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
 }
 
+/* The 16 integer scales at p as floats: signed bytes (Q6_K) or unsigned */
+AI void kq_scales_f32(const uint8_t *p, const int type, float32x4_t v[4])
+{
+    const uint8x16_t u = vld1q_u8(p);
+    int16x8_t h[2];
+    if (type == BT_TYPE_Q6_K) {
+        const int8x16_t sv = vreinterpretq_s8_u8(u);
+        h[0] = vmovl_s8(vget_low_s8(sv)), h[1] = vmovl_s8(vget_high_s8(sv));
+    } else {
+        h[0] = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(u)));
+        h[1] = vreinterpretq_s16_u16(vmovl_u8(vget_high_u8(u)));
+    }
+    for (int i = 0; i < 2; i++) {
+        v[2 * i] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[i])));
+        v[2 * i + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[i])));
+    }
+}
+
 /* Block b's 16 weight scales d (and mins m) as floats. */
 AI void block_scales(const uint8_t *group, int64_t b, const int type, const size_t cb, float32x4_t d[4],
                      float32x4_t m[4])
 {
-    if (bt_gl_kquant(type)) { /* Q4_K: d and m; Q6_K: the two halves' d */
-        const float *f = (const float *)bt_gl_unit(group, b, type, cb);
-        for (int i = 0; i < 4; i++) d[i] = vld1q_f32(f + 4 * i), m[i] = vld1q_f32(f + 16 + 4 * i);
+    if (bt_gl_kquant(type)) { /* Q4_K, Q5_K: d = A * s0, m = -(B * s1); Q6_K: the halves' d, A * s0 and A * s1 */
+        const float *sup = bt_gl_kq_super(group, b, cb);
+        const uint8_t *s = bt_gl_kq_bytes(group, b, cb);
+        float32x4_t s0[4], s1[4];
+        kq_scales_f32(s, type, s0);
+        kq_scales_f32(s + 16, type, s1);
+        for (int i = 0; i < 4; i++) {
+            const float32x4_t a = vld1q_f32(sup + 4 * i);
+            d[i] = vmulq_f32(a, s0[i]);
+            m[i] = type == BT_TYPE_Q6_K ? vmulq_f32(a, s1[i]) : vnegq_f32(vmulq_f32(vld1q_f32(sup + 16 + 4 * i), s1[i]));
+        }
         return;
     }
     const uint16_t *sc = bt_gl_scales(group, b, type, cb);

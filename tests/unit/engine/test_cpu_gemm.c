@@ -215,9 +215,11 @@ static void test_pack_checks(void)
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 128, 16) == 0); /* Q4_K rows come in 256-element super-blocks */
     CHECK(bt_cpu_pack(NULL, BT_TYPE_Q6_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q6_K: 16-bit only */
     CHECK(bt_cpu_pack(NULL, BT_TYPE_Q5_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q5_K: 16-bit only */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_K, 16, 512, 20) == 2 * 16 * (128 + 512));       /* 2 groups of 16 blocks */
+    /* K-quants: a super-unit per 256 elements: fp32 A and B of 16 rows, then 4 pairs of 64 scale bytes + 2 blocks */
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_K, 16, 512, 20) == 2 * 2 * (128 + 4 * (64 + 2 * 512))); /* 2 groups */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 128, 16) == 0);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 256, 16) == 8 * (128 + 512)); /* 8 blocks of fp32 d0, d1 + codes */
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 256, 16) == 128 + 4 * (64 + 2 * 512));
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 512, 16) == 2 * (128 + 4 * (64 + 2 * 256))); /* 1.06x the GGUF rows */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 48, 16) == 0);
     if (!best) return; /* the packing ISA's own entry runs the rest, or reports its skip */
     uint8_t *w = make_weights(BT_TYPE_Q4_1, 64, 20, &s);
