@@ -21,10 +21,12 @@ command failed.
 
 usage: tools/sim_validate.py [--repeats N] [--profile P.json] [--profile-reps N] [--shape colocated|1p1d]
                              [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--port-base PORT] [--model GGUF]
-                             [--quiet-file PATH | --quiet-file ''] [--json OUT] [--no-targets] [WORKLOAD...]
+                             [--quiet-file PATH | --quiet-file ''] [--lock PATH] [--json OUT] [--no-targets]
+                             [WORKLOAD...]
 Without workloads: tools/workloads/validate-{low,mid,high}.json. It needs a machine that nothing else loads
 while it measures; it is not part of `make test` (tests/integration/test_sim_cli.py runs a short smoke test)."""
 import argparse
+import fcntl
 import json
 import os
 import resource
@@ -136,6 +138,26 @@ class QuietWindow:
         if self.seconds > WINDOW_WARN_S:
             print(f"  warning: the quiet window lasted {self.seconds:.0f} s (more than {WINDOW_WARN_S})",
                   file=sys.stderr)
+        return False
+
+
+class BenchLock:
+    """An exclusive flock(2) on a shared lock file for one window: other benchmarks that take the same lock
+    (`flock FILE cmd`) neither overlap a window nor wait for the whole run, only for the window in progress."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        if self.path:
+            self.f = open(self.path, "a")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.path:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
         return False
 
 
@@ -292,6 +314,8 @@ def main():
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
     ap.add_argument("--quiet-tag", default="sim_validate")
+    ap.add_argument("--lock", default="/tmp/baton-bench.lock",
+                    help="flock this file for each window (what `flock FILE cmd` takes; '' = none)")
     ap.add_argument("--gap-s", type=float, default=20,
                     help="pause between quiet windows so that others can take a turn (default 20)")
     ap.add_argument("--max-others", type=float, default=0.15,
@@ -324,10 +348,11 @@ def main():
                 if rows:
                     time.sleep(a.gap_s)
                 for attempt in range(a.retries + 1):
-                    before = wait_until_idle(a.max_others, a.max_wait_s) if a.max_others < 1 else 0.0
-                    print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} (others "
-                          f"{100 * before:.0f}% before) ...", file=sys.stderr)
-                    row, sim_profile = measure(a, wpath, rep, tmp)
+                    with BenchLock(a.lock):
+                        before = wait_until_idle(a.max_others, a.max_wait_s) if a.max_others < 1 else 0.0
+                        print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} (others "
+                              f"{100 * before:.0f}% before) ...", file=sys.stderr)
+                        row, sim_profile = measure(a, wpath, rep, tmp)
                     row["sim"] = simulate(a, wpath, sim_profile)
                     row["others_before"] = round(before, 3)
                     row["disturbed"] = row["others_cpu_share"] > a.max_others
