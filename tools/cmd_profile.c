@@ -15,6 +15,8 @@
 
 #include "common/paths.h"
 #include "engine/backend_cpu.h"
+#include "engine/forward.h"
+#include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "router/planner.h"
 #include "tools/bench_util.h"
@@ -23,6 +25,7 @@
 
 #define PF_MAX_POINTS 4096
 #define PF_SWEEP_TOKENS 8192 /* prompt tokens one decode-sweep point may cost */
+#define PF_MAX_REPS 20       /* --reps bound */
 
 typedef struct pf_points {
     double x[PF_MAX_POINTS * 2]; /* [n][k] regressors */
@@ -81,6 +84,77 @@ static int run_batch(bt_sched *s, const bt_model *m, int n_req, int plen, int ge
         a = b;
     }
     return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_of(double *v, int m)
+{
+    qsort(v, (size_t)m, sizeof *v, cmp_double);
+    return m % 2 ? v[m / 2] : (v[m / 2 - 1] + v[m / 2]) / 2;
+}
+
+/* What each prompt ending adds to a prefill step: one more row of logits (the output matrix times its hidden state) and
+ * its sampling (greedy, as bench-serve asks). Every step of the prefill sweep ends at least one prompt, so the sweep's
+ * fit cannot separate the two from fixed_s (its seq_s came out 0). Here the same PF_END_TOKENS-token pass runs with 0,
+ * 1 and PF_END_ROWS logits rows in turn: the first row pays for reading the output matrix (*first_s: that stays in
+ * fixed_s, which every fitted step paid), each further row only its arithmetic. *seq_s = the further row's cost plus
+ * a sampling. Returns 0, or -3 when the engine failed. */
+#define PF_END_TOKENS 16
+#define PF_END_ROWS 4
+#define PF_END_REPS 31
+static int measure_prompt_end(const bt_model *m, bt_backend *be, double *seq_s, double *first_s, double *sample_s)
+{
+    const bt_hparams *hp = &m->hp;
+    bt_forward *fw = NULL;
+    bt_kv_pool *kv = NULL;
+    float *logits = NULL, *scratch = NULL;
+    int rc = -3;
+    if (bt_forward_create(m, be, PF_END_TOKENS, 0, &fw) ||
+        bt_kv_pool_create(hp, BT_KV_F16, bt_kv_block_stride(hp, BT_KV_F16) * (size_t)hp->n_layer * 2, NULL, &kv))
+        goto out;
+    logits = malloc(sizeof(float) * PF_END_ROWS * (size_t)hp->n_vocab);
+    scratch = malloc(sizeof(float) * (size_t)bt_sampler_scratch_floats(hp->n_vocab));
+    int32_t block = 0;
+    if (!logits || !scratch || bt_kv_pool_alloc(kv, 1, &block)) goto out;
+    int32_t tok[PF_END_TOKENS], pos[PF_END_TOKENS], seq[PF_END_TOKENS], rows[PF_END_ROWS];
+    for (int i = 0; i < PF_END_TOKENS; i++) tok[i] = (int32_t)((i * 7919 + 17) % hp->n_vocab), pos[i] = i, seq[i] = 0;
+    for (int i = 0; i < PF_END_ROWS; i++) rows[i] = PF_END_TOKENS - PF_END_ROWS + i;
+    bt_seq_view sv = {.block_table = &block, .n_blocks = 1};
+    bt_batch b = {.n_tokens = PF_END_TOKENS, .tokens = tok, .pos = pos, .seq = seq, .seqs = &sv, .n_seqs = 1,
+                  .logit_rows = rows};
+    const int n_rows[3] = {0, 1, PF_END_ROWS};
+    double t[3][PF_END_REPS], samp[PF_END_REPS];
+    for (int r = -2; r < PF_END_REPS; r++) /* two rounds of warm-up; the variants interleave so drift hits all alike */
+        for (int k = 0; k < 3; k++) {
+            b.n_logits = n_rows[k];
+            double t0 = bench_now_s();
+            if (bt_forward_run(fw, kv, &b, logits)) goto out;
+            if (r >= 0) t[k][r] = bench_now_s() - t0;
+        }
+    bt_sampling sp = bt_sampling_default();
+    volatile int32_t sink = 0;
+    for (int r = 0; r < PF_END_REPS; r++) {
+        double t0 = bench_now_s();
+        sink += bt_sample(&sp, logits, hp->n_vocab, PF_END_TOKENS, scratch, NULL);
+        samp[r] = bench_now_s() - t0;
+    }
+    (void)sink;
+    double m0 = median_of(t[0], PF_END_REPS), m1 = median_of(t[1], PF_END_REPS), mk = median_of(t[2], PF_END_REPS);
+    *first_s = m1 > m0 ? m1 - m0 : 0;
+    *sample_s = median_of(samp, PF_END_REPS);
+    *seq_s = (mk > m1 ? (mk - m1) / (PF_END_ROWS - 1) : 0) + *sample_s;
+    rc = 0;
+out:
+    free(logits);
+    free(scratch);
+    bt_kv_pool_destroy(kv);
+    bt_forward_destroy(fw);
+    return rc;
 }
 
 /* Median copy bandwidth (bytes/s) and per-copy latency of KV-sized copies: what a shared-memory put costs. */
@@ -177,14 +251,15 @@ static void usage(FILE *o)
             "--planner-profile) and `baton simulate --profile` read:\n"
             "  prefill step time = fixed_s + tokens * token_s + prompts * seq_s\n"
             "                                                      (prompts of 16..512 tokens, 1 and 4 at once;\n"
-            "                                                      seq_s: logits and sampling of each prompt ending)\n"
+            "                                                      seq_s: each prompt ending's logits row and\n"
+            "                                                      sampling, timed apart on a 16-token pass)\n"
             "  decode step time  = fixed_s + batch * seq_s + total_context * ctx_token_s\n"
             "                                                      (batches of 1..--max-batch, contexts to --max-context)\n"
             "  KV transfer time  = latency_s + bytes / bytes_s     (shm: memory copy of KV blocks; more transports\n"
             "                                                      from `--kvx-json`, a JSON object with transport,\n"
             "                                                      bytes_s or gb_s, latency_s)\n"
             "Each model is a least-squares fit over the shapes measured: per shape, the median step of each\n"
-            "repetition, then the least of those (outside load only adds time); the points are kept under \"samples\".\n"
+            "repetition, then the median of those (the least of two); the points are kept under \"samples\".\n"
             "About 45 s per repetition on 2 cores; --reps N sweeps every shape N times in turn (default 1; 3 on a\n"
             "shared machine).\n"
             "Progress goes to stderr; the profile to --out (default: stdout).\n"
@@ -207,25 +282,18 @@ static int parse_long(const char *a, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_of(double *v, int m)
-{
-    qsort(v, (size_t)m, sizeof *v, cmp_double);
-    return m % 2 ? v[m / 2] : (v[m / 2 - 1] + v[m / 2]) / 2;
-}
-
 /* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run,
  * and a build next door slowed every shape it overlapped by 1.5-2.5x for tens of seconds): the fit takes, for each
  * group of equal regressors (decode: same batch, context per sequence within 16 tokens), the median step of each
- * repetition and then the least of those medians. Repetitions sweep every shape in turn, so a burst of outside load
- * spoils one repetition of a shape, not all of them; other processes only ever add time. Points are weighted by
- * 1 / y^2 so that the fit minimises relative error (small and large steps count alike). */
-static int fit_robust(const pf_points *p, int dec_shape, double *c)
+ * repetition and then, over three or more repetitions, the median of those medians (over two, the least).
+ * Repetitions sweep every shape in turn, so a burst of outside load spoils one repetition of a shape, not all of
+ * them, and the median of three sets it aside. The least of the medians, which this took before, is biased low: on
+ * a quiet machine (others 0% of the CPUs, 9 profiles of 3 repetitions) it sat 2-7% under the median for prefill
+ * steps and 4-17% for decode steps, and the serving run it predicts is a typical run, not the luckiest of three
+ * (the simulator came out 2-19% optimistic on every cell). Points are weighted by
+ * 1 / y^2 so that the fit minimises relative error (small and large steps count alike). c2 >= 0 fixes the second
+ * coefficient (measured apart): each group's step less x1 * c2 is fitted on x0 alone. */
+static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
 {
     static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
     static int used[PF_MAX_POINTS], members[PF_MAX_POINTS];
@@ -247,26 +315,30 @@ static int fit_robust(const pf_points *p, int dec_shape, double *c)
             sx0 += p->x[j * p->k];
             if (p->k > 1) sx1 += p->x[j * 2 + 1];
         }
-        double best = INFINITY;
-        for (int a = 0; a < m; a++) { /* each repetition's median; members are in measuring order */
+        double meds[PF_MAX_REPS], best = INFINITY;
+        int n_meds = 0;
+        for (int a = 0; a < m && n_meds < PF_MAX_REPS; a++) { /* each repetition's median; members in measuring order */
             int rep = p->rep[members[a]], q = 0;
             if (a && p->rep[members[a - 1]] == rep) continue;
             for (int b = a; b < m && p->rep[members[b]] == rep; b++) ys[q++] = p->y[members[b]];
-            double med = median_of(ys, q);
-            if (med < best) best = med;
+            meds[n_meds] = median_of(ys, q);
+            if (meds[n_meds] < best) best = meds[n_meds];
+            n_meds++;
         }
-        gy[ng] = best;
+        if (n_meds >= 3) best = median_of(meds, n_meds);
         gx[ng * p->k] = sx0 / m;
         if (p->k > 1) gx[ng * 2 + 1] = sx1 / m;
+        gy[ng] = c2 >= 0 && p->k > 1 ? best - gx[ng * 2 + 1] * c2 : best;
         gw[ng] = gy[ng] > 0 ? 1.0 / (gy[ng] * gy[ng]) : 0;
         ng++;
     }
-    if (plan_fit_linear(gx, p->k, gy, gw, ng, c) == 0) return 0;
-    /* the second regressor did not vary (a short sweep: one context per sequence, or one prompt per step): fit
-     * the first alone, the second's coefficient 0 */
+    if (!(c2 >= 0) && plan_fit_linear(gx, p->k, gy, gw, ng, c) == 0) return 0;
+    /* the second coefficient is given, or its regressor did not vary (a short sweep: one context per sequence, or
+     * one prompt per step): fit the first alone, the second's coefficient c2 or 0 */
     for (int i = 0; i < ng; i++) gx[i] = gx[i * p->k];
-    c[2] = 0;
-    return plan_fit_linear(gx, 1, gy, gw, ng, c);
+    if (plan_fit_linear(gx, 1, gy, gw, ng, c)) return -1;
+    c[2] = c2 >= 0 ? c2 : 0;
+    return 0;
 }
 
 static char *samples_json(const pf_points *pre, const pf_points *dec)
@@ -307,7 +379,7 @@ int cmd_profile(int argc, char **argv)
         else if (!strcmp(a, "--out")) out_path = v;
         else if (!strcmp(a, "--kvx-json")) kvx = v;
         else if (!strcmp(a, "--threads")) bad = parse_long(a, v, 0, 256, &threads);
-        else if (!strcmp(a, "--reps")) bad = parse_long(a, v, 1, 20, &reps);
+        else if (!strcmp(a, "--reps")) bad = parse_long(a, v, 1, PF_MAX_REPS, &reps);
         else if (!strcmp(a, "--max-batch")) bad = parse_long(a, v, 1, 256, &max_batch);
         else if (!strcmp(a, "--max-context")) bad = parse_long(a, v, 64, 8192, &max_ctx);
         else {
@@ -357,7 +429,7 @@ int cmd_profile(int argc, char **argv)
     fprintf(stderr, "profile: warm-up\n");
     rc = run_batch(s, m, 2, 128, 2, 99, NULL, NULL); /* first steps fault pages in and fill caches: not measured */
     /* each repetition sweeps every shape, so that outside load that comes and goes hits one repetition of a shape
-     * (fit_robust keeps the best repetition's median) */
+     * (fit_robust sets a disturbed repetition's median aside) */
     for (long r = 0; r < reps && !rc; r++) {
         pre.cur_rep = dec.cur_rep = (int)r;
         for (size_t i = 0; i < sizeof plens / sizeof *plens && !rc; i++)
@@ -377,7 +449,12 @@ int cmd_profile(int argc, char **argv)
     plan_profile_t p;
     memset(&p, 0, sizeof p);
     double c[3];
-    if (!rc && (fit_robust(&pre, 0, c) || !(c[1] > 0))) {
+    double seq_s = 0, first_s = 0, sample_s = 0;
+    if (!rc) {
+        fprintf(stderr, "profile: a prompt's logits row and sampling (%.0f s)\n", bench_now_s() - t_start);
+        rc = measure_prompt_end(m, be, &seq_s, &first_s, &sample_s);
+    }
+    if (!rc && (fit_robust(&pre, 0, seq_s, c) || !(c[1] > 0))) {
         fprintf(stderr, "baton profile: the prefill steps did not fit a line (%d points)\n", pre.n);
         rc = -1;
     } else if (!rc) {
@@ -385,7 +462,7 @@ int cmd_profile(int argc, char **argv)
         p.prefill_token_s = c[1];
         p.prefill_seq_s = c[2];
     }
-    if (!rc && (fit_robust(&dec, 1, c) || !(c[0] > 0))) {
+    if (!rc && (fit_robust(&dec, 1, -1, c) || !(c[0] > 0))) {
         fprintf(stderr, "baton profile: the decode steps did not fit (%d points)\n", dec.n);
         rc = -1;
     } else if (!rc) {
@@ -430,9 +507,11 @@ int cmd_profile(int argc, char **argv)
     }
     free(txt);
     fprintf(stderr,
-            "profile: prefill %.2f ms + %.3f ms/token + %.2f ms/prompt (%.0f tok/s marginal); decode %.2f ms + %.3f ms/seq + %.5f "
+            "profile: prefill %.2f ms + %.3f ms/token + %.3f ms/prompt (sampling %.3f of it; the first logits row, "
+            "%.2f ms, is in the fixed cost; %.0f tok/s marginal); decode %.2f ms + %.3f ms/seq + %.5f "
             "ms/context token; shm %.1f GB/s; %d prefill and %d decode steps in %.0f s\n",
-            p.prefill_fixed_s * 1e3, p.prefill_token_s * 1e3, p.prefill_seq_s * 1e3, 1 / p.prefill_token_s, p.decode_fixed_s * 1e3,
+            p.prefill_fixed_s * 1e3, p.prefill_token_s * 1e3, p.prefill_seq_s * 1e3, sample_s * 1e3, first_s * 1e3,
+            1 / p.prefill_token_s, p.decode_fixed_s * 1e3,
             p.decode_seq_s * 1e3, p.decode_ctx_s * 1e3, p.xfer[0].bytes_s / 1e9, pre.n, dec.n, bench_now_s() - t_start);
     return 0;
 }

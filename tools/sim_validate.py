@@ -9,9 +9,9 @@ the engines (serial one-token requests: their TTFT less the profile's step for t
 router.request_s) and the router's and client's CPU per streamed token (router.token_s: on one host it comes out
 of the engine's cores), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
 and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
-measurement's own). The quiet file binds only those who honour it, so a window also waits until other processes
-use less than --max-others of the CPUs, and one they disturbed anyway is measured again and left out of the
-medians (so are disturbed repetitions, when another repetition of the load was clean). The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
+measurement's own), over the window and over the measured load alone. The quiet file binds only those who honour
+it, so a window also waits until other processes use less than --max-others of the CPUs, and one they disturbed
+anyway (over the window or during the load) is measured again and left out of the medians (so are disturbed repetitions, when another repetition of the load was clean). The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
 lengths from the seed alike: tools/workload.c wl_draw) with that window's profile.
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
@@ -21,10 +21,12 @@ command failed.
 
 usage: tools/sim_validate.py [--repeats N] [--profile P.json] [--profile-reps N] [--shape colocated|1p1d]
                              [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--port-base PORT] [--model GGUF]
-                             [--quiet-file PATH | --quiet-file ''] [--json OUT] [--no-targets] [WORKLOAD...]
+                             [--quiet-file PATH | --quiet-file ''] [--lock PATH] [--json OUT] [--no-targets]
+                             [WORKLOAD...]
 Without workloads: tools/workloads/validate-{low,mid,high}.json. It needs a machine that nothing else loads
 while it measures; it is not part of `make test` (tests/integration/test_sim_cli.py runs a short smoke test)."""
 import argparse
+import fcntl
 import json
 import os
 import resource
@@ -139,6 +141,26 @@ class QuietWindow:
         return False
 
 
+class BenchLock:
+    """An exclusive flock(2) on a shared lock file for one window: other benchmarks that take the same lock
+    (`flock FILE cmd`) neither overlap a window nor wait for the whole run, only for the window in progress."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        if self.path:
+            self.f = open(self.path, "a")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.path:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
+        return False
+
+
 def bench_flags(w, slo):
     f = ["--rate", w["rate"], "--prompt-tokens", f"{w['prompt_tokens']}:{w.get('prompt_sd', 0)}",
          "--output-tokens", f"{w['output_tokens']}:{w.get('output_sd', 0)}", "--seed", w.get("seed", 0),
@@ -216,7 +238,11 @@ def measure(a, wpath, rep, tmp):
             request_s, probe_ttft = probe_request_s(a, baton, url, profile, tmp)
             path_token_s = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], tmp)
             out = tmp / f"bench-{tag}.json"
+            # others' share during the measured load itself: a window's average can hide a burst that fell on it
+            b0, o0, c0, t0 = busy_cpu_s(), own_children_cpu_s(), cluster_cpu_s(env["BATON_RUN_DIR"]), time.monotonic()
             run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
+            mine = own_children_cpu_s() - o0 + cluster_cpu_s(env["BATON_RUN_DIR"]) - c0
+            bench_others = max(0.0, busy_cpu_s() - b0 - mine) / ((time.monotonic() - t0) * os.cpu_count())
         finally:
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
@@ -228,7 +254,7 @@ def measure(a, wpath, rep, tmp):
     sim_profile.write_text(json.dumps(p))
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
            "load_start": qw.load_start, "load_end": qw.load_end, "window_s": round(qw.seconds, 1),
-           "others_cpu_share": round(qw.others_share, 3),
+           "others_cpu_share": round(qw.others_share, 3), "others_bench_share": round(bench_others, 3),
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
                        "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3,
@@ -292,6 +318,8 @@ def main():
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
     ap.add_argument("--quiet-tag", default="sim_validate")
+    ap.add_argument("--lock", default="/tmp/baton-bench.lock",
+                    help="flock this file for each window (what `flock FILE cmd` takes; '' = none)")
     ap.add_argument("--gap-s", type=float, default=20,
                     help="pause between quiet windows so that others can take a turn (default 20)")
     ap.add_argument("--max-others", type=float, default=0.15,
@@ -324,21 +352,22 @@ def main():
                 if rows:
                     time.sleep(a.gap_s)
                 for attempt in range(a.retries + 1):
-                    before = wait_until_idle(a.max_others, a.max_wait_s) if a.max_others < 1 else 0.0
-                    print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} (others "
-                          f"{100 * before:.0f}% before) ...", file=sys.stderr)
-                    row, sim_profile = measure(a, wpath, rep, tmp)
+                    with BenchLock(a.lock):
+                        before = wait_until_idle(a.max_others, a.max_wait_s) if a.max_others < 1 else 0.0
+                        print(f"window: {wpath.name}, repetition {rep + 1} of {a.repeats} (others "
+                              f"{100 * before:.0f}% before) ...", file=sys.stderr)
+                        row, sim_profile = measure(a, wpath, rep, tmp)
                     row["sim"] = simulate(a, wpath, sim_profile)
                     row["others_before"] = round(before, 3)
-                    row["disturbed"] = row["others_cpu_share"] > a.max_others
+                    row["disturbed"] = max(row["others_cpu_share"], row["others_bench_share"]) > a.max_others
                     rows.append(row)
                     if a.json:  # as it goes: a run cut short keeps its windows
                         Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats,
                                                             "rows": rows, "table": summarize(rows, workloads)}, indent=1))
                     if not row["disturbed"]:
                         break
-                    print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs",
-                          file=sys.stderr)
+                    print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs "
+                          f"({100 * row['others_bench_share']:.0f}% during the load)", file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
@@ -355,7 +384,8 @@ def main():
     print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
+              f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
+              f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
               f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_token_ms', 0):.2f} ms/token")
     if a.json:

@@ -317,6 +317,21 @@ static void test_fit(void)
     CHECK(plan_fit_linear(one, 1, oy, NULL, 1, c) == -1);
 }
 
+/* The planner prices a prompt's ending (its logits row and sampling) in every prompt's prefill: the predicted TTFT
+ * grows with prefill_seq_s, colocated and disaggregated. */
+static void test_prompt_end_cost(void)
+{
+    plan_profile_t p = profile();
+    for (int np = 0; np <= 1; np++) {
+        double t0, t1, d0, d1;
+        p.prefill_seq_s = 0;
+        plan_predict(&p, &targets, 0.2, 500, 100, np, 1, &t0, &d0);
+        p.prefill_seq_s = 0.01;
+        plan_predict(&p, &targets, 0.2, 500, 100, np, 1, &t1, &d1);
+        CHECK_MSG(isfinite(t0) && t1 >= t0 + 0.01 - 1e-12, "%d prefill nodes: ttft %g -> %g", np, t0, t1);
+    }
+}
+
 static void test_profile_json(void)
 {
     plan_profile_t p = profile(), q;
@@ -354,6 +369,7 @@ int main(void)
     RUN(test_saturation_is_finite_and_sensible);
     RUN(test_backlog_drains);
     RUN(test_fit);
+    RUN(test_prompt_end_cost);
     RUN(test_profile_json);
     return test_summary();
 }

@@ -1,6 +1,7 @@
 /* tools/sim: conservation (every request finishes, is rejected at admission or fails, failures and migrations
  * included), determinism (same seed, same report), and sanity of the model against the profile's arithmetic. */
 #include "tools/sim/sim.h"
+#include "router/router.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -171,6 +172,29 @@ static void test_serving_path(void)
     sim_result_free(&path);
 }
 
+/* A prompt ending's logits row and sampling (prefill.seq_s) are paid once, by the step that ends the prompt: the lone
+ * request's TTFT grows by exactly that, colocated and on a prefill node alike, and its decode steps do not. */
+static void test_prompt_end_cost(void)
+{
+    for (int np = 0; np <= 1; np++) {
+        sim_config_t c = config(np, 1);
+        c.prefill_mode = np ? RTR_PREFILL_REMOTE : RTR_PREFILL_AUTO;
+        gen_t g = {.s = 5, .rate = 1, .max = 1};
+        sim_result_t base, ended;
+        REQUIRE(sim_run(&c, next, &g, &base) == BT_OK);
+        c.profile.prefill_seq_s = 0.003;
+        g = (gen_t){.s = 5, .rate = 1, .max = 1};
+        REQUIRE(sim_run(&c, next, &g, &ended) == BT_OK);
+        REQUIRE(base.finished == 1 && ended.finished == 1);
+        CHECK_MSG(fabs(ended.ttft.sum - base.ttft.sum - 0.003) < 1e-9, "%d prefill nodes: ttft %g vs %g", np,
+                  ended.ttft.sum, base.ttft.sum);
+        if (base.tpot.n)
+            CHECK_MSG(fabs(ended.tpot.sum - base.tpot.sum) < 1e-9, "tpot %g vs %g", ended.tpot.sum, base.tpot.sum);
+        sim_result_free(&base);
+        sim_result_free(&ended);
+    }
+}
+
 static void test_bad_config(void)
 {
     sim_config_t c = config(1, 0);
@@ -189,6 +213,7 @@ int main(void)
     RUN(test_deterministic);
     RUN(test_single_request_timing);
     RUN(test_serving_path);
+    RUN(test_prompt_end_cost);
     RUN(test_bad_config);
     return test_summary();
 }
