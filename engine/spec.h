@@ -190,12 +190,14 @@ double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs);
 /* ---- the step-cost curve and the plan of a decode-only step ----
  * A step's time is not linear in its rows: the GEMM works in tiles of rows (a step of 9 rows costs a tile more than
  * one of 8), and one of 4 rows can cost less than one of 1 (the kernels prefetch from 4 rows on). A fitted
- * fixed + per_row * rows misprices drafts both ways, so decode-only steps are priced from measurements: for each
+ * fixed + per_row * rows misprices drafts both ways, so small decode-only steps are priced from measurements: for each
  * number of sequences (1..BT_SPEC_CURVE_SEQS) and each number of extra rows (drafts, 0..BT_SPEC_CURVE_EXTRA), the
  * seconds such steps took (forward pass and sampling). A machine's noise only ever adds time, and an estimate hit
  * by it would keep that size from being chosen again, so an entry counts once it has two samples (the faster one),
  * and then follows a faster step quickly (weight 0.3) and a slower one slowly (0.05, at most twice the estimate). */
-#define BT_SPEC_CURVE_SEQS 64
+/* Up to 8 sequences: at 16 the entries (up to 128 draft rows each) were too many to measure, the fitted model priced
+ * the unseen ones low, and exploring them cost 0.93x against the threshold rule's 0.97x (3 alternated rounds). */
+#define BT_SPEC_CURVE_SEQS 8
 #define BT_SPEC_CURVE_EXTRA 128
 typedef struct bt_spec_curve {
     float t[BT_SPEC_CURVE_SEQS][BT_SPEC_CURVE_EXTRA + 1];   /* seconds */
