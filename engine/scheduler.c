@@ -33,13 +33,14 @@ typedef struct sreq {
     int32_t logit_row;       /* row in the step's logits, -1 when none (the first of n_draft + 1 rows) */
     int32_t n_draft;         /* drafts fed after the last token in this step, at tokens[n_tokens...] */
     int32_t draft[BT_SPEC_K_LIMIT];
+    int32_t draft_cls;       /* the acceptance estimate (spec[]) the drafts count in */
     int32_t hidden_row;      /* embedding requests: this step's first row in b_hidden */
     double *emb_sum;         /* embedding requests: [n_embd] sum of the computed tokens' final hidden states */
     /* speculative decoding */
     void *spec_state;        /* the proposer's, opened at the first draft */
     int spec_open;           /* 0 not yet, 1 open, -1 could not open (no speculation) */
-    int spec_seeded;         /* spec started from the scheduler's proposer-wide estimate */
-    bt_spec_stats spec;
+    int spec_seeded;         /* spec[] started from the scheduler's proposer-wide estimates */
+    bt_spec_stats spec[BT_SPEC_CLASSES];
     struct sreq *next;       /* inbox link */
 } sreq;
 
@@ -96,12 +97,15 @@ struct bt_sched {
     parked *parked;
     int32_t n_parked, cap_parked;
     int32_t n_remote_pending; /* running requests waiting for bt_sched_remote_done */
-    bt_spec_stats spec_global; /* every verification's outcome: where new sequences' estimates start */
+    bt_spec_stats spec_global[BT_SPEC_CLASSES]; /* every verification's outcome: where new sequences' estimates start */
     int32_t spec_idle_steps;   /* steps with sequences to draft for and no drafts (the proposer-wide probe) */
     int32_t spec_n_open;       /* running requests with an open proposer state */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
-    bt_spec_check spec_check; /* drafting steps against plain ones, by step size */
+    bt_spec_check spec_check; /* drafting steps against plain ones, by step size (steps priced by the fit) */
+    bt_spec_curve spec_curve; /* decode-only steps' measured seconds by sequences and draft rows */
+    bt_spec_cand *b_cands;   /* [max_running] the plan of a decode-only step */
+    double *b_costs;         /* [BT_SPEC_CURVE_EXTRA + 1] its estimated seconds by draft rows */
     sreq **b_export;         /* [max_running] requests exporting their KV in this step */
     int32_t n_export;
     bt_spec_item *b_items;   /* [max_running] draft requests of this step */
@@ -186,8 +190,9 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
-    bt_spec_global_init(&s->spec_global);
+    for (int c = 0; c < BT_SPEC_CLASSES; c++) bt_spec_global_init(&s->spec_global[c]);
     bt_spec_check_init(&s->spec_check);
+    bt_spec_curve_init(&s->spec_curve);
     bt_status st;
     int32_t V = m->hp.n_vocab, B = cfg.max_batch_tokens;
     s->eog = malloc(sizeof(int32_t) * (size_t)(cfg.n_eog + 1));
@@ -216,9 +221,11 @@ bt_status bt_sched_create(const bt_model *m, bt_backend *be, const bt_sched_conf
     s->b_export = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
     s->b_items = malloc(sizeof(bt_spec_item) * (size_t)cfg.max_running);
     s->b_item_reqs = malloc(sizeof(sreq *) * (size_t)cfg.max_running);
+    s->b_cands = malloc(sizeof(bt_spec_cand) * (size_t)cfg.max_running);
+    s->b_costs = malloc(sizeof(double) * (BT_SPEC_CURVE_EXTRA + 1));
     s->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)B);
     s->b_hidden = malloc(sizeof(float) * (size_t)B * (size_t)m->hp.n_embd);
-    if (!s->b_hidden_rows || !s->b_hidden || !s->b_items || !s->b_item_reqs || !s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
+    if (!s->b_hidden_rows || !s->b_hidden || !s->b_items || !s->b_item_reqs || !s->b_cands || !s->b_costs || !s->logits || !s->scratch || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_rows || !s->b_views ||
         !s->b_reqs || !s->b_export)
         goto nomem;
     s->st.kv_blocks_total = s->snap.kv_blocks_total = s->kv->n_blocks;
@@ -350,6 +357,8 @@ void bt_sched_destroy(bt_sched *s)
     free(s->b_export);
     free(s->b_items);
     free(s->b_item_reqs);
+    free(s->b_cands);
+    free(s->b_costs);
     free(s->b_hidden_rows);
     free(s->b_hidden);
     bt_forward_destroy(s->fw);
@@ -431,7 +440,7 @@ bt_status bt_sched_submit(bt_sched *s, const int32_t *prompt, int32_t n_prompt, 
     r->emit = emit;
     r->user = user;
     r->seq = -1;
-    bt_spec_stats_init(&r->spec);
+    for (int c = 0; c < BT_SPEC_CLASSES; c++) bt_spec_stats_init(&r->spec[c]);
     r->t_submit = bt_sched_now();
     pthread_mutex_lock(&s->mu);
     r->id = r->order = s->next_id++;
@@ -825,26 +834,49 @@ static double draft_threshold(const bt_sched *s, bt_proposer *pr)
     return (thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr) * bt_spec_check_factor(&s->spec_check, rows);
 }
 
-/* How many drafts r asks for this step, or -1 when r cannot draft at all now (not a plain decode, opted out, no
- * room before its limit). *global_probe: the proposer-wide probe is due; cleared when r takes it. */
-static int32_t draft_k(bt_sched *s, sreq *r, double thr, int *global_probe)
+/* The most drafts r may carry this step, or -1 when it cannot draft at all now (not a plain decode, opted out, no
+ * room before its limit). */
+static int32_t draft_k_max(const bt_sched *s, const sreq *r)
 {
     if (!is_plain_decode(r) || r->p.no_spec || r->spec_open < 0) return -1;
     int32_t k_max = draft_room(s, r);
     if (k_max > s->cfg.spec_k_max) k_max = s->cfg.spec_k_max;
+    return k_max > 0 ? k_max : -1;
+}
+
+/* A new sequence's estimates start from what the earlier ones learnt of the proposer. */
+static void spec_seed(bt_sched *s, sreq *r)
+{
+    if (r->spec_seeded) return;
+    for (int c = 0; c < BT_SPEC_CLASSES; c++) bt_spec_stats_init_from(&r->spec[c], &s->spec_global[c]);
+    r->spec_seeded = 1;
+}
+
+/* Opens r's proposer state if it has none; -1 when it cannot (r then never drafts). */
+static int spec_ensure_open(bt_sched *s, bt_proposer *pr, sreq *r)
+{
+    if (r->spec_open == 0) {
+        r->spec_open = pr->ops->seq_open(pr, &r->spec_state) == BT_OK ? 1 : -1;
+        if (r->spec_open > 0) s->spec_n_open++;
+    }
+    return r->spec_open > 0 ? 0 : -1;
+}
+
+/* How many drafts r asks for this step, or -1 when r cannot draft at all now (draft_k_max). *global_probe: the
+ * proposer-wide probe is due; cleared when r takes it. */
+static int32_t draft_k(bt_sched *s, sreq *r, double thr, int *global_probe)
+{
+    int32_t k_max = draft_k_max(s, r);
     if (k_max <= 0) return -1;
     if (s->cfg.spec_fixed_k) return k_max;
-    if (!r->spec_seeded) { /* a new sequence starts from what the earlier ones learnt of the proposer */
-        bt_spec_stats_init_from(&r->spec, &s->spec_global);
-        r->spec_seeded = 1;
-    }
+    spec_seed(s, r);
     /* A draft model first catches up on a sequence it has not seen (its whole prompt): until the proposer has shown
      * what it is worth (SPEC_EXPLORE verifications), one sequence at a time explores it; and a probe is one row
      * with a free proposer but a catch-up with a draft model, which then probes only proposer-wide, one sequence
      * after SPEC_GLOBAL_PROBE idle steps. */
     int costly = s->cfg.proposer->ops->round_cost != NULL;
     if (costly && r->spec_open == 0 && s->st.spec_verifications < SPEC_EXPLORE && s->spec_n_open > 0) return 0;
-    int32_t k = bt_spec_choose_k(&r->spec, k_max, thr, !costly || r->spec_open == 1);
+    int32_t k = bt_spec_choose_k(&r->spec[0], k_max, thr, !costly || r->spec_open == 1);
     if (k == 0 && *global_probe) {
         k = 1;
         *global_probe = 0;
@@ -865,14 +897,9 @@ static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
         int32_t k = draft_k(s, r, thr, &global_probe);
         if (k < 0) continue;
         n_considered++;
-        alpha_sum += bt_spec_alpha(&r->spec);
+        alpha_sum += bt_spec_alpha(&r->spec[0]);
         k_sum += k;
-        if (k == 0) continue;
-        if (r->spec_open == 0) {
-            r->spec_open = pr->ops->seq_open(pr, &r->spec_state) == BT_OK ? 1 : -1;
-            if (r->spec_open < 0) continue;
-            s->spec_n_open++;
-        }
+        if (k == 0 || spec_ensure_open(s, pr, r)) continue;
         s->b_items[ni] = (bt_spec_item){.state = r->spec_state, .tokens = r->tokens, .n_tokens = r->n_tokens,
                                         .sampler = r->sampler, .k = k};
         s->b_item_reqs[ni++] = r;
@@ -888,6 +915,72 @@ static int32_t pick_drafters(bt_sched *s, bt_proposer *pr)
         s->st.spec_considered_steps++;
     }
     return ni;
+}
+
+/* The sequences of this step when every one of them decodes one token (the step may be priced by the curve), else
+ * -1. */
+static int32_t decode_only_seqs(const bt_sched *s)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const sreq *r = s->running[i];
+        if (r->feed_n <= 0) continue;
+        if (r->feed_n != 1 || r->feed_from + 1 != r->n_tokens || r->p.embedding) return -1;
+        n++;
+    }
+    return n;
+}
+
+/* A decode-only step of n_seqs sequences with a proposer that costs nothing to ask (n-gram): every sequence that may
+ * draft proposes up to its k_max, then bt_spec_plan keeps the drafts that make the step's expected tokens per second
+ * highest under the measured step-cost curve. Fills s->b_items with the drafting requests (k = drafts kept) and
+ * returns their number. */
+static int32_t plan_drafters(bt_sched *s, bt_proposer *pr, int32_t n_seqs, int32_t budget)
+{
+    int32_t ni = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        int32_t k_max = draft_k_max(s, r);
+        if (k_max <= 0 || spec_ensure_open(s, pr, r)) continue;
+        spec_seed(s, r);
+        s->b_items[ni] = (bt_spec_item){.state = r->spec_state, .tokens = r->tokens, .n_tokens = r->n_tokens,
+                                        .sampler = r->sampler, .k = k_max};
+        s->b_item_reqs[ni++] = r;
+    }
+    if (ni == 0) return 0;
+    pr->ops->propose(pr, s->b_items, ni);
+    int32_t avail = 0;
+    double alpha_sum = 0;
+    for (int32_t j = 0; j < ni; j++) {
+        bt_spec_item *it = &s->b_items[j];
+        sreq *r = s->b_item_reqs[j];
+        int32_t nd = it->n_drafts < it->k ? it->n_drafts : it->k;
+        r->draft_cls = it->cls >= 0 && it->cls < BT_SPEC_CLASSES ? it->cls : 0;
+        s->b_cands[j] = (bt_spec_cand){.st = &r->spec[r->draft_cls], .avail = nd > 0 ? nd : 0};
+        avail += s->b_cands[j].avail;
+        alpha_sum += bt_spec_alpha(&r->spec[0]);
+    }
+    int32_t max_extra = avail < budget ? avail : budget;
+    if (max_extra > BT_SPEC_CURVE_EXTRA) max_extra = BT_SPEC_CURVE_EXTRA;
+    bt_spec_curve_costs(&s->spec_curve, n_seqs, max_extra, s->st.decode_fixed_s, s->st.decode_row_s, s->b_costs);
+    bt_spec_plan(s->b_cands, ni, n_seqs, s->b_costs, max_extra);
+    int32_t n = 0;
+    double k_sum = 0;
+    for (int32_t j = 0; j < ni; j++) {
+        k_sum += s->b_cands[j].k;
+        if (s->b_cands[j].k <= 0) continue;
+        s->b_items[n] = s->b_items[j];
+        s->b_items[n].k = s->b_cands[j].k;
+        s->b_item_reqs[n++] = s->b_item_reqs[j];
+    }
+    s->st.spec_threshold = 0; /* no threshold: the curve decided */
+    s->st.spec_alpha = alpha_sum / ni;
+    s->st.spec_k = k_sum / ni;
+    s->st.spec_alpha_sum += s->st.spec_alpha;
+    s->st.spec_k_sum += s->st.spec_k;
+    s->st.spec_considered_steps++;
+    s->st.spec_planned_steps++;
+    return n;
 }
 
 /* Lays the proposed drafts of items[n] after their requests' last tokens and reserves their KV slots without
@@ -908,6 +1001,7 @@ static void place_drafts(bt_sched *s, int32_t n, int32_t *budget)
         }
         bt_bm_copy cow = {-1, -1}, lcow = {-1, -1};
         if (nd <= 0) continue;
+        r->draft_cls = it->cls >= 0 && it->cls < BT_SPEC_CLASSES ? it->cls : 0;
         bt_status ast = bt_kvg_seq_append(s->kvg, r->seq, nd, r->tokens + r->n_tokens, &cow, &lcow);
         copy_block(s, &cow, &lcow);
         if (ast != BT_OK) continue;
@@ -923,6 +1017,15 @@ static void add_drafts(bt_sched *s, int32_t *budget)
 {
     bt_proposer *pr = s->cfg.proposer;
     if (!pr || *budget <= 0) return;
+    /* decode-only steps with a free proposer are priced by the measured curve once a plain step of their size (or
+     * the fit) says what a step costs; the rest by the fitted threshold */
+    int32_t n_seqs = decode_only_seqs(s);
+    if (n_seqs >= 1 && n_seqs <= BT_SPEC_CURVE_SEQS && !pr->ops->round_cost && !s->cfg.spec_fixed_k &&
+        (s->spec_curve.n[n_seqs - 1][0] >= 2 || s->st.decode_fixed_s > 0)) {
+        int32_t n = plan_drafters(s, pr, n_seqs, *budget);
+        if (n > 0) place_drafts(s, n, budget);
+        return;
+    }
     int32_t n = pick_drafters(s, pr);
     if (n == 0) return;
     pr->ops->propose(pr, s->b_items, n);
@@ -966,8 +1069,8 @@ static void verify_drafts(bt_sched *s, sreq *r)
     s->st.spec_accepted += (uint64_t)acc;
     s->st.spec_accepted_hist[acc]++;
     if (!ended) {
-        bt_spec_stats_update(&r->spec, nd, acc);
-        bt_spec_global_update(&s->spec_global, nd, acc);
+        bt_spec_stats_update(&r->spec[r->draft_cls], nd, acc);
+        bt_spec_global_update(&s->spec_global[r->draft_cls], nd, acc);
     }
     for (int32_t i = 0; i < m; i++)
         if (accept_token(s, r, toks[i], &so[i])) break;
@@ -1098,6 +1201,7 @@ int bt_sched_step(bt_sched *s)
         return st;
     }
     /* 4. publish computed KV, sample, emit, finish */
+    double t_sample = bt_sched_now();
     int32_t V = s->m->hp.n_vocab;
     uint64_t accepted0 = s->st.spec_accepted;
     for (int32_t j = 0; j < ns; j++) {
@@ -1121,8 +1225,10 @@ int bt_sched_step(bt_sched *s)
                                         s->scratch, &so);
         accept_token(s, r, tok, &so);
     }
-    if (decode_only && s->cfg.proposer)
+    if (decode_only && s->cfg.proposer) {
         bt_spec_check_add(&s->spec_check, ns, n_drafts, (int64_t)(s->st.spec_accepted - accepted0), dt);
+        bt_spec_curve_add(&s->spec_curve, ns, n_drafts, dt + (bt_sched_now() - t_sample)); /* forward and sampling */
+    }
     snapshot(s);
     return nt;
 }
@@ -1210,6 +1316,11 @@ bt_status bt_sched_check(bt_sched *s)
                            (unsigned long long)r->id, released, done, first);
     }
     return BT_OK;
+}
+
+void bt_sched_spec_costs(const bt_sched *s, int32_t n_seqs, int32_t max_extra, double *cost)
+{
+    bt_spec_curve_costs(&s->spec_curve, n_seqs, max_extra, s->st.decode_fixed_s, s->st.decode_row_s, cost);
 }
 
 void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st)

@@ -158,6 +158,7 @@ typedef struct bt_sched_stats {
     /* the same three summed over every step that considered drafting, and those steps */
     double spec_threshold_sum, spec_alpha_sum, spec_k_sum;
     uint64_t spec_considered_steps;
+    uint64_t spec_planned_steps; /* of those, decode-only steps planned on the measured cost curve (no threshold) */
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;
@@ -208,6 +209,11 @@ bt_status bt_sched_check(bt_sched *s);
 
 /* A snapshot taken at the end of the last step. Can't fail. */
 void bt_sched_get_stats(bt_sched *s, bt_sched_stats *st);
+
+/* The speculation plan's step-time estimates for n_seqs sequences with 0..max_extra draft rows, in seconds, into
+ * cost[max_extra + 1] (bt_spec_curve_costs over what this scheduler measured). The engine thread's state: call it
+ * from the thread that steps, or when none runs. Can't fail. */
+void bt_sched_spec_costs(const bt_sched *s, int32_t n_seqs, int32_t max_extra, double *cost);
 
 /* The KV pool (layout, base, block count), for registering it with kvtransfer and for tests. Its blocks belong to
  * the engine thread: read or write them only as the kv_export / remote hooks allow. */

@@ -11,7 +11,7 @@ bt_spec_config bt_spec_config_default(void)
     memset(&c, 0, sizeof c);
     c.kind = BT_SPEC_NONE;
     c.k_max = BT_SPEC_K_DEFAULT;
-    c.ngram_min = 2;
+    c.ngram_min = 1;
     c.ngram_max = 4;
     return c;
 }
@@ -163,6 +163,7 @@ static void ng_propose_one(const ng_ctx *c, ng_seq *s, bt_spec_item *it)
     const int32_t *t = it->tokens;
     int32_t n_tok = it->n_tokens;
     it->n_drafts = 0;
+    it->cls = 0;
     if (s->n_indexed > n_tok) s->n_indexed = 0; /* a shorter sequence than indexed: cannot happen; start over */
     for (int32_t e = s->n_indexed; e < n_tok - 1; e++) {
         for (int32_t n = c->nmin; n <= c->nmax && n <= e + 1; n++)
@@ -181,6 +182,7 @@ static void ng_propose_one(const ng_ctx *c, ng_seq *s, bt_spec_item *it)
             k++;
         }
         it->n_drafts = k;
+        it->cls = n == 1;
         return;
     }
 }
@@ -190,7 +192,7 @@ static void ng_propose(bt_proposer *p, bt_spec_item *items, int32_t n)
     const ng_ctx *c = p->ctx;
     for (int32_t i = 0; i < n; i++) {
         if (items[i].state) ng_propose_one(c, items[i].state, &items[i]);
-        else items[i].n_drafts = 0;
+        else items[i].n_drafts = items[i].cls = 0;
     }
 }
 
@@ -326,6 +328,105 @@ int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int
     if (k == 0 && ++st->idle_steps >= st->probe_every && may_probe) k = 1;
     if (k > 0) st->idle_steps = 0;
     return k;
+}
+
+/* ---- the step-cost curve and the plan ---- */
+
+#define CURVE_DOWN 0.3f  /* weight of a step faster than the estimate */
+#define CURVE_UP 0.05f   /* and of a slower one (at most CURVE_CLIP times the estimate) */
+#define CURVE_CLIP 2.0f
+
+void bt_spec_curve_init(bt_spec_curve *c) { memset(c, 0, sizeof *c); }
+
+void bt_spec_curve_add(bt_spec_curve *c, int32_t n_seqs, int32_t n_extra, double t)
+{
+    if (n_seqs < 1 || n_seqs > BT_SPEC_CURVE_SEQS || n_extra < 0 || n_extra > BT_SPEC_CURVE_EXTRA || !(t > 0)) return;
+    float *e = &c->t[n_seqs - 1][n_extra], x = (float)t;
+    uint8_t *n = &c->n[n_seqs - 1][n_extra];
+    if (*n < 2) {
+        *e = *n == 0 || x < *e ? x : *e;
+        (*n)++;
+    } else if (x < *e) *e += CURVE_DOWN * (x - *e);
+    else *e += CURVE_UP * (fminf(x, CURVE_CLIP * *e) - *e);
+}
+
+void bt_spec_curve_costs(const bt_spec_curve *c, int32_t n_seqs, int32_t max_extra, double fixed, double per_row,
+                         double *cost)
+{
+    if (per_row < 0) per_row = 0;
+    int in = n_seqs >= 1 && n_seqs <= BT_SPEC_CURVE_SEQS;
+    const float *row = in ? c->t[n_seqs - 1] : NULL;
+    const uint8_t *cnt = in ? c->n[n_seqs - 1] : NULL;
+    double last = -1; /* the nearest measured smaller step's seconds, at last_e */
+    int32_t last_e = 0;
+    for (int32_t e = 0; e <= max_extra; e++) {
+        if (row && e <= BT_SPEC_CURVE_EXTRA && cnt[e] >= 2) {
+            cost[e] = row[e];
+            last = row[e];
+            last_e = e;
+        } else {
+            cost[e] = last >= 0 ? last + per_row * (e - last_e) : fixed + per_row * (n_seqs + e);
+        }
+    }
+}
+
+typedef struct plan_draft {
+    float p;          /* chance it yields a token */
+    int32_t cand, i;  /* its sequence and position (0-based) */
+} plan_draft;
+
+static int plan_cmp(const void *a, const void *b)
+{
+    const plan_draft *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    if (x->i != y->i) return x->i < y->i ? -1 : 1; /* a sequence's equal P: earlier first (keeps a prefix) */
+    return x->cand < y->cand ? -1 : x->cand > y->cand;
+}
+
+int32_t bt_spec_plan(bt_spec_cand *cand, int32_t n_cand, int32_t n_seqs, const double *cost, int32_t max_extra)
+{
+    plan_draft d[BT_SPEC_CURVE_SEQS * BT_SPEC_K_LIMIT];
+    int32_t m = 0, best = 0;
+    for (int32_t c = 0; c < n_cand; c++) cand[c].k = 0;
+    if (n_cand > BT_SPEC_CURVE_SEQS) n_cand = BT_SPEC_CURVE_SEQS; /* the rest do not draft */
+    for (int32_t c = 0; c < n_cand; c++) {
+        double p = 1, a = 0.5;
+        const bt_spec_stats *st = cand[c].st;
+        for (int32_t i = 0; i < cand[c].avail && i < BT_SPEC_K_LIMIT; i++) {
+            a = (st->hits[i] + SPEC_CHAIN_WEIGHT * a) / (st->tries[i] + SPEC_CHAIN_WEIGHT); /* bt_spec_alpha_at */
+            p *= a;
+            d[m++] = (plan_draft){(float)p, c, i};
+        }
+    }
+    qsort(d, (size_t)m, sizeof *d, plan_cmp);
+    if (m > max_extra) m = max_extra;
+    double tokens = n_seqs, best_rate = cost[0] > 0 ? tokens / cost[0] : 0;
+    for (int32_t j = 0; j < m; j++) {
+        tokens += d[j].p;
+        double rate = cost[j + 1] > 0 ? tokens / cost[j + 1] : 0;
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = j + 1;
+        }
+    }
+    for (int32_t j = 0; j < best; j++) cand[d[j].cand].k++;
+    /* probes: one draft for a sequence whose estimate has not been tried for a while, where a row is cheap */
+    int32_t rows = best;
+    for (int32_t c = 0; c < n_cand; c++) {
+        bt_spec_stats *st = cand[c].st;
+        if (cand[c].k > 0) {
+            st->idle_steps = 0;
+            continue;
+        }
+        if (cand[c].avail <= 0) continue;
+        int cheap = rows < max_extra && (cost[rows + 1] - cost[rows]) * n_seqs < 0.5 * cost[rows];
+        if (++st->idle_steps >= st->probe_every && cheap) {
+            cand[c].k = 1;
+            st->idle_steps = 0;
+            rows++;
+        }
+    }
+    return rows;
 }
 
 /* ---- the drafting check ---- */

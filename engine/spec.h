@@ -38,15 +38,16 @@ typedef enum bt_spec_kind {
 typedef struct bt_spec_config {
     bt_spec_kind kind;
     int32_t k_max;          /* most drafts per sequence per step, 1..BT_SPEC_K_LIMIT (default BT_SPEC_K_DEFAULT) */
-    int32_t ngram_min;      /* shortest n-gram matched (default 2: a single repeated token predicts little; drafts
-                             * kept 54% against 49% with 1, same speed, on the input-grounded workload) */
+    int32_t ngram_min;      /* shortest n-gram matched (default 1: a single-token match's drafts are kept only
+                             * ~25% of the time, but where rows are nearly free they still pay; their own
+                             * acceptance estimate (class 1) keeps them from lowering the longer matches') */
     int32_t ngram_max;      /* longest, tried first (default 4) */
     char draft_path[1024];  /* BT_SPEC_DRAFT: the draft model's GGUF */
     int32_t self_layers;    /* BT_SPEC_SELF: layers 0..self_layers-1 of the target */
     int profile;            /* the draft's forward pass logs time per op kind (BATON_PROFILE, read at the edge) */
 } bt_spec_config;
 
-/* Defaults: none, k_max BT_SPEC_K_DEFAULT, n-grams 2..4. Can't fail. */
+/* Defaults: none, k_max BT_SPEC_K_DEFAULT, n-grams 1..4. Can't fail. */
 bt_spec_config bt_spec_config_default(void);
 
 /* Parses a --spec value into c (other fields kept): "none", "ngram", "ngram:MIN-MAX" (n-gram lengths), "draft:PATH",
@@ -66,7 +67,13 @@ typedef struct bt_spec_item {
     int32_t k;                      /* drafts wanted, 1..BT_SPEC_K_LIMIT */
     int32_t drafts[BT_SPEC_K_LIMIT]; /* out: proposals for positions n_tokens, n_tokens + 1, ... */
     int32_t n_drafts;               /* out: 0..k */
+    int32_t cls;                    /* out: which acceptance estimate these drafts count in (0..BT_SPEC_CLASSES-1) */
 } bt_spec_item;
+
+/* Acceptance estimates a sequence keeps: drafts of class 1 come from weak evidence (the n-gram proposer's
+ * single-token matches: kept about a quarter as often as longer matches' drafts), so their misses do not lower the
+ * estimate that prices the strong ones (class 0: every other draft). */
+#define BT_SPEC_CLASSES 2
 
 typedef struct bt_proposer bt_proposer;
 
@@ -90,8 +97,8 @@ struct bt_proposer {
     void *ctx;
 };
 
-/* The n-gram (prompt lookup) proposer for n-grams of ngram_min..ngram_max tokens (1 <= min <= max <= 8).
- * BT_ERR_INVALID, BT_ERR_NOMEM. */
+/* The n-gram (prompt lookup) proposer for n-grams of ngram_min..ngram_max tokens (1 <= min <= max <= 8). Drafts
+ * from a 1-token match are class 1, all others class 0. BT_ERR_INVALID, BT_ERR_NOMEM. */
 bt_status bt_spec_ngram_create(int32_t ngram_min, int32_t ngram_max, bt_proposer **out);
 
 /* The proposer cfg asks for (*out = NULL for BT_SPEC_NONE). Draft and self proposers run on be (the target's
@@ -122,7 +129,9 @@ static inline void bt_proposer_destroy(bt_proposer *p)
  * drafting by themselves, and a proposer that keeps missing drives k to 0. Such a sequence probes with one draft
  * after 16 idle steps while the threshold is below 0.5, and waits twice as long after each probe that missed (up to
  * 512 steps). A new sequence starts from what the scheduler's earlier sequences learnt of the proposer, so a draft
- * model that is never right stops costing anything once that is known. */
+ * model that is never right stops costing anything once that is known. Decode-only steps with a proposer that costs
+ * nothing to ask (n-gram) are priced by measured step times instead (bt_spec_plan below); the threshold serves steps
+ * with prompt chunks and the draft-model proposers. */
 typedef struct bt_spec_stats {
     float hits[BT_SPEC_K_LIMIT];  /* decayed counts per draft position: kept */
     float tries[BT_SPEC_K_LIMIT]; /* and tried with every earlier draft kept */
@@ -178,7 +187,50 @@ void bt_spec_check_add(bt_spec_check *c, int32_t n_seqs, int32_t n_drafts, int64
 /* The threshold factor (>= 1) for a step of n_seqs sequences. */
 double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs);
 
-/* Never draft a position accepted less than 1 time in 10, even when rows look free. */
+/* ---- the step-cost curve and the plan of a decode-only step ----
+ * A step's time is not linear in its rows: the GEMM works in tiles of rows (a step of 9 rows costs a tile more than
+ * one of 8), and one of 4 rows can cost less than one of 1 (the kernels prefetch from 4 rows on). A fitted
+ * fixed + per_row * rows misprices drafts both ways, so small decode-only steps are priced from measurements: for each
+ * number of sequences (1..BT_SPEC_CURVE_SEQS) and each number of extra rows (drafts, 0..BT_SPEC_CURVE_EXTRA), the
+ * seconds such steps took (forward pass and sampling). A machine's noise only ever adds time, and an estimate hit
+ * by it would keep that size from being chosen again, so an entry counts once it has two samples (the faster one),
+ * and then follows a faster step quickly (weight 0.3) and a slower one slowly (0.05, at most twice the estimate). */
+/* Up to 8 sequences: at 16 the entries (up to 128 draft rows each) were too many to measure, the fitted model priced
+ * the unseen ones low, and exploring them cost 0.93x against the threshold rule's 0.97x (3 alternated rounds). */
+#define BT_SPEC_CURVE_SEQS 8
+#define BT_SPEC_CURVE_EXTRA 128
+typedef struct bt_spec_curve {
+    float t[BT_SPEC_CURVE_SEQS][BT_SPEC_CURVE_EXTRA + 1];   /* seconds */
+    uint8_t n[BT_SPEC_CURVE_SEQS][BT_SPEC_CURVE_EXTRA + 1]; /* samples, up to 2: the entry counts from 2 */
+} bt_spec_curve;
+
+void bt_spec_curve_init(bt_spec_curve *c);
+
+/* A decode-only step of n_seqs sequences and n_extra draft rows took t seconds (ignored outside the table). */
+void bt_spec_curve_add(bt_spec_curve *c, int32_t n_seqs, int32_t n_extra, double t);
+
+/* Estimated seconds of a decode-only step of n_seqs sequences (1..BT_SPEC_CURVE_SEQS) with each of 0..max_extra
+ * extra rows, into cost[max_extra + 1]: the measured time, else the nearest measured smaller step's plus per_row
+ * for each further row, else fixed + per_row * rows (the fitted model). Can't fail. */
+void bt_spec_curve_costs(const bt_spec_curve *c, int32_t n_seqs, int32_t max_extra, double fixed, double per_row,
+                         double *cost);
+
+/* One sequence of a decode-only step that may draft: its acceptance estimate and how many drafts it has. */
+typedef struct bt_spec_cand {
+    bt_spec_stats *st; /* probe schedule updated */
+    int32_t avail;     /* drafts on offer, 0..BT_SPEC_K_LIMIT */
+    int32_t k;         /* out: drafts to verify, 0..avail */
+} bt_spec_cand;
+
+/* The plan of a decode-only step of n_seqs sequences: the drafts that maximize expected tokens per second,
+ * (n_seqs + sum of the chosen drafts' P_i) / cost[rows], where draft i of a sequence yields a token with probability
+ * P_i = alpha_1 * ... * alpha_i (bt_spec_stats) and cost[e] (e = 0..max_extra) is the step's time with e draft rows
+ * (bt_spec_curve_costs). Drafts are taken in order of P, so a sequence's drafts are a prefix. A sequence that has
+ * not drafted for its probe interval gets one draft when a row costs less than half its share of the step. Sets
+ * every cand[i].k and returns the draft rows in all. Can't fail. */
+int32_t bt_spec_plan(bt_spec_cand *cand, int32_t n_cand, int32_t n_seqs, const double *cost, int32_t max_extra);
+
+/* Never draft a position accepted less than 1 time in 10, even when rows look free (steps with prompt chunks). */
 #define BT_SPEC_MIN_THRESHOLD 0.1
 
 /* The drafts to ask for: the largest k <= k_max with P_k > max(threshold, 0.1) (0 when none), except that a

@@ -44,6 +44,7 @@ typedef struct bs_run {
     uint64_t decode_tokens;   /* tokens emitted in those steps */
     uint64_t out_hash;        /* of every request's token sequence, in request order */
     bt_sched_stats st;
+    double curve_ms[BT_SPEC_K_LIMIT + 2]; /* the plan's step-time estimates for conc sequences, by draft rows */
 } bs_run;
 
 typedef struct bs_track {
@@ -238,6 +239,9 @@ static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const b
         before = after;
     }
     out->st = after;
+    double cost[BT_SPEC_K_LIMIT + 2];
+    bt_sched_spec_costs(s, conc, BT_SPEC_K_LIMIT + 1, cost);
+    for (int e = 0; e < BT_SPEC_K_LIMIT + 2; e++) out->curve_ms[e] = cost[e] * 1e3;
     out->out_hash = 0xcbf29ce484222325ull;
     for (int i = 0; i < n; i++) out->out_hash = (out->out_hash ^ tr[i].hash ^ tr[i].tokens) * 0x100000001b3ull;
     free(tr);
@@ -262,6 +266,8 @@ typedef struct bs_result {
     double off, on, ratio;       /* medians: decode tok/s without and with speculation, per-rep ratio */
     double accept, mean_acc;     /* accepted / proposed; accepted per verification */
     double k_mean, threshold, alpha, row_ms, fixed_ms;
+    double planned;              /* share of the steps that could draft priced by the measured curve */
+    double curve_ms[BT_SPEC_K_LIMIT + 2];
     uint64_t proposed, accepted, verifications;
 } bs_result;
 
@@ -292,7 +298,10 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
         res->verifications += b.st.spec_verifications;
         double nc = b.st.spec_considered_steps ? (double)b.st.spec_considered_steps : 1;
         res->k_mean = b.st.spec_k_sum / nc;
-        res->threshold = b.st.spec_threshold_sum / nc;
+        uint64_t n_thr = b.st.spec_considered_steps - b.st.spec_planned_steps;
+        res->threshold = n_thr ? b.st.spec_threshold_sum / (double)n_thr : 0;
+        res->planned = (double)b.st.spec_planned_steps / nc;
+        memcpy(res->curve_ms, b.curve_ms, sizeof res->curve_ms);
         res->alpha = b.st.spec_alpha_sum / nc;
         res->row_ms = b.st.decode_row_s * 1e3;
         res->fixed_ms = b.st.decode_fixed_s * 1e3;
@@ -309,20 +318,28 @@ static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
 {
     printf("%-12d %14.1f %14.1f %9.2fx %10.1f%% %12.2f %8.2f\n", r->conc, r->off, r->on, r->ratio, 100 * r->accept,
            r->mean_acc, r->k_mean);
-    printf("             k: mean %.2f of at most %d over the steps that could draft; a decode row cost %.3f ms against a\n"
-           "             step's fixed %.3f ms at the end, so a draft had to be kept with p > %.2f on average (the cost\n"
-           "             model's, raised where drafting steps were measured slower); the sequences' acceptance estimate\n"
-           "             averaged %.2f\n",
-           r->k_mean, k_max, r->row_ms, r->fixed_ms, r->threshold, r->alpha);
+    printf("             k: mean %.2f of at most %d over the steps that could draft; the sequences' acceptance estimate\n"
+           "             averaged %.2f. %.0f%% of those steps were decode-only and took the drafts that maximize expected\n"
+           "             tokens per second under the measured step times (ms, %d sequences, by draft rows 0..%d:",
+           r->k_mean, k_max, r->alpha, 100 * r->planned, r->conc, k_max + 1);
+    for (int e = 0; e <= k_max + 1 && e < BT_SPEC_K_LIMIT + 2; e++) printf(" %.2f", r->curve_ms[e]);
+    printf(");\n             the others (prompt chunks in the step) a draft kept with p > %.2f on average (a row %.3f ms\n"
+           "             against a step's fixed %.3f ms in the fitted model, raised where drafting steps were slower)\n",
+           r->threshold, r->row_ms, r->fixed_ms);
     if (jf)
         fprintf(jf,
                 "%s{\"concurrency\": %d, \"decode_tok_s_off\": %.2f, \"decode_tok_s_on\": %.2f, \"speedup\": %.4f, "
                 "\"drafts_proposed\": %llu, \"drafts_accepted\": %llu, \"verifications\": %llu, "
                 "\"acceptance_rate\": %.4f, \"mean_accepted_per_verification\": %.4f, \"k_mean\": %.3f, "
-                "\"threshold\": %.4f, \"alpha\": %.4f, \"decode_row_ms\": %.4f, \"decode_fixed_ms\": %.4f}",
+                "\"threshold\": %.4f, \"alpha\": %.4f, \"decode_row_ms\": %.4f, \"decode_fixed_ms\": %.4f, "
+                "\"planned_share\": %.4f, \"step_ms_by_draft_rows\": [",
                 first ? "" : ", ", r->conc, r->off, r->on, r->ratio, (unsigned long long)r->proposed,
                 (unsigned long long)r->accepted, (unsigned long long)r->verifications, r->accept, r->mean_acc,
-                r->k_mean, r->threshold, r->alpha, r->row_ms, r->fixed_ms);
+                r->k_mean, r->threshold, r->alpha, r->row_ms, r->fixed_ms, r->planned);
+    if (jf) {
+        for (int e = 0; e <= k_max + 1 && e < BT_SPEC_K_LIMIT + 2; e++) fprintf(jf, "%s%.4f", e ? ", " : "", r->curve_ms[e]);
+        fprintf(jf, "]}");
+    }
 }
 
 int bench_spec_main(int argc, char **argv)

@@ -77,22 +77,39 @@ def request(cl, i, q, opt_out):
     return ch.message.content, lps, r.usage.completion_tokens
 
 
-def run_all(cl, ps, opt_out_every=0):
+def request_retrying(cl, i, q, opt_out, tries=3):
+    """request(), asked again after a 503: on a loaded machine a one-thread node with 16 streams can go quiet past
+    the router's stall timeout, and with no other node to move to the router answers 503. The answer of a greedy or
+    seeded request does not depend on which attempt gives it."""
+    for attempt in range(tries):
+        try:
+            return request(cl, i, q, opt_out)
+        except openai.APIStatusError as e:
+            if e.status_code != 503 or attempt == tries - 1:
+                raise
+            time.sleep(2.0)
+
+
+def run_all(cl, ps, opt_out_every=0, retry=False):
+    send = request_retrying if retry else request
     with concurrent.futures.ThreadPoolExecutor(16) as ex:
-        futs = [ex.submit(request, cl, i, q, opt_out_every and i % opt_out_every == 0) for i, (_, q) in enumerate(ps)]
+        futs = [ex.submit(send, cl, i, q, opt_out_every and i % opt_out_every == 0) for i, (_, q) in enumerate(ps)]
         return [f.result(timeout=600) for f in futs]
 
 
 @pytest.fixture(scope="module")
 def plain_answers(default_model):
-    """The 64 prompts' answers from a plain colocated cluster (no speculation): the reference."""
+    """The 64 prompts' answers from a plain colocated cluster (no speculation): the reference. It failed twice with
+    503 "no healthy decode node left" at load averages of 10-17 (its one node went quiet past the router's stall
+    and load-staleness limits, and there is no other): those limits are off here, and a 503 is asked again."""
     ps = prompts()
     with EtcdServer() as etcd, \
             start_decode(etcd, default_model, threads=1, node_id="plain-dec", cluster="plain") as dec, \
-            start_router(etcd, default_model, cluster="plain", prefill_mode="local") as rtr:
-        wait_nodes_cluster(etcd, "plain", ["plain-dec"])
+            start_router(etcd, default_model, cluster="plain", prefill_mode="local", stall_timeout_ms=0,
+                         load_stale_ms=0) as rtr:
+        wait_nodes_cluster(etcd, "plain", ["plain-dec"], timeout=60.0)
         cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
-        want = run_all(cl, ps)
+        want = run_all(cl, ps, retry=True)
         assert dec.metric("baton_spec_proposed_tokens_total", 'proposer="ngram"') is None
         return want
 
@@ -112,8 +129,8 @@ def test_cluster_bit_identical_and_metrics(default_model, plain_answers, spec):
         try:
             with start_decode(etcd, default_model, threads=1, node_id="spec-dec", cluster="spec", spec=arg,
                               spec_k_max=6, kv_mem="48M" if disagg else None) as dec, \
-                    start_router(etcd, default_model, cluster="spec",
-                                 prefill_mode="remote" if disagg else "local") as rtr:
+                    start_router(etcd, default_model, cluster="spec", prefill_mode="remote" if disagg else "local",
+                                 stall_timeout_ms=0, load_stale_ms=0) as rtr:  # one node: nowhere to move to
                 wait_nodes_cluster(etcd, "spec", ["spec-dec"] + (["spec-pre"] if disagg else []))
                 assert f"speculation {label}, k up to 6" in dec.log()
                 cl = openai.OpenAI(base_url=rtr.base_url, api_key="x", max_retries=0, timeout=600)
@@ -269,12 +286,15 @@ def test_bench_spec_cli(baton_bin, default_model, tmp_path):
                         str(wl), "--reps", "1", "--decode-tokens", "24", "--concurrency", "1,2", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "2 prompts" in r.stdout and "speed-up" in r.stdout and "a draft had to be kept with p >" in r.stdout
+    assert "2 prompts" in r.stdout and "speed-up" in r.stdout and "maximize expected" in r.stdout
+    assert "measured step times" in r.stdout and "a draft kept with p >" in r.stdout
     j = json.loads(out.read_text())
     assert j["spec"] == "ngram" and j["prompts"] == 2 and [x["concurrency"] for x in j["runs"]] == [1, 2]
     for x in j["runs"]:
         assert x["decode_tok_s_off"] > 0 and x["decode_tok_s_on"] > 0 and x["drafts_proposed"] > 0
         assert 0 <= x["drafts_accepted"] <= x["drafts_proposed"]
+        assert 0 <= x["planned_share"] <= 1 and len(x["step_ms_by_draft_rows"]) == 10
+        assert all(t > 0 for t in x["step_ms_by_draft_rows"])
     for args, want in [(["--spec", "none"], "nothing to compare"), (["--spec", "ngram", "--workload", "/nope"],
                                                                      "cannot open the workload"),
                        (["--spec", "ngram", "--spec-k-max", "99"], "out of range")]:

@@ -1,5 +1,6 @@
 /* engine/spec.c: --spec parsing, the n-gram index (matches, longest first, most recent occurrence, incremental over
- * a growing sequence, against a brute-force search), and the adaptive-k rule. */
+ * a growing sequence, against a brute-force search), the adaptive-k rule, the drafting check, the step-cost curve
+ * and the plan of a decode-only step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,7 @@
 static void test_parse(void)
 {
     bt_spec_config c = bt_spec_config_default();
-    CHECK(c.kind == BT_SPEC_NONE && c.k_max == BT_SPEC_K_DEFAULT && c.ngram_min == 2 && c.ngram_max == 4);
+    CHECK(c.kind == BT_SPEC_NONE && c.k_max == BT_SPEC_K_DEFAULT && c.ngram_min == 1 && c.ngram_max == 4);
     CHECK(bt_spec_parse("ngram", &c) == BT_OK && c.kind == BT_SPEC_NGRAM);
     CHECK(bt_spec_parse("ngram:3-6", &c) == BT_OK && c.kind == BT_SPEC_NGRAM && c.ngram_min == 3 && c.ngram_max == 6);
     CHECK(bt_spec_parse("self:8", &c) == BT_OK && c.kind == BT_SPEC_SELF && c.self_layers == 8);
@@ -73,7 +74,15 @@ static void test_ngram_basics(void)
     REQUIRE(p->ops->seq_open(p, &st3) == BT_OK);
     bt_spec_item it3 = {.state = st3, .tokens = w, .n_tokens = 7, .k = 1};
     p->ops->propose(p, &it3, 1);
-    CHECK(it3.n_drafts == 1 && it3.drafts[0] == 9);
+    CHECK(it3.n_drafts == 1 && it3.drafts[0] == 9 && it3.cls == 0);
+    /* only a 1-token match ("7 ... 7"): its drafts are the weak class */
+    int32_t x[] = {7, 3, 4, 1, 7};
+    void *st4 = NULL;
+    REQUIRE(p->ops->seq_open(p, &st4) == BT_OK);
+    bt_spec_item it4 = {.state = st4, .tokens = x, .n_tokens = 5, .k = 2};
+    p->ops->propose(p, &it4, 1);
+    CHECK(it4.n_drafts == 2 && it4.drafts[0] == 3 && it4.drafts[1] == 4 && it4.cls == 1);
+    p->ops->seq_close(p, st4);
     p->ops->seq_close(p, st);
     p->ops->seq_close(p, st2);
     p->ops->seq_close(p, st3);
@@ -226,6 +235,102 @@ static void test_check(void)
     CHECK(bt_spec_check_factor(&c, 0) == 1 && bt_spec_check_factor(&c, 4) == 1);
 }
 
+/* The curve keeps what steps took, follows a faster step at once and a slower one slowly (a noisy step cannot
+ * price a size out for good), and estimates what it has not seen from the nearest measured smaller step. */
+static void test_curve(void)
+{
+    static bt_spec_curve c;
+    bt_spec_curve_init(&c);
+    double cost[12];
+    /* nothing measured: the fitted model */
+    bt_spec_curve_costs(&c, 2, 3, 0.004, 0.0005, cost);
+    CHECK(fabs(cost[0] - 0.005) < 1e-9 && fabs(cost[3] - 0.0065) < 1e-9);
+    /* one sample does not count yet (it may be a noisy one); of two, the faster */
+    bt_spec_curve_add(&c, 1, 0, 0.030);
+    bt_spec_curve_costs(&c, 1, 0, 0.004, 0.0005, cost);
+    CHECK(fabs(cost[0] - 0.0045) < 1e-9);
+    bt_spec_curve_add(&c, 1, 0, 0.005);
+    bt_spec_curve_add(&c, 1, 3, 0.0047); /* 4 rows faster than 1, as the prefetching kernels make it */
+    bt_spec_curve_add(&c, 1, 3, 0.0047);
+    bt_spec_curve_add(&c, 1, 8, 0.008);
+    bt_spec_curve_add(&c, 1, 8, 0.009);
+    bt_spec_curve_costs(&c, 1, 10, 0.004, 0.0005, cost);
+    CHECK(fabs(cost[0] - 0.005) < 1e-7 && fabs(cost[3] - 0.0047) < 1e-7 && fabs(cost[8] - 0.008) < 1e-7);
+    CHECK(fabs(cost[1] - 0.0055) < 1e-7 && fabs(cost[5] - 0.0057) < 1e-7 && fabs(cost[10] - 0.009) < 1e-7);
+    /* a step hit by noise (10x) moves the estimate by 5% of at most twice it; a faster one by 30% of the gap */
+    bt_spec_curve_add(&c, 1, 0, 0.05);
+    CHECK(fabs(c.t[0][0] - 0.00525) < 1e-7);
+    bt_spec_curve_add(&c, 1, 0, 0.004);
+    CHECK(fabs(c.t[0][0] - (0.00525 - 0.3 * 0.00125)) < 1e-7);
+    /* outside the table or nonsense: ignored; sizes beyond it use the fit */
+    bt_spec_curve_add(&c, 0, 0, 0.001);
+    bt_spec_curve_add(&c, BT_SPEC_CURVE_SEQS + 1, 0, 0.001);
+    bt_spec_curve_add(&c, 2, BT_SPEC_CURVE_EXTRA + 1, 0.001);
+    bt_spec_curve_add(&c, 2, 0, -1);
+    bt_spec_curve_add(&c, 2, 0, -1);
+    bt_spec_curve_costs(&c, 2, 0, 0.004, 0.0005, cost);
+    CHECK(fabs(cost[0] - 0.005) < 1e-9);
+    bt_spec_curve_costs(&c, BT_SPEC_CURVE_SEQS + 1, 0, 0.004, 0, cost);
+    CHECK(fabs(cost[0] - 0.004) < 1e-9);
+}
+
+/* The plan takes the drafts that make a step's expected tokens per second highest, most likely first, each
+ * sequence's as a prefix. */
+static void test_plan(void)
+{
+    bt_spec_stats hi, lo, none;
+    bt_spec_stats_init(&hi);
+    bt_spec_stats_init(&lo);
+    bt_spec_stats_init(&none);
+    for (int i = 0; i < 20; i++) {
+        bt_spec_stats_update(&hi, 8, 8); /* alpha ~1 everywhere */
+        bt_spec_stats_update(&lo, 1, 0); /* alpha ~0 */
+    }
+    double lin[17];
+    for (int e = 0; e <= 16; e++) lin[e] = 0.004 + 0.0005 * (1 + e); /* a row 1/9 of a step */
+    /* batch 1, a copying sequence: every draft on offer pays */
+    bt_spec_cand c1 = {.st = &hi, .avail = 8};
+    CHECK(bt_spec_plan(&c1, 1, 1, lin, 8) == 8 && c1.k == 8);
+    /* the 9th row starts a new GEMM tile (costs 1.4 ms, not 0.5): 7 drafts are worth more than 8 */
+    double tile[9];
+    for (int e = 0; e <= 8; e++) tile[e] = e < 8 ? 0.0045 + 0.0003 * e : 0.0082;
+    CHECK(bt_spec_plan(&c1, 1, 1, tile, 8) == 7 && c1.k == 7);
+    /* a sequence whose drafts are never kept drafts nothing when rows cost something ... */
+    bt_spec_cand c2 = {.st = &lo, .avail = 8};
+    CHECK(bt_spec_plan(&c2, 1, 1, lin, 8) == 0 && c2.k == 0);
+    /* ... but takes rows that cost nothing (4 rows as fast as 1) */
+    double free4[9] = {0.005, 0.005, 0.005, 0.005, 0.008, 0.009, 0.010, 0.011, 0.012};
+    CHECK(bt_spec_plan(&c2, 1, 1, free4, 8) == 3 && c2.k == 3);
+    /* several sequences: the sure drafts first; nothing on offer, nothing taken */
+    bt_spec_cand cs[3] = {{.st = &lo, .avail = 4}, {.st = &hi, .avail = 3}, {.st = &none, .avail = 0}};
+    CHECK(bt_spec_plan(cs, 3, 3, lin, 7) == 3 && cs[0].k == 0 && cs[1].k == 3 && cs[2].k == 0);
+    /* compute-bound: a row costs as much as a sequence's share of the step, so no 50% draft pays */
+    double bound[5];
+    for (int e = 0; e <= 4; e++) bound[e] = 0.001 * (4 + e);
+    bt_spec_stats half;
+    bt_spec_stats_init(&half);
+    bt_spec_cand ch[2] = {{.st = &half, .avail = 2}, {.st = &half, .avail = 2}};
+    CHECK(bt_spec_plan(ch, 2, 4, bound, 4) == 0);
+    /* a sequence idle past its probe interval probes with one draft where a row is cheap, not where it is dear */
+    bt_spec_stats idle;
+    bt_spec_stats_init(&idle);
+    for (int i = 0; i < 20; i++) bt_spec_stats_update(&idle, 1, 0);
+    idle.idle_steps = 0;
+    int probes = 0;
+    for (int i = 0; i < 600; i++) {
+        bt_spec_cand ci = {.st = &idle, .avail = 4};
+        probes += bt_spec_plan(&ci, 1, 1, lin, 4);
+    }
+    CHECK(probes >= 1 && probes <= 3);
+    idle.idle_steps = 0;
+    probes = 0;
+    for (int i = 0; i < 600; i++) {
+        bt_spec_cand ci = {.st = &idle, .avail = 4};
+        probes += bt_spec_plan(&ci, 1, 4, bound, 4);
+    }
+    CHECK(probes == 0);
+}
+
 int main(void)
 {
     RUN(test_parse);
@@ -233,5 +338,7 @@ int main(void)
     RUN(test_ngram_incremental_vs_brute);
     RUN(test_adaptive_k);
     RUN(test_check);
+    RUN(test_curve);
+    RUN(test_plan);
     return test_summary();
 }
