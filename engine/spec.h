@@ -189,7 +189,7 @@ double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs);
 
 /* ---- the step-cost curve and the plan of a decode-only step ----
  * A step's time is not linear in its rows: the GEMM works in tiles of rows (a step of 9 rows costs a tile more than
- * one of 8), and one of 4 rows can cost less than one of 1 (the kernels prefetch from 4 rows on). A fitted
+ * one of 8), and before the kernels prefetched at every row count one of 4 rows cost less than one of 1. A fitted
  * fixed + per_row * rows misprices drafts both ways, so small decode-only steps are priced from measurements: for each
  * number of sequences (1..BT_SPEC_CURVE_SEQS) and each number of extra rows (drafts, 0..BT_SPEC_CURVE_EXTRA), the
  * seconds such steps took (forward pass and sampling). A machine's noise only ever adds time, and an estimate hit
