@@ -70,14 +70,7 @@ def run(pb, stub, ids, max_tokens=24, timeout=60, **kw):
 
 
 def wait_metric(node, name, want, timeout=10.0, labels=""):
-    end = time.monotonic() + timeout
-    v = None
-    while time.monotonic() < end:
-        v = node.metric(name, labels)
-        if v == want:
-            return v
-        time.sleep(0.05)
-    return v
+    return node.wait_metric(name, lambda v: v == want, labels=labels, timeout=timeout)
 
 
 def test_registers_in_etcd(etcd, node):

@@ -70,14 +70,7 @@ def run(pb, stub, ids, sampled, seed, hint=None, max_tokens=4, timeout=120, rid=
 
 
 def wait_metric(node, name, want, labels="", timeout=15.0):
-    end = time.monotonic() + timeout
-    v = None
-    while time.monotonic() < end:
-        v = node.metric(name, labels)
-        if v == want:
-            return v
-        time.sleep(0.05)
-    return v
+    return node.wait_metric(name, lambda v: v == want, labels=labels, timeout=timeout)
 
 
 @pytest.fixture(scope="module", params=sorted(TRANSPORTS))

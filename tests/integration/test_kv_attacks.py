@@ -145,7 +145,8 @@ def test_forged_prefill_run_writes_nothing(pb, cluster):
             errors.append(forged_prefill(pb, pstub, d.node_id, desc, blocks, fingerprint, rng))
         assert all(e.code() != grpc.StatusCode.OK for e in errors)
         after = generate(pb, dstub, prompt_a)  # no hint: the decode node's own prefix cache serves A's blocks
-        assert (d.metric("baton_prefix_cache_hits_total") or 0) > hits0, "prompt A did not hit the prefix cache"
+        hits = d.wait_metric("baton_prefix_cache_hits_total", lambda v: (v or 0) > hits0)
+        assert (hits or 0) > hits0, "prompt A did not hit the prefix cache"
         assert after == before, "forged Prefill/Run calls changed the decode node's cached KV"
     # nothing of the forged calls was accepted on the decode side
     assert all("claim" in e.details() for e in errors), [e.details() for e in errors]

@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 __all__ = ["Proc", "ProcError", "start_proc", "start_decode", "bin_path", "flag_args", "wait_registered"]
 
@@ -139,6 +139,17 @@ class Proc:
             if line.startswith(key + " "):
                 return float(line.split()[1])
         return None
+
+    def wait_metric(self, name: str, ok: Callable[[Optional[float]], bool], labels: str = "",
+                    timeout: float = 10.0) -> Optional[float]:
+        """Polls one sample until ok(value) or timeout; returns the last value read. Nodes sample their engine's
+        counters and gauges on the load thread (every BT_NODE_LOAD_PERIOD_MS), so a metric lags what a reply saw."""
+        end = time.monotonic() + timeout
+        while True:
+            v = self.metric(name, labels)
+            if ok(v) or time.monotonic() >= end:
+                return v
+            time.sleep(0.05)
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM, wait up to timeout (then SIGKILL); returns the exit code."""
