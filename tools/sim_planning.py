@@ -22,7 +22,7 @@ PROFILES = [
      [(300, 25), (1000, 60)], "rdma"),
     ("H200 (Llama-3-8B, published figures)", "deploy/profiles/h200-llama3-8b.json", 100, 120, GPU_SHAPES,
      [(300, 25), (1000, 60)], "rdma"),
-    ("this CPU host (SmolLM2-135M, measured)", "deploy/profiles/cpu-smollm2-135m.json", 2, 300, CPU_SHAPES,
+    ("this CPU host (SmolLM2-135M, measured)", "deploy/profiles/cpu-smollm2-135m.json", 5, 300, CPU_SHAPES,
      [(2000, 100), (5000, 250)], "shm"),
 ]
 
