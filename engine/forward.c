@@ -97,6 +97,11 @@ static void *balloc(bt_forward *fw, size_t n)
     return fw->be->ops->buf_alloc(fw->be, n);
 }
 
+void bt_forward_profile_reset(bt_forward *fw)
+{
+    memset(fw->prof, 0, sizeof fw->prof);
+}
+
 void bt_forward_destroy(bt_forward *fw)
 {
     if (!fw) return;

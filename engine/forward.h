@@ -48,6 +48,8 @@ bt_status bt_forward_create(const bt_model *m, bt_backend *be, int32_t max_token
  * variable) for any other value. Can't block. */
 bt_status bt_forward_profile_from_env(int *profile);
 void bt_forward_destroy(bt_forward *fw);
+/* Forgets the op times summed so far (BATON_PROFILE), e.g. those of a warm-up pass. Can't fail. */
+void bt_forward_profile_reset(bt_forward *fw);
 int32_t bt_forward_max_tokens(const bt_forward *fw);
 
 /* Steps run so far on the backend's lanes: decode steps of at least 4 sequences per lane (each sequence's last token,

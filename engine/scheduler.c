@@ -1266,6 +1266,28 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+bt_status bt_sched_warmup(bt_sched *s)
+{
+    if (s->thread_running) return bt_fail(BT_ERR_INVALID, "the engine thread runs: warm up before bt_sched_start");
+    int32_t seq;
+    bt_status st = bt_kvg_seq_create(s->kvg, &seq);
+    if (st) return st;
+    int32_t tok = 0, pos = 0, seq_idx = 0, row = 0;
+    bt_bm_copy cow = {-1, -1}, lcow = {-1, -1};
+    if ((st = bt_kvg_seq_append(s->kvg, seq, 1, &tok, &cow, &lcow)) == BT_OK) {
+        int32_t nb = 0, nlb = 0;
+        const int32_t *table = bt_kvg_seq_table(s->kvg, seq, &nb);
+        const int32_t *ltable = bt_kvg_seq_local_table(s->kvg, seq, &nlb);
+        bt_seq_view view = {table, nb, ltable, nlb};
+        bt_batch b = {1, &tok, &pos, &seq_idx, &view, 1, &row, 1, NULL, 0, NULL};
+        st = bt_forward_run(s->fw, s->kv, &b, s->logits);
+    }
+    /* never computed, so never cached: the block goes back free */
+    bt_kvg_seq_free(s->kvg, seq);
+    bt_forward_profile_reset(s->fw);
+    return st;
+}
+
 bt_status bt_sched_start(bt_sched *s)
 {
     if (s->thread_running) return BT_OK;

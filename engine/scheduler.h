@@ -198,6 +198,13 @@ int bt_sched_step(bt_sched *s);
 /* 1 when nothing is waiting or running (nor queued in the inbox). */
 int bt_sched_idle(bt_sched *s);
 
+/* Runs one token through the whole model outside any request, before bt_sched_start: the backend's first-use work
+ * (the CPU backend packs every matrix for the tiled GEMM, which is seconds for large models) then happens at start-up
+ * instead of in the first request's time to first token. Takes one KV block and gives it back; counts no step, token
+ * or request, adds nothing to the prefix cache or the step-time fits, and forgets its op times (BATON_PROFILE).
+ * BT_ERR_INVALID once the engine thread runs; the forward pass's error. */
+bt_status bt_sched_warmup(bt_sched *s);
+
 /* Starts / stops the engine thread, which steps while there is work and sleeps otherwise. */
 bt_status bt_sched_start(bt_sched *s);
 void bt_sched_stop(bt_sched *s);

@@ -212,9 +212,9 @@ static bt_status create_compute(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t n
                           &ne->proposer);
 }
 
-/* The scheduler over the pool (in kv_memory when kvtransfer registered it), and its engine thread. */
-static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t n_blocks, void *kv_memory,
-                                 const int32_t *eog, int32_t n_eog)
+/* The scheduler over the pool (in kv_memory when kvtransfer registered it), warmed up, and its engine thread. */
+static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, const char *name, size_t n_blocks,
+                                 void *kv_memory, const int32_t *eog, int32_t n_eog)
 {
     bt_sched_config sc = {0};
     sc.proposer = ne->proposer;
@@ -236,6 +236,10 @@ static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, size_t 
         if (!ne->kv_layer_group) return bt_fail(BT_ERR_NOMEM, "out of memory for the KV layer map");
         for (int32_t l = 0; l < ne->m->hp.n_layer; l++) ne->kv_layer_group[l] = ne->m->layers[l].window > 0;
     }
+    double t0 = bt_sched_now();
+    if ((st = bt_sched_warmup(ne->sched))) return bt_fail(st, "engine warm-up failed: %s", bt_last_error());
+    BT_INFO(name, "engine warmed up in %.0f ms (one token through every layer: weights packed, tables built)",
+            (bt_sched_now() - t0) * 1e3);
     return bt_sched_start(ne->sched);
 }
 
@@ -254,7 +258,7 @@ bt_status bt_ne_create(const bt_ne_config_t *cfg, bt_ne_t **out)
         (st = create_compute(ne, cfg, n_blocks)) ||
         (st = start_kvx(ne, cfg, name, n_blocks, &kv_memory)) || (st = read_eog(ne, cfg->model_path, eog, &n_eog)) ||
         (st = start_constraints(ne, cfg->model_path)) ||
-        (st = start_scheduler(ne, cfg, n_blocks, kv_memory, eog, n_eog))) {
+        (st = start_scheduler(ne, cfg, name, n_blocks, kv_memory, eog, n_eog))) {
         bt_ne_destroy(ne);
         return st;
     }

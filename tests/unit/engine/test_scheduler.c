@@ -120,6 +120,35 @@ static void check_same(const job *jobs, const out *a, const out *b, int n, const
     CHECK_MSG(bad == 0, "%s: %d of %d requests differ from their solo runs", what, bad, n);
 }
 
+/* A warm-up pass leaves no trace: no step, token, block or cached prefix counted, and the requests after it give
+ * the bits a scheduler without it gives. Refused once the engine thread runs. */
+static void test_warmup(void)
+{
+    enum { N = 4 };
+    static job jobs[N];
+    static out cold[N], warm[N];
+    make_jobs(jobs, N);
+    run_alone(jobs, N, cold);
+    bt_sched *s = make_sched(64, 512);
+    REQUIRE(s != NULL);
+    REQUIRE(bt_sched_warmup(s) == BT_OK);
+    bt_sched_stats st;
+    bt_sched_get_stats(s, &st);
+    CHECK(st.steps == 0 && st.kv_blocks_used == 0 && st.kv_blocks_cached == 0 && st.computed_prompt_tokens == 0 &&
+          st.generated_tokens == 0 && st.finished == 0);
+    CHECK(bt_sched_check(s) == BT_OK);
+    for (int i = 0; i < N; i++) {
+        memset(&warm[i], 0, sizeof warm[i]);
+        REQUIRE(bt_sched_submit(s, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].p, collect, &warm[i], NULL) == BT_OK);
+        run_until_idle(s);
+    }
+    check_same(jobs, cold, warm, N, "after a warm-up");
+    REQUIRE(bt_sched_start(s) == BT_OK);
+    CHECK(bt_sched_warmup(s) == BT_ERR_INVALID);
+    bt_sched_stop(s);
+    bt_sched_destroy(s);
+}
+
 static void test_64_concurrent_equal_alone(void)
 {
     enum { N = 64 };
@@ -1056,6 +1085,7 @@ int main(void)
         fprintf(stderr, "setup failed: %s\n", bt_last_error());
         return 1;
     }
+    RUN(test_warmup);
     RUN(test_64_concurrent_equal_alone);
     RUN(test_prefix_cache_reuse);
     RUN(test_abort_deadline_and_bad_requests);
