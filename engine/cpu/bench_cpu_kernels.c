@@ -240,7 +240,8 @@ static void bench_gemm_kernels(bt_cpu_isa isa)
         {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},
         {BT_TYPE_Q8_0, 576, 49152, 0, 16}, {BT_TYPE_Q8_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 1},
         {BT_TYPE_Q8_0, 576, 49152, 0, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 16},
-        {BT_TYPE_Q6_K, 1536, 576, 1, 1}};
+        {BT_TYPE_Q6_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 16},
+        {BT_TYPE_Q5_1, 576, 1536, 1, 1}, {BT_TYPE_Q5_1, 576, 1536, 1, 16}};
     uint64_t seed = 7;
     printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
            "% peak");
@@ -248,8 +249,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa)
         for (int bits = 16; bits >= 8; bits -= 8) {
             uint32_t t = cases[ci].t;
             const int64_t rows = cases[ci].rows;
-            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[t] : ops->gemm8[t];
-            if (!fn) continue; /* no packed kernel for this type and width on this ISA */
+            if (!bt_cpu_pack_supported(ops, t, bits)) continue; /* no packed kernel for this type and width */
             int64_t n_in = cases[ci].n_in, n_out = cases[ci].n_out;
             size_t wb = bt_cpu_row_bytes(t, n_in) * (size_t)n_out, ab = bt_cpu_act_row_bytes(t, bits, n_in);
             uint8_t *w = malloc(wb), *xq = malloc(ab * rows);
@@ -263,6 +263,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa)
             bt_cpu_packed *p = calloc((size_t)copies, sizeof *p);
             for (int c = 0; c < copies; c++)
                 if (!p || bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
+            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[p[0].wtype] : ops->gemm8[p[0].wtype]; /* the layout's */
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
             gemm_variant vs[] = {{"pf", fn, BT_CPU_GEMM_NR, 1}, {"pf", fn, 4, 1}, {"nopf", fn, BT_CPU_GEMM_NR, 0},
                                  {"pf2", fn, BT_CPU_GEMM_NR, 2}};
