@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <immintrin.h>
@@ -216,6 +217,16 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
     free(w), free(wout), free(x), free(y), free(xq);
 }
 
+/* True when the comma-separated list of type names holds t's name (any case). */
+static int type_listed(const char *list, uint32_t t)
+{
+    const char *name = bt_ggml_type_name(t);
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncasecmp(p, name, n) && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
 typedef struct gemm_variant {
     const char *name;
     bt_cpu_gemm_fn fn;
@@ -225,8 +236,9 @@ typedef struct gemm_variant {
 /* --gemm: the packed kernels of one ISA alone on one thread: all groups of a matrix times 16 activation rows in
  * tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the packed matrix totalling
  * >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's measured dot-instruction rate
- * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). */
-static void bench_gemm_kernels(bt_cpu_isa isa)
+ * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). types: NULL,
+ * or a comma-separated list of the weight types to run (--types). */
+static void bench_gemm_kernels(bt_cpu_isa isa, const char *types)
 {
     const bt_cpu_ops *ops = bt_cpu_isa_supported(isa) ? bt_cpu_ops_get(isa) : NULL;
     if (!ops || (!ops->gemm16[BT_TYPE_Q4_1] && !ops->gemm8[BT_TYPE_Q4_1])) {
@@ -240,16 +252,18 @@ static void bench_gemm_kernels(bt_cpu_isa isa)
         {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},
         {BT_TYPE_Q8_0, 576, 49152, 0, 16}, {BT_TYPE_Q8_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 1},
         {BT_TYPE_Q8_0, 576, 49152, 0, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 16},
-        {BT_TYPE_Q6_K, 1536, 576, 1, 1}};
+        {BT_TYPE_Q6_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 16},
+        {BT_TYPE_Q5_1, 576, 1536, 1, 1}, {BT_TYPE_Q5_1, 576, 1536, 1, 16}, {BT_TYPE_Q5_0, 576, 1536, 1, 16},
+        {BT_TYPE_Q4_0, 640, 2048, 1, 16}};
     uint64_t seed = 7;
     printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
            "% peak");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int bits = 16; bits >= 8; bits -= 8) {
             uint32_t t = cases[ci].t;
+            if (types && !type_listed(types, t)) continue;
             const int64_t rows = cases[ci].rows;
-            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[t] : ops->gemm8[t];
-            if (!fn) continue; /* no packed kernel for this type and width on this ISA */
+            if (!bt_cpu_pack_supported(ops, t, bits)) continue; /* no packed kernel for this type and width */
             int64_t n_in = cases[ci].n_in, n_out = cases[ci].n_out;
             size_t wb = bt_cpu_row_bytes(t, n_in) * (size_t)n_out, ab = bt_cpu_act_row_bytes(t, bits, n_in);
             uint8_t *w = malloc(wb), *xq = malloc(ab * rows);
@@ -263,6 +277,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa)
             bt_cpu_packed *p = calloc((size_t)copies, sizeof *p);
             for (int c = 0; c < copies; c++)
                 if (!p || bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
+            bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[p[0].wtype] : ops->gemm8[p[0].wtype]; /* the layout's */
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
             gemm_variant vs[] = {{"pf", fn, BT_CPU_GEMM_NR, 1}, {"pf", fn, 4, 1}, {"nopf", fn, BT_CPU_GEMM_NR, 0},
                                  {"pf2", fn, BT_CPU_GEMM_NR, 2}};
@@ -313,9 +328,9 @@ int main(int argc, char **argv)
 {
     const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k", *isa_arg = "all";
     int threads[4] = {1, 2}, n_threads = 2, batches[4] = {1, 16}, n_batches = 2, hot = 0, case_ms = 150, only = 0;
-    int bits[2] = {8, 16}, n_bits = 2;
+    int bits[2] = {8, 16}, n_bits = 2, types_given = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
+        if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i], types_given = 1;
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa_arg = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = parse_list(argv[++i], threads, 4);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 4);
@@ -337,7 +352,7 @@ int main(int argc, char **argv)
             if (bt_cpu_isa_supported((bt_cpu_isa)i) &&
                 (!strcmp(isa_arg, "all") || !strcmp(isa_arg, bt_cpu_isa_name((bt_cpu_isa)i))))
                 gi = (bt_cpu_isa)i;
-        bench_gemm_kernels(gi);
+        bench_gemm_kernels(gi, types_given ? types_arg : NULL);
         return 0;
     }
     if (only != 2) bench_memory();

@@ -11,6 +11,9 @@
  *     Q8_0's 8-bit layout (codes + 128) would saturate vpmaddubsw, so AVX2 has no 8-bit Q8_0 kernel: such weights
  *     stay unpacked and take dot_rows.
  * Q4_K (16-bit activations) is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format.
+ * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane: each half-word of the plane is
+ * broadcast to a half's 16 lanes, lane i tests bit i, and 16 is or-ed into the operand where it is set (4 ops a half;
+ * the expansion serves every row of the pass).
  * Per lane and block the integer dot is exact, then converted and accumulated exactly as bt_cpu_gemm_packed_ref
  * does (fma of the converted sum by d_w * d_a, then for Q4_1 fma of m_w by the activation's d * sum), so neither
  * the pass split nor nr changes a bit. */
@@ -41,7 +44,7 @@ AI __m256i bcast32(const void *p)
     return _mm256_set1_epi32(v);
 }
 
-/* Integer sums of a block start at -off * sum(a) when the codes carry an offset (Q4_0: 8), else 0. */
+/* Integer sums of a block start at -off * sum(a) when the codes carry an offset (Q4_0: 8, Q5_0: 16), else 0. */
 AI __m256i chain_init(int off, int32_t sum)
 {
     return off ? _mm256_set1_epi32(-off * sum) : _mm256_setzero_si256();
@@ -139,23 +142,34 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
     }
 }
 
+/* Operand half o (rows 8h .. 8h + 7: int16 lanes 0..15) of a high-bit plane layout (Q5_0, Q5_1) with its fifth bits:
+ * the plane's 16 bits at p in every lane, lane i keeps bit i (bitc: 1 << i), and 16 goes where it is set. */
+AI __m256i add_plane(__m256i o, const uint16_t *p, const __m256i bitc, const __m256i c16)
+{
+    const __m256i x = _mm256_and_si256(_mm256_set1_epi16((short)*p), bitc);
+    return _mm256_or_si256(o, _mm256_and_si256(_mm256_cmpeq_epi16(x, bitc), c16));
+}
+
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0;
-    const __m256i m4 = _mm256_set1_epi32(0x000f000f);
+    const size_t cb = bt_gl_code_bytes(type, 1);
+    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
+    const int plane = bt_gl_plane(type, 1);
+    const __m256i m4 = _mm256_set1_epi32(0x000f000f), c16 = _mm256_set1_epi16(16);
+    const __m256i bitc = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                           (short)0x8000);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, 1);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
         __m256i half0[AVX2_NR][2]; /* Q6_K: the dot over elements 0..15 */
-        if (bt_gl_byte_codes(type)) {
+        if (bt_gl_byte_codes(type, 1)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
@@ -174,13 +188,22 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-                dot16_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, 2 * k, type);
-                dot16_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4),
-                           _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4), act, act_stride, b, 2 * k + 1, type);
-                dot16_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
-                           _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, 2 * k + 8, type);
-                dot16_rows(NR, s, _mm256_srli_epi16(vl, 12), _mm256_srli_epi16(vh, 12), act, act_stride, b,
-                           2 * k + 9, type);
+                __m256i lo[4] = {_mm256_and_si256(vl, m4), _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4),
+                                 _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4), _mm256_srli_epi16(vl, 12)};
+                __m256i hi[4] = {_mm256_and_si256(vh, m4), _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4),
+                                 _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), _mm256_srli_epi16(vh, 12)};
+                if (plane) { /* word 4k + u of the plane: low half rows 0-7, high half rows 8-15 */
+                    const uint16_t *hw = (const uint16_t *)(cp + 256) + 8 * k;
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++) {
+                        lo[u] = add_plane(lo[u], hw + 2 * u, bitc, c16);
+                        hi[u] = add_plane(hi[u], hw + 2 * u + 1, bitc, c16);
+                    }
+                }
+                dot16_rows(NR, s, lo[0], hi[0], act, act_stride, b, 2 * k, type);
+                dot16_rows(NR, s, lo[1], hi[1], act, act_stride, b, 2 * k + 1, type);
+                dot16_rows(NR, s, lo[2], hi[2], act, act_stride, b, 2 * k + 8, type);
+                dot16_rows(NR, s, lo[3], hi[3], act, act_stride, b, 2 * k + 9, type);
             }
         }
         if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
@@ -228,7 +251,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, 0);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT8(r, b)->sum);
@@ -267,5 +290,6 @@ BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
 BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
 BT_CPU_GEMM_DECL(avx2, q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1) }
+BT_CPU_GEMM_DECL(avx2, q5_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_0) }
 BT_CPU_GEMM_DECL(avx2, q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K) }
 BT_CPU_GEMM_DECL(avx2, q5_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_K) }

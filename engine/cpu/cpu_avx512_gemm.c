@@ -7,6 +7,8 @@
  * Measured on Zen 4 (bench_cpu_kernels --gemm): the decode ops (and, shifts) issue beside vpdpwssd; what costs
  * are the float ops per block and row (mul, fma, and for Q4_1 the min fma) and, at 16 rows, waiting on the weights
  * from memory, hence the prefetch of the next group (~60% -> ~78% of the vpdpwssd rate for Q4_1).
+ * Q5_0 and Q5_1 with 16-bit activations are Q4_0 / Q4_1 nibbles plus a high-bit plane whose 32-bit word t is the
+ * lane mask of operand t: one masked vpaddw of 16 per operand, loaded straight into a mask register.
  * Lane bounds per block: 8-bit 32 * 255 * 127 < 2^21, 16-bit 32 * 128 * 32767 < 2^28 (Q8_0; beyond 2^24 the
  * conversion rounds, identically in the reference). */
 #include <immintrin.h>
@@ -72,8 +74,9 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
  * on, the other rows' instructions fill the latency and one chain per row leaves registers for 8 rows. */
 #define CHAINS(NR) ((NR) == 1 ? 4 : (NR) <= 3 ? 2 : 1)
 
-/* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q8_0
- * with 8-bit activations: 128), so that the chain ends at the exact isum with no subtraction. */
+/* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q5_0
+ * with 16-bit activations: 16; Q8_0 with 8-bit activations: 128), so that the chain ends at the exact isum with no
+ * subtraction. */
 AI __m512i chain_init(int off, int32_t sum)
 {
     return off ? _mm512_set1_epi32(-off * sum) : _mm512_setzero_si512();
@@ -106,7 +109,7 @@ AI void store_rows(const int NR, const __m512 *acc, float *out, size_t out_strid
 AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const size_t cb = bt_gl_code_bytes(type, 0);
     const int mins = bt_gl_fp16_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -117,7 +120,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         const uint16_t *sc = bt_gl_scales(group, b, type, cb);
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, 0);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -128,7 +131,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) { /* code vectors k and k + 4 */
             __m512i c0, c1;
-            if (bt_gl_byte_codes(type)) {
+            if (bt_gl_byte_codes(type, 0)) {
                 c0 = _mm512_load_si512(cp + 64 * k), c1 = _mm512_load_si512(cp + 64 * (k + 4));
             } else {
                 __m512i v = _mm512_load_si512(cp + 64 * k);
@@ -164,22 +167,29 @@ AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const
         s[r][ch] = dpwssd_b(s[r][ch], c, bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx);
 }
 
+/* Operand vector o of a high-bit plane layout (Q5_0, Q5_1) with its fifth bits: 16 added to the int16 lanes whose bit
+ * is set in the plane's word at w (one masked add; the mask register loads straight from the word). */
+AI __m512i add_plane(__m512i o, const uint32_t *w, const __m512i c16)
+{
+    return _mm512_mask_add_epi16(o, _load_mask32((__mmask32 *)w), o, c16);
+}
+
 /* 16-bit activations: 16 int16-pair code vectors per block, each used by every row as soon as it is decoded (the
  * live set is one loaded vector and its operands). Operand t of the block pairs with activation dword idx. */
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
-    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0;
-    const int NC = CHAINS(NR);
-    const __m512i m4 = _mm512_set1_epi32(0x000f000f);
+    const size_t cb = bt_gl_code_bytes(type, 1);
+    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
+    const int NC = CHAINS(NR), plane = bt_gl_plane(type, 1);
+    const __m512i m4 = _mm512_set1_epi32(0x000f000f), c16 = _mm512_set1_epi16(16);
     __m512 acc[BT_CPU_GEMM_NR];
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, 1);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -188,7 +198,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
         __m512i half0[BT_CPU_GEMM_NR]; /* Q6_K: the dot over elements 0..15 */
-        if (bt_gl_byte_codes(type)) {
+        if (bt_gl_byte_codes(type, 1)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
@@ -208,12 +218,17 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
                 const __m512i v = _mm512_load_si512(cp + 64 * k);
-                dot16_rows(NR, s, (4 * k) % NC, _mm512_and_si512(v, m4), act, act_stride, b, 2 * k, type);
-                dot16_rows(NR, s, (4 * k + 1) % NC, _mm512_and_si512(_mm512_srli_epi16(v, 8), m4), act, act_stride, b,
-                           2 * k + 1, type);
-                dot16_rows(NR, s, (4 * k + 2) % NC, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), act, act_stride, b,
-                           2 * k + 8, type);
-                dot16_rows(NR, s, (4 * k + 3) % NC, _mm512_srli_epi16(v, 12), act, act_stride, b, 2 * k + 9, type);
+                __m512i o[4] = {_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 8), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_srli_epi16(v, 12)};
+                if (plane) {
+                    const uint32_t *hw = (const uint32_t *)(cp + 256) + 4 * k; /* words of operands 4k .. 4k+3 */
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++) o[u] = add_plane(o[u], hw + u, c16);
+                }
+                dot16_rows(NR, s, (4 * k) % NC, o[0], act, act_stride, b, 2 * k, type);
+                dot16_rows(NR, s, (4 * k + 1) % NC, o[1], act, act_stride, b, 2 * k + 1, type);
+                dot16_rows(NR, s, (4 * k + 2) % NC, o[2], act, act_stride, b, 2 * k + 8, type);
+                dot16_rows(NR, s, (4 * k + 3) % NC, o[3], act, act_stride, b, 2 * k + 9, type);
             }
         }
         __m512 dw, mw;
@@ -256,6 +271,7 @@ GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
 GEMM(q8_0, BT_TYPE_Q8_0)
 GEMM(q5_1, BT_TYPE_Q5_1)
+BT_CPU_GEMM_DECL(avx512, q5_0_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q5_0) }
 BT_CPU_GEMM_DECL(avx512, q4_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q4_K) }
 BT_CPU_GEMM_DECL(avx512, q6_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q6_K) }
 BT_CPU_GEMM_DECL(avx512, q5_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q5_K) }

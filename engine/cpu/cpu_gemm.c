@@ -27,12 +27,22 @@
  *   Q8_0, 16-bit act:        16 vectors of 32 bytes, word j of vector k (k < 16) = qs[2k], qs[2k+1] of row j: one
  *                            vpmovsxbw (load and sign-extend) makes the int16 pairs vpdpwssd needs.
  * Rows past n_out are zero (zero scales: they contribute nothing and are never stored).
- * Q5_0 has no layout of its own: its codes q - 16 (5 bits) and scale d are stored as a Q8_0 block, exactly, and the
- * Q8_0 kernels run it (bt_cpu_pack_layout).
- *   Q5_1:       unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as Q8_0's
- *               for the same precision (8-bit: without the 0x80 flip, since they are already valid u8 operands).
+ *   Q5_0, Q5_1, 16-bit act: nibbles and a high-bit plane, 1.00x the GGUF blocks (352 and 384 bytes per 16 rows x 32
+ *               elements; as bytes they took 544 and 576, which batch-1 decode streams). Units as Q4_0's (Q5_0: 2
+ *               blocks, [d of b: 16][d of b+1: 16]) and Q4_1's (Q5_1: [d: 16][m: 16]); a block's codes are 320 bytes:
+ *               the low 4 bits of each code q (0..31) as Q4_0's / Q4_1's 16-bit code vectors (256 bytes), then the
+ *               plane (64 bytes) of the fifth bits: bit i of 32-bit word t is the high bit of int16 lane i (row i / 2,
+ *               element bt_gl_plane_elem(t, i)) of operand vector t, in the order the 16-bit nibble kernels make
+ *               them (4k + 0..3: low nibbles of code vector k masked and shifted by 8, then its high nibbles). So a
+ *               word is one AVX-512 __mmask32 (a masked add of 16 to the operand) and a half-word one AVX2 half.
+ *               Q5_0's value d * (q - 16): its offset 16 starts the integer dot (-16 * sum(a)) as Q4_0's 8 does,
+ *               so the block's isum is the one the Q8_0 layout of codes q - 16 gave: the same bits.
+ *   Q5_0, 8-bit act:  stored as a Q8_0 block (codes q - 16 and d, exactly); the Q8_0 kernels run it
+ *               (bt_cpu_pack_layout).
+ *   Q5_1, 8-bit act:  unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as
+ *               Q8_0's 8-bit layout without the 0x80 flip (they are already valid u8 operands).
  *   Q5_K:       as Q4_K (super-units, d = A * s0 and m = -(B * s1), 16-bit activations only, K-quant
- *               activations), with its codes (0..31) as bytes arranged as Q5_1's 16-bit layout (512 per block).
+ *               activations), with its codes (0..31) as bytes arranged as Q8_0's 16-bit layout (512 per block).
  *   Q6_K:       super-units as Q4_K's, 16-bit activations only: A = the super-block's d (B unused, zero), s0 and s1
  *               the signed scales of block b's two 16-element sub-blocks, d0 = A * s0 and d1 = A * s1 (exact in
  *               fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
@@ -55,7 +65,7 @@ static int norm_bits(int act_bits)
     return act_bits == 8 ? 8 : 16;
 }
 
-uint32_t bt_cpu_pack_layout(uint32_t t)
+uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits)
 {
     switch (t) {
     case BT_TYPE_Q4_0:
@@ -65,22 +75,23 @@ uint32_t bt_cpu_pack_layout(uint32_t t)
     case BT_TYPE_Q5_1:
     case BT_TYPE_Q5_K:
     case BT_TYPE_Q6_K: return t;
-    case BT_TYPE_Q5_0: return BT_TYPE_Q8_0;
+    case BT_TYPE_Q5_0: return norm_bits(act_bits) == 16 ? BT_TYPE_Q5_0 : BT_TYPE_Q8_0;
     default: return BT_TYPE_COUNT;
     }
 }
 
-/* bytes of one block's code vectors for the 16 rows of layout t; 0 when t is not a layout */
-static size_t code_bytes(uint32_t t)
+/* bytes of one block's code vectors for the 16 rows of layout t at bits (8 or 16); 0 when t is not a layout */
+static size_t code_bytes(uint32_t t, int bits)
 {
     switch (t) {
     case BT_TYPE_Q4_0:
     case BT_TYPE_Q4_1:
-    case BT_TYPE_Q4_K: return 4 * 64;
+    case BT_TYPE_Q4_K:
     case BT_TYPE_Q8_0:
     case BT_TYPE_Q5_1:
     case BT_TYPE_Q5_K:
-    case BT_TYPE_Q6_K: return 8 * 64;
+    case BT_TYPE_Q6_K: return bt_gl_code_bytes((int)t, bits == 16);
+    case BT_TYPE_Q5_0: return bits == 16 ? bt_gl_code_bytes((int)t, 1) : 0; /* 8-bit: the Q8_0 layout */
     default: return 0;
     }
 }
@@ -113,6 +124,7 @@ static int64_t src_block_elems(uint32_t t)
 static int code_offset(uint32_t t, int bits)
 {
     if (t == BT_TYPE_Q4_0) return 8;
+    if (t == BT_TYPE_Q5_0) return 16;
     if (t == BT_TYPE_Q8_0 && bits == 8) return 128;
     return 0;
 }
@@ -123,38 +135,47 @@ static int unit_blocks(uint32_t t)
     return is_kquant(t) ? 8 : has_min(t) ? 1 : 2;
 }
 
-static size_t unit_bytes(uint32_t t)
+static size_t unit_bytes(uint32_t t, int bits)
 {
-    if (is_kquant(t)) return bt_gl_kq_super_bytes(code_bytes(t));
-    return scale_bytes(t) + (size_t)unit_blocks(t) * code_bytes(t);
+    if (is_kquant(t)) return bt_gl_kq_super_bytes(code_bytes(t, bits));
+    return scale_bytes(t) + (size_t)unit_blocks(t) * code_bytes(t, bits);
 }
 
-static size_t group_bytes(uint32_t t, int64_t n_in)
+static size_t group_bytes(uint32_t t, int bits, int64_t n_in)
 {
     size_t nb = (size_t)(n_in / BT_QK), u = (size_t)unit_blocks(t);
-    return (nb + u - 1) / u * unit_bytes(t);
+    return (nb + u - 1) / u * unit_bytes(t, bits);
 }
 
 /* the 16 d of block b (m follows for Q4_1 and Q5_1; not the K-quants: kq_scales) and its code vectors */
-static uint16_t *block_scales(uint32_t t, uint8_t *group, int64_t b)
+static uint16_t *block_scales(uint32_t t, int bits, uint8_t *group, int64_t b)
 {
     int u = unit_blocks(t);
-    return (uint16_t *)(group + (size_t)(b / u) * unit_bytes(t) + 32 * (size_t)(b % u));
+    return (uint16_t *)(group + (size_t)(b / u) * unit_bytes(t, bits) + 32 * (size_t)(b % u));
 }
 
-static uint8_t *block_codes(uint32_t t, uint8_t *group, int64_t b)
+static uint8_t *block_codes(uint32_t t, int bits, uint8_t *group, int64_t b)
 {
-    if (is_kquant(t)) return (uint8_t *)bt_gl_codes(group, b, (int)t, code_bytes(t));
+    if (is_kquant(t)) return (uint8_t *)bt_gl_codes(group, b, (int)t, code_bytes(t, bits));
     int u = unit_blocks(t);
-    return group + (size_t)(b / u) * unit_bytes(t) + scale_bytes(t) + (size_t)(b % u) * code_bytes(t);
+    return group + (size_t)(b / u) * unit_bytes(t, bits) + scale_bytes(t) + (size_t)(b % u) * code_bytes(t, bits);
+}
+
+/* Byte and bit of a high-bit plane (bt_gl_plane) that hold the fifth bit of element e (0..31) of row j: bit
+ * 2j + (e & 1) of the 32-bit word of the operand vector holding e (bt_gl_plane_elem's inverse). */
+static int plane_bit(int j, int e, int *bit)
+{
+    int t = 4 * ((e & 15) >> 2) + 2 * (e >> 4) + ((e >> 1) & 1), i = 2 * j + (e & 1);
+    *bit = i % 8;
+    return 4 * t + i / 8;
 }
 
 /* Row j's weight scales of K-quant block b as the kernels form them: d = A * s0, and m = -(B * s1) (Q4_K, Q5_K) or
  * the second half's d = A * s1 (Q6_K). */
 static void kq_scales(uint32_t t, const uint8_t *group, int64_t b, int j, float *d, float *m)
 {
-    const float *sup = bt_gl_kq_super(group, b, code_bytes(t));
-    const uint8_t *s = bt_gl_kq_bytes(group, b, code_bytes(t));
+    const float *sup = bt_gl_kq_super(group, b, code_bytes(t, 16));
+    const uint8_t *s = bt_gl_kq_bytes(group, b, code_bytes(t, 16));
     if (t == BT_TYPE_Q6_K) {
         *d = sup[j] * (float)(int8_t)s[j];
         *m = sup[j] * (float)(int8_t)s[BT_CPU_PACK_ROWS + j];
@@ -168,28 +189,27 @@ static void kq_scales(uint32_t t, const uint8_t *group, int64_t b, int j, float 
  * values) and the block's two integer scales. */
 static void kq_put_scales(uint32_t t, uint8_t *group, int64_t b, int j, float a, float bm, uint8_t s0, uint8_t s1)
 {
-    float *sup = (float *)bt_gl_kq_super(group, b, code_bytes(t));
-    uint8_t *s = (uint8_t *)bt_gl_kq_bytes(group, b, code_bytes(t));
+    float *sup = (float *)bt_gl_kq_super(group, b, code_bytes(t, 16));
+    uint8_t *s = (uint8_t *)bt_gl_kq_bytes(group, b, code_bytes(t, 16));
     sup[j] = a, sup[BT_CPU_PACK_ROWS + j] = bm;
     s[j] = s0, s[BT_CPU_PACK_ROWS + j] = s1;
 }
 
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 {
-    t = bt_cpu_pack_layout(t);
-    if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t) || (act_bits != 0 && act_bits != 8 && act_bits != 16))
-        return 0;
+    if (act_bits != 0 && act_bits != 8 && act_bits != 16) return 0;
+    t = bt_cpu_pack_layout(t, act_bits);
+    if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t, norm_bits(act_bits))) return 0;
     if (is_kquant(t) && norm_bits(act_bits) != 16) return 0; /* no 8-bit layout */
     return (norm_bits(act_bits) == 8 ? ops->gemm8[t] : ops->gemm16[t]) != NULL;
 }
 
 size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out)
 {
-    (void)act_bits; /* both layouts have the same size */
-    uint32_t l = bt_cpu_pack_layout(t);
+    uint32_t l = bt_cpu_pack_layout(t, act_bits);
     if (l >= BT_TYPE_COUNT || n_in <= 0 || n_in % src_block_elems(t) || n_out <= 0) return 0;
     int64_t ng = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
-    return (size_t)ng * group_bytes(l, n_in);
+    return (size_t)ng * group_bytes(l, norm_bits(act_bits), n_in);
 }
 
 typedef struct pack_job {
@@ -268,8 +288,8 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
     int64_t nb = p->n_in / BT_QK;
     int bits = p->act_bits;
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *c = block_codes(p->wtype, dst, b) + 4 * (size_t)j;
-        uint16_t *sc = block_scales(p->wtype, dst, b);
+        uint8_t *c = block_codes(p->wtype, bits, dst, b) + 4 * (size_t)j;
+        uint16_t *sc = block_scales(p->wtype, bits, dst, b);
         const uint8_t *qs;
         uint8_t q32[BT_QK / 2];
         if (p->wtype == BT_TYPE_Q4_K) {
@@ -281,30 +301,42 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
         if (p->wtype == BT_TYPE_Q5_K) {
             uint8_t q[BT_QK];
             pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
-            uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+            uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
             continue;
         }
         if (p->wtype == BT_TYPE_Q6_K) {
             int8_t q[BT_QK];
             pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
-            uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+            uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = (uint8_t)q[2 * k], c2[32 * k + 1] = (uint8_t)q[2 * k + 1];
             continue;
         }
-        if (p->wtype == BT_TYPE_Q5_1) {
+        if (bt_gl_plane((int)p->wtype, bits == 16)) { /* Q5_0, Q5_1: nibbles as Q4_0's / Q4_1's, then the plane */
+            const bt_block_q5_0 *b0 = (const bt_block_q5_0 *)src + b;
+            const bt_block_q5_1 *b1 = (const bt_block_q5_1 *)src + b;
+            const int min = p->wtype == BT_TYPE_Q5_1;
+            const uint8_t *qh = min ? b1->qh : b0->qh;
+            qs = min ? b1->qs : b0->qs;
+            sc[j] = min ? b1->d : b0->d;
+            if (min) sc[BT_CPU_PACK_ROWS + j] = b1->m;
+            for (int k = 0; k < 4; k++)
+                for (int t = 0; t < 4; t++) c[64 * k + t] = qs[4 * k + pair_order[t]];
+            uint8_t *plane = block_codes(p->wtype, bits, dst, b) + 4 * 64;
+            for (int e = 0; e < BT_QK; e++) {
+                int bit, at = plane_bit(j, e, &bit);
+                plane[at] |= (uint8_t)(((qh[e / 8] >> (e % 8)) & 1) << bit);
+            }
+            continue;
+        }
+        if (p->wtype == BT_TYPE_Q5_1) { /* 8-bit activations: the codes as bytes */
             const bt_block_q5_1 *blk = (const bt_block_q5_1 *)src + b;
             sc[j] = blk->d;
             sc[BT_CPU_PACK_ROWS + j] = blk->m;
             uint8_t q[BT_QK];
             q5_1_codes(blk, q);
-            if (bits == 16) {
-                uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
-                for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
-            } else {
-                for (int k = 0; k < 8; k++)
-                    for (int t = 0; t < 4; t++) c[64 * k + t] = q[4 * k + t];
-            }
+            for (int k = 0; k < 8; k++)
+                for (int t = 0; t < 4; t++) c[64 * k + t] = q[4 * k + t];
             continue;
         }
         if (p->wtype == BT_TYPE_Q8_0) {
@@ -317,7 +349,7 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
             sc[j] = blk->d;
             qs = (const uint8_t *)blk->qs;
             if (bits == 16) {
-                uint8_t *c2 = block_codes(p->wtype, dst, b) + 2 * (size_t)j;
+                uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
                 for (int k = 0; k < 16; k++) c2[32 * k] = qs[2 * k], c2[32 * k + 1] = qs[2 * k + 1];
                 continue;
             }
@@ -357,7 +389,7 @@ static void pack_task(void *arg, int ith, int nth)
 /* Checks t, act_bits and the shape; *bytes = the packed size. */
 static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w, size_t *bytes)
 {
-    if (bt_cpu_pack_layout(t) >= BT_TYPE_COUNT)
+    if (bt_cpu_pack_layout(t, act_bits) >= BT_TYPE_COUNT)
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
@@ -373,9 +405,9 @@ static void pack_fill(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int
                       void *data, size_t bytes, bt_cpu_packed *out)
 {
     memset(data, 0, bytes); /* padding rows and tails: zero scales, so they contribute nothing */
-    uint32_t l = bt_cpu_pack_layout(t);
+    uint32_t l = bt_cpu_pack_layout(t, act_bits);
     bt_cpu_packed p = {.wtype = l, .act_bits = norm_bits(act_bits), .n_in = n_in, .n_out = n_out,
-                       .group_bytes = group_bytes(l, n_in), .data = data};
+                       .group_bytes = group_bytes(l, norm_bits(act_bits), n_in), .data = data};
     pack_job job = {.p = &p, .src_type = t, .w = w, .row_bytes = bt_cpu_row_bytes(t, n_in),
                     .n_groups = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS};
     int nth = pool ? bt_pool_size(pool) : 1;
@@ -423,11 +455,11 @@ void bt_cpu_packed_free(bt_cpu_packed *p)
  * matching code_offset) */
 static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
 {
-    const uint8_t *c = block_codes(p->wtype, group, b) + 4 * (size_t)j;
+    const uint8_t *c = block_codes(p->wtype, p->act_bits, group, b) + 4 * (size_t)j;
     /* byte codes (Q5_1's are 0..31, Q6_K's -32..31, 16-bit layout only) */
-    const int bytes = code_bytes(p->wtype) == 8 * 64;
+    const int bytes = code_bytes(p->wtype, p->act_bits) == 8 * 64;
     if (bytes && p->act_bits == 16) {
-        const uint8_t *c2 = block_codes(p->wtype, group, b) + 2 * (size_t)j;
+        const uint8_t *c2 = block_codes(p->wtype, p->act_bits, group, b) + 2 * (size_t)j;
         for (int k = 0; k < 16; k++) q[2 * k] = (int8_t)c2[32 * k], q[2 * k + 1] = (int8_t)c2[32 * k + 1];
         return;
     }
@@ -442,6 +474,13 @@ static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int 
                 q[e + 16] = byte >> 4;
             }
         }
+    if (bt_gl_plane((int)p->wtype, p->act_bits == 16)) { /* Q5_0, Q5_1: the fifth bits */
+        const uint8_t *plane = block_codes(p->wtype, p->act_bits, group, b) + 4 * 64;
+        for (int e = 0; e < BT_QK; e++) {
+            int bit, at = plane_bit(j, e, &bit);
+            q[e] |= ((plane[at] >> bit) & 1) << 4;
+        }
+    }
 }
 
 void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *act, size_t act_stride, int nr,
@@ -492,7 +531,7 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 if (is_kquant(p->wtype)) {
                     kq_scales(p->wtype, g, b, j, &dw, &mw);
                 } else {
-                    const uint16_t *sc = block_scales(p->wtype, g, b);
+                    const uint16_t *sc = block_scales(p->wtype, p->act_bits, g, b);
                     dw = bt_fp16_to_f32(sc[j]), mw = bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
                 }
                 acc = fmaf((float)isum, dw * ad, acc);

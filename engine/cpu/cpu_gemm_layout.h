@@ -21,10 +21,34 @@ BT_GL_AI int bt_gl_fp16_min(const int type)
     return type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1;
 }
 
-/* Layouts whose codes are bytes (Q8_0, Q5_1, Q5_K, Q6_K: 512 code bytes per block), not nibbles. */
-BT_GL_AI int bt_gl_byte_codes(const int type)
+/* Layouts whose codes are bytes (Q8_0, Q5_K, Q6_K, and Q5_1 with 8-bit activations: 512 code bytes per block), not
+ * nibbles. bits16: the layout is for 16-bit activations. */
+BT_GL_AI int bt_gl_byte_codes(const int type, const int bits16)
 {
-    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_1 || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K;
+    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K || (type == BT_TYPE_Q5_1 && !bits16);
+}
+
+/* Layouts with a high-bit plane (Q5_0 and Q5_1 with 16-bit activations): a block's codes are Q4_0's / Q4_1's 16-bit
+ * nibble vectors (256 bytes) followed by 64 bytes holding the fifth bit of each code (cpu_gemm.c): bit i of 32-bit
+ * word t is the high bit of int16 lane i (row i / 2) of the block's operand vector t, in the order the nibble
+ * kernels produce them (bt_gl_plane_elem). */
+BT_GL_AI int bt_gl_plane(const int type, const int bits16)
+{
+    return bits16 && (type == BT_TYPE_Q5_0 || type == BT_TYPE_Q5_1);
+}
+
+/* The element (0..31) that int16 lane i of operand vector t (0..15) of a 16-bit nibble layout holds, for row i / 2:
+ * operand 4k + u is the low nibbles (u = 0, 1) or high nibbles (u = 2, 3) of code vector k, the pairs (4k, 4k+1),
+ * (4k+2, 4k+3), (16+4k, 17+4k), (18+4k, 19+4k). */
+BT_GL_AI int bt_gl_plane_elem(const int t, const int i)
+{
+    return 16 * ((t & 3) >> 1) + 4 * (t >> 2) + 2 * (t & 1) + (i & 1);
+}
+
+/* Code bytes of one block: 256 (nibbles), 320 (nibbles and the high-bit plane) or 512 (bytes). */
+BT_GL_AI size_t bt_gl_code_bytes(const int type, const int bits16)
+{
+    return bt_gl_byte_codes(type, bits16) ? 512 : bt_gl_plane(type, bits16) ? 320 : 256;
 }
 
 /* K-quant layouts (Q4_K, Q5_K, Q6_K): a super-unit per 256-element super-block (cpu_gemm.c), activations in the
@@ -66,8 +90,8 @@ BT_GL_AI int bt_gl_has_min(const int type)
 }
 
 /* Block b's unit (not the K-quants): Q4_1 and Q5_1 one block per unit (64 bytes of scales, then cb code bytes),
- * Q4_0 and Q8_0 two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes (256, or 512 for byte
- * codes). */
+ * Q4_0, Q5_0 and Q8_0 two (64 bytes of scales, then two blocks of codes). cb: one block's code bytes
+ * (bt_gl_code_bytes). */
 BT_GL_AI const uint8_t *bt_gl_unit(const uint8_t *group, int64_t b, const int type, const size_t cb)
 {
     return bt_gl_fp16_min(type) ? group + (size_t)b * (64 + cb) : group + (size_t)(b >> 1) * (64 + 2 * cb);
@@ -88,21 +112,22 @@ BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int t
 
 /* Bytes of the group per block, for prefetching a group block by block (a unit's or super-unit's bytes over its
  * blocks). */
-BT_GL_AI int bt_gl_block_share(const int type)
+BT_GL_AI int bt_gl_block_share(const int type, const int bits16)
 {
     return type == BT_TYPE_Q4_K   ? 304
            : type == BT_TYPE_Q6_K || type == BT_TYPE_Q5_K ? 560
            : type == BT_TYPE_Q4_1 ? 320
            : type == BT_TYPE_Q4_0 ? 288
-           : type == BT_TYPE_Q5_1 ? 576
+           : type == BT_TYPE_Q5_0 ? 352
+           : type == BT_TYPE_Q5_1 ? (bits16 ? 384 : 576)
                                   : 544;
 }
 
 /* Prefetches block b's share of the group at next (NULL: none): a group's bytes spread evenly over its blocks. */
-BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type)
+BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type, const int bits16)
 {
     if (!next) return;
-    const int per = bt_gl_block_share(type);
+    const int per = bt_gl_block_share(type, bits16);
     const char *p = (const char *)next + (size_t)b * (size_t)per;
 #pragma GCC unroll 9
     for (int i = 0; i < per; i += 64) __builtin_prefetch(p + i, 0, 3);

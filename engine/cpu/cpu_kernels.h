@@ -190,10 +190,10 @@ float bt_cpu_vec_dot(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n,
  * supported t and act_bits and n a multiple of the block. */
 void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n, const float *x, void *dst);
 
-/* The packed layout (and tiled kernel) weight type t is packed into: itself for Q4_0, Q4_1, Q4_K, Q5_1, Q5_K, Q6_K
- * and Q8_0; Q8_0 for Q5_0, whose values d * (q - 16) are exactly Q8_0 codes q - 16 with the same d; BT_TYPE_COUNT when
- * none. */
-uint32_t bt_cpu_pack_layout(uint32_t t);
+/* The packed layout (and tiled kernel) weight type t is packed into for act_bits (0 means 16): itself for Q4_0,
+ * Q4_1, Q4_K, Q5_1, Q5_K, Q6_K and Q8_0; for Q5_0 itself (nibbles and a high-bit plane) at 16 bits and Q8_0 at 8,
+ * its values d * (q - 16) being exactly Q8_0 codes q - 16 with the same d; BT_TYPE_COUNT when none. */
+uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits);
 
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);

@@ -615,5 +615,6 @@ const bt_cpu_ops bt_cpu_ops_neon = {
         [BT_TYPE_Q6_K] = bt_cpu_neon_gemm_q6_k_q16,
         [BT_TYPE_Q5_K] = bt_cpu_neon_gemm_q5_k_q16,
         [BT_TYPE_Q5_1] = bt_cpu_neon_gemm_q5_1_q16,
+        [BT_TYPE_Q5_0] = bt_cpu_neon_gemm_q5_0_q16,
     },
 };

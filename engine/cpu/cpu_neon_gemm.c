@@ -3,7 +3,8 @@
  *   8-bit activations: the packed dwords (4 codes of one row) are exactly what `sdot` by lane wants: one
  *     instruction multiplies 4 codes of 4 rows by 4 broadcast activation codes, no horizontal sums;
  *   16-bit activations: the codes are widened to 16 bits per element for the 16 rows (vld4/vld2 de-interleave the
- *     dwords/words of the layout) and multiplied by each broadcast activation with smlal by lane.
+ *     dwords/words of the layout) and multiplied by each broadcast activation with smlal by lane; Q5_0 and Q5_1 add
+ *     their fifth bits (16) to the nibbles as bytes, from the plane word of each element (tbl, tst).
  * The integer dot is exact, then per output element acc = fma((float)isum, d_w * d_a, acc) and, for layouts with a
  * min, acc = fma(m_w, ds_a, acc): the bits of bt_cpu_gemm_packed_ref. */
 #include <arm_neon.h>
@@ -17,7 +18,7 @@
  * (Q4_0: 8 * sum(a)). Q8_0's stored q + 128 is flipped back to q, so no offset. */
 AI int decode8(const uint8_t *codes, const int type, int8x16_t c[8][4])
 {
-    if (bt_gl_byte_codes(type)) {
+    if (bt_gl_byte_codes(type, 0)) {
         const uint8x16_t flip = vdupq_n_u8(type == BT_TYPE_Q8_0 ? 0x80 : 0);
         for (int k = 0; k < 8; k++)
             for (int i = 0; i < 4; i++) c[k][i] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(codes + 64 * k + 16 * i), flip));
@@ -35,13 +36,13 @@ AI int decode8(const uint8_t *codes, const int type, int8x16_t c[8][4])
 AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
               size_t out_stride, int n_valid, const void *next, const int type)
 {
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const size_t cb = bt_gl_code_bytes(type, 0);
     const int mins = bt_gl_fp16_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
     acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, 0);
         int8x16_t c[8][4];
         const int off = decode8(bt_gl_codes(group, b, type, cb), type, c);
         float32x4_t d[4], m[4];
@@ -82,10 +83,25 @@ AI void widen16_signed(uint8x16_t v, int16x8_t out[2])
     out[1] = vmovl_high_s8(s);
 }
 
-/* Block b's codes; returns the integer offset to take off (Q4_0: 8). */
+/* The fifth bits of element e of the 16 rows of a high-bit plane layout (Q5_0, Q5_1) as bytes 0 or 16, row r in byte
+ * r. Element e is lane 2r + (e & 1) of an operand t (bt_gl_plane_elem): byte r / 4 of plane word t, bit
+ * 2 (r % 4) + (e & 1). */
+AI uint8x16_t plane_bytes(const uint8_t *plane, const int e)
+{
+    static const uint8_t idx[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    static const uint8_t bit[16] = {1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64};
+    const int t = 4 * ((e & 15) >> 2) + 2 * (e >> 4) + ((e >> 1) & 1);
+    uint32_t w;
+    memcpy(&w, plane + 4 * t, 4);
+    const uint8x16_t x = vqtbl1q_u8(vreinterpretq_u8_u32(vdupq_n_u32(w)), vld1q_u8(idx));
+    const uint8x16_t bits = vld1q_u8(bit);
+    return vandq_u8(vtstq_u8(x, (e & 1) ? vshlq_n_u8(bits, 1) : bits), vdupq_n_u8(16));
+}
+
+/* Block b's codes; returns the integer offset to take off (Q4_0: 8, Q5_0: 16). */
 AI int decode16(const uint8_t *codes, const int type, int16x8_t c[32][2])
 {
-    if (bt_gl_byte_codes(type)) { /* vector k (32 bytes): word j = elements 2k, 2k + 1 of row j */
+    if (bt_gl_byte_codes(type, 1)) { /* vector k (32 bytes): word j = elements 2k, 2k + 1 of row j */
         for (int k = 0; k < 16; k++) {
             uint8x16x2_t v = vld2q_u8(codes + 32 * k);
             if (type == BT_TYPE_Q8_0 || type == BT_TYPE_Q6_K) { /* signed codes (Q5_1's and Q5_K's are 0..31) */
@@ -103,23 +119,28 @@ AI int decode16(const uint8_t *codes, const int type, int16x8_t c[32][2])
         uint8x16x4_t v = vld4q_u8(codes + 64 * k); /* val[t]: byte t of every row's dword */
         for (int t = 0; t < 4; t++) {
             const int e = 4 * k + pair_order[t];
-            widen16(vandq_u8(v.val[t], vdupq_n_u8(0x0f)), c[e]);
-            widen16(vshrq_n_u8(v.val[t], 4), c[e + 16]);
+            uint8x16_t lo = vandq_u8(v.val[t], vdupq_n_u8(0x0f)), hi = vshrq_n_u8(v.val[t], 4);
+            if (bt_gl_plane(type, 1)) {
+                lo = vorrq_u8(lo, plane_bytes(codes + 256, e));
+                hi = vorrq_u8(hi, plane_bytes(codes + 256, e + 16));
+            }
+            widen16(lo, c[e]);
+            widen16(hi, c[e + 16]);
         }
     }
-    return type == BT_TYPE_Q4_0 ? 8 : 0;
+    return type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
 }
 
 AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out,
                size_t out_stride, int n_valid, const void *next, const int type)
 {
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const size_t cb = bt_gl_code_bytes(type, 1);
     const int mins = bt_gl_has_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
     acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, 1);
         int16x8_t c[32][2];
         const int off = decode16(bt_gl_codes(group, b, type, cb), type, c);
         float32x4_t d[4], m[4];
@@ -144,7 +165,7 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
 #undef BT_NEON_MAC16
             }
             if (off) {
-                /* the block's activation sum: a->sum for legacy blocks (Q4_0 is never Q4_K) */
+                /* the block's activation sum: a->sum for legacy blocks (Q4_0 and Q5_0 are never K-quants) */
                 const int32x4_t o = vdupq_n_s32(off * BT_GL_ACT16(act, act_stride, r, b)->sum);
                 for (int i = 0; i < 4; i++) s[i] = vsubq_s32(s[i], o);
             }
@@ -169,6 +190,7 @@ NEON_GEMM(q4_0_q16, gemm16, BT_TYPE_Q4_0)
 NEON_GEMM(q4_1_q16, gemm16, BT_TYPE_Q4_1)
 NEON_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)
 NEON_GEMM(q5_1_q16, gemm16, BT_TYPE_Q5_1)
+NEON_GEMM(q5_0_q16, gemm16, BT_TYPE_Q5_0)
 NEON_GEMM(q4_k_q16, gemm16, BT_TYPE_Q4_K)
 NEON_GEMM(q6_k_q16, gemm16, BT_TYPE_Q6_K)
 NEON_GEMM(q5_k_q16, gemm16, BT_TYPE_Q5_K)

@@ -53,11 +53,34 @@ AI void octet_words(const uint8_t *v, int8x16_t out[8])
     }
 }
 
-/* Block b's operands W[m][p]; returns the integer offset per activation sum to take off (Q4_0: 8). */
+/* Adds the fifth bits of a high-bit plane layout (Q5_0, Q5_1; plane: the block's 64 plane bytes) to the nibble
+ * operands: 16 into byte b of W[j][p] (j < 2, low nibbles) and of W[j + 2][p] (high nibbles) where set. Byte b holds
+ * row 2p + b / 8's element of code vector 2j + (b % 8) / 4, byte b % 4 of its dword, so its bit is in plane byte
+ * 32j + 16 ((b % 8) / 4) + 4 (b % 2) + p / 2 (8 more for the high nibble), bit 4 (p % 2) + 2 (b / 8) + (b % 4) / 2
+ * (bt_gl_plane_elem: the word of operand 4k + (b % 2), + 2 for high nibbles, lane 2 row + (b % 4) / 2). */
+AI void add_plane(const uint8_t *plane, int8x16_t w[4][8])
+{
+    static const uint8_t base[16] = {0, 4, 0, 4, 16, 20, 16, 20, 0, 4, 0, 4, 16, 20, 16, 20};
+    static const uint8_t bit[16] = {1, 1, 2, 2, 1, 1, 2, 2, 4, 4, 8, 8, 4, 4, 8, 8};
+    const uint8x16x4_t tab = {{vld1q_u8(plane), vld1q_u8(plane + 16), vld1q_u8(plane + 32), vld1q_u8(plane + 48)}};
+    const uint8x16_t c16 = vdupq_n_u8(16), bits[2] = {vld1q_u8(bit), vshlq_n_u8(vld1q_u8(bit), 4)};
+    for (int j = 0; j < 2; j++)
+        for (int q = 0; q < 4; q++) {
+            const uint8x16_t idx = vaddq_u8(vld1q_u8(base), vdupq_n_u8((uint8_t)(32 * j + q)));
+            const uint8x16_t lo = vqtbl4q_u8(tab, idx), hi = vqtbl4q_u8(tab, vaddq_u8(idx, vdupq_n_u8(8)));
+            for (int o = 0; o < 2; o++) { /* p = 2q + o */
+                int8x16_t *wl = &w[j][2 * q + o], *wh = &w[j + 2][2 * q + o];
+                *wl = vreinterpretq_s8_u8(vorrq_u8(vreinterpretq_u8_s8(*wl), vandq_u8(vtstq_u8(lo, bits[o]), c16)));
+                *wh = vreinterpretq_s8_u8(vorrq_u8(vreinterpretq_u8_s8(*wh), vandq_u8(vtstq_u8(hi, bits[o]), c16)));
+            }
+        }
+}
+
+/* Block b's operands W[m][p]; returns the integer offset per activation sum to take off (Q4_0: 8, Q5_0: 16). */
 AI int weight_operands(const uint8_t *codes, const int type, const int bits16, int8x16_t w[4][8])
 {
-    if (bt_gl_byte_codes(type)) {
-        if (bits16) { /* Q8_0, Q5_1, Q5_K, Q6_K: 16 vectors of 32 bytes */
+    if (bt_gl_byte_codes(type, bits16)) {
+        if (bits16) { /* Q8_0, Q5_K, Q6_K: 16 vectors of 32 bytes */
             for (int m = 0; m < 4; m++) octet_words(codes + 128 * m, w[m]);
             return 0;
         }
@@ -82,7 +105,8 @@ AI int weight_operands(const uint8_t *codes, const int type, const int bits16, i
             w[j + 2][p] = vreinterpretq_s8_u8(vshrq_n_u8(t[p], 4));
         }
     }
-    return type == BT_TYPE_Q4_0 ? 8 : 0;
+    if (bt_gl_plane(type, bits16)) add_plane(codes + 256, w);
+    return type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
 }
 
 /* ---- results: the 2x2 tiles of a row pair into each activation row's 4 vectors of 4 weight rows ---- */
@@ -153,7 +177,7 @@ AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, co
                const float32x4_t d[4], const float32x4_t m[4], int mins, float32x4_t acc0[4], float32x4_t acc1[4],
                const int type)
 {
-    const int nibble_order = !bt_gl_byte_codes(type);
+    const int nibble_order = !bt_gl_byte_codes(type, 1);
     uint8x16_t lo0[2], lo1[2], hi0[2], hi1[2], alo[4], ahi[4];
     split16(bt_gl_act16_qs(act, act_stride, r0, b, type), nibble_order, lo0, hi0);
     split16(bt_gl_act16_qs(act, act_stride, r1, b, type), nibble_order, lo1, hi1);
@@ -176,7 +200,7 @@ AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, co
     }
     int32x4_t t[8];
     for (int p = 0; p < 8; p++) t[p] = vaddq_s32(vshlq_n_s32(th[p], 8), tl[p]);
-    if (off) { /* Q4_0: codes are q + 8, so 8 * sum(a) comes off */
+    if (off) { /* Q4_0: codes are q + 8, so 8 * sum(a) comes off (Q5_0: q, 16 * sum(a)) */
         const int32_t o0 = off * BT_GL_ACT16(act, act_stride, r0, b)->sum,
                       o1 = off * BT_GL_ACT16(act, act_stride, r1, b)->sum;
         const int32x4_t o = {o0, o0, o1, o1};
@@ -202,13 +226,13 @@ AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, co
 AI void gemm(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out, size_t out_stride,
              int n_valid, const void *next, const int type, const int bits16)
 {
-    const size_t cb = bt_gl_byte_codes(type) ? 512 : 256;
+    const size_t cb = bt_gl_code_bytes(type, bits16);
     const int mins = bits16 ? bt_gl_has_min(type) : bt_gl_fp16_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
     acc_zero(acc, nr);
     for (int64_t b = 0; b < nb; b++) {
-        bt_gl_prefetch_block(next, b, type);
+        bt_gl_prefetch_block(next, b, type, bits16);
         int8x16_t w[4][8];
         const int off = weight_operands(bt_gl_codes(group, b, type, cb), type, bits16, w);
         float32x4_t d[4], m[4];
@@ -245,6 +269,7 @@ I8MM_GEMM(q4_0_q16, gemm16, BT_TYPE_Q4_0)
 I8MM_GEMM(q4_1_q16, gemm16, BT_TYPE_Q4_1)
 I8MM_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)
 I8MM_GEMM(q5_1_q16, gemm16, BT_TYPE_Q5_1)
+I8MM_GEMM(q5_0_q16, gemm16, BT_TYPE_Q5_0)
 I8MM_GEMM(q4_k_q16, gemm16, BT_TYPE_Q4_K)
 I8MM_GEMM(q6_k_q16, gemm16, BT_TYPE_Q6_K)
 I8MM_GEMM(q5_k_q16, gemm16, BT_TYPE_Q5_K)
@@ -268,5 +293,6 @@ const bt_cpu_ops bt_cpu_ops_neon_i8mm = {
         [BT_TYPE_Q6_K] = bt_cpu_neon_i8mm_gemm_q6_k_q16,
         [BT_TYPE_Q5_K] = bt_cpu_neon_i8mm_gemm_q5_k_q16,
         [BT_TYPE_Q5_1] = bt_cpu_neon_i8mm_gemm_q5_1_q16,
+        [BT_TYPE_Q5_0] = bt_cpu_neon_i8mm_gemm_q5_0_q16,
     },
 };

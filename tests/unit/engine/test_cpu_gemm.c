@@ -9,7 +9,7 @@
 #include "test_cpu_util.h"
 #include "test_isa.h"
 
-/* Q5_0 packs into the Q8_0 layout (bt_cpu_pack_layout) */
+/* Q5_0 packs into the Q8_0 layout at 8 bits (bt_cpu_pack_layout) */
 static const uint32_t packed_types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_K,
                                         BT_TYPE_Q5_K, BT_TYPE_Q6_K, BT_TYPE_Q5_0, BT_TYPE_Q5_1};
 
@@ -105,7 +105,7 @@ static void test_gemm_each_width(void)
             uint32_t t = packed_types[k % N_PACKED];
             int bits = k < N_PACKED ? 8 : 16;
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
-            uint32_t l = bt_cpu_pack_layout(t);
+            uint32_t l = bt_cpu_pack_layout(t, bits);
             bt_cpu_gemm_fn gemm = bits == 8 ? ops->gemm8[l] : ops->gemm16[l];
             int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 3) : 32 * rand_range(&s, 1, 20), n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
             uint8_t *w = make_weights(t, n_in, n_out, &s);
@@ -138,6 +138,54 @@ static void test_gemm_each_width(void)
                       bits, (long long)n_in, (long long)n_out, bad);
             bt_cpu_packed_free(&p);
             free(w), free(x), free(xq);
+        }
+    }
+}
+
+/* Q5_0's nibble and high-bit plane layout (16-bit activations) gives the bits the Q8_0 layout of the same values
+ * (codes q - 16, the same d) gives, which is how Q5_0 was packed before it had a layout of its own. */
+static void test_q5_0_plane_matches_q8_0(void)
+{
+    uint64_t s = 61;
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!bt_cpu_pack_supported(ops, BT_TYPE_Q5_0, 16) || !bt_cpu_pack_supported(ops, BT_TYPE_Q8_0, 16)) continue;
+        for (int rep = 0; rep < 4; rep++) {
+            int64_t n_in = 32 * rand_range(&s, 1, 40), n_out = rand_range(&s, 1, 50), n_rows = rand_range(&s, 1, 20);
+            int64_t nb = n_in / 32;
+            bt_block_q5_0 *w5 = (bt_block_q5_0 *)make_weights(BT_TYPE_Q5_0, n_in, n_out, &s);
+            bt_block_q8_0 *w8 = malloc(sizeof *w8 * (size_t)(nb * n_out));
+            float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows));
+            float *o5 = malloc(sizeof(float) * (size_t)(n_out * n_rows)), *o8 = malloc(sizeof(float) * (size_t)(n_out * n_rows));
+            uint8_t *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q5_0, 16, n_in) * (size_t)n_rows);
+            REQUIRE(w5 && w8 && x && o5 && o8 && xq);
+            REQUIRE(bt_cpu_act_row_bytes(BT_TYPE_Q5_0, 16, n_in) == bt_cpu_act_row_bytes(BT_TYPE_Q8_0, 16, n_in));
+            for (int64_t i = 0; i < nb * n_out; i++) {
+                uint32_t qh = (uint32_t)w5[i].qh[0] | (uint32_t)w5[i].qh[1] << 8 | (uint32_t)w5[i].qh[2] << 16 |
+                              (uint32_t)w5[i].qh[3] << 24;
+                w8[i].d = w5[i].d;
+                for (int e = 0; e < 32; e++) {
+                    int nib = e < 16 ? w5[i].qs[e] & 15 : w5[i].qs[e - 16] >> 4;
+                    w8[i].qs[e] = (int8_t)((nib | (int)((qh >> e) & 1) << 4) - 16);
+                }
+            }
+            test_fill_act(n_in * n_rows, x, &s);
+            bt_cpu_packed p5, p8;
+            REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q5_0, 16, n_in, n_out, w5, &p5) == BT_OK);
+            REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q8_0, 16, n_in, n_out, w8, &p8) == BT_OK);
+            CHECK(p5.wtype == BT_TYPE_Q5_0 && p5.group_bytes * 32 < p8.group_bytes * 21); /* 352 vs 544 per block */
+            bt_cpu_matmul mm = {.ops = ops, .wtype = BT_TYPE_Q5_0, .n_in = n_in, .n_out = n_out, .n_rows = n_rows,
+                                .w = w5, .x = x, .xq = xq, .out = o5, .act_bits = 16, .wp = &p5};
+            REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+            mm.wtype = BT_TYPE_Q8_0, mm.w = w8, mm.out = o8, mm.wp = &p8;
+            REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+            int bad = 0;
+            for (int64_t i = 0; i < n_out * n_rows; i++) bad += bt_f32_bits(o5[i]) != bt_f32_bits(o8[i]);
+            CHECK_MSG(bad == 0, "%s n_in=%lld n_out=%lld n_rows=%lld: %d outputs differ from the Q8_0 layout's",
+                      ops->name, (long long)n_in, (long long)n_out, (long long)n_rows, bad);
+            bt_cpu_packed_free(&p5), bt_cpu_packed_free(&p8);
+            free(w5), free(w8), free(x), free(o5), free(o8), free(xq);
         }
     }
 }
@@ -221,6 +269,18 @@ static void test_pack_checks(void)
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 256, 16) == 128 + 4 * (64 + 2 * 512));
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 512, 16) == 2 * (128 + 4 * (64 + 2 * 256))); /* 1.06x the GGUF rows */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 48, 16) == 0);
+    /* Q5_0 and Q5_1 at 16 bits: nibbles and a 64-byte high-bit plane per block, the GGUF blocks' size (352 and 384
+     * bytes per 16 rows x 32 elements); at 8 bits bytes as the Q8_0 layout (544) and Q5_1's (576) */
+    CHECK(bt_cpu_pack_layout(BT_TYPE_Q5_0, 16) == BT_TYPE_Q5_0 && bt_cpu_pack_layout(BT_TYPE_Q5_0, 0) == BT_TYPE_Q5_0);
+    CHECK(bt_cpu_pack_layout(BT_TYPE_Q5_0, 8) == BT_TYPE_Q8_0 && bt_cpu_pack_layout(BT_TYPE_Q5_1, 8) == BT_TYPE_Q5_1);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 64, 16) == 64 + 2 * 320 && 2 * 352 == 64 + 2 * 320);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 96, 16) == 2 * (64 + 2 * 320)); /* an odd last block: a whole unit */
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 640, 32) == 2 * 20 * 352);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 640, 32) == 32 * bt_cpu_row_bytes(BT_TYPE_Q5_0, 640)); /* 1.00x */
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_1, 16, 576, 16) == 18 * 384);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_1, 16, 576, 16) == 16 * bt_cpu_row_bytes(BT_TYPE_Q5_1, 576)); /* 1.00x */
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 8, 64, 16) == 64 + 2 * 512);
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_1, 8, 576, 16) == 18 * 576);
     if (!best) return; /* the packing ISA's own entry runs the rest, or reports its skip */
     uint8_t *w = make_weights(BT_TYPE_Q4_1, 64, 20, &s);
     REQUIRE(w);
@@ -284,6 +344,7 @@ int main(void)
     RUN(test_pack_checks);
     RUN(test_gemm_matches_refs);
     RUN(test_gemm_each_width);
+    RUN(test_q5_0_plane_matches_q8_0);
     RUN(test_gemm_batch_invariance);
     RUN(test_dot_rate);
     test_isa_report();
