@@ -22,6 +22,25 @@ double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tok
     return p->decode_fixed_s + (double)batch * p->decode_seq_s + ctx_tokens * p->decode_ctx_s;
 }
 
+double plan_idle_extra_s(const plan_profile_t *p, double gap_s, double step_s)
+{
+    if (p->n_idle < 1 || !(gap_s > 0) || !(step_s > 0) || !(p->idle_step_s > 0)) return 0;
+    double e;
+    if (gap_s <= p->idle_gap_s[0]) {
+        e = p->idle_extra_s[0] * gap_s / p->idle_gap_s[0];
+    } else {
+        int i = 1;
+        while (i < p->n_idle && p->idle_gap_s[i] < gap_s) i++;
+        if (i == p->n_idle) {
+            e = p->idle_extra_s[p->n_idle - 1];
+        } else {
+            double g0 = p->idle_gap_s[i - 1], g1 = p->idle_gap_s[i];
+            e = p->idle_extra_s[i - 1] + (p->idle_extra_s[i] - p->idle_extra_s[i - 1]) * (gap_s - g0) / (g1 - g0);
+        }
+    }
+    return e * (step_s < p->idle_step_s ? step_s / p->idle_step_s : 1.0);
+}
+
 const plan_transport_t *plan_profile_transport(const plan_profile_t *p, const char *name)
 {
     for (int i = 0; i < p->n_xfer; i++)
@@ -38,6 +57,32 @@ static bt_status get_num(const cJSON *o, const char *name, int required, double 
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble))
         return bt_fail(BT_ERR_FORMAT, "profile: \"%s\" must be a number >= 0", name);
     *out = v->valuedouble;
+    return BT_OK;
+}
+
+/* "idle": {"step_s": S, "gap_s": [...], "extra_s": [...]}: optional; gaps > 0 and increasing, extras >= 0. */
+static bt_status parse_idle(const cJSON *root, plan_profile_t *p)
+{
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "idle");
+    if (!o) return BT_OK;
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "gap_s"), *e = cJSON_GetObjectItemCaseSensitive(o, "extra_s");
+    if (!cJSON_IsObject(o) || !cJSON_IsArray(g) || !cJSON_IsArray(e) || cJSON_GetArraySize(g) != cJSON_GetArraySize(e) ||
+        cJSON_GetArraySize(g) > PLAN_MAX_IDLE)
+        return bt_fail(BT_ERR_FORMAT, "profile: \"idle\" must be an object with arrays \"gap_s\" and \"extra_s\" of the "
+                       "same length (at most %d)", PLAN_MAX_IDLE);
+    bt_status st = get_num(o, "step_s", 1, &p->idle_step_s);
+    if (st) return st;
+    int n = cJSON_GetArraySize(g);
+    for (int i = 0; i < n; i++) {
+        const cJSON *gi = cJSON_GetArrayItem(g, i), *ei = cJSON_GetArrayItem(e, i);
+        if (!cJSON_IsNumber(gi) || !cJSON_IsNumber(ei) || !(gi->valuedouble > 0) || !isfinite(gi->valuedouble) ||
+            !(ei->valuedouble >= 0) || !isfinite(ei->valuedouble) || (i && !(gi->valuedouble > p->idle_gap_s[i - 1])))
+            return bt_fail(BT_ERR_FORMAT, "profile: idle point %d: gaps must be increasing numbers > 0 and extras numbers "
+                           ">= 0", i);
+        p->idle_gap_s[i] = gi->valuedouble;
+        p->idle_extra_s[i] = ei->valuedouble;
+    }
+    p->n_idle = n;
     return BT_OK;
 }
 
@@ -78,6 +123,9 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
         snprintf(t->name, sizeof t->name, "%s", e->string);
         p->n_xfer++;
     }
+    if ((st = get_num(pre, "spread", 0, &p->prefill_spread)) || (st = get_num(dec, "spread", 0, &p->decode_spread)) ||
+        (st = parse_idle(root, p)))
+        return st;
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "host"), *m = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (cJSON_IsString(h)) snprintf(p->host, sizeof p->host, "%s", h->valuestring);
     if (cJSON_IsString(m)) snprintf(p->model, sizeof p->model, "%s", m->valuestring);
@@ -116,6 +164,17 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     cJSON_AddNumberToObject(dec, "ctx_token_s", p->decode_ctx_s);
     cJSON_AddNumberToObject(dec, "max_running", (double)p->max_running);
     cJSON_AddNumberToObject(dec, "kv_tokens", (double)p->kv_tokens);
+    if (p->prefill_spread > 0) cJSON_AddNumberToObject(pre, "spread", p->prefill_spread);
+    if (p->decode_spread > 0) cJSON_AddNumberToObject(dec, "spread", p->decode_spread);
+    if (p->n_idle > 0) {
+        cJSON *idle = cJSON_AddObjectToObject(o, "idle");
+        cJSON *g = idle ? cJSON_AddArrayToObject(idle, "gap_s") : NULL, *e = idle ? cJSON_AddArrayToObject(idle, "extra_s") : NULL;
+        if (idle) cJSON_AddNumberToObject(idle, "step_s", p->idle_step_s);
+        for (int i = 0; g && e && i < p->n_idle; i++) {
+            cJSON_AddItemToArray(g, cJSON_CreateNumber(p->idle_gap_s[i]));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber(p->idle_extra_s[i]));
+        }
+    }
     if (p->request_s > 0 || p->path_token_s > 0) {
         cJSON *rt = cJSON_AddObjectToObject(o, "router");
         if (rt) cJSON_AddNumberToObject(rt, "request_s", p->request_s);

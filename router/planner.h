@@ -85,6 +85,7 @@ typedef struct plan_transport {
 } plan_transport_t;
 
 #define PLAN_MAX_TRANSPORTS 4
+#define PLAN_MAX_IDLE 8 /* idle points in a profile */
 
 /* A machine profile: the fitted step model of one node (see the opening comment). Zero = unknown. */
 typedef struct plan_profile {
@@ -103,10 +104,20 @@ typedef struct plan_profile {
     int n_xfer;
     char host[256];           /* free text: CPU model, cores, memory; or the source of a published profile */
     char model[128];
+    /* How steps scatter and what idleness costs, measured by `baton profile`; the simulator's only (0 = none). */
+    double prefill_spread, decode_spread; /* standard deviation of ln(step time / its shape's median) */
+    double idle_step_s;       /* the step the idle points were measured on (its time back to back) */
+    double idle_gap_s[PLAN_MAX_IDLE], idle_extra_s[PLAN_MAX_IDLE]; /* after gap_s idle, that step took extra_s more */
+    int n_idle;
 } plan_profile_t;
 
 /* 1 when the profile has the step model the planner needs (prefill_token_s and decode_fixed_s > 0). */
 int plan_profile_usable(const plan_profile_t *p);
+/* What a step of step_s seconds (back to back) costs more when its node sat idle for gap_s before it: the profile's
+ * idle points interpolated linearly in the gap (0 before the first point's share of it, the last point's beyond it),
+ * scaled by step_s / idle_step_s up to 1 (a shorter step pays its share, a longer one no more than the measured
+ * step did). 0 when the profile has no idle points. */
+double plan_idle_extra_s(const plan_profile_t *p, double gap_s, double step_s);
 /* Step times of the profile's model (seconds). */
 double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_prompts);
 double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens);

@@ -246,7 +246,7 @@ static void usage(FILE *o)
 {
     fprintf(o,
             "usage: baton profile [--model PATH] [--threads N] [--out FILE] [--reps N] [--max-batch N]\n"
-            "                     [--max-context N] [--kvx-json FILE]\n"
+            "                     [--max-context N] [--idle-reps N] [--kvx-json FILE]\n"
             "Measures this machine with the real engine and writes the profile the SLA planner (baton-router\n"
             "--planner-profile) and `baton simulate --profile` read:\n"
             "  prefill step time = fixed_s + tokens * token_s + prompts * seq_s\n"
@@ -258,12 +258,15 @@ static void usage(FILE *o)
             "  KV transfer time  = latency_s + bytes / bytes_s     (shm: memory copy of KV blocks; more transports\n"
             "                                                      from `--kvx-json`, a JSON object with transport,\n"
             "                                                      bytes_s or gb_s, latency_s)\n"
+            "  spread           how steps scatter around their shape's median (the simulator draws each step's time)\n"
+            "  idle             what a 128-token prompt step costs more after the node idled 0.1, 0.3, 1 and 2 s\n"
             "Each model is a least-squares fit over the shapes measured: per shape, the median step of each\n"
             "repetition, then the median of those (the least of two); the points are kept under \"samples\".\n"
             "About 45 s per repetition on 2 cores; --reps N sweeps every shape N times in turn (default 1; 3 on a\n"
             "shared machine).\n"
             "Progress goes to stderr; the profile to --out (default: stdout).\n"
             "  --threads N      engine threads (default: as the nodes, every core)\n"
+            "  --idle-reps N    repetitions of the idle measurement (default 6, about 4 s each; 0 = skip it)\n"
             "  --max-batch N    largest decode batch measured (default 32)\n"
             "  --max-context N  longest prompt in the decode sweep (default 512; batch x context stays under\n"
             "                   8192 tokens)\n");
@@ -293,24 +296,37 @@ static int parse_long(const char *a, const char *v, long lo, long hi, long *out)
  * (the simulator came out 2-19% optimistic on every cell). Points are weighted by
  * 1 / y^2 so that the fit minimises relative error (small and large steps count alike). c2 >= 0 fixes the second
  * coefficient (measured apart): each group's step less x1 * c2 is fitted on x0 alone. */
-static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
+/* The shapes: points of equal regressors (decode: same batch, context per sequence within 16 tokens of the group's
+ * first point) share a group. Sets group[i] for every point, numbered in first-seen order; returns how many. */
+static int group_points(const pf_points *p, int dec_shape, int *group)
 {
-    static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
-    static int used[PF_MAX_POINTS], members[PF_MAX_POINTS];
-    memset(used, 0, sizeof used);
     int ng = 0;
+    for (int i = 0; i < p->n; i++) group[i] = -1;
     for (int i = 0; i < p->n; i++) {
-        if (used[i]) continue;
-        int m = 0;
-        double sx0 = 0, sx1 = 0;
+        if (group[i] >= 0) continue;
         for (int j = i; j < p->n; j++) {
             int same = p->x[j * p->k] == p->x[i * p->k];
             if (same && p->k > 1 && dec_shape)
                 same = fabs(p->x[j * 2 + 1] / p->x[j * 2] - p->x[i * 2 + 1] / p->x[i * 2]) < 16;
             else if (same && p->k > 1)
                 same = p->x[j * 2 + 1] == p->x[i * 2 + 1];
-            if (!same || used[j]) continue;
-            used[j] = 1;
+            if (same && group[j] < 0) group[j] = ng;
+        }
+        ng++;
+    }
+    return ng;
+}
+
+static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
+{
+    static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
+    static int group[PF_MAX_POINTS], members[PF_MAX_POINTS];
+    int ng = group_points(p, dec_shape, group);
+    for (int g = 0; g < ng; g++) {
+        int m = 0;
+        double sx0 = 0, sx1 = 0;
+        for (int j = 0; j < p->n; j++) {
+            if (group[j] != g) continue;
             members[m++] = j;
             sx0 += p->x[j * p->k];
             if (p->k > 1) sx1 += p->x[j * 2 + 1];
@@ -326,11 +342,10 @@ static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
             n_meds++;
         }
         if (n_meds >= 3) best = median_of(meds, n_meds);
-        gx[ng * p->k] = sx0 / m;
-        if (p->k > 1) gx[ng * 2 + 1] = sx1 / m;
-        gy[ng] = c2 >= 0 && p->k > 1 ? best - gx[ng * 2 + 1] * c2 : best;
-        gw[ng] = gy[ng] > 0 ? 1.0 / (gy[ng] * gy[ng]) : 0;
-        ng++;
+        gx[g * p->k] = sx0 / m;
+        if (p->k > 1) gx[g * 2 + 1] = sx1 / m;
+        gy[g] = c2 >= 0 && p->k > 1 ? best - gx[g * 2 + 1] * c2 : best;
+        gw[g] = gy[g] > 0 ? 1.0 / (gy[g] * gy[g]) : 0;
     }
     if (!(c2 >= 0) && plan_fit_linear(gx, p->k, gy, gw, ng, c) == 0) return 0;
     /* the second coefficient is given, or its regressor did not vary (a short sweep: one context per sequence, or
@@ -338,6 +353,59 @@ static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
     for (int i = 0; i < ng; i++) gx[i] = gx[i * p->k];
     if (plan_fit_linear(gx, 1, gy, gw, ng, c)) return -1;
     c[2] = c2 >= 0 ? c2 : 0;
+    return 0;
+}
+
+/* How the steps of one shape scatter, for the simulator (prefill.spread, decode.spread): over every shape with 3 or
+ * more points, ln(step / the shape's median) (an odd shape's middle point left out), pooled; the 90th percentile of those over 1.2816 (where a normal
+ * puts it), since the tail is what the latency percentiles read and outside load skews it up. 0 without points. */
+static double spread_of(const pf_points *p, int dec_shape)
+{
+    static int group[PF_MAX_POINTS];
+    static double r[PF_MAX_POINTS], ys[PF_MAX_POINTS];
+    int ng = group_points(p, dec_shape, group), nr = 0;
+    for (int g = 0; g < ng; g++) {
+        int m = 0;
+        for (int j = 0; j < p->n; j++)
+            if (group[j] == g) ys[m++] = p->y[j];
+        if (m < 3) continue;
+        double med = median_of(ys, m); /* sorts ys: an odd group's middle point is its median, no residual */
+        for (int j = 0; j < m; j++)
+            if (ys[j] > 0 && med > 0 && !(m % 2 && j == m / 2)) r[nr++] = log(ys[j] / med);
+    }
+    if (nr < 3) return 0;
+    qsort(r, (size_t)nr, sizeof *r, cmp_double);
+    double q90 = r[(int)(0.9 * (nr - 1))];
+    return q90 > 0 ? q90 / 1.2816 : 0;
+}
+
+/* What idleness costs the next step (the simulator's idle points): a CPU that sat idle runs its next tens of
+ * milliseconds slower (measured on a 2-vCPU cloud VM: a 128-token prompt step took 20-35% longer after 0.3-1.5 s
+ * idle, a 512-token one about the same absolute extra). Each repetition times one PF_IDLE_TOKENS-token prompt step
+ * back to back (after an unmeasured one) and one after each idle gap in turn; extra = the median after the gap less
+ * the median back to back (at least 0). Returns 0, or -3 when the engine failed. */
+#define PF_IDLE_TOKENS 128
+#define PF_IDLE_GAPS 4
+static const double pf_idle_gaps[PF_IDLE_GAPS] = {0.1, 0.3, 1.0, 2.0};
+static int measure_idle(bt_sched *s, const bt_model *m, int reps, plan_profile_t *p)
+{
+    double ref[PF_MAX_REPS], t[PF_IDLE_GAPS][PF_MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int g = -1; g < PF_IDLE_GAPS; g++) {
+            uint64_t seed = (uint64_t)(7000 + r * 10 + g);
+            if (g < 0 && run_batch(s, m, 1, PF_IDLE_TOKENS, 1, seed + 1000, NULL, NULL)) return -3;
+            if (g >= 0) usleep((useconds_t)(pf_idle_gaps[g] * 1e6));
+            double t0 = bench_now_s();
+            if (run_batch(s, m, 1, PF_IDLE_TOKENS, 1, seed, NULL, NULL)) return -3;
+            (g < 0 ? ref : t[g])[r] = bench_now_s() - t0;
+        }
+    p->idle_step_s = median_of(ref, reps);
+    for (int g = 0; g < PF_IDLE_GAPS; g++) {
+        double e = median_of(t[g], reps) - p->idle_step_s;
+        p->idle_gap_s[g] = pf_idle_gaps[g];
+        p->idle_extra_s[g] = e > 0 ? e : 0;
+    }
+    p->n_idle = PF_IDLE_GAPS;
     return 0;
 }
 
@@ -361,7 +429,7 @@ static char *samples_json(const pf_points *pre, const pf_points *dec)
 int cmd_profile(int argc, char **argv)
 {
     const char *model_path = NULL, *out_path = NULL, *kvx = NULL;
-    long threads = 0, reps = 1, max_batch = 32, max_ctx = 512;
+    long threads = 0, reps = 1, max_batch = 32, max_ctx = 512, idle_reps = 6;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -380,6 +448,7 @@ int cmd_profile(int argc, char **argv)
         else if (!strcmp(a, "--kvx-json")) kvx = v;
         else if (!strcmp(a, "--threads")) bad = parse_long(a, v, 0, 256, &threads);
         else if (!strcmp(a, "--reps")) bad = parse_long(a, v, 1, PF_MAX_REPS, &reps);
+        else if (!strcmp(a, "--idle-reps")) bad = parse_long(a, v, 0, PF_MAX_REPS, &idle_reps);
         else if (!strcmp(a, "--max-batch")) bad = parse_long(a, v, 1, 256, &max_batch);
         else if (!strcmp(a, "--max-context")) bad = parse_long(a, v, 64, 8192, &max_ctx);
         else {
@@ -450,6 +519,10 @@ int cmd_profile(int argc, char **argv)
     memset(&p, 0, sizeof p);
     double c[3];
     double seq_s = 0, first_s = 0, sample_s = 0;
+    if (!rc && idle_reps > 0) {
+        fprintf(stderr, "profile: a prompt step after idling 0.1-2 s (%.0f s)\n", bench_now_s() - t_start);
+        rc = measure_idle(s, m, (int)idle_reps, &p);
+    }
     if (!rc) {
         fprintf(stderr, "profile: a prompt's logits row and sampling (%.0f s)\n", bench_now_s() - t_start);
         rc = measure_prompt_end(m, be, &seq_s, &first_s, &sample_s);
@@ -469,6 +542,8 @@ int cmd_profile(int argc, char **argv)
         p.decode_fixed_s = c[0];
         p.decode_seq_s = c[1];
         p.decode_ctx_s = c[2];
+        p.prefill_spread = spread_of(&pre, 0);
+        p.decode_spread = spread_of(&dec, 1);
     }
     if (!rc) {
         p.kv_bytes_per_token = (double)per_tok;
@@ -513,5 +588,13 @@ int cmd_profile(int argc, char **argv)
             p.prefill_fixed_s * 1e3, p.prefill_token_s * 1e3, p.prefill_seq_s * 1e3, sample_s * 1e3, first_s * 1e3,
             1 / p.prefill_token_s, p.decode_fixed_s * 1e3,
             p.decode_seq_s * 1e3, p.decode_ctx_s * 1e3, p.xfer[0].bytes_s / 1e9, pre.n, dec.n, bench_now_s() - t_start);
+    fprintf(stderr, "profile: steps scatter by %.0f%% (prefill) and %.0f%% (decode) around their shape's median",
+            100 * p.prefill_spread, 100 * p.decode_spread);
+    if (p.n_idle) {
+        fprintf(stderr, "; a %.1f ms prompt step takes", p.idle_step_s * 1e3);
+        for (int i = 0; i < p.n_idle; i++)
+            fprintf(stderr, "%s +%.1f ms after %.1f s idle", i ? "," : "", p.idle_extra_s[i] * 1e3, p.idle_gap_s[i]);
+    }
+    fprintf(stderr, "\n");
     return 0;
 }

@@ -258,7 +258,9 @@ def measure(a, wpath, rep, tmp):
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
                        "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3,
-                       "path_token_ms": path_token_s * 1e3},
+                       "path_token_ms": path_token_s * 1e3,
+                       "prefill_spread": p["prefill"].get("spread", 0), "decode_spread": p["decode"].get("spread", 0),
+                       "idle_extra_ms": [round(e * 1e3, 2) for e in p.get("idle", {}).get("extra_s", [])]},
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
                     "tpot_p50_ms": real["tpot_ms"]["p50"], "tpot_p90_ms": real["tpot_ms"]["p90"],
                     "goodput": real["good_requests"] / max(1, real["requests"])}}
@@ -387,7 +389,9 @@ def main():
               f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
-              f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_token_ms', 0):.2f} ms/token")
+              f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_token_ms', 0):.2f} ms/token, spread "
+              f"{r['profile'].get('prefill_spread', 0):.2f}/{r['profile'].get('decode_spread', 0):.2f}, idle extra "
+              f"{r['profile'].get('idle_extra_ms', [])} ms")
     if a.json:
         Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats, "rows": rows,
                                             "table": table}, indent=1))

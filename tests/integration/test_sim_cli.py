@@ -76,11 +76,17 @@ def test_simulate_json_conserves_and_repeats(baton_bin, tmp_path):
 
 def test_profile_short_run_feeds_the_simulator(baton_bin, default_model, tmp_path):
     out = tmp_path / "p.json"
-    r = baton(baton_bin, "profile", "--model", default_model, "--max-batch", 2, "--max-context", 64, "--out", out,
-              timeout=600)
+    r = baton(baton_bin, "profile", "--model", default_model, "--max-batch", 2, "--max-context", 64, "--idle-reps", 2,
+              "--out", out, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "profile: prefill" in r.stderr and "the first logits row" in r.stderr
+    assert "steps scatter by" in r.stderr and "after 2.0 s idle" in r.stderr, r.stderr
     p = json.loads(out.read_text())
+    # what idleness costs a 128-token prompt step (4 gaps), and the steps' scatter the simulator draws from
+    idle = p["idle"]
+    assert idle["gap_s"] == [0.1, 0.3, 1.0, 2.0] and len(idle["extra_s"]) == 4 and idle["step_s"] > 0
+    assert all(0 <= e < 10 * idle["step_s"] for e in idle["extra_s"])
+    assert 0 < p["decode"]["spread"] < 2 and 0 <= p["prefill"].get("spread", 0) < 2
     assert p["prefill"]["token_s"] > 0 and p["decode"]["fixed_s"] > 0 and p["transfer"]["shm"]["bytes_s"] > 0
     # a prompt ending's logits row and sampling are timed apart: never 0 as the sweep's fit made them, and a small
     # fraction of a prompt token's cost times the vocabulary's share of the weights

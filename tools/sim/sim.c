@@ -14,6 +14,10 @@
  *    Prompts are chunked to prefill.chunk_tokens per step (decode rows count against that budget on decode nodes).
  *    A decode node admits sequences FCFS while they fit max_running and the KV capacity, reserving prompt + output
  *    (no preemption). Prefix caches hold what the router's prefix index says they hold.
+ *  - Steps scatter as measured: each step's time is its model's times exp(spread z), z a standard normal drawn from
+ *    the seed (clamped to +-3; prefill.spread for a step with prompt tokens, decode.spread otherwise), so the
+ *    model's value stays the median. A step that starts on a node idle for g seconds first pays the profile's idle
+ *    cost for g (plan_idle_extra_s: a CPU that has been idle runs its next tens of milliseconds slower).
  *  - The serving path outside the engines (HTTP, tokenization, the RPCs, the first token's way back) is one
  *    constant per request, the profile's request_s: a request reaches placement that long after it was sent.
  *    Where that path shares the decode node's cores (a one-host cluster), its CPU per streamed token
@@ -82,6 +86,7 @@ typedef struct node {
     req_t **done;                   /* prefills that complete with the step in flight */
     int n_done, cap_done;
     double link_free;
+    double last_end;                /* when its last step ended (idle since, when it has none in flight) */
     int alive_i;                    /* index in its role's alive list */
 } node_t;
 
@@ -98,6 +103,7 @@ typedef struct sim {
     ev_t *heap;
     size_t n_ev, cap_ev;
     uint64_t seq, rng, next_id;
+    uint64_t step_rng;              /* the steps' scatter: its own stream, so the other draws stay as they were */
     double now;
     double xfer_bps, xfer_lat;
     int64_t chunk, max_running, kv_tokens;
@@ -214,6 +220,21 @@ static req_t *run_pop(node_t *n)
 }
 
 /* ---- small helpers ---- */
+
+/* A standard normal draw from the steps' stream (Box-Muller), clamped to +-3. */
+static double step_gauss(sim_t *s)
+{
+    uint64_t v[2];
+    for (int k = 0; k < 2; k++) {
+        s->step_rng ^= s->step_rng << 13;
+        s->step_rng ^= s->step_rng >> 7;
+        s->step_rng ^= s->step_rng << 17;
+        v[k] = s->step_rng;
+    }
+    double u1 = ((double)(v[0] >> 11) + 0.5) / 9007199254740992.0, u2 = (double)(v[1] >> 11) / 9007199254740992.0;
+    double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    return z > 3 ? 3 : z < -3 ? -3 : z;
+}
 
 static uint64_t rnd(sim_t *s)
 {
@@ -409,6 +430,10 @@ static void node_start(sim_t *s, int i)
              (double)n->n_done * pf->prefill_seq_s + (double)(b + n->n_done) * pf->path_token_s;
         n->step_b = b;
     }
+    /* what idleness before it costs, then the profile's scatter around its shape's median */
+    dt += plan_idle_extra_s(pf, s->now - n->last_end, dt);
+    double spread = ptoks > 0 ? pf->prefill_spread : pf->decode_spread;
+    if (spread > 0) dt *= exp(spread * step_gauss(s));
     n->busy = 1;
     sim_node_stats_t *st = &s->res->nodes[i];
     st->busy_s += dt;
@@ -435,6 +460,7 @@ static void prefill_step_done(sim_t *s, int i)
 {
     node_t *n = &s->nodes[i];
     n->busy = 0;
+    n->last_end = s->now;
     for (int k = 0; k < n->n_done; k++) {
         req_t *r = n->done[k];
         double bytes = (double)r->xfer_tokens * s->pf->kv_bytes_per_token;
@@ -450,6 +476,7 @@ static void decode_step_done(sim_t *s, int i)
 {
     node_t *n = &s->nodes[i];
     n->busy = 0;
+    n->last_end = s->now;
     n->step_idx++;
     s->gen_total += (uint64_t)n->step_b;
     s->compete -= n->step_b;
@@ -737,6 +764,7 @@ static void repair_event(sim_t *s, int i)
     n->alive = 1;
     n->epoch++;
     n->link_free = s->now;
+    n->last_end = s->now; /* a repaired node starts idle */
     alive_add(s, i);
 }
 
@@ -837,6 +865,7 @@ static bt_status sim_setup(sim_t *s, const sim_config_t *cfg, sim_result_t *res)
     s->cand_holds = calloc((size_t)(s->np + 1), 1);
     s->cand_scratch = calloc((size_t)(s->np + 1), sizeof(size_t));
     s->cand_rng = s->rng ^ 0x5bd1e995ull;
+    s->step_rng = s->rng ^ 0x9b05688c2b3e6c1full;
     res->nodes = calloc((size_t)n, sizeof *res->nodes);
     if (!s->nodes || !s->alive_p || !s->alive_d || !s->cand_holds || !s->cand_scratch || !res->nodes)
         return bt_fail(BT_ERR_NOMEM, "out of memory");

@@ -354,9 +354,46 @@ static void test_profile_json(void)
     CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0, \"token_s\": 1e-3}, \"decode\": {\"fixed_s\": 0.01, "
                                  "\"seq_s\": 0}, \"router\": 3}", &q) == BT_ERR_FORMAT);
     CHECK(plan_profile_from_json("{nope", &q) == BT_ERR_FORMAT);
+    /* the simulator's scatter and idle points travel, and bad idle points are refused */
+    p.prefill_spread = 0.1, p.decode_spread = 0.12, p.idle_step_s = 0.06, p.n_idle = 2;
+    p.idle_gap_s[0] = 0.3, p.idle_extra_s[0] = 0.01, p.idle_gap_s[1] = 2, p.idle_extra_s[1] = 0.02;
+    REQUIRE((txt = plan_profile_to_json(&p, NULL)));
+    REQUIRE(plan_profile_from_json(txt, &q) == BT_OK);
+    free(txt);
+    CHECK(q.prefill_spread == 0.1 && q.decode_spread == 0.12 && q.idle_step_s == 0.06 && q.n_idle == 2);
+    CHECK(q.idle_gap_s[1] == 2 && q.idle_extra_s[0] == 0.01 && q.idle_extra_s[1] == 0.02);
+    const char *pd = "{\"prefill\": {\"fixed_s\": 0, \"token_s\": 1e-3}, \"decode\": {\"fixed_s\": 0.01, \"seq_s\": 0}, ";
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s\"idle\": {\"step_s\": 0.05, \"gap_s\": [1, 0.5], \"extra_s\": [0.01, 0.02]}}", pd);
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT);
+    snprintf(bad, sizeof bad, "%s\"idle\": {\"step_s\": 0.05, \"gap_s\": [1], \"extra_s\": [0.01, 0.02]}}", pd);
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT);
+    snprintf(bad, sizeof bad, "%s\"idle\": {\"gap_s\": [1], \"extra_s\": [0.01]}}", pd);
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT && strstr(bt_last_error(), "step_s"));
+    snprintf(bad, sizeof bad, "%s\"idle\": {\"step_s\": 0.05, \"gap_s\": [1], \"extra_s\": [-1]}}", pd);
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT);
     CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0.1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
     CHECK(strstr(bt_last_error(), "token_s") != NULL);
     CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0, \"token_s\": -1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
+}
+
+/* The idle cost: linear in the gap between points, from 0 to the first, flat past the last, a step shorter than the
+ * measured one paying its share, a longer one no more than it; nothing without points or without a gap. */
+static void test_idle_extra(void)
+{
+    plan_profile_t p = profile();
+    CHECK(plan_idle_extra_s(&p, 1.0, 0.05) == 0);
+    p.idle_step_s = 0.06, p.n_idle = 3;
+    p.idle_gap_s[0] = 0.1, p.idle_extra_s[0] = 0.002;
+    p.idle_gap_s[1] = 0.3, p.idle_extra_s[1] = 0.012;
+    p.idle_gap_s[2] = 1.0, p.idle_extra_s[2] = 0.02;
+    CHECK(plan_idle_extra_s(&p, 0, 0.06) == 0);
+    CHECK(fabs(plan_idle_extra_s(&p, 0.05, 0.06) - 0.001) < 1e-12);
+    CHECK(fabs(plan_idle_extra_s(&p, 0.2, 0.06) - 0.007) < 1e-12);
+    CHECK(fabs(plan_idle_extra_s(&p, 0.3, 0.06) - 0.012) < 1e-12);
+    CHECK(fabs(plan_idle_extra_s(&p, 5.0, 0.06) - 0.02) < 1e-12);
+    CHECK(fabs(plan_idle_extra_s(&p, 5.0, 0.03) - 0.01) < 1e-12); /* half the step, half the cost */
+    CHECK(fabs(plan_idle_extra_s(&p, 5.0, 0.6) - 0.02) < 1e-12);  /* a longer step: the measured extra */
 }
 
 int main(void)
@@ -371,5 +408,6 @@ int main(void)
     RUN(test_fit);
     RUN(test_prompt_end_cost);
     RUN(test_profile_json);
+    RUN(test_idle_extra);
     return test_summary();
 }

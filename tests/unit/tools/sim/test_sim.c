@@ -195,6 +195,60 @@ static void test_prompt_end_cost(void)
     }
 }
 
+/* Idleness costs the next step what the profile's idle points say: the lone request's prompt step starts on a node
+ * idle since the start, so its TTFT grows by plan_idle_extra_s for that gap; the decode steps that follow start
+ * back to back and pay nothing. */
+static void test_idle_cost(void)
+{
+    sim_config_t c = config(0, 1);
+    gen_t g = {.s = 5, .rate = 1, .max = 1};
+    sim_result_t base, idle;
+    REQUIRE(sim_run(&c, next, &g, &base) == BT_OK);
+    double t_arrive = g.t;
+    c.profile.idle_step_s = 0.5; /* longer than the step: it pays its share */
+    c.profile.n_idle = 2;
+    c.profile.idle_gap_s[0] = 0.1, c.profile.idle_extra_s[0] = 0.01;
+    c.profile.idle_gap_s[1] = 1.0, c.profile.idle_extra_s[1] = 0.03;
+    g = (gen_t){.s = 5, .rate = 1, .max = 1};
+    REQUIRE(sim_run(&c, next, &g, &idle) == BT_OK);
+    REQUIRE(base.finished == 1 && idle.finished == 1);
+    double want = plan_idle_extra_s(&c.profile, t_arrive, base.ttft.sum);
+    CHECK_MSG(want > 0, "the arrival at %g s should find the node idle", t_arrive);
+    CHECK_MSG(fabs(idle.ttft.sum - base.ttft.sum - want) < 1e-9, "ttft %g vs %g + %g", idle.ttft.sum, base.ttft.sum,
+              want);
+    if (base.tpot.n) CHECK_MSG(fabs(idle.tpot.sum - base.tpot.sum) < 1e-9, "tpot %g vs %g", idle.tpot.sum, base.tpot.sum);
+    sim_result_free(&base);
+    sim_result_free(&idle);
+}
+
+/* Steps scatter around the model's value (prefill.spread, decode.spread): the median TTFT stays where it was, the
+ * tail grows, every request is still accounted for, and the same seed gives the same run. */
+static void test_step_spread(void)
+{
+    sim_config_t c = config(0, 2);
+    c.profile.prefill_fixed_s = 0.2; /* prompt steps of nearly one length: the TTFT's spread is the steps' */
+    c.profile.prefill_token_s = 1e-5;
+    gen_t g = {.s = 3, .rate = 0.5, .max = 2000};
+    sim_result_t base, a, b;
+    REQUIRE(sim_run(&c, next, &g, &base) == BT_OK);
+    c.profile.prefill_spread = c.profile.decode_spread = 0.2;
+    g = (gen_t){.s = 3, .rate = 0.5, .max = 2000};
+    REQUIRE(sim_run(&c, next, &g, &a) == BT_OK);
+    g = (gen_t){.s = 3, .rate = 0.5, .max = 2000};
+    REQUIRE(sim_run(&c, next, &g, &b) == BT_OK);
+    CHECK(conserved(&a) && a.finished == base.finished);
+    double p50 = sim_hist_quantile(&base.ttft, 0.5), p50s = sim_hist_quantile(&a.ttft, 0.5);
+    double p90 = sim_hist_quantile(&base.ttft, 0.9), p90s = sim_hist_quantile(&a.ttft, 0.9);
+    CHECK_MSG(fabs(p50s / p50 - 1) < 0.1, "ttft p50 %g with spread vs %g without", p50s, p50);
+    /* a normal's 90th percentile at 0.2: x1.29 */
+    CHECK_MSG(p90s > p90 * 1.15, "ttft p90 %g with spread vs %g without", p90s, p90);
+    CHECK(!memcmp(a.ttft.bins, b.ttft.bins, sizeof a.ttft.bins) && !memcmp(a.tpot.bins, b.tpot.bins, sizeof a.tpot.bins));
+    CHECK(a.events == b.events && a.sim_end_s == b.sim_end_s);
+    sim_result_free(&base);
+    sim_result_free(&a);
+    sim_result_free(&b);
+}
+
 static void test_bad_config(void)
 {
     sim_config_t c = config(1, 0);
@@ -214,6 +268,8 @@ int main(void)
     RUN(test_single_request_timing);
     RUN(test_serving_path);
     RUN(test_prompt_end_cost);
+    RUN(test_idle_cost);
+    RUN(test_step_spread);
     RUN(test_bad_config);
     return test_summary();
 }
