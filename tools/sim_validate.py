@@ -6,8 +6,9 @@ Each measurement runs in its own quiet window (one per workload and repetition, 
 the quiet file (default /tmp/QUIET) is gone, create it, then `baton profile` (unless --profile), start the cluster
 (deploy/local/cluster up --detach, its own ports and run directory), warm it up, probe the serving path outside
 the engines (serial one-token requests: their TTFT less the profile's step for them is the profile's
-router.request_s) and the router's and client's CPU per streamed token (router.token_s: on one host it comes out
-of the engine's cores), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
+router.request_s) and what each streamed token costs outside the engine (router.token_s: the larger of the
+router's and client's CPU per token, which on one host comes out of the engine's cores, and serial streams' TPOT
+less the profile's step), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
 and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
 measurement's own), over the window and over the measured load alone. The quiet file binds only those who honour
 it, so a window also waits until other processes use less than --max-others of the CPUs, and one they disturbed
@@ -199,14 +200,25 @@ def proc_cpu_s(pid_file):
         return 0.0
 
 
-def probe_path_token_s(a, baton, url, run_dir, tmp):
-    """CPU the serving path spends per streamed token on this host: the router's and the client's CPU over a few
-    serial long streams, per token (the decode node's RPC threads are not separated from its engine: left out)."""
-    n, out_tokens = 4, 128
+def probe_path_token_s(a, baton, url, run_dir, profile, tmp):
+    """What the serving path costs per streamed token on this host, over a few serial long streams on the idle
+    cluster, two ways: the router's and the client's CPU per token (on one host it comes out of the engine's
+    cores), and the streams' median TPOT less the profile's batch-1 decode step at their mean context (what the
+    engine spends per token; the rest is the path's, the decode node's own sends included, which the CPU count
+    cannot separate from its engine). The larger of the two is the profile's router.token_s."""
+    n, out_tokens, prompt_words = 4, 128, 8
+    out = tmp / "probe-stream.json"
     r0, c0 = proc_cpu_s(Path(run_dir) / "router.pid"), own_children_cpu_s()
-    run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--rate", "inf", "--requests", n,
-                   "--concurrency-limit", 1, "--prompt-tokens", 8, "--output-tokens", out_tokens, "--seed", 2])
-    return (proc_cpu_s(Path(run_dir) / "router.pid") - r0 + own_children_cpu_s() - c0) / (n * out_tokens)
+    run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out, "--rate", "inf", "--requests", n,
+                   "--concurrency-limit", 1, "--prompt-tokens", prompt_words, "--output-tokens", out_tokens,
+                   "--seed", 2])
+    cpu_s = (proc_cpu_s(Path(run_dir) / "router.pid") - r0 + own_children_cpu_s() - c0) / (n * out_tokens)
+    r = json.loads(out.read_text())["runs"][0]
+    d = json.loads(Path(profile).read_text())["decode"]
+    ctx = (r.get("mean_prompt_tokens") or prompt_words) + out_tokens / 2
+    step = d["fixed_s"] + d["seq_s"] + ctx * d.get("ctx_token_s", 0)
+    wall_s = max(0.0, r["tpot_ms"]["p50"] / 1e3 - step)
+    return max(cpu_s, wall_s), cpu_s, wall_s
 
 
 def measure(a, wpath, rep, tmp):
@@ -236,7 +248,8 @@ def measure(a, wpath, rep, tmp):
             run([baton, "bench-serve", "--url", url, "--quiet", "--rate", "inf", "--requests", 4,
                  "--prompt-tokens", 64, "--output-tokens", 16])
             request_s, probe_ttft = probe_request_s(a, baton, url, profile, tmp)
-            path_token_s = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], tmp)
+            path_token_s, path_cpu_s, path_wall_s = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], profile,
+                                                                       tmp)
             out = tmp / f"bench-{tag}.json"
             # others' share during the measured load itself: a window's average can hide a burst that fell on it
             b0, o0, c0, t0 = busy_cpu_s(), own_children_cpu_s(), cluster_cpu_s(env["BATON_RUN_DIR"]), time.monotonic()
@@ -258,7 +271,8 @@ def measure(a, wpath, rep, tmp):
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
                        "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3,
-                       "path_token_ms": path_token_s * 1e3,
+                       "path_token_ms": path_token_s * 1e3, "path_token_cpu_ms": path_cpu_s * 1e3,
+                       "path_token_wall_ms": path_wall_s * 1e3,
                        "prefill_spread": p["prefill"].get("spread", 0), "decode_spread": p["decode"].get("spread", 0),
                        "idle_extra_ms": [round(e * 1e3, 2) for e in p.get("idle", {}).get("extra_s", [])]},
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
