@@ -69,6 +69,13 @@ def busy_cpu_s():
     return (user + nice + system + irq + softirq) / HZ
 
 
+def steal_cpu_s():
+    """CPU seconds the hypervisor gave this machine's virtual CPUs to others while they wanted to run (steal):
+    contention from outside the machine, which no process list shows."""
+    f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return int(f[7]) / HZ if len(f) > 7 else 0.0
+
+
 def own_children_cpu_s():
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -124,7 +131,7 @@ class QuietWindow:
             self.path.write_text(f"{self.tag} {int(time.time())}\n")
         self.t0 = time.monotonic()
         self.load_start = loadavg()
-        self.busy0, self.own0 = busy_cpu_s(), own_children_cpu_s()
+        self.busy0, self.own0, self.steal0 = busy_cpu_s(), own_children_cpu_s(), steal_cpu_s()
         self.cluster_s = 0.0
         return self
 
@@ -134,6 +141,7 @@ class QuietWindow:
         # what other processes took: all busy time less this measurement's own (its commands and the cluster)
         mine = own_children_cpu_s() - self.own0 + self.cluster_s
         self.others_share = max(0.0, busy_cpu_s() - self.busy0 - mine) / (self.seconds * os.cpu_count())
+        self.steal_share = (steal_cpu_s() - self.steal0) / (self.seconds * os.cpu_count())
         if self.path:
             self.path.unlink(missing_ok=True)
         if self.seconds > WINDOW_WARN_S:
@@ -253,9 +261,11 @@ def measure(a, wpath, rep, tmp):
             out = tmp / f"bench-{tag}.json"
             # others' share during the measured load itself: a window's average can hide a burst that fell on it
             b0, o0, c0, t0 = busy_cpu_s(), own_children_cpu_s(), cluster_cpu_s(env["BATON_RUN_DIR"]), time.monotonic()
+            s0 = steal_cpu_s()
             run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
             mine = own_children_cpu_s() - o0 + cluster_cpu_s(env["BATON_RUN_DIR"]) - c0
             bench_others = max(0.0, busy_cpu_s() - b0 - mine) / ((time.monotonic() - t0) * os.cpu_count())
+            bench_steal = (steal_cpu_s() - s0) / ((time.monotonic() - t0) * os.cpu_count())
         finally:
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
@@ -268,6 +278,7 @@ def measure(a, wpath, rep, tmp):
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
            "load_start": qw.load_start, "load_end": qw.load_end, "window_s": round(qw.seconds, 1),
            "others_cpu_share": round(qw.others_share, 3), "others_bench_share": round(bench_others, 3),
+           "steal_share": round(qw.steal_share, 3), "steal_bench_share": round(bench_steal, 3),
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
                        "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3,
@@ -339,7 +350,8 @@ def main():
     ap.add_argument("--gap-s", type=float, default=20,
                     help="pause between quiet windows so that others can take a turn (default 20)")
     ap.add_argument("--max-others", type=float, default=0.15,
-                    help="a window where other processes took more than this share of the CPUs is disturbed: it "
+                    help="a window where other processes plus the hypervisor's steal (other guests on the host) "
+                         "took more than this share of the CPUs is disturbed: it "
                          "is measured again (--retries) and left out of the medians when a clean one exists; "
                          "windows start once others use less (1 = off; default 0.15)")
     ap.add_argument("--retries", type=int, default=2)
@@ -375,7 +387,9 @@ def main():
                         row, sim_profile = measure(a, wpath, rep, tmp)
                     row["sim"] = simulate(a, wpath, sim_profile)
                     row["others_before"] = round(before, 3)
-                    row["disturbed"] = max(row["others_cpu_share"], row["others_bench_share"]) > a.max_others
+                    # other processes here, and the hypervisor's steal: other guests on the same host
+                    row["disturbed"] = max(row["others_cpu_share"] + row["steal_share"],
+                                           row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
                     rows.append(row)
                     if a.json:  # as it goes: a run cut short keeps its windows
                         Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats,
@@ -383,7 +397,8 @@ def main():
                     if not row["disturbed"]:
                         break
                     print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs "
-                          f"({100 * row['others_bench_share']:.0f}% during the load)", file=sys.stderr)
+                          f"({100 * row['others_bench_share']:.0f}% during the load), the hypervisor stole "
+                          f"{100 * row['steal_share']:.0f}% ({100 * row['steal_bench_share']:.0f}%)", file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
@@ -401,6 +416,7 @@ def main():
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
               f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
+              f"during the load, steal {100 * r.get('steal_share', 0):.0f}%, {100 * r.get('steal_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
               f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_token_ms', 0):.2f} ms/token, spread "
