@@ -66,10 +66,10 @@ static bt_status parse_idle(const cJSON *root, plan_profile_t *p)
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "idle");
     if (!o) return BT_OK;
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "gap_s"), *e = cJSON_GetObjectItemCaseSensitive(o, "extra_s");
-    if (!cJSON_IsObject(o) || !cJSON_IsArray(g) || !cJSON_IsArray(e) || cJSON_GetArraySize(g) != cJSON_GetArraySize(e) ||
-        cJSON_GetArraySize(g) > PLAN_MAX_IDLE)
-        return bt_fail(BT_ERR_FORMAT, "profile: \"idle\" must be an object with arrays \"gap_s\" and \"extra_s\" of the "
-                       "same length (at most %d)", PLAN_MAX_IDLE);
+    if (!cJSON_IsObject(o) || !cJSON_IsArray(g) || !cJSON_IsArray(e) ||
+        cJSON_GetArraySize(g) != cJSON_GetArraySize(e) || cJSON_GetArraySize(g) > PLAN_MAX_IDLE)
+        return bt_fail(BT_ERR_FORMAT, "profile: \"idle\" must be an object with arrays \"gap_s\" and \"extra_s\" "
+                       "of the same length (at most %d)", PLAN_MAX_IDLE);
     bt_status st = get_num(o, "step_s", 1, &p->idle_step_s);
     if (st) return st;
     int n = cJSON_GetArraySize(g);
@@ -77,8 +77,8 @@ static bt_status parse_idle(const cJSON *root, plan_profile_t *p)
         const cJSON *gi = cJSON_GetArrayItem(g, i), *ei = cJSON_GetArrayItem(e, i);
         if (!cJSON_IsNumber(gi) || !cJSON_IsNumber(ei) || !(gi->valuedouble > 0) || !isfinite(gi->valuedouble) ||
             !(ei->valuedouble >= 0) || !isfinite(ei->valuedouble) || (i && !(gi->valuedouble > p->idle_gap_s[i - 1])))
-            return bt_fail(BT_ERR_FORMAT, "profile: idle point %d: gaps must be increasing numbers > 0 and extras numbers "
-                           ">= 0", i);
+            return bt_fail(BT_ERR_FORMAT, "profile: idle point %d: gaps must be increasing numbers > 0 and extras "
+                           "numbers >= 0", i);
         p->idle_gap_s[i] = gi->valuedouble;
         p->idle_extra_s[i] = ei->valuedouble;
     }
@@ -168,7 +168,8 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     if (p->decode_spread > 0) cJSON_AddNumberToObject(dec, "spread", p->decode_spread);
     if (p->n_idle > 0) {
         cJSON *idle = cJSON_AddObjectToObject(o, "idle");
-        cJSON *g = idle ? cJSON_AddArrayToObject(idle, "gap_s") : NULL, *e = idle ? cJSON_AddArrayToObject(idle, "extra_s") : NULL;
+        cJSON *g = idle ? cJSON_AddArrayToObject(idle, "gap_s") : NULL;
+        cJSON *e = idle ? cJSON_AddArrayToObject(idle, "extra_s") : NULL;
         if (idle) cJSON_AddNumberToObject(idle, "step_s", p->idle_step_s);
         for (int i = 0; g && e && i < p->n_idle; i++) {
             cJSON_AddItemToArray(g, cJSON_CreateNumber(p->idle_gap_s[i]));

@@ -285,17 +285,6 @@ static int parse_long(const char *a, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
-/* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run,
- * and a build next door slowed every shape it overlapped by 1.5-2.5x for tens of seconds): the fit takes, for each
- * group of equal regressors (decode: same batch, context per sequence within 16 tokens), the median step of each
- * repetition and then, over three or more repetitions, the median of those medians (over two, the least).
- * Repetitions sweep every shape in turn, so a burst of outside load spoils one repetition of a shape, not all of
- * them, and the median of three sets it aside. The least of the medians, which this took before, is biased low: on
- * a quiet machine (others 0% of the CPUs, 9 profiles of 3 repetitions) it sat 2-7% under the median for prefill
- * steps and 4-17% for decode steps, and the serving run it predicts is a typical run, not the luckiest of three
- * (the simulator came out 2-19% optimistic on every cell). Points are weighted by
- * 1 / y^2 so that the fit minimises relative error (small and large steps count alike). c2 >= 0 fixes the second
- * coefficient (measured apart): each group's step less x1 * c2 is fitted on x0 alone. */
 /* The shapes: points of equal regressors (decode: same batch, context per sequence within 16 tokens of the group's
  * first point) share a group. Sets group[i] for every point, numbered in first-seen order; returns how many. */
 static int group_points(const pf_points *p, int dec_shape, int *group)
@@ -317,6 +306,17 @@ static int group_points(const pf_points *p, int dec_shape, int *group)
     return ng;
 }
 
+/* Steps measured on a shared machine carry other processes' time (batch-1 decode steps from 6 to 31 ms in one run,
+ * and a build next door slowed every shape it overlapped by 1.5-2.5x for tens of seconds): the fit takes, for each
+ * group of equal regressors (decode: same batch, context per sequence within 16 tokens), the median step of each
+ * repetition and then, over three or more repetitions, the median of those medians (over two, the least).
+ * Repetitions sweep every shape in turn, so a burst of outside load spoils one repetition of a shape, not all of
+ * them, and the median of three sets it aside. The least of the medians, which this took before, is biased low: on
+ * a quiet machine (others 0% of the CPUs, 9 profiles of 3 repetitions) it sat 2-7% under the median for prefill
+ * steps and 4-17% for decode steps, and the serving run it predicts is a typical run, not the luckiest of three
+ * (the simulator came out 2-19% optimistic on every cell). Points are weighted by
+ * 1 / y^2 so that the fit minimises relative error (small and large steps count alike). c2 >= 0 fixes the second
+ * coefficient (measured apart): each group's step less x1 * c2 is fitted on x0 alone. */
 static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
 {
     static double gx[PF_MAX_POINTS * 2], gy[PF_MAX_POINTS], gw[PF_MAX_POINTS], ys[PF_MAX_POINTS];
@@ -357,8 +357,9 @@ static int fit_robust(const pf_points *p, int dec_shape, double c2, double *c)
 }
 
 /* How the steps of one shape scatter, for the simulator (prefill.spread, decode.spread): over every shape with 3 or
- * more points, ln(step / the shape's median) (an odd shape's middle point left out), pooled; the 90th percentile of those over 1.2816 (where a normal
- * puts it), since the tail is what the latency percentiles read and outside load skews it up. 0 without points. */
+ * more points, ln(step / the shape's median) (an odd shape's middle point left out), pooled; the 90th percentile
+ * of those over 1.2816 (where a normal puts it), since the tail is what the latency percentiles read and outside
+ * load skews it up. 0 without points. */
 static double spread_of(const pf_points *p, int dec_shape)
 {
     static int group[PF_MAX_POINTS];
