@@ -8,37 +8,20 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import urllib.request
 
 import openai
 
 from conftest import ROOT, build_dir
-
-
-def free_port(pair=False):
-    """A free TCP port on 127.0.0.1 (with pair, one whose successor is free too: etcd's peer port)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not pair:
-            return port
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port pair")
+from harness.etcd import free_port, free_port_run
 
 
 def test_cluster_up_serves_then_down(default_model, tmp_path):
     script = ROOT / "deploy" / "local" / "cluster"
     http = free_port()
     env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(tmp_path / "run"),
-               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port(pair=True)}", BATON_HTTP_LISTEN=f"127.0.0.1:{http}",
+               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port_run(2)}", BATON_HTTP_LISTEN=f"127.0.0.1:{http}",
                BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_THREADS="1")
     up = subprocess.run([str(script), "up", "--detach", "--model", str(default_model)], env=env,
                         capture_output=True, text=True, timeout=180)
@@ -65,7 +48,7 @@ def local_cluster(default_model, tmp_path, *args):
     script = ROOT / "deploy" / "local" / "cluster"
     http = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(tmp_path / "run"),
-               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port(pair=True)}", BATON_HTTP_LISTEN=http,
+               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port_run(2)}", BATON_HTTP_LISTEN=http,
                BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_THREADS="1")
     up = subprocess.run([str(script), "up", "--detach", "--model", str(default_model), *args], env=env,
                         capture_output=True, text=True, timeout=180)
@@ -133,7 +116,7 @@ def test_bench_disagg_script(default_model, tmp_path):
     disaggregated one reports its prefill node's KV hand-off."""
     out = tmp_path / "out"
     env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(tmp_path / "run"),
-               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port(pair=True)}", BATON_HTTP_LISTEN=f"127.0.0.1:{free_port()}",
+               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port_run(2)}", BATON_HTTP_LISTEN=f"127.0.0.1:{free_port()}",
                BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_MODEL=str(default_model), RATES="2",
                REQUESTS="3", PROMPT_TOKENS="64:0", OUTPUT_TOKENS="8:0", OUT=str(out))
     r = subprocess.run([str(ROOT / "tools" / "bench-disagg.sh")], env=env, capture_output=True, text=True,

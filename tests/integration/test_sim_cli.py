@@ -100,14 +100,14 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     """tools/sim_validate.py end to end on a tiny workload (its figures need a quiet machine; here only that it
     runs both sides and prints the table): a given profile, one repetition, no quiet file nor idle wait, targets
     not enforced."""
-    from harness.etcd import free_port
+    from harness.etcd import free_port_run
 
     wl = tmp_path / "validate-tiny.json"
     wl.write_text('{"rate": 4, "requests": 6, "prompt_tokens": 16, "prompt_sd": 4, "output_tokens": 4, "seed": 3}\n')
     out = tmp_path / "v.json"
     r = subprocess.run([sys.executable, str(ROOT / "tools/sim_validate.py"), "--repeats", "1", "--profile",
                         ROOT / "deploy/profiles/cpu-smollm2-135m.json", "--quiet-file", "", "--lock", "", "--max-others", "1", "--no-targets",
-                        "--port-base", str(free_port()), "--build", str(baton_bin.parent.parent), "--model",
+                        "--port-base", str(free_port_run(4)), "--build", str(baton_bin.parent.parent), "--model",
                         str(default_model), "--json", str(out), str(wl)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "ttft_p90_ms" in r.stdout and "cells within target" in r.stdout, r.stdout

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,6 +44,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_run(n: int) -> int:
+    """The first of n consecutive TCP ports that were all free on 127.0.0.1 a moment ago, drawn below the kernel's
+    ephemeral range (ports above free_port()'s answer are where outgoing connections take theirs)."""
+    lo, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, max(10001, lo - n))
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports below {lo}")
 
 
 def _b64(data: bytes) -> str:
