@@ -254,12 +254,12 @@ def test_local_cluster_up_with_spec(default_model, tmp_path):
     """`deploy/local/cluster up --spec ngram` starts decode nodes that speculate and serve."""
     import os
     from conftest import ROOT, build_dir
-    from test_local_cluster import free_port
+    from harness.etcd import free_port, free_port_run
     script = ROOT / "deploy" / "local" / "cluster"
     http = free_port()
     run = tmp_path / "run"
     env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(run),
-               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port(pair=True)}", BATON_HTTP_LISTEN=f"127.0.0.1:{http}",
+               BATON_ETCD_LISTEN=f"127.0.0.1:{free_port_run(2)}", BATON_HTTP_LISTEN=f"127.0.0.1:{http}",
                BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_THREADS="1")
     up = subprocess.run([str(script), "up", "--detach", "--prefill", "0", "--spec", "ngram", "--model",
                          str(default_model)], env=env, capture_output=True, text=True, timeout=180)

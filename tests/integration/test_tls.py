@@ -31,7 +31,7 @@ import openai
 import pytest
 
 from conftest import ROOT, build_dir
-from test_local_cluster import free_port
+from harness.etcd import free_port, free_port_run
 
 CLUSTER = ROOT / "deploy" / "local" / "cluster"
 PKI = ROOT / "deploy" / "local" / "pki"
@@ -93,7 +93,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(default_model, tmp_path_factory):
     run = tmp_path_factory.mktemp("tls") / "run"
-    http, etcd = free_port(), f"127.0.0.1:{free_port(pair=True)}"
+    http, etcd = free_port(), f"127.0.0.1:{free_port_run(2)}"
     env = dict(os.environ, BATON_BUILD_DIR=str(build_dir()), BATON_RUN_DIR=str(run), BATON_ETCD_LISTEN=etcd,
                BATON_HTTP_LISTEN=f"127.0.0.1:{http}", BATON_GRPC_LISTEN=f"127.0.0.1:{free_port()}", BATON_THREADS="1")
     up = subprocess.run([str(CLUSTER), "up", "--tls", "--detach", "--model", str(default_model),
