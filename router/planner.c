@@ -103,7 +103,9 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
         return st;
     const cJSON *rt = cJSON_GetObjectItemCaseSensitive(root, "router");
     if (rt && !cJSON_IsObject(rt)) return bt_fail(BT_ERR_FORMAT, "profile: \"router\" must be an object");
-    if (rt && ((st = get_num(rt, "request_s", 0, &p->request_s)) || (st = get_num(rt, "token_s", 0, &p->path_token_s))))
+    if (rt && ((st = get_num(rt, "request_s", 0, &p->request_s)) || (st = get_num(rt, "token_s", 0, &p->path_token_s)) ||
+               (st = get_num(rt, "step_s", 0, &p->path_step_s)) ||
+               (st = get_num(rt, "prefill_token_s", 0, &p->path_prefill_token_s))))
         return st;
     if (!(p->prefill_token_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"prefill.token_s\" must be > 0");
     if (!(p->decode_fixed_s > 0)) return bt_fail(BT_ERR_FORMAT, "profile: \"decode.fixed_s\" must be > 0");
@@ -176,10 +178,12 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
             cJSON_AddItemToArray(e, cJSON_CreateNumber(p->idle_extra_s[i]));
         }
     }
-    if (p->request_s > 0 || p->path_token_s > 0) {
+    if (p->request_s > 0 || p->path_token_s > 0 || p->path_step_s > 0 || p->path_prefill_token_s > 0) {
         cJSON *rt = cJSON_AddObjectToObject(o, "router");
         if (rt) cJSON_AddNumberToObject(rt, "request_s", p->request_s);
         if (rt) cJSON_AddNumberToObject(rt, "token_s", p->path_token_s);
+        if (rt && p->path_step_s > 0) cJSON_AddNumberToObject(rt, "step_s", p->path_step_s);
+        if (rt && p->path_prefill_token_s > 0) cJSON_AddNumberToObject(rt, "prefill_token_s", p->path_prefill_token_s);
     }
     for (int i = 0; i < p->n_xfer; i++) {
         cJSON *t = cJSON_AddObjectToObject(x, p->xfer[i].name);

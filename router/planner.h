@@ -97,6 +97,13 @@ typedef struct plan_profile {
     double path_token_s;      /* CPU the serving path (router, client) spends per streamed token where it shares
                                * the nodes' cores, as on a one-host cluster: each decode row's step is that much
                                * longer (0 = the router runs elsewhere); the simulator's only */
+    double path_step_s;       /* what a decode step with rows costs more on a serving node than in the profile's
+                               * loop, once per step whatever its rows (the engine's wake-up and hand-off per step);
+                               * the simulator's only */
+    double path_prefill_token_s; /* CPU the serving path spends per token streamed anywhere in the cluster that the
+                               * prefill nodes' cores pay: a one-host cluster whose decode nodes are pinned to other
+                               * cores runs its router and clients beside the prefill nodes, whose steps stretch by
+                               * that share (0 = they do not); the simulator's only */
     int64_t chunk_tokens;     /* prefill tokens per step */
     int64_t max_running;      /* sequences per decode batch */
     int64_t kv_tokens;        /* KV capacity of one node in tokens (0 = unbounded) */

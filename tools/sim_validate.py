@@ -81,16 +81,15 @@ def own_children_cpu_s():
     return ru.ru_utime + ru.ru_stime
 
 
+def cluster_cpu_by_proc(run_dir):
+    """CPU seconds of each of the cluster's processes (etcd, router, nodes: their pid files' names), read before
+    they stop."""
+    return {pid_file.stem: proc_cpu_s(pid_file) for pid_file in Path(run_dir).glob("*.pid")}
+
+
 def cluster_cpu_s(run_dir):
-    """CPU seconds of the cluster's processes (etcd, router, nodes), read before they stop."""
-    total = 0.0
-    for pid_file in Path(run_dir).glob("*.pid"):
-        try:
-            f = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / HZ
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
+    """CPU seconds of the cluster's processes together."""
+    return sum(cluster_cpu_by_proc(run_dir).values())
 
 
 def others_share_now(seconds=10):
@@ -209,24 +208,57 @@ def proc_cpu_s(pid_file):
 
 
 def probe_path_token_s(a, baton, url, run_dir, profile, tmp):
-    """What the serving path costs per streamed token on this host, over a few serial long streams on the idle
-    cluster, two ways: the router's and the client's CPU per token (on one host it comes out of the engine's
-    cores), and the streams' median TPOT less the profile's batch-1 decode step at their mean context (what the
-    engine spends per token; the rest is the path's, the decode node's own sends included, which the CPU count
-    cannot separate from its engine). The larger of the two is the profile's router.token_s."""
-    n, out_tokens, prompt_words = 4, 128, 8
-    out = tmp / "probe-stream.json"
-    r0, c0 = proc_cpu_s(Path(run_dir) / "router.pid"), own_children_cpu_s()
-    run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out, "--rate", "inf", "--requests", n,
-                   "--concurrency-limit", 1, "--prompt-tokens", prompt_words, "--output-tokens", out_tokens,
-                   "--seed", 2])
-    cpu_s = (proc_cpu_s(Path(run_dir) / "router.pid") - r0 + own_children_cpu_s() - c0) / (n * out_tokens)
-    r = json.loads(out.read_text())["runs"][0]
+    """What the serving path costs per streamed token on this host, over a few long streams on the idle cluster,
+    two ways: the router's and the client's CPU per token (on one host it comes out of some node's cores), and the
+    streams' median TPOT less the profile's decode step for their batch and context (what a serving node's step
+    costs beyond the profile's loop: its sends, its wake-ups), at one stream and at PATH_BATCH streams at once, so
+    that a per-step part and a per-row part can be told apart. Returns (cpu_s, wall_s per batch)."""
+    out_tokens, prompt_words = 128, 8
     d = json.loads(Path(profile).read_text())["decode"]
-    ctx = (r.get("mean_prompt_tokens") or prompt_words) + out_tokens / 2
-    step = d["fixed_s"] + d["seq_s"] + ctx * d.get("ctx_token_s", 0)
-    wall_s = max(0.0, r["tpot_ms"]["p50"] / 1e3 - step)
-    return max(cpu_s, wall_s), cpu_s, wall_s
+    cpu_s, walls = 0.0, {}
+    for batch in (1, PATH_BATCH):
+        n = 4 if batch == 1 else 2 * batch
+        out = tmp / f"probe-stream-{batch}.json"
+        r0, c0 = proc_cpu_s(Path(run_dir) / "router.pid"), own_children_cpu_s()
+        run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out, "--rate", "inf", "--requests",
+                       n, "--concurrency-limit", batch, "--prompt-tokens", prompt_words, "--output-tokens", out_tokens,
+                       "--seed", 2 + batch])
+        if batch == 1:
+            cpu_s = (proc_cpu_s(Path(run_dir) / "router.pid") - r0 + own_children_cpu_s() - c0) / (n * out_tokens)
+        r = json.loads(out.read_text())["runs"][0]
+        ctx = (r.get("mean_prompt_tokens") or prompt_words) + out_tokens / 2
+        step = d["fixed_s"] + batch * d["seq_s"] + batch * ctx * d.get("ctx_token_s", 0)
+        walls[batch] = max(0.0, r["tpot_ms"]["p50"] / 1e3 - step)
+    return cpu_s, walls
+
+
+PATH_BATCH = 4
+
+
+def path_split(probes, floor_row_s):
+    """The serving node's extra per decode step and per row from the probes' extra TPOT at batch 1 and
+    PATH_BATCH: per row the slope (at least floor_row_s), per step what batch 1 leaves."""
+    w1, wb = probes["path_wall_s"], probes.get("path_wall_batch_s", probes["path_wall_s"])
+    row = max(floor_row_s, (wb - w1) / (PATH_BATCH - 1)) if "path_wall_batch_s" in probes else max(floor_row_s, w1)
+    return max(0.0, w1 - row), row
+
+
+def sim_profile_of(shape, raw, probes):
+    """The profile the simulator runs on: the window's `baton profile` plus what the probes measured of the serving
+    path (router.request_s per request; router.token_s per streamed token on the decode node's step: the larger of
+    the router's and client's CPU per token, which on one host comes out of the engine's cores, and the serial
+    streams' extra TPOT)."""
+    p = json.loads(json.dumps(raw))
+    p.setdefault("router", {})["request_s"] = probes["request_s"]
+    if shape == "1p1d":
+        # the decode node is pinned to its own core: the streams' extra TPOT is its own (its sends, its wake-ups);
+        # the router and the client run on the other core, the prefill node's, and slow its steps
+        p["router"]["step_s"], p["router"]["token_s"] = path_split(probes, 0.0)
+        p["router"]["prefill_token_s"] = probes["path_cpu_s"]
+    else:
+        # the router's and the client's CPU per token comes out of the node's cores: at least that much per row
+        p["router"]["step_s"], p["router"]["token_s"] = path_split(probes, probes["path_cpu_s"])
+    return p
 
 
 def measure(a, wpath, rep, tmp):
@@ -256,24 +288,28 @@ def measure(a, wpath, rep, tmp):
             run([baton, "bench-serve", "--url", url, "--quiet", "--rate", "inf", "--requests", 4,
                  "--prompt-tokens", 64, "--output-tokens", 16])
             request_s, probe_ttft = probe_request_s(a, baton, url, profile, tmp)
-            path_token_s, path_cpu_s, path_wall_s = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], profile,
-                                                                       tmp)
+            path_cpu_s, path_walls = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], profile, tmp)
             out = tmp / f"bench-{tag}.json"
             # others' share during the measured load itself: a window's average can hide a burst that fell on it
-            b0, o0, c0, t0 = busy_cpu_s(), own_children_cpu_s(), cluster_cpu_s(env["BATON_RUN_DIR"]), time.monotonic()
-            s0 = steal_cpu_s()
+            b0, o0, t0 = busy_cpu_s(), own_children_cpu_s(), time.monotonic()
+            p0, s0 = cluster_cpu_by_proc(env["BATON_RUN_DIR"]), steal_cpu_s()
             run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
-            mine = own_children_cpu_s() - o0 + cluster_cpu_s(env["BATON_RUN_DIR"]) - c0
+            # where the load's CPU went, per process (the client is this script's children): on one host the
+            # router's and the client's share lands on whichever core is free
+            load_cpu = {k: round(v - p0.get(k, 0.0), 3) for k, v in cluster_cpu_by_proc(env["BATON_RUN_DIR"]).items()}
+            load_cpu["client"] = round(own_children_cpu_s() - o0, 3)
+            mine = sum(load_cpu.values())
             bench_others = max(0.0, busy_cpu_s() - b0 - mine) / ((time.monotonic() - t0) * os.cpu_count())
             bench_steal = (steal_cpu_s() - s0) / ((time.monotonic() - t0) * os.cpu_count())
         finally:
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
     real = json.loads(out.read_text())["runs"][0]
-    p = json.loads(Path(profile).read_text())
-    p.setdefault("router", {})["request_s"] = request_s
-    p["router"]["token_s"] = path_token_s
-    sim_profile = tmp / f"sim-profile-{tag}.json"
+    raw = json.loads(Path(profile).read_text())
+    probes = {"request_s": request_s, "path_cpu_s": path_cpu_s, "path_wall_s": path_walls[1],
+              "path_wall_batch_s": path_walls[PATH_BATCH]}
+    p = sim_profile_of(a.shape, raw, probes)
+    sim_profile = tmp / f"sim-profile-{tag}-{int(time.time())}.json"
     sim_profile.write_text(json.dumps(p))
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
            "load_start": qw.load_start, "load_end": qw.load_end, "window_s": round(qw.seconds, 1),
@@ -282,10 +318,15 @@ def measure(a, wpath, rep, tmp):
            "profile": {"prefill_token_ms": p["prefill"]["token_s"] * 1e3, "prefill_seq_ms": p["prefill"].get("seq_s", 0) * 1e3,
                        "decode_fixed_ms": p["decode"]["fixed_s"] * 1e3, "decode_seq_ms": p["decode"]["seq_s"] * 1e3,
                        "request_ms": request_s * 1e3, "probe_ttft_ms": probe_ttft * 1e3,
-                       "path_token_ms": path_token_s * 1e3, "path_token_cpu_ms": path_cpu_s * 1e3,
-                       "path_token_wall_ms": path_wall_s * 1e3,
+                       "path_token_ms": p["router"]["token_s"] * 1e3, "path_token_cpu_ms": path_cpu_s * 1e3,
+                       "path_token_wall_ms": path_walls[1] * 1e3,
+                       "path_token_wall_batch_ms": path_walls[PATH_BATCH] * 1e3,
+                       "path_step_ms": p["router"]["step_s"] * 1e3,
                        "prefill_spread": p["prefill"].get("spread", 0), "decode_spread": p["decode"].get("spread", 0),
                        "idle_extra_ms": [round(e * 1e3, 2) for e in p.get("idle", {}).get("extra_s", [])]},
+           "load_cpu_s": load_cpu, "load_s": real.get("duration_s", 0),
+           "output_tok_s": real.get("throughput_output_tok_s", 0),
+           "raw_profile": raw, "probes": probes,
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
                     "tpot_p50_ms": real["tpot_ms"]["p50"], "tpot_p90_ms": real["tpot_ms"]["p90"],
                     "goodput": real["good_requests"] / max(1, real["requests"])}}
@@ -361,8 +402,13 @@ def main():
     ap.add_argument("--max-wait-s", type=float, default=900, help="longest wait for others to go idle (default 900)")
     ap.add_argument("--json")
     ap.add_argument("--no-targets", action="store_true", help="exit 0 even when a target is missed")
+    ap.add_argument("--resimulate", metavar="JSON",
+                    help="measure nothing: simulate again the windows a --json file of an earlier run recorded "
+                         "(their profiles and probes) with this build, and compare with their measurements")
     a = ap.parse_args()
     a.slo = (a.slo_ttft_ms, a.slo_tpot_ms)
+    if a.resimulate:
+        return resimulate(a)
     if a.nice and subprocess.run(["nice", "-n", str(a.nice), "true"], capture_output=True).returncode != 0:
         a.nice = 0
     if a.nice:
@@ -405,6 +451,34 @@ def main():
     except CmdError as e:
         print(f"sim_validate: {e}", file=sys.stderr)
         return 2
+    return report(a, rows, workloads, tmp)
+
+
+def resimulate(a):
+    old = json.loads(Path(a.resimulate).read_text())
+    a.shape, a.slo, a.repeats = old["shape"], tuple(old["slo_ms"]), old["repeats"]
+    a.slo_ttft_ms, a.slo_tpot_ms = a.slo
+    rows = [r for r in old["rows"] if "raw_profile" in r]
+    if not rows:
+        print(f"sim_validate: {a.resimulate} records no profiles (an older run's file)", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="sim-resimulate-"))
+    workloads = []
+    for i, r in enumerate(rows):
+        if Path(r["workload"]) not in workloads:
+            workloads.append(Path(r["workload"]))
+        sp = tmp / f"sim-profile-{i}.json"
+        sp.write_text(json.dumps(sim_profile_of(a.shape, r["raw_profile"], r["probes"])))
+        try:
+            r["sim"] = simulate(a, r["workload"], sp)
+        except CmdError as e:
+            print(f"sim_validate: {e}", file=sys.stderr)
+            return 2
+    return report(a, rows, workloads, tmp)
+
+
+def report(a, rows, workloads, tmp):
+    """Prints the table and each window's conditions, writes --json; the exit status."""
     table = summarize(rows, workloads)
     print(f"shape {a.shape}; SLO TTFT {a.slo_ttft_ms:g} ms, TPOT {a.slo_tpot_ms:g} ms; medians over {a.repeats} "
           f"repetition(s); work files under {tmp}")
@@ -419,9 +493,12 @@ def main():
               f"during the load, steal {100 * r.get('steal_share', 0):.0f}%, {100 * r.get('steal_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
-              f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_token_ms', 0):.2f} ms/token, spread "
+              f"{r['profile']['request_ms']:.1f} ms + {r['profile'].get('path_step_ms', 0):.2f} ms/step + "
+              f"{r['profile'].get('path_token_ms', 0):.2f} ms/token, spread "
               f"{r['profile'].get('prefill_spread', 0):.2f}/{r['profile'].get('decode_spread', 0):.2f}, idle extra "
-              f"{r['profile'].get('idle_extra_ms', [])} ms")
+              f"{r['profile'].get('idle_extra_ms', [])} ms"
+              + (f"; the load's CPU seconds over {r['load_s']:.0f} s: "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["load_cpu_s"].items())) if "load_cpu_s" in r else ""))
     if a.json:
         Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats, "rows": rows,
                                             "table": table}, indent=1))

@@ -114,3 +114,14 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     j = json.loads(out.read_text())
     assert len(j["table"]) == 5 and j["rows"][0]["requests"] == 6
     assert all(x >= 0 for x in j["rows"][0]["real"].values()) and j["rows"][0]["sim"]["ttft_p50_ms"] > 0
+    row = j["rows"][0]
+    # where the load's CPU went, per process; the step and row parts of the path from the two stream probes
+    assert row["load_cpu_s"]["router"] > 0 and row["load_cpu_s"]["client"] > 0, row["load_cpu_s"]
+    assert row["probes"]["path_wall_batch_s"] >= 0 and row["profile"]["path_step_ms"] >= 0
+    # --resimulate runs the recorded windows again through the simulator alone: same profile, same seed, same answer
+    r2 = subprocess.run([sys.executable, str(ROOT / "tools/sim_validate.py"), "--resimulate", str(out), "--no-targets",
+                         "--build", str(baton_bin.parent.parent)], capture_output=True, text=True, timeout=120)
+    assert r2.returncode == 0, r2.stderr
+    assert "cells within target" in r2.stdout, r2.stdout
+    assert [ln for ln in r2.stdout.splitlines() if "ttft_p50_ms" in ln] == \
+        [ln for ln in r.stdout.splitlines() if "ttft_p50_ms" in ln]

@@ -21,9 +21,13 @@
  *  - The serving path outside the engines (HTTP, tokenization, the RPCs, the first token's way back) is one
  *    constant per request, the profile's request_s: a request reaches placement that long after it was sent.
  *    Where that path shares the decode node's cores (a one-host cluster), its CPU per streamed token
- *    (path_token_s) lengthens each step by that much per row.
+ *    (path_token_s) lengthens each step by that much per row; a serving node's decode step also costs path_step_s
+ *    more than the profile's loop timed it, once per step. Where it shares the prefill nodes' cores instead
+ *    (one host, decode nodes pinned elsewhere), a prefill step is stretched by the share of a core it takes then
+ *    (path_prefill_token_s times the decode nodes' current streaming rate, over the alive prefill nodes).
  *  - KV transfer: each prefill node pushes one request at a time over its link (latency + bytes / bandwidth, the
- *    blocks the decode node lacks). The first token reaches the client when the KV has arrived (TTFT).
+ *    blocks the decode node lacks). The first token reaches the client when the decode node has seen the KV
+ *    arrive (TTFT): at once when it is idle, else when its step in flight ends (its engine looks between steps).
  *  - Failures: a failed node's requests (queued, transferring to it, running) move to other nodes with their
  *    delivered tokens, re-prefilled there (the router's migration), up to max_migrations, then count as failed.
  * Every request ends finished, rejected at admission, or failed: sim_run checks that count. */
@@ -77,12 +81,14 @@ typedef struct node {
     int64_t q_tokens;
     int q_len;
     req_t *w_head, *w_tail;         /* decode: KV arrived, waiting for a batch slot */
+    req_t *a_head, *a_tail;         /* decode: KV arrived during the step in flight, seen when it ends */
     int w_len;
     req_t **run;                    /* decode: heap of running sequences by finish_step */
     int n_run, cap_run;
     int64_t step_idx, kv_used;
     double ctx_base_sum;
     int step_b;                     /* decode rows of the step in flight */
+    double step_rate;               /* decode: rows per second of the step in flight (0 when none) */
     req_t **done;                   /* prefills that complete with the step in flight */
     int n_done, cap_done;
     double link_free;
@@ -399,6 +405,18 @@ static int64_t take_prefill(sim_t *s, node_t *n, int64_t budget)
     return took;
 }
 
+/* The share of a prefill node's core that a one-host cluster's router and clients take (profile
+ * path_prefill_token_s): the decode nodes' streaming rate now times its CPU per token, spread over the alive
+ * prefill nodes, at most 0.9. Scans the nodes: only such small clusters set it. */
+static double path_share(const sim_t *s)
+{
+    double rate = 0;
+    for (int i = 0; i < s->np + s->nd; i++)
+        if (s->nodes[i].busy) rate += s->nodes[i].step_rate;
+    double u = rate * s->pf->path_prefill_token_s / (s->n_alive_p > 0 ? s->n_alive_p : 1);
+    return u < 0.9 ? u : 0.9;
+}
+
 static void node_start(sim_t *s, int i)
 {
     node_t *n = &s->nodes[i];
@@ -411,6 +429,7 @@ static void node_start(sim_t *s, int i)
         ptoks = take_prefill(s, n, s->chunk);
         if (!ptoks) return;
         dt = plan_prefill_step_s(pf, ptoks, n->n_done);
+        if (pf->path_prefill_token_s > 0) dt /= 1.0 - path_share(s);
         n->step_b = 0;
     } else {
         while (n->w_head && n->n_run < s->max_running && kv_fits(s, n, n->w_head)) {
@@ -427,13 +446,15 @@ static void node_start(sim_t *s, int i)
         /* every row streams one token, and on a one-host cluster the serving path's CPU for it (path_token_s)
          * comes out of the step */
         dt = (b ? plan_decode_step_s(pf, b, ctx) : pf->prefill_fixed_s) + (double)ptoks * pf->prefill_token_s +
-             (double)n->n_done * pf->prefill_seq_s + (double)(b + n->n_done) * pf->path_token_s;
+             (double)n->n_done * pf->prefill_seq_s + (double)(b + n->n_done) * pf->path_token_s +
+             (b ? pf->path_step_s : 0);
         n->step_b = b;
     }
     /* what idleness before it costs, then the profile's scatter around its shape's median */
     dt += plan_idle_extra_s(pf, s->now - n->last_end, dt);
     double spread = ptoks > 0 ? pf->prefill_spread : pf->decode_spread;
     if (spread > 0) dt *= exp(spread * step_gauss(s));
+    n->step_rate = n->decode && n->step_b ? n->step_b / dt : 0;
     n->busy = 1;
     sim_node_stats_t *st = &s->res->nodes[i];
     st->busy_s += dt;
@@ -472,10 +493,13 @@ static void prefill_step_done(sim_t *s, int i)
     node_start(s, i);
 }
 
+static void kv_arrived(sim_t *s, node_t *n, req_t *r);
+
 static void decode_step_done(sim_t *s, int i)
 {
     node_t *n = &s->nodes[i];
     n->busy = 0;
+    n->step_rate = 0;
     n->last_end = s->now;
     n->step_idx++;
     s->gen_total += (uint64_t)n->step_b;
@@ -504,16 +528,13 @@ static void decode_step_done(sim_t *s, int i)
         }
     }
     n->n_done = 0;
+    for (req_t *r; (r = q_pop(&n->a_head, &n->a_tail));) kv_arrived(s, n, r);
     node_start(s, i);
 }
 
-static void kv_done(sim_t *s, req_t *r, int d, uint32_t epoch)
+/* r's KV is on decode node n: its first token goes out (the prefill node's) and it waits for a batch slot. */
+static void kv_arrived(sim_t *s, node_t *n, req_t *r)
 {
-    node_t *n = &s->nodes[d];
-    if (!n->alive || n->epoch != epoch) {
-        migrate(s, r);
-        return;
-    }
     if (r->gen == 0) first_token(s, r);
     else {
         r->gen++;
@@ -526,6 +547,22 @@ static void kv_done(sim_t *s, req_t *r, int d, uint32_t epoch)
     }
     q_append(&n->w_head, &n->w_tail, r);
     n->w_len++;
+}
+
+/* A decode node's engine sees a finished remote prefill between steps (the scheduler drains its control messages
+ * before it plans the next one): an arrival during a step waits for that step's end, first token included. */
+static void kv_done(sim_t *s, req_t *r, int d, uint32_t epoch)
+{
+    node_t *n = &s->nodes[d];
+    if (!n->alive || n->epoch != epoch) {
+        migrate(s, r);
+        return;
+    }
+    if (n->busy) {
+        q_append(&n->a_head, &n->a_tail, r);
+        return;
+    }
+    kv_arrived(s, n, r);
     node_start(s, d);
 }
 
@@ -720,6 +757,7 @@ static void node_fail(sim_t *s, int i, double repair_s)
     n->alive = 0;
     n->epoch++;
     n->busy = 0;
+    n->step_rate = 0;
     alive_remove(s, i);
     s->res->nodes[i].failures++;
     if (s->pindex) rtr_pindex_forget(s->pindex, n->id);
@@ -729,6 +767,7 @@ static void node_fail(sim_t *s, int i, double repair_s)
     n->n_done = 0;
     while ((r = q_pop(&n->q_head, &n->q_tail))) r->next = lost, lost = r;
     while ((r = q_pop(&n->w_head, &n->w_tail))) r->next = lost, lost = r;
+    while ((r = q_pop(&n->a_head, &n->a_tail))) r->next = lost, lost = r;
     for (int k = 0; k < n->n_run; k++) {
         r = n->run[k];
         r->gen = r->osl - (int32_t)(r->finish_step - n->step_idx); /* tokens delivered until now */

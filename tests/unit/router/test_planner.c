@@ -338,13 +338,16 @@ static void test_profile_json(void)
     snprintf(p.host, sizeof p.host, "test host");
     p.request_s = 0.004;
     p.path_token_s = 0.0005;
+    p.path_prefill_token_s = 0.0003;
+    p.path_step_s = 0.0002;
     char *txt = plan_profile_to_json(&p, "{\"prefill\": [[16, 0.03]]}");
     REQUIRE(txt);
     REQUIRE(plan_profile_from_json(txt, &q) == BT_OK);
     free(txt);
     CHECK(q.prefill_token_s == p.prefill_token_s && q.decode_seq_s == p.decode_seq_s && q.n_xfer == 1);
     CHECK(!strcmp(q.xfer[0].name, "shm") && q.xfer[0].bytes_s == 5e9 && !strcmp(q.host, "test host"));
-    CHECK(q.request_s == 0.004 && q.path_token_s == 0.0005);
+    CHECK(q.request_s == 0.004 && q.path_token_s == 0.0005 && q.path_prefill_token_s == 0.0003 &&
+          q.path_step_s == 0.0002);
     /* the serving path's time adds to every TTFT prediction */
     double t0, t1, tp;
     plan_predict(&q, &targets, 1, 300, 100, 1, 1, &t1, &tp);

@@ -161,13 +161,15 @@ static void test_serving_path(void)
     REQUIRE(sim_run(&c, next, &g, &base) == BT_OK);
     c.profile.request_s = 0.01;
     c.profile.path_token_s = 0.002;
+    c.profile.path_step_s = 0.0007;
     g = (gen_t){.s = 5, .rate = 1, .max = 1};
     REQUIRE(sim_run(&c, next, &g, &path) == BT_OK);
     REQUIRE(base.finished == 1 && path.finished == 1);
-    /* the lone request's first token: +10 ms of path, +2 ms for its row */
+    /* the lone request's first token: +10 ms of path, +2 ms for its row (its prompt step has no decode rows) */
     CHECK_MSG(fabs(path.ttft.sum - base.ttft.sum - 0.012) < 1e-9, "ttft %g vs %g", path.ttft.sum, base.ttft.sum);
+    /* each decode step: +2 ms for its one row, +0.7 ms for the step */
     if (base.tpot.n)
-        CHECK_MSG(fabs(path.tpot.sum - base.tpot.sum - 0.002) < 1e-9, "tpot %g vs %g", path.tpot.sum, base.tpot.sum);
+        CHECK_MSG(fabs(path.tpot.sum - base.tpot.sum - 0.0027) < 1e-9, "tpot %g vs %g", path.tpot.sum, base.tpot.sum);
     sim_result_free(&base);
     sim_result_free(&path);
 }
@@ -249,6 +251,79 @@ static void test_step_spread(void)
     sim_result_free(&b);
 }
 
+/* Fixed arrivals: (time, prompt, output) triples. */
+typedef struct fixed {
+    const double (*a)[3];
+    int n, i;
+} fixed_t;
+
+static int next_fixed(void *ud, sim_arrival_t *a)
+{
+    fixed_t *f = ud;
+    if (f->i >= f->n) return 1;
+    memset(a, 0, sizeof *a);
+    a->t = f->a[f->i][0];
+    a->prompt_tokens = (int32_t)f->a[f->i][1];
+    a->output_tokens = (int32_t)f->a[f->i][2];
+    f->i++;
+    return 0;
+}
+
+/* Sum of the TTFTs of a 1P+1D run of the given arrivals. */
+static double ttft_sum_1p1d(const sim_config_t *c, const double (*arr)[3], int n)
+{
+    fixed_t f = {arr, n, 0};
+    sim_result_t r;
+    if (sim_run(c, next_fixed, &f, &r) != BT_OK) {
+        CHECK_MSG(0, "sim_run failed");
+        return NAN;
+    }
+    CHECK(r.finished == (uint64_t)n);
+    double t = r.ttft.sum;
+    sim_result_free(&r);
+    return t;
+}
+
+static sim_config_t config_1p1d(double decode_fixed_s)
+{
+    sim_config_t c = config(1, 1);
+    c.prefill_mode = RTR_PREFILL_REMOTE;
+    c.profile.decode_fixed_s = decode_fixed_s;
+    c.profile.decode_ctx_s = 0; /* every step of one row is as long */
+    return c;
+}
+
+/* A decode node sees a remote prefill's KV between its steps: B's KV lands while A's decode step is in flight, so
+ * B's first token waits for that step's end (more than nothing, at most one step), where an idle node would have
+ * sent it at once. */
+static void test_kv_arrival_waits_for_step(void)
+{
+    sim_config_t c = config_1p1d(0.1);
+    double step = c.profile.decode_fixed_s + c.profile.decode_seq_s;
+    const double a[][3] = {{0.0, 100, 50}}, b[][3] = {{0.3, 100, 5}}, ab[][3] = {{0.0, 100, 50}, {0.3, 100, 5}};
+    double ta = ttft_sum_1p1d(&c, a, 1), tb = ttft_sum_1p1d(&c, b, 1), tab = ttft_sum_1p1d(&c, ab, 2);
+    double wait = tab - ta - tb;
+    CHECK_MSG(wait > 1e-6 && wait <= step + 1e-9, "B waited %g s for a step of %g s", wait, step);
+}
+
+/* On one host with the decode node pinned away, the router and the client take a share of the prefill node's core
+ * (path_prefill_token_s per streamed token): B's prompt step, run while A streams a row every 2.5 ms, stretches by
+ * 1 / (1 - 400 x 0.0005) = 1.25; A's, run before anything streams, does not. */
+static void test_path_on_prefill_core(void)
+{
+    sim_config_t c = config_1p1d(0.002);
+    double step = c.profile.decode_fixed_s + c.profile.decode_seq_s;
+    const double ab[][3] = {{0.0, 100, 400}, {0.3, 100, 5}}, a[][3] = {{0.0, 100, 400}};
+    double base = ttft_sum_1p1d(&c, ab, 2), ta = ttft_sum_1p1d(&c, a, 1);
+    c.profile.path_prefill_token_s = 0.0005;
+    double shared = ttft_sum_1p1d(&c, ab, 2), ta2 = ttft_sum_1p1d(&c, a, 1);
+    CHECK_MSG(fabs(ta2 - ta) < 1e-9, "A's ttft %g vs %g", ta2, ta);
+    double prompt_step = c.profile.prefill_fixed_s + 100 * c.profile.prefill_token_s;
+    double want = prompt_step * (1 / (1 - 0.0005 / step) - 1), got = shared - base;
+    /* B's first token still waits for a step boundary: within one step of the stretch */
+    CHECK_MSG(fabs(got - want) <= step + 1e-9, "B's ttft grew %g s, want %g s", got, want);
+}
+
 static void test_bad_config(void)
 {
     sim_config_t c = config(1, 0);
@@ -270,6 +345,8 @@ int main(void)
     RUN(test_prompt_end_cost);
     RUN(test_idle_cost);
     RUN(test_step_spread);
+    RUN(test_kv_arrival_waits_for_step);
+    RUN(test_path_on_prefill_core);
     RUN(test_bad_config);
     return test_summary();
 }
