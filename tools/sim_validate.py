@@ -6,9 +6,11 @@ Each measurement runs in its own quiet window (one per workload and repetition, 
 the quiet file (default /tmp/QUIET) is gone, create it, then `baton profile` (unless --profile), start the cluster
 (deploy/local/cluster up --detach, its own ports and run directory), warm it up, probe the serving path outside
 the engines (serial one-token requests: their TTFT less the profile's step for them is the profile's
-router.request_s) and what each streamed token costs outside the engine (router.token_s: the larger of the
-router's and client's CPU per token, which on one host comes out of the engine's cores, and serial streams' TPOT
-less the profile's step), run bench-serve, stop the cluster, delete the file. The load averages at each window's start
+router.request_s) and what streaming costs outside the engine's loop (long streams at batch 1 and 4: their TPOT
+less the profile's step, split into a part per decode step, router.step_s, and per row, router.token_s; the
+router's and the client's CPU per token, which on one host comes out of some node's cores: colocated the decode
+node's, so at least that much per row; 1P+1D the prefill node's, router.prefill_token_s), run bench-serve (the
+CPU each process took during it is recorded), stop the cluster, delete the file. The load averages at each window's start
 and end are kept, and the share of the CPUs that other processes took during it (all busy time less the
 measurement's own), over the window and over the measured load alone. The quiet file binds only those who honour
 it, so a window also waits until other processes use less than --max-others of the CPUs, and one they disturbed
@@ -24,6 +26,7 @@ usage: tools/sim_validate.py [--repeats N] [--profile P.json] [--profile-reps N]
                              [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--port-base PORT] [--model GGUF]
                              [--quiet-file PATH | --quiet-file ''] [--lock PATH] [--json OUT] [--no-targets]
                              [WORKLOAD...]
+       tools/sim_validate.py --resimulate OUT.json   (simulate the recorded windows again, measure nothing)
 Without workloads: tools/workloads/validate-{low,mid,high}.json. It needs a machine that nothing else loads
 while it measures; it is not part of `make test` (tests/integration/test_sim_cli.py runs a short smoke test)."""
 import argparse
@@ -31,6 +34,7 @@ import fcntl
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,6 +115,17 @@ def wait_until_idle(limit, max_wait_s):
         time.sleep(20)
 
 
+def quiet_file_stale(path):
+    """1 when the quiet file names a holder process (its third field) that no longer runs: a run killed before it
+    could remove it. Files without a pid (other tools' protocol) are never stale."""
+    try:
+        fields = path.read_text().split()
+        os.kill(int(fields[2]), 0)
+    except (OSError, ValueError, IndexError) as e:
+        return isinstance(e, ProcessLookupError)
+    return False
+
+
 class QuietWindow:
     """Holds the quiet file while a measurement runs: others wait while it exists, and so does this."""
 
@@ -122,12 +137,16 @@ class QuietWindow:
         if self.path:
             waited = 0
             while self.path.exists():
+                if quiet_file_stale(self.path):
+                    print(f"  removing {self.path}: its holder is gone", file=sys.stderr)
+                    self.path.unlink(missing_ok=True)
+                    continue
                 if waited % 60 == 0:
                     print(f"  waiting for {self.path} ({self.path.read_text().strip() if self.path.exists() else ''})",
                           file=sys.stderr)
                 time.sleep(5)
                 waited += 5
-            self.path.write_text(f"{self.tag} {int(time.time())}\n")
+            self.path.write_text(f"{self.tag} {int(time.time())} {os.getpid()}\n")
         self.t0 = time.monotonic()
         self.load_start = loadavg()
         self.busy0, self.own0, self.steal0 = busy_cpu_s(), own_children_cpu_s(), steal_cpu_s()
@@ -406,6 +425,8 @@ def main():
                     help="measure nothing: simulate again the windows a --json file of an earlier run recorded "
                          "(their profiles and probes) with this build, and compare with their measurements")
     a = ap.parse_args()
+    # a stopped run ends its window as any other way out does: the cluster down, the quiet file removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.slo = (a.slo_ttft_ms, a.slo_tpot_ms)
     if a.resimulate:
         return resimulate(a)
