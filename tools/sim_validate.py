@@ -17,13 +17,18 @@ it, so a window also waits until other processes use less than --max-others of t
 anyway (over the window or during the load) is measured again and left out of the medians (so are disturbed repetitions, when another repetition of the load was clean). The simulator then runs the same workload file (bench-serve and the simulator draw arrivals and
 lengths from the seed alike: tools/workload.c wl_draw) with that window's profile.
 
+The SLO is the run's own unless given: --slo-scale (default 2) times what one request of the first workload's
+mean lengths costs this host on the idle cluster, by the first window's profile and probes (host_slo). A window
+whose profile priced prefill more than --max-speed-moved off the run's median is disturbed too (the host's speed
+moved while nothing visible ran).
+
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
 measured and median simulated value over the repetitions, the relative error and whether it meets the target
 (15% for latencies, 10% for goodput). Exit status 1 when a target is missed (0 with --no-targets), 2 when a
 command failed.
 
 usage: tools/sim_validate.py [--repeats N] [--profile P.json] [--profile-reps N] [--shape colocated|1p1d]
-                             [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--port-base PORT] [--model GGUF]
+                             [--slo-scale F | --slo-ttft-ms MS --slo-tpot-ms MS] [--port-base PORT] [--model GGUF]
                              [--quiet-file PATH | --quiet-file ''] [--lock PATH] [--json OUT] [--no-targets]
                              [WORKLOAD...]
        tools/sim_validate.py --resimulate OUT.json   (simulate the recorded windows again, measure nothing)
@@ -280,6 +285,31 @@ def sim_profile_of(shape, raw, probes):
     return p
 
 
+def host_slo(p, w, scale):
+    """The run's SLO from this host's own speed (as DistServe scales its SLOs): scale x what one request of the
+    workload's mean lengths costs on an idle cluster by the profile p (with the path's probes): TTFT = the serving
+    path's request cost and the prefill step of the mean prompt; TPOT = a batch-1 decode step at half the mean
+    output, with the path's per-step and per-token costs. A fixed SLO in milliseconds would sit at the median of
+    the TTFTs on a slow host (goodput then swings tens of points on a few percent of speed) and far above every
+    request on a fast one (goodput 1 whatever the model says): either way it would test nothing."""
+    pf, d, r = p["prefill"], p["decode"], p.get("router", {})
+    n, o = w["prompt_tokens"], w["output_tokens"]
+    ttft = r.get("request_s", 0) + pf.get("fixed_s", 0) + n * pf["token_s"] + pf.get("seq_s", 0)
+    tpot = (d["fixed_s"] + d["seq_s"] + (n + o / 2) * d.get("ctx_token_s", 0) + r.get("step_s", 0)
+            + r.get("token_s", 0))
+    slo = (round(scale * ttft * 1e3), round(scale * tpot * 1e3, 1))
+    return slo, {"scale": scale, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "prompt_tokens": n,
+                 "output_tokens": o}
+
+
+def speed_ratio(rows, row):
+    """The window's prefill time per token (its profile's) over the median of the run's windows so far and this
+    one: a host whose speed moves while nothing visible runs (a sibling hyperthread, the clock) slows a window the
+    profile measured at another speed; --max-speed-moved marks such a window disturbed."""
+    ref = statistics.median([r["profile"]["prefill_token_ms"] for r in rows] + [row["profile"]["prefill_token_ms"]])
+    return row["profile"]["prefill_token_ms"] / ref
+
+
 def measure(a, wpath, rep, tmp):
     """One quiet window: profile, cluster, probe, bench. Returns the measured row and the profile used."""
     baton = Path(a.build) / "bin" / "baton"
@@ -308,6 +338,14 @@ def measure(a, wpath, rep, tmp):
                  "--prompt-tokens", 64, "--output-tokens", 16])
             request_s, probe_ttft = probe_request_s(a, baton, url, profile, tmp)
             path_cpu_s, path_walls = probe_path_token_s(a, baton, url, env["BATON_RUN_DIR"], profile, tmp)
+            raw = json.loads(Path(profile).read_text())
+            probes = {"request_s": request_s, "path_cpu_s": path_cpu_s, "path_wall_s": path_walls[1],
+                      "path_wall_batch_s": path_walls[PATH_BATCH]}
+            p = sim_profile_of(a.shape, raw, probes)
+            if a.slo is None:  # the first window sets the run's SLO from what it measured of this host
+                a.slo, a.slo_basis = host_slo(p, w, a.slo_scale)
+                print(f"  SLO for this run: TTFT {a.slo[0]:g} ms, TPOT {a.slo[1]:g} ms ({a.slo_scale:g} x the "
+                      f"unloaded {a.slo_basis['ttft_ms']:.1f} ms and {a.slo_basis['tpot_ms']:.2f} ms)", file=sys.stderr)
             out = tmp / f"bench-{tag}.json"
             # others' share during the measured load itself: a window's average can hide a burst that fell on it
             b0, o0, t0 = busy_cpu_s(), own_children_cpu_s(), time.monotonic()
@@ -324,10 +362,6 @@ def measure(a, wpath, rep, tmp):
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
     real = json.loads(out.read_text())["runs"][0]
-    raw = json.loads(Path(profile).read_text())
-    probes = {"request_s": request_s, "path_cpu_s": path_cpu_s, "path_wall_s": path_walls[1],
-              "path_wall_batch_s": path_walls[PATH_BATCH]}
-    p = sim_profile_of(a.shape, raw, probes)
     sim_profile = tmp / f"sim-profile-{tag}-{int(time.time())}.json"
     sim_profile.write_text(json.dumps(p))
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
@@ -397,10 +431,16 @@ def main():
     ap.add_argument("--shape", choices=["colocated", "1p1d"], default="colocated")
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--model", help="GGUF file (default: the launcher's default model)")
-    # goodput's SLO: tighter than bench-serve's 2 s / 200 ms, which every request of these workloads meets; on a
-    # quiet machine most still meet this one (pass tighter ones to test goodput harder)
-    ap.add_argument("--slo-ttft-ms", type=float, default=250)
-    ap.add_argument("--slo-tpot-ms", type=float, default=20)
+    # goodput's SLO: by default a multiple of this host's unloaded latency (host_slo), so that goodput tests the
+    # model on a slow host and a fast one alike
+    ap.add_argument("--slo-ttft-ms", type=float, help="a fixed TTFT SLO (with --slo-tpot-ms; default: --slo-scale)")
+    ap.add_argument("--slo-tpot-ms", type=float)
+    ap.add_argument("--slo-scale", type=float, default=2.0,
+                    help="without fixed SLOs: TTFT and TPOT SLOs of this many times what the first window measures "
+                         "one request of its workload to cost on the idle cluster (default 2)")
+    ap.add_argument("--max-speed-moved", type=float, default=0.2,
+                    help="a window whose profile's prefill ms/token is more than this fraction off the median of "
+                         "the run's windows is disturbed (the host's speed moved; default 0.2; 1 = off)")
     ap.add_argument("--port-base", type=int, default=18700,
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
@@ -427,7 +467,10 @@ def main():
     a = ap.parse_args()
     # a stopped run ends its window as any other way out does: the cluster down, the quiet file removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    a.slo = (a.slo_ttft_ms, a.slo_tpot_ms)
+    if (a.slo_ttft_ms is None) != (a.slo_tpot_ms is None):
+        ap.error("--slo-ttft-ms and --slo-tpot-ms go together (or neither: --slo-scale)")
+    a.slo = (a.slo_ttft_ms, a.slo_tpot_ms) if a.slo_ttft_ms is not None else None
+    a.slo_basis = None
     if a.resimulate:
         return resimulate(a)
     if a.nice and subprocess.run(["nice", "-n", str(a.nice), "true"], capture_output=True).returncode != 0:
@@ -455,17 +498,19 @@ def main():
                     row["sim"] = simulate(a, wpath, sim_profile)
                     row["others_before"] = round(before, 3)
                     # other processes here, and the hypervisor's steal: other guests on the same host
-                    row["disturbed"] = max(row["others_cpu_share"] + row["steal_share"],
-                                           row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
+                    row["speed_ratio"] = round(speed_ratio(rows, row), 3)
+                    moved = abs(row["speed_ratio"] - 1) > a.max_speed_moved
+                    row["disturbed"] = moved or max(row["others_cpu_share"] + row["steal_share"],
+                                                    row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
                     rows.append(row)
                     if a.json:  # as it goes: a run cut short keeps its windows
-                        Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats,
-                                                            "rows": rows, "table": summarize(rows, workloads)}, indent=1))
+                        write_json(a, rows, summarize(rows, workloads))
                     if not row["disturbed"]:
                         break
                     print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs "
                           f"({100 * row['others_bench_share']:.0f}% during the load), the hypervisor stole "
-                          f"{100 * row['steal_share']:.0f}% ({100 * row['steal_bench_share']:.0f}%)", file=sys.stderr)
+                          f"{100 * row['steal_share']:.0f}% ({100 * row['steal_bench_share']:.0f}%); prefill speed "
+                          f"x{row['speed_ratio']:.2f} of the run's median", file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
@@ -478,7 +523,7 @@ def main():
 def resimulate(a):
     old = json.loads(Path(a.resimulate).read_text())
     a.shape, a.slo, a.repeats = old["shape"], tuple(old["slo_ms"]), old["repeats"]
-    a.slo_ttft_ms, a.slo_tpot_ms = a.slo
+    a.slo_basis = old.get("slo_basis")
     rows = [r for r in old["rows"] if "raw_profile" in r]
     if not rows:
         print(f"sim_validate: {a.resimulate} records no profiles (an older run's file)", file=sys.stderr)
@@ -498,10 +543,17 @@ def resimulate(a):
     return report(a, rows, workloads, tmp)
 
 
+def write_json(a, rows, table):
+    Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "slo_basis": a.slo_basis,
+                                        "repeats": a.repeats, "rows": rows, "table": table}, indent=1))
+
+
 def report(a, rows, workloads, tmp):
     """Prints the table and each window's conditions, writes --json; the exit status."""
     table = summarize(rows, workloads)
-    print(f"shape {a.shape}; SLO TTFT {a.slo_ttft_ms:g} ms, TPOT {a.slo_tpot_ms:g} ms; medians over {a.repeats} "
+    basis = (f" ({a.slo_basis['scale']:g} x this host's unloaded {a.slo_basis['ttft_ms']:.1f} ms and "
+             f"{a.slo_basis['tpot_ms']:.2f} ms)" if a.slo_basis else "")
+    print(f"shape {a.shape}; SLO TTFT {a.slo[0]:g} ms, TPOT {a.slo[1]:g} ms{basis}; medians over {a.repeats} "
           f"repetition(s); work files under {tmp}")
     print(f"{'load':>6} {'cell':<12} {'measured':>10} {'simulated':>10} {'error':>8} {'target':>7}  verdict")
     for t in table:
@@ -510,7 +562,7 @@ def report(a, rows, workloads, tmp):
     print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
+              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
               f"during the load, steal {100 * r.get('steal_share', 0):.0f}%, {100 * r.get('steal_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
@@ -521,8 +573,7 @@ def report(a, rows, workloads, tmp):
               + (f"; the load's CPU seconds over {r['load_s']:.0f} s: "
                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["load_cpu_s"].items())) if "load_cpu_s" in r else ""))
     if a.json:
-        Path(a.json).write_text(json.dumps({"shape": a.shape, "slo_ms": a.slo, "repeats": a.repeats, "rows": rows,
-                                            "table": table}, indent=1))
+        write_json(a, rows, table)
     missed = sum(not t["pass"] for t in table)
     print(f"{len(table) - missed} of {len(table)} cells within target"
           + (f" (medians include {max(t['disturbed'] for t in table)} disturbed window(s) per load)"

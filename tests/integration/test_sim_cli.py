@@ -118,6 +118,11 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     # where the load's CPU went, per process; the step and row parts of the path from the two stream probes
     assert row["load_cpu_s"]["router"] > 0 and row["load_cpu_s"]["client"] > 0, row["load_cpu_s"]
     assert row["probes"]["path_wall_batch_s"] >= 0 and row["profile"]["path_step_ms"] >= 0
+    # no SLO given: the run's is --slo-scale (2) times the first window's unloaded cost of a mean request
+    b = j["slo_basis"]
+    assert b["scale"] == 2 and b["ttft_ms"] > 0 and b["tpot_ms"] > 0, b
+    assert j["slo_ms"] == [round(2 * b["ttft_ms"]), round(2 * b["tpot_ms"], 1)], j["slo_ms"]
+    assert f"SLO TTFT {j['slo_ms'][0]:g} ms" in r.stdout and row["speed_ratio"] == 1, r.stdout
     # --resimulate runs the recorded windows again through the simulator alone: same profile, same seed, same answer
     r2 = subprocess.run([sys.executable, str(ROOT / "tools/sim_validate.py"), "--resimulate", str(out), "--no-targets",
                          "--build", str(baton_bin.parent.parent)], capture_output=True, text=True, timeout=120)
