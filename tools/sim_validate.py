@@ -303,10 +303,12 @@ def host_slo(p, w, scale):
 
 
 def speed_ratio(rows, row):
-    """The window's prefill time per token (its profile's) over the median of the run's windows so far and this
-    one: a host whose speed moves while nothing visible runs (a sibling hyperthread, the clock) slows a window the
-    profile measured at another speed; --max-speed-moved marks such a window disturbed."""
-    ref = statistics.median([r["profile"]["prefill_token_ms"] for r in rows] + [row["profile"]["prefill_token_ms"]])
+    """The window's prefill time per token (its profile's) over the median of the run's clean windows so far and
+    this one (a disturbed window's speed is no reference): a host whose speed moves while nothing visible runs (a
+    sibling hyperthread, the clock) slows a window the profile measured at another speed; --max-speed-moved marks
+    such a window disturbed."""
+    ref = statistics.median([r["profile"]["prefill_token_ms"] for r in rows if not r.get("disturbed")]
+                            + [row["profile"]["prefill_token_ms"]])
     return row["profile"]["prefill_token_ms"] / ref
 
 
@@ -499,7 +501,7 @@ def main():
                     row["others_before"] = round(before, 3)
                     # other processes here, and the hypervisor's steal: other guests on the same host
                     row["speed_ratio"] = round(speed_ratio(rows, row), 3)
-                    moved = abs(row["speed_ratio"] - 1) > a.max_speed_moved
+                    moved = a.max_speed_moved < 1 and abs(row["speed_ratio"] - 1) > a.max_speed_moved
                     row["disturbed"] = moved or max(row["others_cpu_share"] + row["steal_share"],
                                                     row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
                     rows.append(row)

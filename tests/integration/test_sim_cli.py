@@ -130,3 +130,20 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     assert "cells within target" in r2.stdout, r2.stdout
     assert [ln for ln in r2.stdout.splitlines() if "ttft_p50_ms" in ln] == \
         [ln for ln in r.stdout.splitlines() if "ttft_p50_ms" in ln]
+
+
+def test_sim_validate_speed_reference_is_the_clean_windows():
+    """A window's speed is judged against the median of the clean windows so far (and itself): a slow window that
+    was marked disturbed does not drag the reference toward its speed."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sim_validate
+
+    def row(ms, disturbed=False):
+        return {"profile": {"prefill_token_ms": ms}, "disturbed": disturbed}
+
+    clean = [row(1.0), row(1.0)]
+    assert sim_validate.speed_ratio(clean, row(1.0)) == 1
+    # two slow retries (disturbed) would make 1.5 the median of all five; of the clean ones and this, it stays 1
+    slow = clean + [row(1.5, True), row(1.5, True)]
+    assert sim_validate.speed_ratio(slow, row(1.5)) == 1.5
+    assert abs(sim_validate.speed_ratio(slow, row(1.1)) - 1.1) < 1e-9
