@@ -38,6 +38,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import resource
 import signal
 import statistics
@@ -45,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +101,57 @@ def cluster_cpu_by_proc(run_dir):
 def cluster_cpu_s(run_dir):
     """CPU seconds of the cluster's processes together."""
     return sum(cluster_cpu_by_proc(run_dir).values())
+
+
+# The latency histograms each process exports whose means locate a TTFT gap (process kind: metric names). A decode
+# node times its requests from their arrival and its wait for a remote prefill (call and KV transfer); a prefill
+# node its calls from arrival to first token, their queueing and the KV push's exposed tail.
+PART_METRICS = {"router": ["baton_time_to_first_token_seconds"],
+                "decode": ["baton_time_to_first_token_seconds", "baton_remote_prefill_seconds",
+                           "baton_queue_time_seconds"],
+                "prefill": ["baton_prefill_seconds", "baton_queue_time_seconds", "baton_kv_transfer_seconds"]}
+
+
+def metrics_urls(run_dir, router_url):
+    """The /metrics address of each of the cluster's processes: the router's, and each node's from its log's ready
+    line (nodes choose their ports)."""
+    urls = {"router": router_url + "/metrics"}
+    for log in sorted(Path(run_dir).glob("*.log")):
+        m = re.search(r"listening grpc=\S+ http=(\S+)", log.read_text(errors="replace"))
+        if m and log.stem.split("-")[0] in PART_METRICS:
+            urls[log.stem] = f"http://{m.group(1)}/metrics"
+    return urls
+
+
+def scrape_sums(urls):
+    """{process: {metric: [sum, count]}} of the PART_METRICS histograms now (summed over label sets); a process
+    that does not answer is left out."""
+    out = {}
+    for proc, url in urls.items():
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            continue
+        got = {}
+        for name in PART_METRICS[proc.split("-")[0]]:
+            sc = [0.0, 0.0]
+            for m in re.finditer(rf"^{name}_(sum|count)(?:{{[^}}]*}})? (\S+)$", text, re.M):
+                sc[m.group(1) == "count"] += float(m.group(2))
+            got[name] = sc
+        out[proc] = got
+    return out
+
+
+def part_means_ms(before, after):
+    """Mean milliseconds of each histogram over what it observed between the two scrapes, with the count:
+    {"decode-1 baton_remote_prefill_seconds": [ms, n], ...}."""
+    parts = {}
+    for proc, hs in after.items():
+        for name, (s1, n1) in hs.items():
+            s0, n0 = before.get(proc, {}).get(name, [0.0, 0.0])
+            if n1 > n0:
+                parts[f"{proc} {name}"] = [round((s1 - s0) / (n1 - n0) * 1e3, 2), int(n1 - n0)]
+    return parts
 
 
 def others_share_now(seconds=10):
@@ -352,7 +405,10 @@ def measure(a, wpath, rep, tmp):
             # others' share during the measured load itself: a window's average can hide a burst that fell on it
             b0, o0, t0 = busy_cpu_s(), own_children_cpu_s(), time.monotonic()
             p0, s0 = cluster_cpu_by_proc(env["BATON_RUN_DIR"]), steal_cpu_s()
+            murls = metrics_urls(env["BATON_RUN_DIR"], url)
+            m0 = scrape_sums(murls)
             run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
+            parts = part_means_ms(m0, scrape_sums(murls))
             # where the load's CPU went, per process (the client is this script's children): on one host the
             # router's and the client's share lands on whichever core is free
             load_cpu = {k: round(v - p0.get(k, 0.0), 3) for k, v in cluster_cpu_by_proc(env["BATON_RUN_DIR"]).items()}
@@ -380,6 +436,8 @@ def measure(a, wpath, rep, tmp):
                        "prefill_spread": p["prefill"].get("spread", 0), "decode_spread": p["decode"].get("spread", 0),
                        "idle_extra_ms": [round(e * 1e3, 2) for e in p.get("idle", {}).get("extra_s", [])]},
            "load_cpu_s": load_cpu, "load_s": real.get("duration_s", 0),
+           "ttft_parts_ms": dict(parts, **{"client ttft": [round(real["ttft_ms"].get("mean", 0), 2),
+                                                           real["requests"]]}),
            "output_tok_s": real.get("throughput_output_tok_s", 0),
            "raw_profile": raw, "probes": probes,
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
@@ -395,7 +453,10 @@ def simulate(a, wpath, sim_profile):
                           "--slo-ttft-ms", a.slo[0], "--slo-tpot-ms", a.slo[1]] + shape).stdout)
     return {"ttft_p50_ms": sim["ttft"]["p50_s"] * 1e3, "ttft_p90_ms": sim["ttft"]["p90_s"] * 1e3,
             "tpot_p50_ms": sim["tpot"]["p50_s"] * 1e3, "tpot_p90_ms": sim["tpot"]["p90_s"] * 1e3,
-            "goodput": sim["good"] / max(1, sim["arrived"])}
+            "goodput": sim["good"] / max(1, sim["arrived"]),
+            # the means of a TTFT and of a remote prefill's parts (sim.h), to set against the nodes' histograms
+            "ttft_mean_ms": sim["ttft"]["mean_s"] * 1e3, "on_prefill_mean_ms": sim["prefill_node"]["mean_s"] * 1e3,
+            "after_prefill_mean_ms": sim["after_prefill"]["mean_s"] * 1e3}
 
 
 def summarize(rows, workloads):
@@ -574,6 +635,14 @@ def report(a, rows, workloads, tmp):
               f"{r['profile'].get('idle_extra_ms', [])} ms"
               + (f"; the load's CPU seconds over {r['load_s']:.0f} s: "
                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["load_cpu_s"].items())) if "load_cpu_s" in r else ""))
+        sim = r["sim"]
+        if "ttft_mean_ms" in sim:  # where a TTFT goes: each process's histogram means over the load, and the model's
+            print("    TTFT means, ms: measured "
+                  + ", ".join(f"{k.replace('baton_', '').replace('_seconds', '')} {v[0]:.1f}"
+                              for k, v in sorted(r.get("ttft_parts_ms", {}).items()))
+                  + f"; simulated ttft {sim['ttft_mean_ms']:.1f}"
+                  + (f", on the prefill node {sim['on_prefill_mean_ms']:.1f}, then to the first token "
+                     f"{sim['after_prefill_mean_ms']:.1f}" if sim.get("on_prefill_mean_ms") else ""))
     if a.json:
         write_json(a, rows, table)
     missed = sum(not t["pass"] for t in table)

@@ -118,6 +118,13 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     # where the load's CPU went, per process; the step and row parts of the path from the two stream probes
     assert row["load_cpu_s"]["router"] > 0 and row["load_cpu_s"]["client"] > 0, row["load_cpu_s"]
     assert row["probes"]["path_wall_batch_s"] >= 0 and row["profile"]["path_step_ms"] >= 0
+    # where a TTFT went: the router's and the decode node's histograms over the load alone (6 requests, not the
+    # probes'), beside the client's mean and the simulated one
+    parts = row["ttft_parts_ms"]
+    assert parts["router baton_time_to_first_token_seconds"][1] == 6, parts
+    assert parts["decode-1 baton_time_to_first_token_seconds"][1] == 6, parts
+    assert 0 < parts["decode-1 baton_time_to_first_token_seconds"][0] <= parts["client ttft"][0], parts
+    assert row["sim"]["ttft_mean_ms"] > 0 and "TTFT means, ms: measured" in r.stdout, r.stdout
     # no SLO given: the run's is --slo-scale (2) times the first window's unloaded cost of a mean request
     b = j["slo_basis"]
     assert b["scale"] == 2 and b["ttft_ms"] > 0 and b["tpot_ms"] > 0, b

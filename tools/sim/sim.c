@@ -55,6 +55,7 @@ typedef struct ev {
 
 typedef struct req {
     double t_arrive, t_first;
+    double t_pq, t_pdone;           /* a remote prefill: queued on its prefill node, computed there */
     int32_t isl, osl, gen;          /* prompt, output and delivered tokens */
     int32_t prefill_left;           /* tokens the current prefill still computes */
     int32_t prefill_total;          /* tokens the current prefill computes in all */
@@ -362,6 +363,7 @@ static void first_token(sim_t *s, req_t *r)
     s->pending_prompt -= r->isl;
     s->pending_req -= 1;
     hist_add(&s->res->ttft, s->now - r->t_arrive);
+    if (r->p >= 0) hist_add(&s->res->after_prefill, s->now - r->t_pdone);
 }
 
 /* ---- nodes ---- */
@@ -484,6 +486,8 @@ static void prefill_step_done(sim_t *s, int i)
     n->last_end = s->now;
     for (int k = 0; k < n->n_done; k++) {
         req_t *r = n->done[k];
+        r->t_pdone = s->now;
+        hist_add(&s->res->prefill_node, s->now - r->t_pq);
         double bytes = (double)r->xfer_tokens * s->pf->kv_bytes_per_token;
         double start = n->link_free > s->now ? n->link_free : s->now;
         n->link_free = start + bytes / s->xfer_bps;
@@ -682,6 +686,7 @@ static void place_and_send(sim_t *s, req_t *r)
         r->p = p;
         r->prefill_total = r->prefill_left = (int32_t)cands[dec.best].uncached_tokens;
         r->xfer_tokens = (int32_t)dec.uncached_local;
+        r->t_pq = s->now;
         q_append(&pnode->q_head, &pnode->q_tail, r);
         pnode->q_len++;
         pnode->q_tokens += r->prefill_left;

@@ -88,6 +88,10 @@ typedef struct sim_result {
     double sim_end_s;                /* simulated time of the last event */
     double arrivals_end_s;           /* the last arrival */
     sim_hist_t ttft, tpot, e2e;
+    /* a remote prefill's parts (first attempts and migrations alike): queued on its prefill node until its prompt
+     * is computed (what the prefill node's baton_prefill_seconds times), and from there until the decode node
+     * emits the first token (KV transfer and the wait for the decode step in flight) */
+    sim_hist_t prefill_node, after_prefill;
     sim_node_stats_t *nodes;         /* [n_prefill + n_decode]: prefill nodes first */
     int n_nodes;
     sim_plan_point_t *plan;          /* the planner's smoothed answer, one point per tick */

@@ -33,12 +33,14 @@ void sim_report_text(FILE *f, const sim_config_t *cfg, const sim_result_t *r)
             (unsigned long long)r->arrived, (unsigned long long)r->finished, (unsigned long long)r->rejected,
             (unsigned long long)r->failed, (unsigned long long)r->migrations, (unsigned long long)r->remote_prefills,
             (unsigned long long)r->local_prefills);
+    /* the parts of a remote prefill's TTFT when there were any: on the prefill node, then to the first token */
     const struct {
         const char *name;
         const sim_hist_t *h;
-    } hs[] = {{"TTFT", &r->ttft}, {"TPOT", &r->tpot}, {"E2E", &r->e2e}};
+    } hs[] = {{"TTFT", &r->ttft}, {"TPOT", &r->tpot}, {"E2E", &r->e2e}, {"  on P", &r->prefill_node},
+              {"  P->D", &r->after_prefill}};
     fprintf(f, "%-6s %10s %10s %10s %10s\n", "", "mean ms", "p50 ms", "p90 ms", "p99 ms");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < (r->prefill_node.n ? 5 : 3); i++)
         fprintf(f, "%-6s %10.1f %10.1f %10.1f %10.1f\n", hs[i].name, hs[i].h->n ? hs[i].h->sum / hs[i].h->n * 1e3 : 0,
                 sim_hist_quantile(hs[i].h, 0.5) * 1e3, sim_hist_quantile(hs[i].h, 0.9) * 1e3,
                 sim_hist_quantile(hs[i].h, 0.99) * 1e3);
@@ -104,6 +106,8 @@ bt_status sim_report_json(FILE *f, const sim_config_t *cfg, const sim_result_t *
     cJSON_AddItemToObject(o, "ttft", hist_json(&r->ttft));
     cJSON_AddItemToObject(o, "tpot", hist_json(&r->tpot));
     cJSON_AddItemToObject(o, "e2e", hist_json(&r->e2e));
+    cJSON_AddItemToObject(o, "prefill_node", hist_json(&r->prefill_node));
+    cJSON_AddItemToObject(o, "after_prefill", hist_json(&r->after_prefill));
     cJSON *nodes = cJSON_AddArrayToObject(o, "nodes");
     for (int i = 0; nodes && i < r->n_nodes; i++) {
         cJSON *n = cJSON_CreateObject();

@@ -306,6 +306,29 @@ static void test_kv_arrival_waits_for_step(void)
     CHECK_MSG(wait > 1e-6 && wait <= step + 1e-9, "B waited %g s for a step of %g s", wait, step);
 }
 
+/* A remote prefill's TTFT in parts: the serving path (request_s), its time on the prefill node, then until the
+ * decode node emits the token. B's last part holds its wait for A's decode step, so it is longer than A's. */
+static void test_remote_ttft_parts(void)
+{
+    sim_config_t c = config_1p1d(0.1);
+    c.profile.request_s = 0.004;
+    const double ab[][3] = {{0.0, 100, 50}, {0.3, 100, 5}};
+    fixed_t f = {ab, 2, 0};
+    sim_result_t r;
+    if (sim_run(&c, next_fixed, &f, &r) != BT_OK) {
+        CHECK_MSG(0, "sim_run failed");
+        return;
+    }
+    CHECK(r.prefill_node.n == 2 && r.after_prefill.n == 2);
+    double parts = 2 * c.profile.request_s + r.prefill_node.sum + r.after_prefill.sum;
+    CHECK_MSG(fabs(r.ttft.sum - parts) < 1e-9, "ttft %g s, parts %g s", r.ttft.sum, parts);
+    double prompt_step = c.profile.prefill_fixed_s + 100 * c.profile.prefill_token_s;
+    CHECK_MSG(fabs(r.prefill_node.sum - 2 * prompt_step) < 1e-9, "on P %g s, want 2 x %g s", r.prefill_node.sum,
+              prompt_step);
+    CHECK(sim_hist_quantile(&r.after_prefill, 1.0) > 1.5 * sim_hist_quantile(&r.after_prefill, 0.0));
+    sim_result_free(&r);
+}
+
 /* On one host with the decode node pinned away, the router and the client take a share of the prefill node's core
  * (path_prefill_token_s per streamed token): B's prompt step, run while A streams a row every 2.5 ms, stretches by
  * 1 / (1 - 400 x 0.0005) = 1.25; A's, run before anything streams, does not. */
@@ -347,6 +370,7 @@ int main(void)
     RUN(test_step_spread);
     RUN(test_kv_arrival_waits_for_step);
     RUN(test_path_on_prefill_core);
+    RUN(test_remote_ttft_parts);
     RUN(test_bad_config);
     return test_summary();
 }
