@@ -20,7 +20,8 @@ lengths from the seed alike: tools/workload.c wl_draw) with that window's profil
 The SLO is the run's own unless given: --slo-scale (default 2) times what one request of the first workload's
 mean lengths costs this host on the idle cluster, by the first window's profile and probes (host_slo). A window
 whose profile priced prefill more than --max-speed-moved off the run's median is disturbed too (the host's speed
-moved while nothing visible ran).
+moved while nothing visible ran), and so is one whose engine speed (a short `baton bench`, before and after the
+load) moved by more than that within the window.
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
 measured and median simulated value over the repetitions, the relative error and whether it meets the target
@@ -260,6 +261,16 @@ def prio(a):
     return ["nice", "-n", str(a.nice)] if a.nice else []
 
 
+def speed_probe(a, baton, pin, out):
+    """This host's engine speed now, run as the profile runs (pinned to one thread for 1p1d): `baton bench`'s
+    prefill tok/s of a 128-token prompt and batch-1 decode tok/s, medians of 3. Taken before and after the load, it
+    says whether the speed the profile measured held through the window."""
+    run(prio(a) + pin + [baton, "bench", "--reps", 3, "--decode-tokens", 16, "--json", out]
+        + (["--threads", "1"] if pin else []) + (["--model", a.model] if a.model else []))
+    b = json.loads(Path(out).read_text())
+    return {"prefill_tok_s": b["prefill128_tok_s"], "decode_tok_s": b["decode_tok_s"]}
+
+
 def probe_request_s(a, baton, url, profile, tmp):
     """The serving path's own time: serial one-token requests at an idle cluster; their median TTFT less the
     profile's step for such a prompt (what the engine spends on them)."""
@@ -402,6 +413,7 @@ def measure(a, wpath, rep, tmp):
                 print(f"  SLO for this run: TTFT {a.slo[0]:g} ms, TPOT {a.slo[1]:g} ms ({a.slo_scale:g} x the "
                       f"unloaded {a.slo_basis['ttft_ms']:.1f} ms and {a.slo_basis['tpot_ms']:.2f} ms)", file=sys.stderr)
             out = tmp / f"bench-{tag}.json"
+            speed = [speed_probe(a, baton, pin, tmp / f"speed-{tag}-0.json")]
             # others' share during the measured load itself: a window's average can hide a burst that fell on it
             b0, o0, t0 = busy_cpu_s(), own_children_cpu_s(), time.monotonic()
             p0, s0 = cluster_cpu_by_proc(env["BATON_RUN_DIR"]), steal_cpu_s()
@@ -416,6 +428,7 @@ def measure(a, wpath, rep, tmp):
             mine = sum(load_cpu.values())
             bench_others = max(0.0, busy_cpu_s() - b0 - mine) / ((time.monotonic() - t0) * os.cpu_count())
             bench_steal = (steal_cpu_s() - s0) / ((time.monotonic() - t0) * os.cpu_count())
+            speed.append(speed_probe(a, baton, pin, tmp / f"speed-{tag}-1.json"))
         finally:
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
@@ -436,6 +449,8 @@ def measure(a, wpath, rep, tmp):
                        "prefill_spread": p["prefill"].get("spread", 0), "decode_spread": p["decode"].get("spread", 0),
                        "idle_extra_ms": [round(e * 1e3, 2) for e in p.get("idle", {}).get("extra_s", [])]},
            "load_cpu_s": load_cpu, "load_s": real.get("duration_s", 0),
+           # the engine's speed before and after the load (speed_probe), and the prefill speed's ratio after/before
+           "speed_probes": speed, "speed_drift": round(speed[1]["prefill_tok_s"] / speed[0]["prefill_tok_s"], 3),
            "ttft_parts_ms": dict(parts, **{"client ttft": [round(real["ttft_ms"].get("mean", 0), 2),
                                                            real["requests"]]}),
            "output_tok_s": real.get("throughput_output_tok_s", 0),
@@ -503,7 +518,8 @@ def main():
                          "one request of its workload to cost on the idle cluster (default 2)")
     ap.add_argument("--max-speed-moved", type=float, default=0.2,
                     help="a window whose profile's prefill ms/token is more than this fraction off the median of "
-                         "the run's windows is disturbed (the host's speed moved; default 0.2; 1 = off)")
+                         "the run's windows, or whose prefill speed after the load is more than this fraction off "
+                         "the speed before it, is disturbed (the host's speed moved; default 0.2; 1 = off)")
     ap.add_argument("--port-base", type=int, default=18700,
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
@@ -562,7 +578,10 @@ def main():
                     row["others_before"] = round(before, 3)
                     # other processes here, and the hypervisor's steal: other guests on the same host
                     row["speed_ratio"] = round(speed_ratio(rows, row), 3)
-                    moved = a.max_speed_moved < 1 and abs(row["speed_ratio"] - 1) > a.max_speed_moved
+                    # the host's speed moved: from the run's other windows, or within this one (before and after
+                    # its load)
+                    moved = a.max_speed_moved < 1 and max(abs(row["speed_ratio"] - 1),
+                                                          abs(row["speed_drift"] - 1)) > a.max_speed_moved
                     row["disturbed"] = moved or max(row["others_cpu_share"] + row["steal_share"],
                                                     row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
                     rows.append(row)
@@ -573,7 +592,8 @@ def main():
                     print(f"  disturbed: other processes took {100 * row['others_cpu_share']:.0f}% of the CPUs "
                           f"({100 * row['others_bench_share']:.0f}% during the load), the hypervisor stole "
                           f"{100 * row['steal_share']:.0f}% ({100 * row['steal_bench_share']:.0f}%); prefill speed "
-                          f"x{row['speed_ratio']:.2f} of the run's median", file=sys.stderr)
+                          f"x{row['speed_ratio']:.2f} of the run's median, x{row['speed_drift']:.2f} after the load "
+                          f"than before", file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
@@ -625,7 +645,7 @@ def report(a, rows, workloads, tmp):
     print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
+              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median and x{r.get('speed_drift', 1):.2f} after the load than before, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
               f"during the load, steal {100 * r.get('steal_share', 0):.0f}%, {100 * r.get('steal_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "

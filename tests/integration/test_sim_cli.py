@@ -125,6 +125,10 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     assert parts["decode-1 baton_time_to_first_token_seconds"][1] == 6, parts
     assert 0 < parts["decode-1 baton_time_to_first_token_seconds"][0] <= parts["client ttft"][0], parts
     assert row["sim"]["ttft_mean_ms"] > 0 and "TTFT means, ms: measured" in r.stdout, r.stdout
+    # the engine's speed just before and just after the load, and their ratio
+    sp = row["speed_probes"]
+    assert len(sp) == 2 and all(x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 for x in sp), sp
+    assert abs(row["speed_drift"] - sp[1]["prefill_tok_s"] / sp[0]["prefill_tok_s"]) < 0.001, row["speed_drift"]
     # no SLO given: the run's is --slo-scale (2) times the first window's unloaded cost of a mean request
     b = j["slo_basis"]
     assert b["scale"] == 2 and b["ttft_ms"] > 0 and b["tpot_ms"] > 0, b
