@@ -38,10 +38,24 @@ typedef struct bs_opts {
     cli_engine_env env; /* the environment switches, read after the options */
 } bs_opts;
 
+/* Decode-only steps by how many sequences ran in them: 1, 2-4, 5-8, 9-16, 17 and more (where speculation gains or
+ * loses: the plan prices steps of up to BT_SPEC_CURVE_SEQS sequences by measured times, larger ones by the fit). */
+#define BS_SIZES 5
+static const int bs_size_lo[BS_SIZES] = {1, 2, 5, 9, 17};
+
+static int bs_size_of(int32_t n_seqs)
+{
+    int b = 0;
+    while (b + 1 < BS_SIZES && n_seqs >= bs_size_lo[b + 1]) b++;
+    return b;
+}
+
 /* One run's figures. */
 typedef struct bs_run {
     double decode_s;          /* seconds in steps that computed no prompt token */
     uint64_t decode_tokens;   /* tokens emitted in those steps */
+    double size_s[BS_SIZES];  /* the same by the sequences in the step (bs_size_of) */
+    uint64_t size_tokens[BS_SIZES];
     uint64_t out_hash;        /* of every request's token sequence, in request order */
     bt_sched_stats st;
     double curve_ms[BT_SPEC_K_LIMIT + 2]; /* the plan's step-time estimates for conc sequences, by draft rows */
@@ -233,8 +247,12 @@ static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const b
         double dt = bench_now_s() - t0;
         bt_sched_get_stats(s, &after);
         if (after.computed_prompt_tokens == before.computed_prompt_tokens) {
+            uint64_t got = after.generated_tokens - before.generated_tokens;
             out->decode_s += dt;
-            out->decode_tokens += after.generated_tokens - before.generated_tokens;
+            out->decode_tokens += got;
+            int b = bs_size_of(before.running); /* the sequences that entered the step */
+            out->size_s[b] += dt;
+            out->size_tokens[b] += got;
         }
         before = after;
     }
@@ -269,6 +287,8 @@ typedef struct bs_result {
     double planned;              /* share of the steps that could draft priced by the measured curve */
     double curve_ms[BT_SPEC_K_LIMIT + 2];
     uint64_t proposed, accepted, verifications;
+    double size_s[2][BS_SIZES];          /* off, on: decode-only seconds and tokens by step size, over all reps */
+    uint64_t size_tokens[2][BS_SIZES];
 } bs_result;
 
 static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const bs_prompt *ps, int n, int conc,
@@ -293,6 +313,12 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
         ratio[r] = off[r] > 0 ? on[r] / off[r] : 0;
         fprintf(stderr, "  concurrency %d rep %ld: %.1f -> %.1f decode tok/s (%.2fx)\n", conc, r + 1, off[r], on[r],
                 ratio[r]);
+        for (int z = 0; z < BS_SIZES; z++) {
+            res->size_s[0][z] += a.size_s[z];
+            res->size_s[1][z] += b.size_s[z];
+            res->size_tokens[0][z] += a.size_tokens[z];
+            res->size_tokens[1][z] += b.size_tokens[z];
+        }
         res->proposed += b.st.spec_proposed;
         res->accepted += b.st.spec_accepted;
         res->verifications += b.st.spec_verifications;
@@ -326,6 +352,21 @@ static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
     printf(");\n             the others (prompt chunks in the step) a draft kept with p > %.2f on average (a row %.3f ms\n"
            "             against a step's fixed %.3f ms in the fitted model, raised where drafting steps were slower)\n",
            r->threshold, r->row_ms, r->fixed_ms);
+    /* where the speed-up came from: decode-only steps by their sequences, over every rep (their share of the
+     * run's decode time without speculation; tok/s off -> on) */
+    double off_all = 0;
+    for (int z = 0; z < BS_SIZES; z++) off_all += r->size_s[0][z];
+    printf("             by sequences in the step (share of decode time off; tok/s off -> on):");
+    for (int z = 0; z < BS_SIZES; z++) {
+        if (r->size_s[0][z] <= 0 || r->size_s[1][z] <= 0) continue;
+        double a = (double)r->size_tokens[0][z] / r->size_s[0][z], b = (double)r->size_tokens[1][z] / r->size_s[1][z];
+        char range[32];
+        if (z + 1 < BS_SIZES && bs_size_lo[z + 1] - 1 > bs_size_lo[z])
+            snprintf(range, sizeof range, "%d-%d", bs_size_lo[z], bs_size_lo[z + 1] - 1);
+        else snprintf(range, sizeof range, z + 1 < BS_SIZES ? "%d" : "%d+", bs_size_lo[z]);
+        printf(" %s: %.0f%%, %.0f -> %.0f (%.2fx);", range, 100 * r->size_s[0][z] / off_all, a, b, b / a);
+    }
+    printf("\n");
     if (jf)
         fprintf(jf,
                 "%s{\"concurrency\": %d, \"decode_tok_s_off\": %.2f, \"decode_tok_s_on\": %.2f, \"speedup\": %.4f, "
@@ -338,6 +379,11 @@ static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
                 r->k_mean, r->threshold, r->alpha, r->row_ms, r->fixed_ms, r->planned);
     if (jf) {
         for (int e = 0; e <= k_max + 1 && e < BT_SPEC_K_LIMIT + 2; e++) fprintf(jf, "%s%.4f", e ? ", " : "", r->curve_ms[e]);
+        fprintf(jf, "], \"by_step_size\": [");
+        for (int z = 0; z < BS_SIZES; z++)
+            fprintf(jf, "%s{\"min_seqs\": %d, \"off_s\": %.4f, \"off_tokens\": %llu, \"on_s\": %.4f, \"on_tokens\": %llu}",
+                    z ? ", " : "", bs_size_lo[z], r->size_s[0][z], (unsigned long long)r->size_tokens[0][z], r->size_s[1][z],
+                    (unsigned long long)r->size_tokens[1][z]);
         fprintf(jf, "]}");
     }
 }

@@ -295,6 +295,12 @@ def test_bench_spec_cli(baton_bin, default_model, tmp_path):
         assert 0 <= x["drafts_accepted"] <= x["drafts_proposed"]
         assert 0 <= x["planned_share"] <= 1 and len(x["step_ms_by_draft_rows"]) == 10
         assert all(t > 0 for t in x["step_ms_by_draft_rows"])
+        # decode-only steps by their sequences: at most 2 run here, so the buckets from 5 sequences up stay empty
+        sz = x["by_step_size"]
+        assert [b["min_seqs"] for b in sz] == [1, 2, 5, 9, 17]
+        assert sum(b["off_tokens"] for b in sz) > 0 and all(b["off_s"] >= 0 and b["on_s"] >= 0 for b in sz)
+        assert sz[0]["off_tokens"] > 0 and all(b["off_tokens"] == 0 for b in sz[2:]), sz  # at most 2 sequences
+    assert "by sequences in the step" in r.stdout
     for args, want in [(["--spec", "none"], "nothing to compare"), (["--spec", "ngram", "--workload", "/nope"],
                                                                      "cannot open the workload"),
                        (["--spec", "ngram", "--spec-k-max", "99"], "out of range")]:
