@@ -21,7 +21,8 @@ The SLO is the run's own unless given: --slo-scale (default 2) times what one re
 mean lengths costs this host on the idle cluster, by the first window's profile and probes (host_slo). A window
 whose profile priced prefill more than --max-speed-moved off the run's median is disturbed too (the host's speed
 moved while nothing visible ran), and so is one whose engine speed (a short `baton bench`, before and after the
-load) moved by more than that within the window.
+load) moved by more than that within the window, or (1P+1D) whose prefill node spent more than that off the
+profile's prefill time per prompt token during the load.
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
 measured and median simulated value over the repetitions, the relative error and whether it meets the target
@@ -376,6 +377,19 @@ def speed_ratio(rows, row):
     return row["profile"]["prefill_token_ms"] / ref
 
 
+def load_speed_ratio(row):
+    """A 1P+1D window's prefill speed during its load against its profile's: the prefill node's CPU seconds over the
+    load per prompt token it computed (it runs nothing else, pinned to its core) over the profile's prefill time per
+    token; None without a prefill node. Far from 1, the host ran the load at another speed than the profile measured
+    (in session 8 a 1.5 req/s window's prefill took 2.21 ms of CPU per token against the profile's 1.80, and its
+    measured TTFT p50 was 33% above the simulated one)."""
+    cpu = row.get("load_cpu_s", {}).get("prefill-1")
+    tokens = row.get("requests", 0) * row.get("mean_prompt_tokens", 0)
+    if not cpu or tokens <= 0:
+        return None
+    return cpu * 1e3 / tokens / row["profile"]["prefill_token_ms"]
+
+
 def measure(a, wpath, rep, tmp):
     """One quiet window: profile, cluster, probe, bench. Returns the measured row and the profile used."""
     baton = Path(a.build) / "bin" / "baton"
@@ -454,6 +468,7 @@ def measure(a, wpath, rep, tmp):
            "ttft_parts_ms": dict(parts, **{"client ttft": [round(real["ttft_ms"].get("mean", 0), 2),
                                                            real["requests"]]}),
            "output_tok_s": real.get("throughput_output_tok_s", 0),
+           "mean_prompt_tokens": real.get("mean_prompt_tokens", 0),
            "raw_profile": raw, "probes": probes,
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
                     "tpot_p50_ms": real["tpot_ms"]["p50"], "tpot_p90_ms": real["tpot_ms"]["p90"],
@@ -519,7 +534,9 @@ def main():
     ap.add_argument("--max-speed-moved", type=float, default=0.2,
                     help="a window whose profile's prefill ms/token is more than this fraction off the median of "
                          "the run's windows, or whose prefill speed after the load is more than this fraction off "
-                         "the speed before it, is disturbed (the host's speed moved; default 0.2; 1 = off)")
+                         "the speed before it, or (1p1d) whose prefill node's CPU per prompt token during the load "
+                         "is more than this fraction off the profile's, is disturbed (the host's speed moved; "
+                         "default 0.2; 1 = off)")
     ap.add_argument("--port-base", type=int, default=18700,
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
@@ -578,10 +595,12 @@ def main():
                     row["others_before"] = round(before, 3)
                     # other processes here, and the hypervisor's steal: other guests on the same host
                     row["speed_ratio"] = round(speed_ratio(rows, row), 3)
+                    lsr = load_speed_ratio(row)
+                    row["load_speed_ratio"] = round(lsr, 3) if lsr is not None else 1.0
                     # the host's speed moved: from the run's other windows, or within this one (before and after
                     # its load)
-                    moved = a.max_speed_moved < 1 and max(abs(row["speed_ratio"] - 1),
-                                                          abs(row["speed_drift"] - 1)) > a.max_speed_moved
+                    moved = a.max_speed_moved < 1 and max(abs(row["speed_ratio"] - 1), abs(row["speed_drift"] - 1),
+                                                          abs(row["load_speed_ratio"] - 1)) > a.max_speed_moved
                     row["disturbed"] = moved or max(row["others_cpu_share"] + row["steal_share"],
                                                     row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
                     rows.append(row)
@@ -593,7 +612,8 @@ def main():
                           f"({100 * row['others_bench_share']:.0f}% during the load), the hypervisor stole "
                           f"{100 * row['steal_share']:.0f}% ({100 * row['steal_bench_share']:.0f}%); prefill speed "
                           f"x{row['speed_ratio']:.2f} of the run's median, x{row['speed_drift']:.2f} after the load "
-                          f"than before", file=sys.stderr)
+                          f"than before, prefill CPU per token during the load x{row['load_speed_ratio']:.2f} the "
+                          f"profile's", file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
                       + ", ".join(f"{k} {v:.3g}" for k, v in row["real"].items()), file=sys.stderr)
@@ -645,7 +665,7 @@ def report(a, rows, workloads, tmp):
     print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median and x{r.get('speed_drift', 1):.2f} after the load than before, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
+              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median and x{r.get('speed_drift', 1):.2f} after the load than before, prefill CPU per token in the load x{r.get('load_speed_ratio', 1):.2f} the profile's, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
               f"during the load, steal {100 * r.get('steal_share', 0):.0f}%, {100 * r.get('steal_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "

@@ -129,6 +129,7 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     sp = row["speed_probes"]
     assert len(sp) == 2 and all(x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 for x in sp), sp
     assert abs(row["speed_drift"] - sp[1]["prefill_tok_s"] / sp[0]["prefill_tok_s"]) < 0.001, row["speed_drift"]
+    assert row["load_speed_ratio"] == 1.0 and row["mean_prompt_tokens"] > 0  # colocated: no prefill node to time
     # no SLO given: the run's is --slo-scale (2) times the first window's unloaded cost of a mean request
     b = j["slo_basis"]
     assert b["scale"] == 2 and b["ttft_ms"] > 0 and b["tpot_ms"] > 0, b
@@ -158,3 +159,16 @@ def test_sim_validate_speed_reference_is_the_clean_windows():
     slow = clean + [row(1.5, True), row(1.5, True)]
     assert sim_validate.speed_ratio(slow, row(1.5)) == 1.5
     assert abs(sim_validate.speed_ratio(slow, row(1.1)) - 1.1) < 1e-9
+
+
+def test_sim_validate_load_speed_ratio():
+    """A 1P+1D window's prefill speed during the load: the prefill node's CPU per prompt token over the profile's
+    prefill time per token; nothing to say without a prefill node."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sim_validate
+
+    row = {"load_cpu_s": {"prefill-1": 26.4, "decode-1": 44.8}, "requests": 100, "mean_prompt_tokens": 120,
+           "profile": {"prefill_token_ms": 1.8}}
+    assert abs(sim_validate.load_speed_ratio(row) - 2.2 / 1.8) < 1e-9
+    assert sim_validate.load_speed_ratio(dict(row, load_cpu_s={"decode-1": 44.8})) is None
+    assert sim_validate.load_speed_ratio(dict(row, requests=0)) is None
