@@ -42,6 +42,7 @@ typedef struct bs_opts {
  * loses: the plan prices steps of up to BT_SPEC_CURVE_SEQS sequences by measured times, larger ones by the fit). */
 #define BS_SIZES 5
 static const int bs_size_lo[BS_SIZES] = {1, 2, 5, 9, 17};
+static const char *const bs_size_name[BS_SIZES] = {"1", "2-4", "5-8", "9-16", "17+"};
 
 static int bs_size_of(int32_t n_seqs)
 {
@@ -360,11 +361,7 @@ static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
     for (int z = 0; z < BS_SIZES; z++) {
         if (r->size_s[0][z] <= 0 || r->size_s[1][z] <= 0) continue;
         double a = (double)r->size_tokens[0][z] / r->size_s[0][z], b = (double)r->size_tokens[1][z] / r->size_s[1][z];
-        char range[32];
-        if (z + 1 < BS_SIZES && bs_size_lo[z + 1] - 1 > bs_size_lo[z])
-            snprintf(range, sizeof range, "%d-%d", bs_size_lo[z], bs_size_lo[z + 1] - 1);
-        else snprintf(range, sizeof range, z + 1 < BS_SIZES ? "%d" : "%d+", bs_size_lo[z]);
-        printf(" %s: %.0f%%, %.0f -> %.0f (%.2fx);", range, 100 * r->size_s[0][z] / off_all, a, b, b / a);
+        printf(" %s: %.0f%%, %.0f -> %.0f (%.2fx);", bs_size_name[z], 100 * r->size_s[0][z] / off_all, a, b, b / a);
     }
     printf("\n");
     if (jf)

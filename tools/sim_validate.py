@@ -665,7 +665,12 @@ def report(a, rows, workloads, tmp):
     print("each window: load averages (1/5/15 min) at its start and end, the CPU share other processes took:")
     for r in rows:
         print(f"  {Path(r['workload']).stem} #{r['rep'] + 1}: {r['load_start']} -> {r['load_end']} "
-              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median and x{r.get('speed_drift', 1):.2f} after the load than before, prefill CPU per token in the load x{r.get('load_speed_ratio', 1):.2f} the profile's, others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
+              f"({r['window_s']} s, prefill speed x{r.get('speed_ratio', 1):.2f} of the median"
+              # an older run's rows lack the in-window checks: say nothing rather than a made-up 1.00
+              + (f" and x{r['speed_drift']:.2f} after the load than before" if "speed_drift" in r else "")
+              + (f", prefill CPU per token in the load x{r['load_speed_ratio']:.2f} the profile's"
+                 if r.get("load_cpu_s", {}).get("prefill-1") and "load_speed_ratio" in r else "")
+              + f", others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "
               f"during the load, steal {100 * r.get('steal_share', 0):.0f}%, {100 * r.get('steal_bench_share', 0):.0f}% "
               f"during the load{', disturbed' if r.get('disturbed') else ''}); profile prefill {r['profile']['prefill_token_ms']:.3f} ms/token, decode "
               f"{r['profile']['decode_fixed_ms']:.2f} ms + {r['profile']['decode_seq_ms']:.2f} ms/seq, path "
