@@ -817,21 +817,20 @@ static int32_t draft_room(const bt_sched *s, const sreq *r)
 #define SPEC_GLOBAL_PROBE 256 /* steps without any draft before one sequence probes for all (~0.4% of steps) */
 #define SPEC_EXPLORE 8        /* verifications before more than one sequence at a time tries a draft model */
 
-/* The cost threshold of drafting in this step (bt_spec_threshold) from the decode-step fit, the rows and decoding
- * sequences placed so far, and the proposer's cost of a drafting round. */
+/* The cost threshold of drafting in this step (bt_spec_threshold) from the decode-step fit, the decoding sequences
+ * and the proposer's cost of a drafting round. A kept draft saves its sequence a decode row of a later step, so a
+ * draft row is priced against what a decode-only step of these sequences costs, also when prompt chunks share the
+ * step: against the whole step (prompt rows included) every draft looked nearly free, and at concurrency 16 with
+ * requests arriving, drafting on that price cost up to 16% of the throughput (alternated runs). */
 static double draft_threshold(const bt_sched *s, bt_proposer *pr)
 {
-    int32_t n_decode = 0, rows = 0;
-    for (int32_t i = 0; i < s->n_running; i++) {
-        rows += s->running[i]->feed_n > 0 ? s->running[i]->feed_n : 0;
-        n_decode += is_plain_decode(s->running[i]);
-    }
+    int32_t n_decode = 0;
+    for (int32_t i = 0; i < s->n_running; i++) n_decode += is_plain_decode(s->running[i]);
     double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
-    /* decode-only steps price a row (prompt chunks cost more per token than a row of a memory-bound decode step) */
     const bt_sched_stats *st = &s->st;
-    double thr = bt_spec_threshold(st->decode_fixed_s, st->decode_row_s, st->decode_row_s, round, n_decode, rows);
+    double thr = bt_spec_threshold(st->decode_fixed_s, st->decode_row_s, st->decode_row_s, round, n_decode, n_decode);
     /* where drafting steps of this size were measured slower per token than plain ones, the model is wrong there */
-    return (thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr) * bt_spec_check_factor(&s->spec_check, rows);
+    return (thr < BT_SPEC_MIN_THRESHOLD ? BT_SPEC_MIN_THRESHOLD : thr) * bt_spec_check_factor(&s->spec_check, n_decode);
 }
 
 /* The most drafts r may carry this step, or -1 when it cannot draft at all now (not a plain decode, opted out, no
@@ -1011,6 +1010,23 @@ static void place_drafts(bt_sched *s, int32_t n, int32_t *budget)
     }
 }
 
+/* Whether this step may carry drafts at all, from the drafting check: a decode-only step of n_seqs sequences (-1:
+ * prompt chunks in the step) of more than BT_SPEC_CURVE_SEQS is decided by it; a step with prompt chunks and that
+ * many decoding sequences drafts only where the check measured drafting faster. */
+static int step_may_draft(bt_sched *s, int32_t n_seqs)
+{
+    if (n_seqs > BT_SPEC_CURVE_SEQS) {
+        s->st.spec_checked_steps++;
+        int may = bt_spec_check_may_draft(&s->spec_check, n_seqs);
+        s->st.spec_checked_plain_steps += !may;
+        return may;
+    }
+    if (n_seqs >= 0) return 1;
+    int32_t n_decode = 0;
+    for (int32_t i = 0; i < s->n_running; i++) n_decode += is_plain_decode(s->running[i]);
+    return bt_spec_check_pays(&s->spec_check, n_decode);
+}
+
 /* Drafts for the decoding requests that get them this step (adaptive k), with what budget the running requests and
  * admissions left. */
 static void add_drafts(bt_sched *s, int32_t *budget)
@@ -1020,6 +1036,7 @@ static void add_drafts(bt_sched *s, int32_t *budget)
     /* decode-only steps with a free proposer are priced by the measured curve once a plain step of their size (or
      * the fit) says what a step costs; the rest by the fitted threshold */
     int32_t n_seqs = decode_only_seqs(s);
+    if (!s->cfg.spec_fixed_k && !step_may_draft(s, n_seqs)) return;
     if (n_seqs >= 1 && n_seqs <= BT_SPEC_CURVE_SEQS && !pr->ops->round_cost && !s->cfg.spec_fixed_k &&
         (s->spec_curve.n[n_seqs - 1][0] >= 2 || s->st.decode_fixed_s > 0)) {
         int32_t n = plan_drafters(s, pr, n_seqs, *budget);
@@ -1132,6 +1149,7 @@ int bt_sched_step(bt_sched *s)
     }
     /* 2. admissions, then drafts with what budget is left */
     admit(s, &budget);
+    double t_drafts = bt_sched_now(); /* the drafting check times the step from here: proposing is its cost too */
     add_drafts(s, &budget);
 
     /* 3. build the batch */
@@ -1226,7 +1244,8 @@ int bt_sched_step(bt_sched *s)
         accept_token(s, r, tok, &so);
     }
     if (decode_only && s->cfg.proposer) {
-        bt_spec_check_add(&s->spec_check, ns, n_drafts, (int64_t)(s->st.spec_accepted - accepted0), dt);
+        bt_spec_check_add(&s->spec_check, ns, n_drafts, (int64_t)(s->st.spec_accepted - accepted0),
+                          bt_sched_now() - t_drafts);
         bt_spec_curve_add(&s->spec_curve, ns, n_drafts, dt + (bt_sched_now() - t_sample)); /* forward and sampling */
     }
     snapshot(s);

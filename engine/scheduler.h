@@ -159,6 +159,9 @@ typedef struct bt_sched_stats {
     double spec_threshold_sum, spec_alpha_sum, spec_k_sum;
     uint64_t spec_considered_steps;
     uint64_t spec_planned_steps; /* of those, decode-only steps planned on the measured cost curve (no threshold) */
+    /* decode-only steps of more than BT_SPEC_CURVE_SEQS sequences that the drafting check decided (bt_spec_check),
+     * and those it made plain steps */
+    uint64_t spec_checked_steps, spec_checked_plain_steps;
 } bt_sched_stats;
 
 typedef struct bt_sched bt_sched;

@@ -445,19 +445,26 @@ void bt_spec_check_init(bt_spec_check *c)
     for (int i = 0; i < BT_SPEC_CHECK_SIZES; i++) c->factor[i] = 1;
 }
 
+/* An average that a machine's noise (which only ever adds time) moves slowly: a sample is counted at most 1.5 times
+ * the average. */
+static double check_avg(double avg, double x, double w)
+{
+    if (avg <= 0) return x;
+    if (x > 1.5 * avg) x = 1.5 * avg;
+    return (1 - w) * avg + w * x;
+}
+
 void bt_spec_check_add(bt_spec_check *c, int32_t n_seqs, int32_t n_drafts, int64_t n_accepted, double t)
 {
     if (n_seqs < 1 || !(t > 0)) return;
-    int b = check_size(n_seqs);
+    int b = check_size(n_seqs), decides = n_seqs > BT_SPEC_CURVE_SEQS;
     if (n_drafts <= 0) {
-        double x = t / n_seqs;
-        c->plain_spt[b] = c->plain_spt[b] > 0 ? 0.9 * c->plain_spt[b] + 0.1 * x : x;
-        c->factor[b] = 1 + (c->factor[b] - 1) * 0.995;
+        c->plain_spt[b] = check_avg(c->plain_spt[b], t / n_seqs, decides ? 0.2 : 0.1);
+        if (!decides) c->factor[b] = 1 + (c->factor[b] - 1) * 0.995;
         return;
     }
-    double x = t / (double)(n_seqs + (n_accepted > 0 ? n_accepted : 0));
-    c->draft_spt[b] = c->draft_spt[b] > 0 ? 0.8 * c->draft_spt[b] + 0.2 * x : x;
-    if (c->plain_spt[b] <= 0) return; /* nothing to compare with yet */
+    c->draft_spt[b] = check_avg(c->draft_spt[b], t / (double)(n_seqs + (n_accepted > 0 ? n_accepted : 0)), 0.2);
+    if (c->plain_spt[b] <= 0 || decides) return; /* nothing to compare with yet; or the step is decided instead */
     if (c->draft_spt[b] > c->plain_spt[b]) c->factor[b] = fmin(c->factor[b] * 1.1, BT_SPEC_CHECK_MAX);
     else c->factor[b] = fmax(c->factor[b] / 1.05, 1.0);
 }
@@ -465,4 +472,22 @@ void bt_spec_check_add(bt_spec_check *c, int32_t n_seqs, int32_t n_drafts, int64
 double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs)
 {
     return c->factor[check_size(n_seqs)];
+}
+
+int bt_spec_check_may_draft(bt_spec_check *c, int32_t n_seqs)
+{
+    if (n_seqs <= BT_SPEC_CURVE_SEQS) return 1;
+    int b = check_size(n_seqs), alternate = ++c->turn[b] >= BT_SPEC_CHECK_ALTERNATE;
+    if (alternate) c->turn[b] = 0;
+    if (c->plain_spt[b] <= 0) return 0;          /* plain steps first: they are the measure */
+    if (c->draft_spt[b] <= 0) return alternate; /* drafting here has to show that it pays */
+    int faster = c->draft_spt[b] <= c->plain_spt[b];
+    return alternate ? !faster : faster;
+}
+
+int bt_spec_check_pays(const bt_spec_check *c, int32_t n_seqs)
+{
+    if (n_seqs <= BT_SPEC_CURVE_SEQS) return 1;
+    int b = check_size(n_seqs);
+    return c->plain_spt[b] > 0 && c->draft_spt[b] > 0 && c->draft_spt[b] <= c->plain_spt[b];
 }

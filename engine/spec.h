@@ -169,14 +169,22 @@ double bt_spec_threshold(double fixed, double per_row, double draft_row, double 
 
 /* The drafting check: the cost model behind the threshold can be wrong (a fitted row cost that misses lanes,
  * sampling, a machine's noise), so the scheduler also compares what it gets. Per size of decode-only step (1 .. 16
- * sequences each, then 17-31, 32-63, 64-127, 128 and more), exponential averages of the seconds per emitted token of
- * steps without drafts and of steps with drafts; each drafting step that was slower per token than the plain ones
- * raises the size's factor on the threshold (x1.1, at most BT_SPEC_CHECK_MAX: then nothing is drafted there), each
- * faster one lowers it (/1.05, down to 1), and plain steps let it decay toward 1 so that drafting is retried. */
+ * sequences each, then 17-31, 32-63, 64-127, 128 and more), averages of the seconds per emitted token (the whole
+ * step: proposing, the forward pass, sampling and verifying) of steps without drafts and of steps with drafts.
+ * - Up to BT_SPEC_CURVE_SEQS sequences (where only a proposer that costs a round, a draft model, uses the
+ *   threshold) each drafting step that was slower per token than the plain ones raises the size's factor on the
+ *   threshold (x1.1, at most BT_SPEC_CHECK_MAX), each faster one lowers it (/1.05, down to 1), and plain steps let it
+ *   decay toward 1 so that drafting is retried.
+ * - Above that (batches that turn compute-bound, where the fitted row cost priced drafts too low: at 9-16 sequences
+ *   drafting steps were 11% slower per token here) the check decides the step: the faster kind of step is taken,
+ *   plain while drafting is unmeasured, and one step in BT_SPEC_CHECK_ALTERNATE of the size is the other kind so
+ *   that both stay measured. */
 #define BT_SPEC_CHECK_SIZES 20
 #define BT_SPEC_CHECK_MAX 16.0
+#define BT_SPEC_CHECK_ALTERNATE 16
 typedef struct bt_spec_check {
     double plain_spt[BT_SPEC_CHECK_SIZES], draft_spt[BT_SPEC_CHECK_SIZES], factor[BT_SPEC_CHECK_SIZES];
+    uint32_t turn[BT_SPEC_CHECK_SIZES]; /* steps of the size the check decided since the last alternate one */
 } bt_spec_check;
 
 void bt_spec_check_init(bt_spec_check *c);
@@ -184,8 +192,20 @@ void bt_spec_check_init(bt_spec_check *c);
 /* A decode-only step of n_seqs sequences that carried n_drafts drafts, kept n_accepted of them, took t seconds. */
 void bt_spec_check_add(bt_spec_check *c, int32_t n_seqs, int32_t n_drafts, int64_t n_accepted, double t);
 
-/* The threshold factor (>= 1) for a step of n_seqs sequences. */
+/* The threshold factor (>= 1) for a step of n_seqs sequences (1 above BT_SPEC_CURVE_SEQS). */
 double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs);
+
+/* Whether a decode-only step of n_seqs > BT_SPEC_CURVE_SEQS sequences may draft (1) or is a plain step (0): the
+ * faster kind per emitted token, and every BT_SPEC_CHECK_ALTERNATE-th call of the size the other kind. A kind not
+ * measured yet is slower: such steps are plain until drafting ones were measured faster (a bench of a few dozen
+ * such steps never drafts there; a node that serves long learns it where it pays). 1 for smaller steps (the
+ * threshold decides). */
+int bt_spec_check_may_draft(bt_spec_check *c, int32_t n_seqs);
+
+/* Whether drafting steps of n_seqs > BT_SPEC_CURVE_SEQS sequences were measured faster per emitted token than plain
+ * ones (1 for smaller steps). Steps that also carry prompt chunks draft for that many decoding sequences only then:
+ * with 16 sequences and requests arriving, drafts riding on prompt chunks cost 7-10% of the throughput here. */
+int bt_spec_check_pays(const bt_spec_check *c, int32_t n_seqs);
 
 /* ---- the step-cost curve and the plan of a decode-only step ----
  * A step's time is not linear in its rows: the GEMM works in tiles of rows (a step of 9 rows costs a tile more than

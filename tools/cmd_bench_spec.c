@@ -31,7 +31,7 @@ typedef struct bs_prompt {
 typedef struct bs_opts {
     const char *model, *workload, *json, *conc;
     bt_spec_config spec;
-    long threads, reps, decode_n;
+    long threads, reps, decode_n, requests;
     int fixed_k;
     float temperature;
     unsigned long long seed;
@@ -55,6 +55,8 @@ static int bs_size_of(int32_t n_seqs)
 typedef struct bs_run {
     double decode_s;          /* seconds in steps that computed no prompt token */
     uint64_t decode_tokens;   /* tokens emitted in those steps */
+    double all_s;             /* every step: the run's throughput, prompt work included */
+    uint64_t all_tokens;
     double size_s[BS_SIZES];  /* the same by the sequences in the step (bs_size_of) */
     uint64_t size_tokens[BS_SIZES];
     uint64_t out_hash;        /* of every request's token sequence, in request order */
@@ -71,8 +73,8 @@ static void bs_usage(FILE *out)
 {
     fprintf(out,
             "usage: baton bench --spec ngram[:MIN-MAX]|draft:PATH|self:L [--workload FILE] [--concurrency N[,N...]]\n"
-            "                   [--decode-tokens N] [--reps N] [--spec-k-max N] [--spec-fixed-k] [--temperature T --seed S]\n"
-            "                   [--threads N] [--model PATH] [--json FILE]\n"
+            "                   [--decode-tokens N] [--requests N] [--reps N] [--spec-k-max N] [--spec-fixed-k]\n"
+            "                   [--temperature T --seed S] [--threads N] [--model PATH] [--json FILE]\n"
             "Runs every prompt of the workload (JSON lines {\"name\", \"chat\"} or {\"name\", \"prompt\"}; default\n"
             "tools/workloads/input-grounded.jsonl; tools/workloads/chat.jsonl holds open-ended chat) through the\n"
             "scheduler with at most N sequences running, once without and once with speculation per repetition\n"
@@ -81,6 +83,10 @@ static void bs_usage(FILE *out)
             "rate, the mean accepted drafts per verification, and the inputs of the adaptive-k rule. Both runs must\n"
             "produce the same tokens (the bench fails otherwise). --decode-tokens: output tokens per request\n"
             "(default 128; generation also stops at end of turn). Greedy unless --temperature is given.\n"
+            "--requests N: submit N requests, the workload's prompts in turn (default: each prompt once). With\n"
+            "more requests than N sequences, a finished sequence's slot is refilled at once, so the figure is the\n"
+            "throughput at that concurrency; with as many as the concurrency it includes the batch draining at\n"
+            "the end, where speculation leaves the slower sequences running in small steps.\n"
             "--spec-fixed-k always drafts --spec-k-max tokens (no adaptive k): what drafting alone would cost.\n");
 }
 
@@ -120,6 +126,7 @@ static int parse_opts(int argc, char **argv, bs_opts *o)
         else if (!strcmp(a, "--threads")) o->threads = strtol(v, &end, 10);
         else if (!strcmp(a, "--reps")) o->reps = strtol(v, &end, 10);
         else if (!strcmp(a, "--decode-tokens")) o->decode_n = strtol(v, &end, 10);
+        else if (!strcmp(a, "--requests")) o->requests = strtol(v, &end, 10);
         else if (!strcmp(a, "--spec-k-max")) o->spec.k_max = (int32_t)strtol(v, &end, 10);
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, &end, 10);
         else if (!strcmp(a, "--temperature")) o->temperature = strtof(v, &end);
@@ -133,10 +140,11 @@ static int parse_opts(int argc, char **argv, bs_opts *o)
         }
     }
     if (o->threads < 0 || o->threads > 256 || o->reps < 1 || o->reps > BS_MAX_REPS || o->decode_n < 1 ||
+        o->requests < 0 || o->requests > BS_MAX_PROMPTS ||
         o->decode_n > 4096 || o->spec.k_max < 1 || o->spec.k_max > BT_SPEC_K_LIMIT || o->temperature < 0 ||
         o->temperature > 100) {
-        fprintf(stderr, "baton bench: a value is out of range (--reps 1..%d, --decode-tokens 1..4096, "
-                        "--spec-k-max 1..%d, --temperature 0..100)\n", BS_MAX_REPS, BT_SPEC_K_LIMIT);
+        fprintf(stderr, "baton bench: a value is out of range (--reps 1..%d, --decode-tokens 1..4096, --requests 1..%d, "
+                        "--spec-k-max 1..%d, --temperature 0..100)\n", BS_MAX_REPS, BS_MAX_PROMPTS, BT_SPEC_K_LIMIT);
         return -1;
     }
     if (o->spec.kind == BT_SPEC_NONE) {
@@ -247,6 +255,8 @@ static int run_once(const bt_model *m, bt_backend *be, const bs_opts *o, const b
         if (bt_sched_step(s) < 0) rc = -1;
         double dt = bench_now_s() - t0;
         bt_sched_get_stats(s, &after);
+        out->all_s += dt;
+        out->all_tokens += after.generated_tokens - before.generated_tokens;
         if (after.computed_prompt_tokens == before.computed_prompt_tokens) {
             uint64_t got = after.generated_tokens - before.generated_tokens;
             out->decode_s += dt;
@@ -283,9 +293,11 @@ static int32_t find_eog(const bt_model *m, int32_t *eog, int32_t cap)
 typedef struct bs_result {
     int conc;
     double off, on, ratio;       /* medians: decode tok/s without and with speculation, per-rep ratio */
+    double all_off, all_on, all_ratio; /* the same over every step (output tok/s of the whole run) */
     double accept, mean_acc;     /* accepted / proposed; accepted per verification */
     double k_mean, threshold, alpha, row_ms, fixed_ms;
     double planned;              /* share of the steps that could draft priced by the measured curve */
+    uint64_t checked, checked_plain; /* steps of more than BT_SPEC_CURVE_SEQS decided by the check; made plain */
     double curve_ms[BT_SPEC_K_LIMIT + 2];
     uint64_t proposed, accepted, verifications;
     double size_s[2][BS_SIZES];          /* off, on: decode-only seconds and tokens by step size, over all reps */
@@ -296,6 +308,7 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
                       bt_proposer *pr, const int32_t *eog, int32_t n_eog, bs_result *res)
 {
     double off[BS_MAX_REPS], on[BS_MAX_REPS], ratio[BS_MAX_REPS];
+    double all_off[BS_MAX_REPS], all_on[BS_MAX_REPS], all_ratio[BS_MAX_REPS];
     memset(res, 0, sizeof *res);
     res->conc = conc;
     for (long r = 0; r < o->reps; r++) {
@@ -312,6 +325,9 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
         off[r] = a.decode_s > 0 ? (double)a.decode_tokens / a.decode_s : 0;
         on[r] = b.decode_s > 0 ? (double)b.decode_tokens / b.decode_s : 0;
         ratio[r] = off[r] > 0 ? on[r] / off[r] : 0;
+        all_off[r] = a.all_s > 0 ? (double)a.all_tokens / a.all_s : 0;
+        all_on[r] = b.all_s > 0 ? (double)b.all_tokens / b.all_s : 0;
+        all_ratio[r] = all_off[r] > 0 ? all_on[r] / all_off[r] : 0;
         fprintf(stderr, "  concurrency %d rep %ld: %.1f -> %.1f decode tok/s (%.2fx)\n", conc, r + 1, off[r], on[r],
                 ratio[r]);
         for (int z = 0; z < BS_SIZES; z++) {
@@ -328,6 +344,8 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
         uint64_t n_thr = b.st.spec_considered_steps - b.st.spec_planned_steps;
         res->threshold = n_thr ? b.st.spec_threshold_sum / (double)n_thr : 0;
         res->planned = (double)b.st.spec_planned_steps / nc;
+        res->checked += b.st.spec_checked_steps;
+        res->checked_plain += b.st.spec_checked_plain_steps;
         memcpy(res->curve_ms, b.curve_ms, sizeof res->curve_ms);
         res->alpha = b.st.spec_alpha_sum / nc;
         res->row_ms = b.st.decode_row_s * 1e3;
@@ -336,6 +354,9 @@ static int bench_conc(const bt_model *m, bt_backend *be, const bs_opts *o, const
     res->off = bench_median(off, (int)o->reps);
     res->on = bench_median(on, (int)o->reps);
     res->ratio = bench_median(ratio, (int)o->reps);
+    res->all_off = bench_median(all_off, (int)o->reps);
+    res->all_on = bench_median(all_on, (int)o->reps);
+    res->all_ratio = bench_median(all_ratio, (int)o->reps);
     res->accept = res->proposed ? (double)res->accepted / (double)res->proposed : 0;
     res->mean_acc = res->verifications ? (double)res->accepted / (double)res->verifications : 0;
     return 0;
@@ -353,6 +374,14 @@ static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
     printf(");\n             the others (prompt chunks in the step) a draft kept with p > %.2f on average (a row %.3f ms\n"
            "             against a step's fixed %.3f ms in the fitted model, raised where drafting steps were slower)\n",
            r->threshold, r->row_ms, r->fixed_ms);
+    printf("             every step (prompt chunks included): %.1f -> %.1f output tok/s (%.2fx)\n", r->all_off, r->all_on,
+           r->all_ratio);
+    if (r->checked)
+        printf("             decode-only steps of more than %d sequences: %llu; the drafting check made %.0f%% of them plain\n"
+               "             (drafting steps of their size measured slower per emitted token, or the 1 in %d that keeps\n"
+               "             both kinds measured)\n",
+               BT_SPEC_CURVE_SEQS, (unsigned long long)r->checked, 100.0 * (double)r->checked_plain / (double)r->checked,
+               BT_SPEC_CHECK_ALTERNATE);
     /* where the speed-up came from: decode-only steps by their sequences, over every rep (their share of the
      * run's decode time without speculation; tok/s off -> on) */
     double off_all = 0;
@@ -370,10 +399,14 @@ static void print_result(const bs_result *r, int32_t k_max, FILE *jf, int first)
                 "\"drafts_proposed\": %llu, \"drafts_accepted\": %llu, \"verifications\": %llu, "
                 "\"acceptance_rate\": %.4f, \"mean_accepted_per_verification\": %.4f, \"k_mean\": %.3f, "
                 "\"threshold\": %.4f, \"alpha\": %.4f, \"decode_row_ms\": %.4f, \"decode_fixed_ms\": %.4f, "
-                "\"planned_share\": %.4f, \"step_ms_by_draft_rows\": [",
+                "\"planned_share\": %.4f, \"checked_steps\": %llu, \"checked_plain_steps\": %llu, "
+                "\"all_tok_s_off\": %.2f, \"all_tok_s_on\": %.2f, \"all_speedup\": %.4f, "
+                "\"step_ms_by_draft_rows\": [",
                 first ? "" : ", ", r->conc, r->off, r->on, r->ratio, (unsigned long long)r->proposed,
                 (unsigned long long)r->accepted, (unsigned long long)r->verifications, r->accept, r->mean_acc,
-                r->k_mean, r->threshold, r->alpha, r->row_ms, r->fixed_ms, r->planned);
+                r->k_mean, r->threshold, r->alpha, r->row_ms, r->fixed_ms, r->planned,
+                (unsigned long long)r->checked, (unsigned long long)r->checked_plain, r->all_off, r->all_on,
+                r->all_ratio);
     if (jf) {
         for (int e = 0; e <= k_max + 1 && e < BT_SPEC_K_LIMIT + 2; e++) fprintf(jf, "%s%.4f", e ? ", " : "", r->curve_ms[e]);
         fprintf(jf, "], \"by_step_size\": [");
@@ -410,13 +443,16 @@ int bench_spec_main(int argc, char **argv)
         return 1;
     }
     static bs_prompt ps[BS_MAX_PROMPTS];
-    int n = 0, rc = 1;
+    int n = 0, n_loaded = 0, rc = 1;
     bt_backend *be = NULL;
     bt_proposer *pr = NULL;
     FILE *jf = NULL;
     int32_t eog[16];
     int32_t n_eog = find_eog(m, eog, 16);
-    if (load_workload(o.workload, m, ps, &n)) goto out;
+    int lrc = load_workload(o.workload, m, ps, &n);
+    n_loaded = n;
+    if (lrc) goto out;
+    for (; n < o.requests; n++) ps[n] = ps[n % n_loaded]; /* shares the token ids of the loaded prompt */
     if (bt_backend_cpu_create(&o.env.cpu, &be)) {
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
         goto out;
@@ -427,9 +463,9 @@ int bench_spec_main(int argc, char **argv)
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
         goto out;
     }
-    printf("%s | %s kernels, %d threads | workload %s: %d prompts, up to %ld output tokens each, %s | speculation "
-           "%s, k up to %d\n",
-           m->name, bt_backend_cpu_isa(be), bt_backend_cpu_threads(be), o.workload, n, o.decode_n,
+    printf("%s | %s kernels, %d threads | workload %s: %d prompts, %d requests, up to %ld output tokens each, %s | "
+           "speculation %s, k up to %d\n",
+           m->name, bt_backend_cpu_isa(be), bt_backend_cpu_threads(be), o.workload, n_loaded, n, o.decode_n,
            o.temperature > 0 ? "sampled" : "greedy", bt_spec_kind_name(o.spec.kind), o.spec.k_max);
     printf("%-12s %14s %14s %10s %11s %12s %8s\n", "concurrency", "off tok/s", "on tok/s", "speed-up", "accepted",
            "acc/verify", "mean k");
@@ -439,8 +475,9 @@ int bench_spec_main(int argc, char **argv)
     }
     if (jf)
         fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"workload\": \"%s\", \"prompts\": %d, "
+                    "\"requests\": %d, "
                     "\"decode_tokens\": %ld, \"spec\": \"%s\", \"k_max\": %d, \"temperature\": %.3f, \"runs\": [",
-                m->name, bt_backend_cpu_isa(be), bt_backend_cpu_threads(be), o.workload, n, o.decode_n,
+                m->name, bt_backend_cpu_isa(be), bt_backend_cpu_threads(be), o.workload, n_loaded, n, o.decode_n,
                 bt_spec_kind_name(o.spec.kind), o.spec.k_max, o.temperature);
     char *list = strdup(o.conc), *save = NULL;
     rc = 0;
@@ -468,7 +505,7 @@ out:
     if (jf) fclose(jf);
     bt_proposer_destroy(pr);
     bt_backend_destroy(be);
-    for (int i = 0; i < n; i++) free(ps[i].ids);
+    for (int i = 0; i < n_loaded; i++) free(ps[i].ids);
     bt_model_free(m);
     return rc;
 }

@@ -283,27 +283,36 @@ def test_bench_spec_cli(baton_bin, default_model, tmp_path):
                   '{"name": "raw", "prompt": "one two three four one two three four one two"}\n')
     out = tmp_path / "b.json"
     r = subprocess.run([str(baton_bin), "bench", "--model", str(default_model), "--spec", "ngram", "--workload",
-                        str(wl), "--reps", "1", "--decode-tokens", "24", "--concurrency", "1,2", "--json", str(out)],
+                        str(wl), "--reps", "1", "--decode-tokens", "24", "--concurrency", "1,2", "--requests", "5",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "2 prompts" in r.stdout and "speed-up" in r.stdout and "maximize expected" in r.stdout
+    assert "2 prompts, 5 requests" in r.stdout and "speed-up" in r.stdout and "maximize expected" in r.stdout
+    assert "every step (prompt chunks included)" in r.stdout
     assert "measured step times" in r.stdout and "a draft kept with p >" in r.stdout
     j = json.loads(out.read_text())
-    assert j["spec"] == "ngram" and j["prompts"] == 2 and [x["concurrency"] for x in j["runs"]] == [1, 2]
+    assert j["spec"] == "ngram" and j["prompts"] == 2 and j["requests"] == 5
+    assert [x["concurrency"] for x in j["runs"]] == [1, 2]
     for x in j["runs"]:
         assert x["decode_tok_s_off"] > 0 and x["decode_tok_s_on"] > 0 and x["drafts_proposed"] > 0
         assert 0 <= x["drafts_accepted"] <= x["drafts_proposed"]
         assert 0 <= x["planned_share"] <= 1 and len(x["step_ms_by_draft_rows"]) == 10
+        # every step's output rate is below the decode-only one (prompt work is in its time); at most 2 sequences
+        # run, so the drafting check (more than 8) decides no step
+        assert 0 < x["all_tok_s_off"] < x["decode_tok_s_off"] and 0 < x["all_tok_s_on"] and x["all_speedup"] > 0
+        assert x["checked_steps"] == 0 and x["checked_plain_steps"] == 0
         assert all(t > 0 for t in x["step_ms_by_draft_rows"])
         # decode-only steps by their sequences: at most 2 run here, so the buckets from 5 sequences up stay empty
         sz = x["by_step_size"]
         assert [b["min_seqs"] for b in sz] == [1, 2, 5, 9, 17]
         assert sum(b["off_tokens"] for b in sz) > 0 and all(b["off_s"] >= 0 and b["on_s"] >= 0 for b in sz)
-        assert sz[0]["off_tokens"] > 0 and all(b["off_tokens"] == 0 for b in sz[2:]), sz  # at most 2 sequences
+        assert all(b["off_tokens"] == 0 for b in sz[2:]), sz  # at most 2 sequences
+        assert sz[0]["off_tokens"] > 0 or x["concurrency"] > 1, sz
     assert "by sequences in the step" in r.stdout
     for args, want in [(["--spec", "none"], "nothing to compare"), (["--spec", "ngram", "--workload", "/nope"],
                                                                      "cannot open the workload"),
-                       (["--spec", "ngram", "--spec-k-max", "99"], "out of range")]:
+                       (["--spec", "ngram", "--spec-k-max", "99"], "out of range"),
+                       (["--spec", "ngram", "--requests", "100000"], "out of range")]:
         r = subprocess.run([str(baton_bin), "bench", "--model", str(default_model), *args], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and want in r.stderr, (args, r.stderr)

@@ -197,42 +197,97 @@ static void test_adaptive_k(void)
     CHECK(bt_spec_alpha(&st) == a);
 }
 
-/* The drafting check raises the threshold only where drafting steps were slower per emitted token than plain steps
- * of the same size, and lets it fall back once plain steps come again. */
+/* The drafting check, up to BT_SPEC_CURVE_SEQS sequences: it raises the threshold only where drafting steps were
+ * slower per emitted token than plain steps of the same size, and lets it fall back once plain steps come again. */
 static void test_check(void)
 {
     bt_spec_check c;
     bt_spec_check_init(&c);
     CHECK(bt_spec_check_factor(&c, 1) == 1 && bt_spec_check_factor(&c, 16) == 1 && bt_spec_check_factor(&c, 500) == 1);
     /* nothing to compare with: a drafting step alone changes nothing */
-    bt_spec_check_add(&c, 16, 8, 2, 0.020);
-    CHECK(bt_spec_check_factor(&c, 16) == 1);
+    bt_spec_check_add(&c, 8, 8, 2, 0.020);
+    CHECK(bt_spec_check_factor(&c, 8) == 1);
     /* batch 1 copying: 5 ms plain, 9 ms for 1 + 4 kept drafts (1.8 ms per token): the factor stays 1 */
     for (int i = 0; i < 50; i++) {
         bt_spec_check_add(&c, 1, 0, 0, 0.005);
         bt_spec_check_add(&c, 1, 8, 4, 0.009);
     }
     CHECK(bt_spec_check_factor(&c, 1) == 1);
-    /* 16 sequences, compute-bound: 16 ms plain (1 ms per token), 24 ms with 8 drafts of which 4 kept (1.2 ms): the
+    /* 8 sequences, compute-bound: 8 ms plain (1 ms per token), 12 ms with 4 drafts of which 2 kept (1.2 ms): the
      * factor climbs to its cap; other sizes are untouched */
-    for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 16, 0, 0, 0.016);
-    for (int i = 0; i < 60; i++) bt_spec_check_add(&c, 16, 8, 4, 0.024);
-    CHECK(bt_spec_check_factor(&c, 16) == BT_SPEC_CHECK_MAX);
-    CHECK(bt_spec_check_factor(&c, 15) == 1 && bt_spec_check_factor(&c, 17) == 1 && bt_spec_check_factor(&c, 1) == 1);
+    for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 8, 0, 0, 0.008);
+    for (int i = 0; i < 60; i++) bt_spec_check_add(&c, 8, 4, 2, 0.012);
+    CHECK(bt_spec_check_factor(&c, 8) == BT_SPEC_CHECK_MAX);
+    CHECK(bt_spec_check_factor(&c, 7) == 1 && bt_spec_check_factor(&c, 1) == 1);
     /* plain steps only from then on: the factor decays back toward 1 (drafting is tried again) */
-    for (int i = 0; i < 600; i++) bt_spec_check_add(&c, 16, 0, 0, 0.016);
-    CHECK(bt_spec_check_factor(&c, 16) < 1.8);
+    for (int i = 0; i < 600; i++) bt_spec_check_add(&c, 8, 0, 0, 0.008);
+    CHECK(bt_spec_check_factor(&c, 8) < 1.8);
     /* drafting that now pays lowers it the rest of the way */
-    for (int i = 0; i < 60; i++) bt_spec_check_add(&c, 16, 4, 4, 0.018);
-    CHECK(bt_spec_check_factor(&c, 16) == 1);
-    /* sizes: 17 .. 31 share one, as do 32 .. 63 and everything from 128 */
+    for (int i = 0; i < 60; i++) bt_spec_check_add(&c, 8, 4, 4, 0.009);
+    CHECK(bt_spec_check_factor(&c, 8) == 1);
+    /* above BT_SPEC_CURVE_SEQS the check decides steps instead: the factor stays 1 there */
     for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 20, 0, 0, 0.020);
     for (int i = 0; i < 10; i++) bt_spec_check_add(&c, 30, 8, 0, 0.040);
-    CHECK(bt_spec_check_factor(&c, 17) > 1 && bt_spec_check_factor(&c, 31) > 1 && bt_spec_check_factor(&c, 32) == 1);
+    CHECK(bt_spec_check_factor(&c, 17) == 1 && bt_spec_check_factor(&c, 31) == 1);
     /* nonsense input is ignored */
     bt_spec_check_add(&c, 0, 4, 4, 0.01);
     bt_spec_check_add(&c, 4, 4, 4, -1);
     CHECK(bt_spec_check_factor(&c, 0) == 1 && bt_spec_check_factor(&c, 4) == 1);
+}
+
+/* Runs n decisions of the check for steps of n_seqs sequences, each step taking plain_s (no drafts) or draft_s (with
+ * 4 drafts of which kept are kept); returns how many drafted. */
+static int check_run(bt_spec_check *c, int32_t n_seqs, int n, double plain_s, double draft_s, int kept)
+{
+    int drafted = 0;
+    for (int i = 0; i < n; i++) {
+        int d = bt_spec_check_may_draft(c, n_seqs);
+        drafted += d;
+        if (d) bt_spec_check_add(c, n_seqs, 4, kept, draft_s);
+        else bt_spec_check_add(c, n_seqs, 0, 0, plain_s);
+    }
+    return drafted;
+}
+
+/* Above BT_SPEC_CURVE_SEQS the check decides each decode-only step: plain until drafting was measured (on the
+ * alternate steps), then the kind that emitted tokens faster, with 1 step in BT_SPEC_CHECK_ALTERNATE of the other
+ * kind; it follows a change of which kind is faster, sizes are kept apart, and one noisy step does not flip it. */
+static void test_check_decides(void)
+{
+    bt_spec_check c;
+    bt_spec_check_init(&c);
+    CHECK(bt_spec_check_may_draft(&c, 1) == 1 && bt_spec_check_may_draft(&c, BT_SPEC_CURVE_SEQS) == 1);
+    CHECK(bt_spec_check_may_draft(&c, 12) == 0); /* nothing measured: a plain step */
+    bt_spec_check_add(&c, 12, 0, 0, 0.024);
+    /* plain measured, drafting not yet: only the alternate step drafts */
+    int first = 0;
+    for (int i = 2; i <= BT_SPEC_CHECK_ALTERNATE && !first; i++)
+        if (bt_spec_check_may_draft(&c, 12)) first = i;
+    CHECK(first == BT_SPEC_CHECK_ALTERNATE);
+    /* 12 sequences: 24 ms plain (2 ms a token); 30 ms with 4 drafts of which 1 kept (2.31 ms): drafting loses, and
+     * only the alternate steps draft */
+    int drafted = check_run(&c, 12, 320, 0.024, 0.030, 1);
+    CHECK(drafted >= 320 / BT_SPEC_CHECK_ALTERNATE - 2 && drafted <= 320 / BT_SPEC_CHECK_ALTERNATE + 3);
+    /* other sizes decide on their own measurements */
+    CHECK(bt_spec_check_may_draft(&c, 13) == 0);
+    /* steps with prompt chunks ask without deciding: drafting does not pay at 12, is unmeasured at 13, and is
+     * the threshold's business up to BT_SPEC_CURVE_SEQS */
+    CHECK(!bt_spec_check_pays(&c, 12) && !bt_spec_check_pays(&c, 13) && bt_spec_check_pays(&c, BT_SPEC_CURVE_SEQS));
+    /* the same size with drafting that pays (26 ms for 12 + 4 tokens, 1.63 ms a token): it turns to drafting once
+     * a few alternate steps (here 4 or 5) have brought the drafting average below the plain one */
+    drafted = check_run(&c, 12, 320, 0.024, 0.026, 4);
+    CHECK(drafted >= 320 - 320 / BT_SPEC_CHECK_ALTERNATE - 5 * BT_SPEC_CHECK_ALTERNATE);
+    drafted = check_run(&c, 12, 160, 0.024, 0.026, 4);
+    CHECK(drafted >= 160 - 160 / BT_SPEC_CHECK_ALTERNATE - 1);
+    CHECK(bt_spec_check_pays(&c, 12));
+    /* one step slowed tenfold by the host does not turn drafting off */
+    bt_spec_check_add(&c, 12, 4, 4, 0.26);
+    CHECK(check_run(&c, 12, 8, 0.024, 0.026, 4) >= 7);
+    /* sizes from 17 share by powers of two: 20 and 30 are one size, 40 another */
+    bt_spec_check_init(&c);
+    bt_spec_check_add(&c, 20, 0, 0, 0.040);
+    bt_spec_check_add(&c, 20, 4, 4, 0.030);
+    CHECK(bt_spec_check_may_draft(&c, 30) == 1 && bt_spec_check_may_draft(&c, 40) == 0);
 }
 
 /* The curve keeps what steps took, follows a faster step at once and a slower one slowly (a noisy step cannot
@@ -338,6 +393,7 @@ int main(void)
     RUN(test_ngram_incremental_vs_brute);
     RUN(test_adaptive_k);
     RUN(test_check);
+    RUN(test_check_decides);
     RUN(test_curve);
     RUN(test_plan);
     return test_summary();
