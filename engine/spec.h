@@ -198,8 +198,8 @@ double bt_spec_check_factor(const bt_spec_check *c, int32_t n_seqs);
 /* Whether a decode-only step of n_seqs > BT_SPEC_CURVE_SEQS sequences may draft (1) or is a plain step (0): the
  * faster kind per emitted token, and every BT_SPEC_CHECK_ALTERNATE-th call of the size the other kind. A kind not
  * measured yet is slower: such steps are plain until drafting ones were measured faster (a bench of a few dozen
- * such steps never drafts there; a node that serves long learns it where it pays). 1 for smaller steps (the
- * threshold decides). */
+ * such steps drafts in about 1 of 16 there; a node that serves long learns where it pays). 1 for smaller steps (the
+ * plan or the threshold decides). */
 int bt_spec_check_may_draft(bt_spec_check *c, int32_t n_seqs);
 
 /* Whether drafting steps of n_seqs > BT_SPEC_CURVE_SEQS sequences were measured faster per emitted token than plain
