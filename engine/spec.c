@@ -395,6 +395,7 @@ int32_t bt_spec_plan(bt_spec_cand *cand, int32_t n_cand, int32_t n_seqs, const d
         for (int32_t i = 0; i < cand[c].avail && i < BT_SPEC_K_LIMIT; i++) {
             a = (st->hits[i] + SPEC_CHAIN_WEIGHT * a) / (st->tries[i] + SPEC_CHAIN_WEIGHT); /* bt_spec_alpha_at */
             p *= a;
+            if (p < BT_SPEC_MIN_THRESHOLD) break; /* a row that looks free is often a noisy measurement */
             d[m++] = (plan_draft){(float)p, c, i};
         }
     }

@@ -245,12 +245,15 @@ typedef struct bt_spec_cand {
 /* The plan of a decode-only step of n_seqs sequences: the drafts that maximize expected tokens per second,
  * (n_seqs + sum of the chosen drafts' P_i) / cost[rows], where draft i of a sequence yields a token with probability
  * P_i = alpha_1 * ... * alpha_i (bt_spec_stats) and cost[e] (e = 0..max_extra) is the step's time with e draft rows
- * (bt_spec_curve_costs). Drafts are taken in order of P, so a sequence's drafts are a prefix. A sequence that has
+ * (bt_spec_curve_costs). Drafts are taken in order of P, so a sequence's drafts are a prefix; none with P below
+ * BT_SPEC_MIN_THRESHOLD. A sequence that has
  * not drafted for its probe interval gets one draft when a row costs less than half its share of the step. Sets
  * every cand[i].k and returns the draft rows in all. Can't fail. */
 int32_t bt_spec_plan(bt_spec_cand *cand, int32_t n_cand, int32_t n_seqs, const double *cost, int32_t max_extra);
 
-/* Never draft a position accepted less than 1 time in 10, even when rows look free (steps with prompt chunks). */
+/* Never draft a position accepted less than 1 time in 10, even when rows look free (steps with prompt chunks, and
+ * the plan: a step with more rows measured faster than one with fewer is often noise, so a draft that is almost
+ * never kept would cost the proposer's and the verifier's time for nothing). Probes are the exception. */
 #define BT_SPEC_MIN_THRESHOLD 0.1
 
 /* The drafts to ask for: the largest k <= k_max with P_k > max(threshold, 0.1) (0 when none), except that a

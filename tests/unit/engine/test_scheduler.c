@@ -665,9 +665,10 @@ static void test_spec_equal_plain(void)
             (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
             (unsigned long long)st.generated_tokens);
     CHECK(st.spec_proposed > 0 && st.spec_accepted * 10 < st.spec_proposed); /* acceptance near 0 */
-    /* k fell far below k_max = 4 drafts per token (118-124 drafts for 1083 tokens here on a quiet machine, 577 under
-     * a parallel ctest: the plan's probes follow the measured step times) */
-    CHECK(st.spec_proposed < st.generated_tokens);
+    /* k fell far below k_max = 4 drafts per token: the plan never takes a draft kept less than 1 time in 10, so what
+     * is left is the first sequences' tries and the probes (65 drafts for 1083 tokens here, 58 under qemu with the
+     * other vCPU busy; 1138 before that floor, when a noisy step-time curve made rows look free) */
+    CHECK(st.spec_proposed * 4 < st.generated_tokens);
     proposer = NULL;
 }
 

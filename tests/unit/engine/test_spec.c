@@ -353,9 +353,15 @@ static void test_plan(void)
     /* a sequence whose drafts are never kept drafts nothing when rows cost something ... */
     bt_spec_cand c2 = {.st = &lo, .avail = 8};
     CHECK(bt_spec_plan(&c2, 1, 1, lin, 8) == 0 && c2.k == 0);
-    /* ... but takes rows that cost nothing (4 rows as fast as 1) */
+    /* ... nor where rows cost nothing (4 rows as fast as 1): a draft kept less than 1 time in 10 is never planned */
     double free4[9] = {0.005, 0.005, 0.005, 0.005, 0.008, 0.009, 0.010, 0.011, 0.012};
-    CHECK(bt_spec_plan(&c2, 1, 1, free4, 8) == 3 && c2.k == 3);
+    CHECK(bt_spec_plan(&c2, 1, 1, free4, 8) == 0 && c2.k == 0);
+    /* free rows do take drafts of 0.2 (no more than are free: the 4th row costs) */
+    bt_spec_stats fifth;
+    bt_spec_stats_init(&fifth);
+    for (int i = 0; i < 40; i++) bt_spec_stats_update(&fifth, 1, i % 5 == 0);
+    bt_spec_cand c5 = {.st = &fifth, .avail = 8};
+    CHECK(bt_spec_plan(&c5, 1, 1, free4, 8) == 1 && c5.k == 1);
     /* several sequences: the sure drafts first; nothing on offer, nothing taken */
     bt_spec_cand cs[3] = {{.st = &lo, .avail = 4}, {.st = &hi, .avail = 3}, {.st = &none, .avail = 0}};
     CHECK(bt_spec_plan(cs, 3, 3, lin, 7) == 3 && cs[0].k == 0 && cs[1].k == 3 && cs[2].k == 0);
