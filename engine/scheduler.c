@@ -805,6 +805,14 @@ static int is_plain_decode(const sreq *r)
            r->remote != REMOTE_PENDING;
 }
 
+/* The running requests that are plain decodes this step. */
+static int32_t count_plain_decode(const bt_sched *s)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_running; i++) n += is_plain_decode(s->running[i]);
+    return n;
+}
+
 /* Tokens r may still generate after its next one (drafts beyond that could never be kept). */
 static int32_t draft_room(const bt_sched *s, const sreq *r)
 {
@@ -824,8 +832,7 @@ static int32_t draft_room(const bt_sched *s, const sreq *r)
  * requests arriving, drafting on that price cost up to 16% of the throughput (alternated runs). */
 static double draft_threshold(const bt_sched *s, bt_proposer *pr)
 {
-    int32_t n_decode = 0;
-    for (int32_t i = 0; i < s->n_running; i++) n_decode += is_plain_decode(s->running[i]);
+    int32_t n_decode = count_plain_decode(s);
     double round = pr->ops->round_cost ? pr->ops->round_cost(pr) : 0;
     const bt_sched_stats *st = &s->st;
     double thr = bt_spec_threshold(st->decode_fixed_s, st->decode_row_s, st->decode_row_s, round, n_decode, n_decode);
@@ -1022,9 +1029,7 @@ static int step_may_draft(bt_sched *s, int32_t n_seqs)
         return may;
     }
     if (n_seqs >= 0) return 1;
-    int32_t n_decode = 0;
-    for (int32_t i = 0; i < s->n_running; i++) n_decode += is_plain_decode(s->running[i]);
-    return bt_spec_check_pays(&s->spec_check, n_decode);
+    return bt_spec_check_pays(&s->spec_check, count_plain_decode(s));
 }
 
 /* Drafts for the decoding requests that get them this step (adaptive k), with what budget the running requests and

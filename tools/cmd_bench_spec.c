@@ -143,8 +143,9 @@ static int parse_opts(int argc, char **argv, bs_opts *o)
         o->requests < 0 || o->requests > BS_MAX_PROMPTS ||
         o->decode_n > 4096 || o->spec.k_max < 1 || o->spec.k_max > BT_SPEC_K_LIMIT || o->temperature < 0 ||
         o->temperature > 100) {
-        fprintf(stderr, "baton bench: a value is out of range (--reps 1..%d, --decode-tokens 1..4096, --requests 1..%d, "
-                        "--spec-k-max 1..%d, --temperature 0..100)\n", BS_MAX_REPS, BS_MAX_PROMPTS, BT_SPEC_K_LIMIT);
+        fprintf(stderr, "baton bench: a value is out of range (--reps 1..%d, --decode-tokens 1..4096, --requests 1..%d "
+                        "or 0 for each prompt once, --spec-k-max 1..%d, --temperature 0..100)\n", BS_MAX_REPS,
+                BS_MAX_PROMPTS, BT_SPEC_K_LIMIT);
         return -1;
     }
     if (o->spec.kind == BT_SPEC_NONE) {
