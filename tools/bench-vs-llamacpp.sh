@@ -56,7 +56,14 @@ EOF
     cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
         "-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx" >/dev/null
-    cmake --build "$dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-completion >/dev/null
+    # the compilers' output (thousands of warning lines from ggml's intrinsics) goes to a log, shown on failure
+    if ! cmake --build "$dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-completion \
+        >"$dir/build.log" 2>&1; then
+        tail -n 40 "$dir/build.log" >&2
+        echo "bench-vs-llamacpp: building llama.cpp failed (whole log: $dir/build.log)" >&2
+        return 1
+    fi
+    echo "built llama.cpp's tools (compiler output: $dir/build.log)" >&2
 }
 lb="$dir/build/bin/llama-bench" lbb="$dir/build/bin/llama-batched-bench" lc="$dir/build/bin/llama-completion"
 [ -x "$lb" ] && [ -x "$lbb" ] && [ -x "$lc" ] || build_llama
