@@ -246,9 +246,8 @@ typedef struct bt_spec_cand {
  * (n_seqs + sum of the chosen drafts' P_i) / cost[rows], where draft i of a sequence yields a token with probability
  * P_i = alpha_1 * ... * alpha_i (bt_spec_stats) and cost[e] (e = 0..max_extra) is the step's time with e draft rows
  * (bt_spec_curve_costs). Drafts are taken in order of P, so a sequence's drafts are a prefix; none with P below
- * BT_SPEC_MIN_THRESHOLD. A sequence that has
- * not drafted for its probe interval gets one draft when a row costs less than half its share of the step. Sets
- * every cand[i].k and returns the draft rows in all. Can't fail. */
+ * BT_SPEC_MIN_THRESHOLD. A sequence that has not drafted for its probe interval gets one draft when a row costs less
+ * than half its share of the step. Sets every cand[i].k and returns the draft rows in all. Can't fail. */
 int32_t bt_spec_plan(bt_spec_cand *cand, int32_t n_cand, int32_t n_seqs, const double *cost, int32_t max_extra);
 
 /* Never draft a position accepted less than 1 time in 10, even when rows look free (steps with prompt chunks, and
