@@ -237,8 +237,10 @@ typedef struct gemm_variant {
  * tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the packed matrix totalling
  * >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's measured dot-instruction rate
  * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). types: NULL,
- * or a comma-separated list of the weight types to run (--types). */
-static void bench_gemm_kernels(bt_cpu_isa isa, const char *types)
+ * or a comma-separated list of the weight types to run (--types). n_rows > 0: each shape (once per type, shape and
+ * cold) runs with each of the activation row counts in rows instead of its own (--batch: a verification step's
+ * 2-9 rows, say). */
+static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, const int *rows_list)
 {
     const bt_cpu_ops *ops = bt_cpu_isa_supported(isa) ? bt_cpu_ops_get(isa) : NULL;
     if (!ops || (!ops->gemm16[BT_TYPE_Q4_1] && !ops->gemm8[BT_TYPE_Q4_1])) {
@@ -258,13 +260,20 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types)
     uint64_t seed = 7;
     printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
            "% peak");
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
+    for (size_t ci = 0; ci < N_CASES * (size_t)(n_rows > 0 ? n_rows : 1); ci++)
         for (int bits = 16; bits >= 8; bits -= 8) {
-            uint32_t t = cases[ci].t;
+            const size_t k0 = n_rows > 0 ? ci / (size_t)n_rows : ci;
+            uint32_t t = cases[k0].t;
             if (types && !type_listed(types, t)) continue;
-            const int64_t rows = cases[ci].rows;
+            int seen = 0; /* with a rows list, one run per type, shape and cold */
+            for (size_t j = 0; n_rows > 0 && j < k0; j++)
+                seen |= cases[j].t == t && cases[j].n_in == cases[k0].n_in && cases[j].n_out == cases[k0].n_out &&
+                        cases[j].cold == cases[k0].cold;
+            if (seen) continue;
+            const int64_t rows = n_rows > 0 ? rows_list[ci % (size_t)n_rows] : cases[k0].rows;
             if (!bt_cpu_pack_supported(ops, t, bits)) continue; /* no packed kernel for this type and width */
-            int64_t n_in = cases[ci].n_in, n_out = cases[ci].n_out;
+            int64_t n_in = cases[k0].n_in, n_out = cases[k0].n_out;
             size_t wb = bt_cpu_row_bytes(t, n_in) * (size_t)n_out, ab = bt_cpu_act_row_bytes(t, bits, n_in);
             uint8_t *w = malloc(wb), *xq = malloc(ab * rows);
             float *x = malloc(sizeof(float) * (size_t)(n_in * rows)), *out = malloc(sizeof(float) * (size_t)(n_out * rows));
@@ -273,7 +282,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types)
             for (int64_t i = 0; i < n_in * rows; i++) x[i] = (float)((int64_t)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
             for (int64_t r = 0; r < rows; r++)
                 bt_cpu_prepare_act_row(ops, t, bits, n_in, x + r * n_in, xq + (size_t)r * ab);
-            int copies = cases[ci].cold ? (int)(((size_t)128 << 20) / wb + 1) : 1;
+            int copies = cases[k0].cold ? (int)(((size_t)128 << 20) / wb + 1) : 1;
             bt_cpu_packed *p = calloc((size_t)copies, sizeof *p);
             for (int c = 0; c < copies; c++)
                 if (!p || bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
@@ -291,7 +300,8 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types)
                     for (int64_t g = 0; g < n_out / 16; g++)
                         for (int64_t r = 0; r < rows; r += vs[v].nr)
                             vs[v].fn(n_in, (const char *)pc->data + (size_t)g * pc->group_bytes, xq + (size_t)r * ab,
-                                     ab, rows < vs[v].nr ? (int)rows : vs[v].nr, out + r * n_out + g * 16, (size_t)n_out, 16,
+                                     ab, rows - r < vs[v].nr ? (int)(rows - r) : vs[v].nr, out + r * n_out + g * 16,
+                                     (size_t)n_out, 16,
                                      r == 0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
                                          ? (const char *)pc->data + (size_t)(g + vs[v].ahead) * pc->group_bytes
                                          : NULL);
@@ -303,7 +313,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types)
             for (int v = 0; v < NV; v++) {
                 qsort(samples[v], REPS, sizeof(double), cmp_double);
                 double med = samples[v][REPS / 2];
-                printf("%-5s %-10s %4d %4d %4d %-6s %3d %10.1f %7.1f%%\n", bt_ggml_type_name(t), shape, (int)rows, cases[ci].cold,
+                printf("%-5s %-10s %4d %4d %4d %-6s %3d %10.1f %7.1f%%\n", bt_ggml_type_name(t), shape, (int)rows, cases[k0].cold,
                        bits, vs[v].name, vs[v].nr, med * 1e6, 100.0 * macs / med / peak[bits == 16]);
             }
             fflush(stdout);
@@ -327,13 +337,14 @@ static int parse_list(const char *s, int *out, int max)
 int main(int argc, char **argv)
 {
     const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k", *isa_arg = "all";
-    int threads[4] = {1, 2}, n_threads = 2, batches[4] = {1, 16}, n_batches = 2, hot = 0, case_ms = 150, only = 0;
+    int threads[4] = {1, 2}, n_threads = 2, batches[8] = {1, 16}, n_batches = 2, batch_given = 0, hot = 0;
+    int case_ms = 150, only = 0;
     int bits[2] = {8, 16}, n_bits = 2, types_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i], types_given = 1;
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa_arg = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = parse_list(argv[++i], threads, 4);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 4);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 8), batch_given = 1;
         else if (!strcmp(argv[i], "--bits") && i + 1 < argc) n_bits = parse_list(argv[++i], bits, 2);
         else if (!strcmp(argv[i], "--hot")) hot = 1;
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) case_ms = atoi(argv[++i]);
@@ -346,13 +357,15 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    for (int b = 0; b < n_batches; b++)
+        if (batches[b] < 1 || batches[b] > 16) return fprintf(stderr, "--batch: row counts from 1 to 16\n"), 2;
     if (only == 3) { /* --isa names the kernels (default: the best this CPU has) */
         bt_cpu_isa gi = BT_CPU_ISA_SCALAR;
         for (int i = 0; i < BT_CPU_ISA_COUNT; i++)
             if (bt_cpu_isa_supported((bt_cpu_isa)i) &&
                 (!strcmp(isa_arg, "all") || !strcmp(isa_arg, bt_cpu_isa_name((bt_cpu_isa)i))))
                 gi = (bt_cpu_isa)i;
-        bench_gemm_kernels(gi, types_given ? types_arg : NULL);
+        bench_gemm_kernels(gi, types_given ? types_arg : NULL, batch_given ? n_batches : 0, batches);
         return 0;
     }
     if (only != 2) bench_memory();

@@ -69,10 +69,12 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
                                : _mm512_setzero_ps();
 }
 
-/* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so with few rows per pass a row's
- * products are spread over several independent accumulators (added exactly at the end of the block); from 4 rows
- * on, the other rows' instructions fill the latency and one chain per row leaves registers for 8 rows. */
-#define CHAINS(NR) ((NR) == 1 ? 4 : (NR) <= 3 ? 2 : 1)
+/* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so a row's products are spread over
+ * several independent accumulators (added exactly at the end of the block): 4 for one row, 2 from two rows on (16
+ * chains and 8 float accumulators still fit in 32 registers at 8 rows). One chain per row from 4 rows on measured
+ * 10-30% slower at 4-16 rows (`bench_cpu_kernels --gemm --batch 4,8,16`, Intel Xeon with AMX, 2026-12-03): a
+ * chain's latency is not hidden by the other rows' instructions alone. */
+#define CHAINS(NR) ((NR) == 1 ? 4 : 2)
 
 /* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q5_0
  * with 16-bit activations: 16; Q8_0 with 8-bit activations: 128), so that the chain ends at the exact isum with no
