@@ -994,10 +994,12 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
         [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k_q16,
         [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k_q16,
     },
-    /* cpu_avx2_gemm.c; no 8-bit Q8_0 (its u8 codes would saturate vpmaddubsw) */
+    /* cpu_avx2_gemm.c */
     .gemm8 = {
         [BT_TYPE_Q4_0] = bt_cpu_avx2_gemm_q4_0,
         [BT_TYPE_Q4_1] = bt_cpu_avx2_gemm_q4_1,
+        [BT_TYPE_Q8_0] = bt_cpu_avx2_gemm_q8_0,
+        [BT_TYPE_Q5_1] = bt_cpu_avx2_gemm_q5_1,
     },
     .gemm16 = {
         [BT_TYPE_Q4_0] = bt_cpu_avx2_gemm_q4_0_q16,

@@ -8,8 +8,10 @@
  *     vpdpwssd;
  *   8-bit activations (Q4_0, Q4_1): vpmaddubsw (u8 code 0..15 x s8, pairs summed into s16: |sum| <= 2 * 15 * 128,
  *     so it never saturates) then vpmaddwd against ones (s32) then vpaddd: the same integer as vpdpbusd.
- *     Q8_0's 8-bit layout (codes + 128) would saturate vpmaddubsw, so AVX2 has no 8-bit Q8_0 kernel: such weights
- *     stay unpacked and take dot_rows.
+ *   8-bit activations, byte codes (Q5_1: 0..31, the same chain; Q8_0: code + 128, which would saturate
+ *     vpmaddubsw, so the code is made signed again and vpmaddubsw takes |q| times the activation with q's sign,
+ *     vpsignb: |pair| <= 2 * 128 * 127 < 2^15, since 8-bit activations are -127..127). That is the exact sum of
+ *     q * a, which the reference reaches as sum((q + 128) * a) - 128 * sum(a). Q5_0 at 8 bits is packed as Q8_0.
  * Q4_K (16-bit activations) is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format.
  * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane: each half-word of the plane is
  * broadcast to a half's 16 lanes, lane i tests bit i, and 16 is or-ed into the operand where it is set (4 ops a half;
@@ -268,6 +270,50 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
 
+/* Signed codes w (q of Q8_0) against every row's activation dword idx: |w| times the activation with w's sign. */
+AI void dot8_signed_rows(const int NR, __m256i (*s)[2], __m256i wl, __m256i wh, const void *act, size_t act_stride,
+                         int64_t b, const int idx)
+{
+    const __m256i ones = _mm256_set1_epi16(1), ul = _mm256_abs_epi8(wl), uh = _mm256_abs_epi8(wh);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const __m256i a = bcast32(ACT8(r, b)->qs + 4 * idx);
+        s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ul, _mm256_sign_epi8(a, wl)), ones));
+        s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(uh, _mm256_sign_epi8(a, wh)), ones));
+    }
+}
+
+/* 8-bit activations, byte-code layouts (Q8_0, Q5_1): code vector i (64 bytes: 4 codes of each row) pairs with
+ * activation dword i. */
+AI void gemm8_bytes_kernel(GEMM_ARGS, const int type)
+{
+    const int64_t nb = n / BT_QK;
+    const size_t cb = bt_gl_code_bytes(type, 0);
+    const int mins = bt_gl_fp16_min(type);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[AVX2_NR][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *cp = bt_gl_codes(group, b, type, cb);
+        bt_gl_prefetch_block(next, b, type, 0);
+        __m256i s[AVX2_NR][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * i));
+            const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * i + 32));
+            if (type == BT_TYPE_Q8_0)
+                dot8_signed_rows(NR, s, _mm256_xor_si256(vl, flip), _mm256_xor_si256(vh, flip), act, act_stride, b, i);
+            else
+                dot8_rows(NR, s, vl, vh, act, act_stride, b, i);
+        }
+        ACCUM_ROWS((ad = ACT8(r, b)->d, ads = ACT8(r, b)->ds));
+    }
+    store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
+}
+
 /* nr rows in passes of up to AVX2_NR; each pass is the kernel specialised for its row count */
 #define GEMM_PASSES(kernel, TYPE)                                                                              \
     for (int r0 = 0; r0 < nr; r0 += AVX2_NR) {                                                                 \
@@ -285,6 +331,8 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 
 BT_CPU_GEMM_DECL(avx2, q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1) }
+BT_CPU_GEMM_DECL(avx2, q8_0) { GEMM_PASSES(gemm8_bytes_kernel, BT_TYPE_Q8_0) }
+BT_CPU_GEMM_DECL(avx2, q5_1) { GEMM_PASSES(gemm8_bytes_kernel, BT_TYPE_Q5_1) }
 BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }

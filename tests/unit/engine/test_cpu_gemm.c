@@ -190,6 +190,68 @@ static void test_q5_0_plane_matches_q8_0(void)
     }
 }
 
+/* Q8_0 at 8-bit activations at the ends of both ranges: codes -128 and 127 against activations of +-127, so that a
+ * pair of products reaches 2 * 128 * 127 (AVX2 feeds |q| and the activation with q's sign to vpmaddubsw, which
+ * saturates past 32767). Bit-identical to the packed reference and to the exact integer dot times the scales. */
+static void test_q8_0_extremes(void)
+{
+    enum { N_IN = 96, N_OUT = 20, N_ROWS = 5 };
+    bt_block_q8_0 w[N_OUT * N_IN / 32];
+    for (int o = 0; o < N_OUT; o++)
+        for (int b = 0; b < N_IN / 32; b++) {
+            bt_block_q8_0 *blk = &w[o * (N_IN / 32) + b];
+            blk->d = bt_f32_to_fp16(0.5f);
+            for (int e = 0; e < 32; e++) /* all -128, all 127, or alternating, by row */
+                blk->qs[e] = (int8_t)(o % 3 == 0 ? -128 : o % 3 == 1 ? 127 : (e + b) & 1 ? -128 : 127);
+        }
+    float x[N_ROWS * N_IN];
+    for (int r = 0; r < N_ROWS; r++) /* -1, +1, alternating, alternating the other way, +-1 by pairs */
+        for (int i = 0; i < N_IN; i++)
+            x[r * N_IN + i] = r == 0 ? -1.0f : r == 1 ? 1.0f : r == 2 ? (i & 1 ? 1.0f : -1.0f)
+                            : r == 3 ? (i & 1 ? -1.0f : 1.0f) : (i & 2 ? -1.0f : 1.0f);
+    int tested = 0;
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!bt_cpu_pack_supported(ops, BT_TYPE_Q8_0, 8)) continue;
+        size_t ab = bt_cpu_act_row_bytes(BT_TYPE_Q8_0, 8, N_IN);
+        uint8_t *xq = malloc(ab * N_ROWS);
+        float out[N_ROWS * N_OUT], ref[BT_CPU_GEMM_NR * 16];
+        REQUIRE(xq);
+        bt_cpu_packed p;
+        REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q8_0, 8, N_IN, N_OUT, w, &p) == BT_OK);
+        bt_cpu_matmul mm = {.ops = ops, .wtype = BT_TYPE_Q8_0, .n_in = N_IN, .n_out = N_OUT, .n_rows = N_ROWS,
+                            .w = w, .x = x, .xq = xq, .out = out, .act_bits = 8, .wp = &p};
+        REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+        int bad = 0;
+        for (int64_t g = 0; g * 16 < N_OUT; g++) {
+            int nv = (int)(N_OUT - 16 * g < 16 ? N_OUT - 16 * g : 16);
+            bt_cpu_gemm_packed_ref(&p, g, xq, ab, N_ROWS, ref, 16, nv);
+            for (int r = 0; r < N_ROWS; r++)
+                for (int j = 0; j < nv; j++) bad += bt_f32_bits(ref[r * 16 + j]) != bt_f32_bits(out[r * N_OUT + 16 * g + j]);
+        }
+        /* the activations quantize to +-127 exactly: row r's output o is 0.5 * (1 / 127) * sum(q * a) per block */
+        int bad_exact = 0;
+        for (int r = 0; r < N_ROWS; r++)
+            for (int o = 0; o < N_OUT; o++) {
+                double want = 0;
+                for (int b = 0; b < N_IN / 32; b++) {
+                    long isum = 0;
+                    for (int e = 0; e < 32; e++)
+                        isum += (long)w[o * (N_IN / 32) + b].qs[e] * (x[r * N_IN + 32 * b + e] > 0 ? 127 : -127);
+                    want += 0.5 * (1.0 / 127.0) * (double)isum;
+                }
+                bad_exact += fabs(out[r * N_OUT + o] - want) > 1e-4 * fabs(want) + 1e-6;
+            }
+        CHECK_MSG(bad == 0 && bad_exact == 0, "%s: %d outputs differ from the packed reference, %d from the exact dot",
+                  ops->name, bad, bad_exact);
+        bt_cpu_packed_free(&p);
+        free(xq);
+        tested++;
+    }
+    CHECK(tested > 0 || !test_isa_covers(BT_CPU_ISA_AVX2)); /* AVX2 and AVX-512 pack Q8_0 at 8 bits */
+}
+
 /* Every type, both precisions, every ISA (packed wherever the ISA packs the type): N random rows in 1..70 on a
  * random thread count; then each row alone on another thread count, and among rows of fresh random content. */
 static void test_gemm_batch_invariance(void)
@@ -345,6 +407,7 @@ int main(void)
     RUN(test_gemm_matches_refs);
     RUN(test_gemm_each_width);
     RUN(test_q5_0_plane_matches_q8_0);
+    RUN(test_q8_0_extremes);
     RUN(test_gemm_batch_invariance);
     RUN(test_dot_rate);
     test_isa_report();
