@@ -245,6 +245,13 @@ void bt_spec_stats_init(bt_spec_stats *st)
     st->probe_every = SPEC_PROBE_STEPS;
 }
 
+/* alpha of draft position i from the previous position's (0.5 before the first), in double: one step of the chain
+ * that bt_spec_alpha_at walks in float, for the loops that also multiply the chance P_i along it */
+static double chain_alpha(const bt_spec_stats *st, int32_t i, double prev)
+{
+    return (st->hits[i] + SPEC_CHAIN_WEIGHT * prev) / (st->tries[i] + SPEC_CHAIN_WEIGHT);
+}
+
 float bt_spec_alpha_at(const bt_spec_stats *st, int32_t i)
 {
     float a = 0.5f;
@@ -320,8 +327,7 @@ int32_t bt_spec_choose_k(bt_spec_stats *st, int32_t k_max, double threshold, int
     double p = 1, a = 0.5;
     int32_t k = 0;
     while (k < k_max) {
-        a = (st->hits[k] + SPEC_CHAIN_WEIGHT * a) / (st->tries[k] + SPEC_CHAIN_WEIGHT); /* bt_spec_alpha_at(st, k) */
-        p *= a;
+        p *= a = chain_alpha(st, k, a);
         if (p <= threshold) break;
         k++;
     }
@@ -393,8 +399,7 @@ int32_t bt_spec_plan(bt_spec_cand *cand, int32_t n_cand, int32_t n_seqs, const d
         double p = 1, a = 0.5;
         const bt_spec_stats *st = cand[c].st;
         for (int32_t i = 0; i < cand[c].avail && i < BT_SPEC_K_LIMIT; i++) {
-            a = (st->hits[i] + SPEC_CHAIN_WEIGHT * a) / (st->tries[i] + SPEC_CHAIN_WEIGHT); /* bt_spec_alpha_at */
-            p *= a;
+            p *= a = chain_alpha(st, i, a);
             if (p < BT_SPEC_MIN_THRESHOLD) break; /* a row that looks free is often a noisy measurement */
             d[m++] = (plan_draft){(float)p, c, i};
         }
