@@ -228,8 +228,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
 
-/* 8-bit activations, Q4_0 / Q4_1: code vector k holds bytes qs[4k .. 4k+3] of each row; its low nibbles pair with
- * activation dword k, its high nibbles with dword k + 4. */
+/* 8-bit activations: every row's sums += the unsigned operand pair (lo, hi) times the row's activation dword idx. */
 AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
                   int64_t b, const int idx)
 {
@@ -240,34 +239,6 @@ AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const v
         s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a), ones));
         s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a), ones));
     }
-}
-
-AI void gemm8_kernel(GEMM_ARGS, const int type)
-{
-    const int64_t nb = n / BT_QK;
-    const size_t cb = 256;
-    const int mins = type == BT_TYPE_Q4_1, off = type == BT_TYPE_Q4_0 ? 8 : 0;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[AVX2_NR][2];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        bt_gl_prefetch_block(next, b, type, 0);
-        __m256i s[AVX2_NR][2];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT8(r, b)->sum);
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
-            const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-            dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k);
-            dot8_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
-                      _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4);
-        }
-        ACCUM_ROWS((ad = ACT8(r, b)->d, ads = ACT8(r, b)->ds));
-    }
-    store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
 
 /* Signed codes w (q of Q8_0) against every row's activation dword idx: |w| times the activation with w's sign. */
@@ -283,14 +254,15 @@ AI void dot8_signed_rows(const int NR, __m256i (*s)[2], __m256i wl, __m256i wh, 
     }
 }
 
-/* 8-bit activations, byte-code layouts (Q8_0, Q5_1): code vector i (64 bytes: 4 codes of each row) pairs with
- * activation dword i. */
-AI void gemm8_bytes_kernel(GEMM_ARGS, const int type)
+/* 8-bit activations. Nibble layouts (Q4_0, Q4_1): code vector k holds bytes qs[4k .. 4k+3] of each row; its low
+ * nibbles pair with activation dword k, its high nibbles with dword k + 4. Byte-code layouts (Q8_0, Q5_1): 8 code
+ * vectors of 4 codes per row, code vector i paired with activation dword i. */
+AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = bt_gl_code_bytes(type, 0);
-    const int mins = bt_gl_fp16_min(type);
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const int mins = bt_gl_fp16_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -299,15 +271,27 @@ AI void gemm8_bytes_kernel(GEMM_ARGS, const int type)
         bt_gl_prefetch_block(next, b, type, 0);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT8(r, b)->sum);
+        if (bt_gl_byte_codes(type, 0)) {
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * i));
-            const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * i + 32));
-            if (type == BT_TYPE_Q8_0)
-                dot8_signed_rows(NR, s, _mm256_xor_si256(vl, flip), _mm256_xor_si256(vh, flip), act, act_stride, b, i);
-            else
-                dot8_rows(NR, s, vl, vh, act, act_stride, b, i);
+            for (int i = 0; i < 8; i++) {
+                const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * i));
+                const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * i + 32));
+                if (type == BT_TYPE_Q8_0)
+                    dot8_signed_rows(NR, s, _mm256_xor_si256(vl, flip), _mm256_xor_si256(vh, flip), act, act_stride,
+                                     b, i);
+                else
+                    dot8_rows(NR, s, vl, vh, act, act_stride, b, i);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
+                const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
+                dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k);
+                dot8_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
+                          _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4);
+            }
         }
         ACCUM_ROWS((ad = ACT8(r, b)->d, ads = ACT8(r, b)->ds));
     }
@@ -331,8 +315,8 @@ AI void gemm8_bytes_kernel(GEMM_ARGS, const int type)
 
 BT_CPU_GEMM_DECL(avx2, q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1) }
-BT_CPU_GEMM_DECL(avx2, q8_0) { GEMM_PASSES(gemm8_bytes_kernel, BT_TYPE_Q8_0) }
-BT_CPU_GEMM_DECL(avx2, q5_1) { GEMM_PASSES(gemm8_bytes_kernel, BT_TYPE_Q5_1) }
+BT_CPU_GEMM_DECL(avx2, q8_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q8_0) }
+BT_CPU_GEMM_DECL(avx2, q5_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_1) }
 BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
