@@ -71,9 +71,10 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
 
 /* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so a row's products are spread over
  * several independent accumulators (added exactly at the end of the block): 4 for one row, 2 from two rows on (16
- * chains and 8 float accumulators still fit in 32 registers at 8 rows). One chain per row from 4 rows on measured
- * 10-30% slower at 4-16 rows (`bench_cpu_kernels --gemm --batch 4,8,16`, Intel Xeon with AMX, 2026-12-03): a
- * chain's latency is not hidden by the other rows' instructions alone. */
+ * chains and 8 float accumulators fit in 32 registers at 8 rows; Q6_K, which also keeps its first half's sums, spills
+ * some to the stack there, and measured no slower for it). One chain per row from 4 rows on measured slower in most
+ * cases at 4-16 rows (`bench_cpu_kernels --gemm --batch 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4
+ * rows 59% against 71% of the vpdpwssd rate): a chain's latency is not hidden by the other rows' instructions alone. */
 #define CHAINS(NR) ((NR) == 1 ? 4 : 2)
 
 /* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q5_0
