@@ -1000,6 +1000,9 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
         [BT_TYPE_Q4_1] = bt_cpu_avx2_gemm_q4_1,
         [BT_TYPE_Q8_0] = bt_cpu_avx2_gemm_q8_0,
         [BT_TYPE_Q5_1] = bt_cpu_avx2_gemm_q5_1,
+        [BT_TYPE_Q4_K] = bt_cpu_avx2_gemm_q4_k,
+        [BT_TYPE_Q5_K] = bt_cpu_avx2_gemm_q5_k,
+        [BT_TYPE_Q6_K] = bt_cpu_avx2_gemm_q6_k,
     },
     .gemm16 = {
         [BT_TYPE_Q4_0] = bt_cpu_avx2_gemm_q4_0_q16,

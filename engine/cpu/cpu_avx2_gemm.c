@@ -12,7 +12,7 @@
  *     vpmaddubsw, so the code is made signed again and vpmaddubsw takes |q| times the activation with q's sign,
  *     vpsignb: |pair| <= 2 * 128 * 127 < 2^15, since 8-bit activations are -127..127). That is the exact sum of
  *     q * a, which the reference reaches as sum((q + 128) * a) - 128 * sum(a). Q5_0 at 8 bits is packed as Q8_0.
- * Q4_K (16-bit activations) is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format.
+ * Q4_K is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format (Q5_K and Q6_K: bytes).
  * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane: each half-word of the plane is
  * broadcast to a half's 16 lanes, lane i tests bit i, and 16 is or-ed into the operand where it is set (4 ops a half;
  * the expansion serves every row of the pass).
@@ -230,12 +230,12 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 
 /* 8-bit activations: every row's sums += the unsigned operand pair (lo, hi) times the row's activation dword idx. */
 AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
-                  int64_t b, const int idx)
+                  int64_t b, const int idx, const int type)
 {
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        const __m256i a = bcast32(ACT8(r, b)->qs + 4 * idx);
+        const __m256i a = bcast32(bt_gl_act8_qs(act, act_stride, r, b, type) + 4 * idx);
         s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a), ones));
         s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a), ones));
     }
@@ -254,14 +254,16 @@ AI void dot8_signed_rows(const int NR, __m256i (*s)[2], __m256i wl, __m256i wh, 
     }
 }
 
-/* 8-bit activations. Nibble layouts (Q4_0, Q4_1): code vector k holds bytes qs[4k .. 4k+3] of each row; its low
- * nibbles pair with activation dword k, its high nibbles with dword k + 4. Byte-code layouts (Q8_0, Q5_1): 8 code
- * vectors of 4 codes per row, code vector i paired with activation dword i. */
+/* 8-bit activations. Nibble layouts (Q4_0, Q4_1, Q4_K): code vector k holds bytes qs[4k .. 4k+3] of each row; its
+ * low nibbles pair with activation dword k, its high nibbles with dword k + 4. Byte-code layouts (Q8_0, Q5_1, Q5_K,
+ * Q6_K): 8 code vectors of 4 codes per row, code vector i paired with activation dword i. K-quants read their
+ * activations in the K-quant format; Q6_K's codes q (0..63: 2 * 63 * 128 < 2^15 in vpmaddubsw) give two sums, code
+ * vectors 0..3 and 4..7, each started at -32 * its half's activation sum. */
 AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = bt_gl_code_bytes(type, 0);
-    const int mins = bt_gl_fp16_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0, q6k = type == BT_TYPE_Q6_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
@@ -269,9 +271,13 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, 0);
-        __m256i s[AVX2_NR][2];
+        __m256i s[AVX2_NR][2], half0[AVX2_NR][2];
+        int32_t hs[AVX2_NR][2] = {{0}}; /* Q6_K: the halves' activation sums */
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, ACT8(r, b)->sum);
+        for (int r = 0; r < NR; r++) {
+            if (q6k) bt_gl_act8_half_sums(act, act_stride, r, b, &hs[r][0], &hs[r][1]);
+            s[r][0] = s[r][1] = q6k ? chain_init(32, hs[r][0]) : chain_init(off, off ? ACT8(r, b)->sum : 0);
+        }
         if (bt_gl_byte_codes(type, 0)) {
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
@@ -281,19 +287,41 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
                     dot8_signed_rows(NR, s, _mm256_xor_si256(vl, flip), _mm256_xor_si256(vh, flip), act, act_stride,
                                      b, i);
                 else
-                    dot8_rows(NR, s, vl, vh, act, act_stride, b, i);
+                    dot8_rows(NR, s, vl, vh, act, act_stride, b, i, type);
+                if (q6k && i == 3) {
+#pragma GCC unroll 4
+                    for (int r = 0; r < NR; r++) {
+                        half0[r][0] = s[r][0], half0[r][1] = s[r][1];
+                        s[r][0] = s[r][1] = chain_init(32, hs[r][1]);
+                    }
+                }
             }
         } else {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-                dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k);
+                dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k, type);
                 dot8_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
-                          _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4);
+                          _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4, type);
             }
         }
-        ACCUM_ROWS((ad = ACT8(r, b)->d, ads = ACT8(r, b)->ds));
+        if (q6k) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
+            __m256 d0[2], d1[2];
+            load_w_scales(group, b, type, cb, d0, d1);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                float ad, ads;
+                bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
+                const __m256 adv = _mm256_set1_ps(ad);
+                for (int h = 0; h < 2; h++) {
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0[r][h]), _mm256_mul_ps(d0[h], adv), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d1[h], adv), acc[r][h]);
+                }
+            }
+            continue;
+        }
+        ACCUM_ROWS(bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads));
     }
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
@@ -317,6 +345,9 @@ BT_CPU_GEMM_DECL(avx2, q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q8_0) }
 BT_CPU_GEMM_DECL(avx2, q5_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_1) }
+BT_CPU_GEMM_DECL(avx2, q4_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_K) }
+BT_CPU_GEMM_DECL(avx2, q5_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_K) }
+BT_CPU_GEMM_DECL(avx2, q6_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q6_K) }
 BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
 BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
 BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }

@@ -108,12 +108,14 @@ AI void store_rows(const int NR, const __m512 *acc, float *out, size_t out_strid
 }
 
 /* 8-bit activations: 8 code vectors per block (Q4: low and high nibbles of 4 loaded vectors), code vector i
- * paired with activation dword i. */
+ * paired with activation dword i. K-quants read their activations in the K-quant format; Q6_K's two halves (code
+ * vectors 0..3 and 4..7) go to the even and the odd chains, each started at -32 * its activation sum. */
 AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = bt_gl_code_bytes(type, 0);
-    const int mins = bt_gl_fp16_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
+    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
+    const int q6k = type == BT_TYPE_Q6_K;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[BT_CPU_GEMM_NR];
@@ -122,14 +124,20 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        const uint16_t *sc = bt_gl_scales(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, 0);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            s[r][0] = chain_init(off, ACT8(r, b)->sum);
+            if (q6k) {
+                int32_t h0, h1;
+                bt_gl_act8_half_sums(act, act_stride, r, b, &h0, &h1);
+                s[r][0] = chain_init(32, h0), s[r][1] = chain_init(32, h1);
+            } else {
+                s[r][0] = chain_init(off, off ? ACT8(r, b)->sum : 0);
+                s[r][1] = _mm512_setzero_si512();
+            }
 #pragma GCC unroll 4
-            for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
+            for (int c = 2; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) { /* code vectors k and k + 4 */
@@ -142,20 +150,28 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             }
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
-                const int8_t *aq = ACT8(r, b)->qs;
+                const int8_t *aq = bt_gl_act8_qs(act, act_stride, r, b, type);
                 s[r][(2 * k) % NC] = dpbusd_b(s[r][(2 * k) % NC], c0, aq + 4 * k);
                 s[r][(2 * k + 1) % NC] = dpbusd_b(s[r][(2 * k + 1) % NC], c1, aq + 4 * k + 16);
             }
         }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
-        const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + BT_CPU_PACK_ROWS)))
-                               : _mm512_setzero_ps();
+        __m512 dw, mw;
+        load_w_scales(group, b, type, cb, &dw, &mw);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
+            float ad, ads;
+            bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
+            if (q6k) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
+                __m512i h0 = s[r][0], h1 = s[r][1];
+                if (NC == 4) h0 = _mm512_add_epi32(h0, s[r][2]), h1 = _mm512_add_epi32(h1, s[r][3]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h0), _mm512_mul_ps(dw, _mm512_set1_ps(ad)), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h1), _mm512_mul_ps(mw, _mm512_set1_ps(ad)), acc[r]);
+                continue;
+            }
             __m512i t = s[r][0];
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
-            acc[r] = block_accum(acc[r], t, dw, mw, mins, ACT8(r, b)->d, ACT8(r, b)->ds);
+            acc[r] = block_accum(acc[r], t, dw, mw, mins, ad, ads);
         }
     }
     store_rows(NR, acc, out, out_stride, n_valid);
@@ -274,8 +290,8 @@ GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
 GEMM(q8_0, BT_TYPE_Q8_0)
 GEMM(q5_1, BT_TYPE_Q5_1)
+GEMM(q4_k, BT_TYPE_Q4_K)
+GEMM(q5_k, BT_TYPE_Q5_K)
+GEMM(q6_k, BT_TYPE_Q6_K)
 BT_CPU_GEMM_DECL(avx512, q5_0_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q5_0) }
-BT_CPU_GEMM_DECL(avx512, q4_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q4_K) }
-BT_CPU_GEMM_DECL(avx512, q6_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q6_K) }
-BT_CPU_GEMM_DECL(avx512, q5_k_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q5_K) }
 

@@ -7,16 +7,17 @@
  *   Q4_1:       unit = 1 block:  [d: 16][m: 16] [codes: 256 bytes]
  *   Q4_0, Q8_0: unit = 2 blocks: [d of b: 16][d of b+1: 16] [codes of b][codes of b+1] (an odd last block leaves
  *               its partner's space zero)
- *   Q4_K:       16-bit activations only, one super-unit per 256-element super-block (8 blocks): [A: 16 fp32]
+ *   Q4_K:       one super-unit per 256-element super-block (8 blocks): [A: 16 fp32]
  *               [B: 16 fp32] (the rows' d and dmin), then per block pair [s0 of b: 16][s1 of b: 16][s0 of b+1: 16]
  *               [s1 of b+1: 16] (bytes: each row's 6-bit sub-block scale and min) [codes of b][codes of b+1]. The
  *               kernels form d = A * s0 and m = -(B * s1), both exact in fp32, so the block is a Q4_1 block with
- *               wider scales; its codes are laid out as Q4_1's (low nibble element i, high nibble element 16 + i).
+ *               wider scales; its codes are laid out as Q4_1's (low nibble element i, high nibble element 16 + i),
+ *               in Q4_1's 8-bit or 16-bit order (below).
  *               2,432 bytes per 16 rows x 256 elements, 1.06x the GGUF block's size (the fp32 d and m of every
  *               block, as this layout stored them before, made it 1.33x: 1.3x the bytes a memory-bound decode
- *               streams). Activations stay in the K-quant format (bt_block_q16_256): the block's activations are
- *               qs[32 s ..] of super-block b / 8 (s = b % 8), d is the super-block's and ds = d * (bsums[2s] +
- *               bsums[2s+1]).
+ *               streams). Activations stay in the K-quant format (bt_block_q16_256, or bt_block_q8_256 at 8 bits):
+ *               the block's activations are qs[32 s ..] of super-block b / 8 (s = b % 8), d is the super-block's and
+ *               ds = d * (bsums[2s] + bsums[2s+1]).
  * Code vector k of a block (dword j = 4 bytes of row j):
  *   Q4_0 / Q4_1, 8-bit act:  bytes qs[4k .. 4k+3] (k < 4): low nibbles are elements 4k+t, high ones 16+4k+t, the
  *                            pairing vpdpbusd needs against activation dwords k and k + 4;
@@ -41,15 +42,18 @@
  *               (bt_cpu_pack_layout).
  *   Q5_1, 8-bit act:  unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as
  *               Q8_0's 8-bit layout without the 0x80 flip (they are already valid u8 operands).
- *   Q5_K:       as Q4_K (super-units, d = A * s0 and m = -(B * s1), 16-bit activations only, K-quant
- *               activations), with its codes (0..31) as bytes arranged as Q8_0's 16-bit layout (512 per block).
- *   Q6_K:       super-units as Q4_K's, 16-bit activations only: A = the super-block's d (B unused, zero), s0 and s1
+ *   Q5_K:       as Q4_K (super-units, d = A * s0 and m = -(B * s1), K-quant activations), with its codes (0..31) as
+ *               bytes arranged as Q8_0's 16-bit layout (512 per block), or at 8 bits as Q5_1's 8-bit layout.
+ *   Q6_K:       super-units as Q4_K's: A = the super-block's d (B unused, zero), s0 and s1
  *               the signed scales of block b's two 16-element sub-blocks, d0 = A * s0 and d1 = A * s1 (exact in
  *               fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
  *               two integer dots, over elements 0..15 and 16..31 (each |isum| < 16 * 32 * 32767 < 2^24: exact), each
  *               scaled by its own d: acc = fma(isum0, d0 * d_a, acc), then acc = fma(isum1, d1 * d_a, acc). Folding
  *               the sub-block scales into the codes instead would let one block's dot pass 2^31. Activations in the
- *               K-quant format, as Q4_K's. */
+ *               K-quant format, as Q4_K's. At 8 bits the codes are q (0..63, a valid u8 operand of vpdpbusd and
+ *               vpmaddubsw) arranged as Q5_1's 8-bit layout (code vectors 0..3 hold elements 0..15, 4..7 the rest),
+ *               and the kernels start each half's sum at -32 * its activation sum (the slice's bsums): the same
+ *               integers as sum((q - 32) * a), which the reference computes. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +105,7 @@ static int has_min(uint32_t t)
     return t == BT_TYPE_Q4_1 || t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_1 || t == BT_TYPE_Q5_K;
 }
 
-/* K-quant layouts: fp32 scales, one 32-element slice of a 256-element super-block per unit, 16-bit activations */
+/* K-quant layouts: fp32 scales, super-units of 8 blocks (a 256-element super-block), K-quant activations */
 static int is_kquant(uint32_t t)
 {
     return t == BT_TYPE_Q4_K || t == BT_TYPE_Q5_K || t == BT_TYPE_Q6_K;
@@ -171,7 +175,8 @@ static int plane_bit(int j, int e, int *bit)
 }
 
 /* Row j's weight scales of K-quant block b as the kernels form them: d = A * s0, and m = -(B * s1) (Q4_K, Q5_K) or
- * the second half's d = A * s1 (Q6_K). */
+ * the second half's d = A * s1 (Q6_K). (A K-quant block's code bytes, hence its super-unit, are the same at 8 and 16
+ * bits.) */
 static void kq_scales(uint32_t t, const uint8_t *group, int64_t b, int j, float *d, float *m)
 {
     const float *sup = bt_gl_kq_super(group, b, code_bytes(t, 16));
@@ -200,7 +205,6 @@ int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
     if (act_bits != 0 && act_bits != 8 && act_bits != 16) return 0;
     t = bt_cpu_pack_layout(t, act_bits);
     if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t, norm_bits(act_bits))) return 0;
-    if (is_kquant(t) && norm_bits(act_bits) != 16) return 0; /* no 8-bit layout */
     return (norm_bits(act_bits) == 8 ? ops->gemm8[t] : ops->gemm16[t]) != NULL;
 }
 
@@ -295,12 +299,17 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
         if (p->wtype == BT_TYPE_Q4_K) {
             pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, dst, b, q32);
             for (int k = 0; k < 4; k++)
-                for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
+                for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + (bits == 8 ? t : pair_order[t])];
             continue;
         }
         if (p->wtype == BT_TYPE_Q5_K) {
             uint8_t q[BT_QK];
             pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
+            if (bits == 8) { /* as Q5_1's 8-bit codes */
+                for (int k = 0; k < 8; k++)
+                    for (int t = 0; t < 4; t++) c[64 * k + t] = q[4 * k + t];
+                continue;
+            }
             uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
             continue;
@@ -308,6 +317,11 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
         if (p->wtype == BT_TYPE_Q6_K) {
             int8_t q[BT_QK];
             pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
+            if (bits == 8) { /* q (0..63), a valid u8 operand; the kernels take 32 * sum(a) off each half */
+                for (int k = 0; k < 8; k++)
+                    for (int t = 0; t < 4; t++) c[64 * k + t] = (uint8_t)(q[4 * k + t] + 32);
+                continue;
+            }
             uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = (uint8_t)q[2 * k], c2[32 * k + 1] = (uint8_t)q[2 * k + 1];
             continue;
@@ -393,9 +407,6 @@ static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_ou
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
-    if (is_kquant(t) && norm_bits(act_bits) != 16)
-        return bt_fail(BT_ERR_UNSUPPORTED, "pack: %s has a packed layout for 16-bit activations only",
-                       bt_ggml_type_name(t));
     *bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
     if (!*bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
     return BT_OK;
@@ -456,7 +467,7 @@ void bt_cpu_packed_free(bt_cpu_packed *p)
 static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
 {
     const uint8_t *c = block_codes(p->wtype, p->act_bits, group, b) + 4 * (size_t)j;
-    /* byte codes (Q5_1's are 0..31, Q6_K's -32..31, 16-bit layout only) */
+    /* byte codes (Q5_1's and Q5_K's are 0..31, Q6_K's -32..31 at 16 bits and 0..63 at 8) */
     const int bytes = code_bytes(p->wtype, p->act_bits) == 8 * 64;
     if (bytes && p->act_bits == 16) {
         const uint8_t *c2 = block_codes(p->wtype, p->act_bits, group, b) + 2 * (size_t)j;
@@ -468,7 +479,8 @@ static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int 
             uint8_t byte = c[64 * k + t];
             int e = 4 * k + (p->act_bits == 8 ? t : pair_order[t]); /* pair_order is its own inverse */
             if (bytes) {
-                q[e] = byte; /* 8-bit layout: Q8_0's q + 128, Q5_1's q */
+                /* 8-bit layout: Q8_0's q + 128, Q5_1's and Q5_K's q, Q6_K's q (its value q - 32) */
+                q[e] = p->wtype == BT_TYPE_Q6_K ? byte - 32 : byte;
             } else {
                 q[e] = byte & 15;
                 q[e + 16] = byte >> 4;
@@ -483,6 +495,34 @@ static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int 
     }
 }
 
+/* Block b of the activation row arow as integers a[32] with its d, d * sum and sum, in the layout's format: per-32
+ * blocks (bt_block_q8_32 / bt_block_q16_32) or slice b % 8 of a K-quant super-block (bt_block_q8_256 /
+ * bt_block_q16_256; d * sum = d times the slice's two bsums) */
+static void act_block(const bt_cpu_packed *p, const char *arow, int64_t b, int32_t a[BT_QK], float *ad, float *ads,
+                      int32_t *asum)
+{
+    const int sb = (int)(b % 8);
+    if (is_kquant(p->wtype) && p->act_bits == 8) {
+        const bt_block_q8_256 *k = (const bt_block_q8_256 *)arow + b / 8;
+        for (int e = 0; e < BT_QK; e++) a[e] = k->qs[32 * sb + e];
+        *asum = k->bsums[2 * sb] + k->bsums[2 * sb + 1];
+        *ad = k->d, *ads = k->d * (float)*asum;
+    } else if (is_kquant(p->wtype)) {
+        const bt_block_q16_256 *k = (const bt_block_q16_256 *)arow + b / 8;
+        for (int e = 0; e < BT_QK; e++) a[e] = k->qs[32 * sb + e];
+        *asum = k->bsums[2 * sb] + k->bsums[2 * sb + 1];
+        *ad = k->d, *ads = k->d * (float)*asum;
+    } else if (p->act_bits == 8) {
+        const bt_block_q8_32 *k = (const bt_block_q8_32 *)arow + b;
+        for (int e = 0; e < BT_QK; e++) a[e] = k->qs[e];
+        *ad = k->d, *ads = k->ds, *asum = k->sum;
+    } else {
+        const bt_block_q16_32 *k = (const bt_block_q16_32 *)arow + b;
+        for (int e = 0; e < BT_QK; e++) a[e] = k->qs[e];
+        *ad = k->d, *ads = k->ds, *asum = k->sum;
+    }
+}
+
 void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *act, size_t act_stride, int nr,
                             float *out, size_t out_stride, int n_valid)
 {
@@ -494,38 +534,22 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
         for (int j = 0; j < n_valid; j++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                int32_t q[BT_QK];
-                unpack_codes(p, g, b, j, q);
-                int64_t isum = 0;
+                int32_t q[BT_QK], a[BT_QK], asum;
                 float ad, ads;
-                int32_t asum;
+                unpack_codes(p, g, b, j, q);
+                act_block(p, arow, b, a, &ad, &ads, &asum);
                 if (p->wtype == BT_TYPE_Q6_K) { /* two halves, each with its own d */
-                    const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + b / 8;
-                    const int sb = (int)(b % 8);
                     int64_t i0 = 0, i1 = 0;
-                    for (int e = 0; e < 16; e++) i0 += (int64_t)q[e] * a->qs[32 * sb + e];
-                    for (int e = 16; e < BT_QK; e++) i1 += (int64_t)q[e] * a->qs[32 * sb + e];
+                    for (int e = 0; e < 16; e++) i0 += (int64_t)q[e] * a[e];
+                    for (int e = 16; e < BT_QK; e++) i1 += (int64_t)q[e] * a[e];
                     float d0, d1;
                     kq_scales(p->wtype, g, b, j, &d0, &d1);
-                    acc = fmaf((float)i0, d0 * a->d, acc);
-                    acc = fmaf((float)i1, d1 * a->d, acc);
+                    acc = fmaf((float)i0, d0 * ad, acc);
+                    acc = fmaf((float)i1, d1 * ad, acc);
                     continue;
                 }
-                if (is_kquant(p->wtype)) { /* K-quant activations: sub-block b % 8 of super-block b / 8 */
-                    const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + b / 8;
-                    const int sb = (int)(b % 8);
-                    for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[32 * sb + e];
-                    asum = a->bsums[2 * sb] + a->bsums[2 * sb + 1];
-                    ad = a->d, ads = a->d * (float)asum;
-                } else if (p->act_bits == 8) {
-                    const bt_block_q8_32 *a = (const bt_block_q8_32 *)arow + b;
-                    for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[e];
-                    ad = a->d, ads = a->ds, asum = a->sum;
-                } else {
-                    const bt_block_q16_32 *a = (const bt_block_q16_32 *)arow + b;
-                    for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a->qs[e];
-                    ad = a->d, ads = a->ds, asum = a->sum;
-                }
+                int64_t isum = 0;
+                for (int e = 0; e < BT_QK; e++) isum += (int64_t)q[e] * a[e];
                 isum -= (int64_t)off * asum;
                 float dw, mw;
                 if (is_kquant(p->wtype)) {

@@ -22,7 +22,7 @@ BT_GL_AI int bt_gl_fp16_min(const int type)
 }
 
 /* Layouts whose codes are bytes (Q8_0, Q5_K, Q6_K, and Q5_1 with 8-bit activations: 512 code bytes per block), not
- * nibbles. bits16: the layout is for 16-bit activations. */
+ * nibbles. bits16: the layout is for 16-bit activations (at 8 bits Q6_K's bytes are q, 0..63, at 16 q - 32). */
 BT_GL_AI int bt_gl_byte_codes(const int type, const int bits16)
 {
     return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K || (type == BT_TYPE_Q5_1 && !bits16);
@@ -131,6 +131,34 @@ BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type, 
     const char *p = (const char *)next + (size_t)b * (size_t)per;
 #pragma GCC unroll 9
     for (int i = 0; i < per; i += 64) __builtin_prefetch(p + i, 0, 3);
+}
+
+/* 8-bit activations of block b of row r: the row's own block (bt_block_q8_32), or for the K-quants slice b % 8 of its
+ * super-block (bt_block_q8_256). */
+BT_GL_AI const int8_t *bt_gl_act8_qs(const void *act, size_t stride, int r, int64_t b, const int type)
+{
+    if (bt_gl_kquant(type))
+        return ((const bt_block_q8_256 *)((const char *)act + (size_t)r * stride) + (b >> 3))->qs + 32 * (b & 7);
+    return BT_GL_ACT8(act, stride, r, b)->qs;
+}
+
+/* That block's d and d * sum (K-quants: the super-block's d times the slice's two bsums, as the 16-bit ones). */
+BT_GL_AI void bt_gl_act8_scales(const void *act, size_t stride, int r, int64_t b, const int type, float *d, float *ds)
+{
+    if (bt_gl_kquant(type)) {
+        const bt_block_q8_256 *a = (const bt_block_q8_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
+        const int s = (int)(b & 7);
+        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
+        return;
+    }
+    *d = BT_GL_ACT8(act, stride, r, b)->d, *ds = BT_GL_ACT8(act, stride, r, b)->ds;
+}
+
+/* The sums of block b's two 16-element halves of 8-bit K-quant activations (Q6_K's offset of 32 per half). */
+BT_GL_AI void bt_gl_act8_half_sums(const void *act, size_t stride, int r, int64_t b, int32_t *s0, int32_t *s1)
+{
+    const bt_block_q8_256 *a = (const bt_block_q8_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
+    *s0 = a->bsums[2 * (b & 7)], *s1 = a->bsums[2 * (b & 7) + 1];
 }
 
 /* 16-bit activations of block b of row r: the row's own block, or for Q4_K and Q6_K sub-block b % 8 of its K-quant

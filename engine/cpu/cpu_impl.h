@@ -58,6 +58,11 @@ BT_CPU_GEMM_DECL(neon_i8mm, q4_0); BT_CPU_GEMM_DECL(neon_i8mm, q4_1); BT_CPU_GEM
 BT_CPU_GEMM_DECL(neon_i8mm, q5_1); BT_CPU_GEMM_DECL(neon_i8mm, q4_0_q16); BT_CPU_GEMM_DECL(neon_i8mm, q4_1_q16);
 BT_CPU_GEMM_DECL(neon_i8mm, q8_0_q16); BT_CPU_GEMM_DECL(neon_i8mm, q5_1_q16); BT_CPU_GEMM_DECL(neon_i8mm, q4_k_q16);
 BT_CPU_GEMM_DECL(neon_i8mm, q6_k_q16); BT_CPU_GEMM_DECL(neon_i8mm, q5_k_q16);
+/* K-quants with 8-bit activations */
+BT_CPU_GEMM_DECL(avx512, q4_k); BT_CPU_GEMM_DECL(avx512, q5_k); BT_CPU_GEMM_DECL(avx512, q6_k);
+BT_CPU_GEMM_DECL(avx2, q4_k); BT_CPU_GEMM_DECL(avx2, q5_k); BT_CPU_GEMM_DECL(avx2, q6_k);
+BT_CPU_GEMM_DECL(neon, q4_k); BT_CPU_GEMM_DECL(neon, q5_k); BT_CPU_GEMM_DECL(neon, q6_k);
+BT_CPU_GEMM_DECL(neon_i8mm, q4_k); BT_CPU_GEMM_DECL(neon_i8mm, q5_k); BT_CPU_GEMM_DECL(neon_i8mm, q6_k);
 
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);

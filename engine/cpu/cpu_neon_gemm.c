@@ -15,13 +15,15 @@
 /* ---- 8-bit activations: codes as 8 quads of 4 elements x 16 rows (quad k: elements 4k .. 4k + 3) ---- */
 
 /* Block b's codes into c[k][i] (quad k, rows 4i .. 4i + 3) as signed bytes, and the integer offset to take off
- * (Q4_0: 8 * sum(a)). Q8_0's stored q + 128 is flipped back to q, so no offset. */
+ * (Q4_0: 8 * sum(a)). Q8_0's stored q + 128 is flipped back to q and Q6_K's q (0..63) made q - 32, so no offset. */
 AI int decode8(const uint8_t *codes, const int type, int8x16_t c[8][4])
 {
     if (bt_gl_byte_codes(type, 0)) {
         const uint8x16_t flip = vdupq_n_u8(type == BT_TYPE_Q8_0 ? 0x80 : 0);
+        const uint8x16_t sub = vdupq_n_u8(type == BT_TYPE_Q6_K ? 32 : 0);
         for (int k = 0; k < 8; k++)
-            for (int i = 0; i < 4; i++) c[k][i] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(codes + 64 * k + 16 * i), flip));
+            for (int i = 0; i < 4; i++)
+                c[k][i] = vreinterpretq_s8_u8(vsubq_u8(veorq_u8(vld1q_u8(codes + 64 * k + 16 * i), flip), sub));
         return 0;
     }
     for (int k = 0; k < 4; k++)
@@ -37,7 +39,7 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
               size_t out_stride, int n_valid, const void *next, const int type)
 {
     const size_t cb = bt_gl_code_bytes(type, 0);
-    const int mins = bt_gl_fp16_min(type);
+    const int mins = bt_gl_has_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
     acc_zero(acc, nr);
@@ -48,21 +50,27 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
         float32x4_t d[4], m[4];
         block_scales(group, b, type, cb, d, m);
         for (int r = 0; r < nr; r++) {
-            const bt_block_q8_32 *a = BT_GL_ACT8(act, act_stride, r, b);
-            const int8x16_t a0 = vld1q_s8(a->qs), a1 = vld1q_s8(a->qs + 16);
-            int32x4_t isum[4];
+            const int8_t *qs = bt_gl_act8_qs(act, act_stride, r, b, type);
+            const int8x16_t a0 = vld1q_s8(qs), a1 = vld1q_s8(qs + 16);
+            float ad, ads;
+            bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
+            int32x4_t isum[4], half0[4]; /* Q6_K: quads 0..3 (elements 0..15) have their own d */
             for (int i = 0; i < 4; i++) {
-                int32x4_t s = vdupq_n_s32(-off * a->sum);
+                int32x4_t s = vdupq_n_s32(off ? -off * BT_GL_ACT8(act, act_stride, r, b)->sum : 0);
                 s = vdotq_laneq_s32(s, c[0][i], a0, 0);
                 s = vdotq_laneq_s32(s, c[1][i], a0, 1);
                 s = vdotq_laneq_s32(s, c[2][i], a0, 2);
                 s = vdotq_laneq_s32(s, c[3][i], a0, 3);
+                if (type == BT_TYPE_Q6_K) half0[i] = s, s = vdupq_n_s32(0);
                 s = vdotq_laneq_s32(s, c[4][i], a1, 0);
                 s = vdotq_laneq_s32(s, c[5][i], a1, 1);
                 s = vdotq_laneq_s32(s, c[6][i], a1, 2);
                 isum[i] = vdotq_laneq_s32(s, c[7][i], a1, 3);
             }
-            block_accumulate(acc[r], isum, d, m, a->d, a->ds, mins);
+            if (type == BT_TYPE_Q6_K)
+                block_accumulate_q6k(acc[r], half0, isum, d, m, ad);
+            else
+                block_accumulate(acc[r], isum, d, m, ad, ads, mins);
         }
     }
     store_all(out, out_stride, acc, nr, n_valid);
@@ -186,6 +194,9 @@ NEON_GEMM(q4_0, gemm8, BT_TYPE_Q4_0)
 NEON_GEMM(q4_1, gemm8, BT_TYPE_Q4_1)
 NEON_GEMM(q8_0, gemm8, BT_TYPE_Q8_0)
 NEON_GEMM(q5_1, gemm8, BT_TYPE_Q5_1)
+NEON_GEMM(q4_k, gemm8, BT_TYPE_Q4_K)
+NEON_GEMM(q5_k, gemm8, BT_TYPE_Q5_K)
+NEON_GEMM(q6_k, gemm8, BT_TYPE_Q6_K)
 NEON_GEMM(q4_0_q16, gemm16, BT_TYPE_Q4_0)
 NEON_GEMM(q4_1_q16, gemm16, BT_TYPE_Q4_1)
 NEON_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)

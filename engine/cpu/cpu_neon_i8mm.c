@@ -84,13 +84,14 @@ AI int weight_operands(const uint8_t *codes, const int type, const int bits16, i
             for (int m = 0; m < 4; m++) octet_words(codes + 128 * m, w[m]);
             return 0;
         }
-        /* Q8_0 (codes + 128: flipped back to signed) and Q5_1 (0..31): 8 vectors of 64 bytes, vector k = elements
-         * 4k .. 4k + 3 */
+        /* Q8_0 (codes + 128: flipped back to signed), Q5_1 and Q5_K (0..31) and Q6_K (q, 0..63: made q - 32): 8
+         * vectors of 64 bytes, vector k = elements 4k .. 4k + 3 */
         const uint8x16_t flip = vdupq_n_u8(type == BT_TYPE_Q8_0 ? 0x80 : 0);
+        const uint8x16_t sub = vdupq_n_u8(type == BT_TYPE_Q6_K ? 32 : 0);
         for (int m = 0; m < 4; m++) {
             uint8x16_t t[8];
             pair_dwords(codes + 128 * m, codes + 128 * m + 64, t);
-            for (int p = 0; p < 8; p++) w[m][p] = vreinterpretq_s8_u8(veorq_u8(t[p], flip));
+            for (int p = 0; p < 8; p++) w[m][p] = vreinterpretq_s8_u8(vsubq_u8(veorq_u8(t[p], flip), sub));
         }
         return 0;
     }
@@ -122,28 +123,43 @@ AI void split_rows(const int32x4_t t[8], int32x4_t r0[4], int32x4_t r1[4])
 
 /* ---- one pair of activation rows (r0, r1; r1 == r0 for an odd last row) against block b's operands ---- */
 
-/* 8-bit activations: one smmla per (octet, row pair); Q4_0's offset (codes q + 8) starts every sum. */
+/* 8-bit activations: one smmla per (octet, row pair); Q4_0's offset (codes q + 8) starts every sum; Q6_K's two
+ * halves (octets 0, 1 and 2, 3) are summed apart. */
 AI void pair8(const void *act, size_t act_stride, int r0, int r1, int64_t b, const int8x16_t w[4][8], int off,
-              const float32x4_t d[4], const float32x4_t m[4], int mins, float32x4_t acc0[4], float32x4_t acc1[4])
+              const float32x4_t d[4], const float32x4_t m[4], int mins, float32x4_t acc0[4], float32x4_t acc1[4],
+              const int type)
 {
-    const bt_block_q8_32 *a0 = BT_GL_ACT8(act, act_stride, r0, b), *a1 = BT_GL_ACT8(act, act_stride, r1, b);
+    const int8_t *q0 = bt_gl_act8_qs(act, act_stride, r0, b, type), *q1 = bt_gl_act8_qs(act, act_stride, r1, b, type);
     int8x16_t a[4];
     for (int h = 0; h < 2; h++) {
-        const int64x2_t x = vreinterpretq_s64_s8(vld1q_s8(a0->qs + 16 * h)),
-                        y = vreinterpretq_s64_s8(vld1q_s8(a1->qs + 16 * h));
+        const int64x2_t x = vreinterpretq_s64_s8(vld1q_s8(q0 + 16 * h)), y = vreinterpretq_s64_s8(vld1q_s8(q1 + 16 * h));
         a[2 * h] = vreinterpretq_s8_s64(vzip1q_s64(x, y));
         a[2 * h + 1] = vreinterpretq_s8_s64(vzip2q_s64(x, y));
     }
-    const int32_t o0 = -off * a0->sum, o1 = -off * a1->sum;
+    const int32_t o0 = off ? -off * BT_GL_ACT8(act, act_stride, r0, b)->sum : 0,
+                  o1 = off ? -off * BT_GL_ACT8(act, act_stride, r1, b)->sum : 0;
     const int32x4_t init = {o0, o0, o1, o1};
-    int32x4_t t[8];
+    int32x4_t t[8], half0[8];
     for (int p = 0; p < 8; p++) t[p] = init;
-    for (int mm = 0; mm < 4; mm++)
+    for (int mm = 0; mm < 4; mm++) {
+        if (type == BT_TYPE_Q6_K && mm == 2)
+            for (int p = 0; p < 8; p++) half0[p] = t[p], t[p] = vdupq_n_s32(0);
         for (int p = 0; p < 8; p++) t[p] = vmmlaq_s32(t[p], a[mm], w[mm][p]);
+    }
     int32x4_t s0[4], s1[4];
     split_rows(t, s0, s1);
-    block_accumulate(acc0, s0, d, m, a0->d, a0->ds, mins);
-    if (r1 != r0) block_accumulate(acc1, s1, d, m, a1->d, a1->ds, mins);
+    float ad0, ads0, ad1, ads1;
+    bt_gl_act8_scales(act, act_stride, r0, b, type, &ad0, &ads0);
+    bt_gl_act8_scales(act, act_stride, r1, b, type, &ad1, &ads1);
+    if (type == BT_TYPE_Q6_K) {
+        int32x4_t h0[4], h1[4];
+        split_rows(half0, h0, h1);
+        block_accumulate_q6k(acc0, h0, s0, d, m, ad0);
+        if (r1 != r0) block_accumulate_q6k(acc1, h1, s1, d, m, ad1);
+        return;
+    }
+    block_accumulate(acc0, s0, d, m, ad0, ads0, mins);
+    if (r1 != r0) block_accumulate(acc1, s1, d, m, ad1, ads1, mins);
 }
 
 /* Row r's 32 activations of block b as low bytes lo[0..1] and high bytes hi[0..1] (16 elements each), in the
@@ -227,7 +243,7 @@ AI void gemm(int64_t n, const void *group, const void *act, size_t act_stride, i
              int n_valid, const void *next, const int type, const int bits16)
 {
     const size_t cb = bt_gl_code_bytes(type, bits16);
-    const int mins = bits16 ? bt_gl_has_min(type) : bt_gl_fp16_min(type);
+    const int mins = bt_gl_has_min(type);
     const int64_t nb = n / BT_QK;
     float32x4_t acc[BT_CPU_GEMM_NR][4];
     acc_zero(acc, nr);
@@ -240,7 +256,7 @@ AI void gemm(int64_t n, const void *group, const void *act, size_t act_stride, i
         for (int r = 0; r < nr; r += 2) {
             const int r1 = r + 1 < nr ? r + 1 : r;
             if (bits16) pair16(act, act_stride, r, r1, b, w, off, d, m, mins, acc[r], acc[r1], type);
-            else pair8(act, act_stride, r, r1, b, w, off, d, m, mins, acc[r], acc[r1]);
+            else pair8(act, act_stride, r, r1, b, w, off, d, m, mins, acc[r], acc[r1], type);
         }
     }
     store_all(out, out_stride, acc, nr, n_valid);
@@ -265,6 +281,9 @@ I8MM_GEMM(q4_0, gemm8, BT_TYPE_Q4_0)
 I8MM_GEMM(q4_1, gemm8, BT_TYPE_Q4_1)
 I8MM_GEMM(q8_0, gemm8, BT_TYPE_Q8_0)
 I8MM_GEMM(q5_1, gemm8, BT_TYPE_Q5_1)
+I8MM_GEMM(q4_k, gemm8, BT_TYPE_Q4_K)
+I8MM_GEMM(q5_k, gemm8, BT_TYPE_Q5_K)
+I8MM_GEMM(q6_k, gemm8, BT_TYPE_Q6_K)
 I8MM_GEMM(q4_0_q16, gemm16, BT_TYPE_Q4_0)
 I8MM_GEMM(q4_1_q16, gemm16, BT_TYPE_Q4_1)
 I8MM_GEMM(q8_0_q16, gemm16, BT_TYPE_Q8_0)
@@ -284,6 +303,9 @@ const bt_cpu_ops bt_cpu_ops_neon_i8mm = {
         [BT_TYPE_Q4_1] = bt_cpu_neon_i8mm_gemm_q4_1,
         [BT_TYPE_Q8_0] = bt_cpu_neon_i8mm_gemm_q8_0,
         [BT_TYPE_Q5_1] = bt_cpu_neon_i8mm_gemm_q5_1,
+        [BT_TYPE_Q4_K] = bt_cpu_neon_i8mm_gemm_q4_k,
+        [BT_TYPE_Q5_K] = bt_cpu_neon_i8mm_gemm_q5_k,
+        [BT_TYPE_Q6_K] = bt_cpu_neon_i8mm_gemm_q6_k,
     },
     .gemm16 = {
         [BT_TYPE_Q4_0] = bt_cpu_neon_i8mm_gemm_q4_0_q16,

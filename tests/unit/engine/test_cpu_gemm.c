@@ -320,11 +320,17 @@ static void test_pack_checks(void)
     CHECK(!bt_cpu_pack_supported(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), BT_TYPE_Q4_1, 16));
     bt_cpu_packed p;
     CHECK(bt_cpu_pack(NULL, BT_TYPE_F16, 16, 256, 16, "", &p) == BT_ERR_UNSUPPORTED); /* no packed layout */
-    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q4_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q4_K: 16-bit only */
-    CHECK(!bt_cpu_pack_supported(bt_cpu_ops_get(BT_CPU_ISA_AVX512), BT_TYPE_Q4_K, 8));
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 128, 16) == 0); /* Q4_K rows come in 256-element super-blocks */
-    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q6_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q6_K: 16-bit only */
-    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q5_K, 8, 256, 16, "", &p) == BT_ERR_UNSUPPORTED);  /* Q5_K: 16-bit only */
+    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q4_K, 8, 128, 16, "", &p) == BT_ERR_INVALID);
+    /* every ISA with packed kernels packs the K-quants at both precisions, in super-units of the same size */
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        const bt_cpu_ops *o = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!o || !bt_cpu_pack_supported(o, BT_TYPE_Q4_1, 16)) continue;
+        CHECK_MSG(bt_cpu_pack_supported(o, BT_TYPE_Q4_K, 8) && bt_cpu_pack_supported(o, BT_TYPE_Q5_K, 8) &&
+                      bt_cpu_pack_supported(o, BT_TYPE_Q6_K, 8), "%s lacks an 8-bit K-quant kernel", o->name);
+    }
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 8, 512, 16) == bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 512, 16));
+    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 8, 256, 16) == 128 + 4 * (64 + 2 * 512));
     /* K-quants: a super-unit per 256 elements: fp32 A and B of 16 rows, then 4 pairs of 64 scale bytes + 2 blocks */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_K, 16, 512, 20) == 2 * 2 * (128 + 4 * (64 + 2 * 512))); /* 2 groups */
     CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 128, 16) == 0);
