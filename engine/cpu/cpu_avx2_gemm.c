@@ -132,6 +132,24 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
         }                                                                                                      \
     } while (0)
 
+/* Q6_K: acc = fma(isum0, d0 * d_a, acc) over the first half's sums (half0), then the same for the second (s), d0 and
+ * d1 the halves' weight scales (load_w_scales' d and m). */
+#define ACCUM_Q6K_ROWS(SCALES)                                                                                 \
+    do {                                                                                                       \
+        __m256 d0[2], d1[2];                                                                                   \
+        load_w_scales(group, b, type, cb, d0, d1);                                                             \
+        _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)                                                   \
+        {                                                                                                      \
+            float ad, ads;                                                                                     \
+            SCALES;                                                                                            \
+            const __m256 adv = _mm256_set1_ps(ad);                                                             \
+            for (int h = 0; h < 2; h++) {                                                                      \
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0[r][h]), _mm256_mul_ps(d0[h], adv), acc[r][h]); \
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d1[h], adv), acc[r][h]); \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
+
 /* 16-bit activations: every row's sums += the operand pair (lo, hi) times the row's activation dword idx. */
 AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
                    int64_t b, const int idx, const int type)
@@ -208,19 +226,8 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                 dot16_rows(NR, s, lo[3], hi[3], act, act_stride, b, 2 * k + 9, type);
             }
         }
-        if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
-            __m256 d0[2], d1[2];
-            load_w_scales(group, b, type, cb, d0, d1);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                float ad, ads;
-                bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
-                const __m256 adv = _mm256_set1_ps(ad);
-                for (int h = 0; h < 2; h++) {
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0[r][h]), _mm256_mul_ps(d0[h], adv), acc[r][h]);
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d1[h], adv), acc[r][h]);
-                }
-            }
+        if (type == BT_TYPE_Q6_K) {
+            ACCUM_Q6K_ROWS(bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads));
             continue;
         }
         ACCUM_ROWS(bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads));
@@ -306,19 +313,8 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
                           _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4, type);
             }
         }
-        if (q6k) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
-            __m256 d0[2], d1[2];
-            load_w_scales(group, b, type, cb, d0, d1);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                float ad, ads;
-                bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
-                const __m256 adv = _mm256_set1_ps(ad);
-                for (int h = 0; h < 2; h++) {
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0[r][h]), _mm256_mul_ps(d0[h], adv), acc[r][h]);
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d1[h], adv), acc[r][h]);
-                }
-            }
+        if (q6k) {
+            ACCUM_Q6K_ROWS(bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads));
             continue;
         }
         ACCUM_ROWS(bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads));

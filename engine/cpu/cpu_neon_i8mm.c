@@ -121,6 +121,25 @@ AI void split_rows(const int32x4_t t[8], int32x4_t r0[4], int32x4_t r1[4])
     }
 }
 
+/* A row pair's block ends into acc0 and, when both, acc1: t holds the 2x2 tiles of the block's integer dots (for
+ * Q6_K of its second half, half0 those of its first); ad, ads: each row's activation d and d * sum. */
+AI void pair_accumulate(const int32x4_t t[8], const int32x4_t half0[8], const int type, const float ad[2],
+                        const float ads[2], const int both, const float32x4_t d[4], const float32x4_t m[4], int mins,
+                        float32x4_t acc0[4], float32x4_t acc1[4])
+{
+    int32x4_t s0[4], s1[4];
+    split_rows(t, s0, s1);
+    if (type == BT_TYPE_Q6_K) {
+        int32x4_t h0[4], h1[4];
+        split_rows(half0, h0, h1);
+        block_accumulate_q6k(acc0, h0, s0, d, m, ad[0]);
+        if (both) block_accumulate_q6k(acc1, h1, s1, d, m, ad[1]);
+        return;
+    }
+    block_accumulate(acc0, s0, d, m, ad[0], ads[0], mins);
+    if (both) block_accumulate(acc1, s1, d, m, ad[1], ads[1], mins);
+}
+
 /* ---- one pair of activation rows (r0, r1; r1 == r0 for an odd last row) against block b's operands ---- */
 
 /* 8-bit activations: one smmla per (octet, row pair); Q4_0's offset (codes q + 8) starts every sum; Q6_K's two
@@ -146,20 +165,10 @@ AI void pair8(const void *act, size_t act_stride, int r0, int r1, int64_t b, con
             for (int p = 0; p < 8; p++) half0[p] = t[p], t[p] = vdupq_n_s32(0);
         for (int p = 0; p < 8; p++) t[p] = vmmlaq_s32(t[p], a[mm], w[mm][p]);
     }
-    int32x4_t s0[4], s1[4];
-    split_rows(t, s0, s1);
-    float ad0, ads0, ad1, ads1;
-    bt_gl_act8_scales(act, act_stride, r0, b, type, &ad0, &ads0);
-    bt_gl_act8_scales(act, act_stride, r1, b, type, &ad1, &ads1);
-    if (type == BT_TYPE_Q6_K) {
-        int32x4_t h0[4], h1[4];
-        split_rows(half0, h0, h1);
-        block_accumulate_q6k(acc0, h0, s0, d, m, ad0);
-        if (r1 != r0) block_accumulate_q6k(acc1, h1, s1, d, m, ad1);
-        return;
-    }
-    block_accumulate(acc0, s0, d, m, ad0, ads0, mins);
-    if (r1 != r0) block_accumulate(acc1, s1, d, m, ad1, ads1, mins);
+    float ad[2], ads[2];
+    bt_gl_act8_scales(act, act_stride, r0, b, type, &ad[0], &ads[0]);
+    bt_gl_act8_scales(act, act_stride, r1, b, type, &ad[1], &ads[1]);
+    pair_accumulate(t, half0, type, ad, ads, r1 != r0, d, m, mins, acc0, acc1);
 }
 
 /* Row r's 32 activations of block b as low bytes lo[0..1] and high bytes hi[0..1] (16 elements each), in the
@@ -222,20 +231,10 @@ AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, co
         const int32x4_t o = {o0, o0, o1, o1};
         for (int p = 0; p < 8; p++) t[p] = vsubq_s32(t[p], o);
     }
-    int32x4_t s0[4], s1[4];
-    split_rows(t, s0, s1);
-    float ad0, ads0, ad1, ads1;
-    bt_gl_act16_scales(act, act_stride, r0, b, type, &ad0, &ads0);
-    bt_gl_act16_scales(act, act_stride, r1, b, type, &ad1, &ads1);
-    if (type == BT_TYPE_Q6_K) {
-        int32x4_t h0[4], h1[4];
-        split_rows(half0, h0, h1);
-        block_accumulate_q6k(acc0, h0, s0, d, m, ad0);
-        if (r1 != r0) block_accumulate_q6k(acc1, h1, s1, d, m, ad1);
-        return;
-    }
-    block_accumulate(acc0, s0, d, m, ad0, ads0, mins);
-    if (r1 != r0) block_accumulate(acc1, s1, d, m, ad1, ads1, mins);
+    float ad[2], ads[2];
+    bt_gl_act16_scales(act, act_stride, r0, b, type, &ad[0], &ads[0]);
+    bt_gl_act16_scales(act, act_stride, r1, b, type, &ad[1], &ads[1]);
+    pair_accumulate(t, half0, type, ad, ads, r1 != r0, d, m, mins, acc0, acc1);
 }
 
 /* A 16-row group times nr activation rows: block by block, the weight operands once, then every pair of rows. */
