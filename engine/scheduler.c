@@ -100,6 +100,7 @@ struct bt_sched {
     bt_spec_stats spec_global[BT_SPEC_CLASSES]; /* every verification's outcome: where new sequences' estimates start */
     int32_t spec_idle_steps;   /* steps with sequences to draft for and no drafts (the proposer-wide probe) */
     int32_t spec_n_open;       /* running requests with an open proposer state */
+    double t_step_end;       /* bt_sched_now() when the last traced step ended (cfg.step_trace), 0 before one */
     step_fit fit;            /* every step */
     step_fit fit_decode;     /* steps of decode rows only (drafts included): what one more row costs there */
     bt_spec_check spec_check; /* drafting steps against plain ones, by step size (steps priced by the fit) */
@@ -1119,8 +1120,20 @@ static void embed_step(bt_sched *s, sreq *r)
     finish_and_free(s, r);
 }
 
+/* One line of the step trace (BT_SCHED_TRACE_FIELDS). */
+static void trace_step(bt_sched *s, double t0, double dt, int32_t nt, int32_t ns, int decode_only, int32_t n_drafts,
+                       int64_t context)
+{
+    double t1 = bt_sched_now();
+    fprintf(s->cfg.step_trace, "%.6f %.3f %.3f %.3f %d %d %d %d %lld\n", t0, (t1 - t0) * 1e3, dt * 1e3,
+            s->t_step_end > 0 ? (t0 - s->t_step_end) * 1e3 : -1.0, nt, ns, decode_only, n_drafts,
+            (long long)context);
+    s->t_step_end = t1;
+}
+
 int bt_sched_step(bt_sched *s)
 {
+    double t_step = bt_sched_now();
     drain_inbox(s);
     expire_deadlines(s);
     int32_t budget = s->cfg.max_batch_tokens;
@@ -1159,6 +1172,7 @@ int bt_sched_step(bt_sched *s)
 
     /* 3. build the batch */
     int32_t nt = 0, ns = 0, nl = 0, nh = 0, n_drafts = 0;
+    int64_t context = 0; /* positions attended (the step trace) */
     int decode_only = 1;
     s->n_export = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
@@ -1173,6 +1187,7 @@ int bt_sched_step(bt_sched *s)
         r->logit_row = -1;
         if (r->feed_n - r->n_draft != 1 || r->feed_from + 1 != r->n_tokens) decode_only = 0;
         n_drafts += r->n_draft;
+        context += r->feed_from + r->feed_n;
         for (int32_t k = 0; k < r->feed_n; k++) {
             s->b_tokens[nt] = r->tokens[r->feed_from + k];
             s->b_pos[nt] = r->feed_from + k;
@@ -1254,6 +1269,7 @@ int bt_sched_step(bt_sched *s)
         bt_spec_curve_add(&s->spec_curve, ns, n_drafts, dt + (bt_sched_now() - t_sample)); /* forward and sampling */
     }
     snapshot(s);
+    if (s->cfg.step_trace) trace_step(s, t_step, dt, nt, ns, decode_only, n_drafts, context);
     return nt;
 }
 

@@ -13,6 +13,7 @@
 #define BATON_ENGINE_SCHEDULER_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/status.h"
 #include "engine/backend.h"
@@ -54,7 +55,16 @@ typedef struct bt_sched_config {
      * sequence holds their KV only for the window of its next position (engine/kv_groups.h). 1: they share the
      * global block tables and keep every position (as before; for comparisons). */
     int kv_full_local;
+    /* Optional step trace (BATON_STEP_TRACE, opened at the edge; borrowed, written only on the engine thread, never
+     * closed here): one line per step that computed something, BT_SCHED_TRACE_FIELDS, times from bt_sched_now. */
+    FILE *step_trace;
 } bt_sched_config;
+
+/* The step trace's columns: the step's start (s), its wall time, the forward pass's, and the time since the
+ * previous step ended (ms); tokens and sequences in the batch; 1 when every row decodes (drafts included); drafts;
+ * and the positions the batch attends to (the sum of each sequence's context after the step). */
+#define BT_SCHED_TRACE_FIELDS "t_s step_ms forward_ms gap_ms tokens seqs decode_only drafts context"
+
 
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
 typedef struct bt_kv_export {

@@ -8,6 +8,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdatomic.h>
@@ -63,6 +64,8 @@ bt_status bt_ne_env_read(bt_ne_env_t *out)
         return st;
     }
     e.kvx_path = ko.data_path;
+    const char *trace = getenv("BATON_STEP_TRACE");
+    e.step_trace_dir = trace && trace[0] ? trace : NULL;
     *out = e;
     return BT_OK;
 }
@@ -227,6 +230,16 @@ static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, const c
     sc.eog_ids = eog;
     sc.n_eog = n_eog;
     sc.profile = cfg->env.profile;
+    if (cfg->env.step_trace_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s-%ld.steps", cfg->env.step_trace_dir, name, (long)getpid());
+        if (!(ne->step_trace = fopen(path, "w")))
+            return bt_fail(BT_ERR_IO, "BATON_STEP_TRACE: cannot create %s: %s", path, strerror(errno));
+        setvbuf(ne->step_trace, NULL, _IOLBF, 0); /* whole lines, whatever ends the process */
+        fprintf(ne->step_trace, "# %s\n", BT_SCHED_TRACE_FIELDS);
+        sc.step_trace = ne->step_trace;
+        BT_INFO(name, "step trace: %s", path);
+    }
     bt_status st = bt_sched_create(ne->m, ne->be, &sc, &ne->sched);
     if (st) return bt_fail(st, "cannot create the scheduler: %s", bt_last_error());
     ne->kv_blocks_total = bt_sched_kv_pool(ne->sched)->n_blocks;
@@ -271,6 +284,7 @@ void bt_ne_destroy(bt_ne_t *ne)
 {
     if (!ne) return;
     bt_sched_destroy(ne->sched); /* aborts what is left */
+    if (ne->step_trace) fclose(ne->step_trace);
     bt_constraint_cache_free(ne->ccache); /* after the requests that held its grammars */
     bt_constraint_vocab_free(ne->cvocab);
     bt_proposer_destroy(ne->proposer);

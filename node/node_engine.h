@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define BT_NE_MAX_EOG 16
@@ -28,6 +29,7 @@
 typedef struct bt_ne_env {
     bt_cpu_opts cpu;           /* BATON_CPU_ISA, BATON_ACT_BITS, BATON_CPU_REPACK, BATON_CPU_LANES (n_threads unused) */
     int profile;               /* BATON_PROFILE */
+    const char *step_trace_dir; /* BATON_STEP_TRACE: the scheduler's step trace goes to DIR/NAME-PID.steps; NULL = none */
     kvx_data_path_t kvx_path;  /* BATON_KVX_DATA_PATH */
     int use_cuda, cuda_device; /* the node's --device (copied by bt_node_main from its flags): 0 = the CPU */
 } bt_ne_env_t;
@@ -64,6 +66,7 @@ typedef struct bt_ne {
     /* [n_layer] 1: a sliding-window layer with its own block space (its KV moves as the handoff's second list,
      * engine/kv_groups.h); NULL when the scheduler has no such space */
     uint8_t *kv_layer_group;
+    FILE *step_trace;        /* BATON_STEP_TRACE's file, NULL without one */
     int32_t kv_window;       /* that space's window in tokens, 0 without it */
 
     metrics_gauge_t *g_running, *g_waiting, *g_kv_used, *g_kv_capacity; /* set by bt_ne_register_metrics */

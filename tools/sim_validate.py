@@ -35,7 +35,9 @@ usage: tools/sim_validate.py [--repeats N] [--profile P.json] [--profile-reps N]
                              [WORKLOAD...]
        tools/sim_validate.py --resimulate OUT.json   (simulate the recorded windows again, measure nothing)
 Without workloads: tools/workloads/validate-{low,mid,high}.json. It needs a machine that nothing else loads
-while it measures; it is not part of `make test` (tests/integration/test_sim_cli.py runs a short smoke test)."""
+while it measures; it is not part of `make test` (tests/integration/test_sim_cli.py runs a short smoke test).
+Every node writes its step trace into the window's work directory (BATON_STEP_TRACE); the report shows the decode
+steps of each load by batch size against the profile's prediction (tools/step_trace.py)."""
 import argparse
 import fcntl
 import json
@@ -50,6 +52,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = [("ttft_p50_ms", 0.15), ("ttft_p90_ms", 0.15), ("tpot_p50_ms", 0.15), ("tpot_p90_ms", 0.15),
@@ -400,6 +405,9 @@ def measure(a, wpath, rep, tmp):
     env = dict(os.environ, BATON_BUILD_DIR=a.build, BATON_RUN_DIR=str(tmp / f"run-{tag}"),
                BATON_HTTP_LISTEN=f"127.0.0.1:{a.port_base}", BATON_GRPC_LISTEN=f"127.0.0.1:{a.port_base + 1}",
                BATON_ETCD_LISTEN=f"127.0.0.1:{a.port_base + 2}")
+    trace_dir = tmp / f"steps-{tag}"  # every node's step trace (tools/step_trace.py reads them)
+    trace_dir.mkdir(exist_ok=True)
+    env["BATON_STEP_TRACE"] = str(trace_dir)
     url = f"http://127.0.0.1:{a.port_base}"
     up = [ROOT / "deploy/local/cluster", "up", "--detach"] + (["--model", a.model] if a.model else [])
     up += ["--prefill", "1", "--decode", "1", "--prefill-cpus", "0", "--decode-cpus", "1",
@@ -434,6 +442,7 @@ def measure(a, wpath, rep, tmp):
             murls = metrics_urls(env["BATON_RUN_DIR"], url)
             m0 = scrape_sums(murls)
             run(prio(a) + [baton, "bench-serve", "--url", url, "--quiet", "--json", out] + bench_flags(w, a.slo))
+            t_load = (t0, time.monotonic())
             parts = part_means_ms(m0, scrape_sums(murls))
             # where the load's CPU went, per process (the client is this script's children): on one host the
             # router's and the client's share lands on whichever core is free
@@ -447,6 +456,8 @@ def measure(a, wpath, rep, tmp):
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
     real = json.loads(out.read_text())["runs"][0]
+    raw = json.loads(Path(profile).read_text())
+    steps = step_trace.summarize(trace_dir, t_load[0], t_load[1], raw)
     sim_profile = tmp / f"sim-profile-{tag}-{int(time.time())}.json"
     sim_profile.write_text(json.dumps(p))
     row = {"workload": str(wpath), "rate": w["rate"], "rep": rep, "requests": real["requests"],
@@ -469,7 +480,7 @@ def measure(a, wpath, rep, tmp):
                                                            real["requests"]]}),
            "output_tok_s": real.get("throughput_output_tok_s", 0),
            "mean_prompt_tokens": real.get("mean_prompt_tokens", 0),
-           "raw_profile": raw, "probes": probes,
+           "raw_profile": raw, "probes": probes, "steps": steps,
            "real": {"ttft_p50_ms": real["ttft_ms"]["p50"], "ttft_p90_ms": real["ttft_ms"]["p90"],
                     "tpot_p50_ms": real["tpot_ms"]["p50"], "tpot_p90_ms": real["tpot_ms"]["p90"],
                     "goodput": real["good_requests"] / max(1, real["requests"])}}
@@ -688,6 +699,8 @@ def report(a, rows, workloads, tmp):
                   + f"; simulated ttft {sim['ttft_mean_ms']:.1f}"
                   + (f", on the prefill node {sim['on_prefill_mean_ms']:.1f}, then to the first token "
                      f"{sim['after_prefill_mean_ms']:.1f}" if sim.get("on_prefill_mean_ms") else ""))
+        if r.get("steps"):  # the engines' own step traces over the load (tools/step_trace.py)
+            step_trace.print_summary({k: v for k, v in r["steps"].items() if v["decode"]}, indent="    ")
     if a.json:
         write_json(a, rows, table)
     missed = sum(not t["pass"] for t in table)

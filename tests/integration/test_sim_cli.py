@@ -135,6 +135,12 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     assert b["scale"] == 2 and b["ttft_ms"] > 0 and b["tpot_ms"] > 0, b
     assert j["slo_ms"] == [round(2 * b["ttft_ms"]), round(2 * b["tpot_ms"], 1)], j["slo_ms"]
     assert f"SLO TTFT {j['slo_ms'][0]:g} ms" in r.stdout and row["speed_ratio"] == 1, r.stdout
+    # the decode node's step trace over the load: its decode-only steps by batch size against the profile
+    steps = [v for k, v in row["steps"].items() if k.startswith("decode-")]
+    assert len(steps) == 1 and steps[0]["steps"] > 0 and steps[0]["decode"], row["steps"]
+    cells = steps[0]["decode"].values()
+    assert sum(c["steps"] for c in cells) > 0 and all(c["vs_profile"] > 0 for c in cells), steps
+    assert "decode-only steps by batch size" in r.stdout, r.stdout
     # --resimulate runs the recorded windows again through the simulator alone: same profile, same seed, same answer
     r2 = subprocess.run([sys.executable, str(ROOT / "tools/sim_validate.py"), "--resimulate", str(out), "--no-targets",
                          "--build", str(baton_bin.parent.parent)], capture_output=True, text=True, timeout=120)
@@ -172,3 +178,35 @@ def test_sim_validate_load_speed_ratio():
     assert abs(sim_validate.load_speed_ratio(row) - 2.2 / 1.8) < 1e-9
     assert sim_validate.load_speed_ratio(dict(row, load_cpu_s={"decode-1": 44.8})) is None
     assert sim_validate.load_speed_ratio(dict(row, requests=0)) is None
+
+
+def test_step_trace_summary(tmp_path):
+    """tools/step_trace.py on two hand-written traces: buckets by batch size, the profile's ratio, and which decode
+    steps another node's steps overlapped (nested intervals included); the window [from, to] keeps what started in
+    it; a line cut short is skipped."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import step_trace
+
+    hdr = "# t_s step_ms forward_ms gap_ms tokens seqs decode_only drafts context\n"
+    (tmp_path / "decode-1.steps").write_text(hdr + "".join([
+        "10.000 4.0 3.5 -1 1 1 1 0 100\n",      # alone
+        "10.010 6.0 5.0 6.0 1 1 1 0 101\n",     # overlaps the prefill step 10.012-10.030
+        "10.050 8.0 7.0 34.0 2 2 1 0 300\n",    # inside the long prefill step 10.040-10.200 (a short one nests in it)
+        "10.300 5.0 4.0 242.0 60 2 0 0 300\n",  # not decode-only
+        "10.400 4.0\n",                          # cut short
+        "20.000 4.0 3.5 1.0 1 1 1 0 100\n"]))   # outside the window
+    (tmp_path / "prefill-1.steps").write_text(hdr + "10.012 18.0 17.0 -1 128 1 0 0 128\n"
+                                              "10.040 160.0 150.0 10.0 512 1 0 0 512\n"
+                                              "10.045 1.0 1.0 0 16 1 0 0 16\n")
+    prof = {"decode": {"fixed_s": 0.002, "seq_s": 0.001, "ctx_token_s": 1e-5}}
+    s = step_trace.summarize(tmp_path, 9.0, 11.0, prof)
+    d = s["decode-1.steps"]
+    assert d["steps"] == 4, d
+    assert d["decode"]["1"]["steps"] == 2 and d["decode"]["2"]["steps"] == 1
+    assert d["decode"]["1 alone"]["steps"] == 1 and d["decode"]["1 overlapped"]["steps"] == 1
+    assert d["decode"]["2 overlapped"]["steps"] == 1 and "2 alone" not in d["decode"]
+    # step 1: 4 ms against 2 + 1 + 1.00 = 4 ms; step 2: 6 ms against 4.01 ms; the median of the two
+    assert abs(d["decode"]["1"]["vs_profile"] - (4.0 / 4.0 + 6.0 / 4.01) / 2) < 1e-9, d["decode"]["1"]
+    assert abs(d["decode"]["2"]["vs_profile"] - 8.0 / 7.0) < 1e-9
+    assert d["decode"]["1"]["gap_p50_ms"] == 6.0  # the first step has no gap (-1)
+    assert s["prefill-1.steps"]["decode"] == {}

@@ -47,6 +47,7 @@ static int fixed_k;           /* and always ask for k_max drafts when set */
 static int full_local;        /* make_sched: sliding-window layers keep every position (kv_full_local) */
 
 static int32_t max_running; /* sequences at once in make_sched; 0: the default */
+static FILE *step_trace;    /* make_sched's schedulers write their step trace here when set */
 
 static bt_sched *make_sched(size_t kv_blocks, int32_t budget)
 {
@@ -57,6 +58,7 @@ static bt_sched *make_sched(size_t kv_blocks, int32_t budget)
     cfg.kv_mem = bt_kv_block_stride(&model->hp, BT_KV_F16) * (size_t)model->hp.n_layer * kv_blocks;
     cfg.max_batch_tokens = budget;
     cfg.max_running = max_running; /* 0: the default */
+    cfg.step_trace = step_trace;
     bt_sched *s = NULL;
     if (bt_sched_create(model, backend, &cfg, &s) != BT_OK) fprintf(stderr, "create: %s\n", bt_last_error());
     return s;
@@ -1088,6 +1090,59 @@ static void test_sliding_window_release(void)
     model = llama;
 }
 
+/* The step trace: one line per step that computed something, whose tokens add up to what the steps computed, whose
+ * decode-only lines carry one row per sequence and the batch's context, and which changes no output. */
+static void test_step_trace(void)
+{
+    enum { N = 6 };
+    static job jobs[N];
+    static out plain[N], traced[N];
+    make_jobs(jobs, N);
+    bt_sched_stats st;
+    run_together(jobs, N, plain, 64, 512, 0, &st);
+    char path[512];
+    snprintf(path, sizeof path, "%s/sched.steps", test_tmpdir());
+    REQUIRE((step_trace = fopen(path, "w+")) != NULL);
+    run_together(jobs, N, traced, 64, 512, 0, &st);
+    check_same(jobs, plain, traced, N, "with a step trace");
+    rewind(step_trace);
+    char line[256];
+    int lines = 0, first_gap_unset = 0, bad = 0, decode_lines = 0;
+    int64_t tokens = 0, generated = 0;
+    double t_prev = 0;
+    while (fgets(line, sizeof line, step_trace)) {
+        double t, step_ms, fwd_ms, gap_ms;
+        int nt, ns, decode_only, drafts;
+        long long context;
+        if (sscanf(line, "%lf %lf %lf %lf %d %d %d %d %lld", &t, &step_ms, &fwd_ms, &gap_ms, &nt, &ns, &decode_only,
+                   &drafts, &context) != 9) {
+            bad++;
+            continue;
+        }
+        if (lines == 0) first_gap_unset = gap_ms == -1.0;
+        else if (gap_ms < 0 || t < t_prev) bad++;
+        if (fwd_ms <= 0 || fwd_ms > step_ms || ns < 1 || nt < ns || drafts != 0 || context < nt) bad++;
+        if (decode_only) {
+            decode_lines++;
+            if (nt != ns) bad++;
+        }
+        t_prev = t;
+        tokens += nt;
+        lines++;
+    }
+    for (int i = 0; i < N; i++) generated += traced[i].n;
+    fclose(step_trace);
+    step_trace = NULL;
+    CHECK_MSG(bad == 0, "%d malformed or inconsistent trace lines", bad);
+    CHECK_MSG((uint64_t)lines == st.steps, "%d trace lines for %llu steps", lines, (unsigned long long)st.steps);
+    CHECK(first_gap_unset);
+    CHECK(decode_lines > 0);
+    /* every prompt token once, and every generated token but each request's last (its KV is never computed) */
+    CHECK_MSG((uint64_t)tokens == st.computed_prompt_tokens + (uint64_t)(generated - N),
+              "trace tokens %lld, computed prompt tokens %llu, generated %lld", (long long)tokens,
+              (unsigned long long)st.computed_prompt_tokens, (long long)generated);
+}
+
 int main(void)
 {
     char *path = model_path;
@@ -1110,6 +1165,7 @@ int main(void)
     RUN(test_constrained);
     RUN(test_constrained_draft_model);
     RUN(test_sliding_window_release);
+    RUN(test_step_trace);
     bt_backend_destroy(backend);
     bt_model_free(model);
     return test_summary();
