@@ -19,7 +19,15 @@ double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_
 
 double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens)
 {
-    return p->decode_fixed_s + (double)batch * p->decode_seq_s + ctx_tokens * p->decode_ctx_s;
+    const double ctx = ctx_tokens * p->decode_ctx_s;
+    const int n = p->n_batch;
+    if (n < 1) return p->decode_fixed_s + (double)batch * p->decode_seq_s + ctx;
+    if (batch <= p->batch_b[0]) return p->batch_s[0] + ctx;
+    if (batch >= p->batch_b[n - 1]) return p->batch_s[n - 1] + (double)(batch - p->batch_b[n - 1]) * p->decode_seq_s + ctx;
+    int i = 1;
+    while (p->batch_b[i] < batch) i++;
+    const double b0 = p->batch_b[i - 1], b1 = p->batch_b[i];
+    return p->batch_s[i - 1] + (p->batch_s[i] - p->batch_s[i - 1]) * ((double)batch - b0) / (b1 - b0) + ctx;
 }
 
 double plan_idle_extra_s(const plan_profile_t *p, double gap_s, double step_s)
@@ -86,6 +94,31 @@ static bt_status parse_idle(const cJSON *root, plan_profile_t *p)
     return BT_OK;
 }
 
+/* decode.batch_s: [[B, s], ...], B whole and increasing, s > 0; absent = none. */
+static bt_status parse_batch_points(const cJSON *dec, plan_profile_t *p)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(dec, "batch_s"), *e;
+    if (!a) return BT_OK;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > PLAN_MAX_BATCH_POINTS)
+        return bt_fail(BT_ERR_FORMAT, "profile: \"decode.batch_s\" must be an array of at most %d [batch, seconds] "
+                       "pairs", PLAN_MAX_BATCH_POINTS);
+    int n = 0;
+    cJSON_ArrayForEach(e, a)
+    {
+        const cJSON *b = cJSON_GetArrayItem(e, 0), *t = cJSON_GetArrayItem(e, 1);
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(t) ||
+            b->valuedouble < 1 || b->valuedouble > 1e6 || b->valuedouble != floor(b->valuedouble) ||
+            !(t->valuedouble > 0) || (n > 0 && b->valuedouble <= p->batch_b[n - 1]))
+            return bt_fail(BT_ERR_FORMAT, "profile: decode.batch_s point %d: batches must be increasing whole numbers "
+                           ">= 1 and times numbers > 0", n);
+        p->batch_b[n] = (int32_t)b->valuedouble;
+        p->batch_s[n] = t->valuedouble;
+        n++;
+    }
+    p->n_batch = n;
+    return BT_OK;
+}
+
 static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
 {
     if (!cJSON_IsObject(root)) return bt_fail(BT_ERR_FORMAT, "profile: not a JSON object");
@@ -126,7 +159,7 @@ static bt_status parse_profile(const cJSON *root, plan_profile_t *p)
         p->n_xfer++;
     }
     if ((st = get_num(pre, "spread", 0, &p->prefill_spread)) || (st = get_num(dec, "spread", 0, &p->decode_spread)) ||
-        (st = parse_idle(root, p)))
+        (st = parse_idle(root, p)) || (st = parse_batch_points(dec, p)))
         return st;
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "host"), *m = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (cJSON_IsString(h)) snprintf(p->host, sizeof p->host, "%s", h->valuestring);
@@ -168,6 +201,11 @@ char *plan_profile_to_json(const plan_profile_t *p, const char *samples_json)
     cJSON_AddNumberToObject(dec, "kv_tokens", (double)p->kv_tokens);
     if (p->prefill_spread > 0) cJSON_AddNumberToObject(pre, "spread", p->prefill_spread);
     if (p->decode_spread > 0) cJSON_AddNumberToObject(dec, "spread", p->decode_spread);
+    cJSON *bs = p->n_batch > 0 ? cJSON_AddArrayToObject(dec, "batch_s") : NULL;
+    for (int i = 0; bs && i < p->n_batch; i++) {
+        double v[2] = {p->batch_b[i], p->batch_s[i]};
+        cJSON_AddItemToArray(bs, cJSON_CreateDoubleArray(v, 2));
+    }
     if (p->n_idle > 0) {
         cJSON *idle = cJSON_AddObjectToObject(o, "idle");
         cJSON *g = idle ? cJSON_AddArrayToObject(idle, "gap_s") : NULL;

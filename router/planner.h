@@ -86,6 +86,7 @@ typedef struct plan_transport {
 
 #define PLAN_MAX_TRANSPORTS 4
 #define PLAN_MAX_IDLE 8 /* idle points in a profile */
+#define PLAN_MAX_BATCH_POINTS 64 /* decode batch sizes in a profile's decode.batch_s */
 
 /* A machine profile: the fitted step model of one node (see the opening comment). Zero = unknown. */
 typedef struct plan_profile {
@@ -116,6 +117,13 @@ typedef struct plan_profile {
     double idle_step_s;       /* the step the idle points were measured on (its time back to back) */
     double idle_gap_s[PLAN_MAX_IDLE], idle_extra_s[PLAN_MAX_IDLE]; /* after gap_s idle, that step took extra_s more */
     int n_idle;
+    /* The decode step less its context term (C * decode_ctx_s) as measured at each batch size, batch_b increasing
+     * (decode.batch_s: [[B, s], ...]; 0 points = the line fixed_s + B * seq_s alone). A CPU's step is not linear in
+     * B at small batches (a lone row costs its own kernel path; rows fill vector tiles in steps), so where the
+     * profile measured the batch sizes the simulator steps on them; the planner's queueing formulas keep the line. */
+    int32_t batch_b[PLAN_MAX_BATCH_POINTS];
+    double batch_s[PLAN_MAX_BATCH_POINTS];
+    int n_batch;
 } plan_profile_t;
 
 /* 1 when the profile has the step model the planner needs (prefill_token_s and decode_fixed_s > 0). */
@@ -128,6 +136,8 @@ double plan_idle_extra_s(const plan_profile_t *p, double gap_s, double step_s);
 /* Step times of the profile's model (seconds). */
 double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_prompts);
 double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens);
+/* (That is: with batch points, the points interpolated linearly in B, the first point's below it and the last
+ * point's plus seq_s per further row beyond it, then the context term; without, the line.) */
 /* The transport named name (NULL or "" = the first one), or NULL when the profile has none. */
 const plan_transport_t *plan_profile_transport(const plan_profile_t *p, const char *name);
 

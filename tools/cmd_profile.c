@@ -254,7 +254,9 @@ static void usage(FILE *o)
             "                                                      seq_s: each prompt ending's logits row and\n"
             "                                                      sampling, timed apart on a 16-token pass)\n"
             "  decode step time  = fixed_s + batch * seq_s + total_context * ctx_token_s\n"
-            "                                                      (batches of 1..--max-batch, contexts to --max-context)\n"
+            "                                                      (batches of 1..--max-batch, contexts to --max-context;\n"
+            "                                                      decode.batch_s: the step less its context term at\n"
+            "                                                      each batch measured, which the simulator follows)\n"
             "  KV transfer time  = latency_s + bytes / bytes_s     (shm: memory copy of KV blocks; more transports\n"
             "                                                      from `--kvx-json`, a JSON object with transport,\n"
             "                                                      bytes_s or gb_s, latency_s)\n"
@@ -410,6 +412,33 @@ static int measure_idle(bt_sched *s, const bt_model *m, int reps, plan_profile_t
     return 0;
 }
 
+/* The decode steps' table by batch size (plan_profile_t.batch_s): for each batch with PF_BATCH_MIN_STEPS or more
+ * measured steps, the median step less its context term. The line's fit misses small batches by 10-20% on a CPU
+ * (a lone row 1.15x the line, 2-8 rows 0.9x, 9 rows a step up where a vector tile of 8 rows fills), and the
+ * simulator's batches are small at light load. */
+#define PF_BATCH_MIN_STEPS 3
+static void batch_points(const pf_points *dec, plan_profile_t *p)
+{
+    static double v[PF_MAX_POINTS];
+    p->n_batch = 0;
+    for (int32_t b = 1; p->n_batch < PLAN_MAX_BATCH_POINTS; b++) {
+        int m = 0, more = 0;
+        for (int i = 0; i < dec->n; i++) {
+            int32_t bi = (int32_t)dec->x[2 * i];
+            if (bi == b) v[m++] = dec->y[i] - dec->x[2 * i + 1] * p->decode_ctx_s;
+            else if (bi > b) more = 1;
+        }
+        if (m >= PF_BATCH_MIN_STEPS) {
+            double t = median_of(v, m);
+            if (t > 0) {
+                p->batch_b[p->n_batch] = b;
+                p->batch_s[p->n_batch++] = t;
+            }
+        }
+        if (!more) break;
+    }
+}
+
 static char *samples_json(const pf_points *pre, const pf_points *dec)
 {
     cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "prefill_tokens_prompts_s"),
@@ -543,6 +572,7 @@ int cmd_profile(int argc, char **argv)
         p.decode_fixed_s = c[0];
         p.decode_seq_s = c[1];
         p.decode_ctx_s = c[2];
+        batch_points(&dec, &p);
         p.prefill_spread = spread_of(&pre, 0);
         p.decode_spread = spread_of(&dec, 1);
     }

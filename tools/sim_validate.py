@@ -321,7 +321,7 @@ def probe_path_token_s(a, baton, url, run_dir, profile, tmp):
             cpu_s = (proc_cpu_s(Path(run_dir) / "router.pid") - r0 + own_children_cpu_s() - c0) / (n * out_tokens)
         r = json.loads(out.read_text())["runs"][0]
         ctx = (r.get("mean_prompt_tokens") or prompt_words) + out_tokens / 2
-        step = d["fixed_s"] + batch * d["seq_s"] + batch * ctx * d.get("ctx_token_s", 0)
+        step = step_trace.decode_step_s(d, batch, batch * ctx)
         walls[batch] = max(0.0, r["tpot_ms"]["p50"] / 1e3 - step)
     return cpu_s, walls
 

@@ -3,7 +3,8 @@
 per node, columns BT_SCHED_TRACE_FIELDS of engine/scheduler.h) and summarizes each decode node's decode-only steps by
 batch size: how many, the median and p90 wall time of a step, of its forward pass and of the wait before it, and,
 with a profile (`baton profile`'s JSON), the median ratio of each step's wall time to the profile's prediction
-(decode.fixed_s + batch x decode.seq_s + context x decode.ctx_token_s). Where other nodes on the host traced their
+(what the simulator prices: decode.batch_s at the batch, or decode.fixed_s + batch x decode.seq_s, plus context x
+decode.ctx_token_s). Where other nodes on the host traced their
 steps too, each decode step counts as overlapped when another node computed during it, and the overlapped and the
 lone steps get their own medians: what sharing the host's memory and caches costs a decode step.
 
@@ -63,8 +64,23 @@ class Busy:
         return i >= 0 and self.max_end[i] > a
 
 
+def decode_step_s(decode, batch, context):
+    """A decode step by a profile's "decode" object, as the simulator prices it (plan_decode_step_s): its measured
+    batch points (batch_s) interpolated in the batch where it has them, else the line; then the context term."""
+    pts, ctx = decode.get("batch_s") or [], context * decode.get("ctx_token_s", 0)
+    if not pts:
+        return decode["fixed_s"] + batch * decode["seq_s"] + ctx
+    if batch <= pts[0][0]:
+        return pts[0][1] + ctx
+    if batch >= pts[-1][0]:
+        return pts[-1][1] + (batch - pts[-1][0]) * decode["seq_s"] + ctx
+    i = next(i for i, (b, _) in enumerate(pts) if b >= batch)
+    (b0, s0), (b1, s1) = pts[i - 1], pts[i]
+    return s0 + (s1 - s0) * (batch - b0) / (b1 - b0) + ctx
+
+
 def predicted_s(step, decode):
-    return decode["fixed_s"] + step["seqs"] * decode["seq_s"] + step["context"] * decode.get("ctx_token_s", 0)
+    return decode_step_s(decode, step["seqs"], step["context"])
 
 
 def cell(steps, decode):

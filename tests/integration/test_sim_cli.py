@@ -92,6 +92,12 @@ def test_profile_short_run_feeds_the_simulator(baton_bin, default_model, tmp_pat
     # fraction of a prompt token's cost times the vocabulary's share of the weights
     assert 0 < p["prefill"]["seq_s"] < 0.5 * p["decode"]["fixed_s"]
     assert "CPUs online" in p["host"] and p["kv_bytes_per_token"] == 23040
+    # the decode step at each batch measured (1 and 2), less its context term: near the samples' own medians
+    pts = p["decode"]["batch_s"]
+    assert [b for b, _ in pts] == [1, 2] and all(t > 0 for _, t in pts), pts
+    for b, t in pts:
+        ys = sorted(y - c * p["decode"]["ctx_token_s"] for bb, c, y in p["samples"]["decode_batch_ctx_s"] if bb == b)
+        assert ys[0] <= t <= ys[-1], (b, t, ys)
     r = baton(baton_bin, "simulate", "--profile", out, "--decode", 1, "--rate", 0.2, "--requests", 5, "--json", "-")
     assert r.returncode == 0 and json.loads(r.stdout)["finished"] == 5, r.stderr
 
@@ -210,3 +216,8 @@ def test_step_trace_summary(tmp_path):
     assert abs(d["decode"]["2"]["vs_profile"] - 8.0 / 7.0) < 1e-9
     assert d["decode"]["1"]["gap_p50_ms"] == 6.0  # the first step has no gap (-1)
     assert s["prefill-1.steps"]["decode"] == {}
+    # with measured batch points the prediction follows them (as plan_decode_step_s: test_router_planner)
+    d = {"fixed_s": 0.002, "seq_s": 0.001, "ctx_token_s": 1e-5, "batch_s": [[1, 0.004], [2, 0.0045], [8, 0.0125]]}
+    assert abs(step_trace.decode_step_s(d, 5, 100) - (0.0085 + 0.001)) < 1e-12
+    assert abs(step_trace.decode_step_s(d, 10, 0) - 0.0145) < 1e-12
+    assert abs(step_trace.decode_step_s(d, 1, 0) - 0.004) < 1e-12

@@ -375,6 +375,30 @@ static void test_profile_json(void)
     CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT && strstr(bt_last_error(), "step_s"));
     snprintf(bad, sizeof bad, "%s\"idle\": {\"step_s\": 0.05, \"gap_s\": [1], \"extra_s\": [-1]}}", pd);
     CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT);
+    /* measured batch points: they travel, the step follows them between and the line's slope beyond, and bad ones
+     * are refused */
+    p.n_batch = 3;
+    p.batch_b[0] = 1, p.batch_s[0] = 0.004, p.batch_b[1] = 2, p.batch_s[1] = 0.0045, p.batch_b[2] = 8;
+    p.batch_s[2] = 0.0125;
+    REQUIRE((txt = plan_profile_to_json(&p, NULL)));
+    REQUIRE(plan_profile_from_json(txt, &q) == BT_OK);
+    free(txt);
+    CHECK(q.n_batch == 3 && q.batch_b[2] == 8 && q.batch_s[1] == 0.0045);
+    const double ctx = 100 * q.decode_ctx_s;
+    CHECK(fabs(plan_decode_step_s(&q, 1, 100) - (0.004 + ctx)) < 1e-12);
+    CHECK(fabs(plan_decode_step_s(&q, 5, 100) - (0.0085 + ctx)) < 1e-12); /* halfway from 2 to 8 */
+    CHECK(fabs(plan_decode_step_s(&q, 10, 100) - (0.0125 + 2 * q.decode_seq_s + ctx)) < 1e-12);
+    q.n_batch = 0; /* no points: the line */
+    CHECK(fabs(plan_decode_step_s(&q, 5, 100) - (q.decode_fixed_s + 5 * q.decode_seq_s + ctx)) < 1e-12);
+    snprintf(bad, sizeof bad, "%s\"batch_s\": [[1, 0.004], [1, 0.005]]}}", "{\"prefill\": {\"fixed_s\": 0, \"token_s\": "
+             "1e-3}, \"decode\": {\"fixed_s\": 0.01, \"seq_s\": 0, ");
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT && strstr(bt_last_error(), "batch_s"));
+    snprintf(bad, sizeof bad, "%s\"batch_s\": [[1.5, 0.004]]}}", "{\"prefill\": {\"fixed_s\": 0, \"token_s\": "
+             "1e-3}, \"decode\": {\"fixed_s\": 0.01, \"seq_s\": 0, ");
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT);
+    snprintf(bad, sizeof bad, "%s\"batch_s\": [[1, 0]]}}", "{\"prefill\": {\"fixed_s\": 0, \"token_s\": "
+             "1e-3}, \"decode\": {\"fixed_s\": 0.01, \"seq_s\": 0, ");
+    CHECK(plan_profile_from_json(bad, &q) == BT_ERR_FORMAT);
     CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0.1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
     CHECK(strstr(bt_last_error(), "token_s") != NULL);
     CHECK(plan_profile_from_json("{\"prefill\": {\"fixed_s\": 0, \"token_s\": -1}, \"decode\": {}}", &q) == BT_ERR_FORMAT);
