@@ -95,7 +95,9 @@ def cell(steps, decode):
 
 
 def summarize(trace_dir, t0=None, t1=None, profile=None):
-    """{node file: {"steps": all steps, "decode": {bucket: cell, also "<bucket> overlapped" / "<bucket> alone"}}}"""
+    """{node file: {"steps": all steps, "decode": {bucket: cell, also "<bucket> overlapped" / "<bucket> alone"},
+    "lone_vs_profile": the median ratio over every decode-only step no other node's step overlapped (with a
+    profile)}}"""
     decode = profile["decode"] if profile else None
     files = sorted(Path(trace_dir).glob("*.steps"))
     traces = {f.name: read_trace(f, t0, t1) for f in files}
@@ -112,6 +114,10 @@ def summarize(trace_dir, t0=None, t1=None, profile=None):
                 busy = others.overlaps(s["t_s"], s["t_s"] + s["step_ms"] / 1e3)
                 by.setdefault(f"{b} {'overlapped' if busy else 'alone'}", []).append(s)
         out[name] = {"steps": len(steps), "decode": {k: cell(v, decode) for k, v in by.items()}}
+        lone = [s for s in steps if s["decode_only"] and not (others.starts and others.overlaps(
+            s["t_s"], s["t_s"] + s["step_ms"] / 1e3))]
+        if decode and lone:  # the node's own speed against the profile's, where nothing else computed
+            out[name]["lone_vs_profile"] = statistics.median(s["step_ms"] / 1e3 / predicted_s(s, decode) for s in lone)
     return out
 
 
@@ -124,7 +130,10 @@ def print_summary(summary, file=sys.stdout, indent=""):
         if not node["decode"]:
             print(f"{indent}{name}: {node['steps']} steps, none decode-only", file=file)
             continue
-        print(f"{indent}{name}: {node['steps']} steps; decode-only steps by batch size (ms):", file=file)
+        lone = node.get("lone_vs_profile")
+        print(f"{indent}{name}: {node['steps']} steps"
+              + (f", lone decode steps x{lone:.3f} the profile's" if lone else "")
+              + "; decode-only steps by batch size (ms):", file=file)
         print(f"{indent}  {'batch':<16} {'steps':>6} {'p50':>7} {'p90':>7} {'fwd p50':>8} {'gap p50':>8} "
               f"{'gap p90':>8} {'x profile':>9}", file=file)
         keys = [k for b in BUCKETS for k in (b, f"{b} alone", f"{b} overlapped") if k in node["decode"]]

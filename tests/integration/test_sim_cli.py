@@ -147,6 +147,8 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     cells = steps[0]["decode"].values()
     assert sum(c["steps"] for c in cells) > 0 and all(c["vs_profile"] > 0 for c in cells), steps
     assert "decode-only steps by batch size" in r.stdout, r.stdout
+    # the decode node's lone steps against the profile's prices: the in-window speed check (1p1d's) reads it
+    assert steps[0]["lone_vs_profile"] > 0 and row["decode_speed_ratio"] == round(steps[0]["lone_vs_profile"], 3)
     # --resimulate runs the recorded windows again through the simulator alone: same profile, same seed, same answer
     r2 = subprocess.run([sys.executable, str(ROOT / "tools/sim_validate.py"), "--resimulate", str(out), "--no-targets",
                          "--build", str(baton_bin.parent.parent)], capture_output=True, text=True, timeout=120)
