@@ -65,7 +65,6 @@ typedef struct bt_sched_config {
  * and the positions the batch attends to (the sum of each sequence's context after the step). */
 #define BT_SCHED_TRACE_FIELDS "t_s step_ms forward_ms gap_ms tokens seqs decode_only drafts context"
 
-
 /* KV export (prefill nodes, DESIGN 2 step 5): hooks called on the engine thread with the request's emit user. */
 typedef struct bt_kv_export {
     /* In the step that computes the request's last prompt token, before its forward pass: the blocks holding the

@@ -120,7 +120,8 @@ typedef struct plan_profile {
     /* The decode step less its context term (C * decode_ctx_s) as measured at each batch size, batch_b increasing
      * (decode.batch_s: [[B, s], ...]; 0 points = the line fixed_s + B * seq_s alone). A CPU's step is not linear in
      * B at small batches (a lone row costs its own kernel path; rows fill vector tiles in steps), so where the
-     * profile measured the batch sizes the simulator steps on them; the planner's queueing formulas keep the line. */
+     * profile measured the batch sizes the simulator prices steps on them (plan_decode_step_s, which the planner's
+     * lone-sequence decode time uses too); the planner's queueing formulas keep the line. */
     int32_t batch_b[PLAN_MAX_BATCH_POINTS];
     double batch_s[PLAN_MAX_BATCH_POINTS];
     int n_batch;
@@ -133,11 +134,11 @@ int plan_profile_usable(const plan_profile_t *p);
  * scaled by step_s / idle_step_s up to 1 (a shorter step pays its share, a longer one no more than the measured
  * step did). 0 when the profile has no idle points. */
 double plan_idle_extra_s(const plan_profile_t *p, double gap_s, double step_s);
-/* Step times of the profile's model (seconds). */
+/* Step times of the profile's model (seconds). A decode step with batch points: the points interpolated linearly
+ * in the batch, the first point's below it and the last point's plus seq_s per further row beyond it, then the
+ * context term; without points, the line. */
 double plan_prefill_step_s(const plan_profile_t *p, int64_t n_tokens, int64_t n_prompts);
 double plan_decode_step_s(const plan_profile_t *p, int64_t batch, double ctx_tokens);
-/* (That is: with batch points, the points interpolated linearly in B, the first point's below it and the last
- * point's plus seq_s per further row beyond it, then the context term; without, the line.) */
 /* The transport named name (NULL or "" = the first one), or NULL when the profile has none. */
 const plan_transport_t *plan_profile_transport(const plan_profile_t *p, const char *name);
 
