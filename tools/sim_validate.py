@@ -468,7 +468,6 @@ def measure(a, wpath, rep, tmp):
             qw.cluster_s = cluster_cpu_s(env["BATON_RUN_DIR"])
             subprocess.run([str(ROOT / "deploy/local/cluster"), "down"], env=env, capture_output=True)
     real = json.loads(out.read_text())["runs"][0]
-    raw = json.loads(Path(profile).read_text())
     steps = step_trace.summarize(trace_dir, t_load[0], t_load[1], raw)
     sim_profile = tmp / f"sim-profile-{tag}-{int(time.time())}.json"
     sim_profile.write_text(json.dumps(p))

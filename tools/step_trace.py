@@ -104,18 +104,18 @@ def summarize(trace_dir, t0=None, t1=None, profile=None):
     out = {}
     for name, steps in traces.items():
         others = Busy([s for n, st in traces.items() if n != name for s in st])
-        by = {}
+        by, lone = {}, []
         for s in steps:
             if not s["decode_only"]:
                 continue
             b = bucket(s["seqs"])
             by.setdefault(b, []).append(s)
+            busy = bool(others.starts) and others.overlaps(s["t_s"], s["t_s"] + s["step_ms"] / 1e3)
             if others.starts:
-                busy = others.overlaps(s["t_s"], s["t_s"] + s["step_ms"] / 1e3)
                 by.setdefault(f"{b} {'overlapped' if busy else 'alone'}", []).append(s)
+            if not busy:
+                lone.append(s)
         out[name] = {"steps": len(steps), "decode": {k: cell(v, decode) for k, v in by.items()}}
-        lone = [s for s in steps if s["decode_only"] and not (others.starts and others.overlaps(
-            s["t_s"], s["t_s"] + s["step_ms"] / 1e3))]
         if decode and lone:  # the node's own speed against the profile's, where nothing else computed
             out[name]["lone_vs_profile"] = statistics.median(s["step_ms"] / 1e3 / predicted_s(s, decode) for s in lone)
     return out
