@@ -66,6 +66,14 @@ bt_status bt_ne_env_read(bt_ne_env_t *out)
     e.kvx_path = ko.data_path;
     const char *trace = getenv("BATON_STEP_TRACE");
     e.step_trace_dir = trace && trace[0] ? trace : NULL;
+    const char *fixed = getenv("BATON_SPEC_FIXED_K");
+    if (fixed && fixed[0]) {
+        if (strcmp(fixed, "0") && strcmp(fixed, "1")) {
+            memset(out, 0, sizeof *out);
+            return bt_fail(BT_ERR_INVALID, "BATON_SPEC_FIXED_K expects 1 or 0, got '%s'", fixed);
+        }
+        e.spec_fixed_k = fixed[0] == '1';
+    }
     *out = e;
     return BT_OK;
 }
@@ -222,6 +230,7 @@ static bt_status start_scheduler(bt_ne_t *ne, const bt_ne_config_t *cfg, const c
     bt_sched_config sc = {0};
     sc.proposer = ne->proposer;
     sc.spec_k_max = ne->spec.k_max;
+    sc.spec_fixed_k = ne->spec_fixed_k = cfg->env.spec_fixed_k;
     sc.kv_mem = n_blocks * ne->kv_block_bytes;
     sc.kv_memory = kv_memory;
     sc.max_batch_tokens = ne->max_batch_tokens;
@@ -320,8 +329,8 @@ bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *inf
 
 void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap)
 {
-    char kmax[16] = "", kinds[256];
-    if (ne->proposer) snprintf(kmax, sizeof kmax, "%d", ne->spec.k_max);
+    char kmax[24] = "", kinds[256];
+    if (ne->proposer) snprintf(kmax, sizeof kmax, "%d%s", ne->spec.k_max, ne->spec_fixed_k ? " (fixed)" : "");
     bt_backend_cpu_describe(ne->be, ne->m, kinds, sizeof kinds);
     snprintf(buf, cap,
              "model %s (fingerprint %s, %d layers, vocab %d) | cpu %s, %d threads, %d-bit activations, matmuls %s | "

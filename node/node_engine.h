@@ -30,6 +30,8 @@ typedef struct bt_ne_env {
     bt_cpu_opts cpu;           /* BATON_CPU_ISA, BATON_ACT_BITS, BATON_CPU_REPACK, BATON_CPU_LANES (n_threads unused) */
     int profile;               /* BATON_PROFILE */
     const char *step_trace_dir; /* BATON_STEP_TRACE: the scheduler's step trace goes to DIR/NAME-PID.steps; NULL = none */
+    int spec_fixed_k;          /* BATON_SPEC_FIXED_K=1: every sequence drafts k-max tokens whenever its proposer has
+                                * them (no adaptive k, no cost rule); for tests and measurements */
     kvx_data_path_t kvx_path;  /* BATON_KVX_DATA_PATH */
     int use_cuda, cuda_device; /* the node's --device (copied by bt_node_main from its flags): 0 = the CPU */
 } bt_ne_env_t;
@@ -73,6 +75,7 @@ typedef struct bt_ne {
     metrics_gauge_t *g_kv_bytes;  /* baton_kv_bytes_used: bytes of KV held (the sliding-window space's at its size) */
     bt_spec_config spec;     /* what --spec asked for */
     bt_proposer *proposer;   /* NULL without speculation */
+    int spec_fixed_k;        /* BATON_SPEC_FIXED_K: k-max drafts every step, no adaptive k */
     metrics_counter_t *c_spec_proposed, *c_spec_accepted; /* labelled with the proposer; NULL without speculation */
     metrics_histogram_t *h_spec_accepted;                 /* accepted drafts per verification */
     uint64_t load_spec_proposed, load_spec_accepted, load_spec_hist[BT_SPEC_K_LIMIT + 1];

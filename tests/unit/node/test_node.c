@@ -294,32 +294,35 @@ static void test_security_flags(void)
 static void test_engine_env(void)
 {
     static const char *const vars[] = {"BATON_CPU_ISA", "BATON_ACT_BITS", "BATON_CPU_REPACK", "BATON_CPU_LANES",
-                                       "BATON_PROFILE", "BATON_KVX_DATA_PATH"};
+                                       "BATON_PROFILE", "BATON_KVX_DATA_PATH", "BATON_SPEC_FIXED_K"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
     bt_ne_env_t e;
     memset(&e, 0x5a, sizeof e);
     REQUIRE(bt_ne_env_read(&e) == BT_OK);
     CHECK(!e.cpu.force_isa && e.cpu.act_bits == 16 && !e.cpu.no_repack && !e.cpu.no_lanes);
-    CHECK(e.profile == 0 && e.kvx_path == KVX_PATH_AUTO);
+    CHECK(e.profile == 0 && e.kvx_path == KVX_PATH_AUTO && e.spec_fixed_k == 0);
     setenv("BATON_CPU_ISA", "scalar", 1);
     setenv("BATON_ACT_BITS", "8", 1);
     setenv("BATON_CPU_REPACK", "0", 1);
     setenv("BATON_CPU_LANES", "0", 1);
     setenv("BATON_PROFILE", "1", 1);
     setenv("BATON_KVX_DATA_PATH", "put", 1);
+    setenv("BATON_SPEC_FIXED_K", "1", 1);
     REQUIRE(bt_ne_env_read(&e) == BT_OK);
     CHECK(e.cpu.force_isa && e.cpu.isa == 0 && e.cpu.act_bits == 8 && e.cpu.no_repack && e.cpu.no_lanes);
-    CHECK(e.profile == 1 && e.kvx_path == KVX_PATH_PUT);
+    CHECK(e.profile == 1 && e.kvx_path == KVX_PATH_PUT && e.spec_fixed_k == 1);
     static const char *const bad[][2] = {{"BATON_CPU_ISA", "sse"},    {"BATON_ACT_BITS", "4"},
                                          {"BATON_CPU_REPACK", "yes"}, {"BATON_CPU_LANES", "2"},
-                                         {"BATON_PROFILE", "on"},     {"BATON_KVX_DATA_PATH", "rdma"}};
+                                         {"BATON_PROFILE", "on"},     {"BATON_KVX_DATA_PATH", "rdma"},
+                                         {"BATON_SPEC_FIXED_K", "yes"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         for (size_t j = 0; j < sizeof vars / sizeof vars[0]; j++) unsetenv(vars[j]);
         setenv(bad[i][0], bad[i][1], 1);
         memset(&e, 0x5a, sizeof e);
         CHECK_MSG(bt_ne_env_read(&e) == BT_ERR_INVALID, "%s=%s", bad[i][0], bad[i][1]);
         CHECK_MSG(strstr(bt_last_error(), bad[i][0]) && strstr(bt_last_error(), bad[i][1]), "%s", bt_last_error());
-        CHECK(!e.cpu.force_isa && e.cpu.act_bits == 0 && e.profile == 0 && e.kvx_path == KVX_PATH_AUTO);
+        CHECK(!e.cpu.force_isa && e.cpu.act_bits == 0 && e.profile == 0 && e.kvx_path == KVX_PATH_AUTO &&
+              !e.spec_fixed_k);
     }
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
