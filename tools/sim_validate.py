@@ -21,9 +21,10 @@ The SLO is the run's own unless given: --slo-scale (default 2) times what one re
 mean lengths costs this host on the idle cluster, by the first window's profile and probes (host_slo). A window
 whose profile priced prefill more than --max-speed-moved off the run's median is disturbed too (the host's speed
 moved while nothing visible ran), and so is one whose engine speed (a short `baton bench`, before and after the
-load) moved by more than that within the window, or (1P+1D) whose prefill node spent more than that off the
-profile's prefill time per prompt token during the load, or whose decode node's decode steps that no prefill step
-overlapped ran more than that off the profile's prices for them (its step trace).
+load) moved by more than that within the window, or (1P+1D) whose decode node's decode steps that no prefill step
+overlapped ran more than that off the profile's prices for them (its step trace); and so is one whose prefill
+during the load ran more than --max-load-speed-moved (10%) off the profile's price (1P+1D: the prefill node's CPU
+per prompt token; colocated: the decode node's steps that computed one prompt and nothing else, its step trace).
 
 Prints one table: per load and cell (TTFT/TPOT p50 and p90, goodput = requests within both SLOs), the median
 measured and median simulated value over the repetitions, the relative error and whether it meets the target
@@ -384,16 +385,24 @@ def speed_ratio(rows, row):
 
 
 def load_speed_ratio(row):
-    """A 1P+1D window's prefill speed during its load against its profile's: the prefill node's CPU seconds over the
+    """A window's prefill speed during its load against its profile's. 1P+1D: the prefill node's CPU seconds over the
     load per prompt token it computed (it runs nothing else, pinned to its core) over the profile's prefill time per
-    token; None without a prefill node. Far from 1, the host ran the load at another speed than the profile measured
-    (in session 8 a 1.5 req/s window's prefill took 2.21 ms of CPU per token against the profile's 1.80, and its
-    measured TTFT p50 was 33% above the simulated one)."""
+    token. Colocated: the median ratio of the decode node's one-prompt steps during the load (a step that computed
+    one prompt's tokens and no decode row) to the profile's price for each, from its step trace. None when neither is
+    known. Far from 1, the host ran the load at another speed than the profile measured (in session 8 a 1.5 req/s
+    1P+1D window's prefill took 2.21 ms of CPU per token against the profile's 1.80, and its measured TTFT p50 was 33%
+    above the simulated one; in session 13 a colocated 1 req/s window's one-prompt steps ran at 0.83x the profile's
+    prices, its speed probes before and after the load agreed with the load, and the simulated TTFT p50 came out 17%
+    above the measured one)."""
     cpu = row.get("load_cpu_s", {}).get("prefill-1")
     tokens = row.get("requests", 0) * row.get("mean_prompt_tokens", 0)
-    if not cpu or tokens <= 0:
+    if cpu and tokens > 0:
+        return cpu * 1e3 / tokens / row["profile"]["prefill_token_ms"]
+    if "prefill-1" in row.get("load_cpu_s", {}):
         return None
-    return cpu * 1e3 / tokens / row["profile"]["prefill_token_ms"]
+    r = [v["prefill"]["vs_profile"] for k, v in row.get("steps", {}).items() if k.startswith("decode-")
+         and "vs_profile" in v.get("prefill", {})]
+    return statistics.median(r) if r else None
 
 
 def decode_speed_ratio(row):
@@ -556,10 +565,14 @@ def main():
     ap.add_argument("--max-speed-moved", type=float, default=0.2,
                     help="a window whose profile's prefill ms/token is more than this fraction off the median of "
                          "the run's windows, or whose prefill speed after the load is more than this fraction off "
-                         "the speed before it, or (1p1d) whose prefill node's CPU per prompt token or decode node's "
-                         "lone decode steps (its step trace) during the load are more than this fraction off the "
-                         "profile's, is disturbed (the host's speed moved; "
-                         "default 0.2; 1 = off)")
+                         "the speed before it, or (1p1d) whose decode node's lone decode steps (its step trace) "
+                         "during the load are more than this fraction off the profile's, is disturbed (the host's "
+                         "speed moved; default 0.2; 1 = off)")
+    ap.add_argument("--max-load-speed-moved", type=float, default=0.1,
+                    help="a window whose prefill during the load (1p1d: the prefill node's CPU per prompt token; "
+                         "colocated: the decode node's one-prompt steps, its step trace) ran more than this fraction "
+                         "off the profile's price is disturbed: the simulator's TTFT error follows that speed error "
+                         "about one for one (default 0.1; 1 = off)")
     ap.add_argument("--port-base", type=int, default=18700,
                     help="router HTTP on this port, its gRPC, etcd and etcd's peer port on the next three")
     ap.add_argument("--quiet-file", default="/tmp/QUIET", help="'' = no quiet protocol")
@@ -624,10 +637,11 @@ def main():
                     # the host's speed moved: from the run's other windows, or within this one (before and after
                     # its load)
                     moved = a.max_speed_moved < 1 and max(abs(row["speed_ratio"] - 1), abs(row["speed_drift"] - 1),
-                                                          abs(row["load_speed_ratio"] - 1),
                                                           # colocated, the router shares the decode node's cores
                                                           abs(row["decode_speed_ratio"] - 1) if a.shape == "1p1d"
                                                           else 0) > a.max_speed_moved
+                    moved = moved or (a.max_load_speed_moved < 1 and
+                                      abs(row["load_speed_ratio"] - 1) > a.max_load_speed_moved)
                     row["disturbed"] = moved or max(row["others_cpu_share"] + row["steal_share"],
                                                     row["others_bench_share"] + row["steal_bench_share"]) > a.max_others
                     rows.append(row)
@@ -639,7 +653,7 @@ def main():
                           f"({100 * row['others_bench_share']:.0f}% during the load), the hypervisor stole "
                           f"{100 * row['steal_share']:.0f}% ({100 * row['steal_bench_share']:.0f}%); prefill speed "
                           f"x{row['speed_ratio']:.2f} of the run's median, x{row['speed_drift']:.2f} after the load "
-                          f"than before, prefill CPU per token during the load x{row['load_speed_ratio']:.2f} the "
+                          f"than before, prefill during the load x{row['load_speed_ratio']:.2f} the "
                           f"profile's, decode steps x{row['decode_speed_ratio']:.2f} the profile's", file=sys.stderr)
                 print(f"  load {row['load_start']} -> {row['load_end']}, {row['window_s']} s, other processes "
                       f"{100 * row['others_cpu_share']:.0f}% of the CPUs; measured "
@@ -696,7 +710,9 @@ def report(a, rows, workloads, tmp):
               # an older run's rows lack the in-window checks: say nothing rather than a made-up 1.00
               + (f" and x{r['speed_drift']:.2f} after the load than before" if "speed_drift" in r else "")
               + (f", prefill CPU per token in the load x{r['load_speed_ratio']:.2f} the profile's"
-                 if r.get("load_cpu_s", {}).get("prefill-1") and "load_speed_ratio" in r else "")
+                 if r.get("load_cpu_s", {}).get("prefill-1") and "load_speed_ratio" in r else
+                 f", one-prompt steps in the load x{r['load_speed_ratio']:.2f} the profile's"
+                 if any("vs_profile" in v.get("prefill", {}) for v in r.get("steps", {}).values()) else "")
               + (f", lone decode steps in the load x{r['decode_speed_ratio']:.2f} the profile's"
                  if "decode_speed_ratio" in r else "")
               + f", others {100 * r['others_cpu_share']:.0f}%, {100 * r.get('others_bench_share', 0):.0f}% "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 FIELDS = ["t_s", "step_ms", "forward_ms", "gap_ms", "tokens", "seqs", "decode_only", "drafts", "context"]
 BUCKETS = ["1", "2", "3", "4", "5-8", "9+"]
+PREFILL_MIN_STEPS = 5
 
 
 def read_trace(path, t0=None, t1=None):
@@ -83,6 +84,11 @@ def predicted_s(step, decode):
     return decode_step_s(decode, step["seqs"], step["context"])
 
 
+def prefill_step_s(prefill, tokens, prompts):
+    """A prompt-only step by a profile's "prefill" object (plan_prefill_step_s)."""
+    return prefill.get("fixed_s", 0) + tokens * prefill["token_s"] + prompts * prefill.get("seq_s", 0)
+
+
 def cell(steps, decode):
     c = {"steps": len(steps),
          "step_p50_ms": pct([s["step_ms"] for s in steps], 0.5), "step_p90_ms": pct([s["step_ms"] for s in steps], 0.9),
@@ -97,8 +103,13 @@ def cell(steps, decode):
 def summarize(trace_dir, t0=None, t1=None, profile=None):
     """{node file: {"steps": all steps, "decode": {bucket: cell, also "<bucket> overlapped" / "<bucket> alone"},
     "lone_vs_profile": the median ratio over every decode-only step no other node's step overlapped (with a
-    profile)}}"""
-    decode = profile["decode"] if profile else None
+    profile), "prefill": {"steps", "tokens_p50", "step_p50_ms", "vs_profile"}}}. The prefill cell counts the steps
+    that computed one prompt's tokens and nothing else (one sequence, not decoding): on a prefill node and on a
+    colocated decode node alike they are priced without ambiguity, and their median ratio to the profile's
+    prefill price (with at least PREFILL_MIN_STEPS of them) says how fast the node prefilled during the trace
+    against what the profile measured."""
+    decode = profile.get("decode") if profile else None
+    prefill = profile.get("prefill") if profile else None
     files = sorted(Path(trace_dir).glob("*.steps"))
     traces = {f.name: read_trace(f, t0, t1) for f in files}
     out = {}
@@ -116,6 +127,14 @@ def summarize(trace_dir, t0=None, t1=None, profile=None):
             if not busy:
                 lone.append(s)
         out[name] = {"steps": len(steps), "decode": {k: cell(v, decode) for k, v in by.items()}}
+        alone = [s for s in steps if not s["decode_only"] and s["seqs"] == 1 and s["tokens"] > 1]
+        if alone:
+            pc = {"steps": len(alone), "tokens_p50": pct([s["tokens"] for s in alone], 0.5),
+                  "step_p50_ms": pct([s["step_ms"] for s in alone], 0.5)}
+            if prefill and len(alone) >= PREFILL_MIN_STEPS:
+                pc["vs_profile"] = statistics.median(s["step_ms"] / 1e3 / prefill_step_s(prefill, s["tokens"], 1)
+                                                     for s in alone)
+            out[name]["prefill"] = pc
         if decode and lone:  # the node's own speed against the profile's, where nothing else computed
             out[name]["lone_vs_profile"] = statistics.median(s["step_ms"] / 1e3 / predicted_s(s, decode) for s in lone)
     return out
@@ -127,12 +146,15 @@ def fmt(v, spec=".2f"):
 
 def print_summary(summary, file=sys.stdout, indent=""):
     for name, node in summary.items():
+        pc = node.get("prefill")
+        pline = (f"; {pc['steps']} one-prompt steps (median {pc['tokens_p50']:.0f} tokens, {pc['step_p50_ms']:.1f} ms"
+                 + (f", x{pc['vs_profile']:.3f} the profile's" if "vs_profile" in pc else "") + ")") if pc else ""
         if not node["decode"]:
-            print(f"{indent}{name}: {node['steps']} steps, none decode-only", file=file)
+            print(f"{indent}{name}: {node['steps']} steps, none decode-only{pline}", file=file)
             continue
         lone = node.get("lone_vs_profile")
         print(f"{indent}{name}: {node['steps']} steps"
-              + (f", lone decode steps x{lone:.3f} the profile's" if lone else "")
+              + (f", lone decode steps x{lone:.3f} the profile's" if lone else "") + pline
               + "; decode-only steps by batch size (ms):", file=file)
         print(f"{indent}  {'batch':<16} {'steps':>6} {'p50':>7} {'p90':>7} {'fwd p50':>8} {'gap p50':>8} "
               f"{'gap p90':>8} {'x profile':>9}", file=file)

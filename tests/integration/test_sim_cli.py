@@ -138,7 +138,10 @@ def test_sim_validate_smoke(baton_bin, default_model, tmp_path):
     sp = row["speed_probes"]
     assert len(sp) == 2 and all(x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 for x in sp), sp
     assert abs(row["speed_drift"] - sp[1]["prefill_tok_s"] / sp[0]["prefill_tok_s"]) < 0.001, row["speed_drift"]
-    assert row["load_speed_ratio"] == 1.0 and row["mean_prompt_tokens"] > 0  # colocated: no prefill node to time
+    # colocated: the decode node's one-prompt steps in the load (6 requests: the ratio when 5 or more ran alone)
+    pre = [v.get("prefill", {}) for k, v in row["steps"].items() if k.startswith("decode-")]
+    assert row["load_speed_ratio"] == (round(pre[0]["vs_profile"], 3) if "vs_profile" in pre[0] else 1.0), row
+    assert row["mean_prompt_tokens"] > 0
     # no SLO given: the run's is --slo-scale (2) times the first window's unloaded cost of a mean request
     b = j["slo_basis"]
     assert b["scale"] == 2 and b["ttft_ms"] > 0 and b["tpot_ms"] > 0, b
@@ -189,6 +192,11 @@ def test_sim_validate_load_speed_ratio():
     assert abs(sim_validate.load_speed_ratio(row) - 2.2 / 1.8) < 1e-9
     assert sim_validate.load_speed_ratio(dict(row, load_cpu_s={"decode-1": 44.8})) is None
     assert sim_validate.load_speed_ratio(dict(row, requests=0)) is None
+    # colocated: the decode node's one-prompt steps in its step trace against the profile's prices
+    coloc = {"load_cpu_s": {"decode-1": 44.8, "router": 3.0}, "requests": 100, "mean_prompt_tokens": 120,
+             "steps": {"decode-7.steps": {"prefill": {"steps": 9, "vs_profile": 0.83}}}}
+    assert sim_validate.load_speed_ratio(coloc) == 0.83
+    assert sim_validate.load_speed_ratio(dict(coloc, steps={"decode-7.steps": {"prefill": {"steps": 3}}})) is None
 
 
 def test_step_trace_summary(tmp_path):
@@ -226,3 +234,16 @@ def test_step_trace_summary(tmp_path):
     assert abs(step_trace.decode_step_s(d, 5, 100) - (0.0085 + 0.001)) < 1e-12
     assert abs(step_trace.decode_step_s(d, 10, 0) - 0.0145) < 1e-12
     assert abs(step_trace.decode_step_s(d, 1, 0) - 0.004) < 1e-12
+    # one-prompt steps (one sequence, not decoding): counted on any node, priced by the profile's prefill from 5 up
+    assert s["prefill-1.steps"]["prefill"] == {"steps": 3, "tokens_p50": 128, "step_p50_ms": 18.0}
+    assert "prefill" not in s["decode-1.steps"]  # its prompt step carried two sequences: not one prompt alone
+    (tmp_path / "coloc").mkdir()
+    (tmp_path / "coloc" / "decode-2.steps").write_text(hdr + "".join(
+        f"{t:.3f} {ms} {ms} 0 {n} 1 0 0 {n}\n" for t, ms, n in
+        [(1.0, 51.0, 100), (2.0, 45.0, 100), (3.0, 90.0, 200), (4.0, 99.0, 200), (5.0, 200.0, 200),
+         (6.0, 9.0, 10)]) + "7.000 4.0 3.9 0.1 1 1 1 0 101\n")
+    pre = {"prefill": {"fixed_s": 0.002, "token_s": 0.0005, "seq_s": 0.001}}  # 100 tokens: 53 ms, 200: 103, 10: 8
+    c = step_trace.summarize(tmp_path / "coloc", None, None, pre)["decode-2.steps"]
+    assert c["prefill"]["steps"] == 6 and c["prefill"]["tokens_p50"] == 200, c
+    ratios = sorted([51 / 53, 45 / 53, 90 / 103, 99 / 103, 200 / 103, 9 / 8])
+    assert abs(c["prefill"]["vs_profile"] - (ratios[2] + ratios[3]) / 2) < 1e-9, c
