@@ -426,8 +426,8 @@ def measure(a, wpath, rep, tmp):
     env = dict(os.environ, BATON_BUILD_DIR=a.build, BATON_RUN_DIR=str(tmp / f"run-{tag}"),
                BATON_HTTP_LISTEN=f"127.0.0.1:{a.port_base}", BATON_GRPC_LISTEN=f"127.0.0.1:{a.port_base + 1}",
                BATON_ETCD_LISTEN=f"127.0.0.1:{a.port_base + 2}")
-    trace_dir = tmp / f"steps-{tag}"  # every node's step trace (tools/step_trace.py reads them)
-    trace_dir.mkdir(exist_ok=True)
+    # every node's step trace (tools/step_trace.py reads them); a window measured again gets a directory of its own
+    trace_dir = Path(tempfile.mkdtemp(prefix=f"steps-{tag}-", dir=tmp))
     env["BATON_STEP_TRACE"] = str(trace_dir)
     url = f"http://127.0.0.1:{a.port_base}"
     up = [ROOT / "deploy/local/cluster", "up", "--detach"] + (["--model", a.model] if a.model else [])
