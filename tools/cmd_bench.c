@@ -138,7 +138,7 @@ static void conc_emit(void *user, const bt_sched_event *ev)
  * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
 static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int n, int plen, int gen,
                              bt_kv_dtype dtype, int full_local, const int32_t *toks, double *prefill, double *decode,
-                             double *kv_util, double *kv_peak)
+                             double *kv_util, double *kv_peak, long *decode_steps)
 {
     bt_sched_config cfg = {0};
     cfg.profile = profile;
@@ -171,11 +171,30 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int
     double t0 = bench_now_s();
     double util_sum = 0;
     int util_n = 0;
+    double full_s = 0, pure_s = 0;
+    int64_t full_tokens = 0, pure_tokens = 0;
+    long full_n = 0, pure_n = 0;
+    int prompts_done = 0;
     while (!bt_sched_idle(s)) {
+        double step_t0 = bench_now_s();
+        int64_t gen_before = t.generated;
         if (bt_sched_step(s) < 0) {
             bt_sched_destroy(s);
             return -1;
         }
+        double ts = bench_now_s();
+        int64_t made = t.generated - gen_before;
+        if (prompts_done) { /* a decode-only step; full: all n sequences decoded in it */
+            pure_s += ts - step_t0;
+            pure_tokens += made;
+            pure_n++;
+            if (made == n) {
+                full_s += ts - step_t0;
+                full_tokens += made;
+                full_n++;
+            }
+        }
+        prompts_done = t.first_seen == n; /* every later step decodes only */
         bt_sched_stats st;
         bt_sched_get_stats(s, &st);
         if (st.kv_blocks_used > 0) { /* tokens held / slots of the blocks holding them */
@@ -183,9 +202,14 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int
             util_n++;
         }
     }
-    double t1 = bench_now_s();
     *prefill = (double)plen * n / (t.last_first_token - t0);
-    *decode = (double)(t.generated - n) / (t1 - t.last_first_token);
+    /* decode: steps in which all n sequences decoded and no prompt was computed, as llama-batched-bench's generation
+     * phase and the roofline count them. Not counted: tokens that early requests made while later prompts were still
+     * computing (those steps' time went mostly to prefill) and the drain, where the requests that started first have
+     * finished and fewer than n sequences decode. With too few output tokens for a full step (staggered prompts), the
+     * decode-only steps of the drain. */
+    *decode = full_s > 0 ? (double)full_tokens / full_s : pure_s > 0 ? (double)pure_tokens / pure_s : 0;
+    *decode_steps = full_n ? full_n : pure_n;
     *kv_util = util_n ? util_sum / util_n : 0;
     bt_sched_stats fin;
     bt_sched_get_stats(s, &fin);
@@ -261,10 +285,12 @@ int cmd_bench(int argc, char **argv)
                    "decode roofline; every figure is the median of --reps runs (default 5).\n"
                    "--concurrency 1,4,16,64 instead runs N requests (--prompt-tokens prompt tokens, default 128,\n"
                    "and --decode-tokens output tokens each) through the continuous-batching scheduler and reports\n"
-                   "aggregate tok/s, with the decode roofline at each N: the lower of memory (weights once per step\n"
-                   "plus each sequence's KV, at the measured bandwidth) and compute (the matmuls' multiply-\n"
-                   "accumulates at the measured rate of the dot instruction on every thread). --kv-dtype: the KV\n"
-                   "cache's element type for these runs (default f16). --kv-window release|full: a model with\n"
+                   "aggregate tok/s: prefill until the last prompt is done, decode over the steps in which all N\n"
+                   "sequences decode and no prompt is computed; with the decode roofline at each N: the lower of\n"
+                   "memory (weights once per step plus each sequence's KV, at the measured bandwidth) and compute\n"
+                   "(the matmuls' multiply-accumulates at the measured rate of the dot instruction on every\n"
+                   "thread). --kv-dtype: the KV cache's element type for these runs (default f16).\n"
+                   "--kv-window release|full: a model with\n"
                    "sliding-window layers holds their KV only for the window (default) or for every position; the\n"
                    "KV MiB column is the most KV bytes the run held at once, per sequence.\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
@@ -420,9 +446,10 @@ int cmd_bench(int argc, char **argv)
                 break;
             }
             double pre[100], dec[100], util[100], kvp[100];
+            long dsteps = 0; /* the same in every rep: the scheduler's steps do not depend on timing */
             for (long k = 0; k < reps; k++)
                 if (bench_concurrency(m, r.be, env.profile, n, (int)prompt_n, (int)decode_n, (bt_kv_dtype)kv_dtype,
-                                      full_local, ctoks, &pre[k], &dec[k], &util[k], &kvp[k])) {
+                                      full_local, ctoks, &pre[k], &dec[k], &util[k], &kvp[k], &dsteps)) {
                     fprintf(stderr, "baton bench: %s\n", bt_last_error());
                     crc = 1;
                     break;
@@ -436,8 +463,9 @@ int cmd_bench(int argc, char **argv)
             printf("%-12d %16.1f %16.1f %13.2fx %9.1f%% %15.0f %12.2fx %14.2f\n", n, p, d, base > 0 ? d / base : 0,
                    100 * u, roof, roof_base > 0 ? roof / roof_base : 0, kv_mib);
             if (jf) fprintf(jf, "%s{\"concurrency\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
-                            "\"kv_utilization\": %.4f, \"roofline_tok_s\": %.2f, \"kv_peak_bytes_per_seq\": %.0f}",
-                            first ? "" : ", ", n, p, d, u, roof, kv_mib * 1024.0 * 1024.0);
+                            "\"decode_steps\": %ld, \"kv_utilization\": %.4f, \"roofline_tok_s\": %.2f, "
+                            "\"kv_peak_bytes_per_seq\": %.0f}",
+                            first ? "" : ", ", n, p, d, dsteps, u, roof, kv_mib * 1024.0 * 1024.0);
             first = 0;
         }
         if (jf) {

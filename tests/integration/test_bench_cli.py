@@ -24,15 +24,15 @@ def matmul_macs(path):
 
 def test_concurrency_table_json_and_rooflines(baton_bin, default_model, tmp_path):
     js = tmp_path / "bench.json"
-    res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1,4", "--reps", "1", "--decode-tokens", "16",
+    res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1,4,16", "--reps", "1", "--decode-tokens", "16",
                           "--json", str(js)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     head = re.search(r"(\d+)-bit activations; memory ([\d.]+) GB/s; matmul dot rate ([\d.]+) GMAC/s "
                      r"\(([\d.]+) MMAC per token: compute roofline (\d+) tok/s\)", res.stdout)
     assert head, res.stdout
     assert abs(float(head.group(4)) * 1e6 - matmul_macs(default_model)) < 0.06e6
-    rows = [l.split() for l in res.stdout.splitlines() if re.match(r"^(1|4)\s", l)]
-    assert [r[0] for r in rows] == ["1", "4"], res.stdout
+    rows = [l.split() for l in res.stdout.splitlines() if re.match(r"^(1|4|16)\s", l)]
+    assert [r[0] for r in rows] == ["1", "4", "16"], res.stdout
     doc = json.loads(js.read_text())
     assert doc["act_bits"] == int(head.group(1)) and doc["compute_roofline_tok_s"] > 0
     lanes = re.search(r"(\d+) threads \(decode lanes: (\d+)\)", res.stdout)
@@ -45,6 +45,11 @@ def test_concurrency_table_json_and_rooflines(baton_bin, default_model, tmp_path
         # what was achieved stays under its roofline (with room for a bandwidth measured while something else ran:
         # the machine is shared); 4 sequences share one pass over the weights
         assert 0 < r["decode_tok_s"] <= 1.5 * r["roofline_tok_s"], r
+    # decode counts the steps in which every sequence decodes and no prompt runs: 1 and 4 prompts of 128 tokens
+    # fit one 512-token step, so every output token after the first; 16 prompts take several steps, during which
+    # the first requests decode beside them (not counted), and those finish first (the drain, not counted)
+    assert runs[1]["decode_steps"] == 15 and runs[4]["decode_steps"] == 15, doc
+    assert 0 < runs[16]["decode_steps"] < 15, doc
     assert runs[4]["roofline_tok_s"] > 2 * runs[1]["roofline_tok_s"]
     assert runs[4]["roofline_tok_s"] <= doc["compute_roofline_tok_s"] + 0.01
 
