@@ -4,13 +4,15 @@
 Greedy output does not depend on speculation, so the outputs of a plain run fix which drafts would be kept. For each
 prompt of the workload this renders the chat, generates greedily with `baton generate --ids`, then replays decoding
 step by step with the n-gram proposer's rule (the sequence's last n tokens, longest n first, most recent earlier
-occurrence) under a step-cost model: a step costs STEP_MS plus ROW_MS per draft row. It prints the speed-up of
+occurrence) under a step-cost model: a step costs STEP_MS plus ROW_MS per draft row, or, with --curve, the measured
+milliseconds of a step of 1, 2, 3, ... rows (rows past the list add the last difference). It prints the speed-up of
   - fixed k: draft every available continuation token up to --k-max (what k = k_max costs);
   - oracle k: draft exactly the tokens that will be kept (no policy can do better with this proposer).
 The two costs come from `baton bench --spec ngram` ("a decode row cost X ms against a step's fixed Y ms").
 
 usage: tools/spec_replay.py [--workload tools/workloads/input-grounded.jsonl] [--baton build/bin/baton]
-                            [--step-ms 4.8] [--row-ms 0.61] [--k-max 8] [--ngram 2-4] [--max-tokens 128]
+                            [--step-ms 4.8] [--row-ms 0.61 | --curve MS,MS,...] [--k-max 8] [--ngram 2-4]
+                            [--max-tokens 128]
 """
 import argparse
 import json
@@ -42,7 +44,17 @@ def propose(t, nmin, nmax, k):
     return []
 
 
-def replay(prompt, out, nmin, nmax, k_max, step, row, oracle):
+def step_cost(rows, step, row, curve):
+    """Milliseconds of a step of `rows` rows: the measured curve, extended by its last difference, or the line."""
+    if not curve:
+        return step + row * rows
+    if rows <= len(curve):
+        return curve[rows - 1]
+    last = curve[-1] - curve[-2] if len(curve) > 1 else curve[-1]
+    return curve[-1] + last * (rows - len(curve))
+
+
+def replay(prompt, out, nmin, nmax, k_max, cost, oracle):
     """Milliseconds to decode out after prompt with drafting; every step emits the kept drafts plus one token."""
     ms, i = 0.0, 0
     while i < len(out):
@@ -50,7 +62,7 @@ def replay(prompt, out, nmin, nmax, k_max, step, row, oracle):
         kept = 0
         while kept < len(drafts) and i + 1 + kept < len(out) and drafts[kept] == out[i + 1 + kept]:
             kept += 1
-        ms += step + row * (1 + (kept if oracle else len(drafts)))
+        ms += cost(1 + (kept if oracle else len(drafts)))
         i += 1 + kept
     return ms
 
@@ -61,11 +73,22 @@ def main():
     ap.add_argument("--baton", default="build/bin/baton")
     ap.add_argument("--step-ms", type=float, default=4.8, help="a step's fixed cost (default 4.8)")
     ap.add_argument("--row-ms", type=float, default=0.61, help="what one row adds (default 0.61)")
+    ap.add_argument("--curve", default="", help="measured ms of a step of 1, 2, 3, ... rows, comma-separated "
+                    "(instead of --step-ms and --row-ms)")
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--ngram", default="2-4", help="n-gram lengths MIN-MAX (default 2-4)")
     ap.add_argument("--max-tokens", type=int, default=128)
     a = ap.parse_args()
     nmin, nmax = (int(x) for x in a.ngram.split("-"))
+    try:
+        curve = [float(x) for x in a.curve.split(",")] if a.curve else []
+    except ValueError:
+        sys.exit(f"spec_replay: --curve wants milliseconds separated by commas, got '{a.curve}'")
+    if curve and min(curve) <= 0:
+        sys.exit("spec_replay: --curve wants positive milliseconds")
+
+    def cost(rows):
+        return step_cost(rows, a.step_ms, a.row_ms, curve)
     base = fixed = oracle = 0.0
     print(f"{'prompt':<24} {'tokens':>6} {'fixed k':>8} {'oracle k':>9}")
     with open(a.workload) as f:
@@ -80,9 +103,9 @@ def main():
             gen_args = ["--prompt", it["prompt"]]
         prompt = ids(run([a.baton, "tokenize"], stdin=text))
         out = ids(run([a.baton, "generate", *gen_args, "--ids", "--quiet", "--max-tokens", str(a.max_tokens)]))
-        plain = len(out) * (a.step_ms + a.row_ms)
-        f_ms = replay(prompt, out, nmin, nmax, a.k_max, a.step_ms, a.row_ms, False)
-        o_ms = replay(prompt, out, nmin, nmax, a.k_max, a.step_ms, a.row_ms, True)
+        plain = len(out) * cost(1)
+        f_ms = replay(prompt, out, nmin, nmax, a.k_max, cost, False)
+        o_ms = replay(prompt, out, nmin, nmax, a.k_max, cost, True)
         base, fixed, oracle = base + plain, fixed + f_ms, oracle + o_ms
         print(f"{it.get('name', '?'):<24} {len(out):>6} {plain / f_ms:>7.2f}x {plain / o_ms:>8.2f}x")
     print(f"{'all':<24} {'':>6} {base / fixed:>7.2f}x {base / oracle:>8.2f}x")

@@ -395,3 +395,15 @@ def test_spec_replay_tool(default_model, tmp_path):
     for name in ("copy", "raw", "all"):
         fixed, oracle = (float(x.rstrip("x")) for x in rows[name][-2:])
         assert oracle >= fixed > 0 and oracle >= 1.0, r.stdout
+    # --curve: measured step times by row count. A flat curve makes draft rows free, so drafting every token costs
+    # what drafting the kept ones does (the same steps emit the same tokens)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "spec_replay.py"), "--workload", str(wl), "--baton",
+                        str(build_bin("baton")), "--max-tokens", "24", "--curve", "5,5,5"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    flat = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
+    fixed, oracle = (float(x.rstrip("x")) for x in flat["all"][-2:])
+    assert fixed == oracle >= 1.0 and oracle >= float(rows["all"][-1].rstrip("x")), r.stdout
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "spec_replay.py"), "--workload", str(wl), "--curve", "5,x"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--curve wants milliseconds" in r.stderr, r.stderr
