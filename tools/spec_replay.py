@@ -50,7 +50,7 @@ def step_cost(rows, step, row, curve):
         return step + row * rows
     if rows <= len(curve):
         return curve[rows - 1]
-    last = curve[-1] - curve[-2] if len(curve) > 1 else curve[-1]
+    last = max(curve[-1] - curve[-2], 0.0) if len(curve) > 1 else curve[-1]
     return curve[-1] + last * (rows - len(curve))
 
 
