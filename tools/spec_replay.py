@@ -8,7 +8,8 @@ occurrence) under a step-cost model: a step costs STEP_MS plus ROW_MS per draft 
 milliseconds of a step of 1, 2, 3, ... rows (rows past the list add the last difference). It prints the speed-up of
   - fixed k: draft every available continuation token up to --k-max (what k = k_max costs);
   - oracle k: draft exactly the tokens that will be kept (no policy can do better with this proposer).
-The two costs come from `baton bench --spec ngram` ("a decode row cost X ms against a step's fixed Y ms").
+The two costs come from `baton bench --spec ngram` ("a decode row cost X ms against a step's fixed Y ms"), and so does
+the curve (its step times "by draft rows 0..N" are the steps of 1..N+1 rows).
 
 usage: tools/spec_replay.py [--workload tools/workloads/input-grounded.jsonl] [--baton build/bin/baton]
                             [--step-ms 4.8] [--row-ms 0.61 | --curve MS,MS,...] [--k-max 8] [--ngram 2-4]
@@ -50,7 +51,7 @@ def step_cost(rows, step, row, curve):
         return step + row * rows
     if rows <= len(curve):
         return curve[rows - 1]
-    last = max(curve[-1] - curve[-2], 0.0) if len(curve) > 1 else curve[-1]
+    last = max(curve[-1] - curve[-2], 0.0)
     return curve[-1] + last * (rows - len(curve))
 
 
@@ -84,8 +85,8 @@ def main():
         curve = [float(x) for x in a.curve.split(",")] if a.curve else []
     except ValueError:
         sys.exit(f"spec_replay: --curve wants milliseconds separated by commas, got '{a.curve}'")
-    if curve and min(curve) <= 0:
-        sys.exit("spec_replay: --curve wants positive milliseconds")
+    if curve and (len(curve) < 2 or min(curve) <= 0):
+        sys.exit("spec_replay: --curve wants at least 2 positive milliseconds (steps of 1 and 2 rows, ...)")
 
     def cost(rows):
         return step_cost(rows, a.step_ms, a.row_ms, curve)

@@ -407,3 +407,6 @@ def test_spec_replay_tool(default_model, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "spec_replay.py"), "--workload", str(wl), "--curve", "5,x"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--curve wants milliseconds" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "spec_replay.py"), "--workload", str(wl), "--curve", "5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--curve wants at least 2" in r.stderr, r.stderr
