@@ -438,10 +438,14 @@ void bt_cpu_matmul_quantize(const bt_cpu_matmul *mm, int ith, int nth)
  * the kernel is compute-bound and the hardware prefetcher alone left it waiting on memory a fifth of the time. At
  * batch 1 an earlier Zen 4 host measured the prefetches ~5% slower, but on an Intel Xeon with AVX-512 (2026-12) the
  * weights stream ~1.8x faster with them: baton bench decode batch 1, alternated runs, 197-215 -> 381-393 tok/s
- * (avx512) and 152-165 -> 281-309 (BATON_CPU_ISA=avx2). So they stay on everywhere. */
+ * (avx512) and 152-165 -> 281-309 (BATON_CPU_ISA=avx2). So they stay on everywhere. Those figures were for L1
+ * prefetches; since 2026-12-04 they go to L2 (bt_gl_prefetch_block), measured on Zen 4 only. */
 
-/* Below this many rows a matmul streams the weights: one contiguous slice per thread (see slices()). */
-#define PACKED_STREAM_ROWS 4
+/* Below this many rows a matmul streams the weights: one contiguous slice per thread (see slices()). Up to 9 rows
+ * (a batch-1 step verifying 8 drafts) the step is still close to the weight read once the prefetches go to L2
+ * (bt_gl_prefetch_block); 4 tasks per thread, each starting cold, measured 10-28% slower at 4-9 rows on Zen 4 (two
+ * threads, 4 rows 5.34 against 4.50 ms for the decode step's matmuls), and 10-12 rows were mixed. */
+#define PACKED_STREAM_ROWS 10
 
 /* Phase 2 on packed weights: groups [lo, hi) of 16 output rows. */
 static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
