@@ -465,6 +465,7 @@ typedef struct attn_plan {
 } attn_plan;
 
 #define ATTN_CHUNK 8 /* query tokens per work item */
+#define ATTN_MIN_TASKS 4 /* per thread, below which runs are cut shorter (attn_chunk) */
 #define ATTN_PREFETCH 2   /* blocks ahead */
 
 /* A token's keys are split at fixed positions, every ATTN_SEG_BLOCKS cache blocks (256 tokens), into segments that
@@ -662,16 +663,47 @@ static void attn_merge_run(void *ctx, int ti, int n_tasks)
         }
 }
 
+/* The last token of the run that starts at token t: consecutive tokens of one sequence at consecutive positions, at
+ * most chunk of them. */
+static int32_t attn_run_end(const bt_attn_args *a, int32_t t, int32_t chunk)
+{
+    int32_t r = t;
+    while (t + 1 < a->n_tokens && a->tables[t + 1] == a->tables[t] && a->pos[t + 1] == a->pos[t] + 1 &&
+           t + 1 - r < chunk)
+        t++;
+    return t;
+}
+
+/* Query tokens per work item. ATTN_CHUNK, unless that leaves fewer than ATTN_MIN_TASKS tasks per thread: a
+ * verification step of one sequence (its token and 4 drafts) was 3 tasks, one per kv head, so one of 2 threads ran
+ * two and the other waited. Then runs are cut shorter, to about as many tasks as that (5 rows: runs of 2, 2 and 1,
+ * 9 tasks). Each query token's blocks and their order stay the same, so its bits do not depend on the chunk. */
+static int32_t attn_chunk(const bt_attn_args *a, int nth)
+{
+    size_t tasks = 0;
+    int32_t longest = 1;
+    for (int32_t t = 0; t < a->n_tokens; t++) {
+        int32_t r = t;
+        t = attn_run_end(a, t, ATTN_CHUNK);
+        tasks += ((size_t)(a->pos[t] / (BT_KV_BLOCK * ATTN_SEG_BLOCKS)) + 1) * (size_t)a->n_head_kv;
+        if (t - r + 1 > longest) longest = t - r + 1;
+    }
+    size_t want = (size_t)ATTN_MIN_TASKS * (size_t)nth;
+    if (nth < 2 || tasks == 0 || tasks >= want || longest == 1) return ATTN_CHUNK;
+    size_t split = (want + tasks - 1) / tasks; /* pieces per run */
+    int32_t c = (int32_t)(((size_t)longest + split - 1) / split);
+    return c < 1 ? 1 : c;
+}
+
 static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
 {
     cpu_ctx *c = C(be);
     /* count the tasks and their accumulators first */
+    int32_t chunk = attn_chunk(a, ctx_threads(c)); /* query tokens per run */
     size_t n_seg_tasks = 0, n_merge = 0, floats = 0, merge_floats = 0;
     for (int32_t t = 0; t < a->n_tokens;) {
         int32_t r = t;
-        while (t + 1 < a->n_tokens && a->tables[t + 1] == a->tables[t] && a->pos[t + 1] == a->pos[t] + 1 &&
-               t + 1 - r < ATTN_CHUNK)
-            t++;
+        t = attn_run_end(a, t, chunk);
         size_t segs = (size_t)(a->pos[t] / (BT_KV_BLOCK * ATTN_SEG_BLOCKS)) + 1;
         size_t run_floats = segs * (size_t)a->n_head_kv * attn_part_floats(a, t - r + 1);
         n_seg_tasks += segs * (size_t)a->n_head_kv;
@@ -700,15 +732,13 @@ static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
     size_t ns = 0, nm = 0, off = 0;
     for (int32_t t = 0; t < a->n_tokens;) {
         int32_t r = t;
-        while (t + 1 < a->n_tokens && a->tables[t + 1] == a->tables[t] && a->pos[t + 1] == a->pos[t] + 1 &&
-               t + 1 - r < ATTN_CHUNK)
-            t++;
+        t = attn_run_end(a, t, chunk);
         int32_t n = t - r + 1, segs = a->pos[t] / (BT_KV_BLOCK * ATTN_SEG_BLOCKS) + 1;
-        size_t chunk = attn_part_floats(a, n);
+        size_t part = attn_part_floats(a, n);
         if (segs > 1)
             for (int32_t g = 0; g < a->n_head_kv; g++) merge[nm++] = (attn_task){r, n, g, 0, segs, off};
         for (int32_t sg = 0; sg < segs; sg++)
-            for (int32_t g = 0; g < a->n_head_kv; g++, off += chunk) seg[ns++] = (attn_task){r, n, g, sg, segs, off};
+            for (int32_t g = 0; g < a->n_head_kv; g++, off += part) seg[ns++] = (attn_task){r, n, g, sg, segs, off};
         t++;
     }
     attn_plan plan = {a, c->attn_tasks, c->ops, c->attn_parts, ctx_threads(c)};
