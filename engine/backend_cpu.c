@@ -28,6 +28,7 @@ typedef struct packed_entry {
     int64_t n_in, n_out;
     uint8_t head[16];
     bt_cpu_packed *p;
+    const void *succ; /* key of the weight whose matmul ran right after this one's, last time (NULL: none yet) */
 } packed_entry;
 
 /* Lanes (run_lanes): single-threaded views of the backend, one per pool thread, each with its own scratch (xq,
@@ -49,6 +50,7 @@ typedef struct cpu_ctx {
     bt_hostmem_arena *pack_mem; /* root only: where packed copies live, laid end to end on huge pages */
     void *xq;        /* activation quantization scratch */
     size_t xq_bytes;
+    const void *prev_key; /* the packed weight of this context's previous matmul (packed_get) */
     struct attn_task *attn_tasks; /* [attn_cap]: segment tasks, then merge items */
     size_t attn_cap;
     float *attn_parts;            /* [attn_parts_cap]: each segment task's accumulators, m and l */
@@ -157,14 +159,38 @@ static bt_status packed_get_locked(cpu_ctx *c, bt_pool *pool, const bt_weight *w
     return BT_OK;
 }
 
+/* The root's entry of key, or NULL */
+static packed_entry *packed_find(cpu_ctx *r, const void *key)
+{
+    if (!key || !r->packed_cap) return NULL;
+    packed_entry *e = &r->packed[packed_slot(r->packed, r->packed_cap, key)];
+    return e->key == key ? e : NULL;
+}
+
 /* The packed copy of w for the tiled GEMM, packing it on first use; *out = NULL when w runs unpacked (packing
  * off, no tiled kernel for its type, or packing failed once). Errors only when the table cannot grow. Lanes share
- * the root's table; a lane packs on its own thread (its pool is NULL). */
-static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed **out)
+ * the root's table; a lane packs on its own thread (its pool is NULL).
+ * *then: where the weights of the matmul that followed w's last time start (bt_cpu_next_hint; zero if none). A
+ * forward pass runs its matmuls in the same order every step, so the successor learnt in one step is the next
+ * one's. Measured on Zen 4 (2 threads, the 211 matmuls of a SmolLM2 decode step, medians of 9 alternated rounds):
+ * 2-3% less time at 1-5 rows, from the next matmul's first groups being on their way while a thread finishes. */
+static bt_status packed_get(cpu_ctx *c, const bt_weight *w, const bt_cpu_packed **out, bt_cpu_next_hint *then)
 {
-    pthread_mutex_lock(&c->root->pack_mu);
-    bt_status st = packed_get_locked(c->root, c->pool, w, out);
-    pthread_mutex_unlock(&c->root->pack_mu);
+    cpu_ctx *r = c->root;
+    pthread_mutex_lock(&r->pack_mu);
+    bt_status st = packed_get_locked(r, c->pool, w, out);
+    *then = (bt_cpu_next_hint){0};
+    if (st == BT_OK && *out) {
+        packed_entry *prev = packed_find(r, c->prev_key), *e = packed_find(r, w->data);
+        if (prev) prev->succ = w->data;
+        packed_entry *nx = e ? packed_find(r, e->succ) : NULL;
+        if (nx && nx->p)
+            *then = (bt_cpu_next_hint){.data = nx->p->data,
+                                       .n_groups = (nx->p->n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS,
+                                       .group_bytes = nx->p->group_bytes};
+        c->prev_key = w->data;
+    }
+    pthread_mutex_unlock(&r->pack_mu);
     return st;
 }
 
@@ -248,11 +274,13 @@ static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bia
         c->xq_bytes = need;
     }
     const bt_cpu_packed *wp;
-    bt_status st = packed_get(c, w, &wp);
+    bt_cpu_next_hint then;
+    bt_status st = packed_get(c, w, &wp, &then);
     if (st) return st;
     bt_cpu_matmul mm = {
         .ops = c->ops, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out, .n_rows = n_rows,
         .w = w->data, .x = x, .xq = c->xq, .out = out, .out_stride = 0, .act_bits = c->act_bits, .wp = wp,
+        .then = then,
     };
     st = bt_cpu_matmul_run(c->pool, &mm);
     if (st) return st;
@@ -287,11 +315,12 @@ static bt_status cpu_matmul_multi(bt_backend *be, const bt_weight *const *ws, co
     bt_status st;
     for (int i = 0; i < n; i++) {
         const bt_cpu_packed *wp;
-        if ((st = packed_get(c, ws[i], &wp))) return st;
+        bt_cpu_next_hint then;
+        if ((st = packed_get(c, ws[i], &wp, &then))) return st;
         mm[i] = (bt_cpu_matmul){
             .ops = c->ops, .wtype = ws[i]->type, .n_in = ws[i]->n_in, .n_out = ws[i]->n_out, .n_rows = n_rows,
             .w = ws[i]->data, .x = x, .xq = c->xq, .out = outs[i], .out_stride = 0, .act_bits = c->act_bits,
-            .wp = wp,
+            .wp = wp, .then = then,
         };
     }
     st = bt_cpu_matmul_run_multi(c->pool, mm, n);

@@ -457,10 +457,15 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
     bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[p->wtype] : mm->ops->gemm16[p->wtype];
     size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
     size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
+    /* what the slice's last group prefetches: the same slice of the next run's weights, when streaming */
+    const char *after = NULL;
+    if (mm->then.data && mm->n_rows < PACKED_STREAM_ROWS)
+        after = (const char *)mm->then.data + (size_t)(mm->then.n_groups * ith / nth) * mm->then.group_bytes;
     for (int64_t r0 = 0; r0 < mm->n_rows; r0 += PACKED_ROW_CHUNK) {
         int64_t r1 = r0 + PACKED_ROW_CHUNK < mm->n_rows ? r0 + PACKED_ROW_CHUNK : mm->n_rows;
         for (int64_t g = lo; g < hi; g++) {
             const char *grp = (const char *)p->data + (size_t)g * p->group_bytes;
+            const char *nx = g + 1 < hi ? grp + p->group_bytes : r1 == mm->n_rows ? after : NULL;
             int64_t o = g * BT_CPU_PACK_ROWS;
             int nv = (int)(mm->n_out - o < BT_CPU_PACK_ROWS ? mm->n_out - o : BT_CPU_PACK_ROWS);
             /* tiles of near-equal size (9 rows: 5 + 4, not 8 + 1): a short tile decodes the codes for few rows */
@@ -469,7 +474,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
                 int64_t r = r0 + (r1 - r0) * t / nt;
                 int nr = (int)(r0 + (r1 - r0) * (t + 1) / nt - r);
                 gemm(mm->n_in, grp, (const char *)mm->xq + (size_t)r * ab, ab, nr, mm->out + (size_t)r * os + o, os,
-                     nv, t == 0 && g + 1 < hi ? grp + p->group_bytes : NULL);
+                     nv, t == 0 ? nx : NULL);
             }
         }
     }

@@ -221,6 +221,16 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                             float *out, size_t out_stride, int n_valid);
 
 /* out[n_rows][n_out] = x[n_rows][n_in] * W^T, W = w[n_out][n_in] in GGUF type wtype (rows contiguous). */
+/* Where the next matmul run's packed weights start: with fewer activation rows than stream one slice per thread,
+ * the last group of slice i prefetches the first group of slice i there, so that matmul does not start with a wait
+ * on memory (the next run's threads mostly take the same slice numbers). Only addresses are computed from it and
+ * prefetches never fault, so a stale hint costs a useless prefetch and never changes a result. */
+typedef struct bt_cpu_next_hint {
+    const void *data;   /* bt_cpu_packed.data, NULL: no hint */
+    int64_t n_groups;   /* its 16-row groups */
+    size_t group_bytes; /* bt_cpu_packed.group_bytes */
+} bt_cpu_next_hint;
+
 typedef struct bt_cpu_matmul {
     const bt_cpu_ops *ops;
     uint32_t wtype;
@@ -234,6 +244,7 @@ typedef struct bt_cpu_matmul {
     int act_bits;       /* activation precision for quantized weights: 16, 8, or 0 meaning 16 */
     const bt_cpu_packed *wp; /* optional: w packed for this wtype, act_bits and shape; when set, the product
                               * runs on the tiled kernel (w is then unused) */
+    bt_cpu_next_hint then;   /* optional (zero: none): the packed weights the next matmul run will read */
 } bt_cpu_matmul;
 
 /* Validates mm (type supported, n_in a multiple of the block, pointers present, act_bits 0, 8 or 16, wp when set

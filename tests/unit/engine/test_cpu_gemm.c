@@ -253,7 +253,9 @@ static void test_q8_0_extremes(void)
 }
 
 /* Every type, both precisions, every ISA (packed wherever the ISA packs the type): N random rows in 1..70 on a
- * random thread count; then each row alone on another thread count, and among rows of fresh random content. */
+ * random thread count; then each row alone on another thread count, and among rows of fresh random content. The
+ * single and 5-row runs carry a next-run prefetch hint (bt_cpu_matmul.then: its own weights, and a buffer that is
+ * no packed matrix), which must not change a bit. */
 static void test_gemm_batch_invariance(void)
 {
     uint64_t s = 53;
@@ -286,6 +288,8 @@ static void test_gemm_batch_invariance(void)
                 /* alone */
                 bt_cpu_matmul m1 = mm;
                 m1.n_rows = 1, m1.x = x + r * n_in, m1.out = one;
+                if (packed) m1.then = (bt_cpu_next_hint){p.data, (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS,
+                                                         p.group_bytes};
                 REQUIRE(bt_cpu_matmul_run(pools[rand_range(&s, 0, 3)], &m1) == BT_OK);
                 for (int64_t o = 0; o < n_out; o++)
                     if (bt_f32_bits(one[o]) != bt_f32_bits(out[r * n_out + o])) bad++;
@@ -295,6 +299,7 @@ static void test_gemm_batch_invariance(void)
                 memcpy(x2 + pos * n_in, x + r * n_in, sizeof(float) * (size_t)n_in);
                 bt_cpu_matmul m5 = mm;
                 m5.n_rows = 5, m5.x = x2, m5.out = one;
+                m5.then = (bt_cpu_next_hint){w, 3, 4096};
                 REQUIRE(bt_cpu_matmul_run(pools[rand_range(&s, 0, 3)], &m5) == BT_OK);
                 for (int64_t o = 0; o < n_out; o++)
                     if (bt_f32_bits(one[pos * n_out + o]) != bt_f32_bits(out[r * n_out + o])) bad++;
