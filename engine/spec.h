@@ -230,8 +230,9 @@ void bt_spec_curve_init(bt_spec_curve *c);
 void bt_spec_curve_add(bt_spec_curve *c, int32_t n_seqs, int32_t n_extra, double t);
 
 /* Estimated seconds of a decode-only step of n_seqs sequences (1..BT_SPEC_CURVE_SEQS) with each of 0..max_extra
- * extra rows, into cost[max_extra + 1]: the measured time, else the nearest measured smaller step's plus per_row
- * for each further row, else fixed + per_row * rows (the fitted model). Can't fail. */
+ * extra rows, into cost[max_extra + 1]: the measured time, else the nearest measured smaller step's plus, for each
+ * further row, the slope between the two nearest measured smaller steps (per_row with only one), kept within
+ * [per_row / 4, per_row], else fixed + per_row * rows (the fitted model). Can't fail. */
 void bt_spec_curve_costs(const bt_spec_curve *c, int32_t n_seqs, int32_t max_extra, double fixed, double per_row,
                          double *cost);
 

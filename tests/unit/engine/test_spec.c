@@ -291,7 +291,8 @@ static void test_check_decides(void)
 }
 
 /* The curve keeps what steps took, follows a faster step at once and a slower one slowly (a noisy step cannot
- * price a size out for good), and estimates what it has not seen from the nearest measured smaller step. */
+ * price a size out for good), and estimates what it has not seen from the nearest measured smaller step and the
+ * measured slope before it, kept within a quarter of the fitted row cost and all of it. */
 static void test_curve(void)
 {
     static bt_spec_curve c;
@@ -311,7 +312,16 @@ static void test_curve(void)
     bt_spec_curve_add(&c, 1, 8, 0.009);
     bt_spec_curve_costs(&c, 1, 10, 0.004, 0.0005, cost);
     CHECK(fabs(cost[0] - 0.005) < 1e-7 && fabs(cost[3] - 0.0047) < 1e-7 && fabs(cost[8] - 0.008) < 1e-7);
-    CHECK(fabs(cost[1] - 0.0055) < 1e-7 && fabs(cost[5] - 0.0057) < 1e-7 && fabs(cost[10] - 0.009) < 1e-7);
+    /* 1: one measured step before it, the fitted row; 5: 0..3 fell, so a quarter of it; 10: 3..8 rose 0.66 ms a
+     * row, more than the fitted 0.5 */
+    CHECK(fabs(cost[1] - 0.0055) < 1e-7 && fabs(cost[5] - 0.00495) < 1e-7 && fabs(cost[10] - 0.009) < 1e-7);
+    /* a slope between the bounds is the curve's own: 2 sequences, 0 and 2 extra rows measured, 0.3 ms a row */
+    bt_spec_curve_add(&c, 2, 0, 0.005);
+    bt_spec_curve_add(&c, 2, 0, 0.005);
+    bt_spec_curve_add(&c, 2, 2, 0.0056);
+    bt_spec_curve_add(&c, 2, 2, 0.0056);
+    bt_spec_curve_costs(&c, 2, 4, 0.004, 0.0005, cost);
+    CHECK(fabs(cost[1] - 0.0055) < 1e-7 && fabs(cost[4] - 0.0062) < 1e-7);
     /* a step hit by noise (10x) moves the estimate by 5% of at most twice it; a faster one by 30% of the gap */
     bt_spec_curve_add(&c, 1, 0, 0.05);
     CHECK(fabs(c.t[0][0] - 0.00525) < 1e-7);
