@@ -220,7 +220,6 @@ void bt_cpu_packed_free(bt_cpu_packed *p);
 void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *act, size_t act_stride, int nr,
                             float *out, size_t out_stride, int n_valid);
 
-/* out[n_rows][n_out] = x[n_rows][n_in] * W^T, W = w[n_out][n_in] in GGUF type wtype (rows contiguous). */
 /* Where the next matmul run's packed weights start: with fewer activation rows than stream one slice per thread,
  * the last group of slice i prefetches the first group of slice i there, so that matmul does not start with a wait
  * on memory (the next run's threads mostly take the same slice numbers). Only addresses are computed from it and
@@ -231,6 +230,7 @@ typedef struct bt_cpu_next_hint {
     size_t group_bytes; /* bt_cpu_packed.group_bytes */
 } bt_cpu_next_hint;
 
+/* out[n_rows][n_out] = x[n_rows][n_in] * W^T, W = w[n_out][n_in] in GGUF type wtype (rows contiguous). */
 typedef struct bt_cpu_matmul {
     const bt_cpu_ops *ops;
     uint32_t wtype;
