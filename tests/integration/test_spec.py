@@ -380,7 +380,8 @@ def test_per_request_opt_out(default_model, tmp_path):
 
 
 def test_spec_replay_tool(default_model, tmp_path):
-    """tools/spec_replay.py replays real greedy outputs: the oracle k is never worse than drafting every token."""
+    """tools/spec_replay.py replays real greedy outputs: the oracle k is never worse than drafting every token or
+    than the engine's own plan (replayed, learning its step-cost curve)."""
     import json
     import sys
     from conftest import ROOT
@@ -393,8 +394,8 @@ def test_spec_replay_tool(default_model, tmp_path):
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     assert set(rows) == {"copy", "raw", "all"}, r.stdout
     for name in ("copy", "raw", "all"):
-        fixed, oracle = (float(x.rstrip("x")) for x in rows[name][-2:])
-        assert oracle >= fixed > 0 and oracle >= 1.0, r.stdout
+        fixed, plan, oracle = (float(x.rstrip("x")) for x in rows[name][-3:])
+        assert oracle >= fixed > 0 and oracle >= plan > 0 and oracle >= 1.0, r.stdout
     # --curve: measured step times by row count. A flat curve makes draft rows free, so drafting every token costs
     # what drafting the kept ones does (the same steps emit the same tokens)
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "spec_replay.py"), "--workload", str(wl), "--baton",
@@ -402,8 +403,8 @@ def test_spec_replay_tool(default_model, tmp_path):
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     flat = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
-    fixed, oracle = (float(x.rstrip("x")) for x in flat["all"][-2:])
-    assert fixed == oracle >= 1.0 and oracle >= float(rows["all"][-1].rstrip("x")), r.stdout
+    fixed, plan, oracle = (float(x.rstrip("x")) for x in flat["all"][-3:])
+    assert fixed == oracle >= 1.0 and oracle >= plan > 0 and oracle >= float(rows["all"][-1].rstrip("x")), r.stdout
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "spec_replay.py"), "--workload", str(wl), "--curve", "5,x"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--curve wants milliseconds" in r.stderr, r.stderr
