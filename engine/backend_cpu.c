@@ -709,16 +709,17 @@ static int32_t attn_run_end(const bt_attn_args *a, int32_t t, int32_t chunk)
  * 9 tasks). Each query token's blocks and their order stay the same, so its bits do not depend on the chunk. */
 static int32_t attn_chunk(const bt_attn_args *a, int nth)
 {
-    size_t tasks = 0;
+    size_t tasks = 0, want = (size_t)ATTN_MIN_TASKS * (size_t)nth;
     int32_t longest = 1;
+    if (nth < 2) return ATTN_CHUNK;
     for (int32_t t = 0; t < a->n_tokens; t++) {
         int32_t r = t;
         t = attn_run_end(a, t, ATTN_CHUNK);
         tasks += ((size_t)(a->pos[t] / (BT_KV_BLOCK * ATTN_SEG_BLOCKS)) + 1) * (size_t)a->n_head_kv;
+        if (tasks >= want) return ATTN_CHUNK; /* enough already (a batch of sequences, a prompt chunk) */
         if (t - r + 1 > longest) longest = t - r + 1;
     }
-    size_t want = (size_t)ATTN_MIN_TASKS * (size_t)nth;
-    if (nth < 2 || tasks == 0 || tasks >= want || longest == 1) return ATTN_CHUNK;
+    if (tasks == 0 || longest == 1) return ATTN_CHUNK;
     size_t split = (want + tasks - 1) / tasks; /* pieces per run */
     int32_t c = (int32_t)(((size_t)longest + split - 1) / split);
     return c < 1 ? 1 : c;

@@ -65,14 +65,20 @@ def step_cost(rows, step, row, curve):
     return curve[-1] + last * (rows - len(curve))
 
 
+def kept_count(drafts, out, i):
+    """How many of the drafts proposed after out[i] greedy decoding would keep (they match out[i + 1], ...)."""
+    kept = 0
+    while kept < len(drafts) and i + 1 + kept < len(out) and drafts[kept] == out[i + 1 + kept]:
+        kept += 1
+    return kept
+
+
 def replay(prompt, out, nmin, nmax, k_max, cost, oracle):
     """Milliseconds to decode out after prompt with drafting; every step emits the kept drafts plus one token."""
     ms, i = 0.0, 0
     while i < len(out):
         drafts = propose(prompt + out[:i + 1], nmin, nmax, k_max) if i + 1 < len(out) else []
-        kept = 0
-        while kept < len(drafts) and i + 1 + kept < len(out) and drafts[kept] == out[i + 1 + kept]:
-            kept += 1
+        kept = kept_count(drafts, out, i)
         ms += cost(1 + (kept if oracle else len(drafts)))
         i += 1 + kept
     return ms
@@ -142,9 +148,7 @@ def replay_plan(items, nmin, nmax, k_max, true_cost, fixed, per_row):
         i = 0
         while i < len(out):
             drafts, n = propose_n(prompt + out[:i + 1], nmin, nmax, k_max) if i + 1 < len(out) else ([], 0)
-            kept = 0
-            while kept < len(drafts) and i + 1 + kept < len(out) and drafts[kept] == out[i + 1 + kept]:
-                kept += 1
+            kept = kept_count(drafts, out, i)
             k = 0
             if drafts:
                 cls = 1 if n == 1 else 0  # the n-gram proposer's draft classes
@@ -193,7 +197,8 @@ def main():
     ap.add_argument("--row-ms", type=float, default=0.61, help="what one row adds (default 0.61); with --curve, as "
                     "--step-ms")
     ap.add_argument("--curve", default="", help="measured ms of a step of 1, 2, 3, ... rows, comma-separated "
-                    "(instead of --step-ms and --row-ms)")
+                    "(the steps' true cost instead of --step-ms and --row-ms, which then only price the plan's "
+                    "unmeasured sizes)")
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--ngram", default="2-4", help="n-gram lengths MIN-MAX (default 2-4)")
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -220,9 +220,9 @@ void bt_cpu_packed_free(bt_cpu_packed *p);
 void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *act, size_t act_stride, int nr,
                             float *out, size_t out_stride, int n_valid);
 
-/* Where the next matmul run's packed weights start: with fewer activation rows than stream one slice per thread,
- * the last group of slice i prefetches the first group of slice i there, so that matmul does not start with a wait
- * on memory (the next run's threads mostly take the same slice numbers). Only addresses are computed from it and
+/* Where the next matmul run's packed weights start. When the run streams one slice per thread (few activation
+ * rows), the last group of slice i prefetches the first group of slice i there, so that matmul does not start with
+ * a wait on memory (the next run's threads mostly take the same slice numbers). Only addresses are computed from it and
  * prefetches never fault, so a stale hint costs a useless prefetch and never changes a result. */
 typedef struct bt_cpu_next_hint {
     const void *data;   /* bt_cpu_packed.data, NULL: no hint */
