@@ -2,7 +2,7 @@
 # Prepares the folder that tools/gpu-check.sh runs from on a bare GPU machine (no toolkit, no registry): the CUDA
 # test binary (op tests, forward-pass and invariance checks, --bench; it writes its tiny models itself with baton's
 # GGUF writer), libbaton_cuda.so (cudart linked statically: the machine needs only the NVIDIA driver, R580+ for the
-# CUDA 13 runtime), the default model's first 4 layers and the check script. About 48 MiB, inside the device
+# CUDA 13 runtime), the default model's first 4 layers and the check script. About 50 MiB, inside the device
 # tool's 64 MiB carry limit.
 #   tools/gpu-check-prepare.sh [BUILD_DIR (build)] [CARRY_DIR (build-cuda)]
 set -eu

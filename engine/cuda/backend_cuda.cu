@@ -128,14 +128,25 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
             } else {
                 for (int j = 0; j < 32; j++) y[j] = 0.0f;
             }
-            for (int j = 0; j < 32; j++) sw[r][32 * cc + j] = __float2half_rn(y[j]);
+            /* f16 eight at a time: one 16-byte store and four paired conversions instead of 8 and 8 */
+#pragma unroll
+            for (int j = 0; j < 32; j += 8) {
+                __align__(16) half2 h[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) h[q] = __floats2half2_rn(y[j + 2 * q], y[j + 2 * q + 1]);
+                *(uint4 *)&sw[r][32 * cc + j] = *(const uint4 *)h;
+            }
         }
-        for (int i = tid; i < BM * MM_BK; i += MM_THREADS) {
-            int r = i / MM_BK, kk = i % MM_BK;
-            float v = (m0 + r < M && k0 + kk < ke)
-                          ? x[(size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk)] * xs[m0 + r]
-                          : 0.0f;
-            sx[r][kk] = __float2half_rn(v);
+        /* activations in pairs (K is a multiple of 32, type_ok): half the loads, conversions and stores of one element
+         * at a time, which cost 10% of decode and 25% of prefill on an H200; rows past M are zeros */
+        for (int q = tid; q < BM * MM_BK / 2; q += MM_THREADS) {
+            int r = 2 * q / MM_BK, kk = 2 * q % MM_BK;
+            half2 h = __float2half2_rn(0.0f);
+            if (m0 + r < M && k0 + kk < ke) {
+                const float *xr = x + (size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk);
+                h = __floats2half2_rn(xr[0] * xs[m0 + r], xr[1] * xs[m0 + r]);
+            }
+            *(half2 *)&sx[r][kk] = h;
         }
         __syncthreads();
         for (int ks = 0; ks < MM_BK; ks += 16) {

@@ -1,8 +1,9 @@
 /* engine/cuda (libbaton_cuda.so through engine/backend_cuda.c) against the CPU scalar references and the CPU
- * backend: every op within a stated bound, the forward pass (top-1 agreement >= 99% with the CPU backend, itself
- * checked against the float64 logit oracle in tests/integration), batch invariance on the GPU, and with --bench the
- * decode bandwidth and prefill rate. Needs a GPU: registered with ctest only when CMake saw one (tests/CMakeLists.txt),
- * run by tools/gpu-check.sh on a lent GPU machine. Exits 77 ("SKIP: no CUDA device") when started without one.
+ * backend: every op within a stated bound, the forward pass (top-1 agrees with the CPU backend's but for near ties;
+ * the CPU backend is itself checked against the float64 logit oracle in tests/integration), batch invariance on the
+ * GPU, and with --bench the decode bandwidth and prefill rate. Needs a GPU: registered with ctest only when CMake saw
+ * one (tests/CMakeLists.txt), run by tools/gpu-check.sh on a lent GPU machine. Exits 77 ("SKIP: no CUDA device")
+ * when started without one.
  *
  * Bounds (why): matmul runs f16 x f16 products with f32 accumulation, so |gpu - ref| <= 4e-3 * sum |w x| + 1e-6
  * against a float64 dot of the CPU-dequantized weights; element-wise ops, rmsnorm and rope differ from the CPU only by
@@ -418,23 +419,39 @@ static void compare_forward(bt_model *m, const int32_t *tokens, int32_t L, const
         printf("forward %s: %.3f ms per decode step on the backend under test (%d layers; host overhead shows here)\n",
                label, gpu_s / gpu_steps * 1e3, m->hp.n_layer);
     CHECK_MSG(ok, "forward %s: %s", label, bt_last_error());
-    int agree = 0;
+    /* A position where the two top-1s differ is a near tie when the CPU's own logits put the GPU's pick within 8x
+     * the position's RMS logit error of its top-1: f16 tiles move every logit a little, and a 4-layer slice of a
+     * real model has flat distributions where that flips the order. Every other disagreement is a failure. */
+    int agree = 0, ties = 0;
     double d2 = 0, v2 = 0;
     for (int32_t p = 0; p < L; p++) {
+        const float *c = lc + (size_t)p * V, *g = lg + (size_t)p * V;
         int ac = 0, ag = 0;
+        double pd2 = 0;
         for (int32_t j = 1; j < V; j++) {
-            if (lc[(size_t)p * V + j] > lc[(size_t)p * V + ac]) ac = j;
-            if (lg[(size_t)p * V + j] > lg[(size_t)p * V + ag]) ag = j;
+            if (c[j] > c[ac]) ac = j;
+            if (g[j] > g[ag]) ag = j;
         }
-        agree += ac == ag;
         for (int32_t j = 0; j < V; j++) {
-            double d = (double)lg[(size_t)p * V + j] - lc[(size_t)p * V + j];
-            d2 += d * d, v2 += (double)lc[(size_t)p * V + j] * lc[(size_t)p * V + j];
+            double d = (double)g[j] - c[j];
+            pd2 += d * d, v2 += (double)c[j] * c[j];
+        }
+        d2 += pd2;
+        double rms = sqrt(pd2 / V), margin = (double)c[ac] - c[ag];
+        if (ac == ag) {
+            agree++;
+        } else {
+            int tie = margin <= 8 * rms;
+            ties += tie;
+            printf("forward %s: position %d: top-1 %d (cpu) vs %d (gpu), cpu margin %.4f, rms logit error %.4f: %s\n",
+                   label, p, ac, ag, margin, rms, tie ? "near tie" : "DISAGREES");
         }
     }
     double rel = sqrt(d2 / (v2 > 0 ? v2 : 1));
-    printf("forward %s: top-1 agreement %d/%d, relative L2 error of logits %.2e\n", label, agree, L, rel);
-    CHECK_MSG(agree >= (99 * L + 99) / 100, "forward %s: top-1 agreement %d/%d", label, agree, L);
+    printf("forward %s: top-1 agreement %d/%d (%d near ties), relative L2 error of logits %.2e\n", label, agree, L,
+           ties, rel);
+    CHECK_MSG(agree + ties == L, "forward %s: %d of %d top-1s differ beyond a near tie", label, L - agree - ties, L);
+    CHECK_MSG(agree >= (95 * L + 99) / 100, "forward %s: top-1 agreement %d/%d", label, agree, L);
     CHECK_MSG(rel < 2e-2, "forward %s: relative L2 error %.3g", label, rel);
     free(lc), free(lg);
     fenv_close(&ec);
@@ -639,6 +656,20 @@ static void sync_gpu(void *dev)
 /* Device-to-device copy bandwidth (read + write bytes) and the WMMA rate, then per weight type the matmul's weight
  * bandwidth at 1 and 16 rows (decode: weight bytes / time, against the copy bandwidth) and its rate at 512 rows
  * (prefill, against the WMMA rate). */
+/* whether the comma-separated list holds name */
+static int csv_has(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 static int bench(void)
 {
     size_t big = (size_t)1 << 30;
@@ -666,8 +697,10 @@ static int bench(void)
     float *x = malloc((size_t)K * 512 * 4);
     for (int64_t i = 0; i < K * 512; i++) x[i] = frand();
     float *xd = dev_from(x, (size_t)K * 512 * 4);
+    const char *only = getenv("BATON_BENCH_TYPES"); /* e.g. "Q4_1,Q8_0": those types alone */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const bt_ggml_type_info *inf = bt_ggml_type_get(types[ti]);
+        if (only && !csv_has(only, bt_ggml_type_name(types[ti]))) continue;
         size_t rowb = (size_t)(K / inf->block_elems) * inf->block_bytes;
         int64_t N = (int64_t)((big / nm) / rowb) / 64 * 64;
         size_t wb;
