@@ -17,6 +17,7 @@ static const char *const prof_names[P_N] = {"embed", "rmsnorm", "qkv", "rope", "
 
 typedef struct prof_acc {
     double sec[P_N];
+    double wall; /* the whole bt_forward_run, every lane and the wait for the last one included */
     long steps, tokens, lane_steps;
 } prof_acc;
 
@@ -80,9 +81,9 @@ static void prof_log(const bt_forward *fw)
             n += snprintf(line + n, sizeof line - (size_t)n, " %s %.3f", prof_names[k], a->sec[k] * 1e3 / (double)a->steps);
         char lanes[64] = "";
         if (a->lane_steps) snprintf(lanes, sizeof lanes, ", %ld on lanes: lane 0's times", a->lane_steps);
-        BT_INFO("forward", "profile of %ld %s steps (%.1f tokens/step%s), %.3f ms/step:%s", a->steps,
+        BT_INFO("forward", "profile of %ld %s steps (%.1f tokens/step%s), %.3f ms/step (wall %.3f):%s", a->steps,
                 c == 0 ? "decode" : "prefill", (double)a->tokens / (double)a->steps, lanes,
-                total * 1e3 / (double)a->steps, line);
+                total * 1e3 / (double)a->steps, a->wall * 1e3 / (double)a->steps, line);
     }
 }
 
@@ -384,7 +385,18 @@ static int lanes_for(const bt_forward *fw, const bt_batch *b)
     return n;
 }
 
+static bt_status forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits);
+
 bt_status bt_forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits)
+{
+    if (!fw->profile) return forward_run(fw, kv, b, logits);
+    double t0 = mono_s();
+    bt_status st = forward_run(fw, kv, b, logits);
+    if (fw->cur) fw->cur->wall += mono_s() - t0;
+    return st;
+}
+
+static bt_status forward_run(bt_forward *fw, bt_kv_pool *kv, const bt_batch *b, float *logits)
 {
     bt_status st = check_batch(fw, kv, b);
     if (st) return st;

@@ -80,6 +80,8 @@ def test_profile_logs_op_times_without_changing_output(baton_bin, default_model)
     assert set(lines) == {"decode", "prefill"}, prof.stderr
     decode = lines["decode"]
     assert re.search(r"profile of 11 decode steps \(1\.0 tokens/step\)", decode), decode
+    total, wall = map(float, re.search(r"(\d+\.\d+) ms/step \(wall (\d+\.\d+)\)", decode).groups())
+    assert wall >= total > 0, decode  # the whole forward pass holds every op's time
     times = dict(re.findall(r" (\w+) (\d+\.\d+)", decode.split(":", 1)[1]))
     for op in ("embed", "rmsnorm", "qkv", "rope", "kv_write", "attention", "wo", "gate_up", "swiglu", "down", "add",
                "output"):
