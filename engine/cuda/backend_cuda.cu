@@ -89,6 +89,11 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         out += (size_t)blockIdx.z * (size_t)M * (size_t)N;
         bias = NULL;
     }
+    /* the tile's rows past M (a decode tile of 1 row: 15 of 16) stay zero: zeroed once here, not staged every step
+     * (the first step's barrier orders these stores before any MMA reads them) */
+    const int mrows = M - m0 < BM ? M - m0 : BM;
+    for (int q = tid; q < (BM - mrows) * MM_BK / 2; q += MM_THREADS)
+        *(half2 *)&sx[mrows + 2 * q / MM_BK][2 * q % MM_BK] = __float2half2_rn(0.0f);
     for (int64_t k0 = kb; k0 < ke; k0 += MM_BK) {
         /* quantized weights: the tile's raw bytes first, row after row, consecutive threads reading consecutive
          * words (coalesced; the blocks' own fields are only 2-byte aligned), then dequantized from shared memory */
@@ -97,22 +102,7 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
         int64_t c0 = 0;
         if constexpr (blk_bytes<T>() > 0) {
             tile_span<T>(k0, ke, &off, &len, &c0);
-            const int rows = N - n0 < MM_BN ? (int)(N - n0) : MM_BN;
-            if (((uintptr_t)w | rb | off | (size_t)len) % 4 == 0) {
-                const int wpr = len / 4;
-                for (int e = tid; e < rows * wpr; e += MM_THREADS) {
-                    int r = e / wpr, o = e % wpr;
-                    ((uint32_t *)(raw + r * TILE_SPAN_MAX))[o] =
-                        ((const uint32_t *)(w + (size_t)(n0 + r) * rb + off))[o];
-                }
-            } else {
-                const int hpr = len / 2;
-                for (int e = tid; e < rows * hpr; e += MM_THREADS) {
-                    int r = e / hpr, o = e % hpr;
-                    ((uint16_t *)(raw + r * TILE_SPAN_MAX))[o] =
-                        ((const uint16_t *)(w + (size_t)(n0 + r) * rb + off))[o];
-                }
-            }
+            stage_tile<T, MM_BN, MM_THREADS>(raw, w, rb, n0, N - n0 < MM_BN ? (int)(N - n0) : MM_BN, off, len, tid);
             __syncthreads();
         }
         /* weights: 64 rows x 4 chunks = 256 chunks, two per thread */
@@ -138,11 +128,11 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(const uint8_t *w, size_t 
             }
         }
         /* activations in pairs (K is a multiple of 32, type_ok): half the loads, conversions and stores of one element
-         * at a time, which cost 10% of decode and 25% of prefill on an H200; rows past M are zeros */
-        for (int q = tid; q < BM * MM_BK / 2; q += MM_THREADS) {
+         * at a time, which cost 10% of decode and 25% of prefill on an H200; the rows past M were zeroed once */
+        for (int q = tid; q < mrows * MM_BK / 2; q += MM_THREADS) {
             int r = 2 * q / MM_BK, kk = 2 * q % MM_BK;
             half2 h = __float2half2_rn(0.0f);
-            if (m0 + r < M && k0 + kk < ke) {
+            if (k0 + kk < ke) {
                 const float *xr = x + (size_t)(m0 + r) * (size_t)K + (size_t)(k0 + kk);
                 h = __floats2half2_rn(xr[0] * xs[m0 + r], xr[1] * xs[m0 + r]);
             }

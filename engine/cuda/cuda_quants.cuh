@@ -185,4 +185,52 @@ __host__ __device__ inline void tile_span(int64_t k0, int64_t ke, size_t *off, i
     *c0 = b0 * (blk_elems<T>() / 32);
 }
 
+/* Bytes of the tile of one whole K step (128 elements) of type T: four legacy blocks, or the K-quant super-block
+ * that holds it (what tile_span returns for a step that ends before the row does). */
+template <int T>
+__host__ __device__ constexpr int full_span()
+{
+    return blk_elems<T>() == 32 ? 4 * blk_bytes<T>() : blk_bytes<T>();
+}
+
+/* Thread tid's share (of NT threads) of copying the tile bytes [off, off + len) of weight rows n0 .. n0 + rows - 1
+ * (rows <= BN) into raw, row r at raw + r * TILE_SPAN_MAX. Consecutive threads copy consecutive words (halves where
+ * the bytes are only 2-byte aligned), so the global reads coalesce. A whole tile of BN rows, the common case, takes
+ * a path where the units per row are a compile-time constant: an index's row and offset are then a multiply-high
+ * and a shift, where the general path divides by a run-time count (about 20 instructions a division, which bounded
+ * the matmul's decode rate on the GPU: it is issue-bound). Both paths copy the same bytes (test_cuda_quants). */
+template <int T, int BN, int NT>
+__host__ __device__ inline void stage_tile(unsigned char *raw, const uint8_t *w, size_t rb, int64_t n0, int rows,
+                                           size_t off, int len, int tid)
+{
+    constexpr int FULL = full_span<T>();
+    const uint8_t *base = w + (size_t)n0 * rb + off;
+    const bool words = ((uintptr_t)w | rb | off | (size_t)len) % 4 == 0;
+    if (len == FULL && rows == BN && words) {
+        constexpr int WPR = FULL / 4;
+        for (int e = tid; e < BN * WPR; e += NT) {
+            int r = e / WPR, o = e - r * WPR;
+            ((uint32_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint32_t *)(base + (size_t)r * rb))[o];
+        }
+    } else if (len == FULL && rows == BN) {
+        constexpr int HPR = FULL / 2;
+        for (int e = tid; e < BN * HPR; e += NT) {
+            int r = e / HPR, o = e - r * HPR;
+            ((uint16_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint16_t *)(base + (size_t)r * rb))[o];
+        }
+    } else if (words) {
+        const int wpr = len / 4;
+        for (int e = tid; e < rows * wpr; e += NT) {
+            int r = e / wpr, o = e % wpr;
+            ((uint32_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint32_t *)(base + (size_t)r * rb))[o];
+        }
+    } else {
+        const int hpr = len / 2;
+        for (int e = tid; e < rows * hpr; e += NT) {
+            int r = e / hpr, o = e % hpr;
+            ((uint16_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint16_t *)(base + (size_t)r * rb))[o];
+        }
+    }
+}
+
 #endif

@@ -116,6 +116,57 @@ static void check_span(uint32_t t)
     }
 }
 
+/* stage_tile run by all 128 threads of a block (one after another) copies exactly each row's tile span to its
+ * place in the staging buffer and writes nothing else: whole tiles of 64 rows (the constant-count paths), a
+ * matrix's last rows, a last partial K step, and rows whose bytes are only 2-byte aligned. */
+template <int T>
+static void check_stage(uint32_t t)
+{
+    static const int64_t Ks[] = {1024, 1024 + 96, 32 * 37, 256 * 5};
+    static const int row_counts[] = {64, 37};
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        int64_t K = Ks[ki];
+        size_t rb = row_bytes(t, K);
+        if (!rb) continue;
+        for (size_t ri = 0; ri < 2; ri++) {
+            int rows = row_counts[ri];
+            const int64_t n0 = 3; /* a few rows in: the block's first row is not the matrix's */
+            size_t bytes = (size_t)(n0 + rows) * rb;
+            uint8_t *w = (uint8_t *)malloc(bytes + 4);
+            for (size_t i = 0; i < bytes + 4; i++) w[i] = (uint8_t)test_rand_next(&rng);
+            static unsigned char raw[64 * TILE_SPAN_MAX] __attribute__((aligned(16)));
+            for (int64_t k0 = 0; k0 < K; k0 += 128) {
+                size_t off;
+                int len;
+                int64_t c0;
+                tile_span<T>(k0, K, &off, &len, &c0);
+                memset(raw, 0xA5, sizeof raw);
+                for (int tid = 0; tid < 128; tid++) stage_tile<T, 64, 128>(raw, w, rb, n0, rows, off, len, tid);
+                int bad = 0;
+                for (int r = 0; r < 64 && !bad; r++)
+                    for (int b = 0; b < TILE_SPAN_MAX && !bad; b++) {
+                        unsigned char want = r < rows && b < len ? w[(size_t)(n0 + r) * rb + off + (size_t)b] : 0xA5;
+                        bad = raw[r * TILE_SPAN_MAX + b] != want;
+                        CHECK_MSG(!bad, "%s K %lld rows %d k0 %lld: staged byte %d of row %d wrong",
+                                  bt_ggml_type_name(t), (long long)K, rows, (long long)k0, b, r);
+                    }
+            }
+            free(w);
+        }
+    }
+}
+
+static void test_stage_tile(void)
+{
+    check_stage<T_Q4_0>(BT_TYPE_Q4_0);
+    check_stage<T_Q4_1>(BT_TYPE_Q4_1);
+    check_stage<T_Q5_0>(BT_TYPE_Q5_0);
+    check_stage<T_Q5_1>(BT_TYPE_Q5_1);
+    check_stage<T_Q8_0>(BT_TYPE_Q8_0);
+    check_stage<T_Q4_K>(BT_TYPE_Q4_K);
+    check_stage<T_Q6_K>(BT_TYPE_Q6_K);
+}
+
 static void test_tile_spans(void)
 {
     check_span<T_Q4_0>(BT_TYPE_Q4_0);
@@ -138,5 +189,6 @@ int main(void)
 {
     RUN(test_every_type);
     RUN(test_tile_spans);
+    RUN(test_stage_tile);
     return test_summary();
 }
