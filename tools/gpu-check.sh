@@ -5,7 +5,8 @@
 #      models of 7 weight types and on the default model's first 4 layers (top-1 the same but for near ties), batch
 #      invariance on the GPU                                                      -> $OUT/ops.txt
 #   2. decode bandwidth at batch 1 over 1 GiB of weights per type, as a fraction of the measured device-to-device
-#      copy bandwidth, and the prefill rate at 512 rows                            -> $OUT/bench.txt
+#      copy bandwidth, the prefill rate at 512 rows, and the forward pass's speed on the sliced model (prefill 512,
+#      decode of 1 and of 16 sequences) on the GPU and on the machine's CPU cores  -> $OUT/bench.txt
 #   3. the machine (nvidia-smi), the commit tested and a one-screen verdict       -> $OUT/gpu.txt, $OUT/summary.txt
 # Exit status 0 only when step 1 passed. $OUT defaults to ./gpu-check-out.
 set -u
@@ -43,6 +44,8 @@ done
 t1=$(date +%s)
 timeout 90 "$bin" --bench >"$OUT/bench.txt" 2>&1
 bench_rc=$?
+# the forward pass end to end (the sliced model; GPU and this machine's CPU cores): prefill, decode of 1 and 16
+timeout 120 "$bin" speed >>"$OUT/bench.txt" 2>&1 || bench_rc=$?
 t2=$(date +%s)
 
 {
@@ -57,7 +60,7 @@ t2=$(date +%s)
     grep -E "^op " "$OUT/ops.txt"
     grep -E "^forward|^batch invariance|^scheduler" "$OUT/ops.txt"
     echo "bench (exit $bench_rc, $((t2 - t1)) s):"
-    grep -E "^bench" "$OUT/bench.txt"
+    grep -E "^(bench|speed)" "$OUT/bench.txt"
 } >"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 exit $ops_rc

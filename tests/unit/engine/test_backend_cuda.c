@@ -638,6 +638,95 @@ static void test_scheduler(void)
     bt_model_free(m);
 }
 
+/* ---- forward-pass speed (group "speed": prints figures, asserts only that the runs succeed) ---- */
+
+/* Rows [0, n) of one step: row i is token toks[i] of sequence seq[i] at position pos[i]; the logits of the rows in
+ * lrows come back to the host, as the scheduler asks for them. */
+static int speed_step(fenv *e, const bt_seq_view *sv, int32_t n_seqs, const int32_t *toks, const int32_t *pos,
+                      const int32_t *seq, int32_t n, const int32_t *lrows, int32_t n_logits, float *logits)
+{
+    bt_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seq, .seqs = sv, .n_seqs = n_seqs,
+                  .logit_rows = lrows, .n_logits = n_logits};
+    return bt_forward_run(e->fw, e->kv, &b, logits) ? -1 : 0;
+}
+
+/* On backend be: a 512-token prompt in chunks of 128 (last row's logits), 32 decode steps of that sequence, then 16
+ * sequences of 16-token prompts and 32 decode steps of all 16 (every row's logits). */
+static void speed_on(bt_model *m, bt_backend *be, const char *label, const char *where)
+{
+    enum { S = 16, STEPS = 32 };
+    const int32_t V = m->hp.n_vocab;
+    int32_t toks[512], pos[512], seq[512], lrows[S], table[S * 4];
+    float *logits = malloc((size_t)S * (size_t)V * 4);
+    REQUIRE(logits);
+    for (int i = 0; i < 512; i++) toks[i] = (int32_t)(((int64_t)i * 7919 + 13) % V), seq[i] = 0;
+    fenv e;
+    REQUIRE(fenv_open(&e, m, be) == 0);
+    REQUIRE(bt_kv_pool_alloc(e.kv, 34, table) == BT_OK); /* 544 positions */
+    bt_seq_view one = {.block_table = table, .n_blocks = 34};
+    int ok = 1;
+    double t0 = now_s();
+    for (int32_t p = 0; p < 512 && ok; p += 128) {
+        for (int i = 0; i < 128; i++) pos[i] = p + i;
+        int32_t last = 127;
+        ok = speed_step(&e, &one, 1, toks + p, pos, seq, 128, &last, 1, logits) == 0;
+    }
+    double t_pre = now_s() - t0;
+    t0 = now_s();
+    for (int s = 0; s < STEPS && ok; s++) {
+        int32_t p = 512 + s, zero = 0;
+        ok = speed_step(&e, &one, 1, &toks[s], &p, &zero, 1, &zero, 1, logits) == 0;
+    }
+    double t_one = (now_s() - t0) / STEPS;
+    fenv_close(&e);
+    CHECK_MSG(ok, "speed %s on %s: %s", label, where, bt_last_error());
+    REQUIRE(fenv_open(&e, m, be) == 0);
+    REQUIRE(bt_kv_pool_alloc(e.kv, S * 4, table) == BT_OK);
+    bt_seq_view sv[S];
+    for (int i = 0; i < S; i++) sv[i] = (bt_seq_view){.block_table = table + 4 * i, .n_blocks = 4};
+    for (int half = 0; half < 2 && ok; half++) { /* the prompts: 8 sequences x 16 tokens per step */
+        for (int i = 0; i < 128; i++) seq[i] = 8 * half + i / 16, pos[i] = i % 16;
+        for (int i = 0; i < 8; i++) lrows[i] = 16 * i + 15;
+        ok = speed_step(&e, sv, S, toks + 128 * half, pos, seq, 128, lrows, 8, logits) == 0;
+    }
+    t0 = now_s();
+    for (int s = 0; s < STEPS && ok; s++) {
+        for (int i = 0; i < S; i++) seq[i] = i, pos[i] = 16 + s, lrows[i] = i;
+        ok = speed_step(&e, sv, S, toks + s, pos, seq, S, lrows, S, logits) == 0;
+    }
+    double t_many = (now_s() - t0) / STEPS;
+    fenv_close(&e);
+    free(logits);
+    CHECK_MSG(ok, "speed %s on %s: %s", label, where, bt_last_error());
+    printf("speed %s on %s: prefill 512 %.0f tok/s; decode 1 sequence %.3f ms/step (%.0f tok/s), %d sequences "
+           "%.3f ms/step (%.0f tok/s)\n", label, where, 512 / t_pre, t_one * 1e3, 1 / t_one, S, t_many * 1e3,
+           S / t_many);
+}
+
+/* The real model's first layers ($BATON_TEST_MODEL) or else a tiny model, on the backend under test and on the CPU
+ * backend (this machine's cores), in one process: what the forward pass gives end to end, host work and logits'
+ * copies included, where --bench measures one matmul. */
+static void test_speed(void)
+{
+    const char *path = getenv("BATON_TEST_MODEL");
+    char tiny[512];
+    if (!path || !*path) {
+        tiny_model_opts o = {.matrix_type = BT_TYPE_Q4_1, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
+                             .n_vocab = 512, .n_layer = 2, .seed = 9};
+        tiny_model_defaults(&o);
+        snprintf(tiny, sizeof tiny, "%s/speed.gguf", test_tmpdir());
+        REQUIRE(tiny_model_write(tiny, &o) == 0);
+        path = tiny;
+    }
+    bt_model *m;
+    REQUIRE(bt_model_load(path, &m) == BT_OK);
+    char label[200];
+    snprintf(label, sizeof label, "%s (%d layers)", m->name, m->hp.n_layer);
+    speed_on(m, gpu, label, "the backend under test");
+    speed_on(m, cpu, label, "the CPU backend");
+    bt_model_free(m);
+}
+
 /* ---- benchmark ---- */
 
 static double now_s(void)
@@ -774,7 +863,7 @@ int main(int argc, char **argv)
         {"embed", test_embed}, {"elementwise", test_elementwise}, {"matmul", test_matmul},
         {"matmul", test_matmul_large},
         {"attention", test_attention}, {"forward", test_forward}, {"invariance", test_batch_invariance},
-        {"model", test_real_model}, {"scheduler", test_scheduler},
+        {"model", test_real_model}, {"scheduler", test_scheduler}, {"speed", test_speed},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         int want = argc < 2;
