@@ -193,44 +193,40 @@ __host__ __device__ constexpr int full_span()
     return blk_elems<T>() == 32 ? 4 * blk_bytes<T>() : blk_bytes<T>();
 }
 
-/* Thread tid's share (of NT threads) of copying the tile bytes [off, off + len) of weight rows n0 .. n0 + rows - 1
- * (rows <= BN) into raw, row r at raw + r * TILE_SPAN_MAX. Consecutive threads copy consecutive words (halves where
- * the bytes are only 2-byte aligned), so the global reads coalesce. A whole tile of BN rows, the common case, takes
- * a path where the units per row are a compile-time constant: an index's row and offset are then a multiply-high
- * and a shift, where the general path divides by a run-time count (about 20 instructions a division, which bounded
- * the matmul's decode rate on the GPU: it is issue-bound). Both paths copy the same bytes (test_cuda_quants). */
+/* Thread tid's share (of NT threads) of copying units of type U, upr per row, of `rows` rows at stride rb from base
+ * into raw, row r at raw + r * TILE_SPAN_MAX; consecutive threads copy consecutive units (the global reads
+ * coalesce). UPR > 0 makes the count a compile-time constant: an index's row and offset are then a multiply-high and
+ * a shift instead of a run-time division (about 20 instructions, which bounded the matmul's decode rate on the GPU:
+ * it is issue-bound). */
+template <typename U, int UPR, int NT>
+__host__ __device__ inline void copy_units(unsigned char *raw, const uint8_t *base, size_t rb, int rows, int upr,
+                                           int tid)
+{
+    const int n = UPR > 0 ? UPR : upr;
+    for (int e = tid; e < rows * n; e += NT) {
+        int r = e / n, o = e - r * n;
+        ((U *)(raw + r * TILE_SPAN_MAX))[o] = ((const U *)(base + (size_t)r * rb))[o];
+    }
+}
+
+/* Thread tid's share of copying the tile bytes [off, off + len) of weight rows n0 .. n0 + rows - 1 (rows <= BN)
+ * into raw: words, or halves where the bytes are only 2-byte aligned; a whole tile of BN rows, the common case, with
+ * the units per row known at compile time. Every path copies the same bytes (test_cuda_quants). */
 template <int T, int BN, int NT>
 __host__ __device__ inline void stage_tile(unsigned char *raw, const uint8_t *w, size_t rb, int64_t n0, int rows,
                                            size_t off, int len, int tid)
 {
     constexpr int FULL = full_span<T>();
     const uint8_t *base = w + (size_t)n0 * rb + off;
-    const bool words = ((uintptr_t)w | rb | off | (size_t)len) % 4 == 0;
-    if (len == FULL && rows == BN && words) {
-        constexpr int WPR = FULL / 4;
-        for (int e = tid; e < BN * WPR; e += NT) {
-            int r = e / WPR, o = e - r * WPR;
-            ((uint32_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint32_t *)(base + (size_t)r * rb))[o];
-        }
-    } else if (len == FULL && rows == BN) {
-        constexpr int HPR = FULL / 2;
-        for (int e = tid; e < BN * HPR; e += NT) {
-            int r = e / HPR, o = e - r * HPR;
-            ((uint16_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint16_t *)(base + (size_t)r * rb))[o];
-        }
-    } else if (words) {
-        const int wpr = len / 4;
-        for (int e = tid; e < rows * wpr; e += NT) {
-            int r = e / wpr, o = e % wpr;
-            ((uint32_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint32_t *)(base + (size_t)r * rb))[o];
-        }
-    } else {
-        const int hpr = len / 2;
-        for (int e = tid; e < rows * hpr; e += NT) {
-            int r = e / hpr, o = e % hpr;
-            ((uint16_t *)(raw + r * TILE_SPAN_MAX))[o] = ((const uint16_t *)(base + (size_t)r * rb))[o];
-        }
-    }
+    const bool words = ((uintptr_t)w | rb | off | (size_t)len) % 4 == 0, whole = len == FULL && rows == BN;
+    if (whole && words)
+        copy_units<uint32_t, FULL / 4, NT>(raw, base, rb, BN, 0, tid);
+    else if (whole)
+        copy_units<uint16_t, FULL / 2, NT>(raw, base, rb, BN, 0, tid);
+    else if (words)
+        copy_units<uint32_t, 0, NT>(raw, base, rb, rows, len / 4, tid);
+    else
+        copy_units<uint16_t, 0, NT>(raw, base, rb, rows, len / 2, tid);
 }
 
 #endif

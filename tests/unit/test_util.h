@@ -68,6 +68,9 @@ void test_tmpdir_cleanup(void);
 /* Writes len bytes to path; returns 0 on success. */
 int test_write_file(const char *path, const void *data, size_t len);
 
+/* Whether the comma-separated list (NULL: empty) names name, e.g. "avx2,avx512" and "avx512". */
+int test_list_has(const char *list, const char *name);
+
 /* splitmix64: deterministic test randomness from a seed. */
 uint64_t test_rand_next(uint64_t *state);
 

@@ -745,20 +745,6 @@ static void sync_gpu(void *dev)
 /* Device-to-device copy bandwidth (read + write bytes) and the WMMA rate, then per weight type the matmul's weight
  * bandwidth at 1 and 16 rows (decode: weight bytes / time, against the copy bandwidth) and its rate at 512 rows
  * (prefill, against the WMMA rate). */
-/* whether the comma-separated list holds name */
-static int csv_has(const char *list, const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *p = list; *p;) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && !strncmp(p, name, n)) return 1;
-        if (!e) break;
-        p = e + 1;
-    }
-    return 0;
-}
-
 static int bench(void)
 {
     size_t big = (size_t)1 << 30;
@@ -789,7 +775,7 @@ static int bench(void)
     const char *only = getenv("BATON_BENCH_TYPES"); /* e.g. "Q4_1,Q8_0": those types alone */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const bt_ggml_type_info *inf = bt_ggml_type_get(types[ti]);
-        if (only && !csv_has(only, bt_ggml_type_name(types[ti]))) continue;
+        if (only && !test_list_has(only, bt_ggml_type_name(types[ti]))) continue;
         size_t rowb = (size_t)(K / inf->block_elems) * inf->block_bytes;
         int64_t N = (int64_t)((big / nm) / rowb) / 64 * 64;
         size_t wb;

@@ -42,15 +42,7 @@ static inline int test_isa_present(bt_cpu_isa isa)
  * those kernels fails instead of skipping them. */
 static inline int test_isa_required(bt_cpu_isa isa)
 {
-    const char *req = getenv("BATON_REQUIRE_ISA"), *name = bt_cpu_isa_name(isa);
-    size_t n = strlen(name);
-    for (const char *p = req; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && !strncmp(p, name, n)) return 1;
-        p = end ? end + 1 : NULL;
-    }
-    return 0;
+    return test_list_has(getenv("BATON_REQUIRE_ISA"), bt_cpu_isa_name(isa));
 }
 
 /* Records why isa cannot run here: a skip, or a failure when BATON_REQUIRE_ISA names it. */
