@@ -268,13 +268,75 @@ static int bench_prefix(const bt_model *m, bt_backend *be, int profile, int shar
     return rc;
 }
 
+/* --step-rows N: the forward pass of one sequence's step of 1..N rows (its next token and up to N - 1 drafts, every
+ * row's logits, as a speculative verification computes them) after a prompt of prompt_n tokens; the KV of the rows is
+ * dropped after each step, as a rejected draft's is. Each repetition times every size in turn (the median of 8
+ * steps), so drift on a shared host spreads over all sizes; ms[R - 1] gets the median over repetitions. */
+static int bench_step_rows(seq_runner *r, const int32_t *toks, int32_t prompt_n, int max_rows, long reps, double *ms)
+{
+    enum { STEPS = 8 };
+    double per[100][64];
+    seq_runner_reset(r);
+    if (seq_runner_feed(r, toks, prompt_n, 0)) return -1;
+    for (long k = 0; k < reps; k++)
+        for (int rows = 1; rows <= max_rows; rows++) {
+            double t[STEPS];
+            for (int s = 0; s < STEPS; s++) {
+                int32_t ids[64];
+                for (int i = 0; i < rows; i++) ids[i] = toks[(prompt_n + 7 * s + i) % 8192];
+                double t0 = bench_now_s();
+                if (seq_runner_feed(r, ids, rows, 1)) return -1;
+                t[s] = bench_now_s() - t0;
+                seq_runner_rewind(r, prompt_n);
+            }
+            per[k][rows - 1] = bench_median(t, STEPS);
+        }
+    for (int rows = 1; rows <= max_rows; rows++) {
+        double v[100];
+        for (long k = 0; k < reps; k++) v[k] = per[k][rows - 1];
+        ms[rows - 1] = bench_median(v, (int)reps) * 1e3;
+    }
+    return 0;
+}
+
+static int report_step_rows(const bt_model *m, seq_runner *r, const int32_t *toks, int32_t prompt_n, int max_rows,
+                            long reps, const char *json)
+{
+    double ms[64];
+    fprintf(stderr, "baton bench: %s, %s kernels, %d threads: steps of 1..%d rows after a %d-token prompt, %ld reps\n",
+            m->name, bt_backend_cpu_isa(r->be), bt_backend_cpu_threads(r->be), max_rows, prompt_n, reps);
+    if (bench_step_rows(r, toks, prompt_n, max_rows, reps, ms)) {
+        fprintf(stderr, "baton bench: %s\n", bt_last_error());
+        return 1;
+    }
+    printf("%-6s %10s %12s\n", "rows", "step ms", "vs 1 row");
+    for (int i = 0; i < max_rows; i++) printf("%-6d %10.3f %11.2fx\n", i + 1, ms[i], ms[i] / ms[0]);
+    printf("curve (tools/spec_replay.py --curve): ");
+    for (int i = 0; i < max_rows; i++) printf("%s%.2f", i ? "," : "", ms[i]);
+    printf("\n");
+    if (!json) return 0;
+    FILE *f = fopen(json, "w");
+    if (!f) {
+        fprintf(stderr, "baton bench: cannot write %s: %s\n", json, strerror(errno));
+        return 1;
+    }
+    fprintf(f, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"act_bits\": %d, \"prompt_tokens\": %d, "
+               "\"reps\": %ld, \"step_ms\": [",
+            m->name, bt_backend_cpu_isa(r->be), bt_backend_cpu_threads(r->be), bt_backend_cpu_act_bits(r->be), prompt_n,
+            reps);
+    for (int i = 0; i < max_rows; i++) fprintf(f, "%s%.4f", i ? ", " : "", ms[i]);
+    fprintf(f, "]}\n");
+    fclose(f);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) /* speculative decoding on and off: its own options (tools/cmd_bench_spec.c) */
         if (!strcmp(argv[i], "--spec")) return bench_spec_main(argc, argv);
     const char *model_path = NULL, *json = NULL, *conc = NULL, *kv_name = "f16", *kv_window = "release";
     int device = -1;
-    long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128;
+    long threads = 0, reps = 5, decode_n = 128, prefix = 0, prompt_n = 128, step_rows = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -293,6 +355,9 @@ int cmd_bench(int argc, char **argv)
                    "--kv-window release|full: a model with sliding-window layers holds their KV only for the\n"
                    "window (default) or for every position; the KV MiB column is the most KV bytes the run held at\n"
                    "once, per sequence.\n"
+                   "--step-rows N times the forward pass of one sequence's step of 1..N rows (its next token and\n"
+                   "up to N - 1 speculative drafts, with every row's logits) after --prompt-tokens (default 128)\n"
+                   "prompt tokens: the step-cost curve that tools/spec_replay.py --curve takes (1 <= N <= 64).\n"
                    "--prefix N measures time to first token of an (N + 32)-token prompt, cold and with its first N\n"
                    "tokens in the prefix cache.\n"
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
@@ -324,6 +389,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--kv-window")) kv_window = v;
         else if (!strcmp(a, "--prefix")) prefix = strtol(v, &end, 10);
         else if (!strcmp(a, "--prompt-tokens")) prompt_n = strtol(v, &end, 10);
+        else if (!strcmp(a, "--step-rows")) step_rows = strtol(v, &end, 10);
         else {
             fprintf(stderr, "baton bench: unknown option '%s'\n", a);
             return 2;
@@ -333,7 +399,8 @@ int cmd_bench(int argc, char **argv)
             return 2;
         }
         if (threads < 0 || threads > 256 || reps < 1 || reps > 100 || decode_n < 1 || decode_n > 4096 ||
-            prompt_n < 1 || prompt_n > 8192) {
+            prompt_n < 1 || prompt_n > 8192 || step_rows < 0 || step_rows > 64 ||
+            (!strcmp(a, "--step-rows") && step_rows < 1)) {
             fprintf(stderr, "baton bench: value out of range for %s\n", a);
             return 2;
         }
@@ -351,6 +418,10 @@ int cmd_bench(int argc, char **argv)
     cli_engine_env env;
     if (cli_engine_env_read("bench", (int)threads, &env)) return 1;
     env.device = device;
+    if (step_rows && (conc || prefix > 0)) {
+        fprintf(stderr, "baton bench: --step-rows runs alone (not with --concurrency or --prefix)\n");
+        return 2;
+    }
     if (device >= 0 && (conc || prefix > 0)) {
         fprintf(stderr, "baton bench: --concurrency and --prefix run on the CPU backend only (their rooflines are "
                         "the CPU's)\n");
@@ -371,6 +442,7 @@ int cmd_bench(int argc, char **argv)
     }
     seq_runner r;
     int32_t ctx = 512 + (int32_t)decode_n + 16;
+    if (step_rows && prompt_n + step_rows > ctx) ctx = (int32_t)(prompt_n + step_rows);
     if (seq_runner_init(&r, m, &env, ctx, 512, BT_KV_F16)) {
         fprintf(stderr, "baton bench: %s\n", bt_last_error());
         bt_model_free(m);
@@ -479,13 +551,20 @@ int cmd_bench(int argc, char **argv)
         bt_model_free(m);
         return crc;
     }
-    fprintf(stderr, "baton bench: %s, %s kernels, %d threads, %ld reps\n", m->name, bt_backend_cpu_isa(r.be), nth, reps);
-    int32_t *toks = malloc(sizeof(int32_t) * 512);
+    int32_t *toks = malloc(sizeof(int32_t) * 8192);
     uint64_t seed = 12345;
-    for (int i = 0; i < 512; i++) {
+    for (int i = 0; i < 8192; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((seed >> 33) % (uint64_t)m->hp.n_vocab);
     }
+    if (step_rows) {
+        int src = report_step_rows(m, &r, toks, (int32_t)prompt_n, (int)step_rows, reps, json);
+        free(toks);
+        seq_runner_free(&r);
+        bt_model_free(m);
+        return src;
+    }
+    fprintf(stderr, "baton bench: %s, %s kernels, %d threads, %ld reps\n", m->name, bt_backend_cpu_isa(r.be), nth, reps);
     double pre128[100], pre512[100], dec[100];
     bt_sampling sp = bt_sampling_default();
     float *scratch = malloc(sizeof(float) * 2 * (size_t)m->hp.n_vocab);

@@ -73,3 +73,9 @@ bt_status seq_runner_feed(seq_runner *r, const int32_t *tokens, int32_t n, int a
     }
     return BT_OK;
 }
+
+void seq_runner_rewind(seq_runner *r, int32_t n)
+{
+    if (n < 0) n = 0;
+    if (n < r->n_past) r->n_past = n;
+}

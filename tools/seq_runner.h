@@ -34,6 +34,10 @@ void seq_runner_free(seq_runner *r);
  * (n must then be <= chunk); otherwise only the last one's, at r->logits. BT_ERR_INVALID past n_ctx. */
 bt_status seq_runner_feed(seq_runner *r, const int32_t *tokens, int32_t n, int all_logits);
 
+/* Forgets the positions from n on (0 <= n <= n_past; others are clamped): the next feed starts at n and overwrites
+ * their KV, as a rejected speculative draft's. */
+void seq_runner_rewind(seq_runner *r, int32_t n);
+
 /* Forgets the sequence (positions restart at 0). */
 void seq_runner_reset(seq_runner *r);
 

@@ -152,7 +152,8 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
         for (int bi2 = 0; bi2 < n_bits; bi2++)
         for (int nth = 1; nth <= max_threads; nth++)
         /* 2: fused, on weights packed for the tiled GEMM, each matrix on its own 4 KiB pages; 3: the same packed
-         * weights laid end to end on huge pages, as the cpu backend holds them */
+         * weights laid end to end on huge pages, as the cpu backend holds them, each matmul told where the next one's
+         * weights start (bt_cpu_next_hint), as the backend learns it */
         for (int fused = 0; fused < 4; fused++) {
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
             if (fused >= 2 && (!bt_cpu_pack_supported(ops, BT_TYPE_Q4_1, bits[bi2]) ||
@@ -181,12 +182,17 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                     double t0 = now_s();
                     for (int l = 0; l < N_LAYERS; l++) {
                         bt_cpu_matmul mm[7];
-                        for (int k = 0; k < 7; k++)
+                        for (int k = 0; k < 7; k++) {
                             mm[k] = (bt_cpu_matmul){.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q4_1,
                                                     .n_in = layer_shapes[k][0], .n_out = layer_shapes[k][1],
                                                     .n_rows = batches[bi], .w = w + off[l * 7 + k], .x = x,
                                                     .xq = xq, .out = y + 4096 * k, .act_bits = bits[bi2],
                                                     .wp = fused >= 2 ? &packs[l * 7 + k] : NULL};
+                            if (fused == 3) /* where the next matmul's weights start (the output's after the last) */
+                                mm[k].then = (bt_cpu_next_hint){.data = packs[l * 7 + k + 1].data,
+                                                                .n_groups = (packs[l * 7 + k + 1].n_out + 15) / 16,
+                                                                .group_bytes = packs[l * 7 + k + 1].group_bytes};
+                        }
                         if (fused) { /* q, k, v in one run; gate, up in one run */
                             bt_cpu_matmul_run_multi(pool, mm, 3);
                             bt_cpu_matmul_run(pool, &mm[3]);

@@ -108,3 +108,26 @@ def test_kv_dtype_is_used_and_reported(baton_bin, default_model, tmp_path):
     res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1", "--kv-dtype", "q4"], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "--kv-dtype must be f16, f32 or int8" in res.stderr, res.stderr
+
+
+def test_step_rows_curve(baton_bin, default_model, tmp_path):
+    """--step-rows: one sequence's step of 1..N rows after the prompt, as a table, a curve for tools/spec_replay.py
+    --curve and JSON that agree. The prompt nearly fills the context (640 of 656 positions): each step's rows must be
+    dropped again for the 8 steps of each size to fit. Bad values are refused."""
+    js = tmp_path / "rows.json"
+    res = subprocess.run([str(baton_bin), "bench", "--step-rows", "8", "--reps", "1", "--prompt-tokens", "640",
+                          "--json", str(js)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    table = [l.split() for l in res.stdout.splitlines() if re.match(r"^\d+\s+[\d.]+\s+[\d.]+x$", l)]
+    assert [int(r[0]) for r in table] == list(range(1, 9)), res.stdout
+    curve = re.search(r"^curve \(tools/spec_replay.py --curve\): ([\d.,]+)$", res.stdout, re.M)
+    assert curve, res.stdout
+    doc = json.loads(js.read_text())
+    assert doc["prompt_tokens"] == 640 and doc["act_bits"] in (8, 16) and len(doc["step_ms"]) == 8, doc
+    assert all(ms > 0 for ms in doc["step_ms"]), doc
+    assert [float(x) for x in curve.group(1).split(",")] == [round(ms, 2) for ms in doc["step_ms"]], (curve, doc)
+    assert [float(r[1]) for r in table] == [round(ms, 3) for ms in doc["step_ms"]], (table, doc)
+    for args, msg in ((["--step-rows", "0"], "--step-rows"), (["--step-rows", "65"], "--step-rows"),
+                      (["--step-rows", "2", "--concurrency", "1"], "--step-rows runs alone")):
+        res = subprocess.run([str(baton_bin), "bench", *args], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and msg in res.stderr, (args, res.stderr)
