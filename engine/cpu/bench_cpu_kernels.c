@@ -262,7 +262,8 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
         {BT_TYPE_Q8_0, 576, 49152, 0, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 1}, {BT_TYPE_Q4_K, 1536, 576, 1, 16},
         {BT_TYPE_Q6_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 16},
         {BT_TYPE_Q5_1, 576, 1536, 1, 1}, {BT_TYPE_Q5_1, 576, 1536, 1, 16}, {BT_TYPE_Q5_0, 576, 1536, 1, 16},
-        {BT_TYPE_Q4_0, 640, 2048, 1, 16}, {BT_TYPE_Q4_1, 576, 576, 1, 16}, {BT_TYPE_Q4_1, 576, 192, 1, 16}};
+        {BT_TYPE_Q4_0, 640, 2048, 1, 16}, {BT_TYPE_Q4_1, 576, 576, 1, 16}, {BT_TYPE_Q4_1, 576, 192, 1, 16},
+        {BT_TYPE_Q5_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_K, 1536, 576, 1, 16}};
     uint64_t seed = 7;
     printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
            "% peak");

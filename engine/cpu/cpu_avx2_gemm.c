@@ -13,9 +13,10 @@
  *     vpsignb: |pair| <= 2 * 128 * 127 < 2^15, since 8-bit activations are -127..127). That is the exact sum of
  *     q * a, which the reference reaches as sum((q + 128) * a) - 128 * sum(a). Q5_0 at 8 bits is packed as Q8_0.
  * Q4_K is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format (Q5_K and Q6_K: bytes).
- * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane: each half-word of the plane is
- * broadcast to a half's 16 lanes, lane i tests bit i, and 16 is or-ed into the operand where it is set (4 ops a half;
- * the expansion serves every row of the pass).
+ * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane: the nibbles become
+ * bytes, each byte picks its plane byte (vpshufb from the block's 16 plane bytes of the code vector), tests its bit
+ * and gets 16 or-ed in where it is set (4 ops for 32 codes, serving every row of the pass), and the bytes split into
+ * the int16 operands.
  * Per lane and block the integer dot is exact, then converted and accumulated exactly as bt_cpu_gemm_packed_ref
  * does (fma of the converted sum by d_w * d_a, then for Q4_1 fma of m_w by the activation's d * sum), so neither
  * the pass split nor nr changes a bit. */
@@ -162,13 +163,23 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
     }
 }
 
-/* Operand half o (rows 8h .. 8h + 7: int16 lanes 0..15) of a high-bit plane layout (Q5_0, Q5_1) with its fifth bits:
- * the plane's 16 bits at p in every lane, lane i keeps bit i (bitc: 1 << i), and 16 goes where it is set. */
-AI __m256i add_plane(__m256i o, const uint16_t *p, const __m256i bitc, const __m256i c16)
+/* Byte codes of a nibble half (32 bytes: rows 8h .. 8h + 7) with their fifth bits from a high-bit plane layout (Q5_0,
+ * Q5_1): pb holds the block's 16 plane bytes of code vector k in both 128-bit lanes; byte p of the half takes
+ * plane byte ctrl[p] (the half-word of its operand, byte 0 for int16 lanes 0-7 in the low 128-bit lane, byte 1 for
+ * lanes 8-15 in the high one), keeps bit (p % 16) / 2 (its int16 lane's), and 16 is or-ed in where it is set: 4 ops
+ * for 32 codes (2 operand halves), where a half-word broadcast per operand half took 4 for 16. */
+AI __m256i add_plane_bytes(__m256i codes, __m256i pb, __m256i ctrl, __m256i bit, __m256i c16)
 {
-    const __m256i x = _mm256_and_si256(_mm256_set1_epi16((short)*p), bitc);
-    return _mm256_or_si256(o, _mm256_and_si256(_mm256_cmpeq_epi16(x, bitc), c16));
+    const __m256i x = _mm256_and_si256(_mm256_shuffle_epi8(pb, ctrl), bit);
+    return _mm256_or_si256(codes, _mm256_and_si256(_mm256_cmpeq_epi8(x, bit), c16));
 }
+
+/* Plane byte for byte p of a nibble half: w is the half-word's offset in the 16 plane bytes of code vector k (the
+ * operand half-word of byte p % 2's operand: low nibbles operands 4k (even bytes) and 4k + 1 (odd), high nibbles 4k + 2
+ * and 4k + 3; half-word 2u + h of operand 4k + u), + 1 in the high 128-bit lane. */
+#define PLANE_CTRL(w0, w1)                                                                                    \
+    _mm256_setr_epi8(w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, \
+                     w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1)
 
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
@@ -176,9 +187,14 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     const size_t cb = bt_gl_code_bytes(type, 1);
     const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
     const int plane = bt_gl_plane(type, 1);
-    const __m256i m4 = _mm256_set1_epi32(0x000f000f), c16 = _mm256_set1_epi16(16);
-    const __m256i bitc = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                           (short)0x8000);
+    const __m256i m4 = _mm256_set1_epi32(0x000f000f), m4b = _mm256_set1_epi8(0x0f), m8 = _mm256_set1_epi16(0x00ff);
+    const __m256i c16 = _mm256_set1_epi8(16);
+    /* the plane bytes of the low and high nibbles of each half (half-words 2u + h, u = 0, 1 low and 2, 3 high) and each
+     * byte's bit */
+    const __m256i ctrl_l0 = PLANE_CTRL(0, 4), ctrl_h0 = PLANE_CTRL(8, 12), ctrl_l1 = PLANE_CTRL(2, 6),
+                  ctrl_h1 = PLANE_CTRL(10, 14);
+    const __m256i bit = _mm256_setr_epi8(1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64, -128, -128, 1, 1, 2, 2, 4, 4,
+                                         8, 8, 16, 16, 32, 32, 64, 64, -128, -128);
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -208,17 +224,26 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-                __m256i lo[4] = {_mm256_and_si256(vl, m4), _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4),
-                                 _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4), _mm256_srli_epi16(vl, 12)};
-                __m256i hi[4] = {_mm256_and_si256(vh, m4), _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4),
-                                 _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), _mm256_srli_epi16(vh, 12)};
-                if (plane) { /* word 4k + u of the plane: low half rows 0-7, high half rows 8-15 */
-                    const uint16_t *hw = (const uint16_t *)(cp + 256) + 8 * k;
-#pragma GCC unroll 4
-                    for (int u = 0; u < 4; u++) {
-                        lo[u] = add_plane(lo[u], hw + 2 * u, bitc, c16);
-                        hi[u] = add_plane(hi[u], hw + 2 * u + 1, bitc, c16);
-                    }
+                __m256i lo[4], hi[4];
+                if (plane) { /* words 4k .. 4k+3 of the plane: each a low half (rows 0-7) and a high half (8-15) */
+                    /* each byte's low and high nibble as a byte, its fifth bit added; int16 lane i of operand 4k + u is
+                     * then byte 2i (u even) or 2i + 1 (u odd) of the low (u < 2) or high nibbles */
+                    const __m256i pb = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(cp + 256) + k));
+                    const __m256i nl0 = add_plane_bytes(_mm256_and_si256(vl, m4b), pb, ctrl_l0, bit, c16);
+                    const __m256i nh0 = add_plane_bytes(_mm256_and_si256(_mm256_srli_epi16(vl, 4), m4b), pb, ctrl_h0,
+                                                        bit, c16);
+                    const __m256i nl1 = add_plane_bytes(_mm256_and_si256(vh, m4b), pb, ctrl_l1, bit, c16);
+                    const __m256i nh1 = add_plane_bytes(_mm256_and_si256(_mm256_srli_epi16(vh, 4), m4b), pb, ctrl_h1,
+                                                        bit, c16);
+                    lo[0] = _mm256_and_si256(nl0, m8), lo[1] = _mm256_srli_epi16(nl0, 8);
+                    lo[2] = _mm256_and_si256(nh0, m8), lo[3] = _mm256_srli_epi16(nh0, 8);
+                    hi[0] = _mm256_and_si256(nl1, m8), hi[1] = _mm256_srli_epi16(nl1, 8);
+                    hi[2] = _mm256_and_si256(nh1, m8), hi[3] = _mm256_srli_epi16(nh1, 8);
+                } else {
+                    lo[0] = _mm256_and_si256(vl, m4), lo[1] = _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4);
+                    lo[2] = _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4), lo[3] = _mm256_srli_epi16(vl, 12);
+                    hi[0] = _mm256_and_si256(vh, m4), hi[1] = _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4);
+                    hi[2] = _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), hi[3] = _mm256_srli_epi16(vh, 12);
                 }
                 dot16_rows(NR, s, lo[0], hi[0], act, act_stride, b, 2 * k, type);
                 dot16_rows(NR, s, lo[1], hi[1], act, act_stride, b, 2 * k + 1, type);
