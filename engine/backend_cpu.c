@@ -132,7 +132,7 @@ static bt_status packed_get_locked(cpu_ctx *c, bt_pool *pool, const bt_weight *w
             return BT_OK;
         }
         if (e->p) { /* another weight now lives at this address: repack in the same slot */
-            c->packed_bytes -= bt_cpu_pack_bytes(e->type, c->act_bits, e->n_in, e->n_out);
+            c->packed_bytes -= bt_cpu_pack_bytes(c->ops, e->type, c->act_bits, e->n_in, e->n_out);
             packed_release(c, e->p);
         }
     } else {
@@ -146,9 +146,9 @@ static bt_status packed_get_locked(cpu_ctx *c, bt_pool *pool, const bt_weight *w
     *e = (packed_entry){.key = w->data, .type = w->type, .n_in = w->n_in, .n_out = w->n_out};
     memcpy(e->head, head, 16);
     bt_cpu_packed *p = calloc(1, sizeof *p);
-    size_t bytes = bt_cpu_pack_bytes(w->type, c->act_bits, w->n_in, w->n_out);
+    size_t bytes = bt_cpu_pack_bytes(c->ops, w->type, c->act_bits, w->n_in, w->n_out);
     void *mem = p ? bt_hostmem_arena_alloc(c->pack_mem, bytes) : NULL;
-    if (mem && bt_cpu_pack_into(pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, mem, p) == BT_OK) {
+    if (mem && bt_cpu_pack_into(c->ops, pool, w->type, c->act_bits, w->n_in, w->n_out, w->data, mem, p) == BT_OK) {
         e->p = p;
         c->packed_bytes += bytes;
     } else { /* stays unpacked for good */

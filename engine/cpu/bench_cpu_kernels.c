@@ -169,10 +169,10 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                 uint32_t t = last ? BT_TYPE_Q8_0 : BT_TYPE_Q4_1;
                 int64_t n_in = last ? 576 : layer_shapes[k % 7][0], n_out = last ? 49152 : layer_shapes[k % 7][1];
                 const void *src = last ? wout : w + off[k];
-                bt_status st = fused == 2 ? bt_cpu_pack(pool, t, bits[bi2], n_in, n_out, src, &packs[k])
-                                          : bt_cpu_pack_into(pool, t, bits[bi2], n_in, n_out, src,
+                bt_status st = fused == 2 ? bt_cpu_pack(ops, pool, t, bits[bi2], n_in, n_out, src, &packs[k])
+                                          : bt_cpu_pack_into(ops, pool, t, bits[bi2], n_in, n_out, src,
                                                              bt_hostmem_arena_alloc(arena, bt_cpu_pack_bytes(
-                                                                                               t, bits[bi2], n_in, n_out)),
+                                                                                               ops, t, bits[bi2], n_in, n_out)),
                                                              &packs[k]);
                 if (st != BT_OK) return;
             }
@@ -292,7 +292,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
             int copies = cases[k0].cold ? (int)(((size_t)128 << 20) / wb + 1) : 1;
             bt_cpu_packed *p = calloc((size_t)copies, sizeof *p);
             for (int c = 0; c < copies; c++)
-                if (!p || bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
+                if (!p || bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
             bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[p[0].wtype] : ops->gemm8[p[0].wtype]; /* the layout's */
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
             gemm_variant vs[] = {{"pf", fn, BT_CPU_GEMM_NR, 1}, {"pf", fn, 4, 1}, {"nopf", fn, BT_CPU_GEMM_NR, 0},

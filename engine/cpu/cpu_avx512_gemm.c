@@ -197,10 +197,11 @@ AI __m512i add_plane(__m512i o, const uint32_t *w, const __m512i c16)
  * live set is one loaded vector and its operands). Operand t of the block pairs with activation dword idx. */
 AI void gemm16_kernel(GEMM_ARGS, const int type)
 {
+    const int W = type == BT_TYPE_Q5_K ? BT_GL_PLANES : 1; /* layout width: Q5_K's plane variant (gemm16_planes) */
     const int64_t nb = n / BT_QK;
-    const size_t cb = bt_gl_code_bytes(type, 1);
+    const size_t cb = bt_gl_code_bytes(type, W);
     const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
-    const int NC = CHAINS(NR), plane = bt_gl_plane(type, 1);
+    const int NC = CHAINS(NR), plane = bt_gl_plane(type, W);
     const __m512i m4 = _mm512_set1_epi32(0x000f000f), c16 = _mm512_set1_epi16(16);
     __m512 acc[BT_CPU_GEMM_NR];
 #pragma GCC unroll 8
@@ -208,7 +209,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        bt_gl_prefetch_block(next, b, type, 1);
+        bt_gl_prefetch_block(next, b, type, W);
         __m512i s[BT_CPU_GEMM_NR][4];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -217,7 +218,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
         __m512i half0[BT_CPU_GEMM_NR]; /* Q6_K: the dot over elements 0..15 */
-        if (bt_gl_byte_codes(type, 1)) {
+        if (bt_gl_byte_codes(type, W)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));

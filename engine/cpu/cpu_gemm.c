@@ -43,7 +43,10 @@
  *   Q5_1, 8-bit act:  unit = 1 block: [d: 16][m: 16] [codes: 512 bytes], the codes q (0..31) as bytes arranged as
  *               Q8_0's 8-bit layout without the 0x80 flip (they are already valid u8 operands).
  *   Q5_K:       as Q4_K (super-units, d = A * s0 and m = -(B * s1), K-quant activations), with its codes (0..31) as
- *               bytes arranged as Q8_0's 16-bit layout (512 per block), or at 8 bits as Q5_1's 8-bit layout.
+ *               bytes arranged as Q8_0's 16-bit layout (512 per block), or at 8 bits as Q5_1's 8-bit layout. An ISA
+ *               whose gemm16_planes names Q5_K (AVX-512) packs them instead as Q5_1's 16-bit codes: Q4_K's nibbles and
+ *               the high-bit plane, 320 code bytes per block (2,944 per 16 rows x 256 elements: 1.05x the GGUF rows,
+ *               where the bytes are 1.58x, which batch-1 decode streams).
  *   Q6_K:       super-units as Q4_K's: A = the super-block's d (B unused, zero), s0 and s1
  *               the signed scales of block b's two 16-element sub-blocks, d0 = A * s0 and d1 = A * s1 (exact in
  *               fp32), the codes q - 32 (-32..31) as signed bytes arranged as Q8_0's 16-bit layout. A block has
@@ -84,8 +87,26 @@ uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits)
     }
 }
 
-/* bytes of one block's code vectors for the 16 rows of layout t at bits (8 or 16); 0 when t is not a layout */
-static size_t code_bytes(uint32_t t, int bits)
+/* The layout width the bt_gl helpers take: 0 at 8 bits, 1 at 16, BT_GL_PLANES in an ISA's 16-bit variant with a Q5_K
+ * plane (bt_cpu_ops.gemm16_planes). */
+static int layout_width(int bits, int planes)
+{
+    return bits == 8 ? 0 : planes ? BT_GL_PLANES : 1;
+}
+
+static int packed_width(const bt_cpu_packed *p)
+{
+    return layout_width(p->act_bits, p->planes);
+}
+
+/* whether layout l at act_bits takes ops' plane variant (NULL ops: the portable layouts) */
+static int ops_planes(const bt_cpu_ops *ops, uint32_t l, int act_bits)
+{
+    return ops && norm_bits(act_bits) == 16 && l < 32 && (ops->gemm16_planes >> l & 1u);
+}
+
+/* bytes of one block's code vectors for the 16 rows of layout t at width w (layout_width); 0 when t is not a layout */
+static size_t code_bytes(uint32_t t, int w)
 {
     switch (t) {
     case BT_TYPE_Q4_0:
@@ -94,8 +115,8 @@ static size_t code_bytes(uint32_t t, int bits)
     case BT_TYPE_Q8_0:
     case BT_TYPE_Q5_1:
     case BT_TYPE_Q5_K:
-    case BT_TYPE_Q6_K: return bt_gl_code_bytes((int)t, bits == 16);
-    case BT_TYPE_Q5_0: return bits == 16 ? bt_gl_code_bytes((int)t, 1) : 0; /* 8-bit: the Q8_0 layout */
+    case BT_TYPE_Q6_K: return bt_gl_code_bytes((int)t, w);
+    case BT_TYPE_Q5_0: return w ? bt_gl_code_bytes((int)t, 1) : 0; /* 8-bit: the Q8_0 layout */
     default: return 0;
     }
 }
@@ -139,30 +160,30 @@ static int unit_blocks(uint32_t t)
     return is_kquant(t) ? 8 : has_min(t) ? 1 : 2;
 }
 
-static size_t unit_bytes(uint32_t t, int bits)
+static size_t unit_bytes(uint32_t t, int w)
 {
-    if (is_kquant(t)) return bt_gl_kq_super_bytes(code_bytes(t, bits));
-    return scale_bytes(t) + (size_t)unit_blocks(t) * code_bytes(t, bits);
+    if (is_kquant(t)) return bt_gl_kq_super_bytes(code_bytes(t, w));
+    return scale_bytes(t) + (size_t)unit_blocks(t) * code_bytes(t, w);
 }
 
-static size_t group_bytes(uint32_t t, int bits, int64_t n_in)
+static size_t group_bytes(uint32_t t, int w, int64_t n_in)
 {
     size_t nb = (size_t)(n_in / BT_QK), u = (size_t)unit_blocks(t);
-    return (nb + u - 1) / u * unit_bytes(t, bits);
+    return (nb + u - 1) / u * unit_bytes(t, w);
 }
 
 /* the 16 d of block b (m follows for Q4_1 and Q5_1; not the K-quants: kq_scales) and its code vectors */
-static uint16_t *block_scales(uint32_t t, int bits, uint8_t *group, int64_t b)
+static uint16_t *block_scales(uint32_t t, int w, uint8_t *group, int64_t b)
 {
     int u = unit_blocks(t);
-    return (uint16_t *)(group + (size_t)(b / u) * unit_bytes(t, bits) + 32 * (size_t)(b % u));
+    return (uint16_t *)(group + (size_t)(b / u) * unit_bytes(t, w) + 32 * (size_t)(b % u));
 }
 
-static uint8_t *block_codes(uint32_t t, int bits, uint8_t *group, int64_t b)
+static uint8_t *block_codes(uint32_t t, int w, uint8_t *group, int64_t b)
 {
-    if (is_kquant(t)) return (uint8_t *)bt_gl_codes(group, b, (int)t, code_bytes(t, bits));
+    if (is_kquant(t)) return (uint8_t *)bt_gl_codes(group, b, (int)t, code_bytes(t, w));
     int u = unit_blocks(t);
-    return group + (size_t)(b / u) * unit_bytes(t, bits) + scale_bytes(t) + (size_t)(b % u) * code_bytes(t, bits);
+    return group + (size_t)(b / u) * unit_bytes(t, w) + scale_bytes(t) + (size_t)(b % u) * code_bytes(t, w);
 }
 
 /* Byte and bit of a high-bit plane (bt_gl_plane) that hold the fifth bit of element e (0..31) of row j: bit
@@ -175,12 +196,12 @@ static int plane_bit(int j, int e, int *bit)
 }
 
 /* Row j's weight scales of K-quant block b as the kernels form them: d = A * s0, and m = -(B * s1) (Q4_K, Q5_K) or
- * the second half's d = A * s1 (Q6_K). (A K-quant block's code bytes, hence its super-unit, are the same at 8 and 16
- * bits.) */
-static void kq_scales(uint32_t t, const uint8_t *group, int64_t b, int j, float *d, float *m)
+ * the second half's d = A * s1 (Q6_K); w: the layout width (a Q5_K plane changes its code bytes, hence where the
+ * super-units start). */
+static void kq_scales(uint32_t t, int w, const uint8_t *group, int64_t b, int j, float *d, float *m)
 {
-    const float *sup = bt_gl_kq_super(group, b, code_bytes(t, 16));
-    const uint8_t *s = bt_gl_kq_bytes(group, b, code_bytes(t, 16));
+    const float *sup = bt_gl_kq_super(group, b, code_bytes(t, w));
+    const uint8_t *s = bt_gl_kq_bytes(group, b, code_bytes(t, w));
     if (t == BT_TYPE_Q6_K) {
         *d = sup[j] * (float)(int8_t)s[j];
         *m = sup[j] * (float)(int8_t)s[BT_CPU_PACK_ROWS + j];
@@ -192,10 +213,11 @@ static void kq_scales(uint32_t t, const uint8_t *group, int64_t b, int j, float 
 
 /* Writes row j's K-quant scales of block b: the super-block's A and B (again for each of its blocks: the same
  * values) and the block's two integer scales. */
-static void kq_put_scales(uint32_t t, uint8_t *group, int64_t b, int j, float a, float bm, uint8_t s0, uint8_t s1)
+static void kq_put_scales(uint32_t t, int w, uint8_t *group, int64_t b, int j, float a, float bm, uint8_t s0,
+                          uint8_t s1)
 {
-    float *sup = (float *)bt_gl_kq_super(group, b, code_bytes(t, 16));
-    uint8_t *s = (uint8_t *)bt_gl_kq_bytes(group, b, code_bytes(t, 16));
+    float *sup = (float *)bt_gl_kq_super(group, b, code_bytes(t, w));
+    uint8_t *s = (uint8_t *)bt_gl_kq_bytes(group, b, code_bytes(t, w));
     sup[j] = a, sup[BT_CPU_PACK_ROWS + j] = bm;
     s[j] = s0, s[BT_CPU_PACK_ROWS + j] = s1;
 }
@@ -204,16 +226,16 @@ int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 {
     if (act_bits != 0 && act_bits != 8 && act_bits != 16) return 0;
     t = bt_cpu_pack_layout(t, act_bits);
-    if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t, norm_bits(act_bits))) return 0;
+    if (!ops || t >= BT_TYPE_COUNT || !code_bytes(t, norm_bits(act_bits) == 16)) return 0;
     return (norm_bits(act_bits) == 8 ? ops->gemm8[t] : ops->gemm16[t]) != NULL;
 }
 
-size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out)
+size_t bt_cpu_pack_bytes(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n_in, int64_t n_out)
 {
     uint32_t l = bt_cpu_pack_layout(t, act_bits);
     if (l >= BT_TYPE_COUNT || n_in <= 0 || n_in % src_block_elems(t) || n_out <= 0) return 0;
     int64_t ng = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS;
-    return (size_t)ng * group_bytes(l, norm_bits(act_bits), n_in);
+    return (size_t)ng * group_bytes(l, layout_width(norm_bits(act_bits), ops_planes(ops, l, act_bits)), n_in);
 }
 
 typedef struct pack_job {
@@ -226,11 +248,12 @@ typedef struct pack_job {
 
 /* Sub-block s of a Q4_K super-block as row j of packed Q4_K block b: its d, dmin, scale and min into the group, its
  * 32 codes as Q4_1 stores them (low nibble element i, high nibble element 16 + i) into q32. */
-static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, uint8_t *group, int64_t b, uint8_t q32[BT_QK / 2])
+static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, int w, uint8_t *group, int64_t b,
+                           uint8_t q32[BT_QK / 2])
 {
     uint8_t sc6, m6;
     bt_q4k_scale_min(sb->scales, s, &sc6, &m6);
-    kq_put_scales(BT_TYPE_Q4_K, group, b, j, bt_fp16_to_f32(sb->d), bt_fp16_to_f32(sb->dmin), sc6, m6);
+    kq_put_scales(BT_TYPE_Q4_K, w, group, b, j, bt_fp16_to_f32(sb->d), bt_fp16_to_f32(sb->dmin), sc6, m6);
     const uint8_t *qs = sb->qs + 32 * (s / 2); /* element l of the sub-block: low nibble (s even) or high nibble */
     const int shift = (s & 1) * 4;
     for (int i = 0; i < BT_QK / 2; i++)
@@ -239,11 +262,12 @@ static void pack_q4k_block(const bt_block_q4_k *sb, int s, int j, uint8_t *group
 
 /* Sub-block s of a Q5_K super-block as row j of packed Q5_K block b: scales as Q4_K's, its 32 codes (0..31) into
  * q32. */
-static void pack_q5k_block(const bt_block_q5_k *sb, int s, int j, uint8_t *group, int64_t b, uint8_t q32[BT_QK])
+static void pack_q5k_block(const bt_block_q5_k *sb, int s, int j, int w, uint8_t *group, int64_t b,
+                           uint8_t q32[BT_QK])
 {
     uint8_t sc6, m6;
     bt_q4k_scale_min(sb->scales, s, &sc6, &m6);
-    kq_put_scales(BT_TYPE_Q5_K, group, b, j, bt_fp16_to_f32(sb->d), bt_fp16_to_f32(sb->dmin), sc6, m6);
+    kq_put_scales(BT_TYPE_Q5_K, w, group, b, j, bt_fp16_to_f32(sb->d), bt_fp16_to_f32(sb->dmin), sc6, m6);
     const uint8_t *qs = sb->qs + 32 * (s / 2);
     const int shift = (s & 1) * 4;
     for (int l = 0; l < BT_QK; l++) q32[l] = (uint8_t)(((qs[l] >> shift) & 15) | ((sb->qh[l] >> s) & 1) << 4);
@@ -251,9 +275,10 @@ static void pack_q5k_block(const bt_block_q5_k *sb, int s, int j, uint8_t *group
 
 /* Slice s (0..7: elements 32 s .. 32 s + 31) of a Q6_K super-block as row j of packed Q6_K block b: the super-block's
  * d and the signed scales of the slice's two 16-element sub-blocks into the group, its values q - 32 into q32. */
-static void pack_q6k_block(const bt_block_q6_k *sb, int s, int j, uint8_t *group, int64_t b, int8_t q32[BT_QK])
+static void pack_q6k_block(const bt_block_q6_k *sb, int s, int j, int w, uint8_t *group, int64_t b,
+                           int8_t q32[BT_QK])
 {
-    kq_put_scales(BT_TYPE_Q6_K, group, b, j, bt_fp16_to_f32(sb->d), 0.0f, (uint8_t)sb->scales[2 * s],
+    kq_put_scales(BT_TYPE_Q6_K, w, group, b, j, bt_fp16_to_f32(sb->d), 0.0f, (uint8_t)sb->scales[2 * s],
                   (uint8_t)sb->scales[2 * s + 1]);
     for (int e = 0; e < BT_QK; e++) { /* element 32 s + e of the super-block (cpu_quants.c's q6k_value) */
         const int x = 32 * s + e, h = x / 128, sub = (x % 128) / 32, l = x % 32;
@@ -290,43 +315,54 @@ static void q5_1_codes(const bt_block_q5_1 *b, uint8_t q[BT_QK])
 static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *src, int j, uint8_t *dst)
 {
     int64_t nb = p->n_in / BT_QK;
-    int bits = p->act_bits;
+    int bits = p->act_bits, w = packed_width(p);
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *c = block_codes(p->wtype, bits, dst, b) + 4 * (size_t)j;
-        uint16_t *sc = block_scales(p->wtype, bits, dst, b);
+        uint8_t *c = block_codes(p->wtype, w, dst, b) + 4 * (size_t)j;
+        uint16_t *sc = block_scales(p->wtype, w, dst, b);
         const uint8_t *qs;
         uint8_t q32[BT_QK / 2];
         if (p->wtype == BT_TYPE_Q4_K) {
-            pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, dst, b, q32);
+            pack_q4k_block((const bt_block_q4_k *)src + b / 8, (int)(b % 8), j, w, dst, b, q32);
             for (int k = 0; k < 4; k++)
                 for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + (bits == 8 ? t : pair_order[t])];
             continue;
         }
         if (p->wtype == BT_TYPE_Q5_K) {
             uint8_t q[BT_QK];
-            pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
+            pack_q5k_block((const bt_block_q5_k *)src + b / 8, (int)(b % 8), j, w, dst, b, q);
             if (bits == 8) { /* as Q5_1's 8-bit codes */
                 for (int k = 0; k < 8; k++)
                     for (int t = 0; t < 4; t++) c[64 * k + t] = q[4 * k + t];
                 continue;
             }
-            uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
+            if (w == BT_GL_PLANES) { /* the low 4 bits as Q4_K's 16-bit nibbles, then the plane of fifth bits */
+                for (int i = 0; i < BT_QK / 2; i++) q32[i] = (uint8_t)((q[i] & 15) | (q[16 + i] & 15) << 4);
+                for (int k = 0; k < 4; k++)
+                    for (int t = 0; t < 4; t++) c[64 * k + t] = q32[4 * k + pair_order[t]];
+                uint8_t *plane = block_codes(p->wtype, w, dst, b) + 4 * 64;
+                for (int e = 0; e < BT_QK; e++) {
+                    int bit, at = plane_bit(j, e, &bit);
+                    plane[at] |= (uint8_t)((q[e] >> 4) << bit);
+                }
+                continue;
+            }
+            uint8_t *c2 = block_codes(p->wtype, w, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = q[2 * k], c2[32 * k + 1] = q[2 * k + 1];
             continue;
         }
         if (p->wtype == BT_TYPE_Q6_K) {
             int8_t q[BT_QK];
-            pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, dst, b, q);
+            pack_q6k_block((const bt_block_q6_k *)src + b / 8, (int)(b % 8), j, w, dst, b, q);
             if (bits == 8) { /* q (0..63), a valid u8 operand; the kernels take 32 * sum(a) off each half */
                 for (int k = 0; k < 8; k++)
                     for (int t = 0; t < 4; t++) c[64 * k + t] = (uint8_t)(q[4 * k + t] + 32);
                 continue;
             }
-            uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
+            uint8_t *c2 = block_codes(p->wtype, w, dst, b) + 2 * (size_t)j;
             for (int k = 0; k < 16; k++) c2[32 * k] = (uint8_t)q[2 * k], c2[32 * k + 1] = (uint8_t)q[2 * k + 1];
             continue;
         }
-        if (bt_gl_plane((int)p->wtype, bits == 16)) { /* Q5_0, Q5_1: nibbles as Q4_0's / Q4_1's, then the plane */
+        if (bt_gl_plane((int)p->wtype, w)) { /* Q5_0, Q5_1: nibbles as Q4_0's / Q4_1's, then the plane */
             const bt_block_q5_0 *b0 = (const bt_block_q5_0 *)src + b;
             const bt_block_q5_1 *b1 = (const bt_block_q5_1 *)src + b;
             const int min = p->wtype == BT_TYPE_Q5_1;
@@ -336,7 +372,7 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
             if (min) sc[BT_CPU_PACK_ROWS + j] = b1->m;
             for (int k = 0; k < 4; k++)
                 for (int t = 0; t < 4; t++) c[64 * k + t] = qs[4 * k + pair_order[t]];
-            uint8_t *plane = block_codes(p->wtype, bits, dst, b) + 4 * 64;
+            uint8_t *plane = block_codes(p->wtype, w, dst, b) + 4 * 64;
             for (int e = 0; e < BT_QK; e++) {
                 int bit, at = plane_bit(j, e, &bit);
                 plane[at] |= (uint8_t)(((qh[e / 8] >> (e % 8)) & 1) << bit);
@@ -363,7 +399,7 @@ static void pack_row(const bt_cpu_packed *p, uint32_t src_type, const uint8_t *s
             sc[j] = blk->d;
             qs = (const uint8_t *)blk->qs;
             if (bits == 16) {
-                uint8_t *c2 = block_codes(p->wtype, bits, dst, b) + 2 * (size_t)j;
+                uint8_t *c2 = block_codes(p->wtype, w, dst, b) + 2 * (size_t)j;
                 for (int k = 0; k < 16; k++) c2[32 * k] = qs[2 * k], c2[32 * k + 1] = qs[2 * k + 1];
                 continue;
             }
@@ -401,24 +437,26 @@ static void pack_task(void *arg, int ith, int nth)
 }
 
 /* Checks t, act_bits and the shape; *bytes = the packed size. */
-static bt_status pack_check(uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w, size_t *bytes)
+static bt_status pack_check(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n_in, int64_t n_out,
+                            const void *w, size_t *bytes)
 {
     if (bt_cpu_pack_layout(t, act_bits) >= BT_TYPE_COUNT)
         return bt_fail(BT_ERR_UNSUPPORTED, "pack: weight type %s has no packed layout", bt_ggml_type_name(t));
     if (act_bits != 0 && act_bits != 8 && act_bits != 16)
         return bt_fail(BT_ERR_INVALID, "pack: act_bits %d (expected 0, 8 or 16)", act_bits);
-    *bytes = bt_cpu_pack_bytes(t, act_bits, n_in, n_out);
+    *bytes = bt_cpu_pack_bytes(ops, t, act_bits, n_in, n_out);
     if (!*bytes || !w) return bt_fail(BT_ERR_INVALID, "pack: bad shape %lld x %lld", (long long)n_out, (long long)n_in);
     return BT_OK;
 }
 
-static void pack_fill(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
-                      void *data, size_t bytes, bt_cpu_packed *out)
+static void pack_fill(const bt_cpu_ops *ops, bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out,
+                      const void *w, void *data, size_t bytes, bt_cpu_packed *out)
 {
     memset(data, 0, bytes); /* padding rows and tails: zero scales, so they contribute nothing */
     uint32_t l = bt_cpu_pack_layout(t, act_bits);
-    bt_cpu_packed p = {.wtype = l, .act_bits = norm_bits(act_bits), .n_in = n_in, .n_out = n_out,
-                       .group_bytes = group_bytes(l, norm_bits(act_bits), n_in), .data = data};
+    bt_cpu_packed p = {.wtype = l, .act_bits = norm_bits(act_bits), .planes = ops_planes(ops, l, act_bits),
+                       .n_in = n_in, .n_out = n_out, .data = data};
+    p.group_bytes = group_bytes(l, packed_width(&p), n_in);
     pack_job job = {.p = &p, .src_type = t, .w = w, .row_bytes = bt_cpu_row_bytes(t, n_in),
                     .n_groups = (n_out + BT_CPU_PACK_ROWS - 1) / BT_CPU_PACK_ROWS};
     int nth = pool ? bt_pool_size(pool) : 1;
@@ -429,29 +467,29 @@ static void pack_fill(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int
     *out = p;
 }
 
-bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
-                      bt_cpu_packed *out)
+bt_status bt_cpu_pack(const bt_cpu_ops *ops, bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out,
+                      const void *w, bt_cpu_packed *out)
 {
     size_t bytes = 0;
-    bt_status st = pack_check(t, act_bits, n_in, n_out, w, &bytes);
+    bt_status st = pack_check(ops, t, act_bits, n_in, n_out, w, &bytes);
     if (st) return st;
     void *data = NULL;
     if (posix_memalign(&data, 64, bytes) != 0)
         return bt_fail(BT_ERR_NOMEM, "pack: out of memory for %zu bytes of packed weights", bytes);
-    pack_fill(pool, t, act_bits, n_in, n_out, w, data, bytes, out);
+    pack_fill(ops, pool, t, act_bits, n_in, n_out, w, data, bytes, out);
     out->owns_data = 1;
     return BT_OK;
 }
 
-bt_status bt_cpu_pack_into(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
-                           void *mem, bt_cpu_packed *out)
+bt_status bt_cpu_pack_into(const bt_cpu_ops *ops, bt_pool *pool, uint32_t t, int act_bits, int64_t n_in,
+                           int64_t n_out, const void *w, void *mem, bt_cpu_packed *out)
 {
     size_t bytes = 0;
-    bt_status st = pack_check(t, act_bits, n_in, n_out, w, &bytes);
+    bt_status st = pack_check(ops, t, act_bits, n_in, n_out, w, &bytes);
     if (st) return st;
     if (!mem || (uintptr_t)mem % 64)
         return bt_fail(BT_ERR_INVALID, "pack: destination %p is not 64-byte aligned memory", mem);
-    pack_fill(pool, t, act_bits, n_in, n_out, w, mem, bytes, out);
+    pack_fill(ops, pool, t, act_bits, n_in, n_out, w, mem, bytes, out);
     return BT_OK;
 }
 
@@ -466,11 +504,12 @@ void bt_cpu_packed_free(bt_cpu_packed *p)
  * matching code_offset) */
 static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int j, int32_t q[BT_QK])
 {
-    const uint8_t *c = block_codes(p->wtype, p->act_bits, group, b) + 4 * (size_t)j;
+    const int w = packed_width(p);
+    const uint8_t *c = block_codes(p->wtype, w, group, b) + 4 * (size_t)j;
     /* byte codes (Q5_1's and Q5_K's are 0..31, Q6_K's -32..31 at 16 bits and 0..63 at 8) */
-    const int bytes = code_bytes(p->wtype, p->act_bits) == 8 * 64;
+    const int bytes = code_bytes(p->wtype, w) == 8 * 64;
     if (bytes && p->act_bits == 16) {
-        const uint8_t *c2 = block_codes(p->wtype, p->act_bits, group, b) + 2 * (size_t)j;
+        const uint8_t *c2 = block_codes(p->wtype, w, group, b) + 2 * (size_t)j;
         for (int k = 0; k < 16; k++) q[2 * k] = (int8_t)c2[32 * k], q[2 * k + 1] = (int8_t)c2[32 * k + 1];
         return;
     }
@@ -486,8 +525,8 @@ static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int 
                 q[e + 16] = byte >> 4;
             }
         }
-    if (bt_gl_plane((int)p->wtype, p->act_bits == 16)) { /* Q5_0, Q5_1: the fifth bits */
-        const uint8_t *plane = block_codes(p->wtype, p->act_bits, group, b) + 4 * 64;
+    if (bt_gl_plane((int)p->wtype, w)) { /* Q5_0, Q5_1, Q5_K in a plane variant: the fifth bits */
+        const uint8_t *plane = block_codes(p->wtype, w, group, b) + 4 * 64;
         for (int e = 0; e < BT_QK; e++) {
             int bit, at = plane_bit(j, e, &bit);
             q[e] |= ((plane[at] >> bit) & 1) << 4;
@@ -543,7 +582,7 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                     for (int e = 0; e < 16; e++) i0 += (int64_t)q[e] * a[e];
                     for (int e = 16; e < BT_QK; e++) i1 += (int64_t)q[e] * a[e];
                     float d0, d1;
-                    kq_scales(p->wtype, g, b, j, &d0, &d1);
+                    kq_scales(p->wtype, packed_width(p), g, b, j, &d0, &d1);
                     acc = fmaf((float)i0, d0 * ad, acc);
                     acc = fmaf((float)i1, d1 * ad, acc);
                     continue;
@@ -553,9 +592,9 @@ void bt_cpu_gemm_packed_ref(const bt_cpu_packed *p, int64_t group, const void *a
                 isum -= (int64_t)off * asum;
                 float dw, mw;
                 if (is_kquant(p->wtype)) {
-                    kq_scales(p->wtype, g, b, j, &dw, &mw);
+                    kq_scales(p->wtype, packed_width(p), g, b, j, &dw, &mw);
                 } else {
-                    const uint16_t *sc = block_scales(p->wtype, p->act_bits, g, b);
+                    const uint16_t *sc = block_scales(p->wtype, packed_width(p), g, b);
                     dw = bt_fp16_to_f32(sc[j]), mw = bt_fp16_to_f32(sc[BT_CPU_PACK_ROWS + j]);
                 }
                 acc = fmaf((float)isum, dw * ad, acc);

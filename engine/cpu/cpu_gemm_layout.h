@@ -21,20 +21,26 @@ BT_GL_AI int bt_gl_fp16_min(const int type)
     return type == BT_TYPE_Q4_1 || type == BT_TYPE_Q5_1;
 }
 
-/* Layouts whose codes are bytes (Q8_0, Q5_K, Q6_K, and Q5_1 with 8-bit activations: 512 code bytes per block), not
- * nibbles. bits16: the layout is for 16-bit activations (at 8 bits Q6_K's bytes are q, 0..63, at 16 q - 32). */
+/* The helpers' bits16 is a layout width: 0 for 8-bit activations, 1 for 16-bit, BT_GL_PLANES for 16-bit in an ISA's
+ * variant whose Q5_K carries a high-bit plane (bt_cpu_ops.gemm16_planes); other types read it as 1. */
+#define BT_GL_PLANES 2
+
+/* Layouts whose codes are bytes (Q8_0, Q6_K, Q5_1 with 8-bit activations and Q5_K without a plane: 512 code bytes per
+ * block), not nibbles. bits16: the layout width (at 8 bits Q6_K's bytes are q, 0..63, at 16 q - 32). */
 BT_GL_AI int bt_gl_byte_codes(const int type, const int bits16)
 {
-    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q5_K || type == BT_TYPE_Q6_K || (type == BT_TYPE_Q5_1 && !bits16);
+    return type == BT_TYPE_Q8_0 || type == BT_TYPE_Q6_K || (type == BT_TYPE_Q5_1 && !bits16) ||
+           (type == BT_TYPE_Q5_K && bits16 != BT_GL_PLANES);
 }
 
-/* Layouts with a high-bit plane (Q5_0 and Q5_1 with 16-bit activations): a block's codes are Q4_0's / Q4_1's 16-bit
- * nibble vectors (256 bytes) followed by 64 bytes holding the fifth bit of each code (cpu_gemm.c): bit i of 32-bit
- * word t is the high bit of int16 lane i (row i / 2) of the block's operand vector t, in the order the nibble
- * kernels produce them (bt_gl_plane_elem). */
+/* Layouts with a high-bit plane (Q5_0 and Q5_1 with 16-bit activations, Q5_K in the BT_GL_PLANES variant): a block's
+ * codes are Q4_0's / Q4_1's 16-bit nibble vectors (256 bytes) followed by 64 bytes holding the fifth bit of each
+ * code (cpu_gemm.c): bit i of 32-bit word t is the high bit of int16 lane i (row i / 2) of the block's operand vector
+ * t, in the order the nibble kernels produce them (bt_gl_plane_elem). */
 BT_GL_AI int bt_gl_plane(const int type, const int bits16)
 {
-    return bits16 && (type == BT_TYPE_Q5_0 || type == BT_TYPE_Q5_1);
+    return (bits16 && (type == BT_TYPE_Q5_0 || type == BT_TYPE_Q5_1)) ||
+           (bits16 == BT_GL_PLANES && type == BT_TYPE_Q5_K);
 }
 
 /* The element (0..31) that int16 lane i of operand vector t (0..15) of a 16-bit nibble layout holds, for row i / 2:
@@ -115,7 +121,8 @@ BT_GL_AI const uint8_t *bt_gl_codes(const uint8_t *group, int64_t b, const int t
 BT_GL_AI int bt_gl_block_share(const int type, const int bits16)
 {
     return type == BT_TYPE_Q4_K   ? 304
-           : type == BT_TYPE_Q6_K || type == BT_TYPE_Q5_K ? 560
+           : type == BT_TYPE_Q5_K ? (bits16 == BT_GL_PLANES ? 368 : 560)
+           : type == BT_TYPE_Q6_K ? 560
            : type == BT_TYPE_Q4_1 ? 320
            : type == BT_TYPE_Q4_0 ? 288
            : type == BT_TYPE_Q5_0 ? 352

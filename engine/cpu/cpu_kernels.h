@@ -56,6 +56,7 @@ typedef void (*bt_cpu_dot_rows_fn)(int64_t n, const void *w_row, const void *act
 typedef struct bt_cpu_packed {
     uint32_t wtype;     /* the layout and kernel: bt_cpu_pack_layout of the packed matrix's type */
     int act_bits;       /* 8 or 16: the precision the layout is for */
+    int planes;         /* 1: the ISA's 16-bit variant with a high-bit plane (bt_cpu_ops.gemm16_planes) */
     int64_t n_in, n_out;
     size_t group_bytes; /* bytes per group of BT_CPU_PACK_ROWS rows, a multiple of 64 */
     void *data;         /* [ceil(n_out / 16)][group_bytes], 64-byte aligned; rows past n_out are zero */
@@ -144,6 +145,10 @@ typedef struct bt_cpu_ops {
      * or 16-bit (gemm16) activations */
     bt_cpu_gemm_fn gemm8[BT_TYPE_COUNT];
     bt_cpu_gemm_fn gemm16[BT_TYPE_COUNT];
+    /* bit t set: at 16 bits this ISA's kernel of layout t reads the fifth bits from a high-bit plane where the
+     * portable layout has byte codes (Q5_K on AVX-512, whose mask registers add a plane word to an operand in one
+     * instruction; AVX2 and NEON spend more expanding it than its smaller reads save). Q5_0 and Q5_1 always have one. */
+    unsigned gemm16_planes;
 } bt_cpu_ops;
 
 /* Name of isa ("scalar", "avx2", "avx512", "neon", "neon-i8mm"). */
@@ -198,19 +203,21 @@ uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits);
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 
-/* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits; 0 when t has no packed layout. */
-size_t bt_cpu_pack_bytes(uint32_t t, int act_bits, int64_t n_in, int64_t n_out);
+/* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits for the kernels of ops (NULL: the
+ * portable layouts, as without gemm16_planes); 0 when t has no packed layout. */
+size_t bt_cpu_pack_bytes(const bt_cpu_ops *ops, uint32_t t, int act_bits, int64_t n_in, int64_t n_out);
 
-/* Packs w[n_out][row bytes] (type t) for act_bits (0 means 16) into out, splitting the work over pool (NULL: this
- * thread). out->data is allocated here and freed by bt_cpu_packed_free; out is set only on success.
+/* Packs w[n_out][row bytes] (type t) for act_bits (0 means 16) and the kernels of ops (NULL: the portable layouts)
+ * into out, splitting the work over pool (NULL: this thread). out->data is allocated here and freed by
+ * bt_cpu_packed_free; out is set only on success.
  * BT_ERR_UNSUPPORTED when t has no packed layout, BT_ERR_INVALID for bad shapes, BT_ERR_NOMEM. Blocks. */
-bt_status bt_cpu_pack(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
-                      bt_cpu_packed *out);
+bt_status bt_cpu_pack(const bt_cpu_ops *ops, bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out,
+                      const void *w, bt_cpu_packed *out);
 
 /* bt_cpu_pack into mem (64-byte aligned, bt_cpu_pack_bytes long), which stays the caller's: bt_cpu_packed_free then
  * only clears out. Same errors, except BT_ERR_INVALID for a NULL or misaligned mem instead of BT_ERR_NOMEM. */
-bt_status bt_cpu_pack_into(bt_pool *pool, uint32_t t, int act_bits, int64_t n_in, int64_t n_out, const void *w,
-                           void *mem, bt_cpu_packed *out);
+bt_status bt_cpu_pack_into(const bt_cpu_ops *ops, bt_pool *pool, uint32_t t, int act_bits, int64_t n_in,
+                           int64_t n_out, const void *w, void *mem, bt_cpu_packed *out);
 
 /* Frees p->data when bt_cpu_pack allocated it, and clears p; NULL or an empty p is a no-op. */
 void bt_cpu_packed_free(bt_cpu_packed *p);

@@ -57,7 +57,7 @@ static void test_gemm_matches_refs(void)
                 REQUIRE(w && x && xq && out && wd);
                 test_fill_act(n_in * n_rows, x, &s);
                 bt_cpu_packed p;
-                REQUIRE(bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
+                REQUIRE(bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
                 CHECK(p.group_bytes % 64 == 0 && ((uintptr_t)p.data & 63) == 0);
                 bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = n_out, .n_rows = n_rows, .w = w,
                                     .x = x, .xq = xq, .out = out, .act_bits = bits, .wp = &p};
@@ -117,7 +117,7 @@ static void test_gemm_each_width(void)
             for (int r = 0; r < BT_CPU_GEMM_NR; r++)
                 bt_cpu_prepare_act_row(ops, t, bits, n_in, x + r * n_in, xq + (size_t)r * ab);
             bt_cpu_packed p;
-            REQUIRE(bt_cpu_pack(NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
+            REQUIRE(bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
             int bad = 0;
             for (int nr = 1; nr <= BT_CPU_GEMM_NR; nr++)
                 for (int g = 0; g < 2; g++) {
@@ -172,8 +172,8 @@ static void test_q5_0_plane_matches_q8_0(void)
             }
             test_fill_act(n_in * n_rows, x, &s);
             bt_cpu_packed p5, p8;
-            REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q5_0, 16, n_in, n_out, w5, &p5) == BT_OK);
-            REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q8_0, 16, n_in, n_out, w8, &p8) == BT_OK);
+            REQUIRE(bt_cpu_pack(ops, NULL, BT_TYPE_Q5_0, 16, n_in, n_out, w5, &p5) == BT_OK);
+            REQUIRE(bt_cpu_pack(ops, NULL, BT_TYPE_Q8_0, 16, n_in, n_out, w8, &p8) == BT_OK);
             CHECK(p5.wtype == BT_TYPE_Q5_0 && p5.group_bytes * 32 < p8.group_bytes * 21); /* 352 vs 544 per block */
             bt_cpu_matmul mm = {.ops = ops, .wtype = BT_TYPE_Q5_0, .n_in = n_in, .n_out = n_out, .n_rows = n_rows,
                                 .w = w5, .x = x, .xq = xq, .out = o5, .act_bits = 16, .wp = &p5};
@@ -219,7 +219,7 @@ static void test_q8_0_extremes(void)
         float out[N_ROWS * N_OUT], ref[BT_CPU_GEMM_NR * 16];
         REQUIRE(xq);
         bt_cpu_packed p;
-        REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q8_0, 8, N_IN, N_OUT, w, &p) == BT_OK);
+        REQUIRE(bt_cpu_pack(ops, NULL, BT_TYPE_Q8_0, 8, N_IN, N_OUT, w, &p) == BT_OK);
         bt_cpu_matmul mm = {.ops = ops, .wtype = BT_TYPE_Q8_0, .n_in = N_IN, .n_out = N_OUT, .n_rows = N_ROWS,
                             .w = w, .x = x, .xq = xq, .out = out, .act_bits = 8, .wp = &p};
         REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
@@ -279,7 +279,7 @@ static void test_gemm_batch_invariance(void)
             test_fill_act(n_in * n_rows, x, &s);
             bt_cpu_packed p = {0};
             int packed = bt_cpu_pack_supported(ops, t, bits);
-            if (packed) REQUIRE(bt_cpu_pack(pools[rand_range(&s, 0, 3)], t, bits, n_in, n_out, w, &p) == BT_OK);
+            if (packed) REQUIRE(bt_cpu_pack(ops, pools[rand_range(&s, 0, 3)], t, bits, n_in, n_out, w, &p) == BT_OK);
             bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = n_out, .n_rows = n_rows, .w = w,
                                 .x = x, .xq = xq, .out = out, .act_bits = bits, .wp = packed ? &p : NULL};
             REQUIRE(bt_cpu_matmul_run(pools[rand_range(&s, 0, 3)], &mm) == BT_OK);
@@ -324,9 +324,9 @@ static void test_pack_checks(void)
             best = bt_cpu_ops_get((bt_cpu_isa)isa);
     CHECK(!bt_cpu_pack_supported(bt_cpu_ops_get(BT_CPU_ISA_SCALAR), BT_TYPE_Q4_1, 16));
     bt_cpu_packed p;
-    CHECK(bt_cpu_pack(NULL, BT_TYPE_F16, 16, 256, 16, "", &p) == BT_ERR_UNSUPPORTED); /* no packed layout */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 128, 16) == 0); /* Q4_K rows come in 256-element super-blocks */
-    CHECK(bt_cpu_pack(NULL, BT_TYPE_Q4_K, 8, 128, 16, "", &p) == BT_ERR_INVALID);
+    CHECK(bt_cpu_pack(NULL, NULL, BT_TYPE_F16, 16, 256, 16, "", &p) == BT_ERR_UNSUPPORTED); /* no packed layout */
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_K, 16, 128, 16) == 0); /* Q4_K rows come in 256-element super-blocks */
+    CHECK(bt_cpu_pack(NULL, NULL, BT_TYPE_Q4_K, 8, 128, 16, "", &p) == BT_ERR_INVALID);
     /* every ISA with packed kernels packs the K-quants at both precisions, in super-units of the same size */
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
         const bt_cpu_ops *o = bt_cpu_ops_get((bt_cpu_isa)isa);
@@ -334,33 +334,65 @@ static void test_pack_checks(void)
         CHECK_MSG(bt_cpu_pack_supported(o, BT_TYPE_Q4_K, 8) && bt_cpu_pack_supported(o, BT_TYPE_Q5_K, 8) &&
                       bt_cpu_pack_supported(o, BT_TYPE_Q6_K, 8), "%s lacks an 8-bit K-quant kernel", o->name);
     }
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 8, 512, 16) == bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 512, 16));
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 8, 256, 16) == 128 + 4 * (64 + 2 * 512));
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_K, 8, 512, 16) == bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_K, 16, 512, 16));
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 8, 256, 16) == 128 + 4 * (64 + 2 * 512));
     /* K-quants: a super-unit per 256 elements: fp32 A and B of 16 rows, then 4 pairs of 64 scale bytes + 2 blocks */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_K, 16, 512, 20) == 2 * 2 * (128 + 4 * (64 + 2 * 512))); /* 2 groups */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 128, 16) == 0);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q6_K, 16, 256, 16) == 128 + 4 * (64 + 2 * 512));
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_K, 16, 512, 16) == 2 * (128 + 4 * (64 + 2 * 256))); /* 1.06x the GGUF rows */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 48, 16) == 0);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_K, 16, 512, 20) == 2 * 2 * (128 + 4 * (64 + 2 * 512))); /* 2 groups */
+    /* AVX-512 packs Q5_K at 16 bits with a high-bit plane (320 code bytes per block, 1.05x the GGUF rows), its kernel
+     * refuses the byte layout, and the other ISAs keep the bytes */
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) { /* the tables of this build's ISAs, run or not */
+        const bt_cpu_ops *o = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!o) continue;
+        CHECK(o->gemm16_planes == (isa == BT_CPU_ISA_AVX512 ? 1u << BT_TYPE_Q5_K : 0u));
+        CHECK(bt_cpu_pack_bytes(o, BT_TYPE_Q5_K, 8, 512, 20) == bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_K, 8, 512, 20));
+    }
+    const bt_cpu_ops *avx512 = bt_cpu_ops_get(BT_CPU_ISA_AVX512);
+    if (avx512) {
+        CHECK(bt_cpu_pack_bytes(avx512, BT_TYPE_Q5_K, 16, 512, 20) == 2 * 2 * (128 + 4 * (64 + 2 * 320)));
+        CHECK(bt_cpu_pack_bytes(avx512, BT_TYPE_Q5_K, 16, 512, 16) * 100 < 105 * 16 * bt_cpu_row_bytes(BT_TYPE_Q5_K, 512));
+    }
+    if (avx512 && test_isa_covers(BT_CPU_ISA_AVX512)) {
+        uint8_t *w5 = make_weights(BT_TYPE_Q5_K, 256, 16, &s);
+        float x5[256], o5[16];
+        uint8_t xq5[1024];
+        REQUIRE(w5 && bt_cpu_act_row_bytes(BT_TYPE_Q5_K, 16, 256) <= sizeof xq5);
+        test_fill_act(256, x5, &s);
+        bt_cpu_packed pb, pp;
+        REQUIRE(bt_cpu_pack(NULL, NULL, BT_TYPE_Q5_K, 16, 256, 16, w5, &pb) == BT_OK);
+        REQUIRE(bt_cpu_pack(avx512, NULL, BT_TYPE_Q5_K, 16, 256, 16, w5, &pp) == BT_OK);
+        CHECK(!pb.planes && pp.planes && pp.group_bytes < pb.group_bytes);
+        bt_cpu_matmul mm = {.ops = avx512, .wtype = BT_TYPE_Q5_K, .n_in = 256, .n_out = 16, .n_rows = 1, .w = w5,
+                            .x = x5, .xq = xq5, .out = o5, .act_bits = 16, .wp = &pb};
+        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_ERR_INVALID);
+        mm.wp = &pp;
+        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+        bt_cpu_packed_free(&pb);
+        bt_cpu_packed_free(&pp);
+        free(w5);
+    }
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 16, 128, 16) == 0);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 16, 256, 16) == 128 + 4 * (64 + 2 * 512));
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_K, 16, 512, 16) == 2 * (128 + 4 * (64 + 2 * 256))); /* 1.06x the GGUF rows */
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_1, 16, 48, 16) == 0);
     /* Q5_0 and Q5_1 at 16 bits: nibbles and a 64-byte high-bit plane per block, the GGUF blocks' size (352 and 384
      * bytes per 16 rows x 32 elements); at 8 bits bytes as the Q8_0 layout (544) and Q5_1's (576) */
     CHECK(bt_cpu_pack_layout(BT_TYPE_Q5_0, 16) == BT_TYPE_Q5_0 && bt_cpu_pack_layout(BT_TYPE_Q5_0, 0) == BT_TYPE_Q5_0);
     CHECK(bt_cpu_pack_layout(BT_TYPE_Q5_0, 8) == BT_TYPE_Q8_0 && bt_cpu_pack_layout(BT_TYPE_Q5_1, 8) == BT_TYPE_Q5_1);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 64, 16) == 64 + 2 * 320 && 2 * 352 == 64 + 2 * 320);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 96, 16) == 2 * (64 + 2 * 320)); /* an odd last block: a whole unit */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 640, 32) == 2 * 20 * 352);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 16, 640, 32) == 32 * bt_cpu_row_bytes(BT_TYPE_Q5_0, 640)); /* 1.00x */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_1, 16, 576, 16) == 18 * 384);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_1, 16, 576, 16) == 16 * bt_cpu_row_bytes(BT_TYPE_Q5_1, 576)); /* 1.00x */
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_0, 8, 64, 16) == 64 + 2 * 512);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q5_1, 8, 576, 16) == 18 * 576);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_0, 16, 64, 16) == 64 + 2 * 320 && 2 * 352 == 64 + 2 * 320);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_0, 16, 96, 16) == 2 * (64 + 2 * 320)); /* an odd last block: a whole unit */
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_0, 16, 640, 32) == 2 * 20 * 352);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_0, 16, 640, 32) == 32 * bt_cpu_row_bytes(BT_TYPE_Q5_0, 640)); /* 1.00x */
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_1, 16, 576, 16) == 18 * 384);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_1, 16, 576, 16) == 16 * bt_cpu_row_bytes(BT_TYPE_Q5_1, 576)); /* 1.00x */
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_0, 8, 64, 16) == 64 + 2 * 512);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_1, 8, 576, 16) == 18 * 576);
     if (!best) return; /* the packing ISA's own entry runs the rest, or reports its skip */
     uint8_t *w = make_weights(BT_TYPE_Q4_1, 64, 20, &s);
     REQUIRE(w);
     float x[2 * 64] = {0}, out[2 * 20];
     uint8_t xq[2 * 256];
-    REQUIRE(bt_cpu_pack(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, &p) == BT_OK);
-    CHECK(bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 64, 20) == 2 * p.group_bytes);
+    REQUIRE(bt_cpu_pack(NULL, NULL, BT_TYPE_Q4_1, 16, 64, 20, w, &p) == BT_OK);
+    CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_1, 16, 64, 20) == 2 * p.group_bytes);
     bt_cpu_matmul mm = {.ops = best, .wtype = BT_TYPE_Q4_1, .n_in = 64, .n_out = 20, .n_rows = 2, .w = w, .x = x,
                         .xq = xq, .out = out, .act_bits = 16, .wp = &p};
     CHECK(bt_cpu_matmul_check(&mm) == BT_OK);
@@ -373,15 +405,15 @@ static void test_pack_checks(void)
     mm.n_out = 20, mm.ops = bt_cpu_ops_get(BT_CPU_ISA_SCALAR); /* no kernel to run it */
     CHECK(bt_cpu_matmul_check(&mm) == BT_ERR_INVALID);
     /* packing into the caller's memory gives the same bytes and leaves the memory to the caller */
-    size_t bytes = bt_cpu_pack_bytes(BT_TYPE_Q4_1, 16, 64, 20);
+    size_t bytes = bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_1, 16, 64, 20);
     uint8_t *mem = aligned_alloc(64, bytes + 64);
     REQUIRE(mem);
     memset(mem, 0xcd, bytes + 64);
     bt_cpu_packed q;
-    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem + 8, &q) == BT_ERR_INVALID); /* misaligned */
-    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, NULL, &q) == BT_ERR_INVALID);
-    CHECK(bt_cpu_pack_into(NULL, BT_TYPE_F16, 16, 256, 16, "", mem, &q) == BT_ERR_UNSUPPORTED);
-    REQUIRE(bt_cpu_pack_into(NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem, &q) == BT_OK);
+    CHECK(bt_cpu_pack_into(NULL, NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem + 8, &q) == BT_ERR_INVALID); /* misaligned */
+    CHECK(bt_cpu_pack_into(NULL, NULL, BT_TYPE_Q4_1, 16, 64, 20, w, NULL, &q) == BT_ERR_INVALID);
+    CHECK(bt_cpu_pack_into(NULL, NULL, BT_TYPE_F16, 16, 256, 16, "", mem, &q) == BT_ERR_UNSUPPORTED);
+    REQUIRE(bt_cpu_pack_into(NULL, NULL, BT_TYPE_Q4_1, 16, 64, 20, w, mem, &q) == BT_OK);
     CHECK(q.data == mem && !q.owns_data && p.owns_data);
     CHECK(q.group_bytes == p.group_bytes && !memcmp(mem, p.data, bytes));
     CHECK(mem[bytes] == 0xcd); /* nothing written past the packed size */
