@@ -8,7 +8,8 @@
  * are the float ops per block and row (mul, fma, and for Q4_1 the min fma) and, at 16 rows, waiting on the weights
  * from memory, hence the prefetch of the next group (~60% -> ~78% of the vpdpwssd rate for Q4_1).
  * Q5_0 and Q5_1 with 16-bit activations are Q4_0 / Q4_1 nibbles plus a high-bit plane whose 32-bit word t is the
- * lane mask of operand t: one masked vpaddw of 16 per operand, loaded straight into a mask register.
+ * lane mask of operand t: one masked vpaddw of 16 per operand, loaded straight into a mask register. Q5_K is packed
+ * the same way for this ISA alone (Q4_K's nibbles and the plane: bt_cpu_ops_avx512.gemm16_planes).
  * Lane bounds per block: 8-bit 32 * 255 * 127 < 2^21, 16-bit 32 * 128 * 32767 < 2^28 (Q8_0; beyond 2^24 the
  * conversion rounds, identically in the reference). */
 #include <immintrin.h>
