@@ -956,9 +956,19 @@ const char *bt_backend_cpu_isa(const bt_backend *be)
 }
 
 /* Counts the model's matrices by weight type. */
-static void count_matrix(const bt_weight *w, int *count)
+/* A matrix of the model, counted by type with its bytes in the file and in the packed copy it would have here */
+typedef struct type_tally {
+    int n;
+    double file_bytes, packed_bytes;
+} type_tally;
+
+static void count_matrix(const cpu_ctx *c, const bt_weight *w, type_tally *tally)
 {
-    if (w->data && w->n_out > 1 && w->type < BT_TYPE_COUNT) count[w->type]++;
+    if (!w->data || w->n_out <= 1 || w->type >= BT_TYPE_COUNT) return;
+    type_tally *t = &tally[w->type];
+    t->n++;
+    t->file_bytes += (double)bt_cpu_row_bytes(w->type, w->n_in) * (double)w->n_out;
+    t->packed_bytes += (double)bt_cpu_pack_bytes(c->ops, w->type, c->act_bits, w->n_in, w->n_out);
 }
 
 void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf, size_t cap)
@@ -968,20 +978,24 @@ void bt_backend_cpu_describe(const bt_backend *be, const bt_model *m, char *buf,
         return;
     }
     const cpu_ctx *c = be->ctx;
-    int count[BT_TYPE_COUNT] = {0};
+    type_tally tally[BT_TYPE_COUNT] = {{0}};
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
         const bt_layer *L = &m->layers[l];
         const bt_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) count_matrix(ws[i], count);
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) count_matrix(c, ws[i], tally);
     }
-    count_matrix(&m->output, count);
+    count_matrix(c, &m->output, tally);
     size_t used = 0;
     if (cap) buf[0] = 0;
     for (uint32_t t = 0; t < BT_TYPE_COUNT && used < cap; t++) {
-        if (!count[t]) continue;
+        if (!tally[t].n) continue;
         int packed = c->repack && bt_cpu_pack_supported(c->ops, t, c->act_bits);
-        int k = snprintf(buf + used, cap - used, "%s%s x%d %s", used ? ", " : "", bt_ggml_type_name(t), count[t],
-                         packed ? "packed" : c->repack ? "row kernels (no packed layout)" : "row kernels");
+        /* a packed copy's bytes against the file's: what a memory-bound decode streams more than the file holds */
+        char ratio[32] = "";
+        if (packed && tally[t].file_bytes > 0)
+            snprintf(ratio, sizeof ratio, " (%.2fx the file's bytes)", tally[t].packed_bytes / tally[t].file_bytes);
+        int k = snprintf(buf + used, cap - used, "%s%s x%d %s%s", used ? ", " : "", bt_ggml_type_name(t), tally[t].n,
+                         packed ? "packed" : c->repack ? "row kernels (no packed layout)" : "row kernels", ratio);
         if (k < 0) break;
         used += (size_t)k;
     }

@@ -329,7 +329,7 @@ bt_status bt_ne_node_info(const bt_ne_t *ne, mbr_role role, mbr_node_info_t *inf
 
 void bt_ne_summary(const bt_ne_t *ne, char *buf, size_t cap)
 {
-    char kmax[24] = "", kinds[256];
+    char kmax[24] = "", kinds[512];
     if (ne->proposer) snprintf(kmax, sizeof kmax, "%d%s", ne->spec.k_max, ne->spec_fixed_k ? " (fixed)" : "");
     bt_backend_cpu_describe(ne->be, ne->m, kinds, sizeof kinds);
     snprintf(buf, cap,

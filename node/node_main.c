@@ -28,7 +28,7 @@ static int serve(const char *prog, mbr_role role, const bt_node_service_ops_t *o
 {
     mbr_node_info_t info;
     memset(&info, 0, sizeof info);
-    char summary[512];
+    char summary[1024];
     ops->summary(svc, summary, sizeof summary);
     int rc = 0;
     if (ops->node_info(svc, &info) != BT_OK || bt_node_start(node, &info, ops->load, svc, summary) != BT_OK) {

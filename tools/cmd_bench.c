@@ -606,7 +606,7 @@ int cmd_bench(int argc, char **argv)
         double p128 = bench_median(pre128, (int)reps), p512 = bench_median(pre512, (int)reps), d = bench_median(dec, (int)reps);
         double roof = bwn / wbytes; /* tokens/s if decode only streamed the weights once per token */
         printf("model               %s\n", m->name);
-        char kinds[256];
+        char kinds[512];
         bt_backend_cpu_describe(r.be, m, kinds, sizeof kinds);
         printf("kernels             %s, %d threads, %d-bit activations: %s\n", bt_backend_cpu_isa(r.be), nth,
                bt_backend_cpu_act_bits(r.be), kinds);

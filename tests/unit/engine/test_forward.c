@@ -331,7 +331,8 @@ static float *isa_logits(const char *path, const char *isa, int32_t *V)
  * types (the scalar entry has no SIMD path to compare: the avx2 and avx512 entries run this). */
 static void test_isa_agreement(void)
 {
-    uint32_t types[] = {BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_0, BT_TYPE_Q5_1, BT_TYPE_Q4_K, BT_TYPE_Q6_K, BT_TYPE_F16};
+    uint32_t types[] = {BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_0, BT_TYPE_Q5_0, BT_TYPE_Q5_1, BT_TYPE_Q4_K, BT_TYPE_Q5_K,
+                        BT_TYPE_Q6_K, BT_TYPE_F16};
     const char *entry = getenv("BATON_CPU_ISA");
     char keep[16] = "";
     if (entry) snprintf(keep, sizeof keep, "%s", entry);
@@ -365,6 +366,32 @@ static void test_isa_agreement(void)
         setenv("BATON_CPU_ISA", keep, 1);
     else
         unsetenv("BATON_CPU_ISA");
+}
+
+/* The kernel line a node and `baton bench` print: each weight type's count, path, and the packed copy's bytes against
+ * the file's (Q5_K: AVX-512's plane variant 1.05x, the bytes of the other ISAs 1.59x; no packed kernels: row
+ * kernels). */
+static void test_describe(void)
+{
+    tiny_model_opts o = {.matrix_type = BT_TYPE_Q5_K, .n_embd = 256, .n_head = 4, .n_ff = 256, .tied = 0};
+    const char *path = tiny_path("describe", &o);
+    REQUIRE(path != NULL);
+    bt_model *m;
+    REQUIRE(bt_model_load(path, &m) == BT_OK);
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
+        bt_cpu_opts opts = {.n_threads = 1, .force_isa = 1, .isa = isa};
+        bt_backend *be;
+        REQUIRE(bt_backend_cpu_create(&opts, &be) == BT_OK);
+        char line[512];
+        bt_backend_cpu_describe(be, m, line, sizeof line);
+        const char *want = isa == BT_CPU_ISA_SCALAR   ? "Q5_K x15 row kernels (no packed layout)"
+                           : isa == BT_CPU_ISA_AVX512 ? "Q5_K x15 packed (1.05x the file's bytes)"
+                                                      : "Q5_K x15 packed (1.59x the file's bytes)";
+        CHECK_MSG(strstr(line, want) != NULL, "%s: '%s' lacks '%s'", bt_cpu_isa_name((bt_cpu_isa)isa), line, want);
+        bt_backend_destroy(be);
+    }
+    bt_model_free(m);
 }
 
 static void test_bad_batches(void)
@@ -569,6 +596,7 @@ int main(void)
     RUN(test_lanes);
     RUN(test_lanes_multi_row);
     RUN(test_isa_agreement);
+    RUN(test_describe);
     RUN(test_bad_batches);
     RUN(test_bad_models);
     RUN(test_gemma3);
