@@ -234,13 +234,15 @@ def q4k_model(baton_bin, default_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def q50_model(baton_bin, default_model, tmp_path_factory):
-    """The default model with every matrix requantized to Q5_0: packed into the Q8_0 layout (bt_cpu_pack_layout)."""
+    """The default model with every matrix requantized to Q5_0: packed as nibbles and a high-bit plane (16-bit
+    activations; into the Q8_0 layout at 8 bits)."""
     return requantized(baton_bin, default_model, tmp_path_factory, "q5_0")
 
 
 @pytest.fixture(scope="module")
 def q51_model(baton_bin, default_model, tmp_path_factory):
-    """The default model with every matrix requantized to Q5_1: the packed Q5_1 layout (byte codes, fp16 d and m)."""
+    """The default model with every matrix requantized to Q5_1: the packed Q5_1 layout (nibbles and a high-bit plane,
+    fp16 d and m)."""
     return requantized(baton_bin, default_model, tmp_path_factory, "q5_1")
 
 
@@ -253,8 +255,8 @@ def q6k_model(baton_bin, default_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def q5k_model(baton_bin, default_model, tmp_path_factory):
-    """The default model's rows-of-256 matrices requantized to Q5_K: the packed Q5_K layout (byte codes, fp32 d and
-    m per 32-element sub-block)."""
+    """The default model's rows-of-256 matrices requantized to Q5_K: the packed Q5_K layout (fp32 d and m per
+    32-element sub-block; on AVX-512 nibbles and a high-bit plane, elsewhere byte codes)."""
     return requantized(baton_bin, default_model, tmp_path_factory, "q5_k")
 
 
