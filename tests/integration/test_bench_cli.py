@@ -125,8 +125,10 @@ def test_step_rows_curve(baton_bin, default_model, tmp_path):
     doc = json.loads(js.read_text())
     assert doc["prompt_tokens"] == 640 and doc["act_bits"] in (8, 16) and len(doc["step_ms"]) == 8, doc
     assert all(ms > 0 for ms in doc["step_ms"]), doc
-    assert [float(x) for x in curve.group(1).split(",")] == [round(ms, 2) for ms in doc["step_ms"]], (curve, doc)
-    assert [float(r[1]) for r in table] == [round(ms, 3) for ms in doc["step_ms"]], (table, doc)
+    # the same times at each print's precision (JSON has 4 decimals, so a rounding tie may go either way)
+    assert all(abs(float(x) - ms) <= 0.0051 for x, ms in zip(curve.group(1).split(","), doc["step_ms"])), (curve, doc)
+    assert all(abs(float(r[1]) - ms) <= 0.00051 for r, ms in zip(table, doc["step_ms"])), (table, doc)
+    assert len(curve.group(1).split(",")) == 8
     for args, msg in ((["--step-rows", "0"], "--step-rows"), (["--step-rows", "65"], "--step-rows"),
                       (["--step-rows", "2", "--concurrency", "1"], "--step-rows runs alone")):
         res = subprocess.run([str(baton_bin), "bench", *args], capture_output=True, text=True, timeout=60)
