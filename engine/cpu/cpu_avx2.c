@@ -843,54 +843,121 @@ AI __m256 kv_load8(const bt_cpu_kv_rows *kv, const int which, const int type, in
     return _mm256_loadu_ps((const float *)base + e);
 }
 
+#define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
+
+/* Prefetches lines [lo, hi) of the bytes at p split in n_it parts, part it: kv->pf_k / pf_v spread over the kernel's
+ * loops, as the AVX-512 kernel does (one burst per block lost part of the requests there) */
+AI void pf_lines(const void *p, size_t bytes, int it, int n_it)
+{
+    if (!p) return;
+    size_t lines = bytes / 64, lo = lines * (size_t)it / (size_t)n_it, hi = lines * (size_t)(it + 1) / (size_t)n_it;
+    for (size_t t = lo; t < hi; t++) _mm_prefetch((const char *)p + 64 * t, _MM_HINT_T2);
+}
+
+/* tree16 of 4 keys at once from their b (lanes t + (t + 8) of the 16 lanes of a dot, as tree16's first step): the
+ * 128-bit halves of two keys' b added (c_t = b_t + b_(t+4)), then c_0 + c_2 and c_1 + c_3 side by side. Returns
+ * [d0 d1 of b[0], d0 d1 of b[2] | d0 d1 of b[1], d0 d1 of b[3]], where each key's tree16 is d0 + d1. */
+AI __m256 tree16_x4(const __m256 *b)
+{
+    const __m256 c01 = _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+    const __m256 c23 = _mm256_add_ps(_mm256_permute2f128_ps(b[2], b[3], 0x20), _mm256_permute2f128_ps(b[2], b[3], 0x31));
+    return _mm256_add_ps(_mm256_shuffle_ps(c01, c23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(c01, c23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* tree16 * scale of 8 keys' b, in key order */
+AI __m256 tree16_x8(const __m256 *b, float scale)
+{
+    const __m256 g0 = tree16_x4(b), g1 = tree16_x4(b + 4);
+    /* d0 + d1 of keys [0 2 4 6 | 1 3 5 7] */
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_mul_ps(_mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), _mm256_set1_ps(scale));
+}
+
+/* attn_block for NH (1..ATTN_NH) query heads. Per key, each head's 16 dot lanes (mul over elements 0..15, then fma,
+ * as the scalar reference) in two registers, lanes 0-7 and 8-15, whose sum is kept (tree16's first step); the
+ * scores of 8 keys are then reduced together. */
+AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
+                    float *l, float *acc, const int type, int pf)
+{
+    const void *pf_k = pf ? kv->pf_k : NULL, *pf_v = pf ? kv->pf_v : NULL;
+    __m256 b[ATTN_NH][BT_CPU_ATTN_BLOCK];
+    for (int j = 0; j < nk; j++) {
+        pf_lines(pf_k, kv->pf_bytes, j, nk);
+        __m256 lo[ATTN_NH], hi[ATTN_NH];
+        const __m256 k0 = kv_load8(kv, 0, type, n, j, 0), k1 = kv_load8(kv, 0, type, n, j, 8);
+        for (int h = 0; h < NH; h++) {
+            lo[h] = _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n), k0);
+            hi[h] = _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n + 8), k1);
+        }
+        for (int64_t i = 16; i < n; i += 16) {
+            const __m256 ka = kv_load8(kv, 0, type, n, j, i), kb = kv_load8(kv, 0, type, n, j, i + 8);
+            for (int h = 0; h < NH; h++) {
+                lo[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i), ka, lo[h]);
+                hi[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i + 8), kb, hi[h]);
+            }
+        }
+        for (int h = 0; h < NH; h++) b[h][j] = _mm256_add_ps(lo[h], hi[h]);
+    }
+    for (int j = nk; j < (nk > 8 ? 16 : 8); j++) /* masked out below whatever their dots */
+        for (int h = 0; h < NH; h++) b[h][j] = _mm256_setzero_ps();
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 valid0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nk), idx));
+    const __m256 valid1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nk - 8), idx));
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    float w[ATTN_NH][16];
+    __m256 c[ATTN_NH];
+    for (int h = 0; h < NH; h++) {
+        float s[16];
+        const __m256 s0 = _mm256_blendv_ps(ninf, tree16_x8(b[h], scale), valid0);
+        const __m256 s1 = nk > 8 ? _mm256_blendv_ps(ninf, tree16_x8(b[h] + 8, scale), valid1) : ninf;
+        _mm256_storeu_ps(s, s0);
+        _mm256_storeu_ps(s + 8, s1);
+        float mn = m[h];
+        for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
+        const __m256 vmn = _mm256_set1_ps(mn);
+        c[h] = exp8(_mm256_set1_ps(m[h] - mn));
+        const __m256 w0 = exp8(_mm256_sub_ps(s0, vmn)), w1 = exp8(_mm256_sub_ps(s1, vmn));
+        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm256_castps256_ps128(c[h]), _mm_set_ss(tree16_2(w0, w1))));
+        _mm256_storeu_ps(w[h], w0);
+        _mm256_storeu_ps(w[h] + 8, w1);
+        m[h] = mn;
+    }
+    /* acc = acc * c, then fmaf(w_j, V_j, acc) for j ascending, 16 elements of every head at a time */
+    for (int64_t i = 0; i < n; i += 16) {
+        pf_lines(pf_v, kv->pf_bytes, (int)(i / 16), (int)(n / 16));
+        __m256 a[ATTN_NH][2];
+        for (int h = 0; h < NH; h++) {
+            a[h][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i), c[h]);
+            a[h][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8), c[h]);
+        }
+        for (int j = 0; j < nk; j++) {
+            const __m256 va = kv_load8(kv, 1, type, n, j, i), vb = kv_load8(kv, 1, type, n, j, i + 8);
+            for (int h = 0; h < NH; h++) {
+                const __m256 wv = _mm256_broadcast_ss(&w[h][j]);
+                a[h][0] = _mm256_fmadd_ps(wv, va, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(wv, vb, a[h][1]);
+            }
+        }
+        for (int h = 0; h < NH; h++) {
+            _mm256_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i, a[h][0]);
+            _mm256_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8, a[h][1]);
+        }
+    }
+}
+
 AI void attn_block8(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
                     float *l, float *acc, const int type)
 {
-    for (int h = 0; h < nq; h++) {
+    for (int h = 0; h < nq; h += ATTN_NH) {
         const float *qh = q + (size_t)h * (size_t)n;
         float *ah = acc + (size_t)h * (size_t)n;
-        float s[16], w[16];
-        for (int j = 0; j < 16; j++) {
-            if (j >= nk) {
-                s[j] = -INFINITY;
-                continue;
-            }
-            __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(qh), kv_load8(kv, 0, type, n, j, 0));
-            __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(qh + 8), kv_load8(kv, 0, type, n, j, 8));
-            for (int64_t i = 16; i < n; i += 16) {
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), kv_load8(kv, 0, type, n, j, i), lo);
-                hi = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), kv_load8(kv, 0, type, n, j, i + 8), hi);
-            }
-            s[j] = tree16_2(lo, hi) * scale;
+        switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
+        case 1: attn_heads8(n, 1, qh, scale, kv, nk, m + h, l + h, ah, type, h == 0); break;
+        case 2: attn_heads8(n, 2, qh, scale, kv, nk, m + h, l + h, ah, type, h == 0); break;
+        default: attn_heads8(n, 3, qh, scale, kv, nk, m + h, l + h, ah, type, h == 0); break;
         }
-        float mn = m[h];
-        for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
-        __m256 c = exp8(_mm256_set1_ps(m[h] - mn)), vmn = _mm256_set1_ps(mn);
-        __m256 w0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s), vmn)), w1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), vmn));
-        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm256_castps256_ps128(c), _mm_set_ss(tree16_2(w0, w1))));
-        _mm256_storeu_ps(w, w0);
-        _mm256_storeu_ps(w + 8, w1);
-        int64_t i = 0;
-        for (; i + 32 <= n; i += 32) {
-            __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(ah + i), c), a1 = _mm256_mul_ps(_mm256_loadu_ps(ah + i + 8), c);
-            __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(ah + i + 16), c);
-            __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(ah + i + 24), c);
-            for (int j = 0; j < nk; j++) {
-                __m256 wv = _mm256_set1_ps(w[j]);
-                a0 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i), a0);
-                a1 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i + 8), a1);
-                a2 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i + 16), a2);
-                a3 = _mm256_fmadd_ps(wv, kv_load8(kv, 1, type, n, j, i + 24), a3);
-            }
-            _mm256_storeu_ps(ah + i, a0), _mm256_storeu_ps(ah + i + 8, a1);
-            _mm256_storeu_ps(ah + i + 16, a2), _mm256_storeu_ps(ah + i + 24, a3);
-        }
-        for (; i < n; i += 8) {
-            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(ah + i), c);
-            for (int j = 0; j < nk; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), kv_load8(kv, 1, type, n, j, i), a);
-            _mm256_storeu_ps(ah + i, a);
-        }
-        m[h] = mn;
     }
 }
 
@@ -898,6 +965,8 @@ void bt_cpu_avx2_attn_block(int64_t n, int nq, const float *q, float scale, cons
                             float *m, float *l, float *acc)
 {
     if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
+        pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
+        pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
         bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
         return;
     }
@@ -968,6 +1037,7 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
     .attn_scores = bt_cpu_avx2_attn_scores,
     .attn_accum = bt_cpu_avx2_attn_accum,
     .attn_block = bt_cpu_avx2_attn_block,
+    .attn_prefetches = 1,
     .swiglu = bt_cpu_avx2_swiglu,
     .geglu = bt_cpu_avx2_geglu,
     .rmsnorm = bt_cpu_avx2_rmsnorm,
