@@ -845,15 +845,6 @@ AI __m256 kv_load8(const bt_cpu_kv_rows *kv, const int which, const int type, in
 
 #define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
 
-/* Prefetches lines [lo, hi) of the bytes at p split in n_it parts, part it: kv->pf_k / pf_v spread over the kernel's
- * loops, as the AVX-512 kernel does (one burst per block lost part of the requests there) */
-AI void pf_lines(const void *p, size_t bytes, int it, int n_it)
-{
-    if (!p) return;
-    size_t lines = bytes / 64, lo = lines * (size_t)it / (size_t)n_it, hi = lines * (size_t)(it + 1) / (size_t)n_it;
-    for (size_t t = lo; t < hi; t++) _mm_prefetch((const char *)p + 64 * t, _MM_HINT_T2);
-}
-
 /* tree16 of 4 keys at once from their b (lanes t + (t + 8) of the 16 lanes of a dot, as tree16's first step): the
  * 128-bit halves of two keys' b added (c_t = b_t + b_(t+4)), then c_0 + c_2 and c_1 + c_3 side by side. Returns
  * [d0 d1 of b[0], d0 d1 of b[2] | d0 d1 of b[1], d0 d1 of b[3]], where each key's tree16 is d0 + d1. */
@@ -884,7 +875,7 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
     const void *pf_k = pf ? kv->pf_k : NULL, *pf_v = pf ? kv->pf_v : NULL;
     __m256 b[ATTN_NH][BT_CPU_ATTN_BLOCK];
     for (int j = 0; j < nk; j++) {
-        pf_lines(pf_k, kv->pf_bytes, j, nk);
+        bt_cpu_pf_lines(pf_k, kv->pf_bytes, j, nk);
         __m256 lo[ATTN_NH], hi[ATTN_NH];
         const __m256 k0 = kv_load8(kv, 0, type, n, j, 0), k1 = kv_load8(kv, 0, type, n, j, 8);
         for (int h = 0; h < NH; h++) {
@@ -926,7 +917,7 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
     }
     /* acc = acc * c, then fmaf(w_j, V_j, acc) for j ascending, 16 elements of every head at a time */
     for (int64_t i = 0; i < n; i += 16) {
-        pf_lines(pf_v, kv->pf_bytes, (int)(i / 16), (int)(n / 16));
+        bt_cpu_pf_lines(pf_v, kv->pf_bytes, (int)(i / 16), (int)(n / 16));
         __m256 a[ATTN_NH][2];
         for (int h = 0; h < NH; h++) {
             a[h][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i), c[h]);
@@ -965,8 +956,8 @@ void bt_cpu_avx2_attn_block(int64_t n, int nq, const float *q, float scale, cons
                             float *m, float *l, float *acc)
 {
     if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
-        pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
-        pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
+        bt_cpu_pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
+        bt_cpu_pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
         bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
         return;
     }

@@ -691,15 +691,6 @@ AI __m512 tree16_finish(__m512 d0, __m512 d1)
 
 #define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
 
-/* Prefetches lines [lo, hi) of the pf_bytes at p: kv->pf_k / pf_v spread over a kernel's loop iterations, a few
- * lines each, since requested in one burst part of them were dropped (measured in the engine: stalls on V). */
-AI void pf_lines(const void *p, size_t bytes, int it, int n_it)
-{
-    if (!p) return;
-    size_t lines = bytes / 64, lo = lines * (size_t)it / (size_t)n_it, hi = lines * (size_t)(it + 1) / (size_t)n_it;
-    for (size_t t = lo; t < hi; t++) _mm_prefetch((const char *)p + 64 * t, _MM_HINT_T2);
-}
-
 /* acc[h] = acc[h] * c[h] (skipped when c is NULL, i.e. all 1), then fmaf(w[h][j], V_j, .) for j ascending */
 AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *vsm, int nk, const float *c,
                 float (*wj)[16], float *acc, const int type, const void *pf_v)
@@ -713,7 +704,7 @@ AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *
                 if (c) a[h][u] = _mm512_mul_ps(a[h][u], _mm512_set1_ps(c[h]));
             }
         for (int j = 0; j < nk; j++) {
-            if (i == 0) pf_lines(pf_v, kv->pf_bytes, j, nk);
+            if (i == 0) bt_cpu_pf_lines(pf_v, kv->pf_bytes, j, nk);
             __m512 wv[ATTN_NH];
             for (int h = 0; h < NH; h++) wv[h] = _mm512_set1_ps(wj[h][j]);
             for (int u = 0; u < 4; u++) {
@@ -754,7 +745,7 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
         int rows[8];
         for (int jj = 0; jj < 8; jj++) rows[jj] = 8 * s + jj < nk ? 8 * s + jj : nk - 1;
         for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n);
-        pf_lines(pf_k, kv->pf_bytes, s * n_it / 2, n_it);
+        bt_cpu_pf_lines(pf_k, kv->pf_bytes, s * n_it / 2, n_it);
 #pragma GCC unroll 8
         for (int jj = 0; jj < 8; jj++) {
             __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0, ksm);
@@ -762,7 +753,7 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
         }
         for (int64_t i = 16; i < n; i += 16) {
             for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i);
-            pf_lines(pf_k, kv->pf_bytes, s * n_it / 2 + (int)(i / 16), n_it);
+            bt_cpu_pf_lines(pf_k, kv->pf_bytes, s * n_it / 2 + (int)(i / 16), n_it);
 #pragma GCC unroll 8
             for (int jj = 0; jj < 8; jj++) {
                 __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i, ksm);
@@ -829,8 +820,8 @@ void bt_cpu_avx512_attn_block(int64_t n, int nq, const float *q, float scale, co
                               float *m, float *l, float *acc)
 {
     if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
-        pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
-        pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
+        bt_cpu_pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
+        bt_cpu_pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
         bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
         return;
     }

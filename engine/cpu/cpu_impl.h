@@ -5,6 +5,17 @@
 
 #include "engine/cpu/cpu_kernels.h"
 
+/* Attention kernels that set attn_prefetches: prefetches (into the last-level cache, as prefetcht2) the lines of part
+ * it of n_it of the bytes at p (NULL: none), so that kv->pf_k / pf_v are requested a few lines per loop iteration:
+ * requested in one burst, part of them were dropped (measured in the engine: stalls on V). Always inlined: a copy
+ * left out of line is a function GCC finds free of side effects, and it drops every call to it. */
+static inline __attribute__((always_inline)) void bt_cpu_pf_lines(const void *p, size_t bytes, int it, int n_it)
+{
+    if (!p) return;
+    size_t lines = bytes / 64, lo = lines * (size_t)it / (size_t)n_it, hi = lines * (size_t)(it + 1) / (size_t)n_it;
+    for (size_t t = lo; t < hi; t++) __builtin_prefetch((const char *)p + 64 * t, 0, 1);
+}
+
 #define BT_CPU_DOT_ROWS_DECL(isa, ty)                                                                          \
     void bt_cpu_##isa##_dot_rows_##ty(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr, \
                                       float *out, size_t out_stride)
