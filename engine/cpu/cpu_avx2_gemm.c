@@ -21,7 +21,6 @@
  * does (fma of the converted sum by d_w * d_a, then for Q4_1 fma of m_w by the activation's d * sum), so neither
  * the pass split nor nr changes a bit. */
 #include <immintrin.h>
-#include <string.h>
 
 #include "engine/cpu/cpu_gemm_layout.h"
 #include "engine/cpu/cpu_impl.h"
