@@ -4,6 +4,7 @@
  * compile-time row count NR, so every activation row sees the same instruction sequence for any NR. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_impl.h"
@@ -828,19 +829,30 @@ AI float tree16_2(__m256 lo, __m256 hi)
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-/* 8 elements of row j of a KV block from element i, dequantized as kv_elem of the scalar reference does */
-AI __m256 kv_load8(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i)
+/* 8 elements of row j of a KV block from element i, dequantized as kv_elem of the scalar reference does; sm: U8
+ * only, the (scale, min) pairs of the rows of `which` as floats (kv_sm_f32) */
+AI __m256 kv_load8(const bt_cpu_kv_rows *kv, const int which, const int type, int64_t n, int j, int64_t i,
+                   const float *sm)
 {
     const void *base = which ? kv->v : kv->k;
     size_t e = (size_t)j * (size_t)n + (size_t)i;
     if (type == BT_CPU_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + e)));
     if (type == BT_CPU_KV_U8) {
-        const uint16_t *sm = (which ? kv->v_sm : kv->k_sm) + 2 * j;
         __m128i codes = _mm_loadl_epi64((const __m128i *)((const uint8_t *)base + e));
         __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-        return _mm256_fmadd_ps(_mm256_set1_ps(bt_fp16_to_f32(sm[0])), c, _mm256_set1_ps(bt_fp16_to_f32(sm[1])));
+        return _mm256_fmadd_ps(_mm256_set1_ps(sm[2 * j]), c, _mm256_set1_ps(sm[2 * j + 1]));
     }
     return _mm256_loadu_ps((const float *)base + e);
+}
+
+/* The fp16 (scale, min) pairs of nk U8 rows as floats, out[2 * nk]: one exact conversion per block, not two scalar
+ * ones per 8-element load (as the AVX-512 kernel does). */
+AI void kv_sm_f32(const uint16_t *sm, int nk, float *out)
+{
+    uint16_t h[2 * BT_CPU_ATTN_BLOCK] = {0};
+    memcpy(h, sm, sizeof(uint16_t) * 2 * (size_t)nk);
+    for (int i = 0; i < 2 * BT_CPU_ATTN_BLOCK; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 }
 
 #define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
@@ -869,21 +881,21 @@ AI __m256 tree16_x8(const __m256 *b, float scale)
 /* attn_block for NH (1..ATTN_NH) query heads. Per key, each head's 16 dot lanes (mul over elements 0..15, then fma,
  * as the scalar reference) in two registers, lanes 0-7 and 8-15, whose sum is kept (tree16's first step); the
  * scores of 8 keys are then reduced together. */
-AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
-                    float *l, float *acc, const int type, int pf)
+AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, const float *ksm,
+                    const float *vsm, int nk, float *m, float *l, float *acc, const int type, int pf)
 {
     const void *pf_k = pf ? kv->pf_k : NULL, *pf_v = pf ? kv->pf_v : NULL;
     __m256 b[ATTN_NH][BT_CPU_ATTN_BLOCK];
     for (int j = 0; j < nk; j++) {
         bt_cpu_pf_lines(pf_k, kv->pf_bytes, j, nk);
         __m256 lo[ATTN_NH], hi[ATTN_NH];
-        const __m256 k0 = kv_load8(kv, 0, type, n, j, 0), k1 = kv_load8(kv, 0, type, n, j, 8);
+        const __m256 k0 = kv_load8(kv, 0, type, n, j, 0, ksm), k1 = kv_load8(kv, 0, type, n, j, 8, ksm);
         for (int h = 0; h < NH; h++) {
             lo[h] = _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n), k0);
             hi[h] = _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n + 8), k1);
         }
         for (int64_t i = 16; i < n; i += 16) {
-            const __m256 ka = kv_load8(kv, 0, type, n, j, i), kb = kv_load8(kv, 0, type, n, j, i + 8);
+            const __m256 ka = kv_load8(kv, 0, type, n, j, i, ksm), kb = kv_load8(kv, 0, type, n, j, i + 8, ksm);
             for (int h = 0; h < NH; h++) {
                 lo[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i), ka, lo[h]);
                 hi[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i + 8), kb, hi[h]);
@@ -924,7 +936,7 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
             a[h][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8), c[h]);
         }
         for (int j = 0; j < nk; j++) {
-            const __m256 va = kv_load8(kv, 1, type, n, j, i), vb = kv_load8(kv, 1, type, n, j, i + 8);
+            const __m256 va = kv_load8(kv, 1, type, n, j, i, vsm), vb = kv_load8(kv, 1, type, n, j, i + 8, vsm);
             for (int h = 0; h < NH; h++) {
                 const __m256 wv = _mm256_broadcast_ss(&w[h][j]);
                 a[h][0] = _mm256_fmadd_ps(wv, va, a[h][0]);
@@ -941,13 +953,18 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
 AI void attn_block8(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
                     float *l, float *acc, const int type)
 {
+    float ksm[2 * BT_CPU_ATTN_BLOCK], vsm[2 * BT_CPU_ATTN_BLOCK]; /* U8: (scale, min) of each row as floats */
+    if (type == BT_CPU_KV_U8) {
+        kv_sm_f32(kv->k_sm, nk, ksm);
+        kv_sm_f32(kv->v_sm, nk, vsm);
+    }
     for (int h = 0; h < nq; h += ATTN_NH) {
         const float *qh = q + (size_t)h * (size_t)n;
         float *ah = acc + (size_t)h * (size_t)n;
         switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
-        case 1: attn_heads8(n, 1, qh, scale, kv, nk, m + h, l + h, ah, type, h == 0); break;
-        case 2: attn_heads8(n, 2, qh, scale, kv, nk, m + h, l + h, ah, type, h == 0); break;
-        default: attn_heads8(n, 3, qh, scale, kv, nk, m + h, l + h, ah, type, h == 0); break;
+        case 1: attn_heads8(n, 1, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        case 2: attn_heads8(n, 2, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        default: attn_heads8(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
         }
     }
 }
