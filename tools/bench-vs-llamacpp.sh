@@ -2,31 +2,44 @@
 # baton against llama.cpp on the same GGUF, the same threads, alternated runs, medians (issue 19's targets).
 #
 #   tools/bench-vs-llamacpp.sh [--model PATH] [--threads N] [--reps N] [--llama-dir DIR] [--concurrency 16,64]
-#   tools/bench-vs-llamacpp.sh --build-only [--llama-dir DIR]     (what tools/chat-vs-llamacpp.py runs)
+#                              [--isa native|avx2]
+#   tools/bench-vs-llamacpp.sh --build-only [--llama-dir DIR] [--isa native|avx2]   (tools/chat-vs-llamacpp.py)
 #
 # llama.cpp's tools come from DIR (default $XDG_CACHE_HOME/baton/llama.cpp): DIR/build/bin/llama-bench,
 # llama-batched-bench and llama-completion (for tools/chat-vs-llamacpp.py). When one is missing the script builds
 # them from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp; GGML_NATIVE, Release): minutes on 2 cores, once.
+# --isa avx2 compares the two AVX2 paths on a host that has more: baton with BATON_CPU_ISA=avx2 against a llama.cpp
+# built for AVX2, FMA and F16C only (GGML_NATIVE off, in DIR-avx2 unless --llama-dir is given).
 #
 # Each repetition runs, in this order: baton bench (prefill 512, decode batch 1), llama-bench (-p 512 -n 64), baton
 # bench --concurrency LIST, llama-batched-bench (-npp 128 -ntg 32 -npl LIST). Prints the medians and the ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" threads=2 reps=3 conc="16,64" build_only=0
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/baton/llama.cpp"
+model="" threads=2 reps=3 conc="16,64" build_only=0 isa=native
+dir="${XDG_CACHE_HOME:-$HOME/.cache}/baton/llama.cpp" dir_given=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --model) model="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --reps) reps="$2"; shift 2 ;;
-    --llama-dir) dir="$2"; shift 2 ;;
+    --llama-dir) dir="$2"; dir_given=1; shift 2 ;;
     --concurrency) conc="$2"; shift 2 ;;
     --build-only) build_only=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --isa) isa="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-vs-llamacpp: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
+case "$isa" in
+native) isa_flags=(-DGGML_NATIVE=ON) ;;
+avx2)
+    grep -qw avx2 /proc/cpuinfo || { echo "bench-vs-llamacpp: this CPU has no AVX2" >&2; exit 1; }
+    [ "$dir_given" = 1 ] || dir="$dir-avx2"
+    isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
+    export BATON_CPU_ISA=avx2 ;;
+*) echo "bench-vs-llamacpp: --isa takes native or avx2, not '$isa'" >&2; exit 2 ;;
+esac
 baton="${BATON_BUILD_DIR:-build}/bin/baton"
 
 build_llama() {
@@ -53,7 +66,7 @@ EOF
     # VMs whose kernel does not grant the AMX tile state
     local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     grep -q ' amx' /proc/cpuinfo 2>/dev/null || noamx=""
-    cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
         "-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx" >/dev/null
     # the compilers' output (thousands of warning lines from ggml's intrinsics) goes to a log, shown on failure
@@ -84,9 +97,9 @@ for r in $(seq 1 "$reps"); do
         >"$out/llamac.$r" 2>/dev/null
 done
 
-python3 - "$out" "$reps" "$conc" "$model" "$threads" <<'EOF'
+python3 - "$out" "$reps" "$conc" "$model" "$threads" "$isa" <<'EOF'
 import json, re, statistics, sys
-out, reps, conc, model, threads = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")], sys.argv[4], sys.argv[5]
+out, reps, conc, model, threads, isa = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")], sys.argv[4], sys.argv[5], sys.argv[6]
 def read(name, r):
     return open(f"{out}/{name}.{r}").read()
 b_pre, b_dec, l_pre, l_dec = [], [], [], []
@@ -112,7 +125,9 @@ for r in range(1, reps + 1):
         if len(cols) >= 10 and cols[2].isdigit() and int(cols[2]) in l_agg:
             l_agg[int(cols[2])].append(float(cols[7]))  # S_TG t/s: aggregate generation tokens per second
 med = statistics.median
-print(f"model {model}, {threads} threads, medians of {reps} alternated runs")
+kernels = re.search(r"^kernels\s+(\S+)", read("baton", 1), re.M)
+print(f"model {model}, {threads} threads, medians of {reps} alternated runs; baton's kernels: "
+      f"{kernels.group(1).rstrip(',') if kernels else '?'}; llama.cpp built for: {isa}")
 print(f"{'figure':34s} {'baton':>10s} {'llama.cpp':>10s} {'ratio':>7s}")
 def row(name, b, l):
     print(f"{name:34s} {med(b):10.1f} {med(l):10.1f} {med(b) / med(l):6.2f}x")
