@@ -259,12 +259,58 @@ static void cpu_embed(bt_backend *be, const bt_weight *w, const int32_t *tokens,
                                   out + (size_t)i * (size_t)w->n_in);
 }
 
+/* Per-row and elementwise ops run on every thread from ELEM_POOL_MIN floats (a prompt chunk's rows); below that (a
+ * decode step, whose rows a pool run would cost more than it saves) and on lanes (no pool) the caller runs them.
+ * rmsnorm is split by rows and the others at multiples of 64 elements, so every element goes through the same code
+ * as in one call: the same bits at any thread count. */
+#define ELEM_POOL_MIN 65536
+
+typedef enum { ELEM_RMSNORM, ELEM_SWIGLU, ELEM_GEGLU, ELEM_ADD } elem_kind;
+
+typedef struct elem_job {
+    const bt_cpu_ops *ops;
+    elem_kind kind;
+    const float *a, *b; /* rmsnorm: rows, weights; swiglu/geglu: gate, up; add: the addend (out is the sum) */
+    float *out;
+    float eps;
+    int64_t n_rows, n; /* rmsnorm: n_rows rows of n; the others: n elements */
+} elem_job;
+
+static void elem_run(const elem_job *j, int ti, int nt)
+{
+    if (j->kind == ELEM_RMSNORM) {
+        for (int64_t r = j->n_rows * ti / nt; r < j->n_rows * (ti + 1) / nt; r++)
+            j->ops->rmsnorm(j->n, j->a + r * j->n, j->b, j->eps, j->out + r * j->n);
+        return;
+    }
+    int64_t units = (j->n + 63) / 64, e0 = units * ti / nt * 64, e1 = units * (ti + 1) / nt * 64;
+    if (e1 > j->n) e1 = j->n;
+    if (e0 >= e1) return;
+    if (j->kind == ELEM_SWIGLU) j->ops->swiglu(e1 - e0, j->a + e0, j->b + e0, j->out + e0);
+    else if (j->kind == ELEM_GEGLU) j->ops->geglu(e1 - e0, j->a + e0, j->b + e0, j->out + e0);
+    else
+        for (int64_t i = e0; i < e1; i++) j->out[i] += j->a[i];
+}
+
+static void elem_task(void *ctx, int ti, int nt)
+{
+    elem_run(ctx, ti, nt);
+}
+
+static void elem_go(cpu_ctx *c, const elem_job *j)
+{
+    if (c->pool && j->n_rows * j->n >= ELEM_POOL_MIN)
+        run_tasks(c, elem_task, (void *)j, ctx_threads(c));
+    else
+        elem_run(j, 0, 1);
+}
+
 static void cpu_rmsnorm(bt_backend *be, const float *x, const float *w, int32_t n_rows, int32_t n, float eps,
                         float *out)
 {
-    const bt_cpu_ops *ops = C(be)->ops;
-    for (int32_t r = 0; r < n_rows; r++)
-        ops->rmsnorm(n, x + (size_t)r * (size_t)n, w, eps, out + (size_t)r * (size_t)n);
+    elem_job j = {.ops = C(be)->ops, .kind = ELEM_RMSNORM, .a = x, .b = w, .out = out, .eps = eps, .n_rows = n_rows,
+                  .n = n};
+    elem_go(C(be), &j);
 }
 
 static bt_status cpu_matmul(bt_backend *be, const bt_weight *w, const float *bias, const float *x, int32_t n_rows,
@@ -826,17 +872,20 @@ static bt_status cpu_run_lanes(bt_backend *be, int n_lanes, bt_lane_fn fn, void 
 
 static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
 {
-    C(be)->ops->swiglu(n, g, u, out);
+    elem_job j = {.ops = C(be)->ops, .kind = ELEM_SWIGLU, .a = g, .b = u, .out = out, .n_rows = 1, .n = n};
+    elem_go(C(be), &j);
 }
 
 static void cpu_geglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
 {
-    C(be)->ops->geglu(n, g, u, out);
+    elem_job j = {.ops = C(be)->ops, .kind = ELEM_GEGLU, .a = g, .b = u, .out = out, .n_rows = 1, .n = n};
+    elem_go(C(be), &j);
 }
 
 static void cpu_add(bt_backend *be, float *x, const float *y, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    elem_job j = {.ops = C(be)->ops, .kind = ELEM_ADD, .a = y, .out = x, .n_rows = 1, .n = n};
+    elem_go(C(be), &j);
 }
 
 static void cpu_scale(bt_backend *be, float *x, float s, int64_t n)

@@ -1,7 +1,8 @@
 /* engine/backend_cpu.c, the attention op over long contexts, where each token's keys are reduced in segments of 256
  * positions and merged: results against float64 softmax attention, and bit-identical however the tokens are
  * batched (one per call, prompt chunks at any offset, mixed with another sequence) and on 1 or 2 threads; the same
- * with a sliding window (bt_attn_args.window: keys k with p - k < window) that starts inside blocks and segments. */
+ * with a sliding window (bt_attn_args.window: keys k with p - k < window) that starts inside blocks and segments;
+ * and the per-row and elementwise ops, the same bits on 1, 2 and 3 threads. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,11 +290,59 @@ static void test_geglu(void)
     bt_backend_destroy(be);
 }
 
+/* rmsnorm, swiglu, geglu and add of a prompt chunk's size run split over the threads (from 65,536 floats): the bits
+ * of one thread's single call, for row counts and lengths that are no multiple of the split (301 rows of 576, and
+ * 173,377 elements), on 2 and 3 threads; a decode step's size too. */
+static void test_elementwise_split(void)
+{
+    bt_backend *be[3];
+    for (int t = 0; t < 3; t++) REQUIRE(test_backend_cpu(t + 1, &be[t]) == 0);
+    enum { ROWS = 301, E = 576, N = ROWS * E + 1 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *w = malloc(sizeof(float) * E);
+    float *ref = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * N);
+    REQUIRE(x && y && w && ref && out);
+    uint64_t seed = 5;
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)((int)(test_rand_next(&seed) % 20001) - 10000) * 1e-3f;
+        y[i] = (float)((int)(test_rand_next(&seed) % 2001) - 1000) * 1e-3f;
+    }
+    for (int i = 0; i < E; i++) w[i] = 0.5f + (float)(test_rand_next(&seed) % 1000) * 1e-3f;
+    static const int32_t row_counts[] = {ROWS, 3};
+    static const char *const names[] = {"rmsnorm", "swiglu", "geglu", "add"};
+    for (int op = 0; op < 4; op++)
+        for (int rc = 0; rc < 2; rc++) {
+            int32_t rows = row_counts[rc];
+            int64_t n = rc == 0 ? N : (int64_t)rows * E;
+            for (int t = 0; t < 3; t++) {
+                float *o = t == 0 ? ref : out;
+                if (op == 3) memcpy(o, x, sizeof(float) * (size_t)n);
+                else memset(o, 0xff, sizeof(float) * (size_t)n); /* NaN: a value no split wrote */
+                if (op == 0) be[t]->ops->rmsnorm(be[t], x, w, rows, E, 1e-5f, o);
+                if (op == 1) be[t]->ops->swiglu(be[t], x, y, n, o);
+                if (op == 2) be[t]->ops->geglu(be[t], x, y, n, o);
+                if (op == 3) be[t]->ops->add(be[t], o, y, n);
+                if (t == 0) continue;
+                int bad = 0;
+                for (int64_t i = 0; i < (op == 0 ? (int64_t)rows * E : n); i++) bad += bt_f32_bits(o[i]) != bt_f32_bits(ref[i]);
+                CHECK_MSG(bad == 0, "%s, %d rows, %d threads: %d values differ from one thread", names[op], rows, t + 1,
+                          bad);
+            }
+        }
+    /* in place, as the forward pass norms q and k */
+    memcpy(out, x, sizeof(float) * ROWS * E);
+    be[1]->ops->rmsnorm(be[1], out, w, ROWS, E, 1e-5f, out);
+    be[0]->ops->rmsnorm(be[0], x, w, ROWS, E, 1e-5f, ref);
+    CHECK(memcmp(out, ref, sizeof(float) * ROWS * E) == 0);
+    free(x), free(y), free(w), free(ref), free(out);
+    for (int t = 0; t < 3; t++) bt_backend_destroy(be[t]);
+}
+
 int main(void)
 {
     RUN(test_long_context_attention);
     RUN(test_sliding_window_attention);
     RUN(test_window_attention);
     RUN(test_geglu);
+    RUN(test_elementwise_split);
     return test_summary();
 }
