@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/paths.h"
 #include "engine/backend_cpu.h"
@@ -136,12 +137,13 @@ static void conc_emit(void *user, const bt_sched_event *ev)
 
 /* Offline continuous batching: n requests of plen random prompt tokens and `gen` output tokens each, submitted at
  * once and stepped on this thread. Fills the prefill and decode rates (tok/s). Returns 0 on success. */
-static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, int n, int plen, int gen,
+static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, FILE *trace, int n, int plen, int gen,
                              bt_kv_dtype dtype, int full_local, const int32_t *toks, double *prefill, double *decode,
                              double *kv_util, double *kv_peak, long *decode_steps)
 {
     bt_sched_config cfg = {0};
     cfg.profile = profile;
+    cfg.step_trace = trace;
     cfg.kv_full_local = full_local;
     cfg.kv_dtype = dtype;
     cfg.kv_mem = bt_kv_block_stride(&m->hp, dtype) * (size_t)m->hp.n_layer *
@@ -363,6 +365,9 @@ int cmd_bench(int argc, char **argv)
                    "BATON_PROFILE=1 in the environment logs, for every engine run, the milliseconds per step spent\n"
                    "in each op kind (matmuls, attention, rope, ...) and in the whole forward pass, decode steps and\n"
                    "prompt steps apart.\n"
+                   "BATON_STEP_TRACE=DIR writes each --concurrency N's engine steps (every rep) to\n"
+                   "DIR/bench-cN-PID.steps, one line per step as the nodes write theirs: start, wall and forward\n"
+                   "ms, the wait before it, tokens, sequences, decode-only, drafts, context (tools/step_trace.py DIR).\n"
                    "Decode steps of at least 4 sequences per thread run on lanes (each thread takes a share of\n"
                    "the sequences through every op); BATON_CPU_LANES=0 runs every op split over the threads.\n"
                    "--spec ngram|draft:PATH|self:L compares decoding with and without speculation on a workload of\n"
@@ -509,6 +514,7 @@ int cmd_bench(int argc, char **argv)
                         m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof,
                         prompt_n, decode_n, kv_name);
         double roof_base = 0;
+        const char *trace_dir = getenv("BATON_STEP_TRACE");
         char *list = strdup(conc), *save = NULL;
         int first = 1;
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -520,13 +526,30 @@ int cmd_bench(int argc, char **argv)
             }
             double pre[100], dec[100], util[100], kvp[100];
             long dsteps = 0; /* the same in every rep: the scheduler's steps do not depend on timing */
+            FILE *trace = NULL; /* BATON_STEP_TRACE=DIR: every rep's steps at this concurrency, as nodes write them */
+            if (trace_dir && *trace_dir) {
+                char path[4096];
+                snprintf(path, sizeof path, "%s/bench-c%d-%ld.steps", trace_dir, n, (long)getpid());
+                if (!(trace = fopen(path, "w"))) {
+                    fprintf(stderr, "baton bench: BATON_STEP_TRACE: cannot create %s: %s\n", path, strerror(errno));
+                    crc = 1;
+                    break;
+                }
+                fprintf(trace, "# %s\n", BT_SCHED_TRACE_FIELDS);
+                fprintf(stderr, "baton bench: step trace of concurrency %d: %s\n", n, path);
+            }
             for (long k = 0; k < reps; k++)
-                if (bench_concurrency(m, r.be, env.profile, n, (int)prompt_n, (int)decode_n, (bt_kv_dtype)kv_dtype,
-                                      full_local, ctoks, &pre[k], &dec[k], &util[k], &kvp[k], &dsteps)) {
+                if (bench_concurrency(m, r.be, env.profile, trace, n, (int)prompt_n, (int)decode_n,
+                                      (bt_kv_dtype)kv_dtype, full_local, ctoks, &pre[k], &dec[k], &util[k], &kvp[k],
+                                      &dsteps)) {
                     fprintf(stderr, "baton bench: %s\n", bt_last_error());
                     crc = 1;
                     break;
                 }
+            if (trace && fclose(trace) != 0 && !crc) {
+                fprintf(stderr, "baton bench: BATON_STEP_TRACE: writing the trace failed: %s\n", strerror(errno));
+                crc = 1;
+            }
             if (crc) break;
             double p = bench_median(pre, (int)reps), d = bench_median(dec, (int)reps), u = bench_median(util, (int)reps);
             double roof = bw > 0 ? n * bw / (wbytes + n * kv_seq) : 0;

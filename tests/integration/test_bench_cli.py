@@ -4,9 +4,12 @@ import json
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 from gguf import GGUFReader
 
+ROOT = Path(__file__).resolve().parents[2]
 MATMULS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
@@ -64,6 +67,39 @@ def test_lanes_switch_is_reported(baton_bin, default_model):
     res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1", "--reps", "1"], capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode != 0 and "BATON_CPU_LANES='yes': expected 0 or 1" in res.stderr, res.stderr
+
+
+def test_step_trace(baton_bin, default_model, tmp_path):
+    """BATON_STEP_TRACE=DIR: one file per concurrency with every rep's steps, in the nodes' format, which
+    tools/step_trace.py summarizes; the decode-only step count agrees with the JSON's decode_steps. A directory that
+    cannot take the file is an error that names it."""
+    js = tmp_path / "bench.json"
+    env = dict(os.environ, BATON_STEP_TRACE=str(tmp_path))
+    res = subprocess.run([str(baton_bin), "bench", "--concurrency", "2,3", "--reps", "2", "--decode-tokens", "6",
+                          "--json", str(js)], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(js.read_text())
+    for run in doc["runs"]:
+        n = run["concurrency"]
+        (path,) = tmp_path.glob(f"bench-c{n}-*.steps")
+        assert f"step trace of concurrency {n}: {path}" in res.stderr, res.stderr
+        lines = path.read_text().splitlines()
+        assert lines[0] == "# t_s step_ms forward_ms gap_ms tokens seqs decode_only drafts context", lines[0]
+        steps = [[float(x) for x in l.split()] for l in lines[1:]]
+        assert all(len(s) == 9 and s[1] >= s[2] > 0 for s in steps), steps
+        # per rep: one step for the n prompts (n x 128 tokens), then 5 in which all n decode one token each
+        full = [s for s in steps if s[6] == 1 and s[5] == n and s[4] == n]
+        assert len(full) == 2 * run["decode_steps"] == 2 * 5, (n, steps)
+        assert sum(1 for s in steps if s[6] == 0 and s[4] == n * 128) == 2, (n, steps)
+    summary = subprocess.run([sys.executable, str(ROOT / "tools" / "step_trace.py"), str(tmp_path), "--json"],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert json.loads(summary.stdout)[next(tmp_path.glob("bench-c3-*.steps")).name]["decode"]["3"]["steps"] == 10
+    env["BATON_STEP_TRACE"] = str(tmp_path / "missing")
+    res = subprocess.run([str(baton_bin), "bench", "--concurrency", "2", "--reps", "1", "--decode-tokens", "2"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 1 and f"BATON_STEP_TRACE: cannot create {tmp_path / 'missing'}/bench-c2-" in res.stderr, \
+        res.stderr
 
 
 def test_prompt_tokens_sets_the_context(baton_bin, default_model, tmp_path):
