@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" threads=2 reps=3 conc="16,64" build_only=0 isa=native
+model="" threads=2 reps=3 conc="16,64" build_only=0 isa=native src_from=""
 dir="${XDG_CACHE_HOME:-$HOME/.cache}/baton/llama.cpp" dir_given=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -35,7 +35,7 @@ case "$isa" in
 native) isa_flags=(-DGGML_NATIVE=ON) ;;
 avx2)
     grep -qw avx2 /proc/cpuinfo || { echo "bench-vs-llamacpp: this CPU has no AVX2" >&2; exit 1; }
-    [ "$dir_given" = 1 ] || dir="$dir-avx2"
+    [ "$dir_given" = 1 ] || { src_from="$dir/src"; dir="$dir-avx2"; }
     isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
     export BATON_CPU_ISA=avx2 ;;
 *) echo "bench-vs-llamacpp: --isa takes native or avx2, not '$isa'" >&2; exit 2 ;;
@@ -44,6 +44,10 @@ baton="${BATON_BUILD_DIR:-build}/bin/baton"
 
 build_llama() {
     mkdir -p "$dir"
+    # the AVX2 build shares the native build's sources when those were fetched already
+    if [ ! -d "$dir/src" ] && [ -n "$src_from" ] && [ -d "$src_from" ]; then
+        ln -s "$(cd "$src_from" && pwd -P)" "$dir/src"
+    fi
     if [ ! -d "$dir/src" ]; then
         echo "fetching the llama-cpp-python sdist from PyPI ..." >&2
         python3 - "$dir" <<'EOF'
