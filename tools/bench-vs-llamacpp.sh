@@ -2,14 +2,16 @@
 # baton against llama.cpp on the same GGUF, the same threads, alternated runs, medians (issue 19's targets).
 #
 #   tools/bench-vs-llamacpp.sh [--model PATH] [--threads N] [--reps N] [--llama-dir DIR] [--concurrency 16,64]
-#                              [--isa native|avx2]
-#   tools/bench-vs-llamacpp.sh --build-only [--llama-dir DIR] [--isa native|avx2]   (tools/chat-vs-llamacpp.py)
+#                              [--isa native|avx2|avx2-vnni]
+#   tools/bench-vs-llamacpp.sh --build-only [--llama-dir DIR] [--isa native|avx2|avx2-vnni]   (chat-vs-llamacpp.py)
 #
 # llama.cpp's tools come from DIR (default $XDG_CACHE_HOME/baton/llama.cpp): DIR/build/bin/llama-bench,
 # llama-batched-bench and llama-completion (for tools/chat-vs-llamacpp.py). When one is missing the script builds
 # them from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp; GGML_NATIVE, Release): minutes on 2 cores, once.
 # --isa avx2 compares the two AVX2 paths on a host that has more: baton with BATON_CPU_ISA=avx2 against a llama.cpp
-# built for AVX2, FMA and F16C only (GGML_NATIVE off, in DIR-avx2 unless --llama-dir is given).
+# built for AVX2, FMA and F16C only (GGML_NATIVE off, in DIR-avx2 unless --llama-dir is given). --isa avx2-vnni does
+# the same with AVX-VNNI on both sides (BATON_CPU_ISA=avx2-vnni, GGML_AVX_VNNI; DIR-avx2-vnni): an AVX2 + AVX-VNNI
+# CPU without AVX-512 (Intel Xeon 6 E-cores), rehearsed on a host that has more.
 #
 # Each repetition runs, in this order: baton bench (prefill 512, decode batch 1), llama-bench (-p 512 -n 64), baton
 # bench --concurrency LIST, llama-batched-bench (-npp 128 -ntg 32 -npl LIST). Prints the medians and the ratios.
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     --concurrency) conc="$2"; shift 2 ;;
     --build-only) build_only=1; shift ;;
     --isa) isa="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-vs-llamacpp: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -38,7 +40,13 @@ avx2)
     [ "$dir_given" = 1 ] || { src_from="$dir/src"; dir="$dir-avx2"; }
     isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
     export BATON_CPU_ISA=avx2 ;;
-*) echo "bench-vs-llamacpp: --isa takes native or avx2, not '$isa'" >&2; exit 2 ;;
+avx2-vnni)
+    grep -qw avx_vnni /proc/cpuinfo || { echo "bench-vs-llamacpp: this CPU has no AVX-VNNI" >&2; exit 1; }
+    [ "$dir_given" = 1 ] || { src_from="$dir/src"; dir="$dir-avx2-vnni"; }
+    isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_BMI2=ON -DGGML_AVX512=OFF)
+    export BATON_CPU_ISA=avx2-vnni ;;
+*) echo "bench-vs-llamacpp: --isa takes native, avx2 or avx2-vnni, not '$isa'" >&2; exit 2 ;;
 esac
 baton="${BATON_BUILD_DIR:-build}/bin/baton"
 

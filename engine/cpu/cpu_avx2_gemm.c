@@ -17,6 +17,9 @@
  * bytes, each byte picks its plane byte (vpshufb from the block's 16 plane bytes of the code vector), tests its bit
  * and gets 16 or-ed in where it is set (4 ops for 32 codes, serving every row of the pass), and the bytes split into
  * the int16 operands.
+ * Built with BT_AVX2_GEMM_VNNI (cpu_avx2_vnni_gemm.c, the avx2-vnni table), each chain is one VEX instruction:
+ * vpdpwssd for 16-bit activations, vpdpbusd for 8-bit ones (Q8_0 takes its stored code + 128 as the unsigned
+ * operand and starts its sums at -128 * sum(a), as the reference does): the same exact integers.
  * Per lane and block the integer dot is exact, then converted and accumulated exactly as bt_cpu_gemm_packed_ref
  * does (fma of the converted sum by d_w * d_a, then for Q4_1 fma of m_w by the activation's d * sum), so neither
  * the pass split nor nr changes a bit. */
@@ -33,10 +36,21 @@
  * bench_cpu_kernels --gemm --types q8_0 --isa avx2, one thread, 3 alternated runs, medians: 576x1536 at 4, 8 and 16
  * rows 61.8 -> 50.1, 121.0 -> 98.0, 259.1 -> 193.7 us (16-bit), 8 rows 8-bit 136.0 -> 109.9; the 49152-row output
  * matrix from memory at 8 rows 4,441 -> 4,196 us. The other types measured 2-3% slower with 4 (session 20).
- * AVX2_NR_MAX sizes the arrays. */
+ * With AVX-VNNI a chain needs no temporary register, and every type takes 4: Q4_1 576x1536 at 8 rows 118.4 -> 111.3 us
+ * (16-bit), 66.5 -> 63.3 (8-bit), 2 alternated runs each (session 22). AVX2_NR_MAX sizes the arrays. */
+#ifdef BT_AVX2_GEMM_VNNI
+#define AVX2_NR 4
+#else
 #define AVX2_NR 3
+#endif
 #define AVX2_NR_Q8 4
 #define AVX2_NR_MAX 4
+
+#ifdef BT_AVX2_GEMM_VNNI
+#define AVX2_GEMM_DECL(ty) BT_CPU_GEMM_DECL(avx2_vnni, ty)
+#else
+#define AVX2_GEMM_DECL(ty) BT_CPU_GEMM_DECL(avx2, ty)
+#endif
 
 #define ACT8(r, b) BT_GL_ACT8(act, act_stride, r, b)
 #define ACT16(r, b) BT_GL_ACT16(act, act_stride, r, b)
@@ -161,7 +175,15 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         const int16_t *p = bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx;
-        __m256i a, t;
+        __m256i a;
+#ifdef BT_AVX2_GEMM_VNNI /* vpdpwssd: the product pairs and the add in one instruction ({vex}: not the EVEX form) */
+        __asm__("vpbroadcastd %3, %1\n\t"
+                "%{vex%} vpdpwssd %4, %1, %0\n\t"
+                "%{vex%} vpdpwssd %5, %1, %2"
+                : "+x"(s[r][0]), "=&x"(a), "+x"(s[r][1])
+                : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
+#else
+        __m256i t;
         __asm__("vpbroadcastd %4, %1\n\t"
                 "vpmaddwd %1, %5, %2\n\t"
                 "vpaddd %2, %0, %0\n\t"
@@ -169,6 +191,7 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
                 "vpaddd %2, %3, %3"
                 : "+x"(s[r][0]), "=&x"(a), "=&x"(t), "+x"(s[r][1])
                 : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
+#endif
     }
 }
 
@@ -273,10 +296,21 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
                   int64_t b, const int idx, const int type)
 {
+#ifndef BT_AVX2_GEMM_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
+#endif
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        __m256i a, t;
+        const int32_t *p = (const int32_t *)(bt_gl_act8_qs(act, act_stride, r, b, type) + 4 * idx);
+        __m256i a;
+#ifdef BT_AVX2_GEMM_VNNI /* vpdpbusd: unsigned codes times signed activations, 4 products and the add at once */
+        __asm__("vpbroadcastd %3, %1\n\t"
+                "%{vex%} vpdpbusd %1, %4, %0\n\t"
+                "%{vex%} vpdpbusd %1, %5, %2"
+                : "+x"(s[r][0]), "=&x"(a), "+x"(s[r][1])
+                : "m"(*p), "x"(lo), "x"(hi));
+#else
+        __m256i t;
         __asm__("vpbroadcastd %4, %1\n\t"
                 "vpmaddubsw %1, %5, %2\n\t"
                 "vpmaddwd %7, %2, %2\n\t"
@@ -285,12 +319,14 @@ AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const v
                 "vpmaddwd %7, %2, %2\n\t"
                 "vpaddd %2, %3, %3"
                 : "+x"(s[r][0]), "=&x"(a), "=&x"(t), "+x"(s[r][1])
-                : "m"(*(const int32_t *)(bt_gl_act8_qs(act, act_stride, r, b, type) + 4 * idx)), "x"(lo), "x"(hi),
-                  "x"(ones));
+                : "m"(*p), "x"(lo), "x"(hi), "x"(ones));
+#endif
     }
 }
 
-/* Signed codes w (q of Q8_0) against every row's activation dword idx: |w| times the activation with w's sign. */
+#ifndef BT_AVX2_GEMM_VNNI
+/* Signed codes w (q of Q8_0) against every row's activation dword idx: |w| times the activation with w's sign.
+ * (AVX-VNNI needs none of this: vpdpbusd takes the stored code + 128 with no 16-bit stage to saturate.) */
 AI void dot8_signed_rows(const int NR, __m256i (*s)[2], __m256i wl, __m256i wh, const void *act, size_t act_stride,
                          int64_t b, const int idx)
 {
@@ -311,6 +347,7 @@ AI void dot8_signed_rows(const int NR, __m256i (*s)[2], __m256i wl, __m256i wh, 
                 : "m"(*(const int32_t *)(ACT8(r, b)->qs + 4 * idx)), "x"(wl), "x"(wh), "x"(ul), "x"(uh), "x"(ones));
     }
 }
+#endif
 
 /* 8-bit activations. Nibble layouts (Q4_0, Q4_1, Q4_K): code vector k holds bytes qs[4k .. 4k+3] of each row; its
  * low nibbles pair with activation dword k, its high nibbles with dword k + 4. Byte-code layouts (Q8_0, Q5_1, Q5_K,
@@ -321,8 +358,14 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 {
     const int64_t nb = n / BT_QK;
     const size_t cb = bt_gl_code_bytes(type, 0);
-    const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : 0, q6k = type == BT_TYPE_Q6_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
+#ifdef BT_AVX2_GEMM_VNNI /* Q8_0's stored code + 128 straight into vpdpbusd: the sums start at -128 * sum(a) */
+    const int off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
+#else
+    const int q8_signed = type == BT_TYPE_Q8_0, off = type == BT_TYPE_Q4_0 ? 8 : 0;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+#endif
+    const int mins = bt_gl_has_min(type), q6k = type == BT_TYPE_Q6_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[AVX2_NR_MAX][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -341,10 +384,12 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             for (int i = 0; i < 8; i++) {
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * i));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * i + 32));
-                if (type == BT_TYPE_Q8_0)
+#ifndef BT_AVX2_GEMM_VNNI
+                if (q8_signed)
                     dot8_signed_rows(NR, s, _mm256_xor_si256(vl, flip), _mm256_xor_si256(vh, flip), act, act_stride,
                                      b, i);
                 else
+#endif
                     dot8_rows(NR, s, vl, vh, act, act_stride, b, i, type);
                 if (q6k && i == 3) {
 #pragma GCC unroll 4
@@ -390,18 +435,18 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             kernel(n, group, nx, a, act_stride, 4, o, out_stride, n_valid, TYPE);                              \
     }
 
-BT_CPU_GEMM_DECL(avx2, q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q8_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q8_0, AVX2_NR_Q8) }
-BT_CPU_GEMM_DECL(avx2, q5_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_1, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q4_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_K, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q5_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_K, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q6_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q6_K, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0, AVX2_NR_Q8) }
-BT_CPU_GEMM_DECL(avx2, q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q5_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_0, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K, AVX2_NR) }
-BT_CPU_GEMM_DECL(avx2, q5_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_K, AVX2_NR) }
+AVX2_GEMM_DECL(q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0, AVX2_NR) }
+AVX2_GEMM_DECL(q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1, AVX2_NR) }
+AVX2_GEMM_DECL(q8_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q8_0, AVX2_NR_Q8) }
+AVX2_GEMM_DECL(q5_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_1, AVX2_NR) }
+AVX2_GEMM_DECL(q4_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_K, AVX2_NR) }
+AVX2_GEMM_DECL(q5_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_K, AVX2_NR) }
+AVX2_GEMM_DECL(q6_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q6_K, AVX2_NR) }
+AVX2_GEMM_DECL(q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0, AVX2_NR) }
+AVX2_GEMM_DECL(q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1, AVX2_NR) }
+AVX2_GEMM_DECL(q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0, AVX2_NR_Q8) }
+AVX2_GEMM_DECL(q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K, AVX2_NR) }
+AVX2_GEMM_DECL(q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1, AVX2_NR) }
+AVX2_GEMM_DECL(q5_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_0, AVX2_NR) }
+AVX2_GEMM_DECL(q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K, AVX2_NR) }
+AVX2_GEMM_DECL(q5_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_K, AVX2_NR) }

@@ -74,6 +74,12 @@ BT_CPU_GEMM_DECL(avx512, q4_k); BT_CPU_GEMM_DECL(avx512, q5_k); BT_CPU_GEMM_DECL
 BT_CPU_GEMM_DECL(avx2, q4_k); BT_CPU_GEMM_DECL(avx2, q5_k); BT_CPU_GEMM_DECL(avx2, q6_k);
 BT_CPU_GEMM_DECL(neon, q4_k); BT_CPU_GEMM_DECL(neon, q5_k); BT_CPU_GEMM_DECL(neon, q6_k);
 BT_CPU_GEMM_DECL(neon_i8mm, q4_k); BT_CPU_GEMM_DECL(neon_i8mm, q5_k); BT_CPU_GEMM_DECL(neon_i8mm, q6_k);
+/* AVX2 + AVX-VNNI: the AVX2 kernels with vpdpbusd / vpdpwssd chains (cpu_avx2_vnni_gemm.c) */
+BT_CPU_GEMM_DECL(avx2_vnni, q4_0); BT_CPU_GEMM_DECL(avx2_vnni, q4_1); BT_CPU_GEMM_DECL(avx2_vnni, q8_0);
+BT_CPU_GEMM_DECL(avx2_vnni, q5_1); BT_CPU_GEMM_DECL(avx2_vnni, q4_k); BT_CPU_GEMM_DECL(avx2_vnni, q5_k);
+BT_CPU_GEMM_DECL(avx2_vnni, q6_k); BT_CPU_GEMM_DECL(avx2_vnni, q4_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q4_1_q16);
+BT_CPU_GEMM_DECL(avx2_vnni, q8_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q4_k_q16); BT_CPU_GEMM_DECL(avx2_vnni, q5_1_q16);
+BT_CPU_GEMM_DECL(avx2_vnni, q5_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q6_k_q16); BT_CPU_GEMM_DECL(avx2_vnni, q5_k_q16);
 
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);
@@ -82,9 +88,51 @@ BT_CPU_DECLARE_ISA(neon);
 
 extern const bt_cpu_ops bt_cpu_ops_scalar;
 extern const bt_cpu_ops bt_cpu_ops_avx2;
+extern const bt_cpu_ops bt_cpu_ops_avx2_vnni;
 extern const bt_cpu_ops bt_cpu_ops_avx512;
 extern const bt_cpu_ops bt_cpu_ops_neon;
 extern const bt_cpu_ops bt_cpu_ops_neon_i8mm;
+
+/* The AVX2 table's slots other than the GEMM, shared by the AVX2 and AVX2 + AVX-VNNI tables. */
+#define BT_CPU_AVX2_SHARED_SLOTS\
+    .quantize_q8_32 = bt_cpu_avx2_quantize_q8_32,        \
+    .quantize_q8_256 = bt_cpu_avx2_quantize_q8_256,      \
+    .quantize_q16_32 = bt_cpu_avx2_quantize_q16_32,      \
+    .quantize_q16_256 = bt_cpu_avx2_quantize_q16_256,    \
+    .fp16_to_f32 = bt_cpu_avx2_fp16_to_f32,              \
+    .f32_to_fp16 = bt_cpu_avx2_f32_to_fp16,              \
+    .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,              \
+    .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,              \
+    .attn_scores = bt_cpu_avx2_attn_scores,              \
+    .attn_accum = bt_cpu_avx2_attn_accum,                \
+    .attn_block = bt_cpu_avx2_attn_block,                \
+    .attn_prefetches = 1,                                \
+    .swiglu = bt_cpu_avx2_swiglu,                        \
+    .geglu = bt_cpu_avx2_geglu,                          \
+    .rmsnorm = bt_cpu_avx2_rmsnorm,                      \
+    .dot_rows = {                                        \
+        [BT_TYPE_F32] = bt_cpu_avx2_dot_rows_f32,        \
+        [BT_TYPE_F16] = bt_cpu_avx2_dot_rows_f16,        \
+        [BT_TYPE_BF16] = bt_cpu_avx2_dot_rows_bf16,      \
+        [BT_TYPE_Q4_0] = bt_cpu_avx2_dot_rows_q4_0,      \
+        [BT_TYPE_Q4_1] = bt_cpu_avx2_dot_rows_q4_1,      \
+        [BT_TYPE_Q5_0] = bt_cpu_avx2_dot_rows_q5_0,      \
+        [BT_TYPE_Q5_1] = bt_cpu_avx2_dot_rows_q5_1,      \
+        [BT_TYPE_Q8_0] = bt_cpu_avx2_dot_rows_q8_0,      \
+        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k,      \
+        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k,      \
+        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k,      \
+    },                                                   \
+    .dot_rows16 = {                                      \
+        [BT_TYPE_Q4_0] = bt_cpu_avx2_dot_rows_q4_0_q16,  \
+        [BT_TYPE_Q4_1] = bt_cpu_avx2_dot_rows_q4_1_q16,  \
+        [BT_TYPE_Q5_0] = bt_cpu_avx2_dot_rows_q5_0_q16,  \
+        [BT_TYPE_Q5_1] = bt_cpu_avx2_dot_rows_q5_1_q16,  \
+        [BT_TYPE_Q8_0] = bt_cpu_avx2_dot_rows_q8_0_q16,  \
+        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k_q16,  \
+        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k_q16,  \
+        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k_q16,  \
+    }
 
 /* The NEON table's slots other than the GEMM, shared by the NEON and NEON + i8mm tables. */
 #define BT_CPU_NEON_SHARED_SLOTS                                                                                      \

@@ -248,6 +248,7 @@ const char *bt_cpu_isa_name(bt_cpu_isa isa)
     switch (isa) {
     case BT_CPU_ISA_SCALAR: return "scalar";
     case BT_CPU_ISA_AVX2: return "avx2";
+    case BT_CPU_ISA_AVX2_VNNI: return "avx2-vnni";
     case BT_CPU_ISA_AVX512: return "avx512";
     case BT_CPU_ISA_NEON: return "neon";
     case BT_CPU_ISA_NEON_I8MM: return "neon-i8mm";
@@ -261,6 +262,7 @@ int bt_cpu_isa_built(bt_cpu_isa isa)
     case BT_CPU_ISA_SCALAR: return 1;
 #ifdef BT_CPU_X86
     case BT_CPU_ISA_AVX2:
+    case BT_CPU_ISA_AVX2_VNNI:
     case BT_CPU_ISA_AVX512: return 1;
 #endif
 #ifdef BT_CPU_ARM64
@@ -279,6 +281,14 @@ static int has_f16c(void)
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29) & 1;
 }
+
+/* AVX-VNNI (the VEX vpdpbusd / vpdpwssd) from CPUID leaf 7 sub-leaf 1, EAX bit 4 (clang 14's
+ * __builtin_cpu_supports does not know "avxvnni" either). */
+static int has_avx_vnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4) & 1;
+}
 #endif
 
 int bt_cpu_isa_supported(bt_cpu_isa isa)
@@ -289,6 +299,8 @@ int bt_cpu_isa_supported(bt_cpu_isa isa)
     switch (isa) {
     case BT_CPU_ISA_AVX2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+    case BT_CPU_ISA_AVX2_VNNI:
+        return bt_cpu_isa_supported(BT_CPU_ISA_AVX2) && has_avx_vnni();
     case BT_CPU_ISA_AVX512:
         return bt_cpu_isa_supported(BT_CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -344,6 +356,7 @@ const bt_cpu_ops *bt_cpu_ops_get(bt_cpu_isa isa)
     case BT_CPU_ISA_SCALAR: return &bt_cpu_ops_scalar;
 #ifdef BT_CPU_X86
     case BT_CPU_ISA_AVX2: return &bt_cpu_ops_avx2;
+    case BT_CPU_ISA_AVX2_VNNI: return &bt_cpu_ops_avx2_vnni;
     case BT_CPU_ISA_AVX512: return &bt_cpu_ops_avx512;
 #endif
 #ifdef BT_CPU_ARM64

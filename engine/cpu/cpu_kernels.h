@@ -22,11 +22,13 @@
 
 typedef enum bt_cpu_isa {
     BT_CPU_ISA_SCALAR = 0,
-    BT_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    BT_CPU_ISA_AVX512 = 2, /* AVX2 set + AVX-512 F/BW/VL/VNNI */
-    BT_CPU_ISA_NEON = 3,   /* aarch64 Advanced SIMD + the Armv8.2 dot product (sdot/udot) */
-    BT_CPU_ISA_NEON_I8MM = 4, /* the NEON set + the int8 matrix multiply (smmla/usmmla) for the tiled GEMM */
-    BT_CPU_ISA_COUNT = 5,
+    BT_CPU_ISA_AVX2 = 1,      /* AVX2 + FMA + F16C */
+    BT_CPU_ISA_AVX2_VNNI = 2, /* the AVX2 set + AVX-VNNI (VEX vpdpbusd/vpdpwssd) for the tiled GEMM: no AVX-512 needed
+                               * (Intel Xeon 6 E-core / Sierra Forest, Alder Lake and later, AMD Zen 4 and later) */
+    BT_CPU_ISA_AVX512 = 3,    /* AVX2 set + AVX-512 F/BW/VL/VNNI */
+    BT_CPU_ISA_NEON = 4,      /* aarch64 Advanced SIMD + the Armv8.2 dot product (sdot/udot) */
+    BT_CPU_ISA_NEON_I8MM = 5, /* the NEON set + the int8 matrix multiply (smmla/usmmla) for the tiled GEMM */
+    BT_CPU_ISA_COUNT = 6,     /* within an architecture a higher value is a larger set, preferred when present */
 } bt_cpu_isa;
 
 /* Most activation rows one dot_rows call handles (the weight block is decoded once for all of them). */
@@ -96,7 +98,7 @@ float bt_cpu_expf(float x);
 
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;
-    const char *name; /* "scalar", "avx2", "avx512", "neon", "neon-i8mm" */
+    const char *name; /* "scalar", "avx2", "avx2-vnni", "avx512", "neon", "neon-i8mm" */
     /* activation quantizers: y[n / 32] and y[n / 256]; output bytes equal the scalar reference's */
     void (*quantize_q8_32)(int64_t n, const float *x, bt_block_q8_32 *y);
     void (*quantize_q8_256)(int64_t n, const float *x, bt_block_q8_256 *y);
@@ -151,7 +153,7 @@ typedef struct bt_cpu_ops {
     unsigned gemm16_planes;
 } bt_cpu_ops;
 
-/* Name of isa ("scalar", "avx2", "avx512", "neon", "neon-i8mm"). */
+/* Name of isa ("scalar", "avx2", "avx2-vnni", "avx512", "neon", "neon-i8mm"). */
 const char *bt_cpu_isa_name(bt_cpu_isa isa);
 
 /* True when this build has isa's kernels: scalar everywhere, AVX2 and AVX-512 in an x86-64 build, NEON in an
@@ -163,9 +165,10 @@ int bt_cpu_isa_built(bt_cpu_isa isa);
 int bt_cpu_isa_supported(bt_cpu_isa isa);
 
 /* Multiply-accumulates per second one thread gets from the integer dot instruction the quantized matmuls of isa use
- * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16; NEON: smlal,
- * 4, or sdot at 8 bits, 16; NEON + i8mm: smmla, 32, or smmla + usmmla at 16 bits, 16 per instruction), measured
- * here in about 10 ms with no memory traffic: the compute roofline of a matmul.
+ * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16; AVX2 + AVX-VNNI:
+ * the VEX vpdpwssd, 16, or vpdpbusd at 8 bits, 32; NEON: smlal, 4, or sdot at 8 bits, 16; NEON + i8mm: smmla, 32,
+ * or smmla + usmmla at 16 bits, 16 per instruction), measured here in about 10 ms with no memory traffic: the
+ * compute roofline of a matmul.
  * 0 for scalar or an ISA this CPU lacks. */
 double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits);
 

@@ -17,6 +17,10 @@ static double mono_s(void)
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CHAINS "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
+/* the instruction ins on each of the 8 chains, its sources both operand 8 */
+#define ON_CHAINS(ins)                                                                                         \
+    ins " %8, %8, %0\n\t" ins " %8, %8, %1\n\t" ins " %8, %8, %2\n\t" ins " %8, %8, %3\n\t" ins " %8, %8, %4\n\t" \
+        ins " %8, %8, %5\n\t" ins " %8, %8, %6\n\t" ins " %8, %8, %7"
 
 /* vpdpwssd (16-bit pairs, 32 MACs) or vpdpbusd (bytes, 64 MACs) on 8 zmm chains: instructions per second */
 __attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(int bytes, long iters)
@@ -26,18 +30,10 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(int bytes,
     double t0 = mono_s();
     if (bytes)
         for (long it = 0; it < iters; it++)
-            __asm__ volatile("vpdpbusd %8, %8, %0\n\tvpdpbusd %8, %8, %1\n\tvpdpbusd %8, %8, %2\n\t"
-                             "vpdpbusd %8, %8, %3\n\tvpdpbusd %8, %8, %4\n\tvpdpbusd %8, %8, %5\n\t"
-                             "vpdpbusd %8, %8, %6\n\tvpdpbusd %8, %8, %7"
-                             : CHAINS
-                             : "v"(w));
+            __asm__ volatile(ON_CHAINS("vpdpbusd") : CHAINS : "v"(w));
     else
         for (long it = 0; it < iters; it++)
-            __asm__ volatile("vpdpwssd %8, %8, %0\n\tvpdpwssd %8, %8, %1\n\tvpdpwssd %8, %8, %2\n\t"
-                             "vpdpwssd %8, %8, %3\n\tvpdpwssd %8, %8, %4\n\tvpdpwssd %8, %8, %5\n\t"
-                             "vpdpwssd %8, %8, %6\n\tvpdpwssd %8, %8, %7"
-                             : CHAINS
-                             : "v"(w));
+            __asm__ volatile(ON_CHAINS("vpdpwssd") : CHAINS : "v"(w));
     return (double)iters * 8 / (mono_s() - t0);
 }
 
@@ -54,6 +50,21 @@ __attribute__((target("avx2"))) static double avx2_rate(long iters)
                          "vpmaddwd %10, %10, %8\n\tvpaddd %8, %6, %6\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %7, %7"
                          : CHAINS, "=&x"(t0v), "=&x"(t1v)
                          : "x"(w));
+    return (double)iters * 8 / (mono_s() - t0);
+}
+
+/* VEX vpdpwssd (16 MACs per ymm) or vpdpbusd (32) on 8 ymm chains: instructions per second */
+__attribute__((target("avx2,avxvnni"))) static double avx_vnni_rate(int bytes, long iters)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __m256i w = _mm256_set1_epi32(0x01010101);
+    double t0 = mono_s();
+    if (bytes)
+        for (long it = 0; it < iters; it++)
+            __asm__ volatile(ON_CHAINS("%{vex%} vpdpbusd") : CHAINS : "x"(w));
+    else
+        for (long it = 0; it < iters; it++)
+            __asm__ volatile(ON_CHAINS("%{vex%} vpdpwssd") : CHAINS : "x"(w));
     return (double)iters * 8 / (mono_s() - t0);
 }
 
@@ -121,6 +132,8 @@ double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
             r = vnni_rate(bytes, 250 * 1000) * (bytes ? 64 : 32);
         else if (isa == BT_CPU_ISA_AVX2 && bt_cpu_isa_supported(BT_CPU_ISA_AVX2))
             r = avx2_rate(250 * 1000) * 16;
+        else if (isa == BT_CPU_ISA_AVX2_VNNI && bt_cpu_isa_supported(BT_CPU_ISA_AVX2_VNNI))
+            r = avx_vnni_rate(bytes, 250 * 1000) * (bytes ? 32 : 16);
 #elif defined(__aarch64__)
         if (isa == BT_CPU_ISA_NEON && bt_cpu_isa_supported(BT_CPU_ISA_NEON))
             r = neon_rate(bytes, 250 * 1000) * (bytes ? 16 : 4);

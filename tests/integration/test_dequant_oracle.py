@@ -161,7 +161,7 @@ def test_act_quantizer_matches_numpy(tmp_path, bits):
     assert np.array_equal(got["ds"].view(np.uint32), (d * s.astype(np.float32)).astype(np.float32).view(np.uint32))
 
 
-ISAS = ["scalar", "avx2", "avx512"]
+ISAS = ["scalar", "avx2", "avx2-vnni", "avx512"]
 
 
 def isa_absent(isa):
@@ -178,7 +178,7 @@ def isa_absent(isa):
     cap = os.environ.get("BATON_TEST_ISA_MAX")
     if cap and ISAS.index(isa) > ISAS.index(cap):
         return f"{isa} kernels: BATON_TEST_ISA_MAX={cap} hides {isa}"
-    need = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
+    need = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"}, "avx2-vnni": {"avx2", "fma", "f16c", "avx_vnni"},
             "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}}[isa]
     return None if need <= flags else f"{isa} kernels: this host lacks {isa}"
 

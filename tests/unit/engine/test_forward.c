@@ -328,7 +328,8 @@ static float *isa_logits(const char *path, const char *isa, int32_t *V)
 }
 
 /* Each covered SIMD ISA agrees with the scalar reference within quantization-order tolerance, for several weight
- * types (the scalar entry has no SIMD path to compare: the avx2 and avx512 entries run this). */
+ * types (the scalar entry has no SIMD path to compare: the avx2 and avx512 entries run this), and avx2-vnni gives
+ * avx2's logits bit for bit. */
 static void test_isa_agreement(void)
 {
     uint32_t types[] = {BT_TYPE_Q4_1, BT_TYPE_Q8_0, BT_TYPE_Q4_0, BT_TYPE_Q5_0, BT_TYPE_Q5_1, BT_TYPE_Q4_K, BT_TYPE_Q5_K,
@@ -358,6 +359,13 @@ static void test_isa_agreement(void)
                     sqrt(d2 / v2));
             CHECK_MSG(sqrt(d2 / v2) < 1e-3, "%s %s: vs scalar relative RMS difference %g", name,
                       bt_ggml_type_name(types[t]), sqrt(d2 / v2));
+            if (isa == BT_CPU_ISA_AVX2_VNNI) { /* the AVX2 kernels with other dot instructions: the same bits */
+                float *avx2 = isa_logits(path, "avx2", &V);
+                REQUIRE(avx2);
+                CHECK_MSG(!memcmp(avx2, got, sizeof(float) * 40 * (size_t)V), "avx2-vnni %s: logits differ from avx2's",
+                          bt_ggml_type_name(types[t]));
+                free(avx2);
+            }
             free(ref);
             free(got);
         }

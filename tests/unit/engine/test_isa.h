@@ -86,7 +86,7 @@ static inline int test_isa_begin(void)
     if (env && *env) {
         test_isa_entry = test_isa_from_name(env);
         if (test_isa_entry < 0) {
-            fprintf(stderr, "BATON_CPU_ISA=%s: expected scalar, avx2, avx512 or neon\n", env);
+            fprintf(stderr, "BATON_CPU_ISA=%s: expected scalar, avx2, avx2-vnni, avx512, neon or neon-i8mm\n", env);
             exit(2);
         }
         if (!test_isa_present((bt_cpu_isa)test_isa_entry)) {
