@@ -5,6 +5,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* Below this temperature sampling is argmax (vLLM's _SAMPLING_EPS): 1 / T would overflow the float arithmetic. */
 #define GREEDY_EPS 1e-5f
@@ -515,26 +518,50 @@ static double exp_fill(const float *l, int32_t n, float m, float inv_t, float lc
     return total;
 }
 
-/* Index of the largest value, lowest index on ties (NaN is never the maximum unless it comes first). */
+/* x where it is larger, else acc: a NaN in x never enters (acc starts at -inf, so it never holds one) */
+static inline v4f max_keep4(v4f acc, v4f x)
+{
+#ifdef __SSE2__ /* maxps returns its second operand when either is NaN */
+    return (v4f)_mm_max_ps((__m128)x, (__m128)acc);
+#else
+    v4i gt = x > acc;
+    return (v4f)(((v4i)x & gt) | ((v4i)acc & ~gt));
+#endif
+}
+
+/* Index of the largest value, lowest index on ties; NaN is never the maximum, and a NaN first (or nothing above
+ * -inf) gives 0. One pass keeps each block's maximum on 4 independent chains, then only the first block holding
+ * the overall maximum is searched for it: about one read of the logits, where a 4-lane max pass and then a scalar
+ * search from id 0 read them ~1.5 times, one float per cycle in the search (Gemma 3's 262,144 logits: ~0.35 ms a
+ * sequence, 4.5 of a 33 ms step at 16 sequences). */
+#define ARGMAX_BLOCK 2048
 static int32_t argmax(const float *x, int32_t n)
 {
-    int32_t i = 0;
-    float mv = x[0];
-    if (n >= 16) {
-        v4f mx = load4(x);
-        for (i = 4; i + 4 <= n; i += 4) {
-            v4f v = load4(x + i);
-            v4i gt = v > mx;
-            mx = (v4f)(((v4i)v & gt) | ((v4i)mx & ~gt));
+    if (n <= 0 || x[0] != x[0]) return 0;
+    float best = -INFINITY;
+    int32_t at = -1;
+    const v4f ninf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int32_t b0 = 0; b0 < n; b0 += ARGMAX_BLOCK) {
+        int32_t b1 = b0 + ARGMAX_BLOCK < n ? b0 + ARGMAX_BLOCK : n, i = b0;
+        v4f m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+        for (; i + 16 <= b1; i += 16) {
+            m0 = max_keep4(m0, load4(x + i));
+            m1 = max_keep4(m1, load4(x + i + 4));
+            m2 = max_keep4(m2, load4(x + i + 8));
+            m3 = max_keep4(m3, load4(x + i + 12));
         }
-        for (int j = 0; j < 4; j++)
-            if (mx[j] > mv) mv = mx[j];
+        m0 = max_keep4(max_keep4(m0, m1), max_keep4(m2, m3));
+        float bm = -INFINITY;
+        for (int j = 0; j < 4; j++) bm = m0[j] > bm ? m0[j] : bm;
+        for (; i < b1; i++) bm = x[i] > bm ? x[i] : bm;
+        if (bm > best) { /* strictly: the first block with the maximum keeps it */
+            best = bm;
+            at = b0;
+        }
     }
-    for (; i < n; i++)
-        if (x[i] > mv) mv = x[i];
-    for (i = 0; i < n; i++) /* first occurrence; NaN lanes never compare equal */
-        if (x[i] == mv) return i;
-    return 0;
+    if (at < 0) return 0;
+    for (int32_t i = at;; i++)
+        if (x[i] == best) return i;
 }
 
 /* Fills s->mask for the current constraint state (a memo of bt_constraint_mask, hence the cast) and allows the

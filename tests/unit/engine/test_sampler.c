@@ -505,6 +505,48 @@ static void test_penalties_by_hand(void)
     CHECK(bt_sample(&sp, tie, 4, 0, scratch, NULL) == 1);
 }
 
+/* Greedy over vocabularies of every size up to a few blocks of the argmax pass (2,048 ids), against a plain scan:
+ * the maximum in the tail, ties within and across blocks (the lowest id), -inf everywhere, NaN (never the maximum;
+ * first: id 0). */
+static int32_t ref_argmax(const float *x, int32_t n)
+{
+    if (x[0] != x[0]) return 0;
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i;
+    return best;
+}
+
+static void test_greedy_argmax(void)
+{
+    const int32_t nmax = 5000;
+    float *x = malloc(sizeof *x * (size_t)nmax), *scratch = malloc(sizeof *scratch * 2 * (size_t)nmax);
+    REQUIRE(x && scratch);
+    bt_sampling sp = bt_sampling_default();
+    uint64_t st = 7;
+    const int32_t sizes[] = {1, 2, 3, 15, 16, 17, 31, 2047, 2048, 2049, 4096, 4111, 5000};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int32_t n = sizes[k];
+        for (int trial = 0; trial < 12; trial++) {
+            for (int32_t i = 0; i < n; i++) x[i] = (float)(test_rand_next(&st) % 64) - 32.0f; /* many ties */
+            if (trial == 1) x[n - 1] = 100.0f;                                              /* the last id */
+            if (trial == 2 && n > 2) x[n - 1] = x[n / 2] = 100.0f; /* a tie across blocks */
+            if (trial == 3)
+                for (int32_t i = 0; i < n; i++) x[i] = -INFINITY;
+            if (trial == 4) x[test_rand_next(&st) % n] = NAN;
+            if (trial == 5) x[0] = NAN;
+            if (trial == 6 && n > 1) x[1] = NAN, x[n - 1] = 1000.0f; /* a NaN early must not hide a later maximum */
+            if (trial == 7)
+                for (int32_t i = 0; i < n; i++) x[i] = NAN;
+            if (trial == 8 && n > 1) x[0] = -INFINITY, x[n - 1] = -1e30f;
+            int32_t got = bt_sample(&sp, x, n, 0, scratch, NULL), want = ref_argmax(x, n);
+            CHECK_MSG(got == want, "n %d trial %d: greedy %d, want %d", n, trial, got, want);
+        }
+    }
+    free(x);
+    free(scratch);
+}
+
 /* ---- logprobs ---- */
 
 static void test_top_logprobs(void)
@@ -848,6 +890,7 @@ int main(int argc, char **argv)
     RUN(test_invalid_params);
     RUN(test_draw_by_hand);
     RUN(test_penalties_by_hand);
+    RUN(test_greedy_argmax);
     RUN(test_exact_distribution_random);
     RUN(test_top_logprobs);
     RUN(test_finish);
