@@ -22,20 +22,24 @@ static double mono_s(void)
     ins " %8, %8, %0\n\t" ins " %8, %8, %1\n\t" ins " %8, %8, %2\n\t" ins " %8, %8, %3\n\t" ins " %8, %8, %4\n\t" \
         ins " %8, %8, %5\n\t" ins " %8, %8, %6\n\t" ins " %8, %8, %7"
 
-/* vpdpwssd (16-bit pairs, 32 MACs) or vpdpbusd (bytes, 64 MACs) on 8 zmm chains: instructions per second */
-__attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(int bytes, long iters)
-{
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    const __m512i w = _mm512_set1_epi32(0x01010101);
-    double t0 = mono_s();
-    if (bytes)
-        for (long it = 0; it < iters; it++)
-            __asm__ volatile(ON_CHAINS("vpdpbusd") : CHAINS : "v"(w));
-    else
-        for (long it = 0; it < iters; it++)
-            __asm__ volatile(ON_CHAINS("vpdpwssd") : CHAINS : "v"(w));
-    return (double)iters * 8 / (mono_s() - t0);
-}
+/* name(bytes, iters): vpdpbusd (bytes) or vpdpwssd on 8 chains of vector type V (target T, operand constraint C,
+ * PRE before the mnemonic): instructions per second */
+#define VNNI_RATE_FN(name, T, V, ZERO, SET1, C, PRE)                                                            \
+    __attribute__((target(T))) static double name(int bytes, long iters)                                       \
+    {                                                                                                          \
+        V a0 = ZERO, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;                             \
+        const V w = SET1(0x01010101);                                                                          \
+        double t0 = mono_s();                                                                                  \
+        if (bytes)                                                                                             \
+            for (long it = 0; it < iters; it++) __asm__ volatile(ON_CHAINS(PRE "vpdpbusd") : CHAINS : C(w));    \
+        else                                                                                                   \
+            for (long it = 0; it < iters; it++) __asm__ volatile(ON_CHAINS(PRE "vpdpwssd") : CHAINS : C(w));    \
+        return (double)iters * 8 / (mono_s() - t0);                                                            \
+    }
+
+/* AVX-512: 32 MACs per zmm vpdpwssd, 64 per vpdpbusd; AVX-VNNI (the VEX forms on ymm): 16 and 32 */
+VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512(), _mm512_set1_epi32, "v", "")
+VNNI_RATE_FN(avx_vnni_rate, "avx2,avxvnni", __m256i, _mm256_setzero_si256(), _mm256_set1_epi32, "x", "%{vex%} ")
 
 /* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second */
 __attribute__((target("avx2"))) static double avx2_rate(long iters)
@@ -50,21 +54,6 @@ __attribute__((target("avx2"))) static double avx2_rate(long iters)
                          "vpmaddwd %10, %10, %8\n\tvpaddd %8, %6, %6\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %7, %7"
                          : CHAINS, "=&x"(t0v), "=&x"(t1v)
                          : "x"(w));
-    return (double)iters * 8 / (mono_s() - t0);
-}
-
-/* VEX vpdpwssd (16 MACs per ymm) or vpdpbusd (32) on 8 ymm chains: instructions per second */
-__attribute__((target("avx2,avxvnni"))) static double avx_vnni_rate(int bytes, long iters)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    const __m256i w = _mm256_set1_epi32(0x01010101);
-    double t0 = mono_s();
-    if (bytes)
-        for (long it = 0; it < iters; it++)
-            __asm__ volatile(ON_CHAINS("%{vex%} vpdpbusd") : CHAINS : "x"(w));
-    else
-        for (long it = 0; it < iters; it++)
-            __asm__ volatile(ON_CHAINS("%{vex%} vpdpwssd") : CHAINS : "x"(w));
     return (double)iters * 8 / (mono_s() - t0);
 }
 
