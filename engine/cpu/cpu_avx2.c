@@ -1035,26 +1035,7 @@ const bt_cpu_ops bt_cpu_ops_avx2 = {
     .isa = BT_CPU_ISA_AVX2,
     .name = "avx2",
     BT_CPU_AVX2_SHARED_SLOTS,
-    /* cpu_avx2_gemm.c */
-    .gemm8 = {
-        [BT_TYPE_Q4_0] = bt_cpu_avx2_gemm_q4_0,
-        [BT_TYPE_Q4_1] = bt_cpu_avx2_gemm_q4_1,
-        [BT_TYPE_Q8_0] = bt_cpu_avx2_gemm_q8_0,
-        [BT_TYPE_Q5_1] = bt_cpu_avx2_gemm_q5_1,
-        [BT_TYPE_Q4_K] = bt_cpu_avx2_gemm_q4_k,
-        [BT_TYPE_Q5_K] = bt_cpu_avx2_gemm_q5_k,
-        [BT_TYPE_Q6_K] = bt_cpu_avx2_gemm_q6_k,
-    },
-    .gemm16 = {
-        [BT_TYPE_Q4_0] = bt_cpu_avx2_gemm_q4_0_q16,
-        [BT_TYPE_Q4_1] = bt_cpu_avx2_gemm_q4_1_q16,
-        [BT_TYPE_Q8_0] = bt_cpu_avx2_gemm_q8_0_q16,
-        [BT_TYPE_Q4_K] = bt_cpu_avx2_gemm_q4_k_q16,
-        [BT_TYPE_Q6_K] = bt_cpu_avx2_gemm_q6_k_q16,
-        [BT_TYPE_Q5_K] = bt_cpu_avx2_gemm_q5_k_q16,
-        [BT_TYPE_Q5_1] = bt_cpu_avx2_gemm_q5_1_q16,
-        [BT_TYPE_Q5_0] = bt_cpu_avx2_gemm_q5_0_q16,
-    },
+    BT_CPU_AVX2_GEMM_SLOTS(avx2), /* cpu_avx2_gemm.c */
 };
 
 /* Everything but the GEMM is the AVX2 table's: the AVX-VNNI dot instructions serve the tiled matmuls only. */
@@ -1062,24 +1043,5 @@ const bt_cpu_ops bt_cpu_ops_avx2_vnni = {
     .isa = BT_CPU_ISA_AVX2_VNNI,
     .name = "avx2-vnni",
     BT_CPU_AVX2_SHARED_SLOTS,
-    /* cpu_avx2_gemm.c built a second time with BT_AVX2_GEMM_VNNI (cpu_avx2_vnni_gemm.c) */
-    .gemm8 = {
-        [BT_TYPE_Q4_0] = bt_cpu_avx2_vnni_gemm_q4_0,
-        [BT_TYPE_Q4_1] = bt_cpu_avx2_vnni_gemm_q4_1,
-        [BT_TYPE_Q8_0] = bt_cpu_avx2_vnni_gemm_q8_0,
-        [BT_TYPE_Q5_1] = bt_cpu_avx2_vnni_gemm_q5_1,
-        [BT_TYPE_Q4_K] = bt_cpu_avx2_vnni_gemm_q4_k,
-        [BT_TYPE_Q5_K] = bt_cpu_avx2_vnni_gemm_q5_k,
-        [BT_TYPE_Q6_K] = bt_cpu_avx2_vnni_gemm_q6_k,
-    },
-    .gemm16 = {
-        [BT_TYPE_Q4_0] = bt_cpu_avx2_vnni_gemm_q4_0_q16,
-        [BT_TYPE_Q4_1] = bt_cpu_avx2_vnni_gemm_q4_1_q16,
-        [BT_TYPE_Q8_0] = bt_cpu_avx2_vnni_gemm_q8_0_q16,
-        [BT_TYPE_Q4_K] = bt_cpu_avx2_vnni_gemm_q4_k_q16,
-        [BT_TYPE_Q6_K] = bt_cpu_avx2_vnni_gemm_q6_k_q16,
-        [BT_TYPE_Q5_K] = bt_cpu_avx2_vnni_gemm_q5_k_q16,
-        [BT_TYPE_Q5_1] = bt_cpu_avx2_vnni_gemm_q5_1_q16,
-        [BT_TYPE_Q5_0] = bt_cpu_avx2_vnni_gemm_q5_0_q16,
-    },
+    BT_CPU_AVX2_GEMM_SLOTS(avx2_vnni), /* cpu_avx2_gemm.c built again with BT_AVX2_GEMM_VNNI (cpu_avx2_vnni_gemm.c) */
 };
