@@ -6,7 +6,11 @@
  * --bits: activation precisions of quantized types (both by default; float types run once).
  * Also times the matmuls of one SmolLM2-135M decode step (batch 1) and prefill chunk (batch 16).
  * --gemm: only the packed kernels of --isa (default: the best here) against its measured dot rate
- *         (bench_gemm_kernels). */
+ *         (bench_gemm_kernels).
+ * --attn: attn_block (one 16-key cache block, the decode attention kernel) per ISA and KV dtype, on SmolLM2's and
+ *         Gemma 3's head shapes: hot (one block) and cold (blocks in random order over 256 MB, each call hinting
+ *         the block two ahead as the engine does) (bench_attn). */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,7 +267,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
         {BT_TYPE_Q6_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 1}, {BT_TYPE_Q5_0, 640, 2048, 1, 16},
         {BT_TYPE_Q5_1, 576, 1536, 1, 1}, {BT_TYPE_Q5_1, 576, 1536, 1, 16}, {BT_TYPE_Q5_0, 576, 1536, 1, 16},
         {BT_TYPE_Q4_0, 640, 2048, 1, 16}, {BT_TYPE_Q4_1, 576, 576, 1, 16}, {BT_TYPE_Q4_1, 576, 192, 1, 16},
-        {BT_TYPE_Q5_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_K, 1536, 576, 1, 16}};
+        {BT_TYPE_Q5_K, 1536, 576, 1, 1}, {BT_TYPE_Q5_K, 1536, 576, 1, 16}, {BT_TYPE_Q8_0, 640, 262144, 0, 16}};
     uint64_t seed = 7;
     printf("%-5s %-10s %4s %4s %4s %-6s %3s %10s %8s\n", "type", "shape", "rows", "cold", "bits", "kernel", "nr", "us median",
            "% peak");
@@ -329,6 +333,93 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
         }
 }
 
+/* ns per attn_block call; KV bytes per call = K and V rows of one block */
+static void bench_attn(const char *isa_arg)
+{
+    static const struct { const char *model; int hd, group; } shapes[] = {{"SmolLM2", 64, 3}, {"Gemma3", 256, 4}};
+    static const struct { bt_cpu_kv_type t; const char *name; size_t esz; } kts[] = {
+        {BT_CPU_KV_F16, "f16", 2}, {BT_CPU_KV_U8, "int8", 1}, {BT_CPU_KV_F32, "f32", 4}};
+    const size_t region = (size_t)256 << 20;
+    uint8_t *mem = malloc(region);
+    if (!mem) return;
+    uint64_t seed = 11;
+    /* every byte a small fp16 / u8 / f32 value: fp16 0x3c00-range codes, f32 from the same bits are tiny normals */
+    for (size_t i = 0; i < region; i += 2) {
+        uint16_t h = (uint16_t)(0x3000 + rng_next(&seed) % 0x0c00);
+        memcpy(mem + i, &h, 2);
+    }
+    printf("%-7s %-8s %-5s %4s %5s %10s %10s %9s %9s\n", "model", "isa", "kv", "hd", "group", "hot ns", "cold ns",
+           "hot GB/s", "cold GB/s");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ki = 0; ki < sizeof kts / sizeof kts[0]; ki++) {
+            const int hd = shapes[si].hd, nq = shapes[si].group, nk = BT_CPU_ATTN_BLOCK;
+            const size_t rows = (size_t)nk * (size_t)hd * kts[ki].esz, sm = kts[ki].t == BT_CPU_KV_U8 ? 4 * (size_t)nk : 0;
+            const size_t blk = 2 * rows + 2 * sm + 64;
+            const size_t n_blk = region / blk;
+            size_t *order = malloc(n_blk * sizeof *order);
+            float *q = malloc(sizeof(float) * (size_t)(nq * hd)), *acc = malloc(sizeof(float) * (size_t)(nq * hd));
+            if (!order || !q || !acc) return;
+            for (size_t i = 0; i < n_blk; i++) order[i] = i;
+            for (size_t i = n_blk - 1; i > 0; i--) {
+                size_t j = rng_next(&seed) % (i + 1), t = order[i];
+                order[i] = order[j], order[j] = t;
+            }
+            for (int i = 0; i < nq * hd; i++) q[i] = (float)((int64_t)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+            if (kts[ki].t == BT_CPU_KV_U8) /* sane (scale, min) pairs */
+                for (size_t b = 0; b < n_blk; b++)
+                    for (size_t i = 0; i < 4 * (size_t)nk; i += 2) {
+                        uint16_t h = (uint16_t)(i % 4 == 0 ? 0x2000 : 0xb000);
+                        memcpy(mem + b * blk + 2 * rows + i, &h, 2);
+                    }
+            for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+                if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+                if (strcmp(isa_arg, "all") && strcmp(isa_arg, bt_cpu_isa_name((bt_cpu_isa)isa))) continue;
+                const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+                double med[2];
+                for (int cold = 0; cold < 2; cold++) {
+                    enum { REPS = 9 };
+                    double samples[REPS];
+                    size_t calls = 64; /* then as many as take ~20 ms a rep (the scalar kernels are ~100x slower) */
+                    for (int rep = -1; rep < REPS; rep++) {
+                        float m[8], l[8];
+                        for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0;
+                        memset(acc, 0, sizeof(float) * (size_t)(nq * hd));
+                        double t0 = now_s();
+                        for (size_t c = 0; c < calls; c++) {
+                            const uint8_t *b = mem + (cold ? order[c] : 0) * blk;
+                            const uint8_t *pf = cold && c + 2 < calls ? mem + order[c + 2] * blk : NULL;
+                            bt_cpu_kv_rows kv = {.type = kts[ki].t, .k = b, .v = b + rows,
+                                                 .k_sm = (const uint16_t *)(b + 2 * rows),
+                                                 .v_sm = (const uint16_t *)(b + 2 * rows + sm), .pf_k = pf,
+                                                 .pf_v = pf ? pf + rows : NULL, .pf_bytes = rows};
+                            if (!ops->attn_prefetches && pf) { /* as the engine: K before, V after */
+                                for (size_t o = 0; o < rows; o += 64) __builtin_prefetch(pf + o, 0, 1);
+                            }
+                            ops->attn_block(hd, nq, q, 0.125f, &kv, nk, m, l, acc);
+                            if (!ops->attn_prefetches && pf)
+                                for (size_t o = 0; o < rows; o += 64) __builtin_prefetch(pf + rows + o, 0, 1);
+                        }
+                        double per = (now_s() - t0) / (double)calls;
+                        if (rep < 0) {
+                            double want = 20e-3 / per;
+                            calls = want < 64 ? 64 : want > (double)(cold ? n_blk : 20000) ? (cold ? n_blk : 20000) : (size_t)want;
+                        } else {
+                            samples[rep] = per;
+                        }
+                    }
+                    qsort(samples, REPS, sizeof(double), cmp_double);
+                    med[cold] = samples[REPS / 2];
+                }
+                printf("%-7s %-8s %-5s %4d %5d %10.1f %10.1f %9.1f %9.1f\n", shapes[si].model,
+                       bt_cpu_isa_name((bt_cpu_isa)isa), kts[ki].name, hd, nq, med[0] * 1e9, med[1] * 1e9,
+                       (double)(2 * rows) / med[0] * 1e-9, (double)(2 * rows) / med[1] * 1e-9);
+                fflush(stdout);
+            }
+            free(order), free(q), free(acc);
+        }
+    free(mem);
+}
+
 static int parse_list(const char *s, int *out, int max)
 {
     int n = 0;
@@ -358,11 +449,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--memory-only")) only = 1;
         else if (!strcmp(argv[i], "--decode-only")) only = 2;
         else if (!strcmp(argv[i], "--gemm")) only = 3;
+        else if (!strcmp(argv[i], "--attn")) only = 4;
         else {
             fprintf(stderr, "usage: %s [--types LIST] [--isa NAME|all] [--threads LIST] [--batch LIST] [--bits LIST] "
-                            "[--hot] [--ms N] [--memory-only] [--decode-only] [--gemm]\n", argv[0]);
+                            "[--hot] [--ms N] [--memory-only] [--decode-only] [--gemm] [--attn]\n", argv[0]);
             return 2;
         }
+    }
+    if (only == 4) {
+        bench_attn(isa_arg);
+        return 0;
     }
     for (int b = 0; b < n_batches; b++)
         if (batches[b] < 1 || batches[b] > 16) return fprintf(stderr, "--batch: row counts from 1 to 16\n"), 2;

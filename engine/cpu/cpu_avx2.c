@@ -855,7 +855,9 @@ AI void kv_sm_f32(const uint16_t *sm, int nk, float *out)
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 }
 
-#define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
+/* query heads handled together: each K/V element is loaded and converted once for all of them (4: GQA groups of 4,
+ * as Gemma 3, Llama 3 and Mistral have, in one pass) */
+#define ATTN_NH 4
 
 /* tree16 of 4 keys at once from their b (lanes t + (t + 8) of the 16 lanes of a dot, as tree16's first step): the
  * 128-bit halves of two keys' b added (c_t = b_t + b_(t+4)), then c_0 + c_2 and c_1 + c_3 side by side. Returns
@@ -885,9 +887,10 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
                     const float *vsm, int nk, float *m, float *l, float *acc, const int type, int pf)
 {
     const void *pf_k = pf ? kv->pf_k : NULL, *pf_v = pf ? kv->pf_v : NULL;
+    const bt_cpu_pf pfk = bt_cpu_pf_plan(pf_k, kv->pf_bytes, nk), pfv = bt_cpu_pf_plan(pf_v, kv->pf_bytes, (int)(n / 16));
     __m256 b[ATTN_NH][BT_CPU_ATTN_BLOCK];
     for (int j = 0; j < nk; j++) {
-        bt_cpu_pf_lines(pf_k, kv->pf_bytes, j, nk);
+        bt_cpu_pf_part(&pfk, j);
         __m256 lo[ATTN_NH], hi[ATTN_NH];
         const __m256 k0 = kv_load8(kv, 0, type, n, j, 0, ksm), k1 = kv_load8(kv, 0, type, n, j, 8, ksm);
         for (int h = 0; h < NH; h++) {
@@ -929,7 +932,7 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
     }
     /* acc = acc * c, then fmaf(w_j, V_j, acc) for j ascending, 16 elements of every head at a time */
     for (int64_t i = 0; i < n; i += 16) {
-        bt_cpu_pf_lines(pf_v, kv->pf_bytes, (int)(i / 16), (int)(n / 16));
+        bt_cpu_pf_part(&pfv, (int)(i / 16));
         __m256 a[ATTN_NH][2];
         for (int h = 0; h < NH; h++) {
             a[h][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i), c[h]);
@@ -964,7 +967,8 @@ AI void attn_block8(int64_t n, int nq, const float *q, float scale, const bt_cpu
         switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
         case 1: attn_heads8(n, 1, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
         case 2: attn_heads8(n, 2, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
-        default: attn_heads8(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        case 3: attn_heads8(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        default: attn_heads8(n, 4, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
         }
     }
 }
@@ -973,8 +977,8 @@ void bt_cpu_avx2_attn_block(int64_t n, int nq, const float *q, float scale, cons
                             float *m, float *l, float *acc)
 {
     if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
-        bt_cpu_pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
-        bt_cpu_pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
+        bt_cpu_pf_all(kv->pf_k, kv->pf_bytes); /* the hints this kernel promises, in one go */
+        bt_cpu_pf_all(kv->pf_v, kv->pf_bytes);
         bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
         return;
     }

@@ -12,6 +12,7 @@
 #include "engine/cpu/cpu_fp16.h"
 #include "engine/cpu/cpu_impl.h"
 
+
 #define AI static inline __attribute__((always_inline))
 
 AI float hsum_ps(__m256 v)
@@ -666,13 +667,18 @@ AI void kv_sm_f32(const uint16_t *sm, int nk, float *out)
 
 /* tree16 of 16 dot registers (keys) is computed in two halves: every step adds the lane pairs the one-register
  * tree adds, several keys per register. Steps 1-3 for 8 keys at once: quarter k of the result holds
- * [d0, d1 of key k, d0, d1 of key 4 + k] (key numbers relative to x[0]). */
-AI __m512 tree16x8(const __m512 *x)
+ * [d0, d1 of key k, d0, d1 of key 4 + k] (key numbers relative to the first). Step 1 takes a pair of keys at a time
+ * (tree16_pair: keys 2p and 2p + 1 into b[p]), so that the dots of a quad of keys can be reduced to two registers
+ * before the next quad's are computed; tree16x8_rest finishes steps 2 and 3 from the four b. */
+AI __m512 tree16_pair(__m512 x0, __m512 x1)
 {
-    __m512 b[4], c[2];
-    for (int p = 0; p < 4; p++)
-        b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+AI __m512 tree16x8_rest(const __m512 *b)
+{
+    __m512 c[2];
     for (int r = 0; r < 2; r++)
         c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
@@ -689,12 +695,16 @@ AI __m512 tree16_finish(__m512 d0, __m512 d1)
     return _mm512_permutexvar_ps(idx, e);
 }
 
-#define ATTN_NH 3 /* query heads handled together: each K/V element is loaded and converted once for all of them */
+/* query heads handled together: each K/V element is loaded and converted once for all of them. 4 covers the
+ * common GQA groups of 4 (Gemma 3, Llama 3, Mistral) in one pass; as 3 + 1 heads, Gemma 3's blocks (head size 256)
+ * took 950 ns hot and 2,200 cold (bench_cpu_kernels --attn), with 4: 700 and 1,750. */
+#define ATTN_NH 4
 
 /* acc[h] = acc[h] * c[h] (skipped when c is NULL, i.e. all 1), then fmaf(w[h][j], V_j, .) for j ascending */
 AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *vsm, int nk, const float *c,
                 float (*wj)[16], float *acc, const int type, const void *pf_v)
 {
+    const bt_cpu_pf pf = bt_cpu_pf_plan(pf_v, kv->pf_bytes, nk);
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __m512 a[ATTN_NH][4];
@@ -704,7 +714,7 @@ AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *
                 if (c) a[h][u] = _mm512_mul_ps(a[h][u], _mm512_set1_ps(c[h]));
             }
         for (int j = 0; j < nk; j++) {
-            if (i == 0) bt_cpu_pf_lines(pf_v, kv->pf_bytes, j, nk);
+            if (i == 0) bt_cpu_pf_part(&pf, j);
             __m512 wv[ATTN_NH];
             for (int h = 0; h < NH; h++) wv[h] = _mm512_set1_ps(wj[h][j]);
             for (int u = 0; u < 4; u++) {
@@ -729,38 +739,47 @@ AI void attn_pv(int64_t n, const int NH, const bt_cpu_kv_rows *kv, const float *
     }
 }
 
-/* attn_block for NH (1..ATTN_NH) query heads, n a multiple of 16. Registers: 8 keys x NH heads of dot lanes. */
+/* attn_block for NH (1..ATTN_NH) query heads, n a multiple of 16. K in passes of KQ keys: KQ x NH registers of dot
+ * lanes, each pass reduced to KQ / 2 registers per head (tree16_pair) before the next. 8 keys a pass for up to 3
+ * heads; 4 heads take quads (32 dot registers would not fit beside q; quads for 3 heads measured ~6% slower). */
 AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, const float *ksm,
                    const float *vsm, int nk, float *m, float *l, float *acc, const int type, int pf)
 {
     const void *pf_k = pf ? kv->pf_k : NULL, *pf_v = pf ? kv->pf_v : NULL;
-    const int n_it = 2 * (int)(n / 16);
+    const int KQ = NH > 3 ? 4 : 8, n_it = (16 / KQ) * (int)(n / 16);
+    const bt_cpu_pf pfk = bt_cpu_pf_plan(pf_k, kv->pf_bytes, n_it);
     __m512 d[2][ATTN_NH];
     for (int s = 0; s < 2; s++) {
         if (s == 1 && nk <= 8) { /* keys 8..15 are masked out below whatever their dots */
             for (int h = 0; h < NH; h++) d[1][h] = _mm512_setzero_ps();
             break;
         }
-        __m512 x[ATTN_NH][8], qv[ATTN_NH];
-        int rows[8];
-        for (int jj = 0; jj < 8; jj++) rows[jj] = 8 * s + jj < nk ? 8 * s + jj : nk - 1;
-        for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n);
-        bt_cpu_pf_lines(pf_k, kv->pf_bytes, s * n_it / 2, n_it);
+        __m512 b[ATTN_NH][4];
+        for (int u = 0; u < 8 / KQ; u++) { /* keys 8s + KQ u .. 8s + KQ u + KQ - 1 */
+            __m512 x[ATTN_NH][8], qv[ATTN_NH];
+            int rows[8];
+            const int k0 = 8 * s + KQ * u, it0 = (k0 / KQ) * (int)(n / 16);
+            for (int jj = 0; jj < KQ; jj++) rows[jj] = k0 + jj < nk ? k0 + jj : nk - 1;
+            for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n);
+            bt_cpu_pf_part(&pfk, it0);
 #pragma GCC unroll 8
-        for (int jj = 0; jj < 8; jj++) {
-            __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0, ksm);
-            for (int h = 0; h < NH; h++) x[h][jj] = _mm512_mul_ps(qv[h], kk);
-        }
-        for (int64_t i = 16; i < n; i += 16) {
-            for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i);
-            bt_cpu_pf_lines(pf_k, kv->pf_bytes, s * n_it / 2 + (int)(i / 16), n_it);
-#pragma GCC unroll 8
-            for (int jj = 0; jj < 8; jj++) {
-                __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i, ksm);
-                for (int h = 0; h < NH; h++) x[h][jj] = _mm512_fmadd_ps(qv[h], kk, x[h][jj]);
+            for (int jj = 0; jj < KQ; jj++) {
+                __m512 kk = kv_load16(kv, 0, type, n, rows[jj], 0, ksm);
+                for (int h = 0; h < NH; h++) x[h][jj] = _mm512_mul_ps(qv[h], kk);
             }
+            for (int64_t i = 16; i < n; i += 16) {
+                for (int h = 0; h < NH; h++) qv[h] = _mm512_loadu_ps(q + (size_t)h * (size_t)n + (size_t)i);
+                bt_cpu_pf_part(&pfk, it0 + (int)(i / 16));
+#pragma GCC unroll 8
+                for (int jj = 0; jj < KQ; jj++) {
+                    __m512 kk = kv_load16(kv, 0, type, n, rows[jj], i, ksm);
+                    for (int h = 0; h < NH; h++) x[h][jj] = _mm512_fmadd_ps(qv[h], kk, x[h][jj]);
+                }
+            }
+            for (int h = 0; h < NH; h++)
+                for (int p = 0; p < KQ / 2; p++) b[h][u * (KQ / 2) + p] = tree16_pair(x[h][2 * p], x[h][2 * p + 1]);
         }
-        for (int h = 0; h < NH; h++) d[s][h] = tree16x8(x[h]);
+        for (int h = 0; h < NH; h++) d[s][h] = tree16x8_rest(b[h]);
     }
     __mmask16 valid = (__mmask16)((1u << nk) - 1u);
     float wj[ATTN_NH][16];
@@ -811,7 +830,8 @@ AI void attn_block16(int64_t n, int nq, const float *q, float scale, const bt_cp
         switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
         case 1: attn_heads(n, 1, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
         case 2: attn_heads(n, 2, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
-        default: attn_heads(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        case 3: attn_heads(n, 3, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
+        default: attn_heads(n, 4, qh, scale, kv, ksm, vsm, nk, m + h, l + h, ah, type, h == 0); break;
         }
     }
 }
@@ -820,8 +840,8 @@ void bt_cpu_avx512_attn_block(int64_t n, int nq, const float *q, float scale, co
                               float *m, float *l, float *acc)
 {
     if (n % 16 || nk < 1 || nk > 16) { /* 16-lane rows only; the reference covers the rest with the same bits */
-        bt_cpu_pf_lines(kv->pf_k, kv->pf_bytes, 0, 1); /* the hints this kernel promises, in one go */
-        bt_cpu_pf_lines(kv->pf_v, kv->pf_bytes, 0, 1);
+        bt_cpu_pf_all(kv->pf_k, kv->pf_bytes); /* the hints this kernel promises, in one go */
+        bt_cpu_pf_all(kv->pf_v, kv->pf_bytes);
         bt_cpu_scalar_attn_block(n, nq, q, scale, kv, nk, m, l, acc);
         return;
     }

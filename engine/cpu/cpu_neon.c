@@ -547,6 +547,16 @@ AI float32x4_t kv4(const bt_cpu_kv_rows *kv, int which, int64_t n, int j, int64_
     }
 }
 
+/* kv4 with a U8 block's (scale, min) pairs already as floats (sm: [nk][2] of `which`) */
+AI float32x4_t kv4f(const bt_cpu_kv_rows *kv, int which, int64_t n, int j, int64_t i, const float *sm)
+{
+    if (kv->type != BT_CPU_KV_U8) return kv4(kv, which, n, j, i);
+    uint32_t c4;
+    memcpy(&c4, (const uint8_t *)(which ? kv->v : kv->k) + (size_t)j * (size_t)n + (size_t)i, 4);
+    float32x4_t code = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8((uint64_t)c4)))));
+    return vfmaq_f32(vdupq_n_f32(sm[2 * j + 1]), vdupq_n_f32(sm[2 * j]), code);
+}
+
 /* tree16 of the reference over four vectors x0..x3 (lanes 0..15) */
 AI float tree16v(float32x4_t x0, float32x4_t x1, float32x4_t x2, float32x4_t x3)
 {
@@ -560,39 +570,107 @@ static float tree16(const float *x)
     return tree16v(vld1q_f32(x), vld1q_f32(x + 4), vld1q_f32(x + 8), vld1q_f32(x + 12));
 }
 
+/* attn_block for one query head, any n (a multiple of 4): the reference's arithmetic, one key at a time */
+static void attn_head1(int64_t n, const float *qh, float scale, const bt_cpu_kv_rows *kv, int nk, float *m, float *l,
+                       float *ah)
+{
+    float s[BT_CPU_ATTN_BLOCK], w[BT_CPU_ATTN_BLOCK];
+    for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+        if (j >= nk) {
+            s[j] = -INFINITY;
+            continue;
+        }
+        float32x4_t x[4];
+        for (int t = 0; t < 4; t++)
+            x[t] = 4 * t < n ? vmulq_f32(vld1q_f32(qh + 4 * t), kv4(kv, 0, n, j, 4 * t)) : vdupq_n_f32(0.0f);
+        for (int64_t i = 16; i < n; i += 16)
+            for (int t = 0; t < 4; t++)
+                if (i + 4 * t < n) x[t] = vfmaq_f32(x[t], vld1q_f32(qh + i + 4 * t), kv4(kv, 0, n, j, i + 4 * t));
+        s[j] = tree16v(x[0], x[1], x[2], x[3]) * scale;
+    }
+    float mn = *m;
+    for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
+    float c = bt_cpu_expf(*m - mn);
+    const float32x4_t mnv = vdupq_n_f32(mn);
+    for (int j = 0; j < BT_CPU_ATTN_BLOCK; j += 4) vst1q_f32(w + j, expf4(vsubq_f32(vld1q_f32(s + j), mnv)));
+    *l = fmaf(*l, c, tree16(w));
+    const float32x4_t cv = vdupq_n_f32(c);
+    for (int64_t i = 0; i < n; i += 4) {
+        float32x4_t a = vmulq_f32(vld1q_f32(ah + i), cv);
+        for (int j = 0; j < nk; j++) a = vfmaq_f32(a, vdupq_n_f32(w[j]), kv4(kv, 1, n, j, i));
+        vst1q_f32(ah + i, a);
+    }
+    *m = mn;
+}
+
+#define ATTN_NH 4 /* query heads handled together: each K/V element is loaded and converted once for all of them */
+
+/* attn_block for NH (1..ATTN_NH) query heads of n a multiple of 16, the arithmetic of attn_head1: per key, 16 dot
+ * lanes of each head in 4 registers (NH x 4 <= 16 accumulators beside the key's 4); V in slices of 16 elements of
+ * every head. */
+AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
+                   float *l, float *acc)
+{
+    float w[ATTN_NH][BT_CPU_ATTN_BLOCK], c[ATTN_NH], s[ATTN_NH][BT_CPU_ATTN_BLOCK];
+    float ksm[2 * BT_CPU_ATTN_BLOCK], vsm[2 * BT_CPU_ATTN_BLOCK]; /* U8: each row's (scale, min) as floats, once */
+    if (kv->type == BT_CPU_KV_U8)
+        for (int j = 0; j < 2 * nk; j++) ksm[j] = bt_fp16_to_f32(kv->k_sm[j]), vsm[j] = bt_fp16_to_f32(kv->v_sm[j]);
+    for (int j = 0; j < nk; j++) {
+        float32x4_t x[ATTN_NH][4];
+        for (int t = 0; t < 4; t++) {
+            const float32x4_t k = kv4f(kv, 0, n, j, 4 * t, ksm);
+            for (int h = 0; h < NH; h++) x[h][t] = vmulq_f32(vld1q_f32(q + (size_t)h * (size_t)n + 4 * t), k);
+        }
+        for (int64_t i = 16; i < n; i += 16)
+            for (int t = 0; t < 4; t++) {
+                const float32x4_t k = kv4f(kv, 0, n, j, i + 4 * t, ksm);
+                for (int h = 0; h < NH; h++)
+                    x[h][t] = vfmaq_f32(x[h][t], vld1q_f32(q + (size_t)h * (size_t)n + (size_t)i + 4 * t), k);
+            }
+        for (int h = 0; h < NH; h++) s[h][j] = tree16v(x[h][0], x[h][1], x[h][2], x[h][3]) * scale;
+    }
+    for (int h = 0; h < NH; h++) {
+        for (int j = nk; j < BT_CPU_ATTN_BLOCK; j++) s[h][j] = -INFINITY;
+        float mn = m[h];
+        for (int j = 0; j < nk; j++) mn = s[h][j] > mn ? s[h][j] : mn;
+        c[h] = bt_cpu_expf(m[h] - mn);
+        const float32x4_t mnv = vdupq_n_f32(mn);
+        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j += 4)
+            vst1q_f32(w[h] + j, expf4(vsubq_f32(vld1q_f32(s[h] + j), mnv)));
+        l[h] = fmaf(l[h], c[h], tree16(w[h]));
+        m[h] = mn;
+    }
+    for (int64_t i = 0; i < n; i += 16) {
+        float32x4_t a[ATTN_NH][4];
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < 4; t++)
+                a[h][t] = vmulq_f32(vld1q_f32(acc + (size_t)h * (size_t)n + (size_t)i + 4 * t), vdupq_n_f32(c[h]));
+        for (int j = 0; j < nk; j++)
+            for (int t = 0; t < 4; t++) {
+                const float32x4_t v = kv4f(kv, 1, n, j, i + 4 * t, vsm);
+                for (int h = 0; h < NH; h++) a[h][t] = vfmaq_f32(a[h][t], vdupq_n_f32(w[h][j]), v);
+            }
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < 4; t++) vst1q_f32(acc + (size_t)h * (size_t)n + (size_t)i + 4 * t, a[h][t]);
+    }
+}
+
 void bt_cpu_neon_attn_block(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk,
                             float *m, float *l, float *acc)
 {
-    for (int h = 0; h < nq; h++) {
+    if (n % 16) { /* head sizes that are not a multiple of 16: one head at a time */
+        for (int h = 0; h < nq; h++) attn_head1(n, q + (size_t)h * (size_t)n, scale, kv, nk, m + h, l + h, acc + (size_t)h * (size_t)n);
+        return;
+    }
+    for (int h = 0; h < nq; h += ATTN_NH) {
         const float *qh = q + (size_t)h * (size_t)n;
         float *ah = acc + (size_t)h * (size_t)n;
-        float s[BT_CPU_ATTN_BLOCK], w[BT_CPU_ATTN_BLOCK];
-        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
-            if (j >= nk) {
-                s[j] = -INFINITY;
-                continue;
-            }
-            float32x4_t x[4];
-            for (int t = 0; t < 4; t++)
-                x[t] = 4 * t < n ? vmulq_f32(vld1q_f32(qh + 4 * t), kv4(kv, 0, n, j, 4 * t)) : vdupq_n_f32(0.0f);
-            for (int64_t i = 16; i < n; i += 16)
-                for (int t = 0; t < 4; t++)
-                    if (i + 4 * t < n) x[t] = vfmaq_f32(x[t], vld1q_f32(qh + i + 4 * t), kv4(kv, 0, n, j, i + 4 * t));
-            s[j] = tree16v(x[0], x[1], x[2], x[3]) * scale;
+        switch (nq - h < ATTN_NH ? nq - h : ATTN_NH) {
+        case 1: attn_heads(n, 1, qh, scale, kv, nk, m + h, l + h, ah); break;
+        case 2: attn_heads(n, 2, qh, scale, kv, nk, m + h, l + h, ah); break;
+        case 3: attn_heads(n, 3, qh, scale, kv, nk, m + h, l + h, ah); break;
+        default: attn_heads(n, 4, qh, scale, kv, nk, m + h, l + h, ah); break;
         }
-        float mn = m[h];
-        for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
-        float c = bt_cpu_expf(m[h] - mn);
-        const float32x4_t mnv = vdupq_n_f32(mn);
-        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j += 4) vst1q_f32(w + j, expf4(vsubq_f32(vld1q_f32(s + j), mnv)));
-        l[h] = fmaf(l[h], c, tree16(w));
-        const float32x4_t cv = vdupq_n_f32(c);
-        for (int64_t i = 0; i < n; i += 4) {
-            float32x4_t a = vmulq_f32(vld1q_f32(ah + i), cv);
-            for (int j = 0; j < nk; j++) a = vfmaq_f32(a, vdupq_n_f32(w[j]), kv4(kv, 1, n, j, i));
-            vst1q_f32(ah + i, a);
-        }
-        m[h] = mn;
     }
 }
 
