@@ -38,6 +38,9 @@ typedef struct bt_attn_args {
 /* The body run on one lane by run_lanes: lane is a backend handle valid during the call. */
 typedef bt_status (*bt_lane_fn)(bt_backend *lane, int i, void *user);
 
+/* A part of host work run by host_tasks: part i of n. */
+typedef void (*bt_host_task_fn)(void *user, int i, int n);
+
 #define BT_MAX_LANES 64
 
 typedef struct bt_backend_ops {
@@ -90,6 +93,13 @@ typedef struct bt_backend_ops {
      * Lane handles must not be destroyed or used outside fn. */
     int (*max_lanes)(bt_backend *be);
     bt_status (*run_lanes)(bt_backend *be, int n_lanes, bt_lane_fn fn, void *user);
+    /* Optional (NULL: the caller runs the parts itself, one after another). host_tasks runs fn(user, i, n) for
+     * every i < n on the backend's host threads (the calling thread among them) and returns when all are done:
+     * the caller's own host work that splits into independent parts, such as sampling the rows of a step, while the
+     * threads would otherwise wait for the next op. host_threads: how many threads run them (parts beyond that
+     * only queue). Not to be called from inside an op or a lane. */
+    void (*host_tasks)(bt_backend *be, bt_host_task_fn fn, void *user, int n);
+    int (*host_threads)(bt_backend *be);
 } bt_backend_ops;
 
 struct bt_backend {

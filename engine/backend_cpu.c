@@ -870,6 +870,16 @@ static bt_status cpu_run_lanes(bt_backend *be, int n_lanes, bt_lane_fn fn, void 
     return st;
 }
 
+static void cpu_host_tasks(bt_backend *be, bt_host_task_fn fn, void *user, int n)
+{
+    run_tasks(C(be), fn, user, n);
+}
+
+static int cpu_host_threads(bt_backend *be)
+{
+    return ctx_threads(C(be));
+}
+
 static void cpu_swiglu(bt_backend *be, const float *g, const float *u, int64_t n, float *out)
 {
     elem_job j = {.ops = C(be)->ops, .kind = ELEM_SWIGLU, .a = g, .b = u, .out = out, .n_rows = 1, .n = n};
@@ -908,6 +918,8 @@ static const bt_backend_ops cpu_ops = {
     .matmul_multi = cpu_matmul_multi,
     .max_lanes = cpu_max_lanes,
     .run_lanes = cpu_run_lanes,
+    .host_tasks = cpu_host_tasks,
+    .host_threads = cpu_host_threads,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

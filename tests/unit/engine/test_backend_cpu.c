@@ -2,8 +2,10 @@
  * positions and merged: results against float64 softmax attention, and bit-identical however the tokens are
  * batched (one per call, prompt chunks at any offset, mixed with another sequence) and on 1 or 2 threads; the same
  * with a sliding window (bt_attn_args.window: keys k with p - k < window) that starts inside blocks and segments;
- * and the per-row and elementwise ops, the same bits on 1, 2 and 3 threads. */
+ * and the per-row and elementwise ops, the same bits on 1, 2 and 3 threads; host_tasks runs each part once. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -337,6 +339,51 @@ static void test_elementwise_split(void)
     for (int t = 0; t < 3; t++) bt_backend_destroy(be[t]);
 }
 
+/* host_tasks: every part runs exactly once, on the backend's threads (2 of them take part with 2 threads), and
+ * host_threads says how many there are */
+typedef struct host_job {
+    _Atomic int runs[64];
+    _Atomic long threads[64]; /* each part's thread id */
+    int n;
+} host_job;
+
+static void host_part(void *user, int i, int n)
+{
+    host_job *j = user;
+    if (n != j->n || i < 0 || i >= n) return;
+    atomic_fetch_add(&j->runs[i], 1);
+    atomic_store(&j->threads[i], (long)pthread_self());
+    for (volatile int spin = 0; spin < 200000; spin++) { /* long enough that one thread cannot take every part */
+    }
+}
+
+static void test_host_tasks(void)
+{
+    for (int t = 1; t <= 3; t++) {
+        bt_backend *be = NULL;
+        REQUIRE(test_backend_cpu(t, &be) == 0);
+        REQUIRE(be->ops->host_tasks && be->ops->host_threads);
+        CHECK_MSG(be->ops->host_threads(be) == t, "host_threads %d with %d threads", be->ops->host_threads(be), t);
+        static const int counts[] = {1, 2, 7, 64};
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            static host_job j;
+            memset(&j, 0, sizeof j);
+            j.n = counts[c];
+            be->ops->host_tasks(be, host_part, &j, j.n);
+            int once = 0, distinct = 0;
+            for (int i = 0; i < j.n; i++) {
+                once += atomic_load(&j.runs[i]) == 1;
+                int seen = 0;
+                for (int k = 0; k < i; k++) seen |= atomic_load(&j.threads[k]) == atomic_load(&j.threads[i]);
+                distinct += !seen;
+            }
+            CHECK_MSG(once == j.n, "%d threads, %d parts: %d ran exactly once", t, j.n, once);
+            if (j.n == 64) CHECK_MSG(distinct >= (t < 2 ? 1 : 2), "%d threads, %d parts on %d threads", t, j.n, distinct);
+        }
+        bt_backend_destroy(be);
+    }
+}
+
 int main(void)
 {
     RUN(test_long_context_attention);
@@ -344,5 +391,6 @@ int main(void)
     RUN(test_window_attention);
     RUN(test_geglu);
     RUN(test_elementwise_split);
+    RUN(test_host_tasks);
     return test_summary();
 }
