@@ -1071,11 +1071,13 @@ static void add_drafts(bt_sched *s, int32_t *budget)
     place_drafts(s, n, budget);
 }
 
-/* A step's plain rows (one logit row: no drafts, no embedding) are sampled before any of them is accepted, in
- * sample_parts parts on the backend's host threads (host_tasks), which otherwise wait for the next step: Gemma 3's
- * greedy argmax over 262,144 logits is ~0.09 ms a row, 5.8 ms of a 64-sequence step on one thread. A row's token is
- * a function of its own logits and sampler state alone (the RNG is counter-based, a grammar's mask cache is locked),
- * so the parts change no token; accepting stays in step order on this thread. */
+/* A step's plain rows (one logit row: no drafts, no embedding, no grammar) are sampled before any of them is
+ * accepted, in sample_parts parts on the backend's host threads (host_tasks), which otherwise wait for the next step:
+ * Gemma 3's greedy argmax over 262,144 logits is ~0.09 ms a row, 5.8 ms of a 64-sequence step on one thread. Such a
+ * row's token is a function of its own logits and sampler state alone (the RNG is counter-based), so the parts change
+ * no token; accepting stays in step order on this thread. Rows under a grammar are sampled in the step loop, in step
+ * order, as before: a grammar shared by several sequences caches transitions, and whether one mask stays within
+ * BT_CONSTRAINT_MASK_WORK depends on what that cache already holds, which threads would make a matter of timing. */
 typedef struct sample_job {
     bt_sched *s;
     int32_t n;
@@ -1102,6 +1104,7 @@ static int32_t sample_plain_rows(bt_sched *s, int32_t ns)
     for (int32_t j = 0; j < ns; j++) {
         sreq *r = s->b_reqs[j];
         if (r->n_draft > 0 || r->p.embedding || r->logit_row < 0) continue;
+        if (r->p.constraint) continue; /* the step loop samples it (see above) */
         s->b_plain[n++] = r;
     }
     sample_job job = {s, n};

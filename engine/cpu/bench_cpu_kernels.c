@@ -367,7 +367,7 @@ static void bench_attn(const char *isa_arg)
             for (int i = 0; i < nq * hd; i++) q[i] = (float)((int64_t)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
             if (kts[ki].t == BT_CPU_KV_U8) /* sane (scale, min) pairs */
                 for (size_t b = 0; b < n_blk; b++)
-                    for (size_t i = 0; i < 4 * (size_t)nk; i += 2) {
+                    for (size_t i = 0; i < 2 * sm; i += 2) { /* k_sm, then v_sm */
                         uint16_t h = (uint16_t)(i % 4 == 0 ? 0x2000 : 0xb000);
                         memcpy(mem + b * blk + 2 * rows + i, &h, 2);
                     }

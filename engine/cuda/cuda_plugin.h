@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define BT_CUDA_PLUGIN_ABI 2 /* bumped whenever backend.h's table or this struct changes */
+#define BT_CUDA_PLUGIN_ABI 3 /* bumped whenever backend.h's table or this struct changes */
 
 /* What the host program lends the plugin: bt_fail, so errors decided in the .so reach bt_last_error. */
 typedef struct bt_cuda_host {
