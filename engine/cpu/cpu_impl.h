@@ -116,46 +116,50 @@ extern const bt_cpu_ops bt_cpu_ops_avx512;
 extern const bt_cpu_ops bt_cpu_ops_neon;
 extern const bt_cpu_ops bt_cpu_ops_neon_i8mm;
 
-/* The AVX2 table's slots other than the GEMM, shared by the AVX2 and AVX2 + AVX-VNNI tables. */
-#define BT_CPU_AVX2_SHARED_SLOTS                                                                                      \
-    .quantize_q8_32 = bt_cpu_avx2_quantize_q8_32,                                                                     \
-    .quantize_q8_256 = bt_cpu_avx2_quantize_q8_256,                                                                   \
-    .quantize_q16_32 = bt_cpu_avx2_quantize_q16_32,                                                                   \
-    .quantize_q16_256 = bt_cpu_avx2_quantize_q16_256,                                                                 \
-    .fp16_to_f32 = bt_cpu_avx2_fp16_to_f32,                                                                           \
-    .f32_to_fp16 = bt_cpu_avx2_f32_to_fp16,                                                                           \
-    .bf16_to_f32 = bt_cpu_avx2_bf16_to_f32,                                                                           \
-    .f32_to_bf16 = bt_cpu_avx2_f32_to_bf16,                                                                           \
-    .attn_scores = bt_cpu_avx2_attn_scores,                                                                           \
-    .attn_accum = bt_cpu_avx2_attn_accum,                                                                             \
-    .attn_block = bt_cpu_avx2_attn_block,                                                                             \
-    .attn_prefetches = 1,                                                                                             \
-    .swiglu = bt_cpu_avx2_swiglu,                                                                                     \
-    .geglu = bt_cpu_avx2_geglu,                                                                                       \
-    .rmsnorm = bt_cpu_avx2_rmsnorm,                                                                                   \
+/* The slots other than the GEMM that an ISA's kernels fill under one naming scheme (bt_cpu_<isa>_<op>): the AVX2
+ * and NEON sets, each shared by its two tables (AVX2 and AVX2 + AVX-VNNI; NEON and NEON + i8mm). */
+#define BT_CPU_SHARED_SLOTS(isa)                                                                                      \
+    .quantize_q8_32 = bt_cpu_##isa##_quantize_q8_32,                                                                  \
+    .quantize_q8_256 = bt_cpu_##isa##_quantize_q8_256,                                                                \
+    .quantize_q16_32 = bt_cpu_##isa##_quantize_q16_32,                                                                \
+    .quantize_q16_256 = bt_cpu_##isa##_quantize_q16_256,                                                              \
+    .fp16_to_f32 = bt_cpu_##isa##_fp16_to_f32,                                                                        \
+    .f32_to_fp16 = bt_cpu_##isa##_f32_to_fp16,                                                                        \
+    .bf16_to_f32 = bt_cpu_##isa##_bf16_to_f32,                                                                        \
+    .f32_to_bf16 = bt_cpu_##isa##_f32_to_bf16,                                                                        \
+    .attn_scores = bt_cpu_##isa##_attn_scores,                                                                        \
+    .attn_accum = bt_cpu_##isa##_attn_accum,                                                                          \
+    .attn_block = bt_cpu_##isa##_attn_block,                                                                          \
+    .swiglu = bt_cpu_##isa##_swiglu,                                                                                  \
+    .geglu = bt_cpu_##isa##_geglu,                                                                                    \
+    .rmsnorm = bt_cpu_##isa##_rmsnorm,                                                                                \
     .dot_rows = {                                                                                                     \
-        [BT_TYPE_F32] = bt_cpu_avx2_dot_rows_f32,                                                                     \
-        [BT_TYPE_F16] = bt_cpu_avx2_dot_rows_f16,                                                                     \
-        [BT_TYPE_BF16] = bt_cpu_avx2_dot_rows_bf16,                                                                   \
-        [BT_TYPE_Q4_0] = bt_cpu_avx2_dot_rows_q4_0,                                                                   \
-        [BT_TYPE_Q4_1] = bt_cpu_avx2_dot_rows_q4_1,                                                                   \
-        [BT_TYPE_Q5_0] = bt_cpu_avx2_dot_rows_q5_0,                                                                   \
-        [BT_TYPE_Q5_1] = bt_cpu_avx2_dot_rows_q5_1,                                                                   \
-        [BT_TYPE_Q8_0] = bt_cpu_avx2_dot_rows_q8_0,                                                                   \
-        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k,                                                                   \
-        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k,                                                                   \
-        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k,                                                                   \
+        [BT_TYPE_F32] = bt_cpu_##isa##_dot_rows_f32,                                                                  \
+        [BT_TYPE_F16] = bt_cpu_##isa##_dot_rows_f16,                                                                  \
+        [BT_TYPE_BF16] = bt_cpu_##isa##_dot_rows_bf16,                                                                \
+        [BT_TYPE_Q4_0] = bt_cpu_##isa##_dot_rows_q4_0,                                                                \
+        [BT_TYPE_Q4_1] = bt_cpu_##isa##_dot_rows_q4_1,                                                                \
+        [BT_TYPE_Q5_0] = bt_cpu_##isa##_dot_rows_q5_0,                                                                \
+        [BT_TYPE_Q5_1] = bt_cpu_##isa##_dot_rows_q5_1,                                                                \
+        [BT_TYPE_Q8_0] = bt_cpu_##isa##_dot_rows_q8_0,                                                                \
+        [BT_TYPE_Q4_K] = bt_cpu_##isa##_dot_rows_q4_k,                                                                \
+        [BT_TYPE_Q5_K] = bt_cpu_##isa##_dot_rows_q5_k,                                                                \
+        [BT_TYPE_Q6_K] = bt_cpu_##isa##_dot_rows_q6_k,                                                                \
     },                                                                                                                \
     .dot_rows16 = {                                                                                                   \
-        [BT_TYPE_Q4_0] = bt_cpu_avx2_dot_rows_q4_0_q16,                                                               \
-        [BT_TYPE_Q4_1] = bt_cpu_avx2_dot_rows_q4_1_q16,                                                               \
-        [BT_TYPE_Q5_0] = bt_cpu_avx2_dot_rows_q5_0_q16,                                                               \
-        [BT_TYPE_Q5_1] = bt_cpu_avx2_dot_rows_q5_1_q16,                                                               \
-        [BT_TYPE_Q8_0] = bt_cpu_avx2_dot_rows_q8_0_q16,                                                               \
-        [BT_TYPE_Q4_K] = bt_cpu_avx2_dot_rows_q4_k_q16,                                                               \
-        [BT_TYPE_Q5_K] = bt_cpu_avx2_dot_rows_q5_k_q16,                                                               \
-        [BT_TYPE_Q6_K] = bt_cpu_avx2_dot_rows_q6_k_q16,                                                               \
+        [BT_TYPE_Q4_0] = bt_cpu_##isa##_dot_rows_q4_0_q16,                                                            \
+        [BT_TYPE_Q4_1] = bt_cpu_##isa##_dot_rows_q4_1_q16,                                                            \
+        [BT_TYPE_Q5_0] = bt_cpu_##isa##_dot_rows_q5_0_q16,                                                            \
+        [BT_TYPE_Q5_1] = bt_cpu_##isa##_dot_rows_q5_1_q16,                                                            \
+        [BT_TYPE_Q8_0] = bt_cpu_##isa##_dot_rows_q8_0_q16,                                                            \
+        [BT_TYPE_Q4_K] = bt_cpu_##isa##_dot_rows_q4_k_q16,                                                            \
+        [BT_TYPE_Q5_K] = bt_cpu_##isa##_dot_rows_q5_k_q16,                                                            \
+        [BT_TYPE_Q6_K] = bt_cpu_##isa##_dot_rows_q6_k_q16,                                                            \
     }
+
+/* The AVX2 kernels spread attention's prefetch hints over their loops; the NEON ones leave them to the caller. */
+#define BT_CPU_AVX2_SHARED_SLOTS BT_CPU_SHARED_SLOTS(avx2), .attn_prefetches = 1
+#define BT_CPU_NEON_SHARED_SLOTS BT_CPU_SHARED_SLOTS(neon)
 
 /* The GEMM slots of the AVX2 layouts: bt_cpu_avx2_gemm_* or bt_cpu_avx2_vnni_gemm_* (the same source, two builds) */
 #define BT_CPU_AVX2_GEMM_SLOTS(isa)                                                                                   \
@@ -179,45 +183,6 @@ extern const bt_cpu_ops bt_cpu_ops_neon_i8mm;
         [BT_TYPE_Q5_0] = bt_cpu_##isa##_gemm_q5_0_q16,                                                                \
     }
 
-/* The NEON table's slots other than the GEMM, shared by the NEON and NEON + i8mm tables. */
-#define BT_CPU_NEON_SHARED_SLOTS                                                                                      \
-    .quantize_q8_32 = bt_cpu_neon_quantize_q8_32,                                                                     \
-    .quantize_q8_256 = bt_cpu_neon_quantize_q8_256,                                                                   \
-    .quantize_q16_32 = bt_cpu_neon_quantize_q16_32,                                                                   \
-    .quantize_q16_256 = bt_cpu_neon_quantize_q16_256,                                                                 \
-    .fp16_to_f32 = bt_cpu_neon_fp16_to_f32,                                                                           \
-    .f32_to_fp16 = bt_cpu_neon_f32_to_fp16,                                                                           \
-    .bf16_to_f32 = bt_cpu_neon_bf16_to_f32,                                                                           \
-    .f32_to_bf16 = bt_cpu_neon_f32_to_bf16,                                                                           \
-    .attn_scores = bt_cpu_neon_attn_scores,                                                                           \
-    .attn_accum = bt_cpu_neon_attn_accum,                                                                             \
-    .attn_block = bt_cpu_neon_attn_block,                                                                             \
-    .swiglu = bt_cpu_neon_swiglu,                                                                                     \
-    .geglu = bt_cpu_neon_geglu,                                                                                       \
-    .rmsnorm = bt_cpu_neon_rmsnorm,                                                                                   \
-    .dot_rows = {                                                                                                     \
-        [BT_TYPE_F32] = bt_cpu_neon_dot_rows_f32,                                                                     \
-        [BT_TYPE_F16] = bt_cpu_neon_dot_rows_f16,                                                                     \
-        [BT_TYPE_BF16] = bt_cpu_neon_dot_rows_bf16,                                                                   \
-        [BT_TYPE_Q4_0] = bt_cpu_neon_dot_rows_q4_0,                                                                   \
-        [BT_TYPE_Q4_1] = bt_cpu_neon_dot_rows_q4_1,                                                                   \
-        [BT_TYPE_Q5_0] = bt_cpu_neon_dot_rows_q5_0,                                                                   \
-        [BT_TYPE_Q5_1] = bt_cpu_neon_dot_rows_q5_1,                                                                   \
-        [BT_TYPE_Q8_0] = bt_cpu_neon_dot_rows_q8_0,                                                                   \
-        [BT_TYPE_Q4_K] = bt_cpu_neon_dot_rows_q4_k,                                                                   \
-        [BT_TYPE_Q5_K] = bt_cpu_neon_dot_rows_q5_k,                                                                   \
-        [BT_TYPE_Q6_K] = bt_cpu_neon_dot_rows_q6_k,                                                                   \
-    },                                                                                                                \
-    .dot_rows16 = {                                                                                                   \
-        [BT_TYPE_Q4_0] = bt_cpu_neon_dot_rows_q4_0_q16,                                                               \
-        [BT_TYPE_Q4_1] = bt_cpu_neon_dot_rows_q4_1_q16,                                                               \
-        [BT_TYPE_Q5_0] = bt_cpu_neon_dot_rows_q5_0_q16,                                                               \
-        [BT_TYPE_Q5_1] = bt_cpu_neon_dot_rows_q5_1_q16,                                                               \
-        [BT_TYPE_Q8_0] = bt_cpu_neon_dot_rows_q8_0_q16,                                                               \
-        [BT_TYPE_Q4_K] = bt_cpu_neon_dot_rows_q4_k_q16,                                                               \
-        [BT_TYPE_Q5_K] = bt_cpu_neon_dot_rows_q5_k_q16,                                                               \
-        [BT_TYPE_Q6_K] = bt_cpu_neon_dot_rows_q6_k_q16,                                                               \
-    }
 
 /* Constants of bt_cpu_expf, shared by every ISA's version. */
 #define BT_EXP_LO (-86.5f) /* below: 0 (keeps 2^n normal) */
