@@ -15,33 +15,52 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Enough chains to cover the instruction's latency at its full rate: on an Intel Xeon (Emerald Rapids, 2026-12-05)
+ * vpdpwssd zmm takes ~6 cycles and issues 2 a cycle, so 8 chains measured 4.0 G instructions/s against 5.9 with 16
+ * or 24 (the VEX form on ymm: 4.7 with 8, 6.0 with 12). The 8-chain loop this file had understated that host's
+ * compute roofline by a third. The chains are fixed registers the asm clobbers (16 "+" operands would exceed the 30
+ * an asm may have): zmm16-31 (AVX-512), ymm2-13 (the 16-register VEX forms), v16-31 (NEON); their values do not
+ * matter, only that each instruction depends on the previous one of its chain. */
+#define R4(ins, w, p, a, b, c, d) ins " " w ", " w ", " p a "\n\t" ins " " w ", " w ", " p b "\n\t" ins " " w ", " w ", " p c "\n\t" ins " " w ", " w ", " p d "\n\t"
+
 #if defined(__x86_64__) || defined(__i386__)
-#define CHAINS "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
-/* the instruction ins on each of the 8 chains, its sources both operand 8 */
-#define ON_CHAINS(ins)                                                                                         \
-    ins " %8, %8, %0\n\t" ins " %8, %8, %1\n\t" ins " %8, %8, %2\n\t" ins " %8, %8, %3\n\t" ins " %8, %8, %4\n\t" \
-        ins " %8, %8, %5\n\t" ins " %8, %8, %6\n\t" ins " %8, %8, %7"
+#define ZMM16(ins)                                                                                             \
+    R4(ins, "%0", "%%zmm", "16", "17", "18", "19") R4(ins, "%0", "%%zmm", "20", "21", "22", "23")                  \
+        R4(ins, "%0", "%%zmm", "24", "25", "26", "27") R4(ins, "%0", "%%zmm", "28", "29", "30", "31")
+#define ZMM16_CLOBBERS                                                                                         \
+    "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", \
+        "xmm29", "xmm30", "xmm31"
+#define YMM12(ins)                                                                                             \
+    R4(ins, "%0", "%%ymm", "2", "3", "4", "5") R4(ins, "%0", "%%ymm", "6", "7", "8", "9")                          \
+        R4(ins, "%0", "%%ymm", "10", "11", "12", "13")
+#define YMM12_CLOBBERS "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13"
 
-/* name(bytes, iters): vpdpbusd (bytes) or vpdpwssd on 8 chains of vector type V (target T, operand constraint C,
- * PRE before the mnemonic): instructions per second */
-#define VNNI_RATE_FN(name, T, V, ZERO, SET1, C, PRE)                                                            \
-    __attribute__((target(T))) static double name(int bytes, long iters)                                       \
-    {                                                                                                          \
-        V a0 = ZERO, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;                             \
-        const V w = SET1(0x01010101);                                                                          \
-        double t0 = mono_s();                                                                                  \
-        if (bytes)                                                                                             \
-            for (long it = 0; it < iters; it++) __asm__ volatile(ON_CHAINS(PRE "vpdpbusd") : CHAINS : C(w));    \
-        else                                                                                                   \
-            for (long it = 0; it < iters; it++) __asm__ volatile(ON_CHAINS(PRE "vpdpwssd") : CHAINS : C(w));    \
-        return (double)iters * 8 / (mono_s() - t0);                                                            \
-    }
+/* vpdpbusd (bytes) or vpdpwssd: instructions per second. AVX-512 on 16 zmm chains, 32 MACs per vpdpwssd and 64 per
+ * vpdpbusd; AVX-VNNI (the VEX forms) on 12 ymm chains, 16 and 32 */
+__attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(int bytes, long iters)
+{
+    const __m512i w = _mm512_set1_epi32(0x01010101);
+    double t0 = mono_s();
+    if (bytes)
+        for (long it = 0; it < iters; it++) __asm__ volatile(ZMM16("vpdpbusd") : : "v"(w) : ZMM16_CLOBBERS);
+    else
+        for (long it = 0; it < iters; it++) __asm__ volatile(ZMM16("vpdpwssd") : : "v"(w) : ZMM16_CLOBBERS);
+    return (double)iters * 16 / (mono_s() - t0);
+}
 
-/* AVX-512: 32 MACs per zmm vpdpwssd, 64 per vpdpbusd; AVX-VNNI (the VEX forms on ymm): 16 and 32 */
-VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512(), _mm512_set1_epi32, "v", "")
-VNNI_RATE_FN(avx_vnni_rate, "avx2,avxvnni", __m256i, _mm256_setzero_si256(), _mm256_set1_epi32, "x", "%{vex%} ")
+__attribute__((target("avx2,avxvnni"))) static double avx_vnni_rate(int bytes, long iters)
+{
+    const __m256i w = _mm256_set1_epi32(0x01010101);
+    double t0 = mono_s();
+    if (bytes)
+        for (long it = 0; it < iters; it++) __asm__ volatile(YMM12("%{vex%} vpdpbusd") : : "x"(w) : YMM12_CLOBBERS);
+    else
+        for (long it = 0; it < iters; it++) __asm__ volatile(YMM12("%{vex%} vpdpwssd") : : "x"(w) : YMM12_CLOBBERS);
+    return (double)iters * 12 / (mono_s() - t0);
+}
 
-/* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second */
+/* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second (the chains run
+ * through the 1-cycle vpaddd, so 8 cover its latency) */
 __attribute__((target("avx2"))) static double avx2_rate(long iters)
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, t0v, t1v;
@@ -52,54 +71,44 @@ __attribute__((target("avx2"))) static double avx2_rate(long iters)
                          "vpmaddwd %10, %10, %8\n\tvpaddd %8, %2, %2\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %3, %3\n\t"
                          "vpmaddwd %10, %10, %8\n\tvpaddd %8, %4, %4\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %5, %5\n\t"
                          "vpmaddwd %10, %10, %8\n\tvpaddd %8, %6, %6\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %7, %7"
-                         : CHAINS, "=&x"(t0v), "=&x"(t1v)
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "=&x"(t0v),
+                           "=&x"(t1v)
                          : "x"(w));
     return (double)iters * 8 / (mono_s() - t0);
 }
 
 #elif defined(__aarch64__)
-#define CHAINS "+w"(a0), "+w"(a1), "+w"(a2), "+w"(a3), "+w"(a4), "+w"(a5), "+w"(a6), "+w"(a7)
+/* ins on v16-v31 with both sources operand 0, arranged ta (accumulator) and tw (sources); smlal / smlal2 alternate */
+#define N1(ins, ta, tw, r) ins " v" r "." ta ", %0." tw ", %0." tw "\n\t"
+#define N2(i0, i1, ta, t0, t1, a, b) N1(i0, ta, t0, a) N1(i1, ta, t1, b)
+#define V16(i0, i1, ta, t0, t1)                                                                                \
+    N2(i0, i1, ta, t0, t1, "16", "17") N2(i0, i1, ta, t0, t1, "18", "19") N2(i0, i1, ta, t0, t1, "20", "21")      \
+        N2(i0, i1, ta, t0, t1, "22", "23") N2(i0, i1, ta, t0, t1, "24", "25") N2(i0, i1, ta, t0, t1, "26", "27")  \
+            N2(i0, i1, ta, t0, t1, "28", "29") N2(i0, i1, ta, t0, t1, "30", "31")
+#define V16_CLOBBERS                                                                                           \
+    "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31"
 
-/* sdot (16 MACs of bytes per 128-bit register) or smlal + smlal2 (8 MACs of 16-bit halves, the 16-bit path) on 8
- * chains: instructions per second */
+/* sdot (16 MACs of bytes per 128-bit register) or smlal + smlal2 (8 MACs of 16-bit halves, the 16-bit path) on 16
+ * chains (a core with 4 vector pipes and a 3-cycle sdot needs 12 in flight): instructions per second */
 __attribute__((target("arch=armv8.2-a+dotprod"))) static double neon_rate(int bytes, long iters)
 {
-    __attribute__((vector_size(16))) int a0 = {0}, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const __attribute__((vector_size(16))) int w = {0x01010101, 0x01010101, 0x01010101, 0x01010101};
     double t0 = mono_s();
     if (bytes)
-        for (long it = 0; it < iters; it++)
-            __asm__ volatile("sdot %0.4s, %8.16b, %8.16b\n\tsdot %1.4s, %8.16b, %8.16b\n\t"
-                             "sdot %2.4s, %8.16b, %8.16b\n\tsdot %3.4s, %8.16b, %8.16b\n\t"
-                             "sdot %4.4s, %8.16b, %8.16b\n\tsdot %5.4s, %8.16b, %8.16b\n\t"
-                             "sdot %6.4s, %8.16b, %8.16b\n\tsdot %7.4s, %8.16b, %8.16b"
-                             : CHAINS
-                             : "w"(w));
+        for (long it = 0; it < iters; it++) __asm__ volatile(V16("sdot", "sdot", "4s", "16b", "16b") : : "w"(w) : V16_CLOBBERS);
     else
         for (long it = 0; it < iters; it++)
-            __asm__ volatile("smlal %0.4s, %8.4h, %8.4h\n\tsmlal2 %1.4s, %8.8h, %8.8h\n\t"
-                             "smlal %2.4s, %8.4h, %8.4h\n\tsmlal2 %3.4s, %8.8h, %8.8h\n\t"
-                             "smlal %4.4s, %8.4h, %8.4h\n\tsmlal2 %5.4s, %8.8h, %8.8h\n\t"
-                             "smlal %6.4s, %8.4h, %8.4h\n\tsmlal2 %7.4s, %8.8h, %8.8h"
-                             : CHAINS
-                             : "w"(w));
-    return (double)iters * 8 / (mono_s() - t0);
+            __asm__ volatile(V16("smlal", "smlal2", "4s", "4h", "8h") : : "w"(w) : V16_CLOBBERS);
+    return (double)iters * 16 / (mono_s() - t0);
 }
 
-/* smmla (a 2x8 by 8x2 int8 product: 32 MACs) on 8 chains: instructions per second */
+/* smmla (a 2x8 by 8x2 int8 product: 32 MACs) on 16 chains: instructions per second */
 __attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) static double i8mm_rate(long iters)
 {
-    __attribute__((vector_size(16))) int a0 = {0}, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const __attribute__((vector_size(16))) int w = {0x01010101, 0x01010101, 0x01010101, 0x01010101};
     double t0 = mono_s();
-    for (long it = 0; it < iters; it++)
-        __asm__ volatile("smmla %0.4s, %8.16b, %8.16b\n\tsmmla %1.4s, %8.16b, %8.16b\n\t"
-                         "smmla %2.4s, %8.16b, %8.16b\n\tsmmla %3.4s, %8.16b, %8.16b\n\t"
-                         "smmla %4.4s, %8.16b, %8.16b\n\tsmmla %5.4s, %8.16b, %8.16b\n\t"
-                         "smmla %6.4s, %8.16b, %8.16b\n\tsmmla %7.4s, %8.16b, %8.16b"
-                         : CHAINS
-                         : "w"(w));
-    return (double)iters * 8 / (mono_s() - t0);
+    for (long it = 0; it < iters; it++) __asm__ volatile(V16("smmla", "smmla", "4s", "16b", "16b") : : "w"(w) : V16_CLOBBERS);
+    return (double)iters * 16 / (mono_s() - t0);
 }
 #endif
 

@@ -427,19 +427,20 @@ static void test_pack_checks(void)
 }
 
 /* The dot-instruction rate behind the compute roofline: positive wherever the ISA runs (any such CPU does well over
- * 1e9 multiply-accumulates a second), 8-bit above the 16-bit rate where vpdpbusd serves it (AVX-512, AVX-VNNI), 0 for
- * scalar code. */
+ * 1e9 multiply-accumulates a second; the aarch64 tests run under qemu-user here, at ~0.5-2e9, so 1e7 there), 8-bit
+ * above the 16-bit rate where vpdpbusd serves it (AVX-512, AVX-VNNI), 0 for scalar code. */
 static void test_dot_rate(void)
 {
     CHECK(bt_cpu_dot_macs_rate(BT_CPU_ISA_SCALAR, 16) == 0);
-    for (int isa = BT_CPU_ISA_AVX2; isa <= BT_CPU_ISA_AVX512; isa++) {
+    for (int isa = BT_CPU_ISA_AVX2; isa < BT_CPU_ISA_COUNT; isa++) {
         double r16 = bt_cpu_dot_macs_rate((bt_cpu_isa)isa, 16), r8 = bt_cpu_dot_macs_rate((bt_cpu_isa)isa, 8);
         if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) {
             CHECK(r16 == 0 && r8 == 0);
             continue;
         }
         if (!test_isa_covers((bt_cpu_isa)isa)) continue;
-        CHECK_MSG(r16 > 1e9 && r8 > 1e9, "%s: %g %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r16, r8);
+        const double floor = isa >= BT_CPU_ISA_NEON ? 1e7 : 1e9;
+        CHECK_MSG(r16 > floor && r8 > floor, "%s: %g %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r16, r8);
         if (isa == BT_CPU_ISA_AVX512 || isa == BT_CPU_ISA_AVX2_VNNI)
             CHECK_MSG(r8 > 1.2 * r16, "%s: vpdpbusd %g vs vpdpwssd %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r8, r16);
     }
