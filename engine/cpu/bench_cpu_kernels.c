@@ -299,8 +299,10 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
                 if (!p || bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
             bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[p[0].wtype] : ops->gemm8[p[0].wtype]; /* the layout's */
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
-            gemm_variant vs[] = {{"pf", fn, BT_CPU_GEMM_NR, 1}, {"pf", fn, 4, 1}, {"nopf", fn, BT_CPU_GEMM_NR, 0},
-                                 {"pf2", fn, BT_CPU_GEMM_NR, 2}};
+            /* tiles of the most rows the ISA's kernel takes (as the engine), and of 8 (or 4 where that is 8) */
+            const int nrm = bt_cpu_gemm_nr(ops, bits);
+            gemm_variant vs[] = {{"pf", fn, nrm, 1}, {"pf", fn, nrm > BT_CPU_GEMM_NR ? BT_CPU_GEMM_NR : 4, 1},
+                                 {"nopf", fn, nrm, 0}, {"pf2", fn, nrm, 2}};
             enum { NV = sizeof vs / sizeof vs[0], REPS = 25 };
             double samples[NV][REPS];
             int c = 0;

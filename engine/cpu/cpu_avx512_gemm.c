@@ -1,8 +1,8 @@
 /* AVX-512 VNNI tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to BT_CPU_GEMM_NR
- * (8) activation rows. Each code vector holds 4 codes (8-bit layouts) or 2 int16 codes (16-bit) of each of the 16
- * rows; the matching activation dword is broadcast from memory, so vpdpbusd / vpdpwssd leave each row's block dot
- * in its own lane with no horizontal sum. Each code vector is decoded once and at once used by every row of the
- * tile, one integer chain per row (more for 1-3 rows); per lane and block the integer dot is exact whatever the
+ * (8) activation rows, or 16 with 16-bit activations (bt_cpu_ops_avx512.gemm16_nr). Each code vector holds 4 codes
+ * (8-bit layouts) or 2 int16 codes (16-bit) of each of the 16 rows; the matching activation dword is broadcast
+ * from memory, so vpdpbusd / vpdpwssd leave each row's block dot in its own lane with no horizontal sum. Each code
+ * vector is decoded once and at once used by every row of the tile, one integer chain per row or more (CHAINS); per lane and block the integer dot is exact whatever the
  * chains, then converted and accumulated exactly as bt_cpu_gemm_packed_ref does, so nr never changes a bit.
  * Measured on Zen 4 (bench_cpu_kernels --gemm): the decode ops (and, shifts) issue beside vpdpwssd; what costs
  * are the float ops per block and row (mul, fma, and for Q4_1 the min fma) and, at 16 rows, waiting on the weights
@@ -70,13 +70,19 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
                                : _mm512_setzero_ps();
 }
 
-/* Integer chains per activation row: vpdpwssd / vpdpbusd take about 4 cycles, so a row's products are spread over
- * several independent accumulators (added exactly at the end of the block): 4 for one row, 2 from two rows on (16
- * chains and 8 float accumulators fit in 32 registers at 8 rows; Q6_K, which also keeps its first half's sums, spills
- * some to the stack there, and measured no slower for it). One chain per row from 4 rows on measured slower in most
- * cases at 4-16 rows (`bench_cpu_kernels --gemm --batch 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4
- * rows 59% against 71% of the vpdpwssd rate): a chain's latency is not hidden by the other rows' instructions alone. */
-#define CHAINS(NR) ((NR) == 1 ? 4 : 2)
+/* Integer chains per activation row: vpdpwssd / vpdpbusd take 4-6 cycles (~6 on an Intel Xeon, Emerald Rapids) at 2
+ * a cycle, so 12 or more chains must be in flight: 4 for one row, 2 per row at 2-8 rows (16 chains and 8 float
+ * accumulators fit in 32 registers at 8 rows; Q6_K, which also keeps its first half's sums, spills some to the stack
+ * there, and measured no slower for it), 1 per row at 9-16 rows (16-bit kernels only: bt_cpu_ops_avx512.gemm16_nr).
+ * One chain per row from 4 rows on measured slower in most cases at 4-8 rows (`bench_cpu_kernels --gemm --batch
+ * 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4 rows 59% against 71% of the vpdpwssd rate then measured
+ * on 8 chains): a chain's latency is not hidden by the other rows' instructions alone. A tile of 16 rows decodes each
+ * code vector once for 16 and needs no chain merge: on the Emerald Rapids host, 16 rows in one call against two of 8
+ * (bench_cpu_kernels --gemm, % of the 16-chain vpdpwssd rate) Q4_1 576x1536 62-65 -> 66-67%, Q8_0 576x1536 67-70 ->
+ * 71-73%, Gemma 3's 640x262144 Q8_0 output matrix 57-60 -> 63-69%, Q5_0 640x2048 52 -> 60%, Q4_K 46-48 -> 50%; Q4_0
+ * about the same. The compiler spills some of the 16 rows' activation pointers (registers run out), which costs less
+ * than what the wider tile saves. */
+#define CHAINS(NR) ((NR) == 1 ? 4 : (NR) <= 8 ? 2 : 1)
 
 /* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q5_0
  * with 16-bit activations: 16; Q8_0 with 8-bit activations: 128), so that the chain ends at the exact isum with no
@@ -97,14 +103,14 @@ AI __m512 block_accum(__m512 acc, __m512i isum, __m512 dw, __m512 mw, const int 
  * a group far apart (measured: a few % at 16 rows on the output matrix) */
 AI void prefetch_out(const int NR, float *out, size_t out_stride)
 {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++) __builtin_prefetch(out + (size_t)r * out_stride + 2 * BT_CPU_PACK_ROWS, 1, 3);
 }
 
 AI void store_rows(const int NR, const __m512 *acc, float *out, size_t out_stride, int n_valid)
 {
     const __mmask16 k = (__mmask16)((1u << n_valid) - 1);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(out + (size_t)r * out_stride, k, acc[r]);
 }
 
@@ -182,7 +188,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const void *act, size_t act_stride,
                    int64_t b, const int idx, const int type)
 {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
         s[r][ch] = dpwssd_b(s[r][ch], c, bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx);
 }
@@ -204,28 +210,28 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
     const int NC = CHAINS(NR), plane = bt_gl_plane(type, W);
     const __m512i m4 = _mm512_set1_epi32(0x000f000f), c16 = _mm512_set1_epi16(16);
-    __m512 acc[BT_CPU_GEMM_NR];
-#pragma GCC unroll 8
+    __m512 acc[BT_CPU_GEMM_NR_MAX];
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, W);
-        __m512i s[BT_CPU_GEMM_NR][4];
-#pragma GCC unroll 8
+        __m512i s[BT_CPU_GEMM_NR_MAX][4];
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             s[r][0] = chain_init(off, off ? ACT16(r, b)->sum : 0);
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
-        __m512i half0[BT_CPU_GEMM_NR]; /* Q6_K: the dot over elements 0..15 */
+        __m512i half0[BT_CPU_GEMM_NR_MAX]; /* Q6_K: the dot over elements 0..15 */
         if (bt_gl_byte_codes(type, W)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
                 dot16_rows(NR, s, k % NC, c, act, act_stride, b, k, type);
                 if (type == BT_TYPE_Q6_K && k == 7) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                     for (int r = 0; r < NR; r++) {
                         half0[r] = s[r][0];
 #pragma GCC unroll 4
@@ -254,7 +260,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
         }
         __m512 dw, mw;
         load_w_scales(group, b, type, cb, &dw, &mw);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             __m512i t = s[r][0];
 #pragma GCC unroll 4
@@ -284,9 +290,24 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     default: kernel(n, group, next, act, act_stride, 8, out, out_stride, n_valid, TYPE); break;                      \
     }
 
+/* 9..16 rows: 16-bit kernels only (bt_cpu_ops_avx512.gemm16_nr) */
+#define GEMM_DISPATCH16(kernel, TYPE)                                                                          \
+    switch (nr) {                                                                                              \
+    case 9: kernel(n, group, next, act, act_stride, 9, out, out_stride, n_valid, TYPE); return;                      \
+    case 10: kernel(n, group, next, act, act_stride, 10, out, out_stride, n_valid, TYPE); return;                    \
+    case 11: kernel(n, group, next, act, act_stride, 11, out, out_stride, n_valid, TYPE); return;                    \
+    case 12: kernel(n, group, next, act, act_stride, 12, out, out_stride, n_valid, TYPE); return;                    \
+    case 13: kernel(n, group, next, act, act_stride, 13, out, out_stride, n_valid, TYPE); return;                    \
+    case 14: kernel(n, group, next, act, act_stride, 14, out, out_stride, n_valid, TYPE); return;                    \
+    case 15: kernel(n, group, next, act, act_stride, 15, out, out_stride, n_valid, TYPE); return;                    \
+    case 16: kernel(n, group, next, act, act_stride, 16, out, out_stride, n_valid, TYPE); return;                    \
+    default: break;                                                                                            \
+    }                                                                                                          \
+    GEMM_DISPATCH(kernel, TYPE)
+
 #define GEMM(ty, TYPE)                                                                                         \
     BT_CPU_GEMM_DECL(avx512, ty) { GEMM_DISPATCH(gemm8_kernel, TYPE) }                                         \
-    BT_CPU_GEMM_DECL(avx512, ty##_q16) { GEMM_DISPATCH(gemm16_kernel, TYPE) }
+    BT_CPU_GEMM_DECL(avx512, ty##_q16) { GEMM_DISPATCH16(gemm16_kernel, TYPE) }
 
 GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
@@ -295,5 +316,5 @@ GEMM(q5_1, BT_TYPE_Q5_1)
 GEMM(q4_k, BT_TYPE_Q4_K)
 GEMM(q5_k, BT_TYPE_Q5_K)
 GEMM(q6_k, BT_TYPE_Q6_K)
-BT_CPU_GEMM_DECL(avx512, q5_0_q16) { GEMM_DISPATCH(gemm16_kernel, BT_TYPE_Q5_0) }
+BT_CPU_GEMM_DECL(avx512, q5_0_q16) { GEMM_DISPATCH16(gemm16_kernel, BT_TYPE_Q5_0) }
 

@@ -469,6 +469,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
     int64_t lo = ng * ith / nth, hi = ng * (ith + 1) / nth;
     if (lo >= hi || mm->n_rows == 0) return;
     bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[p->wtype] : mm->ops->gemm16[p->wtype];
+    const int64_t nr_max = bt_cpu_gemm_nr(mm->ops, p->act_bits);
     size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
     size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
     /* what the slice's last group prefetches: the same slice of the next run's weights, when streaming */
@@ -483,7 +484,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
             int64_t o = g * BT_CPU_PACK_ROWS;
             int nv = (int)(mm->n_out - o < BT_CPU_PACK_ROWS ? mm->n_out - o : BT_CPU_PACK_ROWS);
             /* tiles of near-equal size (9 rows: 5 + 4, not 8 + 1): a short tile decodes the codes for few rows */
-            int64_t nt = (r1 - r0 + BT_CPU_GEMM_NR - 1) / BT_CPU_GEMM_NR;
+            int64_t nt = (r1 - r0 + nr_max - 1) / nr_max;
             for (int64_t t = 0; t < nt; t++) {
                 int64_t r = r0 + (r1 - r0) * t / nt;
                 int nr = (int)(r0 + (r1 - r0) * (t + 1) / nt - r);

@@ -47,7 +47,7 @@ static void test_gemm_matches_refs(void)
             int bits = k < N_PACKED ? 8 : 16;
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
             for (int rep = 0; rep < 6; rep++) {
-                int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 6) : 32 * rand_range(&s, 1, 48), n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 9);
+                int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 6) : 32 * rand_range(&s, 1, 48), n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 20); /* up to 2 tiles of 9-16 */
                 uint8_t *w = make_weights(t, n_in, n_out, &s);
                 size_t ab = bt_cpu_act_row_bytes(t, bits, n_in), wb = bt_cpu_row_bytes(t, n_in);
                 float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows));
@@ -92,7 +92,7 @@ static void test_gemm_matches_refs(void)
     }
 }
 
-/* Each kernel called directly at every width nr = 1..BT_CPU_GEMM_NR (each has its own chain count and unrolling),
+/* Each kernel called directly at every width nr = 1..bt_cpu_gemm_nr (each has its own chain count and unrolling),
  * with and without a group to prefetch, on a group with n_valid < 16 too: bit-identical to the reference, and
  * rows past n_valid and past nr untouched. */
 static void test_gemm_each_width(void)
@@ -110,24 +110,24 @@ static void test_gemm_each_width(void)
             int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 3) : 32 * rand_range(&s, 1, 20), n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
             uint8_t *w = make_weights(t, n_in, n_out, &s);
             size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
-            float *x = malloc(sizeof(float) * (size_t)(n_in * BT_CPU_GEMM_NR));
-            uint8_t *xq = malloc(ab * BT_CPU_GEMM_NR);
+            float *x = malloc(sizeof(float) * (size_t)(n_in * BT_CPU_GEMM_NR_MAX));
+            uint8_t *xq = malloc(ab * BT_CPU_GEMM_NR_MAX);
             REQUIRE(w && x && xq);
-            test_fill_act(n_in * BT_CPU_GEMM_NR, x, &s);
-            for (int r = 0; r < BT_CPU_GEMM_NR; r++)
+            test_fill_act(n_in * BT_CPU_GEMM_NR_MAX, x, &s);
+            for (int r = 0; r < BT_CPU_GEMM_NR_MAX; r++)
                 bt_cpu_prepare_act_row(ops, t, bits, n_in, x + r * n_in, xq + (size_t)r * ab);
             bt_cpu_packed p;
             REQUIRE(bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
             int bad = 0;
-            for (int nr = 1; nr <= BT_CPU_GEMM_NR; nr++)
+            for (int nr = 1; nr <= bt_cpu_gemm_nr(ops, bits); nr++)
                 for (int g = 0; g < 2; g++) {
                     int nv = g ? (int)(n_out - 16) : 16;
                     const char *grp = (const char *)p.data + (size_t)g * p.group_bytes;
-                    float out[(BT_CPU_GEMM_NR + 1) * 16], ref[BT_CPU_GEMM_NR * 16];
-                    for (int i = 0; i < (BT_CPU_GEMM_NR + 1) * 16; i++) out[i] = -7.0f;
+                    float out[(BT_CPU_GEMM_NR_MAX + 1) * 16], ref[BT_CPU_GEMM_NR_MAX * 16];
+                    for (int i = 0; i < (BT_CPU_GEMM_NR_MAX + 1) * 16; i++) out[i] = -7.0f;
                     gemm(n_in, grp, xq, ab, nr, out, 16, nv, g ? NULL : (const char *)p.data + p.group_bytes);
                     bt_cpu_gemm_packed_ref(&p, g, xq, ab, nr, ref, 16, nv);
-                    for (int r = 0; r <= BT_CPU_GEMM_NR; r++)
+                    for (int r = 0; r <= BT_CPU_GEMM_NR_MAX; r++)
                         for (int j = 0; j < 16; j++) {
                             int set = r < nr && j < nv;
                             if (set ? bt_f32_bits(out[r * 16 + j]) != bt_f32_bits(ref[r * 16 + j]) : out[r * 16 + j] != -7.0f)
