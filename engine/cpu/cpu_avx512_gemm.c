@@ -2,7 +2,8 @@
  * (8) activation rows, or 16 with 16-bit activations (bt_cpu_ops_avx512.gemm16_nr). Each code vector holds 4 codes
  * (8-bit layouts) or 2 int16 codes (16-bit) of each of the 16 rows; the matching activation dword is broadcast
  * from memory, so vpdpbusd / vpdpwssd leave each row's block dot in its own lane with no horizontal sum. Each code
- * vector is decoded once and at once used by every row of the tile, one integer chain per row or more (CHAINS); per lane and block the integer dot is exact whatever the
+ * vector is decoded once and at once used by every row of the tile, one integer chain per row or more (CHAINS); per
+ * lane and block the integer dot is exact whatever the
  * chains, then converted and accumulated exactly as bt_cpu_gemm_packed_ref does, so nr never changes a bit.
  * Measured on Zen 4 (bench_cpu_kernels --gemm): the decode ops (and, shifts) issue beside vpdpwssd; what costs
  * are the float ops per block and row (mul, fma, and for Q4_1 the min fma) and, at 16 rows, waiting on the weights

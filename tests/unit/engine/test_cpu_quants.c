@@ -165,6 +165,12 @@ static void test_act_quant16(void)
             CHECK_MSG(!memcmp(r32, s32, N / 32 * sizeof *s32), "%s q16_32 bytes differ (rep %d)", ops->name, rep);
             CHECK_MSG(!memcmp(r256, s256, N / 256 * sizeof *s256), "%s q16_256 bytes differ (rep %d)", ops->name,
                       rep);
+            /* rows of 1..40 blocks (SIMD paths may take blocks 16 at a time and the rest otherwise); a block's bytes
+             * depend on its own 32 elements only, so they are r32's first blocks */
+            const int nb = 1 + (rep * 7) % 40;
+            memset(s32, 0xaa, N / 32 * sizeof *s32);
+            ops->quantize_q16_32(32 * nb, x, s32);
+            CHECK_MSG(!memcmp(r32, s32, (size_t)nb * sizeof *s32), "%s q16_32 bytes differ (%d blocks)", ops->name, nb);
         }
     }
     free(x), free(r32), free(s32), free(r256), free(s256);
