@@ -279,29 +279,23 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     store_rows(NR, acc, out, out_stride, n_valid);
 }
 
+#define GEMM_CASE(kernel, TYPE, k)                                                                             \
+    case k: kernel(n, group, next, act, act_stride, k, out, out_stride, n_valid, TYPE); return;
+
 #define GEMM_DISPATCH(kernel, TYPE)                                                                            \
     switch (nr) {                                                                                              \
-    case 1: kernel(n, group, next, act, act_stride, 1, out, out_stride, n_valid, TYPE); break;                       \
-    case 2: kernel(n, group, next, act, act_stride, 2, out, out_stride, n_valid, TYPE); break;                       \
-    case 3: kernel(n, group, next, act, act_stride, 3, out, out_stride, n_valid, TYPE); break;                       \
-    case 4: kernel(n, group, next, act, act_stride, 4, out, out_stride, n_valid, TYPE); break;                       \
-    case 5: kernel(n, group, next, act, act_stride, 5, out, out_stride, n_valid, TYPE); break;                       \
-    case 6: kernel(n, group, next, act, act_stride, 6, out, out_stride, n_valid, TYPE); break;                       \
-    case 7: kernel(n, group, next, act, act_stride, 7, out, out_stride, n_valid, TYPE); break;                       \
-    default: kernel(n, group, next, act, act_stride, 8, out, out_stride, n_valid, TYPE); break;                      \
+        GEMM_CASE(kernel, TYPE, 1) GEMM_CASE(kernel, TYPE, 2) GEMM_CASE(kernel, TYPE, 3)                       \
+        GEMM_CASE(kernel, TYPE, 4) GEMM_CASE(kernel, TYPE, 5) GEMM_CASE(kernel, TYPE, 6)                       \
+        GEMM_CASE(kernel, TYPE, 7)                                                                             \
+    default: kernel(n, group, next, act, act_stride, 8, out, out_stride, n_valid, TYPE); return;                     \
     }
 
 /* 9..16 rows: 16-bit kernels only (bt_cpu_ops_avx512.gemm16_nr) */
 #define GEMM_DISPATCH16(kernel, TYPE)                                                                          \
     switch (nr) {                                                                                              \
-    case 9: kernel(n, group, next, act, act_stride, 9, out, out_stride, n_valid, TYPE); return;                      \
-    case 10: kernel(n, group, next, act, act_stride, 10, out, out_stride, n_valid, TYPE); return;                    \
-    case 11: kernel(n, group, next, act, act_stride, 11, out, out_stride, n_valid, TYPE); return;                    \
-    case 12: kernel(n, group, next, act, act_stride, 12, out, out_stride, n_valid, TYPE); return;                    \
-    case 13: kernel(n, group, next, act, act_stride, 13, out, out_stride, n_valid, TYPE); return;                    \
-    case 14: kernel(n, group, next, act, act_stride, 14, out, out_stride, n_valid, TYPE); return;                    \
-    case 15: kernel(n, group, next, act, act_stride, 15, out, out_stride, n_valid, TYPE); return;                    \
-    case 16: kernel(n, group, next, act, act_stride, 16, out, out_stride, n_valid, TYPE); return;                    \
+        GEMM_CASE(kernel, TYPE, 9) GEMM_CASE(kernel, TYPE, 10) GEMM_CASE(kernel, TYPE, 11)                     \
+        GEMM_CASE(kernel, TYPE, 12) GEMM_CASE(kernel, TYPE, 13) GEMM_CASE(kernel, TYPE, 14)                    \
+        GEMM_CASE(kernel, TYPE, 15) GEMM_CASE(kernel, TYPE, 16)                                                \
     default: break;                                                                                            \
     }                                                                                                          \
     GEMM_DISPATCH(kernel, TYPE)

@@ -35,29 +35,23 @@ static double mono_s(void)
         R4(ins, "%0", "%%ymm", "10", "11", "12", "13")
 #define YMM12_CLOBBERS "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13"
 
-/* vpdpbusd (bytes) or vpdpwssd: instructions per second. AVX-512 on 16 zmm chains, 32 MACs per vpdpwssd and 64 per
- * vpdpbusd; AVX-VNNI (the VEX forms) on 12 ymm chains, 16 and 32 */
-__attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(int bytes, long iters)
-{
-    const __m512i w = _mm512_set1_epi32(0x01010101);
-    double t0 = mono_s();
-    if (bytes)
-        for (long it = 0; it < iters; it++) __asm__ volatile(ZMM16("vpdpbusd") : : "v"(w) : ZMM16_CLOBBERS);
-    else
-        for (long it = 0; it < iters; it++) __asm__ volatile(ZMM16("vpdpwssd") : : "v"(w) : ZMM16_CLOBBERS);
-    return (double)iters * 16 / (mono_s() - t0);
-}
+/* name(bytes, iters): vpdpbusd (bytes) or vpdpwssd on the chains of ON (clobbering CLOB), its sources a vector of
+ * type V (target T, operand constraint C, PRE before the mnemonic): instructions per second. AVX-512 on 16 zmm
+ * chains, 32 MACs per vpdpwssd and 64 per vpdpbusd; AVX-VNNI (the VEX forms) on 12 ymm chains, 16 and 32 */
+#define VNNI_RATE_FN(name, T, V, SET1, C, PRE, ON, NCH, CLOB)                                                  \
+    __attribute__((target(T))) static double name(int bytes, long iters)                                       \
+    {                                                                                                          \
+        const V w = SET1(0x01010101);                                                                          \
+        double t0 = mono_s();                                                                                  \
+        if (bytes)                                                                                             \
+            for (long it = 0; it < iters; it++) __asm__ volatile(ON(PRE "vpdpbusd") : : C(w) : CLOB);          \
+        else                                                                                                   \
+            for (long it = 0; it < iters; it++) __asm__ volatile(ON(PRE "vpdpwssd") : : C(w) : CLOB);          \
+        return (double)iters * NCH / (mono_s() - t0);                                                          \
+    }
 
-__attribute__((target("avx2,avxvnni"))) static double avx_vnni_rate(int bytes, long iters)
-{
-    const __m256i w = _mm256_set1_epi32(0x01010101);
-    double t0 = mono_s();
-    if (bytes)
-        for (long it = 0; it < iters; it++) __asm__ volatile(YMM12("%{vex%} vpdpbusd") : : "x"(w) : YMM12_CLOBBERS);
-    else
-        for (long it = 0; it < iters; it++) __asm__ volatile(YMM12("%{vex%} vpdpwssd") : : "x"(w) : YMM12_CLOBBERS);
-    return (double)iters * 12 / (mono_s() - t0);
-}
+VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_set1_epi32, "v", "", ZMM16, 16, ZMM16_CLOBBERS)
+VNNI_RATE_FN(avx_vnni_rate, "avx2,avxvnni", __m256i, _mm256_set1_epi32, "x", "%{vex%} ", YMM12, 12, YMM12_CLOBBERS)
 
 /* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second (the chains run
  * through the 1-cycle vpaddd, so 8 cover its latency) */
