@@ -1028,5 +1028,5 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
         [BT_TYPE_Q5_0] = bt_cpu_avx512_gemm_q5_0_q16,
     },
     .gemm16_planes = 1u << BT_TYPE_Q5_K,
-    .gemm16_nr = 16,
+    .gemm_nr = 16,
 };

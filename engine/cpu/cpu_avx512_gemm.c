@@ -1,5 +1,5 @@
 /* AVX-512 VNNI tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to BT_CPU_GEMM_NR
- * (8) activation rows, or 16 with 16-bit activations (bt_cpu_ops_avx512.gemm16_nr). Each code vector holds 4 codes
+ * (8) activation rows, here 16 (bt_cpu_ops_avx512.gemm_nr). Each code vector holds 4 codes
  * (8-bit layouts) or 2 int16 codes (16-bit) of each of the 16 rows; the matching activation dword is broadcast
  * from memory, so vpdpbusd / vpdpwssd leave each row's block dot in its own lane with no horizontal sum. Each code
  * vector is decoded once and at once used by every row of the tile, one integer chain per row or more (CHAINS); per
@@ -74,7 +74,7 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
 /* Integer chains per activation row: vpdpwssd / vpdpbusd take 4-6 cycles (~6 on an Intel Xeon, Emerald Rapids) at 2
  * a cycle, so 12 or more chains must be in flight: 4 for one row, 2 per row at 2-8 rows (16 chains and 8 float
  * accumulators fit in 32 registers at 8 rows; Q6_K, which also keeps its first half's sums, spills some to the stack
- * there, and measured no slower for it), 1 per row at 9-16 rows (16-bit kernels only: bt_cpu_ops_avx512.gemm16_nr).
+ * there, and measured no slower for it), 1 per row at 9-16 rows (bt_cpu_ops_avx512.gemm_nr; 8-bit Q6_K runs those as 8 + the rest).
  * One chain per row from 4 rows on measured slower in most cases at 4-8 rows (`bench_cpu_kernels --gemm --batch
  * 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4 rows 59% against 71% of the vpdpwssd rate then measured
  * on 8 chains): a chain's latency is not hidden by the other rows' instructions alone. A tile of 16 rows decodes each
@@ -126,15 +126,15 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     const int q6k = type == BT_TYPE_Q6_K;
     const int NC = CHAINS(NR);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    __m512 acc[BT_CPU_GEMM_NR];
-#pragma GCC unroll 8
+    __m512 acc[BT_CPU_GEMM_NR_MAX];
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     prefetch_out(NR, out, out_stride);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, 0);
-        __m512i s[BT_CPU_GEMM_NR][4];
-#pragma GCC unroll 8
+        __m512i s[BT_CPU_GEMM_NR_MAX][4];
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             if (q6k) {
                 int32_t h0, h1;
@@ -156,7 +156,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
                 __m512i v = _mm512_load_si512(cp + 64 * k);
                 c0 = _mm512_and_si512(v, m4), c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int r = 0; r < NR; r++) {
                 const int8_t *aq = bt_gl_act8_qs(act, act_stride, r, b, type);
                 s[r][(2 * k) % NC] = dpbusd_b(s[r][(2 * k) % NC], c0, aq + 4 * k);
@@ -165,7 +165,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
         }
         __m512 dw, mw;
         load_w_scales(group, b, type, cb, &dw, &mw);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             float ad, ads;
             bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
@@ -290,7 +290,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     default: kernel(n, group, next, act, act_stride, 8, out, out_stride, n_valid, TYPE); return;                     \
     }
 
-/* 9..16 rows: 16-bit kernels only (bt_cpu_ops_avx512.gemm16_nr) */
+/* 9..16 rows (bt_cpu_ops_avx512.gemm_nr) */
 #define GEMM_DISPATCH16(kernel, TYPE)                                                                          \
     switch (nr) {                                                                                              \
         GEMM_CASE(kernel, TYPE, 9) GEMM_CASE(kernel, TYPE, 10) GEMM_CASE(kernel, TYPE, 11)                     \
@@ -300,8 +300,18 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     }                                                                                                          \
     GEMM_DISPATCH(kernel, TYPE)
 
+/* 8-bit Q6_K keeps its two halves' sums on even and odd chains, so 9-16 rows (one chain each) run as 8 + the rest */
 #define GEMM(ty, TYPE)                                                                                         \
-    BT_CPU_GEMM_DECL(avx512, ty) { GEMM_DISPATCH(gemm8_kernel, TYPE) }                                         \
+    BT_CPU_GEMM_DECL(avx512, ty)                                                                               \
+    {                                                                                                          \
+        if (TYPE == BT_TYPE_Q6_K && nr > 8) {                                                                  \
+            bt_cpu_avx512_gemm_##ty(n, group, act, act_stride, 8, out, out_stride, n_valid, next);             \
+            bt_cpu_avx512_gemm_##ty(n, group, (const char *)act + 8 * act_stride, act_stride, nr - 8,          \
+                                    out + 8 * out_stride, out_stride, n_valid, NULL);                          \
+            return;                                                                                            \
+        }                                                                                                      \
+        GEMM_DISPATCH16(gemm8_kernel, TYPE)                                                                    \
+    }                                                                                                          \
     BT_CPU_GEMM_DECL(avx512, ty##_q16) { GEMM_DISPATCH16(gemm16_kernel, TYPE) }
 
 GEMM(q4_0, BT_TYPE_Q4_0)

@@ -224,7 +224,8 @@ static void kq_put_scales(uint32_t t, int w, uint8_t *group, int64_t b, int j, f
 
 int bt_cpu_gemm_nr(const bt_cpu_ops *ops, int act_bits)
 {
-    return norm_bits(act_bits) == 16 && ops->gemm16_nr > 0 ? ops->gemm16_nr : BT_CPU_GEMM_NR;
+    (void)act_bits; /* the same for both widths so far */
+    return ops->gemm_nr > 0 ? ops->gemm_nr : BT_CPU_GEMM_NR;
 }
 
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)

@@ -53,7 +53,7 @@ typedef void (*bt_cpu_dot_rows_fn)(int64_t n, const void *w_row, const void *act
 
 /* Activation rows every ISA's bt_cpu_gemm_fn takes in one call: each decoded code vector serves 8 rows, one integer
  * chain each (at 16 rows on Zen 4: ~80% of the vpdpwssd rate with the weights in cache, vs ~78% for 4 rows). An ISA
- * whose 16-bit kernels take more sets bt_cpu_ops.gemm16_nr (at most BT_CPU_GEMM_NR_MAX). */
+ * whose kernels take more sets bt_cpu_ops.gemm_nr (at most BT_CPU_GEMM_NR_MAX). */
 #define BT_CPU_GEMM_NR 8
 #define BT_CPU_GEMM_NR_MAX 16
 
@@ -153,8 +153,9 @@ typedef struct bt_cpu_ops {
      * portable layout has byte codes (Q5_K on AVX-512, whose mask registers add a plane word to an operand in one
      * instruction; AVX2 and NEON spend more expanding it than its smaller reads save). Q5_0 and Q5_1 always have one. */
     unsigned gemm16_planes;
-    /* most activation rows one gemm16 call takes: 0 for BT_CPU_GEMM_NR; AVX-512 16 (32 registers hold 16 chains) */
-    int gemm16_nr;
+    /* most activation rows one gemm8 / gemm16 call takes: 0 for BT_CPU_GEMM_NR; AVX-512 16 (32 registers hold 16
+     * chains) */
+    int gemm_nr;
 } bt_cpu_ops;
 
 /* Name of isa ("scalar", "avx2", "avx2-vnni", "avx512", "neon", "neon-i8mm"). */
@@ -210,7 +211,7 @@ uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits);
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 
-/* Most activation rows one of ops' tiled kernels at act_bits (0 means 16) takes: BT_CPU_GEMM_NR, or gemm16_nr. */
+/* Most activation rows one of ops' tiled kernels at act_bits (0 means 16) takes: BT_CPU_GEMM_NR, or gemm_nr. */
 int bt_cpu_gemm_nr(const bt_cpu_ops *ops, int act_bits);
 
 /* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits for the kernels of ops (NULL: the
