@@ -249,7 +249,7 @@ typedef struct gemm_variant {
  * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). types: NULL,
  * or a comma-separated list of the weight types to run (--types). n_rows > 0: each shape (once per type, shape and
  * cold) runs with each of the activation row counts in rows instead of its own (--batch: a verification step's
- * 2-9 rows, say). */
+ * 2-9 rows, or a prefill chunk's 512, say; as the engine, rows go in chunks of 64, each over all groups). */
 static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, const int *rows_list)
 {
     const bt_cpu_ops *ops = bt_cpu_isa_supported(isa) ? bt_cpu_ops_get(isa) : NULL;
@@ -310,14 +310,17 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
                 for (int v = 0; v < NV; v++) {
                     const bt_cpu_packed *pc = &p[c++ % copies];
                     double t0 = now_s();
-                    for (int64_t g = 0; g < n_out / 16; g++)
-                        for (int64_t r = 0; r < rows; r += vs[v].nr)
-                            vs[v].fn(n_in, (const char *)pc->data + (size_t)g * pc->group_bytes, xq + (size_t)r * ab,
-                                     ab, rows - r < vs[v].nr ? (int)(rows - r) : vs[v].nr, out + r * n_out + g * 16,
-                                     (size_t)n_out, 16,
-                                     r == 0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
-                                         ? (const char *)pc->data + (size_t)(g + vs[v].ahead) * pc->group_bytes
-                                         : NULL);
+                    for (int64_t r0 = 0; r0 < rows; r0 += 64) /* as the engine: 64-row chunks, each over all groups */
+                        for (int64_t g = 0; g < n_out / 16; g++)
+                            for (int64_t r = r0; r < rows && r < r0 + 64; r += vs[v].nr)
+                                vs[v].fn(n_in, (const char *)pc->data + (size_t)g * pc->group_bytes,
+                                         xq + (size_t)r * ab, ab,
+                                         r0 + 64 - r < vs[v].nr ? (int)(r0 + 64 - r)
+                                                                : rows - r < vs[v].nr ? (int)(rows - r) : vs[v].nr,
+                                         out + r * n_out + g * 16, (size_t)n_out, 16,
+                                         r == r0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
+                                             ? (const char *)pc->data + (size_t)(g + vs[v].ahead) * pc->group_bytes
+                                             : NULL);
                     samples[v][rep] = now_s() - t0;
                 }
             double macs = (double)n_in * (double)n_out * (double)rows;
@@ -463,7 +466,7 @@ int main(int argc, char **argv)
         return 0;
     }
     for (int b = 0; b < n_batches; b++)
-        if (batches[b] < 1 || batches[b] > 16) return fprintf(stderr, "--batch: row counts from 1 to 16\n"), 2;
+        if (batches[b] < 1 || batches[b] > 512) return fprintf(stderr, "--batch: row counts from 1 to 512\n"), 2;
     if (only == 3) { /* --isa names the kernels (default: the best this CPU has) */
         bt_cpu_isa gi = BT_CPU_ISA_SCALAR;
         for (int i = 0; i < BT_CPU_ISA_COUNT; i++)
