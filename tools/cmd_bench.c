@@ -487,7 +487,7 @@ int cmd_bench(int argc, char **argv)
          * rate of the dot instruction on every thread. Attention's arithmetic and the elementwise ops are left out,
          * so these are upper bounds. */
         bt_cpu_isa isa = BT_CPU_ISA_SCALAR;
-        for (int i = BT_CPU_ISA_SCALAR; i <= BT_CPU_ISA_AVX512; i++)
+        for (int i = BT_CPU_ISA_SCALAR; i < BT_CPU_ISA_COUNT; i++)
             if (!strcmp(bt_cpu_isa_name((bt_cpu_isa)i), bt_backend_cpu_isa(r.be))) isa = (bt_cpu_isa)i;
         int act_bits = bt_backend_cpu_act_bits(r.be);
         double wbytes = (double)bt_model_weight_bytes(m);

@@ -243,8 +243,8 @@ typedef struct gemm_variant {
     int nr, ahead;
 } gemm_variant;
 
-/* --gemm: the packed kernels of one ISA alone on one thread: all groups of a matrix times 16 activation rows in
- * tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the packed matrix totalling
+/* --gemm: the packed kernels of one ISA alone on one thread: all groups of a matrix times its activation rows (16,
+ * or the --batch counts) in tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the packed matrix totalling
  * >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's measured dot-instruction rate
  * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). types: NULL,
  * or a comma-separated list of the weight types to run (--types). n_rows > 0: each shape (once per type, shape and
@@ -312,15 +312,16 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
                     double t0 = now_s();
                     for (int64_t r0 = 0; r0 < rows; r0 += 64) /* as the engine: 64-row chunks, each over all groups */
                         for (int64_t g = 0; g < n_out / 16; g++)
-                            for (int64_t r = r0; r < rows && r < r0 + 64; r += vs[v].nr)
+                            for (int64_t r = r0; r < rows && r < r0 + 64; r += vs[v].nr) {
+                                int nr = vs[v].nr; /* the tile, cut at the end of the rows and of the chunk */
+                                if (rows - r < nr) nr = (int)(rows - r);
+                                if (r0 + 64 - r < nr) nr = (int)(r0 + 64 - r);
                                 vs[v].fn(n_in, (const char *)pc->data + (size_t)g * pc->group_bytes,
-                                         xq + (size_t)r * ab, ab,
-                                         r0 + 64 - r < vs[v].nr ? (int)(r0 + 64 - r)
-                                                                : rows - r < vs[v].nr ? (int)(rows - r) : vs[v].nr,
-                                         out + r * n_out + g * 16, (size_t)n_out, 16,
+                                         xq + (size_t)r * ab, ab, nr, out + r * n_out + g * 16, (size_t)n_out, 16,
                                          r == r0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
                                              ? (const char *)pc->data + (size_t)(g + vs[v].ahead) * pc->group_bytes
                                              : NULL);
+                            }
                     samples[v][rep] = now_s() - t0;
                 }
             double macs = (double)n_in * (double)n_out * (double)rows;

@@ -13,6 +13,7 @@
  * the same way for this ISA alone (Q4_K's nibbles and the plane: bt_cpu_ops_avx512.gemm16_planes).
  * Lane bounds per block: 8-bit 32 * 255 * 127 < 2^21, 16-bit 32 * 128 * 32767 < 2^28 (Q8_0; beyond 2^24 the
  * conversion rounds, identically in the reference). */
+#include <assert.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -74,7 +75,7 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
 /* Integer chains per activation row: vpdpwssd / vpdpbusd take 4-6 cycles (~6 on an Intel Xeon, Emerald Rapids) at 2
  * a cycle, so 12 or more chains must be in flight: 4 for one row, 2 per row at 2-8 rows (16 chains and 8 float
  * accumulators fit in 32 registers at 8 rows; Q6_K, which also keeps its first half's sums, spills some to the stack
- * there, and measured no slower for it), 1 per row at 9-16 rows (bt_cpu_ops_avx512.gemm_nr; 8-bit Q6_K runs those as 8 + the rest).
+ * there, and measured no slower for it), 1 per row at 9-16 rows (bt_cpu_ops_avx512.gemm_nr; 8-bit Q6_K keeps 2 and runs those as two tiles).
  * One chain per row from 4 rows on measured slower in most cases at 4-8 rows (`bench_cpu_kernels --gemm --batch
  * 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4 rows 59% against 71% of the vpdpwssd rate then measured
  * on 8 chains): a chain's latency is not hidden by the other rows' instructions alone. A tile of 16 rows decodes each
@@ -124,7 +125,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     const size_t cb = bt_gl_code_bytes(type, 0);
     const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q8_0 ? 128 : 0;
     const int q6k = type == BT_TYPE_Q6_K;
-    const int NC = CHAINS(NR);
+    const int NC = q6k && CHAINS(NR) < 2 ? 2 : CHAINS(NR); /* Q6_K: its halves on the even and the odd chains */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[BT_CPU_GEMM_NR_MAX];
 #pragma GCC unroll 16
@@ -300,19 +301,25 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     }                                                                                                          \
     GEMM_DISPATCH(kernel, TYPE)
 
-/* 8-bit Q6_K keeps its two halves' sums on even and odd chains, so 9-16 rows (one chain each) run as 8 + the rest */
+/* 8-bit Q6_K keeps two chains a row (its halves' sums), 32 at 16 rows: 9-16 rows run as two near-equal tiles */
 #define GEMM(ty, TYPE)                                                                                         \
     BT_CPU_GEMM_DECL(avx512, ty)                                                                               \
     {                                                                                                          \
+        assert(nr >= 1 && nr <= BT_CPU_GEMM_NR_MAX);                                                           \
         if (TYPE == BT_TYPE_Q6_K && nr > 8) {                                                                  \
-            bt_cpu_avx512_gemm_##ty(n, group, act, act_stride, 8, out, out_stride, n_valid, next);             \
-            bt_cpu_avx512_gemm_##ty(n, group, (const char *)act + 8 * act_stride, act_stride, nr - 8,          \
-                                    out + 8 * out_stride, out_stride, n_valid, NULL);                          \
+            const int h = (nr + 1) / 2;                                                                        \
+            bt_cpu_avx512_gemm_##ty(n, group, act, act_stride, h, out, out_stride, n_valid, next);             \
+            bt_cpu_avx512_gemm_##ty(n, group, (const char *)act + (size_t)h * act_stride, act_stride, nr - h,  \
+                                    out + (size_t)h * out_stride, out_stride, n_valid, NULL);                  \
             return;                                                                                            \
         }                                                                                                      \
         GEMM_DISPATCH16(gemm8_kernel, TYPE)                                                                    \
     }                                                                                                          \
-    BT_CPU_GEMM_DECL(avx512, ty##_q16) { GEMM_DISPATCH16(gemm16_kernel, TYPE) }
+    BT_CPU_GEMM_DECL(avx512, ty##_q16)                                                                         \
+    {                                                                                                          \
+        assert(nr >= 1 && nr <= BT_CPU_GEMM_NR_MAX);                                                           \
+        GEMM_DISPATCH16(gemm16_kernel, TYPE)                                                                   \
+    }
 
 GEMM(q4_0, BT_TYPE_Q4_0)
 GEMM(q4_1, BT_TYPE_Q4_1)
@@ -321,5 +328,9 @@ GEMM(q5_1, BT_TYPE_Q5_1)
 GEMM(q4_k, BT_TYPE_Q4_K)
 GEMM(q5_k, BT_TYPE_Q5_K)
 GEMM(q6_k, BT_TYPE_Q6_K)
-BT_CPU_GEMM_DECL(avx512, q5_0_q16) { GEMM_DISPATCH16(gemm16_kernel, BT_TYPE_Q5_0) }
+BT_CPU_GEMM_DECL(avx512, q5_0_q16)
+{
+    assert(nr >= 1 && nr <= BT_CPU_GEMM_NR_MAX);
+    GEMM_DISPATCH16(gemm16_kernel, BT_TYPE_Q5_0)
+}
 

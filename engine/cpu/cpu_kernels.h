@@ -43,7 +43,7 @@ typedef void (*bt_cpu_dot_rows_fn)(int64_t n, const void *w_row, const void *act
 /* Weights packed for the tiled GEMM. bt_cpu_pack copies a weight matrix into groups of BT_CPU_PACK_ROWS output
  * rows whose blocks are interleaved by 4-code words, so that one 512-bit VNNI instruction multiplies 4 codes of
  * all 16 rows by 4 broadcast activation codes: no horizontal sums, and each weight block is decoded once for up to
- * BT_CPU_GEMM_NR activation rows. Per output element the arithmetic is fixed: acc = 0, then per block an exact
+ * bt_cpu_gemm_nr activation rows. Per output element the arithmetic is fixed: acc = 0, then per block an exact
  * integer dot isum, acc = fma((float)isum, d_w * d_a, acc) and, for types with a min, acc = fma(m_w, ds_a, acc)
  * (one accumulator: the min term cancels most of the code term block by block). It depends on nothing but that
  * element's weight row and activation row, so a packed matmul is batch-invariant; it differs from the unpacked
@@ -67,7 +67,7 @@ typedef struct bt_cpu_packed {
     int owns_data;      /* data was allocated by bt_cpu_pack (bt_cpu_packed_free frees it), not given to it */
 } bt_cpu_packed;
 
-/* Group `group` (one 16-row group of a bt_cpu_packed, n input elements) times nr (1..BT_CPU_GEMM_NR) activation
+/* Group `group` (one 16-row group of a bt_cpu_packed, n input elements) times nr (1..bt_cpu_gemm_nr) activation
  * rows: out[r * out_stride + j] for rows j < n_valid (1..16) of the group. next: NULL, or a group the caller reads
  * soon, prefetched block by block (at 16 rows the weights stream from memory; with the hardware prefetcher alone
  * the kernel waited a fifth of its time). Can't fail. */
@@ -211,7 +211,8 @@ uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits);
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 
-/* Most activation rows one of ops' tiled kernels at act_bits (0 means 16) takes: BT_CPU_GEMM_NR, or gemm_nr. */
+/* Most activation rows one of ops' tiled kernels at act_bits (0 means 16) takes: BT_CPU_GEMM_NR, or gemm_nr. ops
+ * must not be NULL. */
 int bt_cpu_gemm_nr(const bt_cpu_ops *ops, int act_bits);
 
 /* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits for the kernels of ops (NULL: the

@@ -2,7 +2,7 @@
  * multiply-accumulates per second one thread gets from the instruction the quantized matmul kernels are built on,
  * with enough independent chains to hide its latency and no memory traffic. */
 #include <time.h>
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -23,7 +23,7 @@ static double mono_s(void)
  * matter, only that each instruction depends on the previous one of its chain. */
 #define R4(ins, w, p, a, b, c, d) ins " " w ", " w ", " p a "\n\t" ins " " w ", " w ", " p b "\n\t" ins " " w ", " w ", " p c "\n\t" ins " " w ", " w ", " p d "\n\t"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
 #define ZMM16(ins)                                                                                             \
     R4(ins, "%0", "%%zmm", "16", "17", "18", "19") R4(ins, "%0", "%%zmm", "20", "21", "22", "23")                  \
         R4(ins, "%0", "%%zmm", "24", "25", "26", "27") R4(ins, "%0", "%%zmm", "28", "29", "30", "31")
@@ -35,10 +35,10 @@ static double mono_s(void)
         R4(ins, "%0", "%%ymm", "10", "11", "12", "13")
 #define YMM12_CLOBBERS "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13"
 
-/* name(bytes, iters): vpdpbusd (bytes) or vpdpwssd on the chains of ON (clobbering CLOB), its sources a vector of
- * type V (target T, operand constraint C, PRE before the mnemonic): instructions per second. AVX-512 on 16 zmm
+/* name(bytes, iters): vpdpbusd (bytes) or vpdpwssd on the chains of ON (clobbering CLOB, zeroed by ZERO after), its
+ * sources a vector of type V (target T, operand constraint C, PRE before the mnemonic): instructions per second. AVX-512 on 16 zmm
  * chains, 32 MACs per vpdpwssd and 64 per vpdpbusd; AVX-VNNI (the VEX forms) on 12 ymm chains, 16 and 32 */
-#define VNNI_RATE_FN(name, T, V, SET1, C, PRE, ON, NCH, CLOB)                                                  \
+#define VNNI_RATE_FN(name, T, V, SET1, C, PRE, ON, NCH, CLOB, ZERO)                                                  \
     __attribute__((target(T))) static double name(int bytes, long iters)                                       \
     {                                                                                                          \
         const V w = SET1(0x01010101);                                                                          \
@@ -47,11 +47,20 @@ static double mono_s(void)
             for (long it = 0; it < iters; it++) __asm__ volatile(ON(PRE "vpdpbusd") : : C(w) : CLOB);          \
         else                                                                                                   \
             for (long it = 0; it < iters; it++) __asm__ volatile(ON(PRE "vpdpwssd") : : C(w) : CLOB);          \
-        return (double)iters * NCH / (mono_s() - t0);                                                          \
+        double r = (double)iters * NCH / (mono_s() - t0);                                                      \
+    __asm__ volatile(ZERO : : : CLOB); /* no dirty upper halves left in the chain registers */                 \
+    return r;                                                                                                  \
     }
 
-VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_set1_epi32, "v", "", ZMM16, 16, ZMM16_CLOBBERS)
-VNNI_RATE_FN(avx_vnni_rate, "avx2,avxvnni", __m256i, _mm256_set1_epi32, "x", "%{vex%} ", YMM12, 12, YMM12_CLOBBERS)
+#define Z4(a, b, c, d)                                                                                         \
+    "vpxord %%zmm" a ", %%zmm" a ", %%zmm" a "\n\tvpxord %%zmm" b ", %%zmm" b ", %%zmm" b "\n\tvpxord %%zmm" c      \
+    ", %%zmm" c ", %%zmm" c "\n\tvpxord %%zmm" d ", %%zmm" d ", %%zmm" d "\n\t"
+#define ZMM16_ZERO Z4("16", "17", "18", "19") Z4("20", "21", "22", "23") Z4("24", "25", "26", "27") Z4("28", "29", "30", "31")
+
+VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_set1_epi32, "v", "", ZMM16, 16, ZMM16_CLOBBERS,
+             ZMM16_ZERO)
+VNNI_RATE_FN(avx_vnni_rate, "avx2,avxvnni", __m256i, _mm256_set1_epi32, "x", "%{vex%} ", YMM12, 12, YMM12_CLOBBERS,
+             "vzeroupper")
 
 /* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second (the chains run
  * through the 1-cycle vpaddd, so 8 cover its latency) */
@@ -119,7 +128,7 @@ double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
         struct timespec nap = {0, 1000 * 1000};
         nanosleep(&nap, NULL);
         double r = 0;
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
         if (isa == BT_CPU_ISA_AVX512 && bt_cpu_isa_supported(BT_CPU_ISA_AVX512))
             r = vnni_rate(bytes, 250 * 1000) * (bytes ? 64 : 32);
         else if (isa == BT_CPU_ISA_AVX2 && bt_cpu_isa_supported(BT_CPU_ISA_AVX2))
