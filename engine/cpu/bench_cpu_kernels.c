@@ -244,12 +244,13 @@ typedef struct gemm_variant {
 } gemm_variant;
 
 /* --gemm: the packed kernels of one ISA alone on one thread: all groups of a matrix times its activation rows (16,
- * or the --batch counts) in tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the packed matrix totalling
- * >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's measured dot-instruction rate
- * for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512, vpmaddwd on AVX2). types: NULL,
- * or a comma-separated list of the weight types to run (--types). n_rows > 0: each shape (once per type, shape and
- * cold) runs with each of the activation row counts in rows instead of its own (--batch: a verification step's
- * 2-9 rows, or a prefill chunk's 512, say; as the engine, rows go in chunks of 64, each over all groups). */
+ * or the --batch counts) in tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the
+ * packed matrix totalling >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's
+ * measured dot-instruction rate for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512,
+ * vpmaddwd on AVX2). types: NULL, or a comma-separated list of the weight types to run (--types). n_rows > 0: each
+ * shape (once per type, shape and cold) runs with each of the activation row counts in rows instead of its own
+ * (--batch: a verification step's 2-9 rows, or a prefill chunk's 512, say; as the engine, rows go in chunks of 64,
+ * each over all groups). */
 static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, const int *rows_list)
 {
     const bt_cpu_ops *ops = bt_cpu_isa_supported(isa) ? bt_cpu_ops_get(isa) : NULL;
@@ -300,7 +301,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
             bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[p[0].wtype] : ops->gemm8[p[0].wtype]; /* the layout's */
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
             /* tiles of the most rows the ISA's kernel takes (as the engine), and of 8 (or 4 where that is 8) */
-            const int nrm = bt_cpu_gemm_nr(ops, bits);
+            const int nrm = bt_cpu_gemm_nr(ops);
             gemm_variant vs[] = {{"pf", fn, nrm, 1}, {"pf", fn, nrm > BT_CPU_GEMM_NR ? BT_CPU_GEMM_NR : 4, 1},
                                  {"nopf", fn, nrm, 0}, {"pf2", fn, nrm, 2}};
             enum { NV = sizeof vs / sizeof vs[0], REPS = 25 };

@@ -616,7 +616,7 @@ void bt_cpu_avx512_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y
         for (int j = 0; j < 16; j++) {
             __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j));
             __m512 b = _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16));
-            m[j] = _mm512_max_ps(_mm512_max_ps(_mm512_setzero_ps(), a), b);
+            m[j] = _mm512_max_ps(_mm512_max_ps(_mm512_setzero_ps(), a), b); /* NaN as the AVX2 path: abs_max8 */
         }
         const __m512 d = _mm512_div_ps(reduce16_max_ps(m), _mm512_set1_ps(32767.0f));
         const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
@@ -637,7 +637,8 @@ void bt_cpu_avx512_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y
         float df[16], dsf[16];
         int32_t sf[16];
         _mm512_storeu_ps(df, d), _mm512_storeu_ps(dsf, ds), _mm512_storeu_si512(sf, sums);
-        for (int j = 0; j < 16; j++) y[i0 + j].d = df[j], y[i0 + j].ds = dsf[j], y[i0 + j].sum = sf[j], y[i0 + j].reserved = 0;
+        for (int j = 0; j < 16; j++)
+            y[i0 + j].d = df[j], y[i0 + j].ds = dsf[j], y[i0 + j].sum = sf[j], y[i0 + j].reserved = 0;
     }
     if (i0 < nb) bt_cpu_avx2_quantize_q16_32((nb - i0) * BT_QK, x + i0 * BT_QK, y + i0);
 }

@@ -1,10 +1,10 @@
 /* AVX-512 VNNI tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to BT_CPU_GEMM_NR
- * (8) activation rows, here 16 (bt_cpu_ops_avx512.gemm_nr). Each code vector holds 4 codes
- * (8-bit layouts) or 2 int16 codes (16-bit) of each of the 16 rows; the matching activation dword is broadcast
- * from memory, so vpdpbusd / vpdpwssd leave each row's block dot in its own lane with no horizontal sum. Each code
- * vector is decoded once and at once used by every row of the tile, one integer chain per row or more (CHAINS); per
- * lane and block the integer dot is exact whatever the
- * chains, then converted and accumulated exactly as bt_cpu_gemm_packed_ref does, so nr never changes a bit.
+ * (8) activation rows, here 16 (bt_cpu_ops_avx512.gemm_nr). Each code vector holds 4 codes (8-bit layouts) or 2
+ * int16 codes (16-bit) of each of the 16 rows; the matching activation dword is broadcast from memory, so vpdpbusd /
+ * vpdpwssd leave each row's block dot in its own lane with no horizontal sum. Each code vector is decoded once and
+ * at once used by every row of the tile, one integer chain per row or more (CHAINS); per lane and block the integer
+ * dot is exact whatever the chains, then converted and accumulated exactly as bt_cpu_gemm_packed_ref does, so nr
+ * never changes a bit.
  * Measured on Zen 4 (bench_cpu_kernels --gemm): the decode ops (and, shifts) issue beside vpdpwssd; what costs
  * are the float ops per block and row (mul, fma, and for Q4_1 the min fma) and, at 16 rows, waiting on the weights
  * from memory, hence the prefetch of the next group (~60% -> ~78% of the vpdpwssd rate for Q4_1).
@@ -75,15 +75,15 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
 /* Integer chains per activation row: vpdpwssd / vpdpbusd take 4-6 cycles (~6 on an Intel Xeon, Emerald Rapids) at 2
  * a cycle, so 12 or more chains must be in flight: 4 for one row, 2 per row at 2-8 rows (16 chains and 8 float
  * accumulators fit in 32 registers at 8 rows; Q6_K, which also keeps its first half's sums, spills some to the stack
- * there, and measured no slower for it), 1 per row at 9-16 rows (bt_cpu_ops_avx512.gemm_nr; 8-bit Q6_K keeps 2 and runs those as two tiles).
- * One chain per row from 4 rows on measured slower in most cases at 4-8 rows (`bench_cpu_kernels --gemm --batch
- * 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4 rows 59% against 71% of the vpdpwssd rate then measured
- * on 8 chains): a chain's latency is not hidden by the other rows' instructions alone. A tile of 16 rows decodes each
- * code vector once for 16 and needs no chain merge: on the Emerald Rapids host, 16 rows in one call against two of 8
- * (bench_cpu_kernels --gemm, % of the 16-chain vpdpwssd rate) Q4_1 576x1536 62-65 -> 66-67%, Q8_0 576x1536 67-70 ->
- * 71-73%, Gemma 3's 640x262144 Q8_0 output matrix 57-60 -> 63-69%, Q5_0 640x2048 52 -> 60%, Q4_K 46-48 -> 50%; Q4_0
- * about the same. The compiler spills some of the 16 rows' activation pointers (registers run out), which costs less
- * than what the wider tile saves. */
+ * there, and measured no slower for it), 1 per row at 9-16 rows (bt_cpu_ops_avx512.gemm_nr; 8-bit Q6_K keeps 2
+ * and runs those as two tiles). One chain per row from 4 rows on measured slower in most cases at 4-8 rows
+ * (`bench_cpu_kernels --gemm --batch 4,8,16`, Intel Xeon with AMX, 2026-12-03; e.g. Q4_1 at 4 rows 59% against 71%
+ * of the vpdpwssd rate then measured on 8 chains): a chain's latency is not hidden by the other rows' instructions
+ * alone. A tile of 16 rows decodes each code vector once for 16 and needs no chain merge: on the Emerald Rapids
+ * host, 16 rows in one call against two of 8 (bench_cpu_kernels --gemm, % of the 16-chain vpdpwssd rate) Q4_1
+ * 576x1536 62-65 -> 66-67%, Q8_0 576x1536 67-70 -> 71-73%, Gemma 3's 640x262144 Q8_0 output matrix 57-60 -> 63-69%,
+ * Q5_0 640x2048 52 -> 60%, Q4_K 46-48 -> 50%; Q4_0 about the same. The compiler spills some of the 16 rows'
+ * activation pointers (registers run out), which costs less than what the wider tile saves. */
 #define CHAINS(NR) ((NR) == 1 ? 4 : (NR) <= 8 ? 2 : 1)
 
 /* Accumulator start of a block's integer dot: 0, or -off * sum(a) when the codes carry an offset (Q4_0: 8; Q5_0

@@ -222,9 +222,8 @@ static void kq_put_scales(uint32_t t, int w, uint8_t *group, int64_t b, int j, f
     s[j] = s0, s[BT_CPU_PACK_ROWS + j] = s1;
 }
 
-int bt_cpu_gemm_nr(const bt_cpu_ops *ops, int act_bits)
+int bt_cpu_gemm_nr(const bt_cpu_ops *ops)
 {
-    (void)act_bits; /* the same for both widths so far */
     return ops->gemm_nr > 0 ? ops->gemm_nr : BT_CPU_GEMM_NR;
 }
 

@@ -469,7 +469,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
     int64_t lo = ng * ith / nth, hi = ng * (ith + 1) / nth;
     if (lo >= hi || mm->n_rows == 0) return;
     bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[p->wtype] : mm->ops->gemm16[p->wtype];
-    const int64_t nr_max = bt_cpu_gemm_nr(mm->ops, p->act_bits);
+    const int64_t nr_max = bt_cpu_gemm_nr(mm->ops);
     size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
     size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
     /* what the slice's last group prefetches: the same slice of the next run's weights, when streaming */

@@ -211,9 +211,9 @@ uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits);
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 
-/* Most activation rows one of ops' tiled kernels at act_bits (0 means 16) takes: BT_CPU_GEMM_NR, or gemm_nr. ops
- * must not be NULL. */
-int bt_cpu_gemm_nr(const bt_cpu_ops *ops, int act_bits);
+/* Most activation rows one of ops' tiled kernels (either width) takes: BT_CPU_GEMM_NR, or gemm_nr. ops must not be
+ * NULL. */
+int bt_cpu_gemm_nr(const bt_cpu_ops *ops);
 
 /* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits for the kernels of ops (NULL: the
  * portable layouts, as without gemm16_planes); 0 when t has no packed layout. */

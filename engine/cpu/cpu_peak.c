@@ -21,23 +21,27 @@ static double mono_s(void)
  * compute roofline by a third. The chains are fixed registers the asm clobbers (16 "+" operands would exceed the 30
  * an asm may have): zmm16-31 (AVX-512), ymm2-13 (the 16-register VEX forms), v16-31 (NEON); their values do not
  * matter, only that each instruction depends on the previous one of its chain. */
-#define R4(ins, w, p, a, b, c, d) ins " " w ", " w ", " p a "\n\t" ins " " w ", " w ", " p b "\n\t" ins " " w ", " w ", " p c "\n\t" ins " " w ", " w ", " p d "\n\t"
+#define R4(ins, w, p, a, b, c, d)                                                                               \
+    ins " " w ", " w ", " p a "\n\t" ins " " w ", " w ", " p b "\n\t" ins " " w ", " w ", " p c "\n\t" ins " " w    \
+        ", " w ", " p d "\n\t"
 
 #if defined(__x86_64__)
 #define ZMM16(ins)                                                                                             \
     R4(ins, "%0", "%%zmm", "16", "17", "18", "19") R4(ins, "%0", "%%zmm", "20", "21", "22", "23")                  \
         R4(ins, "%0", "%%zmm", "24", "25", "26", "27") R4(ins, "%0", "%%zmm", "28", "29", "30", "31")
 #define ZMM16_CLOBBERS                                                                                         \
-    "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", \
-        "xmm29", "xmm30", "xmm31"
+    "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27",        \
+        "xmm28", "xmm29", "xmm30", "xmm31"
 #define YMM12(ins)                                                                                             \
     R4(ins, "%0", "%%ymm", "2", "3", "4", "5") R4(ins, "%0", "%%ymm", "6", "7", "8", "9")                          \
         R4(ins, "%0", "%%ymm", "10", "11", "12", "13")
-#define YMM12_CLOBBERS "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13"
+#define YMM12_CLOBBERS                                                                                         \
+    "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13"
 
 /* name(bytes, iters): vpdpbusd (bytes) or vpdpwssd on the chains of ON (clobbering CLOB, zeroed by ZERO after), its
- * sources a vector of type V (target T, operand constraint C, PRE before the mnemonic): instructions per second. AVX-512 on 16 zmm
- * chains, 32 MACs per vpdpwssd and 64 per vpdpbusd; AVX-VNNI (the VEX forms) on 12 ymm chains, 16 and 32 */
+ * sources a vector of type V (target T, operand constraint C, PRE before the mnemonic): instructions per second.
+ * AVX-512 on 16 zmm chains, 32 MACs per vpdpwssd and 64 per vpdpbusd; AVX-VNNI (the VEX forms) on 12 ymm chains, 16
+ * and 32 */
 #define VNNI_RATE_FN(name, T, V, SET1, C, PRE, ON, NCH, CLOB, ZERO)                                                  \
     __attribute__((target(T))) static double name(int bytes, long iters)                                       \
     {                                                                                                          \
@@ -55,7 +59,8 @@ static double mono_s(void)
 #define Z4(a, b, c, d)                                                                                         \
     "vpxord %%zmm" a ", %%zmm" a ", %%zmm" a "\n\tvpxord %%zmm" b ", %%zmm" b ", %%zmm" b "\n\tvpxord %%zmm" c      \
     ", %%zmm" c ", %%zmm" c "\n\tvpxord %%zmm" d ", %%zmm" d ", %%zmm" d "\n\t"
-#define ZMM16_ZERO Z4("16", "17", "18", "19") Z4("20", "21", "22", "23") Z4("24", "25", "26", "27") Z4("28", "29", "30", "31")
+#define ZMM16_ZERO                                                                                             \
+    Z4("16", "17", "18", "19") Z4("20", "21", "22", "23") Z4("24", "25", "26", "27") Z4("28", "29", "30", "31")
 
 VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_set1_epi32, "v", "", ZMM16, 16, ZMM16_CLOBBERS,
              ZMM16_ZERO)
@@ -98,7 +103,8 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static double neon_rate(int by
     const __attribute__((vector_size(16))) int w = {0x01010101, 0x01010101, 0x01010101, 0x01010101};
     double t0 = mono_s();
     if (bytes)
-        for (long it = 0; it < iters; it++) __asm__ volatile(V16("sdot", "sdot", "4s", "16b", "16b") : : "w"(w) : V16_CLOBBERS);
+        for (long it = 0; it < iters; it++)
+            __asm__ volatile(V16("sdot", "sdot", "4s", "16b", "16b") : : "w"(w) : V16_CLOBBERS);
     else
         for (long it = 0; it < iters; it++)
             __asm__ volatile(V16("smlal", "smlal2", "4s", "4h", "8h") : : "w"(w) : V16_CLOBBERS);
@@ -110,7 +116,8 @@ __attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) static double i8mm_rate(l
 {
     const __attribute__((vector_size(16))) int w = {0x01010101, 0x01010101, 0x01010101, 0x01010101};
     double t0 = mono_s();
-    for (long it = 0; it < iters; it++) __asm__ volatile(V16("smmla", "smmla", "4s", "16b", "16b") : : "w"(w) : V16_CLOBBERS);
+    for (long it = 0; it < iters; it++)
+        __asm__ volatile(V16("smmla", "smmla", "4s", "16b", "16b") : : "w"(w) : V16_CLOBBERS);
     return (double)iters * 16 / (mono_s() - t0);
 }
 #endif

@@ -47,7 +47,8 @@ static void test_gemm_matches_refs(void)
             int bits = k < N_PACKED ? 8 : 16;
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
             for (int rep = 0; rep < 6; rep++) {
-                int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 6) : 32 * rand_range(&s, 1, 48), n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 20); /* up to 2 tiles of 9-16 */
+                int64_t n_in = kquant(t) ? 256 * rand_range(&s, 1, 6) : 32 * rand_range(&s, 1, 48);
+                int64_t n_out = rand_range(&s, 1, 70), n_rows = rand_range(&s, 1, 20); /* up to 2 tiles of 9-16 */
                 uint8_t *w = make_weights(t, n_in, n_out, &s);
                 size_t ab = bt_cpu_act_row_bytes(t, bits, n_in), wb = bt_cpu_row_bytes(t, n_in);
                 float *x = malloc(sizeof(float) * (size_t)(n_in * n_rows));
@@ -119,7 +120,7 @@ static void test_gemm_each_width(void)
             bt_cpu_packed p;
             REQUIRE(bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p) == BT_OK);
             int bad = 0;
-            for (int nr = 1; nr <= bt_cpu_gemm_nr(ops, bits); nr++)
+            for (int nr = 1; nr <= bt_cpu_gemm_nr(ops); nr++)
                 for (int g = 0; g < 2; g++) {
                     int nv = g ? (int)(n_out - 16) : 16;
                     const char *grp = (const char *)p.data + (size_t)g * p.group_bytes;

@@ -172,7 +172,8 @@ static void test_act_quant16(void)
             ops->quantize_q16_32(32 * nb, x, s32);
             CHECK_MSG(!memcmp(r32, s32, (size_t)nb * sizeof *s32), "%s q16_32 bytes differ (%d blocks)", ops->name, nb);
             int past = 0; /* nothing written after the row's last block */
-            for (size_t i = (size_t)nb * sizeof *s32; i < N / 32 * sizeof *s32; i++) past += ((const uint8_t *)s32)[i] != 0xaa;
+            for (size_t i = (size_t)nb * sizeof *s32; i < N / 32 * sizeof *s32; i++)
+                past += ((const uint8_t *)s32)[i] != 0xaa;
             CHECK_MSG(past == 0, "%s q16_32 wrote %d bytes past %d blocks", ops->name, past, nb);
         }
     }
