@@ -606,9 +606,13 @@ static void prefetch_rows(const void *p, size_t bytes)
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 1);
 }
 
+/* A task's accumulators, m and l, rounded up to whole 64-byte lines: tasks on different threads update theirs after
+ * every block, and two tasks sharing a line made it move between the cores each time (batch 1 at a 128-1,152-token
+ * context, 2 threads: 430 ns per block in the tasks against 279 on one thread; aligned, 312). */
 static size_t attn_part_floats(const bt_attn_args *a, int32_t n)
 {
-    return (size_t)n * (size_t)(a->n_head / a->n_head_kv) * ((size_t)a->head_dim + 2);
+    size_t f = (size_t)n * (size_t)(a->n_head / a->n_head_kv) * ((size_t)a->head_dim + 2);
+    return (f + 15) & ~(size_t)15;
 }
 
 static void attn_task_run(void *ctx, int ti, int n_tasks)
@@ -803,8 +807,10 @@ static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
         c->attn_cap = n_seg_tasks + n_merge;
     }
     if (floats > c->attn_parts_cap) {
-        float *p = realloc(c->attn_parts, floats * sizeof *p);
+        void *p = NULL; /* on a line boundary, as every task's part (attn_part_floats) */
+        if (posix_memalign(&p, 64, floats * sizeof(float)) != 0) p = NULL;
         if (!p) return bt_fail(BT_ERR_NOMEM, "attention: out of memory for %zu accumulators", floats);
+        free(c->attn_parts);
         c->attn_parts = p;
         c->attn_parts_cap = floats;
     }
