@@ -630,7 +630,7 @@ void bt_cpu_avx2_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
     for (int64_t i = 0; i < n / BT_QK; i++, x += BT_QK) {
         float amax = hmax_ps(abs_max8(x, BT_QK, _mm256_setzero_ps()));
         float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         y[i].d = d;
         int s = quant32(x, _mm256_set1_ps(id), y[i].qs);
         y[i].sum = s;
@@ -644,7 +644,7 @@ void bt_cpu_avx2_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
     for (int64_t i = 0; i < n / BT_QK_K; i++, x += BT_QK_K) {
         float amax = hmax_ps(abs_max8(x, BT_QK_K, _mm256_setzero_ps()));
         float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         y[i].d = d;
         __m256 idv = _mm256_set1_ps(id);
         for (int c = 0; c < 8; c++) {
@@ -677,7 +677,7 @@ void bt_cpu_avx2_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y)
     for (int64_t i = 0; i < n / BT_QK; i++, x += BT_QK) {
         float amax = hmax_ps(abs_max8(x, BT_QK, _mm256_setzero_ps()));
         float d = amax / 32767.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         int s[2];
         quant16x32(x, _mm256_set1_ps(id), y[i].qs, s);
         y[i].d = d;
@@ -692,7 +692,7 @@ void bt_cpu_avx2_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
     for (int64_t i = 0; i < n / BT_QK_K; i++, x += BT_QK_K) {
         float amax = hmax_ps(abs_max8(x, BT_QK_K, _mm256_setzero_ps()));
         float d = amax / 32767.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         __m256 idv = _mm256_set1_ps(id);
         y[i].d = d;
         y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;

@@ -619,8 +619,9 @@ void bt_cpu_avx512_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y
             m[j] = _mm512_max_ps(_mm512_max_ps(_mm512_setzero_ps(), a), b); /* NaN as the AVX2 path: abs_max8 */
         }
         const __m512 d = _mm512_div_ps(reduce16_max_ps(m), _mm512_set1_ps(32767.0f));
-        const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
-                                              _mm512_set1_ps(1.0f), d);
+        __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
+                                        _mm512_set1_ps(1.0f), d);
+        id = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(id, _mm512_set1_ps(INFINITY), _CMP_LT_OQ), id); /* bt_act_inv_scale */
         float idf[16];
         _mm512_storeu_ps(idf, id);
         __m512i sv[16];

@@ -343,7 +343,7 @@ void bt_cpu_neon_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
     for (int64_t i = 0; i < n / BT_QK; i++) {
         const float *xb = x + i * BT_QK;
         float d = abs_max(xb, BT_QK) / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         int32_t s = quant8(xb, BT_QK, id, y[i].qs);
         y[i].d = d;
         y[i].sum = s;
@@ -357,7 +357,7 @@ void bt_cpu_neon_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
     for (int64_t i = 0; i < n / BT_QK_K; i++) {
         const float *xb = x + i * BT_QK_K;
         float d = abs_max(xb, BT_QK_K) / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         y[i].d = d;
         for (int k = 0; k < 16; k++) y[i].bsums[k] = (int16_t)quant8(xb + 16 * k, 16, id, y[i].qs + 16 * k);
     }
@@ -368,7 +368,7 @@ void bt_cpu_neon_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y)
     for (int64_t i = 0; i < n / BT_QK; i++) {
         const float *xb = x + i * BT_QK;
         float d = abs_max(xb, BT_QK) / 32767.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         int32_t s = quant16(xb, BT_QK, id, y[i].qs);
         y[i].d = d;
         y[i].sum = s;
@@ -382,7 +382,7 @@ void bt_cpu_neon_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
     for (int64_t i = 0; i < n / BT_QK_K; i++) {
         const float *xb = x + i * BT_QK_K;
         float d = abs_max(xb, BT_QK_K) / 32767.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id = bt_act_inv_scale(d);
         y[i].d = d;
         y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
         for (int k = 0; k < 16; k++) y[i].bsums[k] = quant16(xb + 16 * k, 16, id, y[i].qs + 16 * k);

@@ -235,7 +235,7 @@ static float quantize_block(const float *x, int n, int8_t *q)
         amax = a > amax ? a : amax;
     }
     float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = bt_act_inv_scale(d);
     for (int i = 0; i < n; i++) q[i] = (int8_t)round_even(x[i] * id);
     return d;
 }
@@ -273,7 +273,7 @@ static float quantize_block16(const float *x, int n, int16_t *q)
         amax = a > amax ? a : amax;
     }
     float d = amax / 32767.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = bt_act_inv_scale(d);
     for (int i = 0; i < n; i++) q[i] = (int16_t)round_even(x[i] * id);
     return d;
 }

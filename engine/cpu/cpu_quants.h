@@ -7,6 +7,7 @@
 #ifndef BATON_ENGINE_CPU_QUANTS_H
 #define BATON_ENGINE_CPU_QUANTS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,16 @@ typedef struct { float d; int16_t bsums[16]; int8_t qs[BT_QK_K]; } bt_block_q8_2
  * (32 * 32767 < 2^21); the padding keeps qs 16-byte aligned within a block. */
 typedef struct { float d, ds; int32_t sum, reserved; int16_t qs[BT_QK]; } bt_block_q16_32;
 typedef struct { float d; int32_t reserved[3]; int32_t bsums[16]; int16_t qs[BT_QK_K]; } bt_block_q16_256;
+
+/* The inverse scale that quantizes an activation block of scale d (max |x| / 127 or / 32767): 1 / d, or 0 when that is
+ * not a finite number (d == 0; d below ~2.9e-39, a block whose max |x| is under ~1e-34, where 1 / d overflows; NaN),
+ * so that the block's codes are all 0 rather than a float-to-int conversion of inf or NaN, undefined in C and
+ * different on each ISA. Every ISA's quantizers use it (AVX-512's vector form: bt_cpu_avx512_quantize_q16_32). */
+static inline float bt_act_inv_scale(float d)
+{
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return id < INFINITY ? id : 0.0f;
+}
 
 /* Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */
 static inline void bt_q4k_scale_min(const uint8_t *scales, int j, uint8_t *sc, uint8_t *m)

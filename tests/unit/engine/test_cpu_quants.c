@@ -73,6 +73,26 @@ static void test_dequant_known(void)
     CHECK(y[0] == -8.0f * -32.0f);
 }
 
+/* Rep 5 of the activation tests: the blocks of every other 256 elements (max |x| < 1e-37) have all codes and sums
+ * 0 in the reference (bt_act_inv_scale), and the others do not. q8: r32 / r256 are bt_block_q8_32 / _256 rows, else
+ * the 16-bit ones. */
+static int tiny_codes_zero(int n, int q8, const void *r32, const void *r256)
+{
+    for (int b = 0; b < n / 32; b++) {
+        int tiny = (b / 8) % 2 == 0, nz = 0;
+        for (int j = 0; j < 32; j++)
+            nz += q8 ? ((const bt_block_q8_32 *)r32)[b].qs[j] != 0 : ((const bt_block_q16_32 *)r32)[b].qs[j] != 0;
+        if (tiny ? nz != 0 : nz == 0) return 0;
+    }
+    for (int b = 0; b < n / 256; b++) {
+        int tiny = b % 2 == 0, nz = 0;
+        for (int j = 0; j < 256; j++)
+            nz += q8 ? ((const bt_block_q8_256 *)r256)[b].qs[j] != 0 : ((const bt_block_q16_256 *)r256)[b].qs[j] != 0;
+        if (tiny ? nz != 0 : nz == 0) return 0;
+    }
+    return 1;
+}
+
 static void test_act_quant(void)
 {
     enum { N = 2048 };
@@ -85,6 +105,8 @@ static void test_act_quant(void)
         test_fill_act(N, x, &s);
         if (rep == 1) memset(x, 0, 64 * sizeof *x);              /* all-zero blocks */
         if (rep == 2) for (int i = 0; i < N; i++) x[i] = (float)(i % 255 - 127) * 0.5f; /* exact ties */
+        if (rep == 5) /* every other 256 elements so small that 1 / d overflows: all their codes 0 */
+            for (int i = 0; i < N; i++) x[i] *= (i / 256) % 2 ? 1.0f : 1e-38f;
         bt_cpu_quantize_q8_32_ref(N, x, r32);
         bt_cpu_quantize_q8_256_ref(N, x, r256);
         int bad = 0;
@@ -104,6 +126,7 @@ static void test_act_quant(void)
                 if (sum != r256[b].bsums[k]) bad++;
             }
         CHECK_MSG(bad == 0, "reference activation quantization off in %d places", bad);
+        if (rep == 5) CHECK_MSG(tiny_codes_zero(N, 1, r32, r256), "q8: a tiny block has non-zero codes");
         for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
             if (!test_isa_covers((bt_cpu_isa)isa)) continue;
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
@@ -133,6 +156,8 @@ static void test_act_quant16(void)
         if (rep == 3) /* d = 0.5 and odd multiples of 0.25: exact ties */
             for (int i = 0; i < N; i++) x[i] = i % 32 == 0 ? 16383.5f : (float)(i % 64 - 32) * 0.25f;
         if (rep == 4) for (int i = 0; i < N; i++) x[i] *= 1e-30f; /* tiny (subnormal-adjacent) scales */
+        if (rep == 5) /* every other 256 elements so small that 1 / d overflows: all their codes 0 */
+            for (int i = 0; i < N; i++) x[i] *= (i / 256) % 2 ? 1.0f : 1e-38f;
         bt_cpu_quantize_q16_32_ref(N, x, r32);
         bt_cpu_quantize_q16_256_ref(N, x, r256);
         int bad = 0, full = 0;
@@ -154,7 +179,8 @@ static void test_act_quant16(void)
                 if (sum != r256[b].bsums[k]) bad++;
             }
         CHECK_MSG(bad == 0, "reference 16-bit activation quantization off in %d places", bad);
-        CHECK(rep == 1 || full >= N / 32); /* every non-zero block reaches +-32767 */
+        CHECK(rep == 1 || full >= (rep == 5 ? N / 64 : N / 32)); /* every other non-zero block reaches +-32767 */
+        if (rep == 5) CHECK_MSG(tiny_codes_zero(N, 0, r32, r256), "q16: a tiny block has non-zero codes");
         for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
             if (!test_isa_covers((bt_cpu_isa)isa)) continue;
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
