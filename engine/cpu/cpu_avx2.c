@@ -702,6 +702,7 @@ void bt_cpu_avx2_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
             y[i].bsums[2 * c] = s[0];
             y[i].bsums[2 * c + 1] = s[1];
         }
+        bt_q16_256_slice_ds(&y[i]);
     }
 }
 

@@ -189,8 +189,7 @@ BT_GL_AI void bt_gl_act16_scales(const void *act, size_t stride, int r, int64_t 
 {
     if (bt_gl_kquant(type)) {
         const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
-        const int s = (int)(b & 7);
-        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
+        *d = a->d, *ds = a->ds[b & 7]; /* = d * (bsums[2s] + bsums[2s + 1]) (bt_q16_256_slice_ds) */
         return;
     }
     *d = BT_GL_ACT16(act, stride, r, b)->d, *ds = BT_GL_ACT16(act, stride, r, b)->ds;

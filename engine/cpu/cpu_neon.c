@@ -386,6 +386,7 @@ void bt_cpu_neon_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
         y[i].d = d;
         y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
         for (int k = 0; k < 16; k++) y[i].bsums[k] = quant16(xb + 16 * k, 16, id, y[i].qs + 16 * k);
+        bt_q16_256_slice_ds(&y[i]);
     }
 }
 

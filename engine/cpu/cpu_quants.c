@@ -18,7 +18,7 @@ _Static_assert(sizeof(bt_block_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(bt_block_q8_32) == 48, "Q8_32 activation block");
 _Static_assert(sizeof(bt_block_q8_256) == 292, "Q8_256 activation block");
 _Static_assert(sizeof(bt_block_q16_32) == 80, "Q16_32 activation block");
-_Static_assert(sizeof(bt_block_q16_256) == 592, "Q16_256 activation block");
+_Static_assert(sizeof(bt_block_q16_256) == 624, "Q16_256 activation block");
 
 static bt_cpu_act_fmt act_format8(uint32_t t)
 {
@@ -300,6 +300,7 @@ void bt_cpu_quantize_q16_256_ref(int64_t n, const float *x, bt_block_q16_256 *y)
             for (int j = 0; j < 16; j++) s += y[i].qs[16 * k + j];
             y[i].bsums[k] = s;
         }
+        bt_q16_256_slice_ds(&y[i]);
     }
 }
 

@@ -45,7 +45,15 @@ typedef struct { float d; int16_t bsums[16]; int8_t qs[BT_QK_K]; } bt_block_q8_2
 /* 16-bit activation blocks (the accurate path): as Q8_32 / Q8_256 with |qs| <= 32767. Sums need 32 bits
  * (32 * 32767 < 2^21); the padding keeps qs 16-byte aligned within a block. */
 typedef struct { float d, ds; int32_t sum, reserved; int16_t qs[BT_QK]; } bt_block_q16_32;
-typedef struct { float d; int32_t reserved[3]; int32_t bsums[16]; int16_t qs[BT_QK_K]; } bt_block_q16_256;
+typedef struct { float d; int32_t reserved[3]; float ds[8]; int32_t bsums[16]; int16_t qs[BT_QK_K]; } bt_block_q16_256;
+
+/* ds[s] = d * (bsums[2s] + bsums[2s + 1]): d times the sum of 32-element slice s, the float the packed K-quant kernels
+ * take per slice and row (a load instead of an integer add, a conversion and a multiply). The sum is below 2^21,
+ * exact in float, so the product is the one bt_cpu_gemm_packed_ref computes from the bsums. */
+static inline void bt_q16_256_slice_ds(bt_block_q16_256 *y)
+{
+    for (int s = 0; s < 8; s++) y->ds[s] = y->d * (float)(y->bsums[2 * s] + y->bsums[2 * s + 1]);
+}
 
 /* The inverse scale that quantizes an activation block of scale d (max |x| / 127 or / 32767): 1 / d, or 0 when that is
  * not a finite number (d == 0; d below ~2.9e-39, a block whose max |x| is under ~1e-34, where 1 / d overflows; NaN),

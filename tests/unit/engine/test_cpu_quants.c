@@ -177,6 +177,7 @@ static void test_act_quant16(void)
                 int sum = 0;
                 for (int j = 0; j < 16; j++) sum += r256[b].qs[16 * k + j];
                 if (sum != r256[b].bsums[k]) bad++;
+                if (k % 2 && r256[b].ds[k / 2] != r256[b].d * (float)(r256[b].bsums[k - 1] + r256[b].bsums[k])) bad++;
             }
         CHECK_MSG(bad == 0, "reference 16-bit activation quantization off in %d places", bad);
         CHECK(rep == 1 || full >= (rep == 5 ? N / 64 : N / 32)); /* every other non-zero block reaches +-32767 */
