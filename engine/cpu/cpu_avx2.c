@@ -461,11 +461,11 @@ AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
             const __m256i w3 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1)), sh);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                const int16_t *aq = ACT16K(r, i)->qs + 64 * c;
+                const int16_t *aq = ACT16K(r, i)->s[2 * c].qs, *aq2 = ACT16K(r, i)->s[2 * c + 1].qs;
                 __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)aq));
                 __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(aq + 16)));
-                __m256i p2 = _mm256_madd_epi16(w2, _mm256_loadu_si256((const __m256i *)(aq + 32)));
-                __m256i p3 = _mm256_madd_epi16(w3, _mm256_loadu_si256((const __m256i *)(aq + 48)));
+                __m256i p2 = _mm256_madd_epi16(w2, _mm256_loadu_si256((const __m256i *)aq2));
+                __m256i p3 = _mm256_madd_epi16(w3, _mm256_loadu_si256((const __m256i *)(aq2 + 16)));
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_add_epi32(p0, p1),
                                                                      _mm256_add_epi32(p2, p3)));
             }
@@ -475,8 +475,8 @@ AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
         for (int r = 0; r < NR; r++) {
             const bt_block_q16_256 *a = ACT16K(r, i);
             int64_t sumi = hsum_epi64(widen_add_epi64(_mm256_setzero_si256(), isum[r])), summ = 0;
-            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
-            acc[r] += dw * a->d * (float)sumi - dmin * a->d * (float)summ;
+            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+            acc[r] += dw * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
         }
     }
     #pragma GCC unroll 4
@@ -519,7 +519,7 @@ AI void kern16_q6_k(KERNEL_ARGS)
                 w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(b->scales[k + 1]));
                 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
-                    const int16_t *aq = ACT16K(r, i)->qs + 128 * h + 32 * s;
+                    const int16_t *aq = ACT16K(r, i)->s[4 * h + s].qs;
                     __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)aq));
                     __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(aq + 16)));
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
@@ -530,7 +530,7 @@ AI void kern16_q6_k(KERNEL_ARGS)
         }
         const float dw = h2f(b->d);
         #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) acc[r] += dw * ACT16K(r, i)->d * (float)hsum_epi64(i64[r]);
+        for (int r = 0; r < NR; r++) acc[r] += dw * ACT16K(r, i)->s[0].d * (float)hsum_epi64(i64[r]);
     }
     #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = acc[r];
@@ -694,15 +694,8 @@ void bt_cpu_avx2_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
         float d = amax / 32767.0f;
         float id = bt_act_inv_scale(d);
         __m256 idv = _mm256_set1_ps(id);
-        y[i].d = d;
-        y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
-        for (int c = 0; c < 8; c++) {
-            int s[2];
-            quant16x32(x + 32 * c, idv, y[i].qs + 32 * c, s);
-            y[i].bsums[2 * c] = s[0];
-            y[i].bsums[2 * c + 1] = s[1];
-        }
-        bt_q16_256_slice_ds(&y[i]);
+        for (int c = 0; c < 8; c++) quant16x32(x + 32 * c, idv, y[i].s[c].qs, y[i].s[c].bsums);
+        bt_q16k_finish(&y[i], d);
     }
 }
 

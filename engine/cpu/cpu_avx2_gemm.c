@@ -174,7 +174,7 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
 {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        const int16_t *p = bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx;
+        const int16_t *p = bt_gl_act16_qs(act, act_stride, r, b) + 2 * idx;
         __m256i a;
 #ifdef BT_AVX2_GEMM_VNNI /* vpdpwssd: the product pairs and the add in one instruction ({vex}: not the EVEX form) */
         __asm__("vpbroadcastd %3, %1\n\t"
@@ -284,10 +284,10 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             }
         }
         if (type == BT_TYPE_Q6_K) {
-            ACCUM_Q6K_ROWS(bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads));
+            ACCUM_Q6K_ROWS(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads));
             continue;
         }
-        ACCUM_ROWS(bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads));
+        ACCUM_ROWS(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads));
     }
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }

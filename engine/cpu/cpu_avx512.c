@@ -451,9 +451,8 @@ AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
             const __m512i w1 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * c + 1]));
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                const int16_t *aq = ACT16K(r, i)->qs + 64 * c;
-                isum[r] = _mm512_dpwssd_epi32(isum[r], w0, _mm512_loadu_si512(aq));
-                isum[r] = _mm512_dpwssd_epi32(isum[r], w1, _mm512_loadu_si512(aq + 32));
+                isum[r] = _mm512_dpwssd_epi32(isum[r], w0, _mm512_loadu_si512(ACT16K(r, i)->s[2 * c].qs));
+                isum[r] = _mm512_dpwssd_epi32(isum[r], w1, _mm512_loadu_si512(ACT16K(r, i)->s[2 * c + 1].qs));
             }
         }
         const float dw = h2f(d16), dmin = h2f(dmin16);
@@ -461,8 +460,8 @@ AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
         for (int r = 0; r < NR; r++) {
             const bt_block_q16_256 *a = ACT16K(r, i);
             int64_t sumi = hsum_epi32_exact(isum[r]), summ = 0;
-            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
-            acc[r] += dw * a->d * (float)sumi - dmin * a->d * (float)summ;
+            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+            acc[r] += dw * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
         }
     }
 #pragma GCC unroll 4
@@ -502,14 +501,14 @@ AI void kern16_q6_k(KERNEL_ARGS)
                 __m512i w = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), off), scv);
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
-                    const int16_t *aq = ACT16K(r, i)->qs + 128 * h + 32 * s;
+                    const int16_t *aq = ACT16K(r, i)->s[4 * h + s].qs;
                     isum[r] = _mm512_dpwssd_epi32(isum[r], w, _mm512_loadu_si512(aq));
                 }
             }
         }
         const float dw = h2f(b->d);
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) acc[r] += dw * ACT16K(r, i)->d * (float)hsum_epi32_exact(isum[r]);
+        for (int r = 0; r < NR; r++) acc[r] += dw * ACT16K(r, i)->s[0].d * (float)hsum_epi32_exact(isum[r]);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) out[(size_t)r * out_stride] = acc[r];

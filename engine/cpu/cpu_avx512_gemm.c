@@ -192,7 +192,7 @@ AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const
 {
 #pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
-        s[r][ch] = dpwssd_b(s[r][ch], c, bt_gl_act16_qs(act, act_stride, r, b, type) + 2 * idx);
+        s[r][ch] = dpwssd_b(s[r][ch], c, bt_gl_act16_qs(act, act_stride, r, b) + 2 * idx);
 }
 
 /* Operand vector o of a high-bit plane layout (Q5_0, Q5_1) with its fifth bits: 16 added to the int16 lanes whose bit
@@ -268,7 +268,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
             float ad, ads;
-            bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
+            bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads);
             if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(half0[r]), _mm512_mul_ps(dw, _mm512_set1_ps(ad)), acc[r]);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(mw, _mm512_set1_ps(ad)), acc[r]);

@@ -175,23 +175,17 @@ BT_GL_AI void bt_gl_act8_half_sums(const void *act, size_t stride, int r, int64_
     *s0 = a->bsums[2 * (b & 7)], *s1 = a->bsums[2 * (b & 7) + 1];
 }
 
-/* 16-bit activations of block b of row r: the row's own block, or for Q4_K and Q6_K sub-block b % 8 of its K-quant
- * super-block (bt_block_q16_256). */
-BT_GL_AI const int16_t *bt_gl_act16_qs(const void *act, size_t stride, int r, int64_t b, const int type)
+/* 16-bit activations of block b of row r. Per-32 blocks (bt_block_q16_32) and the K-quants' super-block slices
+ * (bt_block_q16_256_slice: the super-block's d, d times the slice's sum) share one layout, so any type's block b is
+ * the row's b-th 80-byte block. */
+BT_GL_AI const int16_t *bt_gl_act16_qs(const void *act, size_t stride, int r, int64_t b)
 {
-    if (bt_gl_kquant(type))
-        return ((const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3))->qs + 32 * (b & 7);
     return BT_GL_ACT16(act, stride, r, b)->qs;
 }
 
-/* That block's d and d * sum (for Q4_K and Q6_K: the super-block's d times the sub-block's two bsums). */
-BT_GL_AI void bt_gl_act16_scales(const void *act, size_t stride, int r, int64_t b, const int type, float *d, float *ds)
+/* That block's d and d * sum */
+BT_GL_AI void bt_gl_act16_scales(const void *act, size_t stride, int r, int64_t b, float *d, float *ds)
 {
-    if (bt_gl_kquant(type)) {
-        const bt_block_q16_256 *a = (const bt_block_q16_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
-        *d = a->d, *ds = a->ds[b & 7]; /* = d * (bsums[2s] + bsums[2s + 1]) (bt_q16_256_slice_ds) */
-        return;
-    }
     *d = BT_GL_ACT16(act, stride, r, b)->d, *ds = BT_GL_ACT16(act, stride, r, b)->ds;
 }
 

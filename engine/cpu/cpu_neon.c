@@ -247,12 +247,12 @@ AI void dot_rows_qk45(int has_qh, int bits, int64_t n, const void *w_row, const 
                 const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + i;
                 int64_t sumi = 0, summ = 0;
                 for (int j = 0; j < 8; j++) {
-                    int32x4_t s = mac16_s8s16(vdupq_n_s32(0), c[j][0], a->qs + 32 * j);
-                    s = mac16_s8s16(s, c[j][1], a->qs + 32 * j + 16);
+                    int32x4_t s = mac16_s8s16(vdupq_n_s32(0), c[j][0], a->s[j].qs);
+                    s = mac16_s8s16(s, c[j][1], a->s[j].qs + 16);
                     sumi += (int64_t)sc[j] * vaddvq_s32(s);
-                    summ += (int64_t)m[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+                    summ += (int64_t)m[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
                 }
-                acc[r] += d * a->d * (float)sumi - dmin * a->d * (float)summ;
+                acc[r] += d * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
             }
         }
     }
@@ -280,8 +280,9 @@ AI void dot_rows_q6k(int bits, int64_t n, const void *w_row, const void *act, si
                 const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + i;
                 int64_t sumi = 0;
                 for (int k = 0; k < 16; k++)
-                    sumi += (int64_t)w->scales[k] * vaddvq_s32(mac16_s8s16(vdupq_n_s32(0), c[k], a->qs + 16 * k));
-                acc[r] += d * a->d * (float)sumi;
+                    sumi += (int64_t)w->scales[k] *
+                            vaddvq_s32(mac16_s8s16(vdupq_n_s32(0), c[k], bt_q16k_qs(a, 16 * k)));
+                acc[r] += d * a->s[0].d * (float)sumi;
             }
         }
     }
@@ -383,10 +384,9 @@ void bt_cpu_neon_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
         const float *xb = x + i * BT_QK_K;
         float d = abs_max(xb, BT_QK_K) / 32767.0f;
         float id = bt_act_inv_scale(d);
-        y[i].d = d;
-        y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
-        for (int k = 0; k < 16; k++) y[i].bsums[k] = quant16(xb + 16 * k, 16, id, y[i].qs + 16 * k);
-        bt_q16_256_slice_ds(&y[i]);
+        for (int k = 0; k < 16; k++)
+            y[i].s[k / 2].bsums[k % 2] = quant16(xb + 16 * k, 16, id, y[i].s[k / 2].qs + 16 * (k % 2));
+        bt_q16k_finish(&y[i], d);
     }
 }
 

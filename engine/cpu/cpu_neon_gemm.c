@@ -154,9 +154,9 @@ AI void gemm16(int64_t n, const void *group, const void *act, size_t act_stride,
         float32x4_t d[4], m[4];
         block_scales(group, b, type, cb, d, m);
         for (int r = 0; r < nr; r++) {
-            const int16_t *qs = bt_gl_act16_qs(act, act_stride, r, b, type);
+            const int16_t *qs = bt_gl_act16_qs(act, act_stride, r, b);
             float ad, ads;
-            bt_gl_act16_scales(act, act_stride, r, b, type, &ad, &ads);
+            bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads);
             int32x4_t s[4], half0[4];
             for (int i = 0; i < 4; i++) s[i] = vdupq_n_s32(0);
             for (int e8 = 0; e8 < 32; e8 += 8) {

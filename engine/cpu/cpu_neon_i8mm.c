@@ -204,8 +204,8 @@ AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, co
 {
     const int nibble_order = !bt_gl_byte_codes(type, 1);
     uint8x16_t lo0[2], lo1[2], hi0[2], hi1[2], alo[4], ahi[4];
-    split16(bt_gl_act16_qs(act, act_stride, r0, b, type), nibble_order, lo0, hi0);
-    split16(bt_gl_act16_qs(act, act_stride, r1, b, type), nibble_order, lo1, hi1);
+    split16(bt_gl_act16_qs(act, act_stride, r0, b), nibble_order, lo0, hi0);
+    split16(bt_gl_act16_qs(act, act_stride, r1, b), nibble_order, lo1, hi1);
     for (int h = 0; h < 2; h++) {
         pair_rows(lo0[h], lo1[h], &alo[2 * h], &alo[2 * h + 1]);
         pair_rows(hi0[h], hi1[h], &ahi[2 * h], &ahi[2 * h + 1]);
@@ -232,8 +232,8 @@ AI void pair16(const void *act, size_t act_stride, int r0, int r1, int64_t b, co
         for (int p = 0; p < 8; p++) t[p] = vsubq_s32(t[p], o);
     }
     float ad[2], ads[2];
-    bt_gl_act16_scales(act, act_stride, r0, b, type, &ad[0], &ads[0]);
-    bt_gl_act16_scales(act, act_stride, r1, b, type, &ad[1], &ads[1]);
+    bt_gl_act16_scales(act, act_stride, r0, b, &ad[0], &ads[0]);
+    bt_gl_act16_scales(act, act_stride, r1, b, &ad[1], &ads[1]);
     pair_accumulate(t, half0, type, ad, ads, r1 != r0, d, m, mins, acc0, acc1);
 }
 

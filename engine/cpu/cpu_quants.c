@@ -3,6 +3,7 @@
 #include "engine/cpu/cpu_quants.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "engine/cpu/cpu_fp16.h"
@@ -18,7 +19,10 @@ _Static_assert(sizeof(bt_block_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(bt_block_q8_32) == 48, "Q8_32 activation block");
 _Static_assert(sizeof(bt_block_q8_256) == 292, "Q8_256 activation block");
 _Static_assert(sizeof(bt_block_q16_32) == 80, "Q16_32 activation block");
-_Static_assert(sizeof(bt_block_q16_256) == 624, "Q16_256 activation block");
+_Static_assert(sizeof(bt_block_q16_256) == 640 && sizeof(bt_block_q16_256_slice) == sizeof(bt_block_q16_32) &&
+                   offsetof(bt_block_q16_256_slice, qs) == offsetof(bt_block_q16_32, qs) &&
+                   offsetof(bt_block_q16_256_slice, ds) == offsetof(bt_block_q16_32, ds),
+               "Q16_256 activation block: 8 slices laid out as Q16_32 blocks");
 
 static bt_cpu_act_fmt act_format8(uint32_t t)
 {
@@ -265,7 +269,8 @@ void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y)
 }
 
 /* d = max|x| / 32767. |x * (1 / d)| <= 32767 * (1 + 2^-22) < 32767.5, so codes stay within +-32767. */
-static float quantize_block16(const float *x, int n, int16_t *q)
+/* d of n elements, and their codes into q[i * stride + i % run] for runs of `run` elements (the K-quant slices) */
+static float quantize_block16(const float *x, int n, int16_t *q, int run, size_t stride)
 {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -274,14 +279,14 @@ static float quantize_block16(const float *x, int n, int16_t *q)
     }
     float d = amax / 32767.0f;
     float id = bt_act_inv_scale(d);
-    for (int i = 0; i < n; i++) q[i] = (int16_t)round_even(x[i] * id);
+    for (int i = 0; i < n; i++) q[(size_t)(i / run) * stride + (size_t)(i % run)] = (int16_t)round_even(x[i] * id);
     return d;
 }
 
 void bt_cpu_quantize_q16_32_ref(int64_t n, const float *x, bt_block_q16_32 *y)
 {
     for (int64_t i = 0; i < n / BT_QK; i++) {
-        y[i].d = quantize_block16(x + i * BT_QK, BT_QK, y[i].qs);
+        y[i].d = quantize_block16(x + i * BT_QK, BT_QK, y[i].qs, BT_QK, 0);
         int32_t s = 0;
         for (int j = 0; j < BT_QK; j++) s += y[i].qs[j];
         y[i].sum = s;
@@ -293,14 +298,14 @@ void bt_cpu_quantize_q16_32_ref(int64_t n, const float *x, bt_block_q16_32 *y)
 void bt_cpu_quantize_q16_256_ref(int64_t n, const float *x, bt_block_q16_256 *y)
 {
     for (int64_t i = 0; i < n / BT_QK_K; i++) {
-        y[i].d = quantize_block16(x + i * BT_QK_K, BT_QK_K, y[i].qs);
-        y[i].reserved[0] = y[i].reserved[1] = y[i].reserved[2] = 0;
+        float d = quantize_block16(x + i * BT_QK_K, BT_QK_K, y[i].s[0].qs, BT_QK,
+                                   sizeof(bt_block_q16_256_slice) / sizeof(int16_t));
         for (int k = 0; k < 16; k++) {
             int32_t s = 0;
-            for (int j = 0; j < 16; j++) s += y[i].qs[16 * k + j];
-            y[i].bsums[k] = s;
+            for (int j = 0; j < 16; j++) s += bt_q16k_qs(&y[i], 16 * k)[j];
+            y[i].s[k / 2].bsums[k % 2] = s;
         }
-        bt_q16_256_slice_ds(&y[i]);
+        bt_q16k_finish(&y[i], d);
     }
 }
 
@@ -503,12 +508,12 @@ static float dot16_qk45(int has_qh, int64_t nb, const void *w, const bt_block_q1
             for (int l = 0; l < 32; l++) {
                 int v = (q[l] >> shift) & 0x0f;
                 if (has_qh) v |= ((qh[l] >> j) & 1) << 4;
-                s += v * a[i].qs[32 * j + l];
+                s += v * a[i].s[j].qs[l];
             }
             sumi += (int64_t)sc * s;
-            summ += (int64_t)m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+            summ += (int64_t)m * (a[i].s[j].bsums[0] + a[i].s[j].bsums[1]);
         }
-        acc += bt_fp16_to_f32(d16) * a[i].d * (float)sumi - bt_fp16_to_f32(dmin16) * a[i].d * (float)summ;
+        acc += bt_fp16_to_f32(d16) * a[i].s[0].d * (float)sumi - bt_fp16_to_f32(dmin16) * a[i].s[0].d * (float)summ;
     }
     return acc;
 }
@@ -522,10 +527,10 @@ static float dot16_q6_k(int64_t nb, const bt_block_q6_k *w, const bt_block_q16_2
         int64_t sumi = 0;
         for (int k = 0; k < 16; k++) {
             int32_t s = 0;
-            for (int l = 0; l < 16; l++) s += (q6k_value(&w[i], 16 * k + l) - 32) * a[i].qs[16 * k + l];
+            for (int l = 0; l < 16; l++) s += (q6k_value(&w[i], 16 * k + l) - 32) * bt_q16k_qs(&a[i], 16 * k)[l];
             sumi += (int64_t)w[i].scales[k] * s;
         }
-        acc += bt_fp16_to_f32(w[i].d) * a[i].d * (float)sumi;
+        acc += bt_fp16_to_f32(w[i].d) * a[i].s[0].d * (float)sumi;
     }
     return acc;
 }

@@ -87,7 +87,8 @@ static int tiny_codes_zero(int n, int q8, const void *r32, const void *r256)
     for (int b = 0; b < n / 256; b++) {
         int tiny = b % 2 == 0, nz = 0;
         for (int j = 0; j < 256; j++)
-            nz += q8 ? ((const bt_block_q8_256 *)r256)[b].qs[j] != 0 : ((const bt_block_q16_256 *)r256)[b].qs[j] != 0;
+            nz += q8 ? ((const bt_block_q8_256 *)r256)[b].qs[j] != 0
+                     : bt_q16k_qs((const bt_block_q16_256 *)r256 + b, j)[0] != 0;
         if (tiny ? nz != 0 : nz == 0) return 0;
     }
     return 1;
@@ -175,9 +176,10 @@ static void test_act_quant16(void)
         for (int b = 0; b < N / 256; b++)
             for (int k = 0; k < 16; k++) {
                 int sum = 0;
-                for (int j = 0; j < 16; j++) sum += r256[b].qs[16 * k + j];
-                if (sum != r256[b].bsums[k]) bad++;
-                if (k % 2 && r256[b].ds[k / 2] != r256[b].d * (float)(r256[b].bsums[k - 1] + r256[b].bsums[k])) bad++;
+                for (int j = 0; j < 16; j++) sum += bt_q16k_qs(&r256[b], 16 * k)[j];
+                if (sum != bt_q16k_bsum(&r256[b], k)) bad++;
+                const bt_block_q16_256_slice *sl = &r256[b].s[k / 2];
+                if (sl->d != r256[b].s[0].d || sl->ds != sl->d * (float)(sl->bsums[0] + sl->bsums[1])) bad++;
             }
         CHECK_MSG(bad == 0, "reference 16-bit activation quantization off in %d places", bad);
         CHECK(rep == 1 || full >= (rep == 5 ? N / 64 : N / 32)); /* every other non-zero block reaches +-32767 */
@@ -253,7 +255,7 @@ static int make_case(dot_case *c, uint32_t t, int bits, int64_t n, uint64_t *s)
     case BT_ACT_Q16_256:
         for (int64_t i = 0; i < n; i++) {
             const bt_block_q16_256 *b = (const bt_block_q16_256 *)c->xa + i / 256;
-            c->xf[i] = b->d * (float)b->qs[i % 256];
+            c->xf[i] = b->s[0].d * (float)bt_q16k_qs(b, (int)(i % 256))[0];
         }
         break;
     default: memcpy(c->xf, c->x, (size_t)n * sizeof(float)); break;
@@ -408,17 +410,17 @@ static void unit_act_scales(dot_case *c, uint64_t *s)
     default: {
         bt_block_q16_256 *a = c->xa;
         for (int64_t b = 0; b < c->n / 256; b++) {
-            a[b].d = 1.0f;
             for (int k = 0; k < 16; k++) {
                 int32_t sum = 0;
                 for (int j = 0; j < 16; j++) {
-                    int16_t *q = &a[b].qs[16 * k + j];
+                    int16_t *q = &a[b].s[k / 2].qs[16 * (k % 2) + j];
                     *q = (int16_t)(*q / 256);
                     if (b == 0 && k == 3 && j == 5) *q = test_rand_next(s) & 1 ? 32767 : -32767;
                     sum += *q;
                 }
-                a[b].bsums[k] = sum;
+                a[b].s[k / 2].bsums[k % 2] = sum;
             }
+            bt_q16k_finish(&a[b], 1.0f);
         }
         break;
     }
