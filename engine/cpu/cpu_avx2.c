@@ -324,9 +324,8 @@ AI void qk45_kernel(KERNEL_ARGS, const int has_qh)
             const __m256i sl = _mm256_set1_epi16(sc[2 * c]), sh = _mm256_set1_epi16(sc[2 * c + 1]);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                const int8_t *aq = ACT256(r, i)->qs + 64 * c;
-                __m256i a0 = _mm256_loadu_si256((const __m256i *)aq);
-                __m256i a1 = _mm256_loadu_si256((const __m256i *)(aq + 32));
+                __m256i a0 = _mm256_loadu_si256((const __m256i *)ACT256(r, i)->s[2 * c].qs);
+                __m256i a1 = _mm256_loadu_si256((const __m256i *)ACT256(r, i)->s[2 * c + 1].qs);
                 __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), sl);
                 __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), sh);
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(pl, ph));
@@ -336,9 +335,9 @@ AI void qk45_kernel(KERNEL_ARGS, const int has_qh)
         for (int r = 0; r < NR; r++) {
             const bt_block_q8_256 *a = ACT256(r, i);
             int summ = 0;
-            for (int j = 0; j < 8; j++) summ += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dw * a->d), acc[r]);
-            accm[r] += dmin * a->d * (float)summ;
+            for (int j = 0; j < 8; j++) summ += mn[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dw * a->s[0].d), acc[r]);
+            accm[r] += dmin * a->s[0].d * (float)summ;
         }
     }
     #pragma GCC unroll 4
@@ -378,7 +377,7 @@ AI void kern_q6_k(KERNEL_ARGS)
                 __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[k + 1]), _mm_set1_epi16(b->scales[k]));
                 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
-                    const int8_t *aq = ACT256(r, i)->qs + 128 * h + 32 * s;
+                    const int8_t *aq = ACT256(r, i)->s[4 * h + s].qs;
                     __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)aq));
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scv));
                 }
@@ -388,9 +387,9 @@ AI void kern_q6_k(KERNEL_ARGS)
         for (int r = 0; r < NR; r++) {
             const bt_block_q8_256 *a = ACT256(r, i);
             int off = 0;
-            for (int k = 0; k < 16; k++) off += b->scales[k] * a->bsums[k];
+            for (int k = 0; k < 16; k++) off += b->scales[k] * bt_q8k_bsum(a, k);
             __m256i s = _mm256_sub_epi32(isum[r], _mm256_castsi128_si256(_mm_cvtsi32_si128(32 * off)));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a->d), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a->s[0].d), acc[r]);
         }
     }
     #pragma GCC unroll 4
@@ -645,15 +644,16 @@ void bt_cpu_avx2_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
         float amax = hmax_ps(abs_max8(x, BT_QK_K, _mm256_setzero_ps()));
         float d = amax / 127.0f;
         float id = bt_act_inv_scale(d);
-        y[i].d = d;
         __m256 idv = _mm256_set1_ps(id);
         for (int c = 0; c < 8; c++) {
-            quant32(x + 32 * c, idv, y[i].qs + 32 * c);
-            __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 32 * c)));
-            __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 32 * c + 16)));
-            y[i].bsums[2 * c] = (int16_t)hsum_epi32(_mm256_madd_epi16(q, _mm256_set1_epi16(1)));
-            y[i].bsums[2 * c + 1] = (int16_t)hsum_epi32(_mm256_madd_epi16(q2, _mm256_set1_epi16(1)));
+            bt_block_q8_256_slice *sl = &y[i].s[c];
+            quant32(x + 32 * c, idv, sl->qs);
+            __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sl->qs));
+            __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sl->qs + 16)));
+            sl->bsums[0] = (int16_t)hsum_epi32(_mm256_madd_epi16(q, _mm256_set1_epi16(1)));
+            sl->bsums[1] = (int16_t)hsum_epi32(_mm256_madd_epi16(q2, _mm256_set1_epi16(1)));
         }
+        bt_q8k_finish(&y[i], d);
     }
 }
 

@@ -301,7 +301,7 @@ AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const v
 #endif
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        const int32_t *p = (const int32_t *)(bt_gl_act8_qs(act, act_stride, r, b, type) + 4 * idx);
+        const int32_t *p = (const int32_t *)(bt_gl_act8_qs(act, act_stride, r, b) + 4 * idx);
         __m256i a;
 #ifdef BT_AVX2_GEMM_VNNI /* vpdpbusd: unsigned codes times signed activations, 4 products and the add at once */
         __asm__("vpbroadcastd %3, %1\n\t"
@@ -410,10 +410,10 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             }
         }
         if (q6k) {
-            ACCUM_Q6K_ROWS(bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads));
+            ACCUM_Q6K_ROWS(bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads));
             continue;
         }
-        ACCUM_ROWS(bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads));
+        ACCUM_ROWS(bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads));
     }
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }

@@ -159,7 +159,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             }
 #pragma GCC unroll 16
             for (int r = 0; r < NR; r++) {
-                const int8_t *aq = bt_gl_act8_qs(act, act_stride, r, b, type);
+                const int8_t *aq = bt_gl_act8_qs(act, act_stride, r, b);
                 s[r][(2 * k) % NC] = dpbusd_b(s[r][(2 * k) % NC], c0, aq + 4 * k);
                 s[r][(2 * k + 1) % NC] = dpbusd_b(s[r][(2 * k + 1) % NC], c1, aq + 4 * k + 16);
             }
@@ -169,7 +169,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             float ad, ads;
-            bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
+            bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads);
             if (q6k) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
                 __m512i h0 = s[r][0], h1 = s[r][1];
                 if (NC == 4) h0 = _mm512_add_epi32(h0, s[r][2]), h1 = _mm512_add_epi32(h1, s[r][3]);

@@ -17,8 +17,7 @@
  *               block, as this layout stored them before, made it 1.33x: 1.3x the bytes a memory-bound decode
  *               streams). Activations stay in the K-quant format: at 16 bits (bt_block_q16_256) block b is slice b
  *               of the row, laid out as a per-32 block (the super-block's d, ds = d times the slice's sum); at 8
- *               bits (bt_block_q8_256) qs[32 s ..] of super-block b / 8 (s = b % 8), d is the super-block's and
- *               ds = d * (bsums[2s] + bsums[2s+1]).
+ *               bits (bt_block_q8_256) the same with 8-bit codes.
  * Code vector k of a block (dword j = 4 bytes of row j):
  *   Q4_0 / Q4_1, 8-bit act:  bytes qs[4k .. 4k+3] (k < 4): low nibbles are elements 4k+t, high ones 16+4k+t, the
  *                            pairing vpdpbusd needs against activation dwords k and k + 4;
@@ -549,9 +548,9 @@ static void act_block(const bt_cpu_packed *p, const char *arow, int64_t b, int32
     const int sb = (int)(b % 8);
     if (is_kquant(p->wtype) && p->act_bits == 8) {
         const bt_block_q8_256 *k = (const bt_block_q8_256 *)arow + b / 8;
-        for (int e = 0; e < BT_QK; e++) a[e] = k->qs[32 * sb + e];
-        *asum = k->bsums[2 * sb] + k->bsums[2 * sb + 1];
-        *ad = k->d, *ads = k->d * (float)*asum;
+        for (int e = 0; e < BT_QK; e++) a[e] = k->s[sb].qs[e];
+        *asum = k->s[sb].bsums[0] + k->s[sb].bsums[1];
+        *ad = k->s[0].d, *ads = k->s[0].d * (float)*asum;
     } else if (is_kquant(p->wtype)) {
         const bt_block_q16_256 *k = (const bt_block_q16_256 *)arow + b / 8;
         for (int e = 0; e < BT_QK; e++) a[e] = k->s[sb].qs[e];

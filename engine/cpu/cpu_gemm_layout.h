@@ -147,32 +147,25 @@ BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type, 
     for (int i = 0; i < per; i += 64) __builtin_prefetch(p + i, 0, 2);
 }
 
-/* 8-bit activations of block b of row r: the row's own block (bt_block_q8_32), or for the K-quants slice b % 8 of its
- * super-block (bt_block_q8_256). */
-BT_GL_AI const int8_t *bt_gl_act8_qs(const void *act, size_t stride, int r, int64_t b, const int type)
+/* 8-bit activations of block b of row r. Per-32 blocks (bt_block_q8_32) and the K-quants' super-block slices
+ * (bt_block_q8_256_slice: the super-block's d, d times the slice's sum) share one layout, so any type's block b is
+ * the row's b-th 48-byte block. */
+BT_GL_AI const int8_t *bt_gl_act8_qs(const void *act, size_t stride, int r, int64_t b)
 {
-    if (bt_gl_kquant(type))
-        return ((const bt_block_q8_256 *)((const char *)act + (size_t)r * stride) + (b >> 3))->qs + 32 * (b & 7);
     return BT_GL_ACT8(act, stride, r, b)->qs;
 }
 
-/* That block's d and d * sum (K-quants: the super-block's d times the slice's two bsums, as the 16-bit ones). */
-BT_GL_AI void bt_gl_act8_scales(const void *act, size_t stride, int r, int64_t b, const int type, float *d, float *ds)
+/* That block's d and d * sum */
+BT_GL_AI void bt_gl_act8_scales(const void *act, size_t stride, int r, int64_t b, float *d, float *ds)
 {
-    if (bt_gl_kquant(type)) {
-        const bt_block_q8_256 *a = (const bt_block_q8_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
-        const int s = (int)(b & 7);
-        *d = a->d, *ds = a->d * (float)(a->bsums[2 * s] + a->bsums[2 * s + 1]);
-        return;
-    }
     *d = BT_GL_ACT8(act, stride, r, b)->d, *ds = BT_GL_ACT8(act, stride, r, b)->ds;
 }
 
-/* The sums of block b's two 16-element halves of 8-bit K-quant activations (Q6_K's offset of 32 per half). */
+/* The sums of K-quant block b's two 16-element halves (Q6_K's offset of 32 per half). */
 BT_GL_AI void bt_gl_act8_half_sums(const void *act, size_t stride, int r, int64_t b, int32_t *s0, int32_t *s1)
 {
-    const bt_block_q8_256 *a = (const bt_block_q8_256 *)((const char *)act + (size_t)r * stride) + (b >> 3);
-    *s0 = a->bsums[2 * (b & 7)], *s1 = a->bsums[2 * (b & 7) + 1];
+    const bt_block_q8_256_slice *a = (const bt_block_q8_256_slice *)((const char *)act + (size_t)r * stride) + b;
+    *s0 = a->bsums[0], *s1 = a->bsums[1];
 }
 
 /* 16-bit activations of block b of row r. Per-32 blocks (bt_block_q16_32) and the K-quants' super-block slices

@@ -239,10 +239,10 @@ AI void dot_rows_qk45(int has_qh, int bits, int64_t n, const void *w_row, const 
                 const bt_block_q8_256 *a = (const bt_block_q8_256 *)arow + i;
                 int32_t sumi = 0, summ = 0;
                 for (int j = 0; j < 8; j++) {
-                    sumi += sc[j] * dot32_s8(c[j][0], c[j][1], a->qs + 32 * j);
-                    summ += m[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+                    sumi += sc[j] * dot32_s8(c[j][0], c[j][1], a->s[j].qs);
+                    summ += m[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
                 }
-                acc[r] += d * a->d * (float)sumi - dmin * a->d * (float)summ;
+                acc[r] += d * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
             } else {
                 const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + i;
                 int64_t sumi = 0, summ = 0;
@@ -274,8 +274,8 @@ AI void dot_rows_q6k(int bits, int64_t n, const void *w_row, const void *act, si
                 const bt_block_q8_256 *a = (const bt_block_q8_256 *)arow + i;
                 int32_t sumi = 0;
                 for (int k = 0; k < 16; k++)
-                    sumi += w->scales[k] * vaddvq_s32(vdotq_s32(vdupq_n_s32(0), c[k], vld1q_s8(a->qs + 16 * k)));
-                acc[r] += d * a->d * (float)sumi;
+                    sumi += w->scales[k] * vaddvq_s32(vdotq_s32(vdupq_n_s32(0), c[k], vld1q_s8(bt_q8k_qs(a, 16 * k))));
+                acc[r] += d * a->s[0].d * (float)sumi;
             } else {
                 const bt_block_q16_256 *a = (const bt_block_q16_256 *)arow + i;
                 int64_t sumi = 0;
@@ -359,8 +359,9 @@ void bt_cpu_neon_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
         const float *xb = x + i * BT_QK_K;
         float d = abs_max(xb, BT_QK_K) / 127.0f;
         float id = bt_act_inv_scale(d);
-        y[i].d = d;
-        for (int k = 0; k < 16; k++) y[i].bsums[k] = (int16_t)quant8(xb + 16 * k, 16, id, y[i].qs + 16 * k);
+        for (int k = 0; k < 16; k++)
+            y[i].s[k / 2].bsums[k % 2] = (int16_t)quant8(xb + 16 * k, 16, id, y[i].s[k / 2].qs + 16 * (k % 2));
+        bt_q8k_finish(&y[i], d);
     }
 }
 

@@ -50,10 +50,10 @@ AI void gemm8(int64_t n, const void *group, const void *act, size_t act_stride, 
         float32x4_t d[4], m[4];
         block_scales(group, b, type, cb, d, m);
         for (int r = 0; r < nr; r++) {
-            const int8_t *qs = bt_gl_act8_qs(act, act_stride, r, b, type);
+            const int8_t *qs = bt_gl_act8_qs(act, act_stride, r, b);
             const int8x16_t a0 = vld1q_s8(qs), a1 = vld1q_s8(qs + 16);
             float ad, ads;
-            bt_gl_act8_scales(act, act_stride, r, b, type, &ad, &ads);
+            bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads);
             int32x4_t isum[4], half0[4]; /* Q6_K: quads 0..3 (elements 0..15) have their own d */
             for (int i = 0; i < 4; i++) {
                 int32x4_t s = vdupq_n_s32(off ? -off * BT_GL_ACT8(act, act_stride, r, b)->sum : 0);

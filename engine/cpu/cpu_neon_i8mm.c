@@ -148,7 +148,7 @@ AI void pair8(const void *act, size_t act_stride, int r0, int r1, int64_t b, con
               const float32x4_t d[4], const float32x4_t m[4], int mins, float32x4_t acc0[4], float32x4_t acc1[4],
               const int type)
 {
-    const int8_t *q0 = bt_gl_act8_qs(act, act_stride, r0, b, type), *q1 = bt_gl_act8_qs(act, act_stride, r1, b, type);
+    const int8_t *q0 = bt_gl_act8_qs(act, act_stride, r0, b), *q1 = bt_gl_act8_qs(act, act_stride, r1, b);
     int8x16_t a[4];
     for (int h = 0; h < 2; h++) {
         const int64x2_t x = vreinterpretq_s64_s8(vld1q_s8(q0 + 16 * h)), y = vreinterpretq_s64_s8(vld1q_s8(q1 + 16 * h));
@@ -166,8 +166,8 @@ AI void pair8(const void *act, size_t act_stride, int r0, int r1, int64_t b, con
         for (int p = 0; p < 8; p++) t[p] = vmmlaq_s32(t[p], a[mm], w[mm][p]);
     }
     float ad[2], ads[2];
-    bt_gl_act8_scales(act, act_stride, r0, b, type, &ad[0], &ads[0]);
-    bt_gl_act8_scales(act, act_stride, r1, b, type, &ad[1], &ads[1]);
+    bt_gl_act8_scales(act, act_stride, r0, b, &ad[0], &ads[0]);
+    bt_gl_act8_scales(act, act_stride, r1, b, &ad[1], &ads[1]);
     pair_accumulate(t, half0, type, ad, ads, r1 != r0, d, m, mins, acc0, acc1);
 }
 

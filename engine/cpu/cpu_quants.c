@@ -17,7 +17,10 @@ _Static_assert(sizeof(bt_block_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(bt_block_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(bt_block_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(bt_block_q8_32) == 48, "Q8_32 activation block");
-_Static_assert(sizeof(bt_block_q8_256) == 292, "Q8_256 activation block");
+_Static_assert(sizeof(bt_block_q8_256) == 384 && sizeof(bt_block_q8_256_slice) == sizeof(bt_block_q8_32) &&
+                   offsetof(bt_block_q8_256_slice, qs) == offsetof(bt_block_q8_32, qs) &&
+                   offsetof(bt_block_q8_256_slice, ds) == offsetof(bt_block_q8_32, ds),
+               "Q8_256 activation block: 8 slices laid out as Q8_32 blocks");
 _Static_assert(sizeof(bt_block_q16_32) == 80, "Q16_32 activation block");
 _Static_assert(sizeof(bt_block_q16_256) == 640 && sizeof(bt_block_q16_256_slice) == sizeof(bt_block_q16_32) &&
                    offsetof(bt_block_q16_256_slice, qs) == offsetof(bt_block_q16_32, qs) &&
@@ -231,7 +234,9 @@ static inline int round_even(float v)
     return (int)((v + 12582912.0f) - 12582912.0f);
 }
 
-static float quantize_block(const float *x, int n, int8_t *q)
+/* d of n elements, and their codes into q[i / run * stride + i % run] for runs of `run` elements (the K-quant
+ * slices) */
+static float quantize_block(const float *x, int n, int8_t *q, int run, size_t stride)
 {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -240,14 +245,14 @@ static float quantize_block(const float *x, int n, int8_t *q)
     }
     float d = amax / 127.0f;
     float id = bt_act_inv_scale(d);
-    for (int i = 0; i < n; i++) q[i] = (int8_t)round_even(x[i] * id);
+    for (int i = 0; i < n; i++) q[(size_t)(i / run) * stride + (size_t)(i % run)] = (int8_t)round_even(x[i] * id);
     return d;
 }
 
 void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y)
 {
     for (int64_t i = 0; i < n / BT_QK; i++) {
-        y[i].d = quantize_block(x + i * BT_QK, BT_QK, y[i].qs);
+        y[i].d = quantize_block(x + i * BT_QK, BT_QK, y[i].qs, BT_QK, 0);
         int32_t s = 0;
         for (int j = 0; j < BT_QK; j++) s += y[i].qs[j];
         y[i].sum = s;
@@ -259,12 +264,13 @@ void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y)
 void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y)
 {
     for (int64_t i = 0; i < n / BT_QK_K; i++) {
-        y[i].d = quantize_block(x + i * BT_QK_K, BT_QK_K, y[i].qs);
+        float d = quantize_block(x + i * BT_QK_K, BT_QK_K, y[i].s[0].qs, BT_QK, sizeof(bt_block_q8_256_slice));
         for (int k = 0; k < 16; k++) {
             int s = 0;
-            for (int j = 0; j < 16; j++) s += y[i].qs[16 * k + j];
-            y[i].bsums[k] = (int16_t)s;
+            for (int j = 0; j < 16; j++) s += bt_q8k_qs(&y[i], 16 * k)[j];
+            y[i].s[k / 2].bsums[k % 2] = (int16_t)s;
         }
+        bt_q8k_finish(&y[i], d);
     }
 }
 
@@ -387,11 +393,12 @@ static float dot_q4_k(int64_t nb, const bt_block_q4_k *w, const bt_block_q8_256 
             bt_q4k_scale_min(w[i].scales, j, &sc, &m);
             const uint8_t *q = w[i].qs + 32 * (j / 2);
             int shift = 4 * (j & 1), s = 0;
-            for (int l = 0; l < 32; l++) s += ((q[l] >> shift) & 0x0f) * a[i].qs[32 * j + l];
+            for (int l = 0; l < 32; l++) s += ((q[l] >> shift) & 0x0f) * a[i].s[j].qs[l];
             sumi += sc * s;
-            summ += m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+            summ += m * (a[i].s[j].bsums[0] + a[i].s[j].bsums[1]);
         }
-        acc += bt_fp16_to_f32(w[i].d) * a[i].d * (float)sumi - bt_fp16_to_f32(w[i].dmin) * a[i].d * (float)summ;
+        const float ad = a[i].s[0].d;
+        acc += bt_fp16_to_f32(w[i].d) * ad * (float)sumi - bt_fp16_to_f32(w[i].dmin) * ad * (float)summ;
     }
     return acc;
 }
@@ -408,12 +415,13 @@ static float dot_q5_k(int64_t nb, const bt_block_q5_k *w, const bt_block_q8_256 
             int shift = 4 * (j & 1), s = 0;
             for (int l = 0; l < 32; l++) {
                 int v = ((q[l] >> shift) & 0x0f) | ((w[i].qh[l] >> j) & 1) << 4;
-                s += v * a[i].qs[32 * j + l];
+                s += v * a[i].s[j].qs[l];
             }
             sumi += sc * s;
-            summ += m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+            summ += m * (a[i].s[j].bsums[0] + a[i].s[j].bsums[1]);
         }
-        acc += bt_fp16_to_f32(w[i].d) * a[i].d * (float)sumi - bt_fp16_to_f32(w[i].dmin) * a[i].d * (float)summ;
+        const float ad = a[i].s[0].d;
+        acc += bt_fp16_to_f32(w[i].d) * ad * (float)sumi - bt_fp16_to_f32(w[i].dmin) * ad * (float)summ;
     }
     return acc;
 }
@@ -425,10 +433,10 @@ static float dot_q6_k(int64_t nb, const bt_block_q6_k *w, const bt_block_q8_256 
         int32_t sumi = 0;
         for (int k = 0; k < 16; k++) {
             int s = 0;
-            for (int l = 0; l < 16; l++) s += (q6k_value(&w[i], 16 * k + l) - 32) * a[i].qs[16 * k + l];
+            for (int l = 0; l < 16; l++) s += (q6k_value(&w[i], 16 * k + l) - 32) * bt_q8k_qs(&a[i], 16 * k)[l];
             sumi += w[i].scales[k] * s;
         }
-        acc += bt_fp16_to_f32(w[i].d) * a[i].d * (float)sumi;
+        acc += bt_fp16_to_f32(w[i].d) * a[i].s[0].d * (float)sumi;
     }
     return acc;
 }

@@ -39,8 +39,32 @@ typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d;
 /* Activations quantized for legacy weight types: x[i] ~= d * qs[i], |qs| <= 127, sum = sum of qs, ds = d * sum
  * (the factor of a weight block's min; d and ds adjacent so a kernel loads both at once). */
 typedef struct { float d, ds; int32_t sum, reserved; int8_t qs[BT_QK]; } bt_block_q8_32;
-/* Activations quantized for K-quant weight types: bsums[k] = sum of qs[16k .. 16k+15]. */
-typedef struct { float d; int16_t bsums[16]; int8_t qs[BT_QK_K]; } bt_block_q8_256;
+/* Activations quantized for K-quant weight types: a super-block of 256 stored as 8 slices of 32 elements, each with
+ * the super-block's d (the same in all 8), ds = d * the slice's sum and the sums of its two 16-element halves. d, ds
+ * and qs sit where bt_block_q8_32 has them and the slice is as long, so the packed kernels address K-quant
+ * activations as per-32 blocks (as the 16-bit bt_block_q16_256 below). */
+typedef struct { float d, ds; int16_t bsums[2]; int32_t reserved; int8_t qs[BT_QK]; } bt_block_q8_256_slice;
+typedef struct { bt_block_q8_256_slice s[8]; } bt_block_q8_256;
+
+/* element i (0..255) of an 8-bit K-quant super-block; a run from it stays within its slice up to the next multiple
+ * of 32 */
+static inline const int8_t *bt_q8k_qs(const bt_block_q8_256 *a, int i)
+{
+    return a->s[i >> 5].qs + (i & 31);
+}
+
+/* the sum of 16-element run k (0..15) */
+static inline int32_t bt_q8k_bsum(const bt_block_q8_256 *a, int k)
+{
+    return a->s[k >> 1].bsums[k & 1];
+}
+
+/* Sets every slice's d, ds and reserved once its codes and bsums are written. */
+static inline void bt_q8k_finish(bt_block_q8_256 *y, float d)
+{
+    for (int s = 0; s < 8; s++)
+        y->s[s].d = d, y->s[s].ds = d * (float)(y->s[s].bsums[0] + y->s[s].bsums[1]), y->s[s].reserved = 0;
+}
 
 /* 16-bit activation blocks (the accurate path): as Q8_32 / Q8_256 with |qs| <= 32767. Sums need 32 bits
  * (32 * 32767 < 2^21); the padding keeps qs 16-byte aligned within a block. */

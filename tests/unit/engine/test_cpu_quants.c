@@ -87,7 +87,7 @@ static int tiny_codes_zero(int n, int q8, const void *r32, const void *r256)
     for (int b = 0; b < n / 256; b++) {
         int tiny = b % 2 == 0, nz = 0;
         for (int j = 0; j < 256; j++)
-            nz += q8 ? ((const bt_block_q8_256 *)r256)[b].qs[j] != 0
+            nz += q8 ? bt_q8k_qs((const bt_block_q8_256 *)r256 + b, j)[0] != 0
                      : bt_q16k_qs((const bt_block_q16_256 *)r256 + b, j)[0] != 0;
         if (tiny ? nz != 0 : nz == 0) return 0;
     }
@@ -123,8 +123,10 @@ static void test_act_quant(void)
         for (int b = 0; b < N / 256; b++)
             for (int k = 0; k < 16; k++) {
                 int sum = 0;
-                for (int j = 0; j < 16; j++) sum += r256[b].qs[16 * k + j];
-                if (sum != r256[b].bsums[k]) bad++;
+                for (int j = 0; j < 16; j++) sum += bt_q8k_qs(&r256[b], 16 * k)[j];
+                if (sum != bt_q8k_bsum(&r256[b], k)) bad++;
+                const bt_block_q8_256_slice *sl = &r256[b].s[k / 2];
+                if (sl->d != r256[b].s[0].d || sl->ds != sl->d * (float)(sl->bsums[0] + sl->bsums[1])) bad++;
             }
         CHECK_MSG(bad == 0, "reference activation quantization off in %d places", bad);
         if (rep == 5) CHECK_MSG(tiny_codes_zero(N, 1, r32, r256), "q8: a tiny block has non-zero codes");
@@ -243,7 +245,7 @@ static int make_case(dot_case *c, uint32_t t, int bits, int64_t n, uint64_t *s)
     case BT_ACT_Q8_256:
         for (int64_t i = 0; i < n; i++) {
             const bt_block_q8_256 *b = (const bt_block_q8_256 *)c->xa + i / 256;
-            c->xf[i] = b->d * (float)b->qs[i % 256];
+            c->xf[i] = b->s[0].d * (float)bt_q8k_qs(b, (int)(i % 256))[0];
         }
         break;
     case BT_ACT_Q16_32:
@@ -391,7 +393,7 @@ static void unit_act_scales(dot_case *c, uint64_t *s)
     }
     case BT_ACT_Q8_256: {
         bt_block_q8_256 *a = c->xa;
-        for (int64_t b = 0; b < c->n / 256; b++) a[b].d = 1.0f;
+        for (int64_t b = 0; b < c->n / 256; b++) bt_q8k_finish(&a[b], 1.0f);
         break;
     }
     case BT_ACT_Q16_32: {
