@@ -335,7 +335,7 @@ AI void qk45_kernel(KERNEL_ARGS, const int has_qh)
         for (int r = 0; r < NR; r++) {
             const bt_block_q8_256 *a = ACT256(r, i);
             int summ = 0;
-            for (int j = 0; j < 8; j++) summ += mn[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+            for (int j = 0; j < 8; j++) summ += mn[j] * a->s[j].sum;
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dw * a->s[0].d), acc[r]);
             accm[r] += dmin * a->s[0].d * (float)summ;
         }
@@ -474,7 +474,7 @@ AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
         for (int r = 0; r < NR; r++) {
             const bt_block_q16_256 *a = ACT16K(r, i);
             int64_t sumi = hsum_epi64(widen_add_epi64(_mm256_setzero_si256(), isum[r])), summ = 0;
-            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * a->s[j].sum;
             acc[r] += dw * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
         }
     }
@@ -634,7 +634,7 @@ void bt_cpu_avx2_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
         int s = quant32(x, _mm256_set1_ps(id), y[i].qs);
         y[i].sum = s;
         y[i].ds = d * (float)s;
-        y[i].reserved = 0;
+        y[i].sum_lo = 0;
     }
 }
 
@@ -646,12 +646,12 @@ void bt_cpu_avx2_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
         float id = bt_act_inv_scale(d);
         __m256 idv = _mm256_set1_ps(id);
         for (int c = 0; c < 8; c++) {
-            bt_block_q8_256_slice *sl = &y[i].s[c];
+            bt_block_q8_32 *sl = &y[i].s[c];
             quant32(x + 32 * c, idv, sl->qs);
             __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sl->qs));
             __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sl->qs + 16)));
-            sl->bsums[0] = (int16_t)hsum_epi32(_mm256_madd_epi16(q, _mm256_set1_epi16(1)));
-            sl->bsums[1] = (int16_t)hsum_epi32(_mm256_madd_epi16(q2, _mm256_set1_epi16(1)));
+            sl->sum_lo = hsum_epi32(_mm256_madd_epi16(q, _mm256_set1_epi16(1)));
+            sl->sum = sl->sum_lo + hsum_epi32(_mm256_madd_epi16(q2, _mm256_set1_epi16(1)));
         }
         bt_q8k_finish(&y[i], d);
     }
@@ -683,7 +683,7 @@ void bt_cpu_avx2_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y)
         y[i].d = d;
         y[i].sum = s[0] + s[1];
         y[i].ds = d * (float)(s[0] + s[1]);
-        y[i].reserved = 0;
+        y[i].sum_lo = 0;
     }
 }
 
@@ -694,7 +694,11 @@ void bt_cpu_avx2_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
         float d = amax / 32767.0f;
         float id = bt_act_inv_scale(d);
         __m256 idv = _mm256_set1_ps(id);
-        for (int c = 0; c < 8; c++) quant16x32(x + 32 * c, idv, y[i].s[c].qs, y[i].s[c].bsums);
+        for (int c = 0; c < 8; c++) {
+            int s[2];
+            quant16x32(x + 32 * c, idv, y[i].s[c].qs, s);
+            y[i].s[c].sum_lo = s[0], y[i].s[c].sum = s[0] + s[1];
+        }
         bt_q16k_finish(&y[i], d);
     }
 }

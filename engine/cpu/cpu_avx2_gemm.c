@@ -170,7 +170,7 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
  * each product goes straight into its row's sum: 2-3 rows per pass 46% -> 69% of that rate with the weights in cache,
  * batch 1 43% -> 51% (bench_cpu_kernels --gemm --isa avx2, AMD Zen 4; the sums, exact integers, keep their bits). */
 AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
-                   int64_t b, const int idx, const int type)
+                   int64_t b, const int idx)
 {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
@@ -242,7 +242,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
                 const __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k + 16)));
-                dot16_rows(NR, s, lo, hi, act, act_stride, b, k, type);
+                dot16_rows(NR, s, lo, hi, act, act_stride, b, k);
                 if (type == BT_TYPE_Q6_K && k == 7) {
 #pragma GCC unroll 4
                     for (int r = 0; r < NR; r++) {
@@ -277,10 +277,10 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                     hi[0] = _mm256_and_si256(vh, m4), hi[1] = _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4);
                     hi[2] = _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), hi[3] = _mm256_srli_epi16(vh, 12);
                 }
-                dot16_rows(NR, s, lo[0], hi[0], act, act_stride, b, 2 * k, type);
-                dot16_rows(NR, s, lo[1], hi[1], act, act_stride, b, 2 * k + 1, type);
-                dot16_rows(NR, s, lo[2], hi[2], act, act_stride, b, 2 * k + 8, type);
-                dot16_rows(NR, s, lo[3], hi[3], act, act_stride, b, 2 * k + 9, type);
+                dot16_rows(NR, s, lo[0], hi[0], act, act_stride, b, 2 * k);
+                dot16_rows(NR, s, lo[1], hi[1], act, act_stride, b, 2 * k + 1);
+                dot16_rows(NR, s, lo[2], hi[2], act, act_stride, b, 2 * k + 8);
+                dot16_rows(NR, s, lo[3], hi[3], act, act_stride, b, 2 * k + 9);
             }
         }
         if (type == BT_TYPE_Q6_K) {
@@ -294,7 +294,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 
 /* 8-bit activations: every row's sums += the unsigned operand pair (lo, hi) times the row's activation dword idx. */
 AI void dot8_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const void *act, size_t act_stride,
-                  int64_t b, const int idx, const int type)
+                  int64_t b, const int idx)
 {
 #ifndef BT_AVX2_GEMM_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
@@ -390,7 +390,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
                                      b, i);
                 else
 #endif
-                    dot8_rows(NR, s, vl, vh, act, act_stride, b, i, type);
+                    dot8_rows(NR, s, vl, vh, act, act_stride, b, i);
                 if (q6k && i == 3) {
 #pragma GCC unroll 4
                     for (int r = 0; r < NR; r++) {
@@ -404,9 +404,9 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             for (int k = 0; k < 4; k++) {
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-                dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k, type);
+                dot8_rows(NR, s, _mm256_and_si256(vl, m4), _mm256_and_si256(vh, m4), act, act_stride, b, k);
                 dot8_rows(NR, s, _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4),
-                          _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4, type);
+                          _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), act, act_stride, b, k + 4);
             }
         }
         if (q6k) {

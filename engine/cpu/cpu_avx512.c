@@ -4,8 +4,9 @@
  * their offset folded into the integer dot; the fifth bits of Q5_x expand with one masked byte move.
  * F32/F16/BF16 use 16-lane FMAs; K-quants and activation quantization reuse the AVX2 kernels.
  * With 16-bit activations (vpdpwssd) every type has its own kernel: legacy types one block per register, K-quants
- * one 32-element run per register; the 16-bit activation quantizers are the AVX2 ones. The tiled kernels over
- * packed Q4_0, Q4_1 and Q8_0 weights live in cpu_avx512_gemm.c. */
+ * one 32-element run per register; the 16-bit activation quantizer for the legacy types is this file's, the
+ * K-quants' is AVX2's. The tiled kernels over packed weights live in cpu_avx512_gemm.c. */
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 
@@ -460,7 +461,7 @@ AI void qk45_q16_kernel(KERNEL_ARGS, const int has_qh)
         for (int r = 0; r < NR; r++) {
             const bt_block_q16_256 *a = ACT16K(r, i);
             int64_t sumi = hsum_epi32_exact(isum[r]), summ = 0;
-            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+            for (int j = 0; j < 8; j++) summ += (int64_t)mn[j] * a->s[j].sum;
             acc[r] += dw * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
         }
     }
@@ -620,7 +621,8 @@ void bt_cpu_avx512_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y
         const __m512 d = _mm512_div_ps(reduce16_max_ps(m), _mm512_set1_ps(32767.0f));
         __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
                                         _mm512_set1_ps(1.0f), d);
-        id = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(id, _mm512_set1_ps(INFINITY), _CMP_LT_OQ), id); /* bt_act_inv_scale */
+        /* bt_act_inv_scale: 0 where 1 / d is not finite */
+        id = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(id, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ), id);
         float idf[16];
         _mm512_storeu_ps(idf, id);
         __m512i sv[16];
@@ -638,7 +640,7 @@ void bt_cpu_avx512_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y
         int32_t sf[16];
         _mm512_storeu_ps(df, d), _mm512_storeu_ps(dsf, ds), _mm512_storeu_si512(sf, sums);
         for (int j = 0; j < 16; j++)
-            y[i0 + j].d = df[j], y[i0 + j].ds = dsf[j], y[i0 + j].sum = sf[j], y[i0 + j].reserved = 0;
+            y[i0 + j].d = df[j], y[i0 + j].ds = dsf[j], y[i0 + j].sum = sf[j], y[i0 + j].sum_lo = 0;
     }
     if (i0 < nb) bt_cpu_avx2_quantize_q16_32((nb - i0) * BT_QK, x + i0 * BT_QK, y + i0);
 }

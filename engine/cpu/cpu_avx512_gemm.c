@@ -188,7 +188,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 
 /* chain ch of every row += code vector c times the row's activation dword idx of block b */
 AI void dot16_rows(const int NR, __m512i (*s)[4], const int ch, __m512i c, const void *act, size_t act_stride,
-                   int64_t b, const int idx, const int type)
+                   int64_t b, const int idx)
 {
 #pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
@@ -231,7 +231,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
-                dot16_rows(NR, s, k % NC, c, act, act_stride, b, k, type);
+                dot16_rows(NR, s, k % NC, c, act, act_stride, b, k);
                 if (type == BT_TYPE_Q6_K && k == 7) {
 #pragma GCC unroll 16
                     for (int r = 0; r < NR; r++) {
@@ -254,10 +254,10 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
                     for (int u = 0; u < 4; u++) o[u] = add_plane(o[u], hw + u, c16);
                 }
-                dot16_rows(NR, s, (4 * k) % NC, o[0], act, act_stride, b, 2 * k, type);
-                dot16_rows(NR, s, (4 * k + 1) % NC, o[1], act, act_stride, b, 2 * k + 1, type);
-                dot16_rows(NR, s, (4 * k + 2) % NC, o[2], act, act_stride, b, 2 * k + 8, type);
-                dot16_rows(NR, s, (4 * k + 3) % NC, o[3], act, act_stride, b, 2 * k + 9, type);
+                dot16_rows(NR, s, (4 * k) % NC, o[0], act, act_stride, b, 2 * k);
+                dot16_rows(NR, s, (4 * k + 1) % NC, o[1], act, act_stride, b, 2 * k + 1);
+                dot16_rows(NR, s, (4 * k + 2) % NC, o[2], act, act_stride, b, 2 * k + 8);
+                dot16_rows(NR, s, (4 * k + 3) % NC, o[3], act, act_stride, b, 2 * k + 9);
             }
         }
         __m512 dw, mw;

@@ -55,8 +55,8 @@
  *               the sub-block scales into the codes instead would let one block's dot pass 2^31. Activations in the
  *               K-quant format, as Q4_K's. At 8 bits the codes are q (0..63, a valid u8 operand of vpdpbusd and
  *               vpmaddubsw) arranged as Q5_1's 8-bit layout (code vectors 0..3 hold elements 0..15, 4..7 the rest),
- *               and the kernels start each half's sum at -32 * its activation sum (the slice's bsums): the same
- *               integers as sum((q - 32) * a), which the reference computes. */
+ *               and the kernels start each half's sum at -32 * its activation sum (the slice's sum_lo and
+ *               sum - sum_lo): the same integers as sum((q - 32) * a), which the reference computes. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -541,7 +541,7 @@ static void unpack_codes(const bt_cpu_packed *p, uint8_t *group, int64_t b, int 
 
 /* Block b of the activation row arow as integers a[32] with its d, d * sum and sum, in the layout's format: per-32
  * blocks (bt_block_q8_32 / bt_block_q16_32) or slice b % 8 of a K-quant super-block (bt_block_q8_256 /
- * bt_block_q16_256; d * sum = d times the slice's two bsums) */
+ * bt_block_q16_256; d * sum = d times the slice's sum) */
 static void act_block(const bt_cpu_packed *p, const char *arow, int64_t b, int32_t a[BT_QK], float *ad, float *ads,
                       int32_t *asum)
 {
@@ -549,12 +549,12 @@ static void act_block(const bt_cpu_packed *p, const char *arow, int64_t b, int32
     if (is_kquant(p->wtype) && p->act_bits == 8) {
         const bt_block_q8_256 *k = (const bt_block_q8_256 *)arow + b / 8;
         for (int e = 0; e < BT_QK; e++) a[e] = k->s[sb].qs[e];
-        *asum = k->s[sb].bsums[0] + k->s[sb].bsums[1];
+        *asum = k->s[sb].sum;
         *ad = k->s[0].d, *ads = k->s[0].d * (float)*asum;
     } else if (is_kquant(p->wtype)) {
         const bt_block_q16_256 *k = (const bt_block_q16_256 *)arow + b / 8;
         for (int e = 0; e < BT_QK; e++) a[e] = k->s[sb].qs[e];
-        *asum = k->s[sb].bsums[0] + k->s[sb].bsums[1];
+        *asum = k->s[sb].sum;
         *ad = k->s[0].d, *ads = k->s[0].d * (float)*asum;
     } else if (p->act_bits == 8) {
         const bt_block_q8_32 *k = (const bt_block_q8_32 *)arow + b;

@@ -11,7 +11,7 @@
 
 #define BT_GL_AI static inline __attribute__((always_inline))
 
-/* Activation block b of row r: 8-bit or 16-bit per-32 blocks (legacy weight types). */
+/* Activation block b of row r: 8-bit or 16-bit per-32 blocks (legacy weight types, and the K-quants' slices). */
 #define BT_GL_ACT8(act, stride, r, b) ((const bt_block_q8_32 *)((const char *)(act) + (size_t)(r) * (stride)) + (b))
 #define BT_GL_ACT16(act, stride, r, b) ((const bt_block_q16_32 *)((const char *)(act) + (size_t)(r) * (stride)) + (b))
 
@@ -148,14 +148,14 @@ BT_GL_AI void bt_gl_prefetch_block(const void *next, int64_t b, const int type, 
 }
 
 /* 8-bit activations of block b of row r. Per-32 blocks (bt_block_q8_32) and the K-quants' super-block slices
- * (bt_block_q8_256_slice: the super-block's d, d times the slice's sum) share one layout, so any type's block b is
- * the row's b-th 48-byte block. */
+ * (bt_block_q8_256: 8 of those blocks sharing the super-block's d) share one layout, so any type's block b is the
+ * row's b-th block. */
 BT_GL_AI const int8_t *bt_gl_act8_qs(const void *act, size_t stride, int r, int64_t b)
 {
     return BT_GL_ACT8(act, stride, r, b)->qs;
 }
 
-/* That block's d and d * sum */
+/* That block's d and d * sum. */
 BT_GL_AI void bt_gl_act8_scales(const void *act, size_t stride, int r, int64_t b, float *d, float *ds)
 {
     *d = BT_GL_ACT8(act, stride, r, b)->d, *ds = BT_GL_ACT8(act, stride, r, b)->ds;
@@ -164,19 +164,19 @@ BT_GL_AI void bt_gl_act8_scales(const void *act, size_t stride, int r, int64_t b
 /* The sums of K-quant block b's two 16-element halves (Q6_K's offset of 32 per half). */
 BT_GL_AI void bt_gl_act8_half_sums(const void *act, size_t stride, int r, int64_t b, int32_t *s0, int32_t *s1)
 {
-    const bt_block_q8_256_slice *a = (const bt_block_q8_256_slice *)((const char *)act + (size_t)r * stride) + b;
-    *s0 = a->bsums[0], *s1 = a->bsums[1];
+    const bt_block_q8_32 *a = BT_GL_ACT8(act, stride, r, b);
+    *s0 = a->sum_lo, *s1 = a->sum - a->sum_lo;
 }
 
 /* 16-bit activations of block b of row r. Per-32 blocks (bt_block_q16_32) and the K-quants' super-block slices
- * (bt_block_q16_256_slice: the super-block's d, d times the slice's sum) share one layout, so any type's block b is
- * the row's b-th 80-byte block. */
+ * (bt_block_q16_256: 8 of those blocks sharing the super-block's d) share one layout, so any type's block b is the
+ * row's b-th block. */
 BT_GL_AI const int16_t *bt_gl_act16_qs(const void *act, size_t stride, int r, int64_t b)
 {
     return BT_GL_ACT16(act, stride, r, b)->qs;
 }
 
-/* That block's d and d * sum */
+/* That block's d and d * sum. */
 BT_GL_AI void bt_gl_act16_scales(const void *act, size_t stride, int r, int64_t b, float *d, float *ds)
 {
     *d = BT_GL_ACT16(act, stride, r, b)->d, *ds = BT_GL_ACT16(act, stride, r, b)->ds;

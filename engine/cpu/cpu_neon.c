@@ -240,7 +240,7 @@ AI void dot_rows_qk45(int has_qh, int bits, int64_t n, const void *w_row, const 
                 int32_t sumi = 0, summ = 0;
                 for (int j = 0; j < 8; j++) {
                     sumi += sc[j] * dot32_s8(c[j][0], c[j][1], a->s[j].qs);
-                    summ += m[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+                    summ += m[j] * a->s[j].sum;
                 }
                 acc[r] += d * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
             } else {
@@ -250,7 +250,7 @@ AI void dot_rows_qk45(int has_qh, int bits, int64_t n, const void *w_row, const 
                     int32x4_t s = mac16_s8s16(vdupq_n_s32(0), c[j][0], a->s[j].qs);
                     s = mac16_s8s16(s, c[j][1], a->s[j].qs + 16);
                     sumi += (int64_t)sc[j] * vaddvq_s32(s);
-                    summ += (int64_t)m[j] * (a->s[j].bsums[0] + a->s[j].bsums[1]);
+                    summ += (int64_t)m[j] * a->s[j].sum;
                 }
                 acc[r] += d * a->s[0].d * (float)sumi - dmin * a->s[0].d * (float)summ;
             }
@@ -349,7 +349,7 @@ void bt_cpu_neon_quantize_q8_32(int64_t n, const float *x, bt_block_q8_32 *y)
         y[i].d = d;
         y[i].sum = s;
         y[i].ds = d * (float)s;
-        y[i].reserved = 0;
+        y[i].sum_lo = 0;
     }
 }
 
@@ -359,8 +359,10 @@ void bt_cpu_neon_quantize_q8_256(int64_t n, const float *x, bt_block_q8_256 *y)
         const float *xb = x + i * BT_QK_K;
         float d = abs_max(xb, BT_QK_K) / 127.0f;
         float id = bt_act_inv_scale(d);
-        for (int k = 0; k < 16; k++)
-            y[i].s[k / 2].bsums[k % 2] = (int16_t)quant8(xb + 16 * k, 16, id, y[i].s[k / 2].qs + 16 * (k % 2));
+        for (int s = 0; s < 8; s++) {
+            y[i].s[s].sum_lo = quant8(xb + 32 * s, 16, id, y[i].s[s].qs);
+            y[i].s[s].sum = y[i].s[s].sum_lo + quant8(xb + 32 * s + 16, 16, id, y[i].s[s].qs + 16);
+        }
         bt_q8k_finish(&y[i], d);
     }
 }
@@ -375,7 +377,7 @@ void bt_cpu_neon_quantize_q16_32(int64_t n, const float *x, bt_block_q16_32 *y)
         y[i].d = d;
         y[i].sum = s;
         y[i].ds = d * (float)s;
-        y[i].reserved = 0;
+        y[i].sum_lo = 0;
     }
 }
 
@@ -385,8 +387,10 @@ void bt_cpu_neon_quantize_q16_256(int64_t n, const float *x, bt_block_q16_256 *y
         const float *xb = x + i * BT_QK_K;
         float d = abs_max(xb, BT_QK_K) / 32767.0f;
         float id = bt_act_inv_scale(d);
-        for (int k = 0; k < 16; k++)
-            y[i].s[k / 2].bsums[k % 2] = quant16(xb + 16 * k, 16, id, y[i].s[k / 2].qs + 16 * (k % 2));
+        for (int s = 0; s < 8; s++) {
+            y[i].s[s].sum_lo = quant16(xb + 32 * s, 16, id, y[i].s[s].qs);
+            y[i].s[s].sum = y[i].s[s].sum_lo + quant16(xb + 32 * s + 16, 16, id, y[i].s[s].qs + 16);
+        }
         bt_q16k_finish(&y[i], d);
     }
 }

@@ -17,15 +17,8 @@ _Static_assert(sizeof(bt_block_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(bt_block_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(bt_block_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(bt_block_q8_32) == 48, "Q8_32 activation block");
-_Static_assert(sizeof(bt_block_q8_256) == 384 && sizeof(bt_block_q8_256_slice) == sizeof(bt_block_q8_32) &&
-                   offsetof(bt_block_q8_256_slice, qs) == offsetof(bt_block_q8_32, qs) &&
-                   offsetof(bt_block_q8_256_slice, ds) == offsetof(bt_block_q8_32, ds),
-               "Q8_256 activation block: 8 slices laid out as Q8_32 blocks");
-_Static_assert(sizeof(bt_block_q16_32) == 80, "Q16_32 activation block");
-_Static_assert(sizeof(bt_block_q16_256) == 640 && sizeof(bt_block_q16_256_slice) == sizeof(bt_block_q16_32) &&
-                   offsetof(bt_block_q16_256_slice, qs) == offsetof(bt_block_q16_32, qs) &&
-                   offsetof(bt_block_q16_256_slice, ds) == offsetof(bt_block_q16_32, ds),
-               "Q16_256 activation block: 8 slices laid out as Q16_32 blocks");
+_Static_assert(sizeof(bt_block_q8_256) == 8 * sizeof(bt_block_q8_32), "Q8_256 activation block: 8 Q8_32 slices");
+_Static_assert(sizeof(bt_block_q16_256) == 8 * sizeof(bt_block_q16_32), "Q16_256 activation block: 8 Q16_32 slices");
 
 static bt_cpu_act_fmt act_format8(uint32_t t)
 {
@@ -234,83 +227,78 @@ static inline int round_even(float v)
     return (int)((v + 12582912.0f) - 12582912.0f);
 }
 
-/* d of n elements, and their codes into q[i / run * stride + i % run] for runs of `run` elements (the K-quant
- * slices) */
-static float quantize_block(const float *x, int n, int8_t *q, int run, size_t stride)
+static float abs_max(const float *x, int n)
 {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) {
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
-    float d = amax / 127.0f;
-    float id = bt_act_inv_scale(d);
-    for (int i = 0; i < n; i++) q[(size_t)(i / run) * stride + (size_t)(i % run)] = (int8_t)round_even(x[i] * id);
-    return d;
+    return amax;
+}
+
+/* Codes of 32 elements with the inverse scale id (bt_act_inv_scale), their sum and the sum of the first 16. */
+static void codes8(const float *x, float id, int8_t *q, int32_t *sum, int32_t *sum_lo)
+{
+    int32_t s = 0;
+    for (int i = 0; i < BT_QK; i++) {
+        q[i] = (int8_t)round_even(x[i] * id);
+        s += q[i];
+        if (i == 15) *sum_lo = s;
+    }
+    *sum = s;
+}
+
+/* 16 bits: d = max|x| / 32767. |x * (1 / d)| <= 32767 * (1 + 2^-22) < 32767.5, so codes stay within +-32767. */
+static void codes16(const float *x, float id, int16_t *q, int32_t *sum, int32_t *sum_lo)
+{
+    int32_t s = 0;
+    for (int i = 0; i < BT_QK; i++) {
+        q[i] = (int16_t)round_even(x[i] * id);
+        s += q[i];
+        if (i == 15) *sum_lo = s;
+    }
+    *sum = s;
 }
 
 void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y)
 {
     for (int64_t i = 0; i < n / BT_QK; i++) {
-        y[i].d = quantize_block(x + i * BT_QK, BT_QK, y[i].qs, BT_QK, 0);
-        int32_t s = 0;
-        for (int j = 0; j < BT_QK; j++) s += y[i].qs[j];
-        y[i].sum = s;
-        y[i].ds = y[i].d * (float)s;
-        y[i].reserved = 0;
+        const float *xb = x + i * BT_QK;
+        y[i].d = abs_max(xb, BT_QK) / 127.0f;
+        codes8(xb, bt_act_inv_scale(y[i].d), y[i].qs, &y[i].sum, &y[i].sum_lo);
+        y[i].ds = y[i].d * (float)y[i].sum;
+        y[i].sum_lo = 0;
     }
 }
 
 void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y)
 {
     for (int64_t i = 0; i < n / BT_QK_K; i++) {
-        float d = quantize_block(x + i * BT_QK_K, BT_QK_K, y[i].s[0].qs, BT_QK, sizeof(bt_block_q8_256_slice));
-        for (int k = 0; k < 16; k++) {
-            int s = 0;
-            for (int j = 0; j < 16; j++) s += bt_q8k_qs(&y[i], 16 * k)[j];
-            y[i].s[k / 2].bsums[k % 2] = (int16_t)s;
-        }
+        const float *xb = x + i * BT_QK_K;
+        float d = abs_max(xb, BT_QK_K) / 127.0f, id = bt_act_inv_scale(d);
+        for (int s = 0; s < 8; s++) codes8(xb + BT_QK * s, id, y[i].s[s].qs, &y[i].s[s].sum, &y[i].s[s].sum_lo);
         bt_q8k_finish(&y[i], d);
     }
-}
-
-/* d = max|x| / 32767. |x * (1 / d)| <= 32767 * (1 + 2^-22) < 32767.5, so codes stay within +-32767. */
-/* d of n elements, and their codes into q[i * stride + i % run] for runs of `run` elements (the K-quant slices) */
-static float quantize_block16(const float *x, int n, int16_t *q, int run, size_t stride)
-{
-    float amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        amax = a > amax ? a : amax;
-    }
-    float d = amax / 32767.0f;
-    float id = bt_act_inv_scale(d);
-    for (int i = 0; i < n; i++) q[(size_t)(i / run) * stride + (size_t)(i % run)] = (int16_t)round_even(x[i] * id);
-    return d;
 }
 
 void bt_cpu_quantize_q16_32_ref(int64_t n, const float *x, bt_block_q16_32 *y)
 {
     for (int64_t i = 0; i < n / BT_QK; i++) {
-        y[i].d = quantize_block16(x + i * BT_QK, BT_QK, y[i].qs, BT_QK, 0);
-        int32_t s = 0;
-        for (int j = 0; j < BT_QK; j++) s += y[i].qs[j];
-        y[i].sum = s;
-        y[i].ds = y[i].d * (float)s; /* |s| < 2^21: exact in float */
-        y[i].reserved = 0;
+        const float *xb = x + i * BT_QK;
+        y[i].d = abs_max(xb, BT_QK) / 32767.0f;
+        codes16(xb, bt_act_inv_scale(y[i].d), y[i].qs, &y[i].sum, &y[i].sum_lo);
+        y[i].ds = y[i].d * (float)y[i].sum; /* |sum| < 2^21: exact in float */
+        y[i].sum_lo = 0;
     }
 }
 
 void bt_cpu_quantize_q16_256_ref(int64_t n, const float *x, bt_block_q16_256 *y)
 {
     for (int64_t i = 0; i < n / BT_QK_K; i++) {
-        float d = quantize_block16(x + i * BT_QK_K, BT_QK_K, y[i].s[0].qs, BT_QK,
-                                   sizeof(bt_block_q16_256_slice) / sizeof(int16_t));
-        for (int k = 0; k < 16; k++) {
-            int32_t s = 0;
-            for (int j = 0; j < 16; j++) s += bt_q16k_qs(&y[i], 16 * k)[j];
-            y[i].s[k / 2].bsums[k % 2] = s;
-        }
+        const float *xb = x + i * BT_QK_K;
+        float d = abs_max(xb, BT_QK_K) / 32767.0f, id = bt_act_inv_scale(d);
+        for (int s = 0; s < 8; s++) codes16(xb + BT_QK * s, id, y[i].s[s].qs, &y[i].s[s].sum, &y[i].s[s].sum_lo);
         bt_q16k_finish(&y[i], d);
     }
 }
@@ -395,7 +383,7 @@ static float dot_q4_k(int64_t nb, const bt_block_q4_k *w, const bt_block_q8_256 
             int shift = 4 * (j & 1), s = 0;
             for (int l = 0; l < 32; l++) s += ((q[l] >> shift) & 0x0f) * a[i].s[j].qs[l];
             sumi += sc * s;
-            summ += m * (a[i].s[j].bsums[0] + a[i].s[j].bsums[1]);
+            summ += m * (a[i].s[j].sum);
         }
         const float ad = a[i].s[0].d;
         acc += bt_fp16_to_f32(w[i].d) * ad * (float)sumi - bt_fp16_to_f32(w[i].dmin) * ad * (float)summ;
@@ -418,7 +406,7 @@ static float dot_q5_k(int64_t nb, const bt_block_q5_k *w, const bt_block_q8_256 
                 s += v * a[i].s[j].qs[l];
             }
             sumi += sc * s;
-            summ += m * (a[i].s[j].bsums[0] + a[i].s[j].bsums[1]);
+            summ += m * (a[i].s[j].sum);
         }
         const float ad = a[i].s[0].d;
         acc += bt_fp16_to_f32(w[i].d) * ad * (float)sumi - bt_fp16_to_f32(w[i].dmin) * ad * (float)summ;
@@ -519,7 +507,7 @@ static float dot16_qk45(int has_qh, int64_t nb, const void *w, const bt_block_q1
                 s += v * a[i].s[j].qs[l];
             }
             sumi += (int64_t)sc * s;
-            summ += (int64_t)m * (a[i].s[j].bsums[0] + a[i].s[j].bsums[1]);
+            summ += (int64_t)m * (a[i].s[j].sum);
         }
         acc += bt_fp16_to_f32(d16) * a[i].s[0].d * (float)sumi - bt_fp16_to_f32(dmin16) * a[i].s[0].d * (float)summ;
     }

@@ -7,7 +7,7 @@
 #ifndef BATON_ENGINE_CPU_QUANTS_H
 #define BATON_ENGINE_CPU_QUANTS_H
 
-#include <math.h>
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,64 +37,48 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t q
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } bt_block_q6_k;
 
 /* Activations quantized for legacy weight types: x[i] ~= d * qs[i], |qs| <= 127, sum = sum of qs, ds = d * sum
- * (the factor of a weight block's min; d and ds adjacent so a kernel loads both at once). */
-typedef struct { float d, ds; int32_t sum, reserved; int8_t qs[BT_QK]; } bt_block_q8_32;
-/* Activations quantized for K-quant weight types: a super-block of 256 stored as 8 slices of 32 elements, each with
- * the super-block's d (the same in all 8), ds = d * the slice's sum and the sums of its two 16-element halves. d, ds
- * and qs sit where bt_block_q8_32 has them and the slice is as long, so the packed kernels address K-quant
- * activations as per-32 blocks (as the 16-bit bt_block_q16_256 below). */
-typedef struct { float d, ds; int16_t bsums[2]; int32_t reserved; int8_t qs[BT_QK]; } bt_block_q8_256_slice;
-typedef struct { bt_block_q8_256_slice s[8]; } bt_block_q8_256;
+ * (the factor of a weight block's min; d and ds adjacent so a kernel loads both at once). sum_lo = the sum of
+ * qs[0..15] in a K-quant slice (bt_block_q8_256; Q6_K's halves), 0 otherwise. */
+typedef struct { float d, ds; int32_t sum, sum_lo; int8_t qs[BT_QK]; } bt_block_q8_32;
+/* Activations quantized for K-quant weight types: a super-block of 256 elements as 8 per-32 blocks (slices) that
+ * share the super-block's d, each with its own sum, ds = d * sum and sum_lo. The packed kernels thus address
+ * K-quant activations exactly as the legacy types' (one address per row and block: the super-block layout needed
+ * three, and its Q4_K kernel ran ~20% slower than Q4_1's). ds: the sum is below 2^21, exact in float, so the
+ * product is the one bt_cpu_gemm_packed_ref forms from the sum. */
+typedef struct { bt_block_q8_32 s[8]; } bt_block_q8_256;
 
-/* element i (0..255) of an 8-bit K-quant super-block; a run from it stays within its slice up to the next multiple
- * of 32 */
+/* 16-bit activation blocks (the accurate path): as Q8_32 / Q8_256 with |qs| <= 32767. Sums need 32 bits
+ * (32 * 32767 < 2^21); the fields before qs keep it 16-byte aligned within a block. */
+typedef struct { float d, ds; int32_t sum, sum_lo; int16_t qs[BT_QK]; } bt_block_q16_32;
+typedef struct { bt_block_q16_32 s[8]; } bt_block_q16_256;
+
+/* element i (0..255) of a K-quant super-block; a run from it stays within its slice up to the next multiple of 32 */
 static inline const int8_t *bt_q8k_qs(const bt_block_q8_256 *a, int i)
 {
     return a->s[i >> 5].qs + (i & 31);
 }
 
-/* the sum of 16-element run k (0..15) */
-static inline int32_t bt_q8k_bsum(const bt_block_q8_256 *a, int k)
-{
-    return a->s[k >> 1].bsums[k & 1];
-}
-
-/* Sets every slice's d, ds and reserved once its codes and bsums are written. */
-static inline void bt_q8k_finish(bt_block_q8_256 *y, float d)
-{
-    for (int s = 0; s < 8; s++)
-        y->s[s].d = d, y->s[s].ds = d * (float)(y->s[s].bsums[0] + y->s[s].bsums[1]), y->s[s].reserved = 0;
-}
-
-/* 16-bit activation blocks (the accurate path): as Q8_32 / Q8_256 with |qs| <= 32767. Sums need 32 bits
- * (32 * 32767 < 2^21); the padding keeps qs 16-byte aligned within a block. */
-typedef struct { float d, ds; int32_t sum, reserved; int16_t qs[BT_QK]; } bt_block_q16_32;
-/* A 16-bit K-quant super-block is stored as 8 slices of 32 elements, each with the super-block's d (the same in all 8),
- * ds = d * the slice's sum, and the sums of its two 16-element halves. d, ds and qs sit where bt_block_q16_32 has
- * them and the slice is as long, so the packed kernels address K-quant activations exactly as per-32 blocks (one
- * address per row and block; with the super-block layout, d, the slice's sums and its codes were three, and the
- * Q4_K kernel ran ~20% slower than Q4_1's). ds: the sum is below 2^21, exact in float, so the product is the one
- * bt_cpu_gemm_packed_ref computes from the bsums. */
-typedef struct { float d, ds; int32_t bsums[2]; int16_t qs[BT_QK]; } bt_block_q16_256_slice;
-typedef struct { bt_block_q16_256_slice s[8]; } bt_block_q16_256;
-
-/* element i (0..255) of a 16-bit K-quant super-block; a run from it stays within its slice up to the next multiple of
- * 32 */
 static inline const int16_t *bt_q16k_qs(const bt_block_q16_256 *a, int i)
 {
     return a->s[i >> 5].qs + (i & 31);
 }
 
-/* the sum of 16-element run k (0..15) */
-static inline int32_t bt_q16k_bsum(const bt_block_q16_256 *a, int k)
+/* the sum of 16-element run k (0..15) of an 8-bit K-quant super-block */
+static inline int32_t bt_q8k_bsum(const bt_block_q8_256 *a, int k)
 {
-    return a->s[k >> 1].bsums[k & 1];
+    const bt_block_q8_32 *s = &a->s[k >> 1];
+    return k & 1 ? s->sum - s->sum_lo : s->sum_lo;
 }
 
-/* Sets every slice's d and ds once its codes and bsums are written. */
+/* Sets every slice's d and ds once its codes, sum and sum_lo are written. */
+static inline void bt_q8k_finish(bt_block_q8_256 *y, float d)
+{
+    for (int s = 0; s < 8; s++) y->s[s].d = d, y->s[s].ds = d * (float)y->s[s].sum;
+}
+
 static inline void bt_q16k_finish(bt_block_q16_256 *y, float d)
 {
-    for (int s = 0; s < 8; s++) y->s[s].d = d, y->s[s].ds = d * (float)(y->s[s].bsums[0] + y->s[s].bsums[1]);
+    for (int s = 0; s < 8; s++) y->s[s].d = d, y->s[s].ds = d * (float)y->s[s].sum;
 }
 
 /* The inverse scale that quantizes an activation block of scale d (max |x| / 127 or / 32767): 1 / d, or 0 when that is
@@ -104,7 +88,7 @@ static inline void bt_q16k_finish(bt_block_q16_256 *y, float d)
 static inline float bt_act_inv_scale(float d)
 {
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    return id < INFINITY ? id : 0.0f;
+    return id <= FLT_MAX ? id : 0.0f;
 }
 
 /* Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */

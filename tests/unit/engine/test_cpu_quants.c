@@ -73,8 +73,8 @@ static void test_dequant_known(void)
     CHECK(y[0] == -8.0f * -32.0f);
 }
 
-/* Rep 5 of the activation tests: the blocks of every other 256 elements (max |x| < 1e-37) have all codes and sums
- * 0 in the reference (bt_act_inv_scale), and the others do not. q8: r32 / r256 are bt_block_q8_32 / _256 rows, else
+/* Rep 5 of the activation tests: the blocks of every other 256 elements (max |x| < 1e-37) have all-zero codes in
+ * the reference (bt_act_inv_scale), and the others do not. q8: r32 / r256 are bt_block_q8_32 / _256 rows, else
  * the 16-bit ones. */
 static int tiny_codes_zero(int n, int q8, const void *r32, const void *r256)
 {
@@ -125,8 +125,8 @@ static void test_act_quant(void)
                 int sum = 0;
                 for (int j = 0; j < 16; j++) sum += bt_q8k_qs(&r256[b], 16 * k)[j];
                 if (sum != bt_q8k_bsum(&r256[b], k)) bad++;
-                const bt_block_q8_256_slice *sl = &r256[b].s[k / 2];
-                if (sl->d != r256[b].s[0].d || sl->ds != sl->d * (float)(sl->bsums[0] + sl->bsums[1])) bad++;
+                const bt_block_q8_32 *sl = &r256[b].s[k / 2];
+                if (sl->d != r256[b].s[0].d || sl->ds != sl->d * (float)sl->sum) bad++;
             }
         CHECK_MSG(bad == 0, "reference activation quantization off in %d places", bad);
         if (rep == 5) CHECK_MSG(tiny_codes_zero(N, 1, r32, r256), "q8: a tiny block has non-zero codes");
@@ -179,9 +179,9 @@ static void test_act_quant16(void)
             for (int k = 0; k < 16; k++) {
                 int sum = 0;
                 for (int j = 0; j < 16; j++) sum += bt_q16k_qs(&r256[b], 16 * k)[j];
-                if (sum != bt_q16k_bsum(&r256[b], k)) bad++;
-                const bt_block_q16_256_slice *sl = &r256[b].s[k / 2];
-                if (sl->d != r256[b].s[0].d || sl->ds != sl->d * (float)(sl->bsums[0] + sl->bsums[1])) bad++;
+                const bt_block_q16_32 *sl = &r256[b].s[k / 2];
+                if (sum != (k % 2 ? sl->sum - sl->sum_lo : sl->sum_lo)) bad++;
+                if (sl->d != r256[b].s[0].d || sl->ds != sl->d * (float)sl->sum) bad++;
             }
         CHECK_MSG(bad == 0, "reference 16-bit activation quantization off in %d places", bad);
         CHECK(rep == 1 || full >= (rep == 5 ? N / 64 : N / 32)); /* every other non-zero block reaches +-32767 */
@@ -420,7 +420,10 @@ static void unit_act_scales(dot_case *c, uint64_t *s)
                     if (b == 0 && k == 3 && j == 5) *q = test_rand_next(s) & 1 ? 32767 : -32767;
                     sum += *q;
                 }
-                a[b].s[k / 2].bsums[k % 2] = sum;
+                if (k % 2)
+                    a[b].s[k / 2].sum = a[b].s[k / 2].sum_lo + sum;
+                else
+                    a[b].s[k / 2].sum_lo = sum;
             }
             bt_q16k_finish(&a[b], 1.0f);
         }
