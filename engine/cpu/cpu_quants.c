@@ -237,71 +237,47 @@ static float abs_max(const float *x, int n)
     return amax;
 }
 
-/* Codes of 32 elements with the inverse scale id (bt_act_inv_scale), their sum and the sum of the first 16. */
-static void codes8(const float *x, float id, int8_t *q, int32_t *sum, int32_t *sum_lo)
-{
-    int32_t s = 0;
-    for (int i = 0; i < BT_QK; i++) {
-        q[i] = (int8_t)round_even(x[i] * id);
-        s += q[i];
-        if (i == 15) *sum_lo = s;
+/* Codes of 32 elements with the inverse scale id (bt_act_inv_scale), their sum and the sum of the first 16. At 16
+ * bits d = max|x| / 32767 and |x * (1 / d)| <= 32767 * (1 + 2^-22) < 32767.5, so codes stay within +-32767. */
+#define ACT_CODES(name, T)                                                                                     \
+    static void name(const float *x, float id, T *q, int32_t *sum, int32_t *sum_lo)                            \
+    {                                                                                                          \
+        int32_t s = 0;                                                                                         \
+        for (int i = 0; i < BT_QK; i++) {                                                                      \
+            q[i] = (T)round_even(x[i] * id);                                                                   \
+            s += q[i];                                                                                         \
+            if (i == 15) *sum_lo = s;                                                                          \
+        }                                                                                                      \
+        *sum = s;                                                                                              \
     }
-    *sum = s;
-}
+ACT_CODES(codes8, int8_t)
+ACT_CODES(codes16, int16_t)
 
-/* 16 bits: d = max|x| / 32767. |x * (1 / d)| <= 32767 * (1 + 2^-22) < 32767.5, so codes stay within +-32767. */
-static void codes16(const float *x, float id, int16_t *q, int32_t *sum, int32_t *sum_lo)
-{
-    int32_t s = 0;
-    for (int i = 0; i < BT_QK; i++) {
-        q[i] = (int16_t)round_even(x[i] * id);
-        s += q[i];
-        if (i == 15) *sum_lo = s;
+/* Per-32 blocks (d = max|x| / maxq, ds = d * sum, sum_lo 0; |sum| < 2^21 at 16 bits: ds is exact) and K-quant
+ * super-blocks (8 such slices under the super-block's d) at 8 or 16 bits. */
+#define ACT_QUANT_REF(bits, maxq)                                                                              \
+    void bt_cpu_quantize_q##bits##_32_ref(int64_t n, const float *x, bt_block_q##bits##_32 *y)                 \
+    {                                                                                                          \
+        for (int64_t i = 0; i < n / BT_QK; i++) {                                                              \
+            const float *xb = x + i * BT_QK;                                                                   \
+            y[i].d = abs_max(xb, BT_QK) / (maxq);                                                              \
+            codes##bits(xb, bt_act_inv_scale(y[i].d), y[i].qs, &y[i].sum, &y[i].sum_lo);                       \
+            y[i].ds = y[i].d * (float)y[i].sum;                                                                \
+            y[i].sum_lo = 0;                                                                                   \
+        }                                                                                                      \
+    }                                                                                                          \
+    void bt_cpu_quantize_q##bits##_256_ref(int64_t n, const float *x, bt_block_q##bits##_256 *y)               \
+    {                                                                                                          \
+        for (int64_t i = 0; i < n / BT_QK_K; i++) {                                                            \
+            const float *xb = x + i * BT_QK_K;                                                                 \
+            float d = abs_max(xb, BT_QK_K) / (maxq), id = bt_act_inv_scale(d);                                 \
+            for (int s = 0; s < 8; s++)                                                                        \
+                codes##bits(xb + BT_QK * s, id, y[i].s[s].qs, &y[i].s[s].sum, &y[i].s[s].sum_lo);              \
+            bt_q##bits##k_finish(&y[i], d);                                                                    \
+        }                                                                                                      \
     }
-    *sum = s;
-}
-
-void bt_cpu_quantize_q8_32_ref(int64_t n, const float *x, bt_block_q8_32 *y)
-{
-    for (int64_t i = 0; i < n / BT_QK; i++) {
-        const float *xb = x + i * BT_QK;
-        y[i].d = abs_max(xb, BT_QK) / 127.0f;
-        codes8(xb, bt_act_inv_scale(y[i].d), y[i].qs, &y[i].sum, &y[i].sum_lo);
-        y[i].ds = y[i].d * (float)y[i].sum;
-        y[i].sum_lo = 0;
-    }
-}
-
-void bt_cpu_quantize_q8_256_ref(int64_t n, const float *x, bt_block_q8_256 *y)
-{
-    for (int64_t i = 0; i < n / BT_QK_K; i++) {
-        const float *xb = x + i * BT_QK_K;
-        float d = abs_max(xb, BT_QK_K) / 127.0f, id = bt_act_inv_scale(d);
-        for (int s = 0; s < 8; s++) codes8(xb + BT_QK * s, id, y[i].s[s].qs, &y[i].s[s].sum, &y[i].s[s].sum_lo);
-        bt_q8k_finish(&y[i], d);
-    }
-}
-
-void bt_cpu_quantize_q16_32_ref(int64_t n, const float *x, bt_block_q16_32 *y)
-{
-    for (int64_t i = 0; i < n / BT_QK; i++) {
-        const float *xb = x + i * BT_QK;
-        y[i].d = abs_max(xb, BT_QK) / 32767.0f;
-        codes16(xb, bt_act_inv_scale(y[i].d), y[i].qs, &y[i].sum, &y[i].sum_lo);
-        y[i].ds = y[i].d * (float)y[i].sum; /* |sum| < 2^21: exact in float */
-        y[i].sum_lo = 0;
-    }
-}
-
-void bt_cpu_quantize_q16_256_ref(int64_t n, const float *x, bt_block_q16_256 *y)
-{
-    for (int64_t i = 0; i < n / BT_QK_K; i++) {
-        const float *xb = x + i * BT_QK_K;
-        float d = abs_max(xb, BT_QK_K) / 32767.0f, id = bt_act_inv_scale(d);
-        for (int s = 0; s < 8; s++) codes16(xb + BT_QK * s, id, y[i].s[s].qs, &y[i].s[s].sum, &y[i].s[s].sum_lo);
-        bt_q16k_finish(&y[i], d);
-    }
-}
+ACT_QUANT_REF(8, 127.0f)
+ACT_QUANT_REF(16, 32767.0f)
 
 /* ---- dot products ---- */
 
