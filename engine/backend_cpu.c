@@ -33,6 +33,17 @@ typedef struct packed_entry {
 
 /* Lanes (run_lanes): single-threaded views of the backend, one per pool thread, each with its own scratch (xq,
  * attention tasks, rope table) and no pool; they share the root's packed weights under its lock. */
+/* Rotation angles of one set of rope parameters: a model whose layers differ in them (Gemma 3: base 10,000 on its
+ * sliding-window layers, 1,000,000 on the global ones) keeps a table for each. */
+typedef struct rope_table {
+    float *cs;     /* [cap][n_rot]: cos, sin per rotated pair of each position */
+    uint8_t *have; /* [cap]: row filled */
+    int32_t cap, n_rot; /* n_rot 0: unused */
+    float base, freq_scale;
+} rope_table;
+
+#define ROPE_TABLES 4
+
 typedef struct cpu_ctx {
     const bt_cpu_ops *ops;
     bt_pool *pool;   /* NULL in a lane: every op runs on the calling thread */
@@ -55,10 +66,8 @@ typedef struct cpu_ctx {
     size_t attn_cap;
     float *attn_parts;            /* [attn_parts_cap]: each segment task's accumulators, m and l */
     size_t attn_parts_cap;
-    float *rope_cs;      /* [rope_cap][rope_n_rot]: cos, sin per rotated pair of each position */
-    uint8_t *rope_have;  /* [rope_cap]: row filled */
-    int32_t rope_cap, rope_n_rot;
-    float rope_base, rope_freq_scale;
+    rope_table rope[ROPE_TABLES]; /* one per rope parameter set in use (rope_angles) */
+    int rope_next;                /* the table a new parameter set takes when every one is in use */
 } cpu_ctx;
 
 static cpu_ctx *C(bt_backend *be)
@@ -204,8 +213,10 @@ static void ctx_free_scratch(cpu_ctx *c)
     free(c->xq);
     free(c->attn_tasks);
     free(c->attn_parts);
-    free(c->rope_cs);
-    free(c->rope_have);
+    for (int i = 0; i < ROPE_TABLES; i++) {
+        free(c->rope[i].cs);
+        free(c->rope[i].have);
+    }
 }
 
 static void cpu_destroy(bt_backend *be)
@@ -384,39 +395,59 @@ static bt_status cpu_matmul_multi(bt_backend *be, const bt_weight *const *ws, co
     return BT_OK;
 }
 
+/* The table of rope parameters (n_rot, base, freq_scale): the one that holds them, else an unused one, else one
+ * emptied for them, each in turn (a model with more parameter sets than ROPE_TABLES recomputes angles). */
+static rope_table *rope_table_for(cpu_ctx *c, int32_t n_rot, float base, float freq_scale)
+{
+    for (int i = 0; i < ROPE_TABLES; i++) {
+        rope_table *t = &c->rope[i];
+        if (t->n_rot == n_rot && t->base == base && t->freq_scale == freq_scale) return t;
+    }
+    rope_table *t = NULL;
+    for (int i = 0; i < ROPE_TABLES && !t; i++)
+        if (!c->rope[i].n_rot) t = &c->rope[i];
+    if (!t) {
+        t = &c->rope[c->rope_next];
+        c->rope_next = (c->rope_next + 1) % ROPE_TABLES;
+    }
+    free(t->cs);
+    free(t->have);
+    *t = (rope_table){.n_rot = n_rot, .base = base, .freq_scale = freq_scale};
+    return t;
+}
+
 /* cos and sin of the rotation angles of position p, [n_rot / 2][2], computed on first use: rope runs twice per
- * layer at the same positions, and the values depend on nothing but p and the model's rope parameters. NULL when
- * the table cannot grow (the caller then computes them itself, the same way). */
+ * layer at the same positions, and the values depend on nothing but p and the layer's rope parameters. NULL when
+ * the table cannot grow (the caller then computes them itself, the same way). Gemma 3 alternates two parameter
+ * sets; with one table, emptied at every change, its prompt steps recomputed every angle at each switch (rope was
+ * 8.3 ms of a 256-token step, BATON_PROFILE=1). */
 static const float *rope_angles(cpu_ctx *c, int32_t p, int32_t n_rot, float base, float freq_scale)
 {
-    if (p < 0) return NULL;
-    if (c->rope_n_rot != n_rot || c->rope_base != base || c->rope_freq_scale != freq_scale) {
-        if (c->rope_cap) memset(c->rope_have, 0, (size_t)c->rope_cap);
-        c->rope_n_rot = n_rot, c->rope_base = base, c->rope_freq_scale = freq_scale;
-    }
-    if (p >= c->rope_cap) {
-        int32_t cap = c->rope_cap ? c->rope_cap : 1024;
+    if (p < 0 || n_rot <= 0) return NULL;
+    rope_table *t = rope_table_for(c, n_rot, base, freq_scale);
+    if (p >= t->cap) {
+        int32_t cap = t->cap ? t->cap : 1024;
         while (cap <= p) {
             if (cap > (1 << 24)) return NULL;
             cap *= 2;
         }
-        float *cs = realloc(c->rope_cs, (size_t)cap * (size_t)n_rot * sizeof *cs);
+        float *cs = realloc(t->cs, (size_t)cap * (size_t)n_rot * sizeof *cs);
         if (!cs) return NULL;
-        c->rope_cs = cs;
-        uint8_t *have = realloc(c->rope_have, (size_t)cap);
+        t->cs = cs;
+        uint8_t *have = realloc(t->have, (size_t)cap);
         if (!have) return NULL;
-        memset(have + c->rope_cap, 0, (size_t)(cap - c->rope_cap));
-        c->rope_have = have;
-        c->rope_cap = cap;
+        memset(have + t->cap, 0, (size_t)(cap - t->cap));
+        t->have = have;
+        t->cap = cap;
     }
-    float *cs = c->rope_cs + (size_t)p * (size_t)n_rot;
-    if (!c->rope_have[p]) {
+    float *cs = t->cs + (size_t)p * (size_t)n_rot;
+    if (!t->have[p]) {
         for (int32_t i = 0; i < n_rot / 2; i++) {
             double ang = (double)p * freq_scale * pow((double)base, -2.0 * i / n_rot);
             cs[2 * i] = (float)cos(ang);
             cs[2 * i + 1] = (float)sin(ang);
         }
-        c->rope_have[p] = 1;
+        t->have[p] = 1;
     }
     return cs;
 }

@@ -2,7 +2,8 @@
  * positions and merged: results against float64 softmax attention, and bit-identical however the tokens are
  * batched (one per call, prompt chunks at any offset, mixed with another sequence) and on 1 or 2 threads; the same
  * with a sliding window (bt_attn_args.window: keys k with p - k < window) that starts inside blocks and segments;
- * and the per-row and elementwise ops, the same bits on 1, 2 and 3 threads; host_tasks runs each part once. */
+ * and the per-row and elementwise ops, the same bits on 1, 2 and 3 threads; rope with alternating parameter sets;
+ * host_tasks runs each part once. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -384,12 +385,66 @@ static void test_host_tasks(void)
     }
 }
 
+/* rope with several parameter sets in turn (as Gemma 3's local and global layers): each call gives the bits of a
+ * fresh backend that only ever saw its set, for more sets than the backend keeps angle tables for (4), a wider
+ * rotation after a narrower one, and positions past the first table size (1,024); and within float rounding of the
+ * rotation in float64. */
+static void test_rope_parameter_sets(void)
+{
+    static const struct {
+        int32_t head_dim, n_rot;
+        float base, freq_scale;
+        int neox;
+    } sets[] = {{64, 64, 10000.0f, 1.0f, 1},  {64, 64, 1000000.0f, 0.125f, 1}, {64, 32, 10000.0f, 1.0f, 0},
+                {128, 128, 500000.0f, 1.0f, 0}, {64, 64, 10000.0f, 0.5f, 1},    {128, 96, 10000.0f, 1.0f, 1}};
+    enum { NS = sizeof sets / sizeof sets[0], T = 5, H = 3, MAXD = 128 };
+    static const int32_t pos[T] = {0, 7, 1023, 1024, 4999};
+    bt_backend *shared;
+    REQUIRE(test_backend_cpu(1, &shared) == 0);
+    float x[T * H * MAXD], got[T * H * MAXD], want[T * H * MAXD];
+    uint64_t seed = 11;
+    for (int i = 0; i < T * H * MAXD; i++) x[i] = (float)((int)(test_rand_next(&seed) % 2001) - 1000) * 1e-3f;
+    for (int round = 0; round < 3; round++)
+        for (int si = 0; si < NS; si++) {
+            int s = round == 1 ? NS - 1 - si : si; /* the second round in reverse order */
+            int32_t hd = sets[s].head_dim, n = T * H * hd;
+            memcpy(got, x, sizeof(float) * (size_t)n);
+            shared->ops->rope(shared, got, pos, T, H, hd, sets[s].n_rot, sets[s].base, sets[s].freq_scale,
+                              sets[s].neox);
+            bt_backend *fresh;
+            REQUIRE(test_backend_cpu(1, &fresh) == 0);
+            memcpy(want, x, sizeof(float) * (size_t)n);
+            fresh->ops->rope(fresh, want, pos, T, H, hd, sets[s].n_rot, sets[s].base, sets[s].freq_scale,
+                             sets[s].neox);
+            bt_backend_destroy(fresh);
+            CHECK_MSG(memcmp(got, want, sizeof(float) * (size_t)n) == 0, "rope set %d (round %d): bits differ from a "
+                      "fresh backend", s, round);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++)
+                    for (int32_t i = 0; i < sets[s].n_rot / 2; i++) {
+                        const float *v = x + ((size_t)t * H + (size_t)h) * (size_t)hd;
+                        const float *o = got + ((size_t)t * H + (size_t)h) * (size_t)hd;
+                        int32_t a = sets[s].neox ? i : 2 * i, b = sets[s].neox ? i + sets[s].n_rot / 2 : 2 * i + 1;
+                        double ang = (double)pos[t] * sets[s].freq_scale *
+                                     pow((double)sets[s].base, -2.0 * i / sets[s].n_rot);
+                        double r0 = v[a] * cos(ang) - v[b] * sin(ang), r1 = v[a] * sin(ang) + v[b] * cos(ang);
+                        bad += fabs(o[a] - r0) > 1e-6 || fabs(o[b] - r1) > 1e-6;
+                    }
+            CHECK_MSG(bad == 0, "rope set %d: %d values off the float64 rotation", s, bad);
+            for (int32_t i = sets[s].n_rot; i < hd; i++) /* dims past n_rot stay as they were */
+                CHECK_MSG(got[i] == x[i], "rope set %d: unrotated dim %d changed", s, i);
+        }
+    bt_backend_destroy(shared);
+}
+
 int main(void)
 {
     RUN(test_long_context_attention);
     RUN(test_sliding_window_attention);
     RUN(test_window_attention);
     RUN(test_geglu);
+    RUN(test_rope_parameter_sets);
     RUN(test_elementwise_split);
     RUN(test_host_tasks);
     return test_summary();
