@@ -138,16 +138,19 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
         }
     off[N_LAYERS * 7] = total;
     size_t out_bytes = bt_cpu_row_bytes(BT_TYPE_Q8_0, 576) * 49152;
+    size_t rows = 16; /* buffers for the largest batch: y holds the output's rows and 7 matmuls of 4096 per row */
+    for (int bi = 0; bi < n_batches; bi++)
+        if ((size_t)batches[bi] > rows) rows = (size_t)batches[bi];
     uint8_t *w = malloc(total), *wout = malloc(out_bytes);
-    float *x = malloc(sizeof(float) * 1536 * 16), *y = malloc(sizeof(float) * 49152 * 16); /* y: 7 x 4096 too */
-    void *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q4_1, 16, 1536) * 16);
+    float *x = malloc(sizeof(float) * 1536 * rows), *y = malloc(sizeof(float) * 49152 * rows);
+    void *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q4_1, 16, 1536) * rows);
     if (!w || !wout || !x || !y || !xq) return;
     uint64_t seed = 99;
     for (int l = 0; l < N_LAYERS; l++)
         for (int k = 0; k < 7; k++)
             fill_weights(BT_TYPE_Q4_1, layer_shapes[k][0], layer_shapes[k][1], w + off[l * 7 + k], &seed);
     fill_weights(BT_TYPE_Q8_0, 576, 49152, wout, &seed);
-    for (int i = 0; i < 1536 * 16; i++) x[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+    for (size_t i = 0; i < 1536 * rows; i++) x[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
     printf("\nSmolLM2-135M token matmuls (30 layers Q4_1 + Q8_0 output, %.1f MB of weights), median of 15:\n",
            (double)(total + out_bytes) * 1e-6);
     printf("%-7s %4s %3s %5s %6s %12s %14s\n", "isa", "bits", "thr", "batch", "fused", "ms/step", "weight GB/s");
