@@ -592,6 +592,15 @@ int cmd_bench(int argc, char **argv)
     bt_sampling sp = bt_sampling_default();
     float *scratch = malloc(sizeof(float) * 2 * (size_t)m->hp.n_vocab);
     int rc = 0;
+    /* One token through every layer first, as a node warms up at start-up (bt_sched_warmup): it packs the weights
+     * and builds the tables, which otherwise fell in rep 1 (SmolLM2's prefill128 at ~270 tok/s against ~1,600)
+     * and in BATON_PROFILE's prompt-step averages (their matmul and output times, by up to a half). */
+    double warm_ms = bench_now_s();
+    seq_runner_reset(&r);
+    if (seq_runner_feed(&r, toks, 1, 0)) rc = 1;
+    bt_forward_profile_reset(r.fw);
+    warm_ms = (bench_now_s() - warm_ms) * 1e3;
+    fprintf(stderr, "  warm-up: %.0f ms (one token: weights packed, tables built)\n", warm_ms);
     for (long k = 0; k < reps && !rc; k++) {
         int lens[2] = {128, 512};
         for (int p = 0; p < 2; p++) {
@@ -657,9 +666,9 @@ int cmd_bench(int argc, char **argv)
                         "\"prefill128_tok_s\": %.2f, \"prefill512_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
                         "\"bandwidth_1t_gb_s\": %.2f, \"bandwidth_gb_s\": %.2f, \"bandwidth_512mib_gb_s\": %.2f, "
                         "\"bandwidth_weights_size_gb_s\": %.2f, \"weight_bytes_per_token\": %.0f, "
-                        "\"decode_roofline_tok_s\": %.2f, \"decode_roofline_fraction\": %.4f}\n",
+                        "\"decode_roofline_tok_s\": %.2f, \"decode_roofline_fraction\": %.4f, \"warmup_ms\": %.1f}\n",
                         m->name, bt_backend_cpu_isa(r.be), nth, reps, p128, p512, d, bw1 / 1e9, bwn / 1e9,
-                        bpn.mem / 1e9, bpn.ws / 1e9, wbytes, roof, d / roof);
+                        bpn.mem / 1e9, bpn.ws / 1e9, wbytes, roof, d / roof, warm_ms);
                 fclose(f);
             }
         }

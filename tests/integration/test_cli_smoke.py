@@ -61,8 +61,10 @@ def test_plain_bench(baton_bin, default_model, tmp_path):
              "--json", js])
     doc = json.loads(js.read_text())
     for k in ("prefill128_tok_s", "prefill512_tok_s", "decode_tok_s", "bandwidth_1t_gb_s", "bandwidth_gb_s",
-              "weight_bytes_per_token", "decode_roofline_tok_s", "decode_roofline_fraction"):
+              "weight_bytes_per_token", "decode_roofline_tok_s", "decode_roofline_fraction", "warmup_ms"):
         assert doc[k] > 0, (k, doc)
+    # the weights are packed by a warm-up token before rep 1 (not inside it), and the user is told
+    assert "warm-up:" in r.stderr and r.stderr.index("warm-up:") < r.stderr.index("rep 1:"), r.stderr
     assert doc["threads"] == 1 and doc["reps"] == 1 and doc["isa"] in ("scalar", "avx2", "avx512")
     # the roofline is bandwidth / bytes per token, and the fraction is decode over it
     assert abs(doc["decode_roofline_tok_s"] - doc["bandwidth_gb_s"] * 1e9 / doc["weight_bytes_per_token"]) \
