@@ -152,6 +152,10 @@ static int bench_concurrency(const bt_model *m, bt_backend *be, int profile, FIL
     cfg.disable_prefix_cache = 1; /* distinct work per request, as distinct prompts would be */
     bt_sched *s;
     if (bt_sched_create(m, be, &cfg, &s)) return -1;
+    if (bt_sched_warmup(s)) { /* as a node starts: the weights packed before the first timed step */
+        bt_sched_destroy(s);
+        return -1;
+    }
     conc_track t = {0};
     bt_req_params p = bt_req_params_default();
     p.sampling.max_tokens = gen;
