@@ -138,13 +138,19 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
         }
     off[N_LAYERS * 7] = total;
     size_t out_bytes = bt_cpu_row_bytes(BT_TYPE_Q8_0, 576) * 49152;
-    size_t rows = 16; /* buffers for the largest batch: y holds the output's rows and 7 matmuls of 4096 per row */
+    /* buffers for the largest batch: y holds the output matrix's rows, or a layer's 7 outputs apart (up to 1536 of
+     * them per row each: 7 x 1536 <= 49152), so the matmuls run together in one pool run write apart */
+    size_t rows = 16;
     for (int bi = 0; bi < n_batches; bi++)
         if ((size_t)batches[bi] > rows) rows = (size_t)batches[bi];
     uint8_t *w = malloc(total), *wout = malloc(out_bytes);
     float *x = malloc(sizeof(float) * 1536 * rows), *y = malloc(sizeof(float) * 49152 * rows);
     void *xq = malloc(bt_cpu_act_row_bytes(BT_TYPE_Q4_1, 16, 1536) * rows);
-    if (!w || !wout || !x || !y || !xq) return;
+    if (!w || !wout || !x || !y || !xq) {
+        fprintf(stderr, "bench_cpu_kernels: out of memory for the decode sweep\n");
+        free(w), free(wout), free(x), free(y), free(xq);
+        return;
+    }
     uint64_t seed = 99;
     for (int l = 0; l < N_LAYERS; l++)
         for (int k = 0; k < 7; k++)
@@ -193,7 +199,7 @@ static void bench_decode_sweep(int max_threads, int n_batches, const int *batche
                             mm[k] = (bt_cpu_matmul){.ops = bt_cpu_ops_get((bt_cpu_isa)isa), .wtype = BT_TYPE_Q4_1,
                                                     .n_in = layer_shapes[k][0], .n_out = layer_shapes[k][1],
                                                     .n_rows = batches[bi], .w = w + off[l * 7 + k], .x = x,
-                                                    .xq = xq, .out = y + 4096 * k, .act_bits = bits[bi2],
+                                                    .xq = xq, .out = y + (size_t)k * 1536 * rows, .act_bits = bits[bi2],
                                                     .wp = fused >= 2 ? &packs[l * 7 + k] : NULL};
                             if (fused == 3) /* where the next matmul's weights start (the output's after the last) */
                                 mm[k].then = (bt_cpu_next_hint){.data = packs[l * 7 + k + 1].data,

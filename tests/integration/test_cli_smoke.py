@@ -3,6 +3,7 @@
 figures positive and consistent with each other), not on speed."""
 import json
 import os
+import re
 import subprocess
 
 # a 1,000-token SmolLM2 prompt: 63 blocks x 30 layers x 12,288 bytes (f16 KV), what kvx-bench's hand-off moves
@@ -74,6 +75,16 @@ def test_plain_bench(baton_bin, default_model, tmp_path):
     assert 50e6 < doc["weight_bytes_per_token"] < 200e6, doc
     for line in ("prefill 128 tokens", "prefill 512 tokens", "decode batch 1", "memory bandwidth", "decode roofline"):
         assert line in r.stdout, r.stdout
+
+
+def test_bench_prefix(baton_bin, default_model):
+    """`baton bench --prefix N`: the second prompt finds the first's N shared tokens in the prefix cache (the warm-up
+    token before the cold prompt is never cached, so the cold prompt finds none)."""
+    r = run([baton_bin, "bench", "--model", default_model, "--prefix", "256", "--reps", "1", "--threads", "1"])
+    m = re.search(r"prefix cache: 256 shared \+ 32 new tokens: TTFT cold ([\d.]+) ms, warm ([\d.]+) ms "
+                  r"\((\d+) tokens cached\)", r.stdout)
+    assert m, r.stdout
+    assert float(m.group(1)) > 0 and float(m.group(2)) > 0 and int(m.group(3)) == 256, r.stdout
 
 
 def test_tokenize_pieces(baton_bin, default_model):

@@ -395,8 +395,11 @@ static void test_rope_parameter_sets(void)
         int32_t head_dim, n_rot;
         float base, freq_scale;
         int neox;
-    } sets[] = {{64, 64, 10000.0f, 1.0f, 1},  {64, 64, 1000000.0f, 0.125f, 1}, {64, 32, 10000.0f, 1.0f, 0},
-                {128, 128, 500000.0f, 1.0f, 0}, {64, 64, 10000.0f, 0.5f, 1},    {128, 96, 10000.0f, 1.0f, 1}};
+    } sets[] = {/* 0 and 1 differ in base alone (Gemma 3's two kinds of layer), 0 and 4 in freq_scale alone, 0 and 2
+                 * in n_rot (and layout); 7 sets against the backend's 4 tables */
+                {64, 64, 10000.0f, 1.0f, 1},    {64, 64, 1000000.0f, 1.0f, 1},  {64, 32, 10000.0f, 1.0f, 0},
+                {128, 128, 500000.0f, 1.0f, 0}, {64, 64, 10000.0f, 0.5f, 1},    {128, 96, 10000.0f, 1.0f, 1},
+                {64, 64, 1000000.0f, 0.125f, 1}};
     enum { NS = sizeof sets / sizeof sets[0], T = 5, H = 3, MAXD = 128 };
     static const int32_t pos[T] = {0, 7, 1023, 1024, 4999};
     bt_backend *shared;
@@ -431,9 +434,12 @@ static void test_rope_parameter_sets(void)
                         double r0 = v[a] * cos(ang) - v[b] * sin(ang), r1 = v[a] * sin(ang) + v[b] * cos(ang);
                         bad += fabs(o[a] - r0) > 1e-6 || fabs(o[b] - r1) > 1e-6;
                     }
-            CHECK_MSG(bad == 0, "rope set %d: %d values off the float64 rotation", s, bad);
-            for (int32_t i = sets[s].n_rot; i < hd; i++) /* dims past n_rot stay as they were */
-                CHECK_MSG(got[i] == x[i], "rope set %d: unrotated dim %d changed", s, i);
+            CHECK_MSG(bad == 0, "rope set %d (round %d): %d values off the float64 rotation", s, round, bad);
+            int moved = 0; /* dims past n_rot stay as they were */
+            for (int t = 0; t < T * H; t++)
+                for (int32_t i = sets[s].n_rot; i < hd; i++) moved += got[(size_t)t * (size_t)hd + (size_t)i] !=
+                                                                      x[(size_t)t * (size_t)hd + (size_t)i];
+            CHECK_MSG(moved == 0, "rope set %d: %d unrotated values changed", s, moved);
         }
     bt_backend_destroy(shared);
 }
