@@ -396,9 +396,12 @@ static bt_status cpu_matmul_multi(bt_backend *be, const bt_weight *const *ws, co
 }
 
 /* The table of rope parameters (n_rot, base, freq_scale): the one that holds them, else an unused one, else one
- * emptied for them, each in turn (a model with more parameter sets than ROPE_TABLES recomputes angles). */
+ * emptied for them, each in turn (a model with more parameter sets than ROPE_TABLES recomputes angles). NULL when
+ * there is nothing to cache: n_rot <= 0 or a parameter not finite (it would never match, and empty a table on every
+ * call). */
 static rope_table *rope_table_for(cpu_ctx *c, int32_t n_rot, float base, float freq_scale)
 {
+    if (n_rot <= 0 || !isfinite(base) || !isfinite(freq_scale)) return NULL;
     for (int i = 0; i < ROPE_TABLES; i++) {
         rope_table *t = &c->rope[i];
         if (t->n_rot == n_rot && t->base == base && t->freq_scale == freq_scale) return t;
@@ -416,15 +419,15 @@ static rope_table *rope_table_for(cpu_ctx *c, int32_t n_rot, float base, float f
     return t;
 }
 
-/* cos and sin of the rotation angles of position p, [n_rot / 2][2], computed on first use: rope runs twice per
- * layer at the same positions, and the values depend on nothing but p and the layer's rope parameters. One table
- * per parameter set: with one for all, Gemma 3's switches recomputed every angle (rope 8.3 -> 2.6 ms of a 256-token
- * prompt step). NULL when there is nothing to cache (p < 0, n_rot <= 0, a parameter not finite) or the table cannot
- * grow: the caller then computes the angles itself, the same way. */
-static const float *rope_angles(cpu_ctx *c, int32_t p, int32_t n_rot, float base, float freq_scale)
+/* cos and sin of the rotation angles of position p in table t, [n_rot / 2][2], computed on first use: rope runs
+ * twice per layer at the same positions, and the values depend on nothing but p and the layer's rope parameters. One
+ * table per parameter set: with one for all, Gemma 3's switches recomputed every angle (rope 8.3 -> 2.6 ms of a
+ * 256-token prompt step). NULL when t is NULL, p < 0 or the table cannot grow: the caller then computes the angles
+ * itself, the same way. */
+static const float *rope_angles(rope_table *t, int32_t p)
 {
-    if (p < 0 || n_rot <= 0 || !isfinite(base) || !isfinite(freq_scale)) return NULL;
-    rope_table *t = rope_table_for(c, n_rot, base, freq_scale);
+    if (!t || p < 0) return NULL;
+    const int32_t n_rot = t->n_rot;
     if (p >= t->cap) {
         int32_t cap = t->cap ? t->cap : 1024;
         while (cap <= p) {
@@ -443,7 +446,7 @@ static const float *rope_angles(cpu_ctx *c, int32_t p, int32_t n_rot, float base
     float *cs = t->cs + (size_t)p * (size_t)n_rot;
     if (!t->have[p]) {
         for (int32_t i = 0; i < n_rot / 2; i++) {
-            double ang = (double)p * freq_scale * pow((double)base, -2.0 * i / n_rot);
+            double ang = (double)p * t->freq_scale * pow((double)t->base, -2.0 * i / n_rot);
             cs[2 * i] = (float)cos(ang);
             cs[2 * i + 1] = (float)sin(ang);
         }
@@ -482,8 +485,9 @@ static void cpu_rope(bt_backend *be, float *x, const int32_t *pos, int32_t n_tok
 {
     int32_t half = n_rot / 2;
     float own[512]; /* angles of one position when the table cannot serve */
+    rope_table *table = rope_table_for(C(be), n_rot, base, freq_scale);
     for (int32_t t = 0; t < n_tokens; t++) {
-        const float *tab = rope_angles(C(be), pos[t], n_rot, base, freq_scale);
+        const float *tab = rope_angles(table, pos[t]);
         if (!tab) { /* the same values, computed here, 256 pairs at a time */
             for (int32_t i0 = 0; i0 < half; i0 += 256) {
                 int32_t n = half - i0 < 256 ? half - i0 : 256;

@@ -359,7 +359,7 @@ static float dot_q4_k(int64_t nb, const bt_block_q4_k *w, const bt_block_q8_256 
             int shift = 4 * (j & 1), s = 0;
             for (int l = 0; l < 32; l++) s += ((q[l] >> shift) & 0x0f) * a[i].s[j].qs[l];
             sumi += sc * s;
-            summ += m * (a[i].s[j].sum);
+            summ += m * a[i].s[j].sum;
         }
         const float ad = a[i].s[0].d;
         acc += bt_fp16_to_f32(w[i].d) * ad * (float)sumi - bt_fp16_to_f32(w[i].dmin) * ad * (float)summ;
@@ -382,7 +382,7 @@ static float dot_q5_k(int64_t nb, const bt_block_q5_k *w, const bt_block_q8_256 
                 s += v * a[i].s[j].qs[l];
             }
             sumi += sc * s;
-            summ += m * (a[i].s[j].sum);
+            summ += m * a[i].s[j].sum;
         }
         const float ad = a[i].s[0].d;
         acc += bt_fp16_to_f32(w[i].d) * ad * (float)sumi - bt_fp16_to_f32(w[i].dmin) * ad * (float)summ;
@@ -483,7 +483,7 @@ static float dot16_qk45(int has_qh, int64_t nb, const void *w, const bt_block_q1
                 s += v * a[i].s[j].qs[l];
             }
             sumi += (int64_t)sc * s;
-            summ += (int64_t)m * (a[i].s[j].sum);
+            summ += (int64_t)m * a[i].s[j].sum;
         }
         acc += bt_fp16_to_f32(d16) * a[i].s[0].d * (float)sumi - bt_fp16_to_f32(dmin16) * a[i].s[0].d * (float)summ;
     }
