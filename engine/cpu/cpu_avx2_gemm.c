@@ -145,21 +145,17 @@ AI void load_w_scales(const uint8_t *group, int64_t b, const int type, const siz
         }                                                                                                      \
     } while (0)
 
-/* Q6_K: acc = fma(isum0, d0 * d_a, acc) over the first half's sums (half0), then the same for the second (s), d0 and
- * d1 the halves' weight scales (load_w_scales' d and m). */
-#define ACCUM_Q6K_ROWS(SCALES)                                                                                 \
+/* Q6_K: acc = fma(isum, d * d_a, acc) for one half's sums (s), d its weight scales (d0 or d1: load_w_scales' d
+ * and m): the first half's as soon as its sums are complete, so no register holds them through the second half. */
+#define ACCUM_Q6K_HALF(SCALES, d)                                                                              \
     do {                                                                                                       \
-        __m256 d0[2], d1[2];                                                                                   \
-        load_w_scales(group, b, type, cb, d0, d1);                                                             \
         _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)                                                   \
         {                                                                                                      \
             float ad, ads;                                                                                     \
             SCALES;                                                                                            \
             const __m256 adv = _mm256_set1_ps(ad);                                                             \
-            for (int h = 0; h < 2; h++) {                                                                      \
-                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0[r][h]), _mm256_mul_ps(d0[h], adv), acc[r][h]); \
-                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d1[h], adv), acc[r][h]); \
-            }                                                                                                  \
+            for (int h = 0; h < 2; h++)                                                                        \
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps((d)[h], adv), acc[r][h]); \
         }                                                                                                      \
     } while (0)
 
@@ -236,19 +232,18 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
         __m256i s[AVX2_NR_MAX][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
-        __m256i half0[AVX2_NR_MAX][2]; /* Q6_K: the dot over elements 0..15 */
+        __m256 d0[2], d1[2]; /* Q6_K: the halves' weight scales */
+        if (type == BT_TYPE_Q6_K) load_w_scales(group, b, type, cb, d0, d1);
         if (bt_gl_byte_codes(type, 1)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
                 const __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k + 16)));
                 dot16_rows(NR, s, lo, hi, act, act_stride, b, k);
-                if (type == BT_TYPE_Q6_K && k == 7) {
+                if (type == BT_TYPE_Q6_K && k == 7) { /* the first half (elements 0..15) */
+                    ACCUM_Q6K_HALF(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads), d0);
 #pragma GCC unroll 4
-                    for (int r = 0; r < NR; r++) {
-                        half0[r][0] = s[r][0], half0[r][1] = s[r][1];
-                        s[r][0] = s[r][1] = _mm256_setzero_si256();
-                    }
+                    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
                 }
             }
         } else {
@@ -284,7 +279,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             }
         }
         if (type == BT_TYPE_Q6_K) {
-            ACCUM_Q6K_ROWS(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads));
+            ACCUM_Q6K_HALF(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads), d1);
             continue;
         }
         ACCUM_ROWS(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads));
@@ -372,8 +367,10 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, 0);
-        __m256i s[AVX2_NR_MAX][2], half0[AVX2_NR_MAX][2];
+        __m256i s[AVX2_NR_MAX][2];
         int32_t hs[AVX2_NR_MAX][2] = {{0}}; /* Q6_K: the halves' activation sums */
+        __m256 d0[2], d1[2]; /* Q6_K: the halves' weight scales */
+        if (q6k) load_w_scales(group, b, type, cb, d0, d1);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             if (q6k) bt_gl_act8_half_sums(act, act_stride, r, b, &hs[r][0], &hs[r][1]);
@@ -391,12 +388,10 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
                 else
 #endif
                     dot8_rows(NR, s, vl, vh, act, act_stride, b, i);
-                if (q6k && i == 3) {
+                if (q6k && i == 3) { /* the first half (elements 0..15) */
+                    ACCUM_Q6K_HALF(bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads), d0);
 #pragma GCC unroll 4
-                    for (int r = 0; r < NR; r++) {
-                        half0[r][0] = s[r][0], half0[r][1] = s[r][1];
-                        s[r][0] = s[r][1] = chain_init(32, hs[r][1]);
-                    }
+                    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(32, hs[r][1]);
                 }
             }
         } else {
@@ -410,7 +405,7 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             }
         }
         if (q6k) {
-            ACCUM_Q6K_ROWS(bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads));
+            ACCUM_Q6K_HALF(bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads), d1);
             continue;
         }
         ACCUM_ROWS(bt_gl_act8_scales(act, act_stride, r, b, &ad, &ads));

@@ -226,20 +226,26 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
 #pragma GCC unroll 4
             for (int c = 1; c < NC; c++) s[r][c] = _mm512_setzero_si512();
         }
-        __m512i half0[BT_CPU_GEMM_NR_MAX]; /* Q6_K: the dot over elements 0..15 */
+        __m512 dw, mw;
+        load_w_scales(group, b, type, cb, &dw, &mw);
         if (bt_gl_byte_codes(type, W)) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 */
                 const __m512i c = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(cp + 32 * k)));
                 dot16_rows(NR, s, k % NC, c, act, act_stride, b, k);
                 if (type == BT_TYPE_Q6_K && k == 7) {
+                    /* the first half's fma now, acc = fma(isum0, d0 * d_a, acc): the reference's order, and no
+                     * register holds its sums through the second half (at 16 rows 48 vectors would be live) */
 #pragma GCC unroll 16
                     for (int r = 0; r < NR; r++) {
-                        half0[r] = s[r][0];
+                        __m512i h0 = s[r][0];
 #pragma GCC unroll 4
-                        for (int c2 = 1; c2 < NC; c2++) half0[r] = _mm512_add_epi32(half0[r], s[r][c2]);
+                        for (int c2 = 1; c2 < NC; c2++) h0 = _mm512_add_epi32(h0, s[r][c2]);
 #pragma GCC unroll 4
                         for (int c2 = 0; c2 < NC; c2++) s[r][c2] = _mm512_setzero_si512();
+                        float ad, ads;
+                        bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads);
+                        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h0), _mm512_mul_ps(dw, _mm512_set1_ps(ad)), acc[r]);
                     }
                 }
             }
@@ -260,8 +266,6 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                 dot16_rows(NR, s, (4 * k + 3) % NC, o[3], act, act_stride, b, 2 * k + 9);
             }
         }
-        __m512 dw, mw;
-        load_w_scales(group, b, type, cb, &dw, &mw);
 #pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             __m512i t = s[r][0];
@@ -269,8 +273,7 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
             for (int c = 1; c < NC; c++) t = _mm512_add_epi32(t, s[r][c]);
             float ad, ads;
             bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads);
-            if (type == BT_TYPE_Q6_K) { /* acc = fma(isum0, d0 * d_a, acc), then the same for the second half */
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(half0[r]), _mm512_mul_ps(dw, _mm512_set1_ps(ad)), acc[r]);
+            if (type == BT_TYPE_Q6_K) { /* the second half: acc = fma(isum1, d1 * d_a, acc) */
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(mw, _mm512_set1_ps(ad)), acc[r]);
                 continue;
             }
