@@ -563,7 +563,7 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
 /* Attention work item: query tokens [t0, t0 + n) of one run (consecutive tokens of one sequence at consecutive
  * positions) against kv head g, for the `group` query heads that share it, over the cache blocks of segment seg:
  * each K/V block of that head is read once per token for all of its query heads, straight from the cache in its
- * dtype (ops->attn_block). part: offset of its accumulators in the plan's parts, [n * group][hd] then m and l
+ * dtype (ops->attn_block), or for an f16 run of ATTN_WIDEN_MIN tokens or more from an f32 copy made once per block. part: offset of its accumulators in the plan's parts, [n * group][hd] then m and l
  * [n * group]. n_seg: the run's segment count (1: the task writes the output itself). As a merge item (after every
  * segment task has run), seg is unused and part is the offset of the run's segment 0 for kv head 0. */
 typedef struct attn_task {
@@ -594,7 +594,7 @@ typedef struct attn_plan {
 
 /* A run of at least this many query tokens (a prompt chunk, a verification step) reads each f16 K/V block once per
  * token: the task converts the block to f32 once (ops->fp16_to_f32, exact) and the kernel reads floats, the same
- * values, so the same bits as reading the f16 rows. The kernels then skip a conversion per 16 elements per call:
+ * values, so the same bits as reading the f16 rows. The kernels then skip a conversion per vector per call:
  * bench_cpu_kernels --attn, hot block, Intel Xeon (Emerald Rapids), AVX-512: SmolLM2 (head size 64, 3 heads)
  * 212 -> 182 ns a call, Gemma 3 (256, 4 heads) 690 -> 500 ns. */
 #define ATTN_WIDEN_MIN 4
@@ -707,7 +707,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
                 prefetch_rows(second.v, bytes);
             }
         }
-        if (widen) { /* the rows some query of the task reads (a block past max_pos holds unwritten rows) */
+        if (widen) { /* the rows some query of the task reads (rows past max_pos may be unwritten) */
             int32_t used = max_pos - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? max_pos - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK;
             size_t e = (size_t)BT_KV_BLOCK * (size_t)hd;
             plan->ops->fp16_to_f32((int64_t)used * hd, rows.k, wide);

@@ -74,8 +74,8 @@ typedef struct bt_cpu_packed {
 typedef void (*bt_cpu_gemm_fn)(int64_t n, const void *group, const void *act, size_t act_stride, int nr,
                                float *out, size_t out_stride, int n_valid, const void *next);
 
-/* Attention reads the KV cache in its own dtype; a block of one kv head holds nk <= BT_CPU_ATTN_BLOCK rows of n
- * elements for K and V each, rows contiguous. */
+/* Attention reads the KV cache in its own dtype (or an exact f32 copy the caller made of f16 rows); a block of one kv
+ * head holds nk <= BT_CPU_ATTN_BLOCK rows of n elements for K and V each, rows contiguous. */
 #define BT_CPU_ATTN_BLOCK 16
 
 typedef enum bt_cpu_kv_type {

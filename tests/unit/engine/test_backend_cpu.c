@@ -19,7 +19,8 @@
 
 #define N_HEAD 6
 #define N_KV 2
-#define HD 64
+#define HD_MAX 256
+static int32_t HD = 64; /* the fixture's head size: 64, and other sizes in test_head_sizes */
 #define LEN 700 /* 44 blocks: three segments of 16 blocks */
 #define ROW (N_HEAD * HD)
 
@@ -138,7 +139,8 @@ static void check_dtype(bt_kv_dtype dtype, int32_t window)
             free(w);
         }
     }
-    CHECK_MSG(worst < 2e-6, "%s window %d: max abs error %g against float64", bt_kv_dtype_name(dtype), window, worst);
+    CHECK_MSG(worst < 2e-6, "%s head size %d window %d: max abs error %g against float64", bt_kv_dtype_name(dtype), HD,
+              window, worst);
     /* prompt chunks of several sizes and offsets (runs straddle the segment edges), on 1 and 2 threads; calls of
      * 5 and 8 tokens on 2 threads are cut into shorter runs (attn_chunk: too few tasks per thread), as a
      * verification step's token and drafts are */
@@ -158,8 +160,8 @@ static void check_dtype(bt_kv_dtype dtype, int32_t window)
             }
             CHECK_MSG(!memcmp(got + (size_t)start * ROW, ref + (size_t)start * ROW,
                               sizeof(float) * (size_t)(LEN - start) * ROW),
-                      "%s: chunks of %d from %d on %d thread(s) differ from one token per call", bt_kv_dtype_name(dtype),
-                      chunk, start, bi + 1);
+                      "%s head size %d window %d: chunks of %d from %d on %d thread(s) differ from one token per call",
+                      bt_kv_dtype_name(dtype), HD, window, chunk, start, bi + 1);
         }
     /* mixed with the other sequence: runs of 1..9 tokens of each, alternating */
     float *mix = malloc(sizeof(float) * 2 * 9 * ROW);
@@ -237,7 +239,7 @@ static void test_window_attention(void)
     static const int32_t windows[] = {1, 5, 100, 512};
     static const int32_t probe[] = {0, 3, 99, 300, 699};
     double worst = 0;
-    float out[ROW];
+    float out[N_HEAD * HD_MAX];
     for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++)
         for (size_t pi = 0; pi < sizeof probe / sizeof probe[0]; pi++) {
             int32_t p = probe[pi], win = windows[wi], k0 = p - win + 1 > 0 ? p - win + 1 : 0;
@@ -444,11 +446,25 @@ static void test_rope_parameter_sets(void)
     bt_backend_destroy(shared);
 }
 
+/* Other head sizes on f16, whose prompt runs the backend widens to f32 once per block (ATTN_WIDEN_MIN): 80 (not a
+ * multiple of 16: the 16-lane kernels hand it to the scalar reference) and 256 (the largest, Gemma 3's). */
+static void test_head_sizes(void)
+{
+    static const int32_t sizes[] = {80, HD_MAX};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        HD = sizes[i];
+        check_dtype(BT_KV_F16, 0);
+        check_dtype(BT_KV_F16, 300);
+    }
+    HD = 64;
+}
+
 int main(void)
 {
     RUN(test_long_context_attention);
     RUN(test_sliding_window_attention);
     RUN(test_window_attention);
+    RUN(test_head_sizes);
     RUN(test_geglu);
     RUN(test_rope_parameter_sets);
     RUN(test_elementwise_split);
