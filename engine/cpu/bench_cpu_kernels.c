@@ -356,7 +356,7 @@ static void bench_attn(const char *isa_arg)
     static const struct { bt_cpu_kv_type t; const char *name; size_t esz; } kts[] = {
         {BT_CPU_KV_F16, "f16", 2}, {BT_CPU_KV_U8, "int8", 1}, {BT_CPU_KV_F32, "f32", 4}};
     const size_t region = (size_t)256 << 20;
-    uint8_t *mem = malloc(region);
+    uint8_t *mem = aligned_alloc(64, region); /* blocks on cache lines, as the KV pool keeps them */
     if (!mem) return;
     uint64_t seed = 11;
     /* every byte a small fp16 / u8 / f32 value: fp16 0x3c00-range codes, f32 from the same bits are tiny normals */
