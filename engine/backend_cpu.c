@@ -563,9 +563,10 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
 /* Attention work item: query tokens [t0, t0 + n) of one run (consecutive tokens of one sequence at consecutive
  * positions) against kv head g, for the `group` query heads that share it, over the cache blocks of segment seg:
  * each K/V block of that head is read once per token for all of its query heads, straight from the cache in its
- * dtype (ops->attn_block), or for an f16 run of ATTN_WIDEN_MIN tokens or more from an f32 copy made once per block. part: offset of its accumulators in the plan's parts, [n * group][hd] then m and l
- * [n * group]. n_seg: the run's segment count (1: the task writes the output itself). As a merge item (after every
- * segment task has run), seg is unused and part is the offset of the run's segment 0 for kv head 0. */
+ * dtype (ops->attn_block), or for an f16 run of ATTN_WIDEN_MIN tokens or more from an f32 copy made once per block.
+ * part: offset of its accumulators in the plan's parts, [n * group][hd] then m and l [n * group]. n_seg: the run's
+ * segment count (1: the task writes the output itself). As a merge item (after every segment task has run), seg is
+ * unused and part is the offset of the run's segment 0 for kv head 0. */
 typedef struct attn_task {
     int32_t t0, n, g, seg, n_seg;
     size_t part;
