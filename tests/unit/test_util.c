@@ -22,8 +22,23 @@ void test_skip(const char *fmt, ...)
     test_skips++;
 }
 
+static int tests_run;
+
+int test_wanted(const char *name)
+{
+    const char *only = getenv("BATON_TEST_ONLY"), *except = getenv("BATON_TEST_EXCEPT");
+    if ((only && *only && !test_list_has(only, name)) || test_list_has(except, name)) return 0;
+    tests_run++;
+    return 1;
+}
+
 int test_summary(void)
 {
+    const char *only = getenv("BATON_TEST_ONLY");
+    if (only && *only && tests_run == 0) {
+        fprintf(stderr, "BATON_TEST_ONLY=%s: no test function of that name\n", only);
+        test_failures++;
+    }
     fprintf(stderr, "%d checks, %d failures, %d skipped\n", test_checks, test_failures, test_skips);
     if (test_failures == 0) test_tmpdir_cleanup();
     return test_failures ? 1 : test_skips ? TEST_SKIPPED : 0;

@@ -43,10 +43,17 @@ extern int test_checks;
 
 #define RUN(fn)                                                                             \
     do {                                                                                    \
+        if (!test_wanted(#fn)) break;                                                       \
         int before_ = test_failures;                                                        \
         fn();                                                                               \
         fprintf(stderr, "%s %s\n", test_failures == before_ ? "ok  " : "FAIL", #fn);        \
     } while (0)
+
+/* Whether RUN runs the test function called name: every one, unless the environment narrows them with
+ * BATON_TEST_ONLY (comma-separated names: only those) or BATON_TEST_EXCEPT (all but those). One binary becomes
+ * several ctest entries that way (baton_add_unit_test's SPLIT, tests/CMakeLists.txt). test_summary fails a run in
+ * which BATON_TEST_ONLY matched no function, so a misspelt entry cannot pass empty. */
+int test_wanted(const char *name);
 
 /* Exit code of a test binary that passed but skipped part of what it covers: ctest's SKIP_RETURN_CODE for every
  * unit test (tests/CMakeLists.txt), so the skip shows in ctest's summary instead of passing for a full run. */
