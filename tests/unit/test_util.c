@@ -22,23 +22,42 @@ void test_skip(const char *fmt, ...)
     test_skips++;
 }
 
-static int tests_run;
+#define MAX_RUN_NAMES 256
+static const char *run_names[MAX_RUN_NAMES]; /* the functions RUN ran (string literals) */
+static int n_run;
 
 int test_wanted(const char *name)
 {
     const char *only = getenv("BATON_TEST_ONLY"), *except = getenv("BATON_TEST_EXCEPT");
     if ((only && *only && !test_list_has(only, name)) || test_list_has(except, name)) return 0;
-    tests_run++;
+    if (n_run < MAX_RUN_NAMES) run_names[n_run++] = name;
     return 1;
+}
+
+/* With BATON_TEST_ONLY or BATON_TEST_EXCEPT set: says so, and fails for each name in BATON_TEST_ONLY that ran no
+ * function (a misspelling). */
+static void check_narrowing(void)
+{
+    const char *only = getenv("BATON_TEST_ONLY"), *except = getenv("BATON_TEST_EXCEPT");
+    if (except && *except) fprintf(stderr, "BATON_TEST_EXCEPT=%s: those test functions not run\n", except);
+    if (!only || !*only) return;
+    fprintf(stderr, "BATON_TEST_ONLY=%s: only those test functions run\n", only);
+    for (const char *p = only; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        int found = 0;
+        for (int i = 0; i < n_run && !found; i++) found = strlen(run_names[i]) == len && !strncmp(run_names[i], p, len);
+        if (!found) {
+            fprintf(stderr, "BATON_TEST_ONLY: no test function %.*s in this binary\n", (int)len, p);
+            test_failures++;
+        }
+        p = end ? end + 1 : NULL;
+    }
 }
 
 int test_summary(void)
 {
-    const char *only = getenv("BATON_TEST_ONLY");
-    if (only && *only && tests_run == 0) {
-        fprintf(stderr, "BATON_TEST_ONLY=%s: no test function of that name\n", only);
-        test_failures++;
-    }
+    check_narrowing();
     fprintf(stderr, "%d checks, %d failures, %d skipped\n", test_checks, test_failures, test_skips);
     if (test_failures == 0) test_tmpdir_cleanup();
     return test_failures ? 1 : test_skips ? TEST_SKIPPED : 0;

@@ -51,8 +51,8 @@ extern int test_checks;
 
 /* Whether RUN runs the test function called name: every one, unless the environment narrows them with
  * BATON_TEST_ONLY (comma-separated names: only those) or BATON_TEST_EXCEPT (all but those). One binary becomes
- * several ctest entries that way (baton_add_unit_test's SPLIT, tests/CMakeLists.txt). test_summary fails a run in
- * which BATON_TEST_ONLY matched no function, so a misspelt entry cannot pass empty. */
+ * several ctest entries that way (baton_add_unit_test's SPLIT, tests/CMakeLists.txt). test_summary names the
+ * variables when they are set and fails for each BATON_TEST_ONLY name that ran no function (a misspelling). */
 int test_wanted(const char *name);
 
 /* Exit code of a test binary that passed but skipped part of what it covers: ctest's SKIP_RETURN_CODE for every
