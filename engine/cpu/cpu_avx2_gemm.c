@@ -1,5 +1,5 @@
 /* AVX2 tiled GEMM over packed weights (layouts in cpu_gemm.c): a 16-row group times up to BT_CPU_GEMM_NR (8)
- * activation rows, taken in passes of up to AVX2_NR rows so that every accumulator stays in one of the 16 ymm
+ * activation rows, taken in passes of up to AVX2_NR (4) rows so that every integer sum stays in one of the 16 ymm
  * registers (the group is read again by the second pass, from L1: a group of the default model is 6-16 KB).
  *
  * A 64-byte code vector (dword j = row j) is two ymm halves: rows 0-7 and rows 8-15. The activation dword it pairs
@@ -30,21 +30,15 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* rows per pass: 2 float accumulators + 2 integer sums per row, plus an operand pair, a broadcast and a mask
- * (GEMM_PASSES dispatches 1, 2 or 3). Q8_0 takes 4 (AVX2_NR_Q8): its codes need no unpacking, so an 8-row tile in
- * two passes instead of three reads and widens each block's codes less often, which outweighs the 4th row's spills.
- * bench_cpu_kernels --gemm --types q8_0 --isa avx2, one thread, 3 alternated runs, medians: 576x1536 at 4, 8 and 16
- * rows 61.8 -> 50.1, 121.0 -> 98.0, 259.1 -> 193.7 us (16-bit), 8 rows 8-bit 136.0 -> 109.9; the 49152-row output
- * matrix from memory at 8 rows 4,441 -> 4,196 us. The other types measured 2-3% slower with 4 (session 20).
- * With AVX-VNNI a chain needs no temporary register, and every type takes 4: Q4_1 576x1536 at 8 rows 118.4 -> 111.3 us
- * (16-bit), 66.5 -> 63.3 (8-bit), 2 alternated runs each (session 22). AVX2_NR_MAX sizes the arrays. */
-#ifdef BT_AVX2_GEMM_VNNI
+/* rows per pass: 2 integer sums per row in registers, beside an operand pair, a broadcast, a product and a mask (the
+ * float accumulators, touched once a block, live on the stack); GEMM_PASSES dispatches 1 to 4. Once the nibble
+ * operands were unpacked in program order (nib16), 4 rows spill next to nothing, and an 8-row tile is 2 passes
+ * instead of 3+3+2: per vpmaddwd, Q4_1 16-bit, 2.89 -> 2.73 vector ALU instructions (objdump of the block loop), and
+ * bench_cpu_kernels --gemm --isa avx2, one thread, AMD Zen 3 (EPYC, family 25 model 1), fastest of 5 alternated runs:
+ * 576x1536 from memory at 8 rows 96.5 -> 91.2 us, 16 rows 187.5 -> 179.8 (16-bit); Q4_K 1536x576 at 8 rows
+ * 102.6 -> 96.1. (Before, 4 rows held for Q8_0 only: on Zen 4 the other types spilled their operands with 4 and ran
+ * 2-3% slower, session 20.) With AVX-VNNI a chain needs no temporary register either. */
 #define AVX2_NR 4
-#else
-#define AVX2_NR 3
-#endif
-#define AVX2_NR_Q8 4
-#define AVX2_NR_MAX 4
 
 #ifdef BT_AVX2_GEMM_VNNI
 #define AVX2_GEMM_DECL(ty) BT_CPU_GEMM_DECL(avx2_vnni, ty)
@@ -173,14 +167,14 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
         const int16_t *p = bt_gl_act16_qs(act, act_stride, r, b) + 2 * idx;
         __m256i a;
 #ifdef BT_AVX2_GEMM_VNNI /* vpdpwssd: the product pairs and the add in one instruction ({vex}: not the EVEX form) */
-        __asm__("vpbroadcastd %3, %1\n\t"
+        __asm__ volatile("vpbroadcastd %3, %1\n\t"
                 "%{vex%} vpdpwssd %4, %1, %0\n\t"
                 "%{vex%} vpdpwssd %5, %1, %2"
                 : "+x"(s[r][0]), "=&x"(a), "+x"(s[r][1])
                 : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
 #else
         __m256i t;
-        __asm__("vpbroadcastd %4, %1\n\t"
+        __asm__ volatile("vpbroadcastd %4, %1\n\t"
                 "vpmaddwd %1, %5, %2\n\t"
                 "vpaddd %2, %0, %0\n\t"
                 "vpmaddwd %1, %6, %2\n\t"
@@ -189,6 +183,24 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
                 : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
 #endif
     }
+}
+
+/* Operand j (0..3) of a nibble code vector at v (32 bytes: one half's rows), as int16 lanes: j = 0 the low nibble of each
+ * 16-bit word's low byte, 1 of its high byte, 2 the high nibble of the low byte, 3 of the high byte. Volatile asm, as
+ * dot16_rows is: GCC kept all 8 operands of a code vector live at once and spilled them to the stack (NR = 4: 40
+ * vector loads and stores a block beside 128 vpmaddwd); in program order each pair dies at its dot16_rows. */
+AI __m256i nib16(const uint8_t *v, const int j, __m256i m4)
+{
+    __m256i x;
+    if (j == 0)
+        __asm__ volatile("vpand %1, %2, %0" : "=x"(x) : "m"(*(const __m256i *)v), "x"(m4));
+    else if (j == 3)
+        __asm__ volatile("vmovdqa %1, %0\n\tvpsrlw $12, %0, %0" : "=x"(x) : "m"(*(const __m256i *)v));
+    else
+        __asm__ volatile("vmovdqa %1, %0\n\tvpsrlw %2, %0, %0\n\tvpand %3, %0, %0"
+                         : "=&x"(x)
+                         : "m"(*(const __m256i *)v), "i"(j == 1 ? 8 : 4), "x"(m4));
+    return x;
 }
 
 /* Byte codes of a nibble half (32 bytes: rows 8h .. 8h + 7) with their fifth bits from a high-bit plane layout (Q5_0,
@@ -223,13 +235,13 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                   ctrl_h1 = PLANE_CTRL(10, 14);
     const __m256i bit = _mm256_setr_epi8(1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64, -128, -128, 1, 1, 2, 2, 4, 4,
                                          8, 8, 16, 16, 32, 32, 64, 64, -128, -128);
-    __m256 acc[AVX2_NR_MAX][2];
+    __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, 1);
-        __m256i s[AVX2_NR_MAX][2];
+        __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
         __m256 d0[2], d1[2]; /* Q6_K: the halves' weight scales */
@@ -267,10 +279,11 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
                     hi[0] = _mm256_and_si256(nl1, m8), hi[1] = _mm256_srli_epi16(nl1, 8);
                     hi[2] = _mm256_and_si256(nh1, m8), hi[3] = _mm256_srli_epi16(nh1, 8);
                 } else {
-                    lo[0] = _mm256_and_si256(vl, m4), lo[1] = _mm256_and_si256(_mm256_srli_epi16(vl, 8), m4);
-                    lo[2] = _mm256_and_si256(_mm256_srli_epi16(vl, 4), m4), lo[3] = _mm256_srli_epi16(vl, 12);
-                    hi[0] = _mm256_and_si256(vh, m4), hi[1] = _mm256_and_si256(_mm256_srli_epi16(vh, 8), m4);
-                    hi[2] = _mm256_and_si256(_mm256_srli_epi16(vh, 4), m4), hi[3] = _mm256_srli_epi16(vh, 12);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) /* operand j pairs with activation dword 2k + 0, 1, 8, 9 */
+                        dot16_rows(NR, s, nib16(cp + 64 * k, j, m4), nib16(cp + 64 * k + 32, j, m4), act, act_stride,
+                                   b, 2 * k + (j & 1) + 8 * (j >> 1));
+                    continue;
                 }
                 dot16_rows(NR, s, lo[0], hi[0], act, act_stride, b, 2 * k);
                 dot16_rows(NR, s, lo[1], hi[1], act, act_stride, b, 2 * k + 1);
@@ -361,14 +374,14 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 #endif
     const int mins = bt_gl_has_min(type), q6k = type == BT_TYPE_Q6_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[AVX2_NR_MAX][2];
+    __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         bt_gl_prefetch_block(next, b, type, 0);
-        __m256i s[AVX2_NR_MAX][2];
-        int32_t hs[AVX2_NR_MAX][2] = {{0}}; /* Q6_K: the halves' activation sums */
+        __m256i s[AVX2_NR][2];
+        int32_t hs[AVX2_NR][2] = {{0}}; /* Q6_K: the halves' activation sums */
         __m256 d0[2], d1[2]; /* Q6_K: the halves' weight scales */
         if (q6k) load_w_scales(group, b, type, cb, d0, d1);
 #pragma GCC unroll 4
@@ -413,10 +426,10 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
 
-/* nr rows in passes of up to PASS (AVX2_NR or AVX2_NR_Q8); each pass is the kernel specialised for its row count */
-#define GEMM_PASSES(kernel, TYPE, PASS)                                                                        \
-    for (int r0 = 0; r0 < nr; r0 += PASS) {                                                                    \
-        const int k = nr - r0 < PASS ? nr - r0 : PASS;                                                         \
+/* nr rows in passes of up to AVX2_NR; each pass is the kernel specialised for its row count */
+#define GEMM_PASSES(kernel, TYPE)                                                                              \
+    for (int r0 = 0; r0 < nr; r0 += AVX2_NR) {                                                                 \
+        const int k = nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR;                                                   \
         const void *a = (const char *)act + (size_t)r0 * act_stride;                                           \
         float *o = out + (size_t)r0 * out_stride;                                                              \
         const void *nx = r0 + k >= nr ? next : NULL; /* prefetch the next group once, in the last pass */     \
@@ -424,24 +437,24 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
             kernel(n, group, nx, a, act_stride, 1, o, out_stride, n_valid, TYPE);                              \
         else if (k == 2)                                                                                       \
             kernel(n, group, nx, a, act_stride, 2, o, out_stride, n_valid, TYPE);                              \
-        else if (k == 3 || PASS == 3) /* (no 4-row kernel compiled for a pass of 3) */                         \
+        else if (k == 3)                                                                                       \
             kernel(n, group, nx, a, act_stride, 3, o, out_stride, n_valid, TYPE);                              \
         else                                                                                                   \
             kernel(n, group, nx, a, act_stride, 4, o, out_stride, n_valid, TYPE);                              \
     }
 
-AVX2_GEMM_DECL(q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0, AVX2_NR) }
-AVX2_GEMM_DECL(q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1, AVX2_NR) }
-AVX2_GEMM_DECL(q8_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q8_0, AVX2_NR_Q8) }
-AVX2_GEMM_DECL(q5_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_1, AVX2_NR) }
-AVX2_GEMM_DECL(q4_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_K, AVX2_NR) }
-AVX2_GEMM_DECL(q5_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_K, AVX2_NR) }
-AVX2_GEMM_DECL(q6_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q6_K, AVX2_NR) }
-AVX2_GEMM_DECL(q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0, AVX2_NR) }
-AVX2_GEMM_DECL(q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1, AVX2_NR) }
-AVX2_GEMM_DECL(q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0, AVX2_NR_Q8) }
-AVX2_GEMM_DECL(q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K, AVX2_NR) }
-AVX2_GEMM_DECL(q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1, AVX2_NR) }
-AVX2_GEMM_DECL(q5_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_0, AVX2_NR) }
-AVX2_GEMM_DECL(q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K, AVX2_NR) }
-AVX2_GEMM_DECL(q5_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_K, AVX2_NR) }
+AVX2_GEMM_DECL(q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0) }
+AVX2_GEMM_DECL(q4_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_1) }
+AVX2_GEMM_DECL(q8_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q8_0) }
+AVX2_GEMM_DECL(q5_1) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_1) }
+AVX2_GEMM_DECL(q4_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_K) }
+AVX2_GEMM_DECL(q5_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q5_K) }
+AVX2_GEMM_DECL(q6_k) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q6_K) }
+AVX2_GEMM_DECL(q4_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_0) }
+AVX2_GEMM_DECL(q4_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_1) }
+AVX2_GEMM_DECL(q8_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q8_0) }
+AVX2_GEMM_DECL(q4_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q4_K) }
+AVX2_GEMM_DECL(q5_1_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_1) }
+AVX2_GEMM_DECL(q5_0_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_0) }
+AVX2_GEMM_DECL(q6_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q6_K) }
+AVX2_GEMM_DECL(q5_k_q16) { GEMM_PASSES(gemm16_kernel, BT_TYPE_Q5_K) }
