@@ -196,10 +196,14 @@ AI __m256i nib16(const uint8_t *v, const int j, __m256i m4)
         __asm__ volatile("vpand %1, %2, %0" : "=x"(x) : "m"(*(const __m256i *)v), "x"(m4));
     else if (j == 3)
         __asm__ volatile("vmovdqa %1, %0\n\tvpsrlw $12, %0, %0" : "=x"(x) : "m"(*(const __m256i *)v));
-    else
-        __asm__ volatile("vmovdqa %1, %0\n\tvpsrlw %2, %0, %0\n\tvpand %3, %0, %0"
+    else if (j == 1) /* (two statements, not an "i" operand: unoptimised builds may not unroll j to a constant) */
+        __asm__ volatile("vmovdqa %1, %0\n\tvpsrlw $8, %0, %0\n\tvpand %2, %0, %0"
                          : "=&x"(x)
-                         : "m"(*(const __m256i *)v), "i"(j == 1 ? 8 : 4), "x"(m4));
+                         : "m"(*(const __m256i *)v), "x"(m4));
+    else
+        __asm__ volatile("vmovdqa %1, %0\n\tvpsrlw $4, %0, %0\n\tvpand %2, %0, %0"
+                         : "=&x"(x)
+                         : "m"(*(const __m256i *)v), "x"(m4));
     return x;
 }
 
