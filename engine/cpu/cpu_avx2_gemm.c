@@ -33,11 +33,13 @@
 /* rows per pass: 2 integer sums per row in registers, beside an operand pair, a broadcast, a product and a mask (the
  * float accumulators, touched once a block, live on the stack); GEMM_PASSES dispatches 1 to 4. Once the nibble
  * operands were unpacked in program order (nib16), 4 rows spill next to nothing, and an 8-row tile is 2 passes
- * instead of 3+3+2: per vpmaddwd, Q4_1 16-bit, 2.89 -> 2.73 vector ALU instructions (objdump of the block loop), and
- * bench_cpu_kernels --gemm --isa avx2, one thread, AMD Zen 3 (EPYC, family 25 model 1), fastest of 5 alternated runs:
- * 576x1536 from memory at 8 rows 96.5 -> 91.2 us, 16 rows 187.5 -> 179.8 (16-bit); Q4_K 1536x576 at 8 rows
- * 102.6 -> 96.1. (Before, 4 rows held for Q8_0 only: on Zen 4 the other types spilled their operands with 4 and ran
- * 2-3% slower, session 20.) With AVX-VNNI a chain needs no temporary register either. */
+ * instead of 3+3+2: per vpmaddwd, Q4_1 16-bit, 2.89 -> 2.73 vector ALU instructions (objdump of the block loop).
+ * bench_cpu_kernels --gemm --isa avx2 --batch 8, one thread, AMD Zen 3 (EPYC, family 25 model 1), fastest of 3
+ * alternated runs, 3 rows (4 for Q8_0) -> 4: 16-bit Q4_0 0.92x, Q4_1 0.91-0.94x, Q4_K 0.93x, Q5_0 0.82-0.92x, Q5_1
+ * 0.90x, Q5_K 0.89x, Q6_K 0.89x; 8-bit Q4_0 0.95-0.98x, Q4_1 0.93-0.96x, Q4_K 0.94x, Q5_1 0.81x, Q5_K 0.85x, Q6_K
+ * 0.89x; Q8_0 (4 rows before too) 0.96-1.00x. (On Zen 4, before nib16, the types other than Q8_0 spilled their
+ * operands with 4 rows and ran 2-3% slower, session 20; not re-measured on Zen 4 since.) With AVX-VNNI a chain needs no
+ * temporary register either. */
 #define AVX2_NR 4
 
 #ifdef BT_AVX2_GEMM_VNNI
@@ -168,27 +170,28 @@ AI void dot16_rows(const int NR, __m256i (*s)[2], __m256i lo, __m256i hi, const 
         __m256i a;
 #ifdef BT_AVX2_GEMM_VNNI /* vpdpwssd: the product pairs and the add in one instruction ({vex}: not the EVEX form) */
         __asm__ volatile("vpbroadcastd %3, %1\n\t"
-                "%{vex%} vpdpwssd %4, %1, %0\n\t"
-                "%{vex%} vpdpwssd %5, %1, %2"
-                : "+x"(s[r][0]), "=&x"(a), "+x"(s[r][1])
-                : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
+                         "%{vex%} vpdpwssd %4, %1, %0\n\t"
+                         "%{vex%} vpdpwssd %5, %1, %2"
+                         : "+x"(s[r][0]), "=&x"(a), "+x"(s[r][1])
+                         : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
 #else
         __m256i t;
         __asm__ volatile("vpbroadcastd %4, %1\n\t"
-                "vpmaddwd %1, %5, %2\n\t"
-                "vpaddd %2, %0, %0\n\t"
-                "vpmaddwd %1, %6, %2\n\t"
-                "vpaddd %2, %3, %3"
-                : "+x"(s[r][0]), "=&x"(a), "=&x"(t), "+x"(s[r][1])
-                : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
+                         "vpmaddwd %1, %5, %2\n\t"
+                         "vpaddd %2, %0, %0\n\t"
+                         "vpmaddwd %1, %6, %2\n\t"
+                         "vpaddd %2, %3, %3"
+                         : "+x"(s[r][0]), "=&x"(a), "=&x"(t), "+x"(s[r][1])
+                         : "m"(*(const int32_t *)p), "x"(lo), "x"(hi));
 #endif
     }
 }
 
-/* Operand j (0..3) of a nibble code vector at v (32 bytes: one half's rows), as int16 lanes: j = 0 the low nibble of each
- * 16-bit word's low byte, 1 of its high byte, 2 the high nibble of the low byte, 3 of the high byte. Volatile asm, as
- * dot16_rows is: GCC kept all 8 operands of a code vector live at once and spilled them to the stack (NR = 4: 40
- * vector loads and stores a block beside 128 vpmaddwd); in program order each pair dies at its dot16_rows. */
+/* Operand j (0..3) of a nibble code vector at v (32 bytes: one half's rows), as int16 lanes: j = 0 the low nibble of
+ * each 16-bit word's low byte, 1 of its high byte, 2 the high nibble of the low byte, 3 of the high byte. Volatile
+ * asm, as dot16_rows is: GCC kept all 8 operands of a code vector live at once and spilled them (NR = 4: 48 stack
+ * accesses per block beside 128 vpmaddwd, 14 now, most of them the float accumulators); in program order each pair
+ * dies at its dot16_rows. (ASan does not check loads made through asm operands, as it did the intrinsic loads.) */
 AI __m256i nib16(const uint8_t *v, const int j, __m256i m4)
 {
     __m256i x;
