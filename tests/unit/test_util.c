@@ -34,6 +34,15 @@ int test_wanted(const char *name)
     return 1;
 }
 
+/* The item of a comma-separated list at *p and its length; *p moves to the next item (NULL after the last). */
+static const char *list_item(const char **p, size_t *len)
+{
+    const char *item = *p, *end = strchr(item, ',');
+    *len = end ? (size_t)(end - item) : strlen(item);
+    *p = end ? end + 1 : NULL;
+    return item;
+}
+
 /* With BATON_TEST_ONLY or BATON_TEST_EXCEPT set: says so, and fails for each name in BATON_TEST_ONLY that ran no
  * function (a misspelling). */
 static void check_narrowing(void)
@@ -43,15 +52,15 @@ static void check_narrowing(void)
     if (!only || !*only) return;
     fprintf(stderr, "BATON_TEST_ONLY=%s: only those test functions run\n", only);
     for (const char *p = only; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
+        size_t len;
+        const char *item = list_item(&p, &len);
         int found = 0;
-        for (int i = 0; i < n_run && !found; i++) found = strlen(run_names[i]) == len && !strncmp(run_names[i], p, len);
+        for (int i = 0; i < n_run && !found; i++)
+            found = strlen(run_names[i]) == len && !strncmp(run_names[i], item, len);
         if (!found) {
-            fprintf(stderr, "BATON_TEST_ONLY: no test function %.*s in this binary\n", (int)len, p);
+            fprintf(stderr, "BATON_TEST_ONLY: no test function %.*s in this binary\n", (int)len, item);
             test_failures++;
         }
-        p = end ? end + 1 : NULL;
     }
 }
 
@@ -98,10 +107,9 @@ int test_list_has(const char *list, const char *name)
 {
     size_t n = strlen(name);
     for (const char *p = list; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && !strncmp(p, name, n)) return 1;
-        p = end ? end + 1 : NULL;
+        size_t len;
+        const char *item = list_item(&p, &len);
+        if (len == n && !strncmp(item, name, n)) return 1;
     }
     return 0;
 }
