@@ -154,7 +154,7 @@ typedef struct bt_cpu_ops {
      * instruction; AVX2 and NEON spend more expanding it than its smaller reads save). Q5_0 and Q5_1 always have one. */
     unsigned gemm16_planes;
     /* most activation rows one gemm8 / gemm16 call takes: 0 for BT_CPU_GEMM_NR; AVX-512 16 (32 registers hold 16
-     * chains) */
+     * chains); AVX2 16 in passes of 4 (the Q5 plane layouts' later passes read the operands the first unpacked) */
     int gemm_nr;
 } bt_cpu_ops;
 
