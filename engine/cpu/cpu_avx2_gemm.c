@@ -230,19 +230,20 @@ AI __m256i add_plane_bytes(__m256i codes, __m256i pb, __m256i ctrl, __m256i bit,
                      w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1)
 
 /* Modes of gemm16_span: unpack each code vector into its int16 operands in registers (UNPACK), also store them to
- * the scratch (UNPACK_STORE), or load them from it (FROM_SCRATCH: a later pass over the same blocks). */
+ * the scratch (UNPACK_STORE), or load them from it (FROM_SCRATCH: a later pass over the same blocks). The scratch
+ * modes serve the high-bit plane layouts only (gemm16_many); other layouts always UNPACK. */
 enum { UNPACK, UNPACK_STORE, FROM_SCRATCH };
 
-/* Operand pairs (lo, hi) per block at 16 bits, and blocks per scratch chunk (16 KB of int16 operands: stays in L1
+/* Operand pairs (lo, hi) per block at 16 bits, and blocks per scratch chunk (8 KB of int16 operands: stays in L1
  * beside the group's codes and the pass's activations). */
 #define OPS16 16
 #define SCRATCH_BLOCKS 8
 
-/* The activation dword operand pair t (0..15) of a 16-bit block pairs with: byte codes in order; nibble layouts
- * t = 4k + j, operand j (0..3) of code vector k, pairs with dword 2k + 0, 1, 8, 9. */
-AI int op16_idx(const int byte_codes, const int t)
+/* The activation dword operand pair t (0..15) of a 16-bit nibble or plane block pairs with: t = 4k + j, operand j
+ * (0..3) of code vector k, pairs with dword 2k + 0, 1, 8, 9. */
+AI int op16_idx(const int t)
 {
-    return byte_codes ? t : 2 * (t >> 2) + (t & 1) + 8 * ((t >> 1) & 1);
+    return 2 * (t >> 2) + (t & 1) + 8 * ((t >> 1) & 1);
 }
 
 /* A stored operand, loaded in program order (volatile asm, as nib16: GCC would otherwise load a block's 32 at once
@@ -255,8 +256,9 @@ AI __m256i ld16(const __m256i *p)
 }
 
 /* Rows 0..NR-1 of act times blocks [b0, b1) of the group, added into acc (the rows' float accumulators). scr: the
- * scratch of the chunk starting at b0 (OPS16 operand pairs per block), read or written as mode says. */
-AI void gemm16_span(int64_t n, const void *group, const void *next, const void *act, size_t act_stride, const int NR,
+ * scratch of the chunk starting at b0 (OPS16 operand pairs per block), read or written as mode says (NULL for
+ * UNPACK). */
+AI void gemm16_span(const void *group, const void *next, const void *act, size_t act_stride, const int NR,
                     __m256 (*acc)[2], int64_t b0, int64_t b1, const int mode, __m256i *scr, const int type)
 {
     const size_t cb = bt_gl_code_bytes(type, 1);
@@ -270,32 +272,25 @@ AI void gemm16_span(int64_t n, const void *group, const void *next, const void *
                   ctrl_h1 = PLANE_CTRL(10, 14);
     const __m256i bit = _mm256_setr_epi8(1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64, -128, -128, 1, 1, 2, 2, 4, 4,
                                          8, 8, 16, 16, 32, 32, 64, 64, -128, -128);
-    (void)n;
     for (int64_t b = b0; b < b1; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
-        __m256i *sp = scr + (size_t)(b - b0) * 2 * OPS16; /* this block's operand pairs in the scratch */
+        /* this block's operand pairs in the scratch */
+        __m256i *sp = mode == UNPACK ? NULL : scr + (size_t)(b - b0) * 2 * OPS16;
         bt_gl_prefetch_block(next, b, type, 1);
         __m256i s[AVX2_NR][2];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = chain_init(off, off ? ACT16(r, b)->sum : 0);
         __m256 d0[2], d1[2]; /* Q6_K: the halves' weight scales */
         if (type == BT_TYPE_Q6_K) load_w_scales(group, b, type, cb, d0, d1);
-        if (mode == FROM_SCRATCH) {
+        if (plane && mode == FROM_SCRATCH) {
 #pragma GCC unroll 16
-            for (int t = 0; t < OPS16; t++) {
-                dot16_rows(NR, s, ld16(sp + 2 * t), ld16(sp + 2 * t + 1), act, act_stride, b, op16_idx(bytes, t));
-                if (type == BT_TYPE_Q6_K && t == 7) { /* the first half (elements 0..15) */
-                    ACCUM_Q6K_HALF(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads), d0);
-#pragma GCC unroll 4
-                    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
-                }
-            }
+            for (int t = 0; t < OPS16; t++)
+                dot16_rows(NR, s, ld16(sp + 2 * t), ld16(sp + 2 * t + 1), act, act_stride, b, op16_idx(t));
         } else if (bytes) {
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) { /* codes 2k, 2k+1 of rows 0-7 (bytes 0-15) and 8-15 (bytes 16-31) */
                 const __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k)));
                 const __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(cp + 32 * k + 16)));
-                if (mode == UNPACK_STORE) _mm256_store_si256(sp + 2 * k, lo), _mm256_store_si256(sp + 2 * k + 1, hi);
                 dot16_rows(NR, s, lo, hi, act, act_stride, b, k);
                 if (type == BT_TYPE_Q6_K && k == 7) { /* the first half (elements 0..15) */
                     ACCUM_Q6K_HALF(bt_gl_act16_scales(act, act_stride, r, b, &ad, &ads), d0);
@@ -324,9 +319,10 @@ AI void gemm16_span(int64_t n, const void *group, const void *next, const void *
                                        _mm256_srli_epi16(nh1, 8)};
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
-                    if (mode == UNPACK_STORE)
-                        _mm256_store_si256(sp + 8 * k + 2 * j, lo[j]), _mm256_store_si256(sp + 8 * k + 2 * j + 1, hi[j]);
-                    dot16_rows(NR, s, lo[j], hi[j], act, act_stride, b, op16_idx(0, 4 * k + j));
+                    if (mode == UNPACK_STORE) /* operand pair t = 4k + j at 2t, 2t + 1 */
+                        _mm256_store_si256(sp + 8 * k + 2 * j, lo[j]),
+                            _mm256_store_si256(sp + 8 * k + 2 * j + 1, hi[j]);
+                    dot16_rows(NR, s, lo[j], hi[j], act, act_stride, b, op16_idx(4 * k + j));
                 }
             }
         } else {
@@ -335,9 +331,7 @@ AI void gemm16_span(int64_t n, const void *group, const void *next, const void *
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) { /* operand j pairs with activation dword 2k + 0, 1, 8, 9 */
                     const __m256i lo = nib16(cp + 64 * k, j, m4), hi = nib16(cp + 64 * k + 32, j, m4);
-                    if (mode == UNPACK_STORE)
-                        _mm256_store_si256(sp + 8 * k + 2 * j, lo), _mm256_store_si256(sp + 8 * k + 2 * j + 1, hi);
-                    dot16_rows(NR, s, lo, hi, act, act_stride, b, op16_idx(0, 4 * k + j));
+                    dot16_rows(NR, s, lo, hi, act, act_stride, b, op16_idx(4 * k + j));
                 }
         }
         if (type == BT_TYPE_Q6_K) {
@@ -354,25 +348,25 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     __m256 acc[AVX2_NR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    gemm16_span(n, group, next, act, act_stride, NR, acc, 0, n / BT_QK, UNPACK, NULL, type);
+    gemm16_span(group, next, act, act_stride, NR, acc, 0, n / BT_QK, UNPACK, NULL, type);
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
 
 /* The passes after the first, rows r0 .. nr - 1 (a constant NR per pass), from the scratch. */
-AI void gemm16_scratch_passes(int64_t n, const void *group, const void *act, size_t act_stride, int nr,
-                              __m256 (*acc)[2], int64_t b0, int64_t b1, __m256i *scr, const int type)
+AI void gemm16_scratch_passes(const void *group, const void *act, size_t act_stride, int nr, __m256 (*acc)[2],
+                              int64_t b0, int64_t b1, __m256i *scr, const int type)
 {
     for (int r0 = AVX2_NR; r0 < nr; r0 += AVX2_NR) {
         const int k = nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR;
         const void *a = (const char *)act + (size_t)r0 * act_stride;
         if (k == 1)
-            gemm16_span(n, group, NULL, a, act_stride, 1, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
+            gemm16_span(group, NULL, a, act_stride, 1, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
         else if (k == 2)
-            gemm16_span(n, group, NULL, a, act_stride, 2, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
+            gemm16_span(group, NULL, a, act_stride, 2, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
         else if (k == 3)
-            gemm16_span(n, group, NULL, a, act_stride, 3, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
+            gemm16_span(group, NULL, a, act_stride, 3, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
         else
-            gemm16_span(n, group, NULL, a, act_stride, 4, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
+            gemm16_span(group, NULL, a, act_stride, 4, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
     }
 }
 
@@ -381,10 +375,10 @@ AI void gemm16_scratch_passes(int64_t n, const void *group, const void *act, siz
  * and the passes over the other rows load them, so the plane's ~4.25 ALU instructions per operand half are spent once
  * per group instead of once per 4 rows. Each row's float accumulation runs block by block in the same order whatever
  * the chunking, so no bit changes. bench_cpu_kernels --gemm --isa avx2 --bits 16, one thread, AMD Zen 3, fastest of
- * 3 alternated runs against 2 calls of 8 rows: Q5_0 576x1536 16 rows 309 -> 253 us, 640x2048 458 -> 378, 8 rows
- * 157 -> 141 and 231 -> 210; Q5_1 16 rows 311 -> 260. The other layouts unpack in 1-1.5 instructions per operand
- * half, and through the scratch measured no faster (Q4_1, Q4_K) or 3-7% slower (Q8_0, Q6_K): they unpack again in
- * each pass. */
+ * 3 alternated runs, old -> new (16 rows: 2 calls of 8 -> 1 of 16; 8 rows: 1 call each): Q5_0 576x1536 16 rows 309 ->
+ * 253 us, 640x2048 458 -> 378, 8 rows 157 -> 141 and 231 -> 210; Q5_1 16 rows 311 -> 260. The other layouts unpack
+ * in 1-1.5 instructions per operand half, and through the scratch measured no faster (Q4_1, Q4_K) or 3-7% slower
+ * (Q8_0, Q6_K): they unpack again in each pass. */
 AI void gemm16_many(int64_t n, const void *group, const void *next, const void *act, size_t act_stride, int nr,
                     float *out, size_t out_stride, int n_valid, const int type)
 {
@@ -394,8 +388,8 @@ AI void gemm16_many(int64_t n, const void *group, const void *next, const void *
     for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += SCRATCH_BLOCKS) {
         const int64_t b1 = b0 + SCRATCH_BLOCKS < nb ? b0 + SCRATCH_BLOCKS : nb;
-        gemm16_span(n, group, next, act, act_stride, AVX2_NR, acc, b0, b1, UNPACK_STORE, scr, type);
-        gemm16_scratch_passes(n, group, act, act_stride, nr, acc, b0, b1, scr, type);
+        gemm16_span(group, next, act, act_stride, AVX2_NR, acc, b0, b1, UNPACK_STORE, scr, type);
+        gemm16_scratch_passes(group, act, act_stride, nr, acc, b0, b1, scr, type);
     }
     for (int r0 = 0; r0 < nr; r0 += AVX2_NR)
         store_rows(nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR, (const __m256(*)[2])(acc + r0),

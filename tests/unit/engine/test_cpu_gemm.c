@@ -102,16 +102,18 @@ static void test_gemm_each_width(void)
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
         if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-        for (int k = 0; k < 4 * N_PACKED; k++) {
+        for (int k = 0; k < 6 * N_PACKED; k++) {
             uint32_t t = packed_types[k % N_PACKED];
-            int bits = k % (2 * N_PACKED) < N_PACKED ? 8 : 16, fixed = k >= 2 * N_PACKED;
+            int bits = k % (2 * N_PACKED) < N_PACKED ? 8 : 16, fixed = k / (2 * N_PACKED);
             if (!bt_cpu_pack_supported(ops, t, bits)) continue;
             uint32_t l = bt_cpu_pack_layout(t, bits);
             bt_cpu_gemm_fn gemm = bits == 8 ? ops->gemm8[l] : ops->gemm16[l];
-            /* a random length, then a fixed one of several block chunks with a partial last one (the AVX2 16-bit
-             * scratch passes take 8 blocks at a time) */
-            int64_t n_in = fixed ? (kquant(t) ? 256 * 3 : 32 * 19)
-                                 : kquant(t) ? 256 * rand_range(&s, 1, 3) : 32 * rand_range(&s, 1, 20);
+            /* a random length, then two fixed ones: for the legacy types 19 blocks (the AVX2 16-bit Q5 scratch
+             * passes take 8 blocks at a time: 8 + 8 + 3) and 16 (two whole chunks) */
+            int64_t n_in = fixed == 1   ? (kquant(t) ? 256 * 3 : 32 * 19)
+                           : fixed == 2 ? (kquant(t) ? 256 : 32 * 16)
+                           : kquant(t)  ? 256 * rand_range(&s, 1, 3)
+                                        : 32 * rand_range(&s, 1, 20);
             int64_t n_out = 16 + rand_range(&s, 1, 15); /* 2 groups, last partial */
             uint8_t *w = make_weights(t, n_in, n_out, &s);
             size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
