@@ -352,21 +352,35 @@ AI void gemm16_kernel(GEMM_ARGS, const int type)
     store_rows(NR, (const __m256(*)[2])acc, out, out_stride, n_valid);
 }
 
-/* The passes after the first, rows r0 .. nr - 1 (a constant NR per pass), from the scratch. */
+/* Rows of the pass that starts at row r0 of nr. */
+#define PASS_ROWS(nr, r0) ((nr) - (r0) < AVX2_NR ? (nr) - (r0) : AVX2_NR)
+
+/* CALL with NR_ the constant k (1..AVX2_NR): each pass is the code specialised for its row count. */
+#define WITH_NR(k, CALL)                                                                                       \
+    do {                                                                                                       \
+        if ((k) == 1) {                                                                                        \
+            enum { NR_ = 1 };                                                                                  \
+            CALL;                                                                                              \
+        } else if ((k) == 2) {                                                                                 \
+            enum { NR_ = 2 };                                                                                  \
+            CALL;                                                                                              \
+        } else if ((k) == 3) {                                                                                 \
+            enum { NR_ = 3 };                                                                                  \
+            CALL;                                                                                              \
+        } else {                                                                                               \
+            enum { NR_ = 4 };                                                                                  \
+            CALL;                                                                                              \
+        }                                                                                                      \
+    } while (0)
+
+/* The passes after the first, rows AVX2_NR .. nr - 1, from the scratch. */
 AI void gemm16_scratch_passes(const void *group, const void *act, size_t act_stride, int nr, __m256 (*acc)[2],
                               int64_t b0, int64_t b1, __m256i *scr, const int type)
 {
     for (int r0 = AVX2_NR; r0 < nr; r0 += AVX2_NR) {
-        const int k = nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR;
         const void *a = (const char *)act + (size_t)r0 * act_stride;
-        if (k == 1)
-            gemm16_span(group, NULL, a, act_stride, 1, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
-        else if (k == 2)
-            gemm16_span(group, NULL, a, act_stride, 2, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
-        else if (k == 3)
-            gemm16_span(group, NULL, a, act_stride, 3, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
-        else
-            gemm16_span(group, NULL, a, act_stride, 4, acc + r0, b0, b1, FROM_SCRATCH, scr, type);
+        WITH_NR(PASS_ROWS(nr, r0),
+                gemm16_span(group, NULL, a, act_stride, NR_, acc + r0, b0, b1, FROM_SCRATCH, scr, type));
     }
 }
 
@@ -392,8 +406,8 @@ AI void gemm16_many(int64_t n, const void *group, const void *next, const void *
         gemm16_scratch_passes(group, act, act_stride, nr, acc, b0, b1, scr, type);
     }
     for (int r0 = 0; r0 < nr; r0 += AVX2_NR)
-        store_rows(nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR, (const __m256(*)[2])(acc + r0),
-                   out + (size_t)r0 * out_stride, out_stride, n_valid);
+        store_rows(PASS_ROWS(nr, r0), (const __m256(*)[2])(acc + r0), out + (size_t)r0 * out_stride, out_stride,
+                   n_valid);
 }
 
 /* 8-bit activations: every row's sums += the unsigned operand pair (lo, hi) times the row's activation dword idx. */
@@ -525,18 +539,11 @@ AI void gemm8_kernel(GEMM_ARGS, const int type)
 /* nr rows in passes of up to AVX2_NR; each pass is the kernel specialised for its row count */
 #define GEMM_PASSES(kernel, TYPE)                                                                              \
     for (int r0 = 0; r0 < nr; r0 += AVX2_NR) {                                                                 \
-        const int k = nr - r0 < AVX2_NR ? nr - r0 : AVX2_NR;                                                   \
+        const int k = PASS_ROWS(nr, r0);                                                                       \
         const void *a = (const char *)act + (size_t)r0 * act_stride;                                           \
         float *o = out + (size_t)r0 * out_stride;                                                              \
         const void *nx = r0 + k >= nr ? next : NULL; /* prefetch the next group once, in the last pass */     \
-        if (k == 1)                                                                                            \
-            kernel(n, group, nx, a, act_stride, 1, o, out_stride, n_valid, TYPE);                              \
-        else if (k == 2)                                                                                       \
-            kernel(n, group, nx, a, act_stride, 2, o, out_stride, n_valid, TYPE);                              \
-        else if (k == 3)                                                                                       \
-            kernel(n, group, nx, a, act_stride, 3, o, out_stride, n_valid, TYPE);                              \
-        else                                                                                                   \
-            kernel(n, group, nx, a, act_stride, 4, o, out_stride, n_valid, TYPE);                              \
+        WITH_NR(k, kernel(n, group, nx, a, act_stride, NR_, o, out_stride, n_valid, TYPE));                    \
     }
 
 AVX2_GEMM_DECL(q4_0) { GEMM_PASSES(gemm8_kernel, BT_TYPE_Q4_0) }
