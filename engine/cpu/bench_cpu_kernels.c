@@ -256,7 +256,7 @@ typedef struct gemm_variant {
  * or the --batch counts) in tiles of nr, variants alternated, median of 25; "cold" rotates through copies of the
  * packed matrix totalling >= 128 MB, as decode streams the weights. Efficiency: multiply-adds over the ISA's
  * measured dot-instruction rate for those activation bits (bt_cpu_dot_macs_rate: vpdpwssd / vpdpbusd on AVX-512,
- * vpmaddwd on AVX2). types: NULL, or a comma-separated list of the weight types to run (--types). n_rows > 0: each
+ * vpmaddwd or vpmaddubsw on AVX2). types: NULL, or a comma-separated list of the weight types to run (--types). n_rows > 0: each
  * shape (once per type, shape and cold) runs with each of the activation row counts in rows instead of its own
  * (--batch: a verification step's 2-9 rows, or a prefill chunk's 512, say; as the engine, rows go in chunks of 64,
  * each over all groups). */

@@ -170,7 +170,8 @@ int bt_cpu_isa_built(bt_cpu_isa isa);
 int bt_cpu_isa_supported(bt_cpu_isa isa);
 
 /* Multiply-accumulates per second one thread gets from the integer dot instruction the quantized matmuls of isa use
- * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16; AVX2 + AVX-VNNI:
+ * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16, or at 8 bits
+ * vpmaddubsw summed in int16, 32; AVX2 + AVX-VNNI:
  * the VEX vpdpwssd, 16, or vpdpbusd at 8 bits, 32; NEON: smlal, 4, or sdot at 8 bits, 16; NEON + i8mm: smmla, 32,
  * or smmla + usmmla at 16 bits, 16 per instruction), measured here in about 10 ms with no memory traffic: the
  * compute roofline of a matmul.

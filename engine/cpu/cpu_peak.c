@@ -85,6 +85,24 @@ __attribute__((target("avx2"))) static double avx2_rate(long iters)
     return (double)iters * 8 / (mono_s() - t0);
 }
 
+/* vpmaddubsw + vpaddw (32 MACs of byte pairs per ymm, summed in int16, as the 8-bit nibble kernels do: cpu_avx2_gemm.c's
+ * dot8_nib_rows) on 8 ymm chains: vpmaddubsw per second */
+__attribute__((target("avx2"))) static double avx2_rate8(long iters)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, t0v, t1v;
+    const __m256i w = _mm256_set1_epi32(0x01010101);
+    double t0 = mono_s();
+    for (long it = 0; it < iters; it++)
+        __asm__ volatile("vpmaddubsw %10, %10, %8\n\tvpaddw %8, %0, %0\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %1, %1\n\t"
+                         "vpmaddubsw %10, %10, %8\n\tvpaddw %8, %2, %2\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %3, %3\n\t"
+                         "vpmaddubsw %10, %10, %8\n\tvpaddw %8, %4, %4\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %5, %5\n\t"
+                         "vpmaddubsw %10, %10, %8\n\tvpaddw %8, %6, %6\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %7, %7"
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "=&x"(t0v),
+                           "=&x"(t1v)
+                         : "x"(w));
+    return (double)iters * 8 / (mono_s() - t0);
+}
+
 #elif defined(__aarch64__)
 /* ins on v16-v31 with both sources operand 0, arranged ta (accumulator) and tw (sources); smlal / smlal2 alternate */
 #define N1(ins, ta, tw, r) ins " v" r "." ta ", %0." tw ", %0." tw "\n\t"
@@ -139,7 +157,7 @@ double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
         if (isa == BT_CPU_ISA_AVX512 && bt_cpu_isa_supported(BT_CPU_ISA_AVX512))
             r = vnni_rate(bytes, 250 * 1000) * (bytes ? 64 : 32);
         else if (isa == BT_CPU_ISA_AVX2 && bt_cpu_isa_supported(BT_CPU_ISA_AVX2))
-            r = avx2_rate(250 * 1000) * 16;
+            r = bytes ? avx2_rate8(250 * 1000) * 32 : avx2_rate(250 * 1000) * 16;
         else if (isa == BT_CPU_ISA_AVX2_VNNI && bt_cpu_isa_supported(BT_CPU_ISA_AVX2_VNNI))
             r = avx_vnni_rate(bytes, 250 * 1000) * (bytes ? 32 : 16);
 #elif defined(__aarch64__)
