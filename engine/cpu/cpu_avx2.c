@@ -878,6 +878,47 @@ AI __m256 tree16_x8(const __m256 *b, float scale)
     return _mm256_mul_ps(_mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), _mm256_set1_ps(scale));
 }
 
+/* The reference's running max over a block's 16 scores (lanes 0-7 in s0, 8-15 in s1; -inf past nk) from m:
+ * vmaxps returns its second operand where the first is NaN, so a NaN score is passed over as the reference's
+ * s[j] > mn passes it; the order of a max is otherwise immaterial (+0 and -0, the one tie it could break either
+ * way, give the same exp of every difference and so the same bits downstream). */
+AI float max16(__m256 s0, __m256 s1, float m)
+{
+    const __m256 x = _mm256_max_ps(s1, _mm256_max_ps(s0, _mm256_set1_ps(m)));
+    __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    y = _mm_max_ps(y, _mm_movehl_ps(y, y));
+    return _mm_cvtss_f32(_mm_max_ss(y, _mm_movehdup_ps(y)));
+}
+
+/* attn_heads8's V pass over elements [i, i + 16 * SL) of NH heads (SL * NH <= 8 slices: 16 accumulators at most). */
+AI void v_slices(int64_t n, const int NH, const int SL, int64_t i, const bt_cpu_kv_rows *kv, const float *vsm, int nk,
+                 const float (*w)[16], const __m256 *c, float *acc, const int type, const bt_cpu_pf *pfv)
+{
+    __m256 a[ATTN_NH][8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 2 * SL; u++) {
+        if (u % 2 == 0) bt_cpu_pf_part(pfv, (int)(i / 16) + u / 2);
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++)
+            a[h][u] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8 * (size_t)u), c[h]);
+    }
+    for (int j = 0; j < nk; j++) {
+        __m256 wv[ATTN_NH];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) wv[h] = _mm256_broadcast_ss(&w[h][j]);
+#pragma GCC unroll 8
+        for (int u = 0; u < 2 * SL; u++) {
+            const __m256 v = kv_load8(kv, 1, type, n, j, i + 8 * u, vsm);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) a[h][u] = _mm256_fmadd_ps(wv[h], v, a[h][u]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < 2 * SL; u++)
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) _mm256_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8 * (size_t)u, a[h][u]);
+}
+
 /* attn_block for NH (1..ATTN_NH) query heads. Per key, each head's 16 dot lanes (mul over elements 0..15, then fma,
  * as the scalar reference) in two registers, lanes 0-7 and 8-15, whose sum is kept (tree16's first step); the
  * scores of 8 keys are then reduced together. */
@@ -910,45 +951,32 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
     const __m256 valid0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nk), idx));
     const __m256 valid1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nk - 8), idx));
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    float w[ATTN_NH][16];
-    __m256 c[ATTN_NH];
+    float w[ATTN_NH][16], mn[8] = {0}, dm[8] = {0}, cs[8];
+    __m256 s0[ATTN_NH], s1[ATTN_NH], c[ATTN_NH];
     for (int h = 0; h < NH; h++) {
-        float s[16];
-        const __m256 s0 = _mm256_blendv_ps(ninf, tree16_x8(b[h], scale), valid0);
-        const __m256 s1 = nk > 8 ? _mm256_blendv_ps(ninf, tree16_x8(b[h] + 8, scale), valid1) : ninf;
-        _mm256_storeu_ps(s, s0);
-        _mm256_storeu_ps(s + 8, s1);
-        float mn = m[h];
-        for (int j = 0; j < nk; j++) mn = s[j] > mn ? s[j] : mn;
-        const __m256 vmn = _mm256_set1_ps(mn);
-        c[h] = exp8(_mm256_set1_ps(m[h] - mn));
-        const __m256 w0 = exp8(_mm256_sub_ps(s0, vmn)), w1 = exp8(_mm256_sub_ps(s1, vmn));
-        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm256_castps256_ps128(c[h]), _mm_set_ss(tree16_2(w0, w1))));
+        s0[h] = _mm256_blendv_ps(ninf, tree16_x8(b[h], scale), valid0);
+        s1[h] = nk > 8 ? _mm256_blendv_ps(ninf, tree16_x8(b[h] + 8, scale), valid1) : ninf;
+        mn[h] = max16(s0[h], s1[h], m[h]);
+        dm[h] = m[h] - mn[h];
+    }
+    /* every head's rescale exp(m - mn) in one exp8, lane h */
+    _mm256_storeu_ps(cs, exp8(_mm256_loadu_ps(dm)));
+    for (int h = 0; h < NH; h++) {
+        const __m256 vmn = _mm256_set1_ps(mn[h]);
+        c[h] = _mm256_set1_ps(cs[h]);
+        const __m256 w0 = exp8(_mm256_sub_ps(s0[h], vmn)), w1 = exp8(_mm256_sub_ps(s1[h], vmn));
+        l[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[h]), _mm_set_ss(cs[h]), _mm_set_ss(tree16_2(w0, w1))));
         _mm256_storeu_ps(w[h], w0);
         _mm256_storeu_ps(w[h] + 8, w1);
-        m[h] = mn;
+        m[h] = mn[h];
     }
-    /* acc = acc * c, then fmaf(w_j, V_j, acc) for j ascending, 16 elements of every head at a time */
-    for (int64_t i = 0; i < n; i += 16) {
-        bt_cpu_pf_part(&pfv, (int)(i / 16));
-        __m256 a[ATTN_NH][2];
-        for (int h = 0; h < NH; h++) {
-            a[h][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i), c[h]);
-            a[h][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8), c[h]);
-        }
-        for (int j = 0; j < nk; j++) {
-            const __m256 va = kv_load8(kv, 1, type, n, j, i, vsm), vb = kv_load8(kv, 1, type, n, j, i + 8, vsm);
-            for (int h = 0; h < NH; h++) {
-                const __m256 wv = _mm256_broadcast_ss(&w[h][j]);
-                a[h][0] = _mm256_fmadd_ps(wv, va, a[h][0]);
-                a[h][1] = _mm256_fmadd_ps(wv, vb, a[h][1]);
-            }
-        }
-        for (int h = 0; h < NH; h++) {
-            _mm256_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i, a[h][0]);
-            _mm256_storeu_ps(acc + (size_t)h * (size_t)n + (size_t)i + 8, a[h][1]);
-        }
-    }
+    /* acc = acc * c, then fmaf(w_j, V_j, acc) for j ascending: each head's element i is one chain of nk fmas in the
+     * reference's order, so chains only come side by side, SL * 16 elements of every head at a time (2 * SL * NH
+     * chains in flight; the fma's latency needs ~8 of them to keep both pipes busy) */
+    const int SL = NH == 1 ? 4 : NH <= 3 ? 2 : 1;
+    int64_t i = 0;
+    for (; i + 16 * SL <= n; i += 16 * SL) v_slices(n, NH, SL, i, kv, vsm, nk, w, c, acc, type, &pfv);
+    for (; i < n; i += 16) v_slices(n, NH, 1, i, kv, vsm, nk, w, c, acc, type, &pfv);
 }
 
 AI void attn_block8(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
