@@ -16,10 +16,10 @@
  *     vpsignb: |pair| <= 2 * 128 * 127 < 2^15, since 8-bit activations are -127..127). That is the exact sum of
  *     q * a, which the reference reaches as sum((q + 128) * a) - 128 * sum(a). Q5_0 at 8 bits is packed as Q8_0.
  * Q4_K is packed as a Q4_1 with fp32 scales and reads its activations in the K-quant format (Q5_K and Q6_K: bytes).
- * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane: the nibbles become
- * bytes, each byte picks its plane byte (vpshufb from the block's 16 plane bytes of the code vector), tests its bit
- * and gets 16 or-ed in where it is set (4 ops for 32 codes, serving every row of the pass), and the bytes split into
- * the int16 operands.
+ * Q5_0 and Q5_1 (16-bit activations) are Q4_0 / Q4_1 nibbles plus a high-bit plane, packed for AVX2 in nibble-vector
+ * order (bt_cpu_ops.plane_nibbles): the nibbles become bytes, each byte's fifth bit is shifted from the code vector's
+ * 16 plane bytes to bit 4 and or-ed in (3 ops for 32 codes, serving every row of the pass: FIFTH_BIT), and the bytes
+ * split into the int16 operands.
  * Built with BT_AVX2_GEMM_VNNI (cpu_avx2_vnni_gemm.c, the avx2-vnni table), each chain is one VEX instruction:
  * vpdpwssd for 16-bit activations, vpdpbusd for 8-bit ones (Q8_0 takes its stored code + 128 as the unsigned
  * operand and starts its sums at -128 * sum(a), as the reference does): the same exact integers.
@@ -213,23 +213,12 @@ AI __m256i nib16(const uint8_t *v, const int j, __m256i m4)
     return x;
 }
 
-/* Byte codes of a nibble half (32 bytes: rows 8h .. 8h + 7) with their fifth bits from a high-bit plane layout (Q5_0,
- * Q5_1): pb holds the block's 16 plane bytes of code vector k in both 128-bit lanes; byte p of the half takes
- * plane byte ctrl[p] (the half-word of its operand, byte 0 for int16 lanes 0-7 in the low 128-bit lane, byte 1 for
- * lanes 8-15 in the high one), keeps bit (p % 16) / 2 (its int16 lane's), and 16 is or-ed in where it is set: 4 ops
- * for 32 codes (2 operand halves), where a half-word broadcast per operand half took 4 for 16. */
-AI __m256i add_plane_bytes(__m256i codes, __m256i pb, __m256i ctrl, __m256i bit, __m256i c16)
-{
-    const __m256i x = _mm256_and_si256(_mm256_shuffle_epi8(pb, ctrl), bit);
-    return _mm256_or_si256(codes, _mm256_and_si256(_mm256_cmpeq_epi8(x, bit), c16));
-}
-
-/* Plane byte for byte p of a nibble half: w is the half-word's offset in the 16 plane bytes of code vector k (the
- * operand half-word of byte p % 2's operand: low nibbles operands 4k (even bytes) and 4k + 1 (odd), high nibbles 4k + 2
- * and 4k + 3; half-word 2u + h of operand 4k + u), + 1 in the high 128-bit lane. */
-#define PLANE_CTRL(w0, w1)                                                                                    \
-    _mm256_setr_epi8(w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0, w1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, \
-                     w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1, w0 + 1, w1 + 1)
+/* Byte codes of a nibble vector (32 bytes of 0..15) with their fifth bits from pb, the code vector's 16 plane bytes
+ * in both 128-bit lanes with the high lane's shifted right by 4 (cpu_gemm.c's nibble-vector order, as AVX2 packs
+ * it): bit X of each byte of pb belongs to nibble vector X, so a shift left by S = 4 - X takes it to bit 4 (the bits
+ * a 16-bit shift carries across the byte boundary land below bit 4 and are masked off) and 16 is or-ed in where it is
+ * set: 3 instructions for 32 codes. */
+#define FIFTH_BIT(codes, pb, S, c16) _mm256_or_si256((codes), _mm256_and_si256(_mm256_slli_epi16((pb), (S)), (c16)))
 
 /* Modes of gemm16_span: unpack each code vector into its int16 operands in registers (UNPACK), also store them to
  * the scratch (UNPACK_STORE), or load them from it (FROM_SCRATCH: a later pass over the same blocks). The scratch
@@ -267,13 +256,7 @@ AI void gemm16_span(const void *group, const void *next, const void *act, size_t
     const int mins = bt_gl_has_min(type), off = type == BT_TYPE_Q4_0 ? 8 : type == BT_TYPE_Q5_0 ? 16 : 0;
     const int plane = bt_gl_plane(type, 1), bytes = bt_gl_byte_codes(type, 1);
     const __m256i m4 = _mm256_set1_epi32(0x000f000f), m4b = _mm256_set1_epi8(0x0f), m8 = _mm256_set1_epi16(0x00ff);
-    const __m256i c16 = _mm256_set1_epi8(16);
-    /* the plane bytes of the low and high nibbles of each half (half-words 2u + h, u = 0, 1 low and 2, 3 high) and each
-     * byte's bit */
-    const __m256i ctrl_l0 = PLANE_CTRL(0, 4), ctrl_h0 = PLANE_CTRL(8, 12), ctrl_l1 = PLANE_CTRL(2, 6),
-                  ctrl_h1 = PLANE_CTRL(10, 14);
-    const __m256i bit = _mm256_setr_epi8(1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64, -128, -128, 1, 1, 2, 2, 4, 4,
-                                         8, 8, 16, 16, 32, 32, 64, 64, -128, -128);
+    const __m256i c16 = _mm256_set1_epi8(16), lane_shift = _mm256_setr_epi64x(0, 0, 4, 4);
     for (int64_t b = b0; b < b1; b++) {
         const uint8_t *cp = bt_gl_codes(group, b, type, cb);
         /* this block's operand pairs in the scratch */
@@ -305,16 +288,15 @@ AI void gemm16_span(const void *group, const void *next, const void *act, size_t
             for (int k = 0; k < 4; k++) { /* low nibbles: codes 4k .. 4k+3, high ones 16 + the same */
                 const __m256i vl = _mm256_load_si256((const __m256i *)(cp + 64 * k));
                 const __m256i vh = _mm256_load_si256((const __m256i *)(cp + 64 * k + 32));
-                /* words 4k .. 4k+3 of the plane: each a low half (rows 0-7) and a high half (8-15). Each byte's low and
-                 * high nibble as a byte, its fifth bit added; int16 lane i of operand 4k + u is then byte 2i (u even)
-                 * or 2i + 1 (u odd) of the low (u < 2) or high nibbles */
-                const __m256i pb = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(cp + 256) + k));
-                const __m256i nl0 = add_plane_bytes(_mm256_and_si256(vl, m4b), pb, ctrl_l0, bit, c16);
-                const __m256i nh0 =
-                    add_plane_bytes(_mm256_and_si256(_mm256_srli_epi16(vl, 4), m4b), pb, ctrl_h0, bit, c16);
-                const __m256i nl1 = add_plane_bytes(_mm256_and_si256(vh, m4b), pb, ctrl_l1, bit, c16);
-                const __m256i nh1 =
-                    add_plane_bytes(_mm256_and_si256(_mm256_srli_epi16(vh, 4), m4b), pb, ctrl_h1, bit, c16);
+                /* the code vector's 16 plane bytes (FIFTH_BIT). Each byte's low and high nibble as a byte (nibble
+                 * vectors 0 and 1 of rows 0-7, 2 and 3 of rows 8-15), its fifth bit added; int16 lane i of operand
+                 * 4k + u is then byte 2i (u even) or 2i + 1 (u odd) of the low (u < 2) or high nibbles */
+                const __m256i pb = _mm256_srlv_epi64(
+                    _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(cp + 256) + k)), lane_shift);
+                const __m256i nl0 = FIFTH_BIT(_mm256_and_si256(vl, m4b), pb, 4, c16);
+                const __m256i nh0 = FIFTH_BIT(_mm256_and_si256(_mm256_srli_epi16(vl, 4), m4b), pb, 3, c16);
+                const __m256i nl1 = FIFTH_BIT(_mm256_and_si256(vh, m4b), pb, 2, c16);
+                const __m256i nh1 = FIFTH_BIT(_mm256_and_si256(_mm256_srli_epi16(vh, 4), m4b), pb, 1, c16);
                 const __m256i lo[4] = {_mm256_and_si256(nl0, m8), _mm256_srli_epi16(nl0, 8), _mm256_and_si256(nh0, m8),
                                        _mm256_srli_epi16(nh0, 8)};
                 const __m256i hi[4] = {_mm256_and_si256(nl1, m8), _mm256_srli_epi16(nl1, 8), _mm256_and_si256(nh1, m8),

@@ -36,7 +36,8 @@ BT_GL_AI int bt_gl_byte_codes(const int type, const int bits16)
 /* Layouts with a high-bit plane (Q5_0 and Q5_1 with 16-bit activations, Q5_K in the BT_GL_PLANES variant): a block's
  * codes are Q4_0's / Q4_1's 16-bit nibble vectors (256 bytes) followed by 64 bytes holding the fifth bit of each
  * code (cpu_gemm.c): bit i of 32-bit word t is the high bit of int16 lane i (row i / 2) of the block's operand vector
- * t, in the order the nibble kernels produce them (bt_gl_plane_elem). */
+ * t, in the order the nibble kernels produce them (bt_gl_plane_elem); or, where the ISA's plane_nibbles is set
+ * (AVX2), the same bits in nibble-vector order (cpu_gemm.c). */
 BT_GL_AI int bt_gl_plane(const int type, const int bits16)
 {
     return (bits16 && (type == BT_TYPE_Q5_0 || type == BT_TYPE_Q5_1)) ||

@@ -182,7 +182,8 @@ extern const bt_cpu_ops bt_cpu_ops_neon_i8mm;
         [BT_TYPE_Q5_1] = bt_cpu_##isa##_gemm_q5_1_q16,                                                                \
         [BT_TYPE_Q5_0] = bt_cpu_##isa##_gemm_q5_0_q16,                                                                \
     },                                                                                                                \
-    .gemm_nr = 16 /* every layout and width, in passes of 4; 16-bit Q5_0 / Q5_1 through a scratch (gemm16_many) */
+    .gemm_nr = 16, /* every layout and width, in passes of 4; 16-bit Q5_0 / Q5_1 through a scratch (gemm16_many) */ \
+    .plane_nibbles = 1 /* the Q5_0 / Q5_1 planes in nibble-vector order (cpu_gemm.c) */
 
 
 /* Constants of bt_cpu_expf, shared by every ISA's version. */

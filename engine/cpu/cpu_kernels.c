@@ -425,7 +425,8 @@ bt_status bt_cpu_matmul_check(const bt_cpu_matmul *mm)
         int bits = mm->act_bits == 8 ? 8 : 16;
         int planes = bits == 16 && p->wtype < 32 && (mm->ops->gemm16_planes >> p->wtype & 1u);
         if (p->wtype != bt_cpu_pack_layout(mm->wtype, bits) || p->act_bits != bits || p->n_in != mm->n_in || p->n_out != mm->n_out ||
-            !p->data || !bt_cpu_pack_supported(mm->ops, mm->wtype, bits) || p->planes != planes)
+            !p->data || !bt_cpu_pack_supported(mm->ops, mm->wtype, bits) || p->planes != planes ||
+            p->plane_nib != bt_cpu_pack_plane_nibbles(mm->ops, mm->wtype, bits))
             return bt_fail(BT_ERR_INVALID, "matmul: packed weights do not match the matmul or the ISA");
     }
     return BT_OK;

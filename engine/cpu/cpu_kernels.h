@@ -61,6 +61,7 @@ typedef struct bt_cpu_packed {
     uint32_t wtype;     /* the layout and kernel: bt_cpu_pack_layout of the packed matrix's type */
     int act_bits;       /* 8 or 16: the precision the layout is for */
     int planes;         /* 1: the ISA's 16-bit variant with a high-bit plane (bt_cpu_ops.gemm16_planes) */
+    int plane_nib;      /* 1: its high-bit plane is in nibble-vector order (bt_cpu_ops.plane_nibbles), 0: word order */
     int64_t n_in, n_out;
     size_t group_bytes; /* bytes per group of BT_CPU_PACK_ROWS rows, a multiple of 64 */
     void *data;         /* [ceil(n_out / 16)][group_bytes], 64-byte aligned; rows past n_out are zero */
@@ -153,6 +154,10 @@ typedef struct bt_cpu_ops {
      * portable layout has byte codes (Q5_K on AVX-512, whose mask registers add a plane word to an operand in one
      * instruction; AVX2 and NEON spend more expanding it than its smaller reads save). Q5_0 and Q5_1 always have one. */
     unsigned gemm16_planes;
+    /* 1: the high-bit planes this ISA's kernels read are in nibble-vector order (AVX2: a shift, an and and an or put
+     * each fifth bit at bit 4 of its code byte), 0: in word order (a plane word is one operand vector's lane mask:
+     * AVX-512, NEON, the reference's default); cpu_gemm.c */
+    int plane_nibbles;
     /* most activation rows one gemm8 / gemm16 call takes: 0 for BT_CPU_GEMM_NR; AVX-512 16 (32 registers hold 16
      * chains); AVX2 16 in passes of 4 (the Q5 plane layouts' later passes read the operands the first unpacked) */
     int gemm_nr;
@@ -208,6 +213,9 @@ void bt_cpu_prepare_act_row(const bt_cpu_ops *ops, uint32_t t, int act_bits, int
  * Q4_1, Q4_K, Q5_1, Q5_K, Q6_K and Q8_0; for Q5_0 itself (nibbles and a high-bit plane) at 16 bits and Q8_0 at 8,
  * its values d * (q - 16) being exactly Q8_0 codes q - 16 with the same d; BT_TYPE_COUNT when none. */
 uint32_t bt_cpu_pack_layout(uint32_t t, int act_bits);
+
+/* 1 when ops packs type t at act_bits with a high-bit plane in nibble-vector order (bt_cpu_ops.plane_nibbles). */
+int bt_cpu_pack_plane_nibbles(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 
 /* True when ops has a tiled kernel for weight type t at act_bits (0 means 16), i.e. bt_cpu_pack can serve it. */
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);

@@ -452,6 +452,37 @@ static void test_pack_checks(void)
         bt_cpu_packed_free(&pp);
         free(w5);
     }
+    /* AVX2 (and AVX-VNNI, the same kernels) lay the Q5_0 / Q5_1 high-bit planes out in nibble-vector order, in the
+     * same bytes, and refuse the word order the other ISAs read */
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        const bt_cpu_ops *o = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!o) continue;
+        const int nib = isa == BT_CPU_ISA_AVX2 || isa == BT_CPU_ISA_AVX2_VNNI;
+        CHECK(o->plane_nibbles == nib);
+        CHECK(bt_cpu_pack_plane_nibbles(o, BT_TYPE_Q5_0, 16) == nib && bt_cpu_pack_plane_nibbles(o, BT_TYPE_Q5_1, 0) == nib);
+        CHECK(!bt_cpu_pack_plane_nibbles(o, BT_TYPE_Q5_0, 8) && !bt_cpu_pack_plane_nibbles(o, BT_TYPE_Q4_1, 16));
+        CHECK(bt_cpu_pack_bytes(o, BT_TYPE_Q5_0, 16, 640, 32) == bt_cpu_pack_bytes(NULL, BT_TYPE_Q5_0, 16, 640, 32));
+    }
+    const bt_cpu_ops *avx2 = bt_cpu_ops_get(BT_CPU_ISA_AVX2);
+    if (avx2 && test_isa_covers(BT_CPU_ISA_AVX2)) {
+        uint8_t *w5 = make_weights(BT_TYPE_Q5_0, 64, 16, &s);
+        float x5[64], o5[16];
+        uint8_t xq5[256];
+        REQUIRE(w5 && bt_cpu_act_row_bytes(BT_TYPE_Q5_0, 16, 64) <= sizeof xq5);
+        test_fill_act(64, x5, &s);
+        bt_cpu_packed pw, pn;
+        REQUIRE(bt_cpu_pack(NULL, NULL, BT_TYPE_Q5_0, 16, 64, 16, w5, &pw) == BT_OK);
+        REQUIRE(bt_cpu_pack(avx2, NULL, BT_TYPE_Q5_0, 16, 64, 16, w5, &pn) == BT_OK);
+        CHECK(!pw.plane_nib && pn.plane_nib && pw.group_bytes == pn.group_bytes);
+        bt_cpu_matmul mm = {.ops = avx2, .wtype = BT_TYPE_Q5_0, .n_in = 64, .n_out = 16, .n_rows = 1, .w = w5,
+                            .x = x5, .xq = xq5, .out = o5, .act_bits = 16, .wp = &pw};
+        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_ERR_INVALID);
+        mm.wp = &pn;
+        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+        bt_cpu_packed_free(&pw);
+        bt_cpu_packed_free(&pn);
+        free(w5);
+    }
     CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 16, 128, 16) == 0);
     CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 16, 256, 16) == 128 + 4 * (64 + 2 * 512));
     CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q4_K, 16, 512, 16) == 2 * (128 + 4 * (64 + 2 * 256))); /* 1.06x the GGUF rows */
