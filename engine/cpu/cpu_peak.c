@@ -67,41 +67,30 @@ VNNI_RATE_FN(vnni_rate, "avx512f,avx512vnni", __m512i, _mm512_set1_epi32, "v", "
 VNNI_RATE_FN(avx_vnni_rate, "avx2,avxvnni", __m256i, _mm256_set1_epi32, "x", "%{vex%} ", YMM12, 12, YMM12_CLOBBERS,
              "vzeroupper")
 
-/* vpmaddwd + vpaddd (16 MACs of 16-bit pairs per ymm) on 8 ymm chains: vpmaddwd per second (the chains run
- * through the 1-cycle vpaddd, so 8 cover its latency) */
-__attribute__((target("avx2"))) static double avx2_rate(long iters)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, t0v, t1v;
-    const __m256i w = _mm256_set1_epi32(0x00010001);
-    double t0 = mono_s();
-    for (long it = 0; it < iters; it++)
-        __asm__ volatile("vpmaddwd %10, %10, %8\n\tvpaddd %8, %0, %0\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %1, %1\n\t"
-                         "vpmaddwd %10, %10, %8\n\tvpaddd %8, %2, %2\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %3, %3\n\t"
-                         "vpmaddwd %10, %10, %8\n\tvpaddd %8, %4, %4\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %5, %5\n\t"
-                         "vpmaddwd %10, %10, %8\n\tvpaddd %8, %6, %6\n\tvpmaddwd %10, %10, %9\n\tvpaddd %9, %7, %7"
-                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "=&x"(t0v),
-                           "=&x"(t1v)
-                         : "x"(w));
-    return (double)iters * 8 / (mono_s() - t0);
-}
+/* name(iters): MUL (a product of the constant W with itself into a temporary) then ADD (into one of 8 ymm chains: the
+ * chains run through the 1-cycle add, so 8 cover its latency), 8 of each an iteration: MUL instructions per second */
+#define AVX2_RATE_FN(name, MUL, ADD, W)                                                                        \
+    __attribute__((target("avx2"))) static double name(long iters)                                             \
+    {                                                                                                          \
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, t0v, t1v; \
+        const __m256i w = _mm256_set1_epi32(W);                                                                \
+        double t0 = mono_s();                                                                                  \
+        for (long it = 0; it < iters; it++)                                                                    \
+            __asm__ volatile(MUL " %10, %10, %8\n\t" ADD " %8, %0, %0\n\t" MUL " %10, %10, %9\n\t" ADD " %9, %1, %1\n\t" \
+                             MUL " %10, %10, %8\n\t" ADD " %8, %2, %2\n\t" MUL " %10, %10, %9\n\t" ADD " %9, %3, %3\n\t" \
+                             MUL " %10, %10, %8\n\t" ADD " %8, %4, %4\n\t" MUL " %10, %10, %9\n\t" ADD " %9, %5, %5\n\t" \
+                             MUL " %10, %10, %8\n\t" ADD " %8, %6, %6\n\t" MUL " %10, %10, %9\n\t" ADD " %9, %7, %7"     \
+                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),      \
+                               "=&x"(t0v), "=&x"(t1v)                                                          \
+                             : "x"(w));                                                                        \
+        return (double)iters * 8 / (mono_s() - t0);                                                            \
+    }
 
-/* vpmaddubsw + vpaddw (32 MACs of byte pairs per ymm, summed in int16, as the 8-bit nibble kernels do: cpu_avx2_gemm.c's
- * dot8_nib_rows) on 8 ymm chains: vpmaddubsw per second */
-__attribute__((target("avx2"))) static double avx2_rate8(long iters)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, t0v, t1v;
-    const __m256i w = _mm256_set1_epi32(0x01010101);
-    double t0 = mono_s();
-    for (long it = 0; it < iters; it++)
-        __asm__ volatile("vpmaddubsw %10, %10, %8\n\tvpaddw %8, %0, %0\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %1, %1\n\t"
-                         "vpmaddubsw %10, %10, %8\n\tvpaddw %8, %2, %2\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %3, %3\n\t"
-                         "vpmaddubsw %10, %10, %8\n\tvpaddw %8, %4, %4\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %5, %5\n\t"
-                         "vpmaddubsw %10, %10, %8\n\tvpaddw %8, %6, %6\n\tvpmaddubsw %10, %10, %9\n\tvpaddw %9, %7, %7"
-                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "=&x"(t0v),
-                           "=&x"(t1v)
-                         : "x"(w));
-    return (double)iters * 8 / (mono_s() - t0);
-}
+/* vpmaddwd + vpaddd: 16 MACs of 16-bit pairs per ymm */
+AVX2_RATE_FN(avx2_rate, "vpmaddwd", "vpaddd", 0x00010001)
+/* vpmaddubsw + vpaddw: 32 MACs of byte pairs per ymm, summed in int16 as the 8-bit nibble kernels do
+ * (cpu_avx2_gemm.c's dot8_nib_rows) */
+AVX2_RATE_FN(avx2_rate8, "vpmaddubsw", "vpaddw", 0x01010101)
 
 #elif defined(__aarch64__)
 /* ins on v16-v31 with both sources operand 0, arranged ta (accumulator) and tw (sources); smlal / smlal2 alternate */

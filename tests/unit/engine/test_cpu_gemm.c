@@ -197,65 +197,83 @@ static void test_q5_0_plane_matches_q8_0(void)
     }
 }
 
+/* Rows of +-1 for the extremes tests, 5 patterns by row r: -1, +1, alternating, alternating the other way, +-1 by
+ * pairs. At 8 bits they quantize to +-127 exactly. */
+static void fill_pm1(float *x, int n_rows, int n_in)
+{
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < n_in; i++)
+            x[r * n_in + i] = r % 5 == 0 ? -1.0f : r % 5 == 1 ? 1.0f : r % 5 == 2 ? (i & 1 ? 1.0f : -1.0f)
+                            : r % 5 == 3 ? (i & 1 ? -1.0f : 1.0f) : (i & 2 ? -1.0f : 1.0f);
+}
+
+enum { EXT_ROWS = 5, EXT_OUT = 20 };
+
+/* Every ISA that packs type t at 8 bits: the matmul of x (EXT_ROWS rows of n_in) by w (EXT_OUT rows), bit-identical
+ * to the packed reference; out (EXT_ROWS x EXT_OUT) keeps the last ISA's outputs; *tested counts the ISAs run. */
+static void check_packed8(uint32_t t, int n_in, const void *w, const float *x, float *out, int *tested)
+{
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!bt_cpu_pack_supported(ops, t, 8)) continue;
+        size_t ab = bt_cpu_act_row_bytes(t, 8, n_in);
+        uint8_t *xq = malloc(ab * EXT_ROWS);
+        float ref[BT_CPU_GEMM_NR * 16];
+        REQUIRE(xq);
+        bt_cpu_packed p;
+        REQUIRE(bt_cpu_pack(ops, NULL, t, 8, n_in, EXT_OUT, w, &p) == BT_OK);
+        bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = EXT_OUT, .n_rows = EXT_ROWS, .w = w,
+                            .x = x, .xq = xq, .out = out, .act_bits = 8, .wp = &p};
+        REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+        int bad = 0;
+        for (int64_t g = 0; g * 16 < EXT_OUT; g++) {
+            int nv = (int)(EXT_OUT - 16 * g < 16 ? EXT_OUT - 16 * g : 16);
+            bt_cpu_gemm_packed_ref(&p, g, xq, ab, EXT_ROWS, ref, 16, nv);
+            for (int r = 0; r < EXT_ROWS; r++)
+                for (int j = 0; j < nv; j++)
+                    bad += bt_f32_bits(ref[r * 16 + j]) != bt_f32_bits(out[r * EXT_OUT + 16 * g + j]);
+        }
+        CHECK_MSG(bad == 0, "%s %s: %d outputs differ from the packed reference", ops->name, bt_ggml_type_name(t), bad);
+        bt_cpu_packed_free(&p);
+        free(xq);
+        (*tested)++;
+    }
+}
+
 /* Q8_0 at 8-bit activations at the ends of both ranges: codes -128 and 127 against activations of +-127, so that a
  * pair of products reaches 2 * 128 * 127 (AVX2 feeds |q| and the activation with q's sign to vpmaddubsw, which
  * saturates past 32767). Bit-identical to the packed reference and to the exact integer dot times the scales. */
 static void test_q8_0_extremes(void)
 {
-    enum { N_IN = 96, N_OUT = 20, N_ROWS = 5 };
-    bt_block_q8_0 w[N_OUT * N_IN / 32];
-    for (int o = 0; o < N_OUT; o++)
+    enum { N_IN = 96 };
+    bt_block_q8_0 w[EXT_OUT * N_IN / 32];
+    for (int o = 0; o < EXT_OUT; o++)
         for (int b = 0; b < N_IN / 32; b++) {
             bt_block_q8_0 *blk = &w[o * (N_IN / 32) + b];
             blk->d = bt_f32_to_fp16(0.5f);
             for (int e = 0; e < 32; e++) /* all -128, all 127, or alternating, by row */
                 blk->qs[e] = (int8_t)(o % 3 == 0 ? -128 : o % 3 == 1 ? 127 : (e + b) & 1 ? -128 : 127);
         }
-    float x[N_ROWS * N_IN];
-    for (int r = 0; r < N_ROWS; r++) /* -1, +1, alternating, alternating the other way, +-1 by pairs */
-        for (int i = 0; i < N_IN; i++)
-            x[r * N_IN + i] = r == 0 ? -1.0f : r == 1 ? 1.0f : r == 2 ? (i & 1 ? 1.0f : -1.0f)
-                            : r == 3 ? (i & 1 ? -1.0f : 1.0f) : (i & 2 ? -1.0f : 1.0f);
+    float x[EXT_ROWS * N_IN], out[EXT_ROWS * EXT_OUT];
+    fill_pm1(x, EXT_ROWS, N_IN);
     int tested = 0;
-    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
-        if (!test_isa_covers((bt_cpu_isa)isa)) continue;
-        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-        if (!bt_cpu_pack_supported(ops, BT_TYPE_Q8_0, 8)) continue;
-        size_t ab = bt_cpu_act_row_bytes(BT_TYPE_Q8_0, 8, N_IN);
-        uint8_t *xq = malloc(ab * N_ROWS);
-        float out[N_ROWS * N_OUT], ref[BT_CPU_GEMM_NR * 16];
-        REQUIRE(xq);
-        bt_cpu_packed p;
-        REQUIRE(bt_cpu_pack(ops, NULL, BT_TYPE_Q8_0, 8, N_IN, N_OUT, w, &p) == BT_OK);
-        bt_cpu_matmul mm = {.ops = ops, .wtype = BT_TYPE_Q8_0, .n_in = N_IN, .n_out = N_OUT, .n_rows = N_ROWS,
-                            .w = w, .x = x, .xq = xq, .out = out, .act_bits = 8, .wp = &p};
-        REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
-        int bad = 0;
-        for (int64_t g = 0; g * 16 < N_OUT; g++) {
-            int nv = (int)(N_OUT - 16 * g < 16 ? N_OUT - 16 * g : 16);
-            bt_cpu_gemm_packed_ref(&p, g, xq, ab, N_ROWS, ref, 16, nv);
-            for (int r = 0; r < N_ROWS; r++)
-                for (int j = 0; j < nv; j++) bad += bt_f32_bits(ref[r * 16 + j]) != bt_f32_bits(out[r * N_OUT + 16 * g + j]);
-        }
-        /* the activations quantize to +-127 exactly: row r's output o is 0.5 * (1 / 127) * sum(q * a) per block */
-        int bad_exact = 0;
-        for (int r = 0; r < N_ROWS; r++)
-            for (int o = 0; o < N_OUT; o++) {
-                double want = 0;
-                for (int b = 0; b < N_IN / 32; b++) {
-                    long isum = 0;
-                    for (int e = 0; e < 32; e++)
-                        isum += (long)w[o * (N_IN / 32) + b].qs[e] * (x[r * N_IN + 32 * b + e] > 0 ? 127 : -127);
-                    want += 0.5 * (1.0 / 127.0) * (double)isum;
-                }
-                bad_exact += fabs(out[r * N_OUT + o] - want) > 1e-4 * fabs(want) + 1e-6;
+    check_packed8(BT_TYPE_Q8_0, N_IN, w, x, out, &tested);
+    /* every ISA's outputs are the reference's bits (check_packed8), so the last one's stand for all: row r's output
+     * o is 0.5 * (1 / 127) * sum(q * a) per block */
+    int bad_exact = 0;
+    for (int r = 0; tested && r < EXT_ROWS; r++)
+        for (int o = 0; o < EXT_OUT; o++) {
+            double want = 0;
+            for (int b = 0; b < N_IN / 32; b++) {
+                long isum = 0;
+                for (int e = 0; e < 32; e++)
+                    isum += (long)w[o * (N_IN / 32) + b].qs[e] * (x[r * N_IN + 32 * b + e] > 0 ? 127 : -127);
+                want += 0.5 * (1.0 / 127.0) * (double)isum;
             }
-        CHECK_MSG(bad == 0 && bad_exact == 0, "%s: %d outputs differ from the packed reference, %d from the exact dot",
-                  ops->name, bad, bad_exact);
-        bt_cpu_packed_free(&p);
-        free(xq);
-        tested++;
-    }
+            bad_exact += fabs(out[r * EXT_OUT + o] - want) > 1e-4 * fabs(want) + 1e-6;
+        }
+    CHECK_MSG(bad_exact == 0, "%d outputs differ from the exact dot", bad_exact);
     CHECK(tested > 0 || !test_isa_covers(BT_CPU_ISA_AVX2)); /* AVX2 and AVX-512 pack Q8_0 at 8 bits */
 }
 
@@ -265,20 +283,17 @@ static void test_q8_0_extremes(void)
  * integer dot is exact. */
 static void test_nibble_extremes(void)
 {
-    enum { N_IN = 512, N_OUT = 20, N_ROWS = 5 };
+    enum { N_IN = 512 };
     static const uint32_t types[] = {BT_TYPE_Q4_0, BT_TYPE_Q4_1, BT_TYPE_Q4_K};
-    float x[N_ROWS * N_IN];
-    for (int r = 0; r < N_ROWS; r++) /* as test_q8_0_extremes: -1, +1, alternating both ways, +-1 by pairs */
-        for (int i = 0; i < N_IN; i++)
-            x[r * N_IN + i] = r == 0 ? -1.0f : r == 1 ? 1.0f : r == 2 ? (i & 1 ? 1.0f : -1.0f)
-                            : r == 3 ? (i & 1 ? -1.0f : 1.0f) : (i & 2 ? -1.0f : 1.0f);
+    float x[EXT_ROWS * N_IN], out[EXT_ROWS * EXT_OUT];
+    fill_pm1(x, EXT_ROWS, N_IN);
     int tested = 0;
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         const uint32_t t = types[k];
         const size_t wb = bt_cpu_row_bytes(t, N_IN);
-        uint8_t *w = calloc(N_OUT, wb);
+        uint8_t *w = calloc(EXT_OUT, wb);
         REQUIRE(w);
-        for (int o = 0; o < N_OUT; o++) { /* codes all 15, all 0, or 15 in the low nibbles only, by row */
+        for (int o = 0; o < EXT_OUT; o++) { /* codes all 15, all 0, or 15 in the low nibbles only, by row */
             const uint8_t code = o % 3 == 0 ? 0xff : o % 3 == 1 ? 0x00 : 0x0f;
             uint8_t *row = w + wb * (size_t)o;
             if (t == BT_TYPE_Q4_K) {
@@ -302,33 +317,7 @@ static void test_nibble_extremes(void)
                 for (int i = 0; i < 16; i++) qs[i] = code;
             }
         }
-        for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
-            if (!test_isa_covers((bt_cpu_isa)isa)) continue;
-            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-            if (!bt_cpu_pack_supported(ops, t, 8)) continue;
-            size_t ab = bt_cpu_act_row_bytes(t, 8, N_IN);
-            uint8_t *xq = malloc(ab * N_ROWS);
-            float out[N_ROWS * N_OUT], ref[BT_CPU_GEMM_NR * 16];
-            REQUIRE(xq);
-            bt_cpu_packed p;
-            REQUIRE(bt_cpu_pack(ops, NULL, t, 8, N_IN, N_OUT, w, &p) == BT_OK);
-            bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = N_IN, .n_out = N_OUT, .n_rows = N_ROWS,
-                                .w = w, .x = x, .xq = xq, .out = out, .act_bits = 8, .wp = &p};
-            REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
-            int bad = 0;
-            for (int64_t g = 0; g * 16 < N_OUT; g++) {
-                int nv = (int)(N_OUT - 16 * g < 16 ? N_OUT - 16 * g : 16);
-                bt_cpu_gemm_packed_ref(&p, g, xq, ab, N_ROWS, ref, 16, nv);
-                for (int r = 0; r < N_ROWS; r++)
-                    for (int j = 0; j < nv; j++)
-                        bad += bt_f32_bits(ref[r * 16 + j]) != bt_f32_bits(out[r * N_OUT + 16 * g + j]);
-            }
-            CHECK_MSG(bad == 0, "%s %s: %d outputs differ from the packed reference", ops->name, bt_ggml_type_name(t),
-                      bad);
-            bt_cpu_packed_free(&p);
-            free(xq);
-            tested++;
-        }
+        check_packed8(t, N_IN, w, x, out, &tested);
         free(w);
     }
     CHECK(tested > 0 || !test_isa_covers(BT_CPU_ISA_AVX2));
@@ -397,6 +386,27 @@ static void test_gemm_batch_invariance(void)
 }
 
 /* Packed weights must match the matmul they serve; unsupported types are refused. */
+/* An ISA whose packing of type t (16 rows of n_in, 16-bit activations) differs from the portable one: *mine is the
+ * ISA's, *portable the one bt_cpu_pack makes without ops; the ISA's matmul refuses the portable packing and runs its
+ * own. The caller frees both. */
+static void check_own_packing(const bt_cpu_ops *ops, uint32_t t, int64_t n_in, uint64_t *s, bt_cpu_packed *portable,
+                              bt_cpu_packed *mine)
+{
+    uint8_t *w = make_weights(t, n_in, 16, s);
+    float x[256], o[16];
+    uint8_t xq[1024];
+    REQUIRE(w && n_in <= 256 && bt_cpu_act_row_bytes(t, 16, n_in) <= sizeof xq);
+    test_fill_act(n_in, x, s);
+    REQUIRE(bt_cpu_pack(NULL, NULL, t, 16, n_in, 16, w, portable) == BT_OK);
+    REQUIRE(bt_cpu_pack(ops, NULL, t, 16, n_in, 16, w, mine) == BT_OK);
+    bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = 16, .n_rows = 1, .w = w, .x = x, .xq = xq,
+                        .out = o, .act_bits = 16, .wp = portable};
+    CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_ERR_INVALID);
+    mm.wp = mine;
+    CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
+    free(w);
+}
+
 static void test_pack_checks(void)
 {
     uint64_t s = 57;
@@ -434,23 +444,11 @@ static void test_pack_checks(void)
         CHECK(bt_cpu_pack_bytes(avx512, BT_TYPE_Q5_K, 16, 512, 16) * 100 < 105 * 16 * bt_cpu_row_bytes(BT_TYPE_Q5_K, 512));
     }
     if (avx512 && test_isa_covers(BT_CPU_ISA_AVX512)) {
-        uint8_t *w5 = make_weights(BT_TYPE_Q5_K, 256, 16, &s);
-        float x5[256], o5[16];
-        uint8_t xq5[1024];
-        REQUIRE(w5 && bt_cpu_act_row_bytes(BT_TYPE_Q5_K, 16, 256) <= sizeof xq5);
-        test_fill_act(256, x5, &s);
         bt_cpu_packed pb, pp;
-        REQUIRE(bt_cpu_pack(NULL, NULL, BT_TYPE_Q5_K, 16, 256, 16, w5, &pb) == BT_OK);
-        REQUIRE(bt_cpu_pack(avx512, NULL, BT_TYPE_Q5_K, 16, 256, 16, w5, &pp) == BT_OK);
+        check_own_packing(avx512, BT_TYPE_Q5_K, 256, &s, &pb, &pp);
         CHECK(!pb.planes && pp.planes && pp.group_bytes < pb.group_bytes);
-        bt_cpu_matmul mm = {.ops = avx512, .wtype = BT_TYPE_Q5_K, .n_in = 256, .n_out = 16, .n_rows = 1, .w = w5,
-                            .x = x5, .xq = xq5, .out = o5, .act_bits = 16, .wp = &pb};
-        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_ERR_INVALID);
-        mm.wp = &pp;
-        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
         bt_cpu_packed_free(&pb);
         bt_cpu_packed_free(&pp);
-        free(w5);
     }
     /* AVX2 (and AVX-VNNI, the same kernels) lay the Q5_0 / Q5_1 high-bit planes out in nibble-vector order, in the
      * same bytes, and refuse the word order the other ISAs read */
@@ -465,23 +463,11 @@ static void test_pack_checks(void)
     }
     const bt_cpu_ops *avx2 = bt_cpu_ops_get(BT_CPU_ISA_AVX2);
     if (avx2 && test_isa_covers(BT_CPU_ISA_AVX2)) {
-        uint8_t *w5 = make_weights(BT_TYPE_Q5_0, 64, 16, &s);
-        float x5[64], o5[16];
-        uint8_t xq5[256];
-        REQUIRE(w5 && bt_cpu_act_row_bytes(BT_TYPE_Q5_0, 16, 64) <= sizeof xq5);
-        test_fill_act(64, x5, &s);
         bt_cpu_packed pw, pn;
-        REQUIRE(bt_cpu_pack(NULL, NULL, BT_TYPE_Q5_0, 16, 64, 16, w5, &pw) == BT_OK);
-        REQUIRE(bt_cpu_pack(avx2, NULL, BT_TYPE_Q5_0, 16, 64, 16, w5, &pn) == BT_OK);
+        check_own_packing(avx2, BT_TYPE_Q5_0, 64, &s, &pw, &pn);
         CHECK(!pw.plane_nib && pn.plane_nib && pw.group_bytes == pn.group_bytes);
-        bt_cpu_matmul mm = {.ops = avx2, .wtype = BT_TYPE_Q5_0, .n_in = 64, .n_out = 16, .n_rows = 1, .w = w5,
-                            .x = x5, .xq = xq5, .out = o5, .act_bits = 16, .wp = &pw};
-        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_ERR_INVALID);
-        mm.wp = &pn;
-        CHECK(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
         bt_cpu_packed_free(&pw);
         bt_cpu_packed_free(&pn);
-        free(w5);
     }
     CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 16, 128, 16) == 0);
     CHECK(bt_cpu_pack_bytes(NULL, BT_TYPE_Q6_K, 16, 256, 16) == 128 + 4 * (64 + 2 * 512));
