@@ -878,19 +878,29 @@ AI __m256 tree16_x8(const __m256 *b, float scale)
     return _mm256_mul_ps(_mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), _mm256_set1_ps(scale));
 }
 
-/* The reference's running max over a block's 16 scores (lanes 0-7 in s0, 8-15 in s1; -inf past nk) from m:
- * vmaxps returns its second operand where the first is NaN, so a NaN score is passed over as the reference's
- * s[j] > mn passes it; the order of a max is otherwise immaterial (+0 and -0, the one tie it could break either
- * way, give the same exp of every difference and so the same bits downstream). */
+/* The reference's running max over a block's 16 scores (lanes 0-7 in s0, 8-15 in s1; -inf past nk) from m, to the
+ * bit: vmaxps returns its second operand where the first is NaN, so a NaN score is passed over as the reference's
+ * s[j] > mn passes it (a NaN m stays), and equal values other than zeros have the same bits. Zeros are the one tie
+ * whose pick shows (+0 against -0): the reference keeps the first of m, s[0], s[1], ... that is zero, which the
+ * vector max does not track, so a zero maximum is looked up again in that order (it gives the same exp of every
+ * difference either way, but m is stored). */
 AI float max16(__m256 s0, __m256 s1, float m)
 {
     const __m256 x = _mm256_max_ps(s1, _mm256_max_ps(s0, _mm256_set1_ps(m)));
     __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     y = _mm_max_ps(y, _mm_movehl_ps(y, y));
-    return _mm_cvtss_f32(_mm_max_ss(y, _mm_movehdup_ps(y)));
+    const float mx = _mm_cvtss_f32(_mm_max_ss(y, _mm_movehdup_ps(y)));
+    if (mx != 0.0f || m == 0.0f) return mx != 0.0f ? mx : m;
+    float s[16];
+    _mm256_storeu_ps(s, s0);
+    _mm256_storeu_ps(s + 8, s1);
+    for (int j = 0; j < 16; j++)
+        if (s[j] == 0.0f) return s[j];
+    return mx;
 }
 
-/* attn_heads8's V pass over elements [i, i + 16 * SL) of NH heads (SL * NH <= 8 slices: 16 accumulators at most). */
+/* attn_heads8's V pass over elements [i, i + 16 * SL) of NH heads (SL * NH <= 6 slices: 12 accumulators at most,
+ * beside the NH weights and a V vector). */
 AI void v_slices(int64_t n, const int NH, const int SL, int64_t i, const bt_cpu_kv_rows *kv, const float *vsm, int nk,
                  const float (*w)[16], const __m256 *c, float *acc, const int type, const bt_cpu_pf *pfv)
 {
@@ -975,8 +985,9 @@ AI void attn_heads8(int64_t n, const int NH, const float *q, float scale, const 
      * chains in flight; the fma's latency needs ~8 of them to keep both pipes busy) */
     const int SL = NH == 1 ? 4 : NH <= 3 ? 2 : 1;
     int64_t i = 0;
-    for (; i + 16 * SL <= n; i += 16 * SL) v_slices(n, NH, SL, i, kv, vsm, nk, w, c, acc, type, &pfv);
-    for (; i < n; i += 16) v_slices(n, NH, 1, i, kv, vsm, nk, w, c, acc, type, &pfv);
+    for (; i + 16 * SL <= n; i += 16 * SL)
+        v_slices(n, NH, SL, i, kv, vsm, nk, (const float(*)[16])w, c, acc, type, &pfv);
+    for (; i < n; i += 16) v_slices(n, NH, 1, i, kv, vsm, nk, (const float(*)[16])w, c, acc, type, &pfv);
 }
 
 AI void attn_block8(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,

@@ -11,7 +11,9 @@
  *     |sum| <= 2 * 15 * 128, so it never saturates), the block's 8 of them added in int16 (vpaddw: 16 products per
  *     lane, |sum| <= 16 * 15 * 128 < 2^15, exact), then once per block vpmaddwd against ones (s32): the same integer
  *     as vpdpbusd.
- *   8-bit activations, byte codes (Q5_1: 0..31, the same chain; Q8_0: code + 128, which would saturate
+ *   8-bit activations, byte codes (Q5_1, Q5_K: 0..31, Q6_K: 0..63, vpmaddubsw then vpmaddwd against ones then vpaddd
+ *     per operand: 4 and 2 results per int16 lane would fit, but a second set of sums does not fit the registers at
+ *     4 rows; Q8_0: code + 128, which would saturate
  *     vpmaddubsw, so the code is made signed again and vpmaddubsw takes |q| times the activation with q's sign,
  *     vpsignb: |pair| <= 2 * 128 * 127 < 2^15, since 8-bit activations are -127..127). That is the exact sum of
  *     q * a, which the reference reaches as sum((q + 128) * a) - 128 * sum(a). Q5_0 at 8 bits is packed as Q8_0.
@@ -370,7 +372,7 @@ AI void gemm16_scratch_passes(const void *group, const void *act, size_t act_str
 
 /* More than AVX2_NR rows (up to bt_cpu_ops_avx2.gemm_nr, 16) of a high-bit plane layout (Q5_0, Q5_1): chunk by chunk
  * of SCRATCH_BLOCKS blocks, the first pass (rows 0-3) unpacks the codes into their int16 operands and stores them,
- * and the passes over the other rows load them, so the plane's ~4.25 ALU instructions per operand half are spent once
+ * and the passes over the other rows load them, so the plane's ~3.4 ALU instructions per operand half (4.25 before the nibble-vector order) are spent once
  * per group instead of once per 4 rows. Each row's float accumulation runs block by block in the same order whatever
  * the chunking, so no bit changes. bench_cpu_kernels --gemm --isa avx2 --bits 16, one thread, AMD Zen 3, fastest of
  * 3 alternated runs, old -> new (16 rows: 2 calls of 8 -> 1 of 16; 8 rows: 1 call each): Q5_0 576x1536 16 rows 309 ->

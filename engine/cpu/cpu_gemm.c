@@ -35,7 +35,7 @@
  *               plane (64 bytes) of the fifth bits: bit i of 32-bit word t is the high bit of int16 lane i (row i / 2,
  *               element bt_gl_plane_elem(t, i)) of operand vector t, in the order the 16-bit nibble kernels make
  *               them (4k + 0..3: low nibbles of code vector k masked and shifted by 8, then its high nibbles). So a
- *               word is one AVX-512 __mmask32 (a masked add of 16 to the operand) and a half-word one AVX2 half.
+ *               word is one AVX-512 __mmask32 (a masked add of 16 to the operand).
  *               Q5_0's value d * (q - 16): its offset 16 starts the integer dot (-16 * sum(a)) as Q4_0's 8 does,
  *               so the block's isum is the one the Q8_0 layout of codes q - 16 gave: the same bits.
  *               An ISA whose plane_nibbles is set (AVX2) packs the same 64 bytes in nibble-vector order instead: the 16

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/cpu/cpu_kernels.h"
 #include "test_cpu_util.h"
@@ -186,11 +187,13 @@ static void kv_case_fill(kv_case *c, bt_cpu_kv_type t, int64_t n, uint64_t *s)
 static void test_attn_block(void)
 {
     uint64_t s = 99;
-    const int64_t ns[] = {8, 16, 24, 64, 72, 128, 256};
+    /* 48, 80, 96: head sizes whose V pass runs 32-element steps and then a 16-element one (AVX2, 1-3 heads) */
+    const int64_t ns[] = {8, 16, 24, 48, 64, 72, 80, 96, 128, 256};
+    enum { N_NS = sizeof ns / sizeof ns[0] };
     double worst = 0;
-    for (int rep = 0; rep < 60; rep++) {
+    for (int rep = 0; rep < 3 * N_NS * 3; rep++) {
         bt_cpu_kv_type t = (bt_cpu_kv_type)(rep % 3);
-        int64_t n = ns[(rep / 3) % 7];
+        int64_t n = ns[(rep / 3) % N_NS];
         int nq = 1 + (int)(test_rand_next(&s) % 16), nblk = 1 + (int)(test_rand_next(&s) % 4);
         int nk_last = 1 + (int)(test_rand_next(&s) % BT_CPU_ATTN_BLOCK);
         kv_case *kc = malloc(sizeof(kv_case) * (size_t)nblk);
@@ -257,6 +260,48 @@ static void test_attn_block(void)
     CHECK(worst < 5e-5); /* float32 scores of up to ~160 in magnitude: ~1e-5 */
 }
 
+/* Scores that are all zeros of both signs: the running max keeps the first zero of m and the block's scores, in key
+ * order, as the reference does (+0 and -0 compare equal, so a max that picks either passes every output test but the
+ * stored m). q is -0, so a key of +1s scores -0 and one of -1s +0; two runs of two blocks: -0 then +0 by key, then
+ * all +0 (m stays -0), and +0 then -0, then all -0 (m stays +0). */
+static void test_attn_block_zero_scores(void)
+{
+    enum { N = 64, NQ = 3 };
+    static float k[4][BT_CPU_ATTN_BLOCK * N], v[BT_CPU_ATTN_BLOCK * N], q[NQ * N];
+    uint64_t s = 5;
+    for (int i = 0; i < NQ * N; i++) q[i] = -0.0f;
+    for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++)
+        for (int i = 0; i < N; i++) {
+            k[0][j * N + i] = j & 1 ? -1.0f : 1.0f; /* -0, +0, -0, ... */
+            k[1][j * N + i] = -1.0f;                /* all +0 */
+            k[2][j * N + i] = j & 1 ? 1.0f : -1.0f; /* +0, -0, ... */
+            k[3][j * N + i] = 1.0f;                 /* all -0 */
+        }
+    test_fill_act(BT_CPU_ATTN_BLOCK * N, v, &s);
+    for (int run = 0; run < 2; run++) {
+        float m[BT_CPU_ISA_COUNT][NQ], l[BT_CPU_ISA_COUNT][NQ], acc[BT_CPU_ISA_COUNT][NQ * N];
+        for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+            if (isa != 0 && !test_isa_covers((bt_cpu_isa)isa)) continue;
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            for (int h = 0; h < NQ; h++) m[isa][h] = -INFINITY, l[isa][h] = 0;
+            memset(acc[isa], 0, sizeof acc[isa]);
+            for (int b = 0; b < 2; b++) {
+                bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k[2 * run + b], .v = v};
+                ops->attn_block(N, NQ, q, 0.125f, &rows, BT_CPU_ATTN_BLOCK, m[isa], l[isa], acc[isa]);
+            }
+            if (isa == 0) {
+                CHECK(bt_f32_bits(m[0][0]) == bt_f32_bits(run ? 0.0f : -0.0f)); /* the reference's own pick */
+                continue;
+            }
+            int bad = 0;
+            for (int h = 0; h < NQ; h++)
+                bad += bt_f32_bits(m[0][h]) != bt_f32_bits(m[isa][h]) || bt_f32_bits(l[0][h]) != bt_f32_bits(l[isa][h]);
+            for (int i = 0; i < NQ * N; i++) bad += bt_f32_bits(acc[0][i]) != bt_f32_bits(acc[isa][i]);
+            CHECK_MSG(bad == 0, "%s attn_block, zero scores, run %d: %d values differ from scalar", ops->name, run, bad);
+        }
+    }
+}
+
 /* rmsnorm of every ISA equals the scalar reference bit for bit (in place too); the reference is within float
  * rounding of the float64 formula. */
 static void test_rmsnorm(void)
@@ -296,6 +341,7 @@ int main(void)
     RUN(test_expf_and_swiglu);
     RUN(test_geglu);
     RUN(test_attn_block);
+    RUN(test_attn_block_zero_scores);
     test_isa_report();
     return test_summary();
 }

@@ -385,7 +385,6 @@ static void test_gemm_batch_invariance(void)
     for (int i = 0; i < 4; i++) bt_pool_destroy(pools[i]);
 }
 
-/* Packed weights must match the matmul they serve; unsupported types are refused. */
 /* An ISA whose packing of type t (16 rows of n_in, 16-bit activations) differs from the portable one: *mine is the
  * ISA's, *portable the one bt_cpu_pack makes without ops; the ISA's matmul refuses the portable packing and runs its
  * own. The caller frees both. */
@@ -407,6 +406,7 @@ static void check_own_packing(const bt_cpu_ops *ops, uint32_t t, int64_t n_in, u
     free(w);
 }
 
+/* Packed weights must match the matmul they serve; unsupported types are refused. */
 static void test_pack_checks(void)
 {
     uint64_t s = 57;
@@ -444,14 +444,14 @@ static void test_pack_checks(void)
         CHECK(bt_cpu_pack_bytes(avx512, BT_TYPE_Q5_K, 16, 512, 16) * 100 < 105 * 16 * bt_cpu_row_bytes(BT_TYPE_Q5_K, 512));
     }
     if (avx512 && test_isa_covers(BT_CPU_ISA_AVX512)) {
-        bt_cpu_packed pb, pp;
+        bt_cpu_packed pb = {0}, pp = {0};
         check_own_packing(avx512, BT_TYPE_Q5_K, 256, &s, &pb, &pp);
         CHECK(!pb.planes && pp.planes && pp.group_bytes < pb.group_bytes);
         bt_cpu_packed_free(&pb);
         bt_cpu_packed_free(&pp);
     }
     /* AVX2 (and AVX-VNNI, the same kernels) lay the Q5_0 / Q5_1 high-bit planes out in nibble-vector order, in the
-     * same bytes, and refuse the word order the other ISAs read */
+     * same bytes; bt_cpu_matmul_check refuses the word order the other ISAs read for their ops */
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
         const bt_cpu_ops *o = bt_cpu_ops_get((bt_cpu_isa)isa);
         if (!o) continue;
@@ -463,7 +463,7 @@ static void test_pack_checks(void)
     }
     const bt_cpu_ops *avx2 = bt_cpu_ops_get(BT_CPU_ISA_AVX2);
     if (avx2 && test_isa_covers(BT_CPU_ISA_AVX2)) {
-        bt_cpu_packed pw, pn;
+        bt_cpu_packed pw = {0}, pn = {0};
         check_own_packing(avx2, BT_TYPE_Q5_0, 64, &s, &pw, &pn);
         CHECK(!pw.plane_nib && pn.plane_nib && pw.group_bytes == pn.group_bytes);
         bt_cpu_packed_free(&pw);
