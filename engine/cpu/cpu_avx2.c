@@ -894,9 +894,7 @@ AI float max16(__m256 s0, __m256 s1, float m)
     float s[16];
     _mm256_storeu_ps(s, s0);
     _mm256_storeu_ps(s + 8, s1);
-    for (int j = 0; j < 16; j++)
-        if (s[j] == 0.0f) return s[j];
-    return mx;
+    return bt_cpu_first_zero16(s, mx);
 }
 
 /* attn_heads8's V pass over elements [i, i + 16 * SL) of NH heads (SL * NH <= 6 slices: 12 accumulators at most,

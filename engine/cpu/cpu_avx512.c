@@ -874,14 +874,10 @@ AI void attn_heads(int64_t n, const int NH, const float *q, float scale, const b
     __m512 dm = _mm512_setzero_ps();
     for (int h = 0; h < NH; h++) {
         float bm = _mm512_reduce_max_ps(sc[h]);
-        if (bm == 0.0f) { /* the reference keeps the first zero score in key order: the reduction may pick -0 or +0 */
+        if (bm == 0.0f) { /* the reduction may pick -0 or +0 */
             float sv[16];
             _mm512_storeu_ps(sv, sc[h]);
-            for (int j = 0; j < 16; j++)
-                if (sv[j] == 0.0f) {
-                    bm = sv[j];
-                    break;
-                }
+            bm = bt_cpu_first_zero16(sv, bm);
         }
         mn[h] = bm > m[h] ? bm : m[h];
         dm = _mm512_mask_mov_ps(dm, (__mmask16)(1u << h), _mm512_set1_ps(m[h] - mn[h]));

@@ -186,6 +186,16 @@ extern const bt_cpu_ops bt_cpu_ops_neon_i8mm;
     .plane_nibbles = 1 /* the Q5_0 / Q5_1 planes in nibble-vector order (cpu_gemm.c) */
 
 
+/* The first of a block's 16 scores (in key order) that is zero, or z when none is: where an attention kernel's
+ * vector max of the scores is zero, the reference's running max (s[j] > mn, in key order) kept the first zero, and +0
+ * and -0 are the one pair of equal values with different bits. */
+static inline float bt_cpu_first_zero16(const float *s, float z)
+{
+    for (int j = 0; j < 16; j++)
+        if (s[j] == 0.0f) return s[j];
+    return z;
+}
+
 /* Constants of bt_cpu_expf, shared by every ISA's version. */
 #define BT_EXP_LO (-86.5f) /* below: 0 (keeps 2^n normal) */
 #define BT_EXP_HI 88.0f    /* above: +inf */
