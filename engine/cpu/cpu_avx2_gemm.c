@@ -375,10 +375,10 @@ AI void gemm16_scratch_passes(const void *group, const void *act, size_t act_str
  * and the passes over the other rows load them, so the plane's ~3.4 ALU instructions per operand half (4.25 before
  * the nibble-vector order) are spent once per group instead of once per 4 rows. Each row's float accumulation runs
  * block by block in the same order whatever the chunking, so no bit changes. bench_cpu_kernels --gemm --isa avx2
- * --bits 16, one thread, AMD Zen 3, fastest of 3 alternated runs, old -> new (16 rows: 2 calls of 8 -> 1 of 16; 8 rows: 1 call each): Q5_0 576x1536 16 rows 309 ->
- * 253 us, 640x2048 458 -> 378, 8 rows 157 -> 141 and 231 -> 210; Q5_1 16 rows 311 -> 260. The other layouts unpack
- * in 1-1.5 instructions per operand half, and through the scratch measured no faster (Q4_1, Q4_K) or 3-7% slower
- * (Q8_0, Q6_K): they unpack again in each pass. */
+ * --bits 16, one thread, AMD Zen 3, fastest of 3 alternated runs, old -> new (16 rows: 2 calls of 8 -> 1 of 16; 8
+ * rows: 1 call each): Q5_0 576x1536 16 rows 309 -> 253 us, 640x2048 458 -> 378, 8 rows 157 -> 141 and 231 -> 210;
+ * Q5_1 16 rows 311 -> 260. The other layouts unpack in 1-1.5 instructions per operand half, and through the scratch
+ * measured no faster (Q4_1, Q4_K) or 3-7% slower (Q8_0, Q6_K): they unpack again in each pass. */
 AI void gemm16_many(int64_t n, const void *group, const void *next, const void *act, size_t act_stride, int nr,
                     float *out, size_t out_stride, int n_valid, const int type)
 {
