@@ -601,6 +601,9 @@ typedef struct attn_plan {
  * engine, SmolLM2's 256-token prompt steps: attention 37.2-38.6 -> 35.8-36.2 ms (BATON_PROFILE, 3 alternated runs). */
 #define ATTN_WIDEN_MIN 4
 
+/* Floats of a task's transposed query rows for attn_block_rows (32 rows of 256: 8 queries of a GQA group of 4) */
+#define ATTN_ROWS_QT (32 * 256)
+
 _Static_assert(BT_KV_BLOCK == BT_CPU_ATTN_BLOCK, "attn_block takes one cache block at a time");
 
 /* the K and V rows of kv head g in cache block blk */
@@ -698,6 +701,22 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     /* K then V of the current block as f32 (ATTN_WIDEN_MIN); head sizes are at most 256 (model.c) */
     float wide[2 * BT_KV_BLOCK * 256] __attribute__((aligned(64)));
     const int widen = tk->n >= ATTN_WIDEN_MIN && kv->dtype == BT_KV_F16 && hd <= 256;
+    /* The same run's blocks that every query of it sees whole (no causal or window cut) go through
+     * ops->attn_block_rows, BT_CPU_ATTN_ROWS of the task's query rows a call, from the rows transposed once here */
+    float qt[ATTN_ROWS_QT] __attribute__((aligned(64)));
+    const int32_t n_chunks = (nq + BT_CPU_ATTN_ROWS - 1) / BT_CPU_ATTN_ROWS;
+    const int by_rows = plan->ops->attn_block_rows && tk->n >= ATTN_WIDEN_MIN && hd % 16 == 0 && hd <= 256 &&
+                        (widen || kv->dtype == BT_KV_F32) &&
+                        (size_t)n_chunks * BT_CPU_ATTN_ROWS * (size_t)hd <= ATTN_ROWS_QT;
+    if (by_rows) {
+        memset(qt, 0, sizeof(float) * (size_t)n_chunks * BT_CPU_ATTN_ROWS * (size_t)hd);
+        for (int32_t si = 0; si < nq; si++) {
+            const float *q = a->q + ((size_t)(tk->t0 + si / group) * (size_t)a->n_head + (size_t)tk->g * group +
+                                     (size_t)(si % group)) * (size_t)hd;
+            float *dst = qt + (size_t)(si / BT_CPU_ATTN_ROWS) * BT_CPU_ATTN_ROWS * (size_t)hd + si % BT_CPU_ATTN_ROWS;
+            for (int32_t i = 0; i < hd; i++) dst[(size_t)i * BT_CPU_ATTN_ROWS] = q[i];
+        }
+    }
     for (int32_t b = b0; b < nb; b++) {
         bt_cpu_kv_rows rows = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b]), tk->g);
         if (b == b0) {
@@ -716,17 +735,26 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
             plan->ops->fp16_to_f32((int64_t)used * hd, rows.v, wide + e);
             rows = (bt_cpu_kv_rows){.type = BT_CPU_KV_F32, .k = wide, .v = wide + e};
         }
+        /* every query of the run sees the whole block: the first is past its last key, and the last query's window
+         * (the latest start) starts at or before its first */
+        const int whole = by_rows && a->pos[tk->t0] >= (b + 1) * BT_KV_BLOCK - 1 &&
+                          (a->window <= 0 || max_pos - a->window + 1 <= b * BT_KV_BLOCK);
+        const int spread_here = spread && !whole; /* attn_block_rows leaves the hints to its caller */
         bt_cpu_kv_rows ahead = {0};
         if (b + ATTN_PREFETCH < nb)
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + ATTN_PREFETCH]), tk->g);
         else if (b == nb - 1 && nt && a->tables[nt->t0][nt->seg * ATTN_SEG_BLOCKS] >= 0) /* not window-released */
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, a->tables[nt->t0][nt->seg * ATTN_SEG_BLOCKS]), nt->g);
-        if (ahead.k && spread) {
+        if (ahead.k && spread_here) {
             rows.pf_k = ahead.k, rows.pf_v = ahead.v, rows.pf_bytes = bytes;
         } else if (ahead.k) { /* K before the kernel, V after it: two half bursts */
             prefetch_rows(ahead.k, bytes);
         }
-        for (int32_t qi = 0; qi < tk->n; qi++) {
+        for (int32_t r0 = 0; whole && r0 < nq; r0 += BT_CPU_ATTN_ROWS)
+            plan->ops->attn_block_rows(hd, nq - r0 < BT_CPU_ATTN_ROWS ? nq - r0 : BT_CPU_ATTN_ROWS,
+                                       qt + (size_t)r0 * (size_t)hd, a->scale, rows.k, rows.v, BT_KV_BLOCK, m + r0,
+                                       l + r0, acc + (size_t)r0 * (size_t)hd);
+        for (int32_t qi = 0; !whole && qi < tk->n; qi++) {
             int32_t p = a->pos[tk->t0 + qi];
             if (p < b * BT_KV_BLOCK) continue;
             int32_t nkq = p - b * BT_KV_BLOCK + 1 < BT_KV_BLOCK ? p - b * BT_KV_BLOCK + 1 : BT_KV_BLOCK, j0 = 0;
@@ -747,7 +775,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
             }
             rows.pf_k = rows.pf_v = NULL; /* once per block */
         }
-        if (ahead.v && !spread) prefetch_rows(ahead.v, bytes);
+        if (ahead.v && !spread_here) prefetch_rows(ahead.v, bytes);
     }
     if (tk->n_seg > 1) return; /* merged once every segment is done */
     for (int32_t qi = 0; qi < tk->n; qi++)

@@ -9,7 +9,8 @@
  *         (bench_gemm_kernels).
  * --attn: attn_block (one 16-key cache block, the decode attention kernel) per ISA and KV dtype, on SmolLM2's and
  *         Gemma 3's head shapes: hot (one block) and cold (blocks in random order over 256 MB, each call hinting
- *         the block two ahead as the engine does) (bench_attn). */
+ *         the block two ahead as the engine does) (bench_attn); then a prompt chunk's rows through attn_block per
+ *         query against attn_block_rows (bench_attn_rows). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -436,6 +437,66 @@ static void bench_attn(const char *isa_arg)
     free(mem);
 }
 
+/* --attn, second table: a prompt chunk's query rows against one f32 block (as the engine widens f16 ones), ns per
+ * query row: attn_block called once per query (its GQA group of heads) against attn_block_rows (16 rows a call,
+ * from rows transposed once), alternated, median of 31 rounds; the results compared to the bit. */
+static void bench_attn_rows(const char *isa_arg)
+{
+    static const struct { const char *model; int hd, group; } shapes[] = {
+        {"SmolLM2", 64, 3}, {"hd128", 128, 4}, {"Gemma3", 256, 4}};
+    enum { ROWS = 48, REPS = 31 }; /* 16 queries of 3 heads, 12 of 4 */
+    printf("\n%-7s %-8s %4s %5s %14s %14s %7s\n", "model", "isa", "hd", "group", "per query ns", "rows ns", "ratio");
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        if (!bt_cpu_isa_supported((bt_cpu_isa)isa)) continue;
+        if (strcmp(isa_arg, "all") && strcmp(isa_arg, bt_cpu_isa_name((bt_cpu_isa)isa))) continue;
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!ops->attn_block_rows) continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int hd = shapes[si].hd, group = shapes[si].group;
+            const size_t kvn = (size_t)BT_CPU_ATTN_BLOCK * (size_t)hd, qn = (size_t)ROWS * (size_t)hd;
+            float *k = malloc(4 * kvn), *v = malloc(4 * kvn), *q = malloc(4 * qn), *qt = malloc(4 * qn);
+            float *acc[2] = {malloc(4 * qn), malloc(4 * qn)}, m[2][ROWS], l[2][ROWS];
+            if (!k || !v || !q || !qt || !acc[0] || !acc[1]) return;
+            uint64_t seed = 3;
+            for (size_t i = 0; i < kvn; i++)
+                k[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f, v[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+            for (size_t i = 0; i < qn; i++) q[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
+            for (int r = 0; r < ROWS; r++) /* 16-row chunks, each element i of its rows side by side */
+                for (int i = 0; i < hd; i++)
+                    qt[(size_t)(r / BT_CPU_ATTN_ROWS) * BT_CPU_ATTN_ROWS * (size_t)hd + (size_t)i * BT_CPU_ATTN_ROWS +
+                       (size_t)(r % BT_CPU_ATTN_ROWS)] = q[(size_t)r * (size_t)hd + (size_t)i];
+            const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k, .v = v};
+            double samples[2][REPS];
+            for (int rep = 0; rep < REPS; rep++)
+                for (int w = 0; w < 2; w++) {
+                    for (int r = 0; r < ROWS; r++) m[w][r] = -INFINITY, l[w][r] = 0;
+                    memset(acc[w], 0, 4 * qn);
+                    const int calls = 64;
+                    double t0 = now_s();
+                    for (int c = 0; c < calls; c++)
+                        for (int r = 0; r < ROWS; r += w ? BT_CPU_ATTN_ROWS : group) {
+                            if (w)
+                                ops->attn_block_rows(hd, BT_CPU_ATTN_ROWS, qt + (size_t)r * (size_t)hd, 0.125f, k, v,
+                                                     BT_CPU_ATTN_BLOCK, m[1] + r, l[1] + r, acc[1] + (size_t)r * (size_t)hd);
+                            else
+                                ops->attn_block(hd, group, q + (size_t)r * (size_t)hd, 0.125f, &rows, BT_CPU_ATTN_BLOCK,
+                                                m[0] + r, l[0] + r, acc[0] + (size_t)r * (size_t)hd);
+                        }
+                    samples[w][rep] = (now_s() - t0) / calls / ROWS;
+                }
+            const int same = !memcmp(acc[0], acc[1], 4 * qn) && !memcmp(m[0], m[1], sizeof m[0]) &&
+                             !memcmp(l[0], l[1], sizeof l[0]);
+            qsort(samples[0], REPS, sizeof(double), cmp_double);
+            qsort(samples[1], REPS, sizeof(double), cmp_double);
+            printf("%-7s %-8s %4d %5d %14.1f %14.1f %6.2fx%s\n", shapes[si].model, bt_cpu_isa_name((bt_cpu_isa)isa), hd,
+                   group, samples[0][REPS / 2] * 1e9, samples[1][REPS / 2] * 1e9,
+                   samples[1][REPS / 2] / samples[0][REPS / 2], same ? "" : "  RESULTS DIFFER");
+            fflush(stdout);
+            free(k), free(v), free(q), free(qt), free(acc[0]), free(acc[1]);
+        }
+    }
+}
+
 static int parse_list(const char *s, int *out, int max)
 {
     int n = 0;
@@ -473,7 +534,7 @@ int main(int argc, char **argv)
         }
     }
     if (only == 4) {
-        bench_attn(isa_arg);
+        bench_attn(isa_arg), bench_attn_rows(isa_arg);
         return 0;
     }
     for (int b = 0; b < n_batches; b++)

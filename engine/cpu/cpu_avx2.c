@@ -1024,6 +1024,169 @@ void bt_cpu_avx2_attn_block(int64_t n, int nq, const float *q, float scale, cons
     }
 }
 
+/* ---- attn_block_rows: BT_CPU_ATTN_ROWS query rows in the lanes of two vectors (rows 0-7, 8-15) ---- */
+
+/* c_t of tree16 (b_t + b_(t+4), b_t = x_t + x_(t+8)) of the rows of NV row vectors against key row k, for T values
+ * of t from t0 (T * NV = 2: 8 chains in flight). Lane x_t of a row is its chain over elements t, t + 16, ...: the
+ * product of the first, then fmas, as the reference's x[t]; k[i] is broadcast, qt holds element i of the 16 rows. */
+AI void rows_c(const int64_t n, const int NV, const int T, const float *qt, const float *k, int t0, __m256 (*c)[2])
+{
+    __m256 x[2][4][2];
+#pragma GCC unroll 2
+    for (int tt = 0; tt < T; tt++)
+#pragma GCC unroll 4
+        for (int e = 0; e < 4; e++) {
+            const int ln = t0 + tt + (e & 1) * 8 + (e >> 1) * 4; /* t, t + 8, t + 4, t + 12 */
+            const __m256 kb = _mm256_broadcast_ss(k + ln);
+#pragma GCC unroll 2
+            for (int h = 0; h < NV; h++)
+                x[tt][e][h] = _mm256_mul_ps(_mm256_loadu_ps(qt + BT_CPU_ATTN_ROWS * ln + 8 * h), kb);
+        }
+#pragma GCC unroll 16
+    for (int64_t i = 16; i < n; i += 16)
+#pragma GCC unroll 2
+        for (int tt = 0; tt < T; tt++)
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++) {
+                const int64_t ln = i + t0 + tt + (e & 1) * 8 + (e >> 1) * 4;
+                const __m256 kb = _mm256_broadcast_ss(k + ln);
+#pragma GCC unroll 2
+                for (int h = 0; h < NV; h++)
+                    x[tt][e][h] =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(qt + BT_CPU_ATTN_ROWS * ln + 8 * h), kb, x[tt][e][h]);
+            }
+#pragma GCC unroll 2
+    for (int tt = 0; tt < T; tt++)
+#pragma GCC unroll 2
+        for (int h = 0; h < NV; h++)
+            c[tt][h] = _mm256_add_ps(_mm256_add_ps(x[tt][0][h], x[tt][1][h]), _mm256_add_ps(x[tt][2][h], x[tt][3][h]));
+}
+
+/* R (1..4) rows' V pass from row r0: acc = acc * c, then fma(w_j, V_j, acc) for j ascending, 24 elements a step,
+ * then 8 (n is a multiple of 16) */
+AI void rows_v(const int64_t n, const int R, int r0, const float *v, int nk, const float (*w)[8], const float *cs,
+               float *acc)
+{
+    int64_t i = 0;
+    for (; i + 24 <= n; i += 24) {
+        __m256 a[4][3];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+            for (int u = 0; u < 3; u++)
+                a[r][u] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)(r0 + r) * (size_t)n + (size_t)(i + 8 * u)),
+                                        _mm256_set1_ps(cs[r0 + r]));
+        for (int j = 0; j < nk; j++) {
+            const float *vj = v + (size_t)j * (size_t)n + (size_t)i;
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m256 wr = _mm256_broadcast_ss(&w[j][r0 + r]);
+#pragma GCC unroll 3
+                for (int u = 0; u < 3; u++) a[r][u] = _mm256_fmadd_ps(wr, _mm256_loadu_ps(vj + 8 * u), a[r][u]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+            for (int u = 0; u < 3; u++)
+                _mm256_storeu_ps(acc + (size_t)(r0 + r) * (size_t)n + (size_t)(i + 8 * u), a[r][u]);
+    }
+    for (; i < n; i += 8) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            a[r] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)(r0 + r) * (size_t)n + (size_t)i), _mm256_set1_ps(cs[r0 + r]));
+        for (int j = 0; j < nk; j++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&w[j][r0 + r]),
+                                       _mm256_loadu_ps(v + (size_t)j * (size_t)n + (size_t)i), a[r]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(acc + (size_t)(r0 + r) * (size_t)n + (size_t)i, a[r]);
+    }
+}
+
+/* The softmax step and V pass of nr (1..8) rows, one lane each, from their 16 score vectors s (key j: -inf past
+ * nk). The reference's order: mn = m, then for j < nk mn = max(s_j, mn), which vmaxps with s_j first gives to the
+ * bit (the second operand where equal, zeros of either sign included, or where s_j is NaN: mn stays); c = exp(m -
+ * mn); w_j = exp(s_j - mn); l = fma(l, c, tree16(w)), the tree vertical over the key vectors. */
+AI void rows_softmax_v(const int64_t n, int nr, const __m256 *s, const float *v, int nk, float *m, float *l, float *acc)
+{
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 m0 = _mm256_maskload_ps(m, mask);
+    __m256 mn = m0;
+    for (int j = 0; j < nk; j++) mn = _mm256_max_ps(s[j], mn);
+    const __m256 c = exp8(_mm256_sub_ps(m0, mn));
+    float w[BT_CPU_ATTN_BLOCK][8] __attribute__((aligned(32))), cs[8] __attribute__((aligned(32)));
+    __m256 wv[BT_CPU_ATTN_BLOCK];
+    for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+        wv[j] = exp8(_mm256_sub_ps(s[j], mn));
+        _mm256_store_ps(w[j], wv[j]);
+    }
+    __m256 b[8];
+    for (int t = 0; t < 8; t++) b[t] = _mm256_add_ps(wv[t], wv[t + 8]);
+    for (int t = 0; t < 4; t++) b[t] = _mm256_add_ps(b[t], b[t + 4]);
+    const __m256 tw = _mm256_add_ps(_mm256_add_ps(b[0], b[2]), _mm256_add_ps(b[1], b[3]));
+    _mm256_maskstore_ps(l, mask, _mm256_fmadd_ps(_mm256_maskload_ps(l, mask), c, tw));
+    _mm256_maskstore_ps(m, mask, mn);
+    _mm256_store_ps(cs, c);
+    for (int r0 = 0; r0 < nr; r0 += 4) switch (nr - r0 < 4 ? nr - r0 : 4) {
+        case 1: rows_v(n, 1, r0, v, nk, (const float(*)[8])w, cs, acc); break;
+        case 2: rows_v(n, 2, r0, v, nk, (const float(*)[8])w, cs, acc); break;
+        case 3: rows_v(n, 3, r0, v, nk, (const float(*)[8])w, cs, acc); break;
+        default: rows_v(n, 4, r0, v, nk, (const float(*)[8])w, cs, acc); break;
+        }
+}
+
+/* NV row vectors (1: nr <= 8) */
+AI void rows_block(const int64_t n, const int NV, int nr, const float *qt, float scale, const float *k, const float *v,
+                   int nk, float *m, float *l, float *acc)
+{
+    __m256 s[2][BT_CPU_ATTN_BLOCK];
+    for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+        if (j >= nk) {
+            s[0][j] = s[1][j] = _mm256_set1_ps(-INFINITY);
+            continue;
+        }
+        const float *kj = k + (size_t)j * (size_t)n;
+        __m256 c[4][2];
+        if (NV == 1) {
+            rows_c(n, 1, 2, qt, kj, 0, c);
+            rows_c(n, 1, 2, qt, kj, 2, c + 2);
+        } else {
+            for (int t = 0; t < 4; t++) rows_c(n, 2, 1, qt, kj, t, c + t);
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < NV; h++)
+            s[h][j] = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(c[0][h], c[2][h]), _mm256_add_ps(c[1][h], c[3][h])),
+                                    _mm256_set1_ps(scale));
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < NV; h++) {
+        const int rows = nr - 8 * h < 8 ? nr - 8 * h : 8;
+        rows_softmax_v(n, rows, s[h], v, nk, m + 8 * h, l + 8 * h, acc + (size_t)(8 * h) * (size_t)n);
+    }
+}
+
+void bt_cpu_avx2_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
+                                 int nk, float *m, float *l, float *acc)
+{
+    if (n % 16 || n < 16 || n > 256 || nk < 1 || nk > BT_CPU_ATTN_BLOCK || nr < 1 || nr > BT_CPU_ATTN_ROWS) {
+        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k, v, nk, m, l, acc);
+        return;
+    }
+    /* the head sizes models have, unrolled; any other multiple of 16 in a loop */
+#define ROWS_N(N)                                                                                              \
+    (nr > 8 ? rows_block(N, 2, nr, qt, scale, k, v, nk, m, l, acc) : rows_block(N, 1, nr, qt, scale, k, v, nk, m, l, acc))
+    switch (n) {
+    case 64: ROWS_N(64); break;
+    case 128: ROWS_N(128); break;
+    case 256: ROWS_N(256); break;
+    default: ROWS_N(n); break;
+    }
+#undef ROWS_N
+}
+
 void bt_cpu_avx2_swiglu(int64_t n, const float *g, const float *u, float *out)
 {
     int64_t i = 0;

@@ -990,6 +990,7 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     .attn_accum = bt_cpu_avx2_attn_accum,
     .attn_block = bt_cpu_avx512_attn_block,
     .attn_prefetches = 1,
+    .attn_block_rows = bt_cpu_avx2_attn_block_rows, /* the AVX2 kernel: not measured against a 512-bit one */
     .swiglu = bt_cpu_avx512_swiglu,
     .geglu = bt_cpu_avx512_geglu,
     .rmsnorm = bt_cpu_avx512_rmsnorm,

@@ -104,6 +104,12 @@ BT_CPU_GEMM_DECL(avx2_vnni, q6_k); BT_CPU_GEMM_DECL(avx2_vnni, q4_0_q16); BT_CPU
 BT_CPU_GEMM_DECL(avx2_vnni, q8_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q4_k_q16); BT_CPU_GEMM_DECL(avx2_vnni, q5_1_q16);
 BT_CPU_GEMM_DECL(avx2_vnni, q5_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q6_k_q16); BT_CPU_GEMM_DECL(avx2_vnni, q5_k_q16);
 
+/* attn_block_rows on AVX2 (the AVX-512 table uses it too) and NEON */
+void bt_cpu_avx2_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
+                                 int nk, float *m, float *l, float *acc);
+void bt_cpu_neon_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
+                                 int nk, float *m, float *l, float *acc);
+
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);
 BT_CPU_DECLARE_ISA(avx512);
@@ -158,8 +164,9 @@ extern const bt_cpu_ops bt_cpu_ops_neon_i8mm;
     }
 
 /* The AVX2 kernels spread attention's prefetch hints over their loops; the NEON ones leave them to the caller. */
-#define BT_CPU_AVX2_SHARED_SLOTS BT_CPU_SHARED_SLOTS(avx2), .attn_prefetches = 1
-#define BT_CPU_NEON_SHARED_SLOTS BT_CPU_SHARED_SLOTS(neon)
+#define BT_CPU_AVX2_SHARED_SLOTS                                                                               \
+    BT_CPU_SHARED_SLOTS(avx2), .attn_prefetches = 1, .attn_block_rows = bt_cpu_avx2_attn_block_rows
+#define BT_CPU_NEON_SHARED_SLOTS BT_CPU_SHARED_SLOTS(neon), .attn_block_rows = bt_cpu_neon_attn_block_rows
 
 /* The GEMM slots of the AVX2 layouts: bt_cpu_avx2_gemm_* or bt_cpu_avx2_vnni_gemm_* (the same source, two builds) */
 #define BT_CPU_AVX2_GEMM_SLOTS(isa)                                                                                   \

@@ -78,6 +78,8 @@ typedef void (*bt_cpu_gemm_fn)(int64_t n, const void *group, const void *act, si
 /* Attention reads the KV cache in its own dtype (or an exact f32 copy the caller made of f16 rows); a block of one kv
  * head holds nk <= BT_CPU_ATTN_BLOCK rows of n elements for K and V each, rows contiguous. */
 #define BT_CPU_ATTN_BLOCK 16
+/* query rows of one attn_block_rows call */
+#define BT_CPU_ATTN_ROWS 16
 
 typedef enum bt_cpu_kv_type {
     BT_CPU_KV_F32 = 0,
@@ -98,6 +100,10 @@ typedef struct bt_cpu_kv_rows {
 /* exp(x) as every ISA computes it (Cephes-style polynomial, fmaf, within 2 ulp of expf): 0 below -86.5, +inf above
  * 88, NaN for NaN. The SIMD versions give the same bits. */
 float bt_cpu_expf(float x);
+
+/* attn_block_rows' definition: attn_block (the scalar reference) on each row in turn. */
+void bt_cpu_attn_block_rows_ref(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
+                                int nk, float *m, float *l, float *acc);
 
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;
@@ -136,6 +142,14 @@ typedef struct bt_cpu_ops {
     void (*attn_block)(int64_t n, int nq, const float *q, float scale, const bt_cpu_kv_rows *kv, int nk, float *m,
                        float *l, float *acc);
     int attn_prefetches; /* attn_block prefetches kv->pf_k / pf_v (otherwise the caller should) */
+    /* attn_block for nr (1..BT_CPU_ATTN_ROWS) query rows that all see the same nk keys (a prompt chunk's queries
+     * past the block), each row its own m, l and acc row with the bits attn_block gives it, against an f32 block:
+     * k and v [nk][n], n a multiple of 16 and at most 256. qt holds the rows transposed, qt[BT_CPU_ATTN_ROWS * i + r]
+     * element i of row r (lanes r >= nr are read and their results dropped). The rows sit in vector lanes, so the
+     * running max, exp and the tree16 of the weights run on all rows at once, with no horizontal step. NULL where
+     * an ISA has none: the caller then runs attn_block per query. Can't fail. */
+    void (*attn_block_rows)(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v, int nk,
+                            float *m, float *l, float *acc);
     /* out[i] = x[i] * scale * w[i], scale = (float)(1 / sqrt(ss / n + eps)) where ss sums the exact double
      * squares in 8 lanes (lane i % 8, ascending i), added as (l0 + l4) + (l2 + l6) ... i.e. b_t = l_t + l_{t+4},
      * c_t = b_t + b_{t+2}, ss = c_0 + c_1; out may equal x; bit-identical in every ISA */

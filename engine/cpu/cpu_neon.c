@@ -680,6 +680,107 @@ void bt_cpu_neon_attn_block(int64_t n, int nq, const float *q, float scale, cons
     }
 }
 
+/* ---- attn_block_rows: BT_CPU_ATTN_ROWS query rows in the lanes of four vectors (rows 0-3, 4-7, 8-11, 12-15) ---- */
+
+/* c_t of tree16 ((x_t + x_(t+8)) + (x_(t+4) + x_(t+12))) of the rows of NV row vectors against key row k, for T
+ * values of t from t0 (T * NV <= 4: up to 16 chains). Lane x_t of a row is its chain over elements t, t + 16, ...:
+ * the product of the first, then fmas by K's element, as the reference's x[t]. */
+AI void rows_c(const int64_t n, const int NV, const int T, const float *qt, const float *k, int t0,
+               float32x4_t (*c)[4])
+{
+    float32x4_t x[4][4][4];
+    for (int tt = 0; tt < T; tt++)
+        for (int e = 0; e < 4; e++) {
+            const int ln = t0 + tt + (e & 1) * 8 + (e >> 1) * 4; /* t, t + 8, t + 4, t + 12 */
+            for (int h = 0; h < NV; h++) x[tt][e][h] = vmulq_n_f32(vld1q_f32(qt + BT_CPU_ATTN_ROWS * ln + 4 * h), k[ln]);
+        }
+    for (int64_t i = 16; i < n; i += 16)
+        for (int tt = 0; tt < T; tt++)
+            for (int e = 0; e < 4; e++) {
+                const int64_t ln = i + t0 + tt + (e & 1) * 8 + (e >> 1) * 4;
+                for (int h = 0; h < NV; h++)
+                    x[tt][e][h] = vfmaq_n_f32(x[tt][e][h], vld1q_f32(qt + BT_CPU_ATTN_ROWS * ln + 4 * h), k[ln]);
+            }
+    for (int tt = 0; tt < T; tt++)
+        for (int h = 0; h < NV; h++)
+            c[tt][h] = vaddq_f32(vaddq_f32(x[tt][0][h], x[tt][1][h]), vaddq_f32(x[tt][2][h], x[tt][3][h]));
+}
+
+/* NV (1..4) row vectors, nr rows. The reference's softmax step on every row at once: mn = m, then for j < nk mn =
+ * s_j > mn ? s_j : mn (a compare and select: NEON's fmax would pass a NaN score on), c = exp(m - mn), w_j = exp(s_j
+ * - mn), l = fma(l, c, tree16(w)) with the tree vertical over the key vectors; then each row's V pass, 16 elements
+ * of 4 rows at a time. */
+AI void rows_block4(const int64_t n, const int NV, int nr, const float *qt, float scale, const float *k,
+                    const float *v, int nk, float *m, float *l, float *acc)
+{
+    const int T = NV == 1 ? 4 : NV == 2 ? 2 : 1;
+    float32x4_t s[BT_CPU_ATTN_BLOCK][4];
+    for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+        if (j >= nk) {
+            for (int h = 0; h < NV; h++) s[j][h] = vdupq_n_f32(-INFINITY);
+            continue;
+        }
+        const float *kj = k + (size_t)j * (size_t)n;
+        float32x4_t c[4][4];
+        for (int t = 0; t < 4; t += T) rows_c(n, NV, T, qt, kj, t, c + t);
+        for (int h = 0; h < NV; h++)
+            s[j][h] = vmulq_n_f32(vaddq_f32(vaddq_f32(c[0][h], c[2][h]), vaddq_f32(c[1][h], c[3][h])), scale);
+    }
+    float mv[BT_CPU_ATTN_ROWS] = {0}, lv[BT_CPU_ATTN_ROWS] = {0}, cs[BT_CPU_ATTN_ROWS];
+    float w[BT_CPU_ATTN_BLOCK][BT_CPU_ATTN_ROWS];
+    memcpy(mv, m, sizeof(float) * (size_t)nr);
+    memcpy(lv, l, sizeof(float) * (size_t)nr);
+    for (int h = 0; h < NV; h++) {
+        const float32x4_t m0 = vld1q_f32(mv + 4 * h);
+        float32x4_t mn = m0, wv[BT_CPU_ATTN_BLOCK];
+        for (int j = 0; j < nk; j++) mn = vbslq_f32(vcgtq_f32(s[j][h], mn), s[j][h], mn);
+        const float32x4_t c = expf4(vsubq_f32(m0, mn));
+        for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+            wv[j] = expf4(vsubq_f32(s[j][h], mn));
+            vst1q_f32(w[j] + 4 * h, wv[j]);
+        }
+        for (int t = 0; t < 8; t++) wv[t] = vaddq_f32(wv[t], wv[t + 8]);
+        for (int t = 0; t < 4; t++) wv[t] = vaddq_f32(wv[t], wv[t + 4]);
+        const float32x4_t tw = vaddq_f32(vaddq_f32(wv[0], wv[2]), vaddq_f32(wv[1], wv[3]));
+        vst1q_f32(lv + 4 * h, vfmaq_f32(tw, vld1q_f32(lv + 4 * h), c));
+        vst1q_f32(mv + 4 * h, mn);
+        vst1q_f32(cs + 4 * h, c);
+    }
+    memcpy(m, mv, sizeof(float) * (size_t)nr);
+    memcpy(l, lv, sizeof(float) * (size_t)nr);
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int R = nr - r0 < 4 ? nr - r0 : 4;
+        for (int64_t i = 0; i < n; i += 16) {
+            float32x4_t a[4][4];
+            for (int r = 0; r < R; r++)
+                for (int u = 0; u < 4; u++)
+                    a[r][u] = vmulq_n_f32(vld1q_f32(acc + (size_t)(r0 + r) * (size_t)n + (size_t)i + 4 * u), cs[r0 + r]);
+            for (int j = 0; j < nk; j++) {
+                const float *vj = v + (size_t)j * (size_t)n + (size_t)i;
+                for (int r = 0; r < R; r++)
+                    for (int u = 0; u < 4; u++) a[r][u] = vfmaq_n_f32(a[r][u], vld1q_f32(vj + 4 * u), w[j][r0 + r]);
+            }
+            for (int r = 0; r < R; r++)
+                for (int u = 0; u < 4; u++) vst1q_f32(acc + (size_t)(r0 + r) * (size_t)n + (size_t)i + 4 * u, a[r][u]);
+        }
+    }
+}
+
+void bt_cpu_neon_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
+                                 int nk, float *m, float *l, float *acc)
+{
+    if (n % 16 || n < 16 || n > 256 || nk < 1 || nk > BT_CPU_ATTN_BLOCK || nr < 1 || nr > BT_CPU_ATTN_ROWS) {
+        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k, v, nk, m, l, acc);
+        return;
+    }
+    switch ((nr + 3) / 4) {
+    case 1: rows_block4(n, 1, nr, qt, scale, k, v, nk, m, l, acc); break;
+    case 2: rows_block4(n, 2, nr, qt, scale, k, v, nk, m, l, acc); break;
+    case 3: rows_block4(n, 3, nr, qt, scale, k, v, nk, m, l, acc); break;
+    default: rows_block4(n, 4, nr, qt, scale, k, v, nk, m, l, acc); break;
+    }
+}
+
 const bt_cpu_ops bt_cpu_ops_neon = {
     .isa = BT_CPU_ISA_NEON,
     .name = "neon",

@@ -302,6 +302,68 @@ static void test_attn_block_zero_scores(void)
     }
 }
 
+/* attn_block_rows of every ISA that has one equals its definition (the scalar attn_block on each row in turn) bit
+ * for bit: every head size it unrolls or loops over, 1 to 16 rows (one or two row vectors, a V pass ending in a
+ * partial group of 4), every block fill, several blocks in a row (the running max moving or not), rows of zeros
+ * (scores of +0 and -0 ties) and a NaN row; the lanes past nr hold garbage that must not leak into any result. */
+static void test_attn_block_rows(void)
+{
+    uint64_t s = 123;
+    const int64_t ns[] = {16, 32, 48, 64, 80, 96, 128, 192, 256};
+    enum { N_NS = sizeof ns / sizeof ns[0], MAXN = 256, R = BT_CPU_ATTN_ROWS };
+    static float qt[MAXN * R], k[4][BT_CPU_ATTN_BLOCK * MAXN], v[4][BT_CPU_ATTN_BLOCK * MAXN];
+    static float acc[2][R * MAXN];
+    int ran = 0;
+    for (int rep = 0; rep < 12 * N_NS; rep++) {
+        const int64_t n = ns[rep % N_NS];
+        const int nr = 1 + (int)(test_rand_next(&s) % R), nblk = 1 + (int)(test_rand_next(&s) % 4);
+        test_fill_act(MAXN * R, qt, &s);
+        for (int i = 0; i < n; i++) /* row 1 all zeros: its scores tie at zero; row 2 NaN where rep says */
+            qt[R * i + 1] = rep % 3 ? 0.0f : -0.0f, qt[R * i + 2] = rep % 7 == 5 ? NAN : qt[R * i + 2];
+        for (int b = 0; b < nblk; b++) {
+            test_fill_act(BT_CPU_ATTN_BLOCK * MAXN, k[b], &s);
+            test_fill_act(BT_CPU_ATTN_BLOCK * MAXN, v[b], &s);
+            if (rep % 5 == 4) /* large keys: the running max moves block to block */
+                for (int i = 0; i < BT_CPU_ATTN_BLOCK * MAXN; i++) k[b][i] *= (float)(b + 1) * 4.0f;
+        }
+        const int nk_last = 1 + (int)(test_rand_next(&s) % BT_CPU_ATTN_BLOCK);
+        for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
+            if (!test_isa_covers((bt_cpu_isa)isa)) continue;
+            const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+            if (!ops->attn_block_rows) continue;
+            float m[2][R], l[2][R];
+            for (int w = 0; w < 2; w++) {
+                for (int r = 0; r < R; r++) m[w][r] = -INFINITY, l[w][r] = 0;
+                memset(acc[w], 0, sizeof acc[w]);
+                for (int b = 0; b < nblk; b++) {
+                    const int nk = b == nblk - 1 ? nk_last : BT_CPU_ATTN_BLOCK;
+                    if (w == 0)
+                        bt_cpu_attn_block_rows_ref(n, nr, qt, 0.125f, k[b], v[b], nk, m[0], l[0], acc[0]);
+                    else
+                        ops->attn_block_rows(n, nr, qt, 0.125f, k[b], v[b], nk, m[1], l[1], acc[1]);
+                }
+            }
+            int bad = 0;
+            for (int r = 0; r < nr; r++)
+                bad += bt_f32_bits(m[0][r]) != bt_f32_bits(m[1][r]) || bt_f32_bits(l[0][r]) != bt_f32_bits(l[1][r]);
+            for (int64_t i = 0; i < nr * n; i++) bad += bt_f32_bits(acc[0][i]) != bt_f32_bits(acc[1][i]);
+            for (int r = nr; r < R; r++) bad += bt_f32_bits(m[1][r]) != bt_f32_bits(-INFINITY) || l[1][r] != 0;
+            for (int64_t i = nr * n; i < R * n; i++) bad += acc[1][i] != 0;
+            CHECK_MSG(bad == 0, "%s attn_block_rows n=%lld nr=%d blocks=%d last=%d: %d values differ from the reference",
+                      ops->name, (long long)n, nr, nblk, nk_last, bad);
+            ran++;
+        }
+    }
+    /* the reference is attn_block per row: the zero row's stored m is the reference's own pick of a zero */
+    float q[64], mr = -INFINITY, lr = 0, ar[64] = {0}, mq = -INFINITY, lq = 0, aq[64] = {0};
+    for (int i = 0; i < 64; i++) qt[R * i] = q[i] = test_randf(&s);
+    const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k[0], .v = v[0]};
+    bt_cpu_attn_block_rows_ref(64, 1, qt, 0.125f, k[0], v[0], 11, &mr, &lr, ar);
+    bt_cpu_ops_get(BT_CPU_ISA_SCALAR)->attn_block(64, 1, q, 0.125f, &rows, 11, &mq, &lq, aq);
+    CHECK(bt_f32_bits(mr) == bt_f32_bits(mq) && bt_f32_bits(lr) == bt_f32_bits(lq) && memcmp(ar, aq, sizeof ar) == 0);
+    fprintf(stderr, "  attn_block_rows: %d ISA cases against the reference\n", ran);
+}
+
 /* rmsnorm of every ISA equals the scalar reference bit for bit (in place too); the reference is within float
  * rounding of the float64 formula. */
 static void test_rmsnorm(void)
@@ -342,6 +404,7 @@ int main(void)
     RUN(test_geglu);
     RUN(test_attn_block);
     RUN(test_attn_block_zero_scores);
+    RUN(test_attn_block_rows);
     test_isa_report();
     return test_summary();
 }
