@@ -844,29 +844,40 @@ static int32_t attn_run_end(const bt_attn_args *a, int32_t t, int32_t chunk)
  * verification step of one sequence (its token and 4 drafts) was 3 tasks, one per kv head, so one of 2 threads ran
  * two and the other waited. Then runs are cut shorter, to about as many tasks as that (5 rows: runs of 2, 2 and 1,
  * 9 tasks). Each query token's blocks and their order stay the same, so its bits do not depend on the chunk. */
-static int32_t attn_chunk(const bt_attn_args *a, int nth)
+static int32_t attn_chunk(const bt_attn_args *a, int nth, int32_t base)
 {
     size_t tasks = 0, want = (size_t)ATTN_MIN_TASKS * (size_t)nth;
     int32_t longest = 1;
-    if (nth < 2) return ATTN_CHUNK;
+    if (nth < 2) return base;
     for (int32_t t = 0; t < a->n_tokens; t++) {
         int32_t r = t;
-        t = attn_run_end(a, t, ATTN_CHUNK);
+        t = attn_run_end(a, t, base);
         tasks += ((size_t)(a->pos[t] / (BT_KV_BLOCK * ATTN_SEG_BLOCKS)) + 1) * (size_t)a->n_head_kv;
-        if (tasks >= want) return ATTN_CHUNK; /* enough already (a batch of sequences, a prompt chunk) */
+        if (tasks >= want) return base; /* enough already (a batch of sequences, a prompt chunk) */
         if (t - r + 1 > longest) longest = t - r + 1;
     }
-    if (tasks == 0 || longest == 1) return ATTN_CHUNK;
+    if (tasks == 0 || longest == 1) return base;
     size_t split = (want + tasks - 1) / tasks; /* pieces per run */
     int32_t c = (int32_t)(((size_t)longest + split - 1) / split);
     return c < 1 ? 1 : c;
+}
+
+/* The most query tokens per work item: ATTN_CHUNK, or twice that where it makes a task's query rows (tokens x GQA
+ * group) a whole number of attn_block_rows calls that ATTN_CHUNK does not (an odd group: SmolLM2's 3 heads per KV head
+ * are 24 rows, a 16-row call and an 8-row one, which broadcasts each key element for 8 rows instead of 16). */
+static int32_t attn_chunk_base(const cpu_ctx *c, const bt_attn_args *a)
+{
+    const int32_t group = a->n_head / a->n_head_kv, rows = 2 * ATTN_CHUNK * group;
+    if (!c->ops->attn_block_rows || (ATTN_CHUNK * group) % BT_CPU_ATTN_ROWS == 0) return ATTN_CHUNK;
+    return rows % BT_CPU_ATTN_ROWS == 0 && (size_t)rows * (size_t)a->head_dim <= ATTN_ROWS_QT ? 2 * ATTN_CHUNK
+                                                                                               : ATTN_CHUNK;
 }
 
 static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)
 {
     cpu_ctx *c = C(be);
     /* count the tasks and their accumulators first */
-    int32_t chunk = attn_chunk(a, ctx_threads(c)); /* query tokens per run */
+    int32_t chunk = attn_chunk(a, ctx_threads(c), attn_chunk_base(c, a)); /* query tokens per run */
     size_t n_seg_tasks = 0, n_merge = 0, floats = 0, merge_floats = 0;
     for (int32_t t = 0; t < a->n_tokens;) {
         int32_t r = t;
