@@ -739,21 +739,20 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
          * (the latest start) starts at or before its first */
         const int whole = by_rows && a->pos[tk->t0] >= (b + 1) * BT_KV_BLOCK - 1 &&
                           (a->window <= 0 || max_pos - a->window + 1 <= b * BT_KV_BLOCK);
-        const int spread_here = spread && !whole; /* attn_block_rows leaves the hints to its caller */
         bt_cpu_kv_rows ahead = {0};
         if (b + ATTN_PREFETCH < nb)
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + ATTN_PREFETCH]), tk->g);
         else if (b == nb - 1 && nt && a->tables[nt->t0][nt->seg * ATTN_SEG_BLOCKS] >= 0) /* not window-released */
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, a->tables[nt->t0][nt->seg * ATTN_SEG_BLOCKS]), nt->g);
-        if (ahead.k && spread_here) {
+        if (ahead.k && spread) {
             rows.pf_k = ahead.k, rows.pf_v = ahead.v, rows.pf_bytes = bytes;
         } else if (ahead.k) { /* K before the kernel, V after it: two half bursts */
             prefetch_rows(ahead.k, bytes);
         }
-        for (int32_t r0 = 0; whole && r0 < nq; r0 += BT_CPU_ATTN_ROWS)
+        for (int32_t r0 = 0; whole && r0 < nq; r0 += BT_CPU_ATTN_ROWS) /* the hints with the first call */
             plan->ops->attn_block_rows(hd, nq - r0 < BT_CPU_ATTN_ROWS ? nq - r0 : BT_CPU_ATTN_ROWS,
                                        qt + (size_t)r0 * (size_t)hd, a->scale, rows.k, rows.v, BT_KV_BLOCK, m + r0,
-                                       l + r0, acc + (size_t)r0 * (size_t)hd);
+                                       l + r0, acc + (size_t)r0 * (size_t)hd, r0 == 0 ? &rows : NULL);
         for (int32_t qi = 0; !whole && qi < tk->n; qi++) {
             int32_t p = a->pos[tk->t0 + qi];
             if (p < b * BT_KV_BLOCK) continue;
@@ -775,7 +774,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
             }
             rows.pf_k = rows.pf_v = NULL; /* once per block */
         }
-        if (ahead.v && !spread_here) prefetch_rows(ahead.v, bytes);
+        if (ahead.v && !spread) prefetch_rows(ahead.v, bytes);
     }
     if (tk->n_seg > 1) return; /* merged once every segment is done */
     for (int32_t qi = 0; qi < tk->n; qi++)

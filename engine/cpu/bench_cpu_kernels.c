@@ -477,7 +477,8 @@ static void bench_attn_rows(const char *isa_arg)
                         for (int r = 0; r < ROWS; r += w ? BT_CPU_ATTN_ROWS : group) {
                             if (w)
                                 ops->attn_block_rows(hd, BT_CPU_ATTN_ROWS, qt + (size_t)r * (size_t)hd, 0.125f, k, v,
-                                                     BT_CPU_ATTN_BLOCK, m[1] + r, l[1] + r, acc[1] + (size_t)r * (size_t)hd);
+                                                     BT_CPU_ATTN_BLOCK, m[1] + r, l[1] + r, acc[1] + (size_t)r * (size_t)hd,
+                                                     NULL);
                             else
                                 ops->attn_block(hd, group, q + (size_t)r * (size_t)hd, 0.125f, &rows, BT_CPU_ATTN_BLOCK,
                                                 m[0] + r, l[0] + r, acc[0] + (size_t)r * (size_t)hd);

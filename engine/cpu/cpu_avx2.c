@@ -1140,10 +1140,15 @@ AI void rows_softmax_v(const int64_t n, int nr, const __m256 *s, const float *v,
 
 /* NV row vectors (1: nr <= 8) */
 AI void rows_block(const int64_t n, const int NV, int nr, const float *qt, float scale, const float *k, const float *v,
-                   int nk, float *m, float *l, float *acc)
+                   int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
 {
+    /* the hints' K and V lines, a sixteenth of each per key of the score pass */
+    const bt_cpu_pf pfk = bt_cpu_pf_plan(hint ? hint->pf_k : NULL, hint ? hint->pf_bytes : 0, BT_CPU_ATTN_BLOCK);
+    const bt_cpu_pf pfv = bt_cpu_pf_plan(hint ? hint->pf_v : NULL, hint ? hint->pf_bytes : 0, BT_CPU_ATTN_BLOCK);
     __m256 s[2][BT_CPU_ATTN_BLOCK];
     for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++) {
+        bt_cpu_pf_part(&pfk, j);
+        bt_cpu_pf_part(&pfv, j);
         if (j >= nk) {
             s[0][j] = s[1][j] = _mm256_set1_ps(-INFINITY);
             continue;
@@ -1169,15 +1174,18 @@ AI void rows_block(const int64_t n, const int NV, int nr, const float *qt, float
 }
 
 void bt_cpu_avx2_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                 int nk, float *m, float *l, float *acc)
+                                 int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
 {
     if (n % 16 || n < 16 || n > 256 || nk < 1 || nk > BT_CPU_ATTN_BLOCK || nr < 1 || nr > BT_CPU_ATTN_ROWS) {
-        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k, v, nk, m, l, acc);
+        bt_cpu_pf_all(hint ? hint->pf_k : NULL, hint ? hint->pf_bytes : 0); /* the hints, in one go */
+        bt_cpu_pf_all(hint ? hint->pf_v : NULL, hint ? hint->pf_bytes : 0);
+        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k, v, nk, m, l, acc, NULL);
         return;
     }
     /* the head sizes models have, unrolled; any other multiple of 16 in a loop */
 #define ROWS_N(N)                                                                                              \
-    (nr > 8 ? rows_block(N, 2, nr, qt, scale, k, v, nk, m, l, acc) : rows_block(N, 1, nr, qt, scale, k, v, nk, m, l, acc))
+    (nr > 8 ? rows_block(N, 2, nr, qt, scale, k, v, nk, m, l, acc, hint)                                      \
+            : rows_block(N, 1, nr, qt, scale, k, v, nk, m, l, acc, hint))
     switch (n) {
     case 64: ROWS_N(64); break;
     case 128: ROWS_N(128); break;

@@ -106,9 +106,9 @@ BT_CPU_GEMM_DECL(avx2_vnni, q5_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q6_k_q16); BT
 
 /* attn_block_rows on AVX2 (the AVX-512 table uses it too) and NEON */
 void bt_cpu_avx2_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                 int nk, float *m, float *l, float *acc);
+                                 int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint);
 void bt_cpu_neon_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                 int nk, float *m, float *l, float *acc);
+                                 int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint);
 
 BT_CPU_DECLARE_ISA(scalar);
 BT_CPU_DECLARE_ISA(avx2);

@@ -178,8 +178,9 @@ void bt_cpu_scalar_attn_block(int64_t n, int nq, const float *q, float scale, co
 }
 
 void bt_cpu_attn_block_rows_ref(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                int nk, float *m, float *l, float *acc)
+                                int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
 {
+    (void)hint;
     const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k, .v = v};
     float q[256];
     for (int r = 0; r < nr; r++) {

@@ -101,9 +101,9 @@ typedef struct bt_cpu_kv_rows {
  * 88, NaN for NaN. The SIMD versions give the same bits. */
 float bt_cpu_expf(float x);
 
-/* attn_block_rows' definition: attn_block (the scalar reference) on each row in turn. */
+/* attn_block_rows' definition: attn_block (the scalar reference) on each row in turn; the hints are ignored. */
 void bt_cpu_attn_block_rows_ref(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                int nk, float *m, float *l, float *acc);
+                                int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint);
 
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;
@@ -146,10 +146,12 @@ typedef struct bt_cpu_ops {
      * past the block), each row its own m, l and acc row with the bits attn_block gives it, against an f32 block:
      * k and v [nk][n], n a multiple of 16 and at most 256. qt holds the rows transposed, qt[BT_CPU_ATTN_ROWS * i + r]
      * element i of row r (lanes r >= nr are read and their results dropped). The rows sit in vector lanes, so the
-     * running max, exp and the tree16 of the weights run on all rows at once, with no horizontal step. NULL where
-     * an ISA has none: the caller then runs attn_block per query. Can't fail. */
+     * running max, exp and the tree16 of the weights run on all rows at once, with no horizontal step. hint: NULL,
+     * or the prefetch hints of bt_cpu_kv_rows (pf_k, pf_v, pf_bytes; its other fields unused), which a kernel of an
+     * ISA with attn_prefetches requests over its loops. NULL where an ISA has none: the caller then runs attn_block
+     * per query. Can't fail. */
     void (*attn_block_rows)(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v, int nk,
-                            float *m, float *l, float *acc);
+                            float *m, float *l, float *acc, const bt_cpu_kv_rows *hint);
     /* out[i] = x[i] * scale * w[i], scale = (float)(1 / sqrt(ss / n + eps)) where ss sums the exact double
      * squares in 8 lanes (lane i % 8, ascending i), added as (l0 + l4) + (l2 + l6) ... i.e. b_t = l_t + l_{t+4},
      * c_t = b_t + b_{t+2}, ss = c_0 + c_1; out may equal x; bit-identical in every ISA */

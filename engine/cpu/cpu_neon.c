@@ -767,12 +767,13 @@ AI void rows_block4(const int64_t n, const int NV, int nr, const float *qt, floa
 }
 
 void bt_cpu_neon_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                 int nk, float *m, float *l, float *acc)
+                                 int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
 {
     if (n % 16 || n < 16 || n > 256 || nk < 1 || nk > BT_CPU_ATTN_BLOCK || nr < 1 || nr > BT_CPU_ATTN_ROWS) {
-        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k, v, nk, m, l, acc);
+        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k, v, nk, m, l, acc, NULL);
         return;
     }
+    (void)hint; /* NEON leaves the prefetches to the caller (attn_prefetches 0) */
     switch ((nr + 3) / 4) {
     case 1: rows_block4(n, 1, nr, qt, scale, k, v, nk, m, l, acc); break;
     case 2: rows_block4(n, 2, nr, qt, scale, k, v, nk, m, l, acc); break;

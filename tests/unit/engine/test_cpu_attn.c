@@ -305,7 +305,8 @@ static void test_attn_block_zero_scores(void)
 /* attn_block_rows of every ISA that has one equals its definition (the scalar attn_block on each row in turn) bit
  * for bit: every head size it unrolls or loops over, 1 to 16 rows (one or two row vectors, a V pass ending in a
  * partial group of 4), every block fill, several blocks in a row (the running max moving or not), rows of zeros
- * (scores of +0 and -0 ties) and a NaN row; the lanes past nr hold garbage that must not leak into any result. */
+ * (scores of +0 and -0 ties) and a NaN row, with and without prefetch hints; the lanes past nr hold garbage that
+ * must not leak into any result. */
 static void test_attn_block_rows(void)
 {
     uint64_t s = 123;
@@ -327,6 +328,10 @@ static void test_attn_block_rows(void)
                 for (int i = 0; i < BT_CPU_ATTN_BLOCK * MAXN; i++) k[b][i] *= (float)(b + 1) * 4.0f;
         }
         const int nk_last = 1 + (int)(test_rand_next(&s) % BT_CPU_ATTN_BLOCK);
+        bt_cpu_kv_rows hints[4]; /* every other case: the next block's rows as prefetch hints */
+        for (int b = 0; b < nblk; b++)
+            hints[b] = (bt_cpu_kv_rows){.pf_k = k[(b + 1) % nblk], .pf_v = v[(b + 1) % nblk],
+                                        .pf_bytes = BT_CPU_ATTN_BLOCK * (size_t)n * sizeof(float)};
         for (int isa = 1; isa < BT_CPU_ISA_COUNT; isa++) {
             if (!test_isa_covers((bt_cpu_isa)isa)) continue;
             const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
@@ -338,9 +343,10 @@ static void test_attn_block_rows(void)
                 for (int b = 0; b < nblk; b++) {
                     const int nk = b == nblk - 1 ? nk_last : BT_CPU_ATTN_BLOCK;
                     if (w == 0)
-                        bt_cpu_attn_block_rows_ref(n, nr, qt, 0.125f, k[b], v[b], nk, m[0], l[0], acc[0]);
+                        bt_cpu_attn_block_rows_ref(n, nr, qt, 0.125f, k[b], v[b], nk, m[0], l[0], acc[0], NULL);
                     else
-                        ops->attn_block_rows(n, nr, qt, 0.125f, k[b], v[b], nk, m[1], l[1], acc[1]);
+                        ops->attn_block_rows(n, nr, qt, 0.125f, k[b], v[b], nk, m[1], l[1], acc[1],
+                                             rep % 2 ? &hints[b] : NULL);
                 }
             }
             int bad = 0;
@@ -358,7 +364,7 @@ static void test_attn_block_rows(void)
     float q[64], mr = -INFINITY, lr = 0, ar[64] = {0}, mq = -INFINITY, lq = 0, aq[64] = {0};
     for (int i = 0; i < 64; i++) qt[R * i] = q[i] = test_randf(&s);
     const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k[0], .v = v[0]};
-    bt_cpu_attn_block_rows_ref(64, 1, qt, 0.125f, k[0], v[0], 11, &mr, &lr, ar);
+    bt_cpu_attn_block_rows_ref(64, 1, qt, 0.125f, k[0], v[0], 11, &mr, &lr, ar, NULL);
     bt_cpu_ops_get(BT_CPU_ISA_SCALAR)->attn_block(64, 1, q, 0.125f, &rows, 11, &mq, &lq, aq);
     CHECK(bt_f32_bits(mr) == bt_f32_bits(mq) && bt_f32_bits(lr) == bt_f32_bits(lq) && memcmp(ar, aq, sizeof ar) == 0);
     fprintf(stderr, "  attn_block_rows: %d ISA cases against the reference\n", ran);
