@@ -604,6 +604,12 @@ typedef struct attn_plan {
 /* Floats of a task's transposed query rows for attn_block_rows (32 rows of 256: 8 queries of a GQA group of 4) */
 #define ATTN_ROWS_QT (32 * 256)
 
+/* The largest head size whose prompt blocks go through attn_block_rows. At 256 (Gemma 3) the kernel alone was
+ * 0.69-0.80x the time of attn_block per query (bench_cpu_kernels --attn), but a 2,048-token Gemma 3 prompt's
+ * attention took as long as before in the engine (BATON_PROFILE, 2 alternated runs each, 213-224 against 230-239 ms
+ * a step), so those blocks stay on attn_block; SmolLM2's 64 gained (see attn_block_rows in README). */
+#define ATTN_ROWS_HD 128
+
 _Static_assert(BT_KV_BLOCK == BT_CPU_ATTN_BLOCK, "attn_block takes one cache block at a time");
 
 /* the K and V rows of kv head g in cache block blk */
@@ -705,7 +711,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
      * ops->attn_block_rows, BT_CPU_ATTN_ROWS of the task's query rows a call, from the rows transposed once here */
     float qt[ATTN_ROWS_QT] __attribute__((aligned(64)));
     const int32_t n_chunks = (nq + BT_CPU_ATTN_ROWS - 1) / BT_CPU_ATTN_ROWS;
-    const int by_rows = plan->ops->attn_block_rows && tk->n >= ATTN_WIDEN_MIN && hd % 16 == 0 && hd <= 256 &&
+    const int by_rows = plan->ops->attn_block_rows && tk->n >= ATTN_WIDEN_MIN && hd % 16 == 0 && hd <= ATTN_ROWS_HD &&
                         (widen || kv->dtype == BT_KV_F32) &&
                         (size_t)n_chunks * BT_CPU_ATTN_ROWS * (size_t)hd <= ATTN_ROWS_QT;
     if (by_rows) {
@@ -867,7 +873,8 @@ static int32_t attn_chunk(const bt_attn_args *a, int nth, int32_t base)
 static int32_t attn_chunk_base(const cpu_ctx *c, const bt_attn_args *a)
 {
     const int32_t group = a->n_head / a->n_head_kv, rows = 2 * ATTN_CHUNK * group;
-    if (!c->ops->attn_block_rows || (ATTN_CHUNK * group) % BT_CPU_ATTN_ROWS == 0) return ATTN_CHUNK;
+    if (!c->ops->attn_block_rows || a->head_dim > ATTN_ROWS_HD || (ATTN_CHUNK * group) % BT_CPU_ATTN_ROWS == 0)
+        return ATTN_CHUNK;
     return rows % BT_CPU_ATTN_ROWS == 0 && (size_t)rows * (size_t)a->head_dim <= ATTN_ROWS_QT ? 2 * ATTN_CHUNK
                                                                                                : ATTN_CHUNK;
 }
