@@ -563,7 +563,8 @@ static void cpu_kv_write(bt_backend *be, bt_kv_pool *kv, int32_t layer, const fl
 /* Attention work item: query tokens [t0, t0 + n) of one run (consecutive tokens of one sequence at consecutive
  * positions) against kv head g, for the `group` query heads that share it, over the cache blocks of segment seg:
  * each K/V block of that head is read once per token for all of its query heads, straight from the cache in its
- * dtype (ops->attn_block), or for an f16 run of ATTN_WIDEN_MIN tokens or more from an f32 copy made once per block.
+ * dtype (ops->attn_block), or for an f16 run of ATTN_WIDEN_MIN tokens or more from an f32 copy made once per block;
+ * such a run's blocks that all its tokens see whole go through ops->attn_block_rows, 16 query rows a call.
  * part: offset of its accumulators in the plan's parts, [n * group][hd] then m and l [n * group]. n_seg: the run's
  * segment count (1: the task writes the output itself). As a merge item (after every segment task has run), seg is
  * unused and part is the offset of the run's segment 0 for kv head 0. */
@@ -601,7 +602,7 @@ typedef struct attn_plan {
  * engine, SmolLM2's 256-token prompt steps: attention 37.2-38.6 -> 35.8-36.2 ms (BATON_PROFILE, 3 alternated runs). */
 #define ATTN_WIDEN_MIN 4
 
-/* Floats of a task's transposed query rows for attn_block_rows (32 rows of 256: 8 queries of a GQA group of 4) */
+/* Floats of a task's transposed query rows for attn_block_rows (64 rows of 128: 8 queries of a GQA group of 8) */
 #define ATTN_ROWS_QT (32 * 256)
 
 /* The largest head size whose prompt blocks go through attn_block_rows. At 256 (Gemma 3) the kernel alone was
@@ -668,6 +669,22 @@ static size_t attn_part_floats(const bt_attn_args *a, int32_t n)
     return (f + 15) & ~(size_t)15;
 }
 
+/* attn_block_rows serves this attention's prompt runs: the ISA has it, the head size is a multiple of 16 up to
+ * ATTN_ROWS_HD, and the blocks reach the kernel as f32 (an f32 cache, or f16 blocks the task widens) */
+static int rows_kernel_applies(const bt_cpu_ops *ops, const bt_kv_pool *kv, int32_t hd)
+{
+    return ops->attn_block_rows && hd % 16 == 0 && hd <= ATTN_ROWS_HD &&
+           (kv->dtype == BT_KV_F32 || kv->dtype == BT_KV_F16);
+}
+
+/* Every query of the task sees all of block b: the first is past its last key, and the last query's window (the
+ * latest start) starts at or before its first */
+static int block_whole(const bt_attn_args *a, const attn_task *tk, int32_t max_pos, int32_t b)
+{
+    return a->pos[tk->t0] >= (b + 1) * BT_KV_BLOCK - 1 &&
+           (a->window <= 0 || max_pos - a->window + 1 <= b * BT_KV_BLOCK);
+}
+
 static void attn_task_run(void *ctx, int ti, int n_tasks)
 {
     attn_plan *plan = ctx;
@@ -707,21 +724,24 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
     /* K then V of the current block as f32 (ATTN_WIDEN_MIN); head sizes are at most 256 (model.c) */
     float wide[2 * BT_KV_BLOCK * 256] __attribute__((aligned(64)));
     const int widen = tk->n >= ATTN_WIDEN_MIN && kv->dtype == BT_KV_F16 && hd <= 256;
-    /* The same run's blocks that every query of it sees whole (no causal or window cut) go through
-     * ops->attn_block_rows, BT_CPU_ATTN_ROWS of the task's query rows a call, from the rows transposed once here */
+    /* The run's blocks that every query of it sees whole (block_whole) go through ops->attn_block_rows,
+     * BT_CPU_ATTN_ROWS of the task's query rows a call, from the rows transposed once here (when some block is) */
     float qt[ATTN_ROWS_QT] __attribute__((aligned(64)));
     const int32_t n_chunks = (nq + BT_CPU_ATTN_ROWS - 1) / BT_CPU_ATTN_ROWS;
-    const int by_rows = plan->ops->attn_block_rows && tk->n >= ATTN_WIDEN_MIN && hd % 16 == 0 && hd <= ATTN_ROWS_HD &&
-                        (widen || kv->dtype == BT_KV_F32) &&
-                        (size_t)n_chunks * BT_CPU_ATTN_ROWS * (size_t)hd <= ATTN_ROWS_QT;
+    int by_rows = rows_kernel_applies(plan->ops, kv, hd) && tk->n >= ATTN_WIDEN_MIN &&
+                  (size_t)n_chunks * BT_CPU_ATTN_ROWS * (size_t)hd <= ATTN_ROWS_QT;
+    if (by_rows) {
+        int any = 0;
+        for (int32_t b = b0; b < nb && !any; b++) any = block_whole(a, tk, max_pos, b);
+        by_rows = any;
+    }
     if (by_rows) {
         memset(qt, 0, sizeof(float) * (size_t)n_chunks * BT_CPU_ATTN_ROWS * (size_t)hd);
-        for (int32_t si = 0; si < nq; si++) {
-            const float *q = a->q + ((size_t)(tk->t0 + si / group) * (size_t)a->n_head + (size_t)tk->g * group +
-                                     (size_t)(si % group)) * (size_t)hd;
-            float *dst = qt + (size_t)(si / BT_CPU_ATTN_ROWS) * BT_CPU_ATTN_ROWS * (size_t)hd + si % BT_CPU_ATTN_ROWS;
-            for (int32_t i = 0; i < hd; i++) dst[(size_t)i * BT_CPU_ATTN_ROWS] = q[i];
-        }
+        for (int32_t si = 0; si < nq; si++)
+            bt_cpu_attn_rows_put(hd, si % BT_CPU_ATTN_ROWS,
+                                 a->q + ((size_t)(tk->t0 + si / group) * (size_t)a->n_head + (size_t)tk->g * group +
+                                         (size_t)(si % group)) * (size_t)hd,
+                                 qt + (size_t)(si / BT_CPU_ATTN_ROWS) * BT_CPU_ATTN_ROWS * (size_t)hd);
     }
     for (int32_t b = b0; b < nb; b++) {
         bt_cpu_kv_rows rows = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b]), tk->g);
@@ -741,10 +761,7 @@ static void attn_task_run(void *ctx, int ti, int n_tasks)
             plan->ops->fp16_to_f32((int64_t)used * hd, rows.v, wide + e);
             rows = (bt_cpu_kv_rows){.type = BT_CPU_KV_F32, .k = wide, .v = wide + e};
         }
-        /* every query of the run sees the whole block: the first is past its last key, and the last query's window
-         * (the latest start) starts at or before its first */
-        const int whole = by_rows && a->pos[tk->t0] >= (b + 1) * BT_KV_BLOCK - 1 &&
-                          (a->window <= 0 || max_pos - a->window + 1 <= b * BT_KV_BLOCK);
+        const int whole = by_rows && block_whole(a, tk, max_pos, b);
         bt_cpu_kv_rows ahead = {0};
         if (b + ATTN_PREFETCH < nb)
             ahead = attn_rows(kv, bt_kv_block_ptr(kv, a->layer, table[b + ATTN_PREFETCH]), tk->g);
@@ -845,7 +862,7 @@ static int32_t attn_run_end(const bt_attn_args *a, int32_t t, int32_t chunk)
     return t;
 }
 
-/* Query tokens per work item. ATTN_CHUNK, unless that leaves fewer than ATTN_MIN_TASKS tasks per thread: a
+/* Query tokens per work item. base (attn_chunk_base), unless that leaves fewer than ATTN_MIN_TASKS tasks per thread: a
  * verification step of one sequence (its token and 4 drafts) was 3 tasks, one per kv head, so one of 2 threads ran
  * two and the other waited. Then runs are cut shorter, to about as many tasks as that (5 rows: runs of 2, 2 and 1,
  * 9 tasks). Each query token's blocks and their order stay the same, so its bits do not depend on the chunk. */
@@ -872,11 +889,10 @@ static int32_t attn_chunk(const bt_attn_args *a, int nth, int32_t base)
  * are 24 rows, a 16-row call and an 8-row one, which broadcasts each key element for 8 rows instead of 16). */
 static int32_t attn_chunk_base(const cpu_ctx *c, const bt_attn_args *a)
 {
-    const int32_t group = a->n_head / a->n_head_kv, rows = 2 * ATTN_CHUNK * group;
-    if (!c->ops->attn_block_rows || a->head_dim > ATTN_ROWS_HD || (ATTN_CHUNK * group) % BT_CPU_ATTN_ROWS == 0)
+    const int32_t group = a->n_head / a->n_head_kv, rows = 2 * ATTN_CHUNK * group; /* a multiple of 16 */
+    if (!rows_kernel_applies(c->ops, a->kv, a->head_dim) || (ATTN_CHUNK * group) % BT_CPU_ATTN_ROWS == 0)
         return ATTN_CHUNK;
-    return rows % BT_CPU_ATTN_ROWS == 0 && (size_t)rows * (size_t)a->head_dim <= ATTN_ROWS_QT ? 2 * ATTN_CHUNK
-                                                                                               : ATTN_CHUNK;
+    return (size_t)rows * (size_t)a->head_dim <= ATTN_ROWS_QT ? 2 * ATTN_CHUNK : ATTN_CHUNK;
 }
 
 static bt_status cpu_attention(bt_backend *be, const bt_attn_args *a)

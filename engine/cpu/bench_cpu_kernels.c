@@ -456,15 +456,17 @@ static void bench_attn_rows(const char *isa_arg)
             const size_t kvn = (size_t)BT_CPU_ATTN_BLOCK * (size_t)hd, qn = (size_t)ROWS * (size_t)hd;
             float *k = malloc(4 * kvn), *v = malloc(4 * kvn), *q = malloc(4 * qn), *qt = malloc(4 * qn);
             float *acc[2] = {malloc(4 * qn), malloc(4 * qn)}, m[2][ROWS], l[2][ROWS];
-            if (!k || !v || !q || !qt || !acc[0] || !acc[1]) return;
+            if (!k || !v || !q || !qt || !acc[0] || !acc[1]) {
+                free(k), free(v), free(q), free(qt), free(acc[0]), free(acc[1]);
+                return;
+            }
             uint64_t seed = 3;
             for (size_t i = 0; i < kvn; i++)
                 k[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f, v[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
             for (size_t i = 0; i < qn; i++) q[i] = (float)((int)(rng_next(&seed) % 2001) - 1000) * 1e-3f;
             for (int r = 0; r < ROWS; r++) /* 16-row chunks, each element i of its rows side by side */
-                for (int i = 0; i < hd; i++)
-                    qt[(size_t)(r / BT_CPU_ATTN_ROWS) * BT_CPU_ATTN_ROWS * (size_t)hd + (size_t)i * BT_CPU_ATTN_ROWS +
-                       (size_t)(r % BT_CPU_ATTN_ROWS)] = q[(size_t)r * (size_t)hd + (size_t)i];
+                bt_cpu_attn_rows_put(hd, r % BT_CPU_ATTN_ROWS, q + (size_t)r * (size_t)hd,
+                                     qt + (size_t)(r / BT_CPU_ATTN_ROWS) * BT_CPU_ATTN_ROWS * (size_t)hd);
             const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k, .v = v};
             double samples[2][REPS];
             for (int rep = 0; rep < REPS; rep++)

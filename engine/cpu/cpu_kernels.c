@@ -181,12 +181,18 @@ void bt_cpu_attn_block_rows_ref(int64_t n, int nr, const float *qt, float scale,
                                 int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
 {
     (void)hint;
+    if (n > 256 || nk < 1 || nk > BT_CPU_ATTN_BLOCK || nr < 1 || nr > BT_CPU_ATTN_ROWS) return;
     const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k, .v = v};
     float q[256];
     for (int r = 0; r < nr; r++) {
-        for (int64_t i = 0; i < n && i < 256; i++) q[i] = qt[BT_CPU_ATTN_ROWS * (size_t)i + (size_t)r];
+        for (int64_t i = 0; i < n; i++) q[i] = qt[BT_CPU_ATTN_ROWS * (size_t)i + (size_t)r];
         bt_cpu_scalar_attn_block(n, 1, q, scale, &rows, nk, m + r, l + r, acc + (size_t)r * (size_t)n);
     }
+}
+
+void bt_cpu_attn_rows_put(int64_t n, int r, const float *row, float *qt)
+{
+    for (int64_t i = 0; i < n; i++) qt[BT_CPU_ATTN_ROWS * (size_t)i + (size_t)r] = row[i];
 }
 
 void bt_cpu_scalar_swiglu(int64_t n, const float *g, const float *u, float *out)

@@ -101,9 +101,13 @@ typedef struct bt_cpu_kv_rows {
  * 88, NaN for NaN. The SIMD versions give the same bits. */
 float bt_cpu_expf(float x);
 
-/* attn_block_rows' definition: attn_block (the scalar reference) on each row in turn; the hints are ignored. */
+/* attn_block_rows' definition: attn_block (the scalar reference) on each row in turn; the hints are ignored.
+ * Outside the slot's contract (n above 256, nk or nr outside 1..16) it does nothing. */
 void bt_cpu_attn_block_rows_ref(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
                                 int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint);
+
+/* Puts query row `row` (n elements) into lane r (0..BT_CPU_ATTN_ROWS - 1) of an attn_block_rows chunk qt. */
+void bt_cpu_attn_rows_put(int64_t n, int r, const float *row, float *qt);
 
 typedef struct bt_cpu_ops {
     bt_cpu_isa isa;

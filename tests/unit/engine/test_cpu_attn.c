@@ -318,6 +318,8 @@ static void test_attn_block_rows(void)
     for (int rep = 0; rep < 12 * N_NS; rep++) {
         const int64_t n = ns[rep % N_NS];
         const int nr = 1 + (int)(test_rand_next(&s) % R), nblk = 1 + (int)(test_rand_next(&s) % 4);
+        /* a scale that is not a power of two, so applying it anywhere but to the tree16 sum changes bits */
+        const float scale = 1.0f / sqrtf((float)n + (float)(rep % 3));
         test_fill_act(MAXN * R, qt, &s);
         for (int i = 0; i < n; i++) /* row 1 all zeros: its scores tie at zero; row 2 NaN where rep says */
             qt[R * i + 1] = rep % 3 ? 0.0f : -0.0f, qt[R * i + 2] = rep % 7 == 5 ? NAN : qt[R * i + 2];
@@ -326,6 +328,10 @@ static void test_attn_block_rows(void)
             test_fill_act(BT_CPU_ATTN_BLOCK * MAXN, v[b], &s);
             if (rep % 5 == 4) /* large keys: the running max moves block to block */
                 for (int i = 0; i < BT_CPU_ATTN_BLOCK * MAXN; i++) k[b][i] *= (float)(b + 1) * 4.0f;
+            if (rep % 3 == 0) /* keys of one sign each (even +, odd -): against row 1's -0 they score -0 and +0 */
+                for (int j = 0; j < BT_CPU_ATTN_BLOCK; j++)
+                    for (int i = 0; i < MAXN; i++)
+                        k[b][j * MAXN + i] = (j & 1 ? -1.0f : 1.0f) * (fabsf(k[b][j * MAXN + i]) + 0.01f);
         }
         const int nk_last = 1 + (int)(test_rand_next(&s) % BT_CPU_ATTN_BLOCK);
         bt_cpu_kv_rows hints[4]; /* every other case: the next block's rows as prefetch hints */
@@ -343,9 +349,9 @@ static void test_attn_block_rows(void)
                 for (int b = 0; b < nblk; b++) {
                     const int nk = b == nblk - 1 ? nk_last : BT_CPU_ATTN_BLOCK;
                     if (w == 0)
-                        bt_cpu_attn_block_rows_ref(n, nr, qt, 0.125f, k[b], v[b], nk, m[0], l[0], acc[0], NULL);
+                        bt_cpu_attn_block_rows_ref(n, nr, qt, scale, k[b], v[b], nk, m[0], l[0], acc[0], NULL);
                     else
-                        ops->attn_block_rows(n, nr, qt, 0.125f, k[b], v[b], nk, m[1], l[1], acc[1],
+                        ops->attn_block_rows(n, nr, qt, scale, k[b], v[b], nk, m[1], l[1], acc[1],
                                              rep % 2 ? &hints[b] : NULL);
                 }
             }
@@ -360,9 +366,10 @@ static void test_attn_block_rows(void)
             ran++;
         }
     }
-    /* the reference is attn_block per row: the zero row's stored m is the reference's own pick of a zero */
+    /* the reference is the scalar attn_block on the row alone */
     float q[64], mr = -INFINITY, lr = 0, ar[64] = {0}, mq = -INFINITY, lq = 0, aq[64] = {0};
-    for (int i = 0; i < 64; i++) qt[R * i] = q[i] = test_randf(&s);
+    for (int i = 0; i < 64; i++) q[i] = test_randf(&s);
+    bt_cpu_attn_rows_put(64, 0, q, qt);
     const bt_cpu_kv_rows rows = {.type = BT_CPU_KV_F32, .k = k[0], .v = v[0]};
     bt_cpu_attn_block_rows_ref(64, 1, qt, 0.125f, k[0], v[0], 11, &mr, &lr, ar, NULL);
     bt_cpu_ops_get(BT_CPU_ISA_SCALAR)->attn_block(64, 1, q, 0.125f, &rows, 11, &mq, &lq, aq);
