@@ -603,7 +603,7 @@ typedef struct attn_plan {
 #define ATTN_WIDEN_MIN 4
 
 /* Floats of a task's transposed query rows for attn_block_rows (64 rows of 128: 8 queries of a GQA group of 8) */
-#define ATTN_ROWS_QT (32 * 256)
+#define ATTN_ROWS_QT (64 * 128)
 
 /* The largest head size whose prompt blocks go through attn_block_rows. At 256 (Gemma 3) the kernel alone was
  * 0.69-0.80x the time of attn_block per query (bench_cpu_kernels --attn), but a 2,048-token Gemma 3 prompt's
