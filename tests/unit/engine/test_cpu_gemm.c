@@ -209,24 +209,26 @@ static void fill_pm1(float *x, int n_rows, int n_in)
 
 enum { EXT_ROWS = 5, EXT_OUT = 20 };
 
-/* Every ISA that packs type t at 8 bits: the matmul of x (EXT_ROWS rows of n_in) by w (EXT_OUT rows), bit-identical
- * to the packed reference; out (EXT_ROWS x EXT_OUT) keeps the last ISA's outputs; *tested counts the ISAs run. */
-static void check_packed8(uint32_t t, int n_in, const void *w, const float *x, float *out, int *tested)
+/* Every ISA that packs type t at `bits`: the matmul of x (EXT_ROWS rows of n_in) by w (EXT_OUT rows), bit-identical
+ * to the packed reference, and each row again alone (the one-row kernels: AVX2's 16-bit nibble path sums two of its
+ * operands scaled by 16 and 256, gemm16_span); out (EXT_ROWS x EXT_OUT) keeps the last ISA's outputs; *tested counts
+ * the ISAs run. */
+static void check_packed(uint32_t t, int bits, int n_in, const void *w, const float *x, float *out, int *tested)
 {
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
         if (!test_isa_covers((bt_cpu_isa)isa)) continue;
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
-        if (!bt_cpu_pack_supported(ops, t, 8)) continue;
-        size_t ab = bt_cpu_act_row_bytes(t, 8, n_in);
+        if (!bt_cpu_pack_supported(ops, t, bits)) continue;
+        size_t ab = bt_cpu_act_row_bytes(t, bits, n_in);
         uint8_t *xq = malloc(ab * EXT_ROWS);
-        float ref[BT_CPU_GEMM_NR * 16];
+        float ref[BT_CPU_GEMM_NR * 16], one[EXT_OUT];
         REQUIRE(xq);
         bt_cpu_packed p;
-        REQUIRE(bt_cpu_pack(ops, NULL, t, 8, n_in, EXT_OUT, w, &p) == BT_OK);
+        REQUIRE(bt_cpu_pack(ops, NULL, t, bits, n_in, EXT_OUT, w, &p) == BT_OK);
         bt_cpu_matmul mm = {.ops = ops, .wtype = t, .n_in = n_in, .n_out = EXT_OUT, .n_rows = EXT_ROWS, .w = w,
-                            .x = x, .xq = xq, .out = out, .act_bits = 8, .wp = &p};
+                            .x = x, .xq = xq, .out = out, .act_bits = bits, .wp = &p};
         REQUIRE(bt_cpu_matmul_run(NULL, &mm) == BT_OK);
-        int bad = 0;
+        int bad = 0, bad_one = 0;
         for (int64_t g = 0; g * 16 < EXT_OUT; g++) {
             int nv = (int)(EXT_OUT - 16 * g < 16 ? EXT_OUT - 16 * g : 16);
             bt_cpu_gemm_packed_ref(&p, g, xq, ab, EXT_ROWS, ref, 16, nv);
@@ -234,7 +236,14 @@ static void check_packed8(uint32_t t, int n_in, const void *w, const float *x, f
                 for (int j = 0; j < nv; j++)
                     bad += bt_f32_bits(ref[r * 16 + j]) != bt_f32_bits(out[r * EXT_OUT + 16 * g + j]);
         }
-        CHECK_MSG(bad == 0, "%s %s: %d outputs differ from the packed reference", ops->name, bt_ggml_type_name(t), bad);
+        for (int r = 0; r < EXT_ROWS; r++) {
+            bt_cpu_matmul m1 = mm;
+            m1.n_rows = 1, m1.x = x + (size_t)r * (size_t)n_in, m1.out = one;
+            REQUIRE(bt_cpu_matmul_run(NULL, &m1) == BT_OK);
+            for (int o = 0; o < EXT_OUT; o++) bad_one += bt_f32_bits(one[o]) != bt_f32_bits(out[r * EXT_OUT + o]);
+        }
+        CHECK_MSG(bad == 0 && bad_one == 0, "%s %s/%d: %d outputs differ from the packed reference, %d alone", ops->name,
+                  bt_ggml_type_name(t), bits, bad, bad_one);
         bt_cpu_packed_free(&p);
         free(xq);
         (*tested)++;
@@ -258,8 +267,8 @@ static void test_q8_0_extremes(void)
     float x[EXT_ROWS * N_IN], out[EXT_ROWS * EXT_OUT];
     fill_pm1(x, EXT_ROWS, N_IN);
     int tested = 0;
-    check_packed8(BT_TYPE_Q8_0, N_IN, w, x, out, &tested);
-    /* every ISA's outputs are the reference's bits (check_packed8), so the last one's stand for all: row r's output
+    check_packed(BT_TYPE_Q8_0, 8, N_IN, w, x, out, &tested);
+    /* every ISA's outputs are the reference's bits (check_packed), so the last one's stand for all: row r's output
      * o is 0.5 * (1 / 127) * sum(q * a) per block */
     int bad_exact = 0;
     for (int r = 0; tested && r < EXT_ROWS; r++)
@@ -279,8 +288,9 @@ static void test_q8_0_extremes(void)
 
 /* The nibble layouts (Q4_0, Q4_1, Q4_K) at 8-bit activations at the ends of both ranges: every code 15 (or 0, or the
  * two by nibble) against activations of +-127, so that each int16 lane of AVX2's per-block sums (dot8_nib_rows: 16
- * products of a row's block) reaches 16 * 15 * 127 = 30480, near 2^15. Bit-identical to the packed reference, whose
- * integer dot is exact. */
+ * products of a row's block) reaches 16 * 15 * 127 = 30480, near 2^15. Then at 16 bits (activations of +-32767), where
+ * AVX2's one-row pass sums a block's 8 products of codes times 256 in an int32 lane (15 * 256 * 32767 * 8, about half
+ * of 2^31). Bit-identical to the packed reference, whose integer dot is exact. */
 static void test_nibble_extremes(void)
 {
     enum { N_IN = 512 };
@@ -317,7 +327,8 @@ static void test_nibble_extremes(void)
                 for (int i = 0; i < 16; i++) qs[i] = code;
             }
         }
-        check_packed8(t, N_IN, w, x, out, &tested);
+        check_packed(t, 8, N_IN, w, x, out, &tested);
+        check_packed(t, 16, N_IN, w, x, out, &tested);
         free(w);
     }
     CHECK(tested > 0 || !test_isa_covers(BT_CPU_ISA_AVX2));
