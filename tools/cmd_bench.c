@@ -496,34 +496,41 @@ int cmd_bench(int argc, char **argv)
         }
         /* Rooflines of decode at n sequences: every step streams the weights once and each sequence's KV (f16, at
          * the run's mean context), at the measured bandwidth; and the matmuls' multiply-accumulates at the measured
-         * rate of the dot instruction on every thread. Attention's arithmetic and the elementwise ops are left out,
-         * so these are upper bounds. */
+         * rate of the dot instruction on every thread at once (bt_cpu_dot_macs_rate_all: threads sharing a core's
+         * vector units get less than n times one thread's rate). Attention's arithmetic and the elementwise ops are
+         * left out, so these are upper bounds. */
         bt_cpu_isa isa = BT_CPU_ISA_SCALAR;
         for (int i = BT_CPU_ISA_SCALAR; i < BT_CPU_ISA_COUNT; i++)
             if (!strcmp(bt_cpu_isa_name((bt_cpu_isa)i), bt_backend_cpu_isa(r.be))) isa = (bt_cpu_isa)i;
         int act_bits = bt_backend_cpu_act_bits(r.be);
         double wbytes = (double)bt_model_weight_bytes(m);
         double bw = bw_best(measure_decode_bandwidth(nth, (size_t)wbytes)), macs_tok = (double)bt_model_matmul_macs(m);
-        double mac_rate = bt_cpu_dot_macs_rate(isa, act_bits) * nth;
+        double mac_one = bt_cpu_dot_macs_rate(isa, act_bits), mac_rate = 0;
+        bt_pool *rate_pool = NULL;
+        if (nth > 1 && bt_pool_create(nth, &rate_pool) == BT_OK) {
+            mac_rate = bt_cpu_dot_macs_rate_all(rate_pool, isa, act_bits);
+            bt_pool_destroy(rate_pool);
+        }
+        if (mac_rate <= 0) mac_rate = mac_one * nth; /* one thread, or no pool for the measurement */
         double kv_seq = (double)bt_kv_block_stride(&m->hp, (bt_kv_dtype)kv_dtype) * m->hp.n_layer / BT_KV_BLOCK *
                         ((double)prompt_n + (double)decode_n / 2);
         double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
         int lanes = r.be->ops->max_lanes ? r.be->ops->max_lanes(r.be) : 0;
         printf("%s kernels, %d threads (decode lanes: %d), %d-bit activations; memory %.1f GB/s; matmul dot rate "
-               "%.1f GMAC/s (%.1f MMAC per token: compute roofline %.0f tok/s); %ld prompt + %ld output tokens per "
-               "request, %s KV\n",
-               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, macs_tok / 1e6, compute_roof,
-               prompt_n, decode_n, kv_name);
+               "%.1f GMAC/s on %d threads at once (%.1f on one; %.1f MMAC per token: compute roofline %.0f tok/s); "
+               "%ld prompt + %ld output tokens per request, %s KV\n",
+               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, nth, mac_one / 1e9,
+               macs_tok / 1e6, compute_roof, prompt_n, decode_n, kv_name);
         printf("%-12s %16s %16s %14s %10s %15s %13s %14s\n", "concurrency", "prefill tok/s", "decode tok/s",
                "vs batch 1", "KV util", "roofline tok/s", "roof vs 1", "KV MiB/seq");
         double base = 0;
         int crc = 0;
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"decode_lanes\": %d, "
-                        "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, "
+                        "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, \"dot_gmac_s_one_thread\": %.2f, "
                         "\"compute_roofline_tok_s\": %.2f, \"prompt_tokens\": %ld, \"decode_tokens\": %ld, "
                         "\"kv_dtype\": \"%s\", \"runs\": [",
-                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, compute_roof,
+                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, mac_one / 1e9, compute_roof,
                         prompt_n, decode_n, kv_name);
         double roof_base = 0;
         const char *trace_dir = getenv("BATON_STEP_TRACE");

@@ -203,6 +203,13 @@ int bt_cpu_isa_supported(bt_cpu_isa isa);
  * 0 for scalar or an ISA this CPU lacks. */
 double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits);
 
+/* The same instruction's rate on every thread of pool at once (NULL or one thread: bt_cpu_dot_macs_rate): each
+ * thread runs the loop after a common start, and a run's rate is the sum of theirs, best of 16 runs. Threads that
+ * share a core (SMT siblings, or virtual CPUs the hypervisor places on one) share its vector units, so this is not
+ * n times one thread's rate: on a 2-vCPU AMD EPYC Zen 3 guest 2 threads measured 1.7-1.9x one. The compute roofline
+ * of a matmul on the pool. 0 for scalar or an ISA this CPU lacks (or no memory for the run's record). */
+double bt_cpu_dot_macs_rate_all(bt_pool *pool, bt_cpu_isa isa, int act_bits);
+
 /* The process's edge only (a main, a CLI command, a test's setup): *want = the ISA that BATON_CPU_ISA names, -1
  * when it is unset or empty. BT_ERR_INVALID for an unknown name, BT_ERR_UNSUPPORTED when this CPU cannot run it
  * (the message names the variable); *want is then -1. */

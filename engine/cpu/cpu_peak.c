@@ -1,6 +1,9 @@
 /* The integer dot-product rate of this CPU, for compute rooflines (baton bench --concurrency): how many
- * multiply-accumulates per second one thread gets from the instruction the quantized matmul kernels are built on,
- * with enough independent chains to hide its latency and no memory traffic. */
+ * multiply-accumulates per second one thread, or every thread of a pool at once, gets from the instruction the
+ * quantized matmul kernels are built on, with enough independent chains to hide its latency and no memory traffic. */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -129,33 +132,91 @@ __attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) static double i8mm_rate(l
 }
 #endif
 
-double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
+/* One run of isa's rate loop on this thread (~1 ms): multiply-accumulates per second, 0 where isa cannot run */
+static double dot_run(bt_cpu_isa isa, int act_bits)
 {
     int bytes = act_bits == 8;
-    double best = 0;
+    double r = 0;
     (void)bytes;
-    /* Best of 16 runs of ~1 ms, each after a 1 ms sleep, ~35 ms in all: other processes and the hypervisor share the
-     * cores, and 5 back-to-back runs once all fell inside one disturbed stretch (a CI run's compute roofline came
-     * out at 1/7 of this host's, below the decode rate it then measured). A thread that has just slept is woken ahead
-     * of a busy neighbour, so each run starts on a fresh time slice. */
-    for (int rep = 0; rep < 16; rep++) {
-        struct timespec nap = {0, 1000 * 1000};
-        nanosleep(&nap, NULL);
-        double r = 0;
 #if defined(__x86_64__)
-        if (isa == BT_CPU_ISA_AVX512 && bt_cpu_isa_supported(BT_CPU_ISA_AVX512))
-            r = vnni_rate(bytes, 250 * 1000) * (bytes ? 64 : 32);
-        else if (isa == BT_CPU_ISA_AVX2 && bt_cpu_isa_supported(BT_CPU_ISA_AVX2))
-            r = bytes ? avx2_rate8(250 * 1000) * 32 : avx2_rate(250 * 1000) * 16;
-        else if (isa == BT_CPU_ISA_AVX2_VNNI && bt_cpu_isa_supported(BT_CPU_ISA_AVX2_VNNI))
-            r = avx_vnni_rate(bytes, 250 * 1000) * (bytes ? 32 : 16);
+    if (isa == BT_CPU_ISA_AVX512 && bt_cpu_isa_supported(BT_CPU_ISA_AVX512))
+        r = vnni_rate(bytes, 250 * 1000) * (bytes ? 64 : 32);
+    else if (isa == BT_CPU_ISA_AVX2 && bt_cpu_isa_supported(BT_CPU_ISA_AVX2))
+        r = bytes ? avx2_rate8(250 * 1000) * 32 : avx2_rate(250 * 1000) * 16;
+    else if (isa == BT_CPU_ISA_AVX2_VNNI && bt_cpu_isa_supported(BT_CPU_ISA_AVX2_VNNI))
+        r = avx_vnni_rate(bytes, 250 * 1000) * (bytes ? 32 : 16);
 #elif defined(__aarch64__)
-        if (isa == BT_CPU_ISA_NEON && bt_cpu_isa_supported(BT_CPU_ISA_NEON))
-            r = neon_rate(bytes, 250 * 1000) * (bytes ? 16 : 4);
-        else if (isa == BT_CPU_ISA_NEON_I8MM && bt_cpu_isa_supported(BT_CPU_ISA_NEON_I8MM))
-            r = i8mm_rate(250 * 1000) * (bytes ? 32 : 16); /* 16-bit: smmla + usmmla per 32 MACs */
+    if (isa == BT_CPU_ISA_NEON && bt_cpu_isa_supported(BT_CPU_ISA_NEON))
+        r = neon_rate(bytes, 250 * 1000) * (bytes ? 16 : 4);
+    else if (isa == BT_CPU_ISA_NEON_I8MM && bt_cpu_isa_supported(BT_CPU_ISA_NEON_I8MM))
+        r = i8mm_rate(250 * 1000) * (bytes ? 32 : 16); /* 16-bit: smmla + usmmla per 32 MACs */
 #endif
+    return r;
+}
+
+/* Runs of each measurement. Best of 16 runs of ~1 ms, each after a 1 ms sleep, ~35 ms in all: other processes and the
+ * hypervisor share the cores, and 5 back-to-back runs once all fell inside one disturbed stretch (a CI run's compute
+ * roofline came out at 1/7 of this host's, below the decode rate it then measured). A thread that has just slept is
+ * woken ahead of a busy neighbour, so each run starts on a fresh time slice. */
+#define RATE_RUNS 16
+
+static void nap_1ms(void)
+{
+    struct timespec nap = {0, 1000 * 1000};
+    nanosleep(&nap, NULL);
+}
+
+double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
+{
+    double best = 0;
+    for (int rep = 0; rep < RATE_RUNS; rep++) {
+        nap_1ms();
+        double r = dot_run(isa, act_bits);
         best = r > best ? r : best;
     }
+    return best;
+}
+
+/* How long a run's threads wait at the start line for each other: past it (a pool thread that did not come) each
+ * runs alone, and the run's sum may count rates not had at once, which can only raise the roofline, never lower it */
+#define LINE_WAIT_S 0.05
+
+typedef struct rate_job {
+    bt_cpu_isa isa;
+    int act_bits;
+    _Atomic int arrived;
+    double rate[256]; /* per thread (bt_pool_create's limit) */
+} rate_job;
+
+static void rate_task(void *ctx, int ith, int nth)
+{
+    rate_job *j = ctx;
+    nap_1ms();
+    atomic_fetch_add(&j->arrived, 1);
+    const double t0 = mono_s();
+    for (long spins = 1; atomic_load(&j->arrived) < nth; spins++) {
+        if (spins % 1024) continue;
+        if (mono_s() - t0 > LINE_WAIT_S) break;
+        sched_yield(); /* a thread still to come may need this CPU (more threads than CPUs) */
+    }
+    j->rate[ith] = dot_run(j->isa, j->act_bits);
+}
+
+double bt_cpu_dot_macs_rate_all(bt_pool *pool, bt_cpu_isa isa, int act_bits)
+{
+    const int nth = pool ? bt_pool_size(pool) : 1;
+    if (nth == 1) return bt_cpu_dot_macs_rate(isa, act_bits);
+    rate_job *j = malloc(sizeof *j);
+    if (!j) return 0;
+    double best = 0;
+    for (int rep = 0; rep < RATE_RUNS; rep++) {
+        atomic_store(&j->arrived, 0);
+        j->isa = isa, j->act_bits = act_bits;
+        bt_pool_run(pool, rate_task, j);
+        double sum = 0;
+        for (int i = 0; i < nth; i++) sum += j->rate[i];
+        best = sum > best ? sum : best;
+    }
+    free(j);
     return best;
 }

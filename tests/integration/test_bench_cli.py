@@ -30,14 +30,21 @@ def test_concurrency_table_json_and_rooflines(baton_bin, default_model, tmp_path
     res = subprocess.run([str(baton_bin), "bench", "--concurrency", "1,4,16", "--reps", "1", "--decode-tokens", "16",
                           "--json", str(js)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
-    head = re.search(r"(\d+)-bit activations; memory ([\d.]+) GB/s; matmul dot rate ([\d.]+) GMAC/s "
-                     r"\(([\d.]+) MMAC per token: compute roofline (\d+) tok/s\)", res.stdout)
+    head = re.search(r"(\d+)-bit activations; memory ([\d.]+) GB/s; matmul dot rate ([\d.]+) GMAC/s on (\d+) "
+                     r"threads at once \(([\d.]+) on one; ([\d.]+) MMAC per token: compute roofline (\d+) tok/s\)",
+                     res.stdout)
     assert head, res.stdout
-    assert abs(float(head.group(4)) * 1e6 - matmul_macs(default_model)) < 0.06e6
+    macs = matmul_macs(default_model)
+    assert abs(float(head.group(6)) * 1e6 - macs) < 0.06e6
     rows = [l.split() for l in res.stdout.splitlines() if re.match(r"^(1|4|16)\s", l)]
     assert [r[0] for r in rows] == ["1", "4", "16"], res.stdout
     doc = json.loads(js.read_text())
     assert doc["act_bits"] == int(head.group(1)) and doc["compute_roofline_tok_s"] > 0
+    # the compute roofline is the rate of every thread at once (measured, not n times one thread's: threads that share
+    # a core share its vector units), over the matmuls' multiply-adds per token
+    assert int(head.group(4)) == doc["threads"] and doc["dot_gmac_s_one_thread"] > 0, doc
+    assert doc["dot_gmac_s"] <= 1.25 * doc["threads"] * doc["dot_gmac_s_one_thread"], doc
+    assert abs(doc["compute_roofline_tok_s"] - doc["dot_gmac_s"] * 1e9 / macs) < 0.01 * doc["compute_roofline_tok_s"], doc
     lanes = re.search(r"(\d+) threads \(decode lanes: (\d+)\)", res.stdout)
     assert lanes and doc["decode_lanes"] == int(lanes.group(2)), res.stdout
     # a lane per thread when there are threads to run them on

@@ -554,7 +554,19 @@ static void test_dot_rate(void)
         CHECK_MSG(r16 > floor && r8 > floor, "%s: %g %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r16, r8);
         if (isa == BT_CPU_ISA_AVX512 || isa == BT_CPU_ISA_AVX2_VNNI || isa == BT_CPU_ISA_AVX2)
             CHECK_MSG(r8 > 1.2 * r16, "%s: 8-bit %g vs 16-bit %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r8, r16);
+        /* every thread of a pool at once (3 threads, more than this host's CPUs: they still line up and finish),
+         * and no pool is one thread */
+        bt_pool *pool;
+        REQUIRE(bt_pool_create(3, &pool) == BT_OK);
+        double all = bt_cpu_dot_macs_rate_all(pool, (bt_cpu_isa)isa, 16);
+        CHECK_MSG(all > floor, "%s: %g MAC/s on 3 threads", bt_cpu_isa_name((bt_cpu_isa)isa), all);
+        CHECK(bt_cpu_dot_macs_rate_all(NULL, (bt_cpu_isa)isa, 8) > floor);
+        bt_pool_destroy(pool);
     }
+    bt_pool *pool;
+    REQUIRE(bt_pool_create(2, &pool) == BT_OK);
+    CHECK(bt_cpu_dot_macs_rate_all(pool, BT_CPU_ISA_SCALAR, 16) == 0);
+    bt_pool_destroy(pool);
 }
 
 int main(void)
