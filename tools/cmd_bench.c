@@ -511,27 +511,30 @@ int cmd_bench(int argc, char **argv)
             mac_rate = bt_cpu_dot_macs_rate_all(rate_pool, isa, act_bits);
             bt_pool_destroy(rate_pool);
         }
-        if (mac_rate <= 0) mac_rate = mac_one * nth; /* one thread, or no pool for the measurement */
+        const int rate_measured = nth == 1 || mac_rate > 0;
+        if (mac_rate <= 0) mac_rate = mac_one * nth; /* no pool (or memory) for the measurement: an estimate */
         double kv_seq = (double)bt_kv_block_stride(&m->hp, (bt_kv_dtype)kv_dtype) * m->hp.n_layer / BT_KV_BLOCK *
                         ((double)prompt_n + (double)decode_n / 2);
         double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
         int lanes = r.be->ops->max_lanes ? r.be->ops->max_lanes(r.be) : 0;
         printf("%s kernels, %d threads (decode lanes: %d), %d-bit activations; memory %.1f GB/s; matmul dot rate "
-               "%.1f GMAC/s on %d threads at once (%.1f on one; %.1f MMAC per token: compute roofline %.0f tok/s); "
+               "%.1f GMAC/s %s %d threads at once (%.1f on one; %.1f MMAC per token: compute roofline %.0f tok/s); "
                "%ld prompt + %ld output tokens per request, %s KV\n",
-               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, nth, mac_one / 1e9,
-               macs_tok / 1e6, compute_roof, prompt_n, decode_n, kv_name);
+               bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9,
+               rate_measured ? "on" : "estimated for", nth, mac_one / 1e9, macs_tok / 1e6, compute_roof, prompt_n,
+               decode_n, kv_name);
         printf("%-12s %16s %16s %14s %10s %15s %13s %14s\n", "concurrency", "prefill tok/s", "decode tok/s",
                "vs batch 1", "KV util", "roofline tok/s", "roof vs 1", "KV MiB/seq");
         double base = 0;
         int crc = 0;
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (jf) fprintf(jf, "{\"model\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"decode_lanes\": %d, "
-                        "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, \"dot_gmac_s_one_thread\": %.2f, "
+                        "\"act_bits\": %d, \"bandwidth_gb_s\": %.2f, \"dot_gmac_s\": %.2f, "
+                        "\"dot_gmac_s_one_thread\": %.2f, \"dot_rate_measured\": %s, "
                         "\"compute_roofline_tok_s\": %.2f, \"prompt_tokens\": %ld, \"decode_tokens\": %ld, "
                         "\"kv_dtype\": \"%s\", \"runs\": [",
-                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9, mac_one / 1e9, compute_roof,
-                        prompt_n, decode_n, kv_name);
+                        m->name, bt_backend_cpu_isa(r.be), nth, lanes, act_bits, bw / 1e9, mac_rate / 1e9,
+                        mac_one / 1e9, rate_measured ? "true" : "false", compute_roof, prompt_n, decode_n, kv_name);
         double roof_base = 0;
         const char *trace_dir = getenv("BATON_STEP_TRACE");
         char *list = strdup(conc), *save = NULL;

@@ -335,8 +335,9 @@ AI void gemm16_span(const void *group, const void *next, const void *act, size_t
         } else if (NR == 1) {
             /* One row: the sums of operands 1 and 2 (nib16_scaled: codes times 256 and 16) in chains of their own,
              * shifted back once a block. Each is an exact multiple of its scale and stays below 2^31 (8 products of
-             * |code * 256 * a| <= 15 * 256 * 32767), so the block's integer is the one the 4 operands give
-             * unscaled: 24 -> 16 unpack instructions a block for the vector ALUs, and 3 chains per half, not 1.
+             * |code * 256 * a| <= 15 * 256 * 32768), so the block's integer is the one the 4 operands give
+             * unscaled: 48 -> 32 unpack instructions a block for the vector ALUs, plus 8 to shift back (40 in all),
+             * and 3 chains per half, not 1.
              * One thread, one row, AMD Zen 3, 101 alternated runs in one process (median): weights in cache, Q4_0 and
              * Q4_1 576x1536, 1536x576, 576x576 0.91-0.93x the time, Q4_K 0.99x; streamed from memory 0.98-1.04x (one
              * thread's reads bound it there). */

@@ -204,10 +204,12 @@ int bt_cpu_isa_supported(bt_cpu_isa isa);
 double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits);
 
 /* The same instruction's rate on every thread of pool at once (NULL or one thread: bt_cpu_dot_macs_rate): each
- * thread runs the loop after a common start, and a run's rate is the sum of theirs, best of 16 runs. Threads that
- * share a core (SMT siblings, or virtual CPUs the hypervisor places on one) share its vector units, so this is not
- * n times one thread's rate: on a 2-vCPU AMD EPYC Zen 3 guest 2 threads measured 1.7-1.9x one. The compute roofline
- * of a matmul on the pool. 0 for scalar or an ISA this CPU lacks (or no memory for the run's record). */
+ * thread runs the loop after a common start, and a run's rate is all threads' multiply-accumulates over the span from
+ * the first start to the last end, best of 16 runs. Threads that share a core (SMT siblings, or virtual CPUs the
+ * hypervisor places on one) share its vector units, so this is not n times one thread's rate: on a 2-vCPU AMD EPYC
+ * Zen 3 guest 2 threads measured 1.7-2.0x one. The compute roofline of a matmul on the pool. Blocks for about 40 ms
+ * and runs the pool meanwhile (not from inside a pool task, nor concurrently with another run on it). 0 for scalar
+ * or an ISA this CPU lacks, or when the run's record cannot be allocated. */
 double bt_cpu_dot_macs_rate_all(bt_pool *pool, bt_cpu_isa isa, int act_bits);
 
 /* The process's edge only (a main, a CLI command, a test's setup): *want = the ISA that BATON_CPU_ISA names, -1

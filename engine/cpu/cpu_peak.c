@@ -177,15 +177,18 @@ double bt_cpu_dot_macs_rate(bt_cpu_isa isa, int act_bits)
     return best;
 }
 
-/* How long a run's threads wait at the start line for each other: past it (a pool thread that did not come) each
- * runs alone, and the run's sum may count rates not had at once, which can only raise the roofline, never lower it */
+/* How long a run's threads wait at the start line for each other before each starts anyway */
 #define LINE_WAIT_S 0.05
+
+typedef struct rate_span {
+    double t0, t1, macs; /* this thread's loop: start, end, multiply-accumulates */
+} rate_span;
 
 typedef struct rate_job {
     bt_cpu_isa isa;
     int act_bits;
     _Atomic int arrived;
-    double rate[256]; /* per thread (bt_pool_create's limit) */
+    rate_span span[]; /* per thread */
 } rate_job;
 
 static void rate_task(void *ctx, int ith, int nth)
@@ -193,29 +196,40 @@ static void rate_task(void *ctx, int ith, int nth)
     rate_job *j = ctx;
     nap_1ms();
     atomic_fetch_add(&j->arrived, 1);
-    const double t0 = mono_s();
+    const double w0 = mono_s();
     for (long spins = 1; atomic_load(&j->arrived) < nth; spins++) {
         if (spins % 1024) continue;
-        if (mono_s() - t0 > LINE_WAIT_S) break;
+        if (mono_s() - w0 > LINE_WAIT_S) break;
         sched_yield(); /* a thread still to come may need this CPU (more threads than CPUs) */
     }
-    j->rate[ith] = dot_run(j->isa, j->act_bits);
+    rate_span *sp = &j->span[ith];
+    sp->t0 = mono_s();
+    const double r = dot_run(j->isa, j->act_bits);
+    sp->t1 = mono_s();
+    sp->macs = r * (sp->t1 - sp->t0);
 }
 
 double bt_cpu_dot_macs_rate_all(bt_pool *pool, bt_cpu_isa isa, int act_bits)
 {
     const int nth = pool ? bt_pool_size(pool) : 1;
     if (nth == 1) return bt_cpu_dot_macs_rate(isa, act_bits);
-    rate_job *j = malloc(sizeof *j);
+    rate_job *j = malloc(sizeof *j + sizeof(rate_span) * (size_t)nth);
     if (!j) return 0;
     double best = 0;
     for (int rep = 0; rep < RATE_RUNS; rep++) {
         atomic_store(&j->arrived, 0);
         j->isa = isa, j->act_bits = act_bits;
         bt_pool_run(pool, rate_task, j);
-        double sum = 0;
-        for (int i = 0; i < nth; i++) sum += j->rate[i];
-        best = sum > best ? sum : best;
+        /* every thread's work over the span from the first start to the last end: threads that did not run at once
+         * (one came late, or the CPUs took them in turns) count as what they are, not as their solo rates summed */
+        double t0 = j->span[0].t0, t1 = j->span[0].t1, macs = 0;
+        for (int i = 0; i < nth; i++) {
+            t0 = j->span[i].t0 < t0 ? j->span[i].t0 : t0;
+            t1 = j->span[i].t1 > t1 ? j->span[i].t1 : t1;
+            macs += j->span[i].macs;
+        }
+        const double r = t1 > t0 ? macs / (t1 - t0) : 0;
+        best = r > best ? r : best;
     }
     free(j);
     return best;

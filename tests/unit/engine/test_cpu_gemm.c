@@ -242,8 +242,8 @@ static void check_packed(uint32_t t, int bits, int n_in, const void *w, const fl
             REQUIRE(bt_cpu_matmul_run(NULL, &m1) == BT_OK);
             for (int o = 0; o < EXT_OUT; o++) bad_one += bt_f32_bits(one[o]) != bt_f32_bits(out[r * EXT_OUT + o]);
         }
-        CHECK_MSG(bad == 0 && bad_one == 0, "%s %s/%d: %d outputs differ from the packed reference, %d alone", ops->name,
-                  bt_ggml_type_name(t), bits, bad, bad_one);
+        CHECK_MSG(bad == 0 && bad_one == 0, "%s %s/%d: %d outputs differ from the packed reference, %d alone",
+                  ops->name, bt_ggml_type_name(t), bits, bad, bad_one);
         bt_cpu_packed_free(&p);
         free(xq);
         (*tested)++;
@@ -554,8 +554,8 @@ static void test_dot_rate(void)
         CHECK_MSG(r16 > floor && r8 > floor, "%s: %g %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r16, r8);
         if (isa == BT_CPU_ISA_AVX512 || isa == BT_CPU_ISA_AVX2_VNNI || isa == BT_CPU_ISA_AVX2)
             CHECK_MSG(r8 > 1.2 * r16, "%s: 8-bit %g vs 16-bit %g MAC/s", bt_cpu_isa_name((bt_cpu_isa)isa), r8, r16);
-        /* every thread of a pool at once (3 threads, more than this host's CPUs: they still line up and finish),
-         * and no pool is one thread */
+        /* every thread of a pool at once (3 threads: more than a 2-CPU host has, where they still line up or
+         * time out, and finish), and no pool is one thread */
         bt_pool *pool;
         REQUIRE(bt_pool_create(3, &pool) == BT_OK);
         double all = bt_cpu_dot_macs_rate_all(pool, (bt_cpu_isa)isa, 16);
