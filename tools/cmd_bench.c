@@ -511,8 +511,10 @@ int cmd_bench(int argc, char **argv)
             mac_rate = bt_cpu_dot_macs_rate_all(rate_pool, isa, act_bits);
             bt_pool_destroy(rate_pool);
         }
-        const int rate_measured = nth == 1 || mac_rate > 0;
-        if (mac_rate <= 0) mac_rate = mac_one * nth; /* no pool (or memory) for the measurement: an estimate */
+        /* no dot instruction (scalar) measures 0 either way; otherwise 0 here means no pool or memory for the
+         * measurement, and one thread's rate times n stands in for it, said so */
+        const int rate_measured = nth == 1 || mac_rate > 0 || mac_one <= 0;
+        if (mac_rate <= 0) mac_rate = mac_one * nth;
         double kv_seq = (double)bt_kv_block_stride(&m->hp, (bt_kv_dtype)kv_dtype) * m->hp.n_layer / BT_KV_BLOCK *
                         ((double)prompt_n + (double)decode_n / 2);
         double compute_roof = mac_rate > 0 ? mac_rate / macs_tok : 0;
