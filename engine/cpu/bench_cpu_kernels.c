@@ -269,8 +269,9 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
         return;
     }
     double peak[2] = {bt_cpu_dot_macs_rate(isa, 8), bt_cpu_dot_macs_rate(isa, 16)};
-    printf("%s dot rate on one thread: %.1f G MAC/s with 16-bit activations, %.1f with 8-bit\n", bt_cpu_isa_name(isa),
-           peak[1] * 1e-9, peak[0] * 1e-9);
+    printf("%s dot rate on one thread: %.1f G MAC/s with 16-bit activations, %.1f with 8-bit; the engine's tiles: up "
+           "to %d rows (the kernels take %d)\n",
+           bt_cpu_isa_name(isa), peak[1] * 1e-9, peak[0] * 1e-9, bt_cpu_gemm_tile(ops), bt_cpu_gemm_nr(ops));
     static const struct { uint32_t t; int64_t n_in, n_out; int cold, rows; } cases[] = {
         {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},
         {BT_TYPE_Q8_0, 576, 49152, 0, 16}, {BT_TYPE_Q8_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_0, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 1},
@@ -310,10 +311,11 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
                 if (!p || bt_cpu_pack(ops, NULL, t, bits, n_in, n_out, w, &p[c]) != BT_OK) return;
             bt_cpu_gemm_fn fn = bits == 16 ? ops->gemm16[p[0].wtype] : ops->gemm8[p[0].wtype]; /* the layout's */
             /* the first tile of a group prefetches the next one, or two ahead (pf2), or nothing (nopf) */
-            /* tiles of the most rows the ISA's kernel takes (as the engine), and of 8 (or 4 where that is 8) */
-            const int nrm = bt_cpu_gemm_nr(ops);
-            gemm_variant vs[] = {{"pf", fn, nrm, 1}, {"pf", fn, nrm > BT_CPU_GEMM_NR ? BT_CPU_GEMM_NR : 4, 1},
-                                 {"nopf", fn, nrm, 0}, {"pf2", fn, nrm, 2}};
+            /* tiles of at most the engine's tile rows on this CPU (bt_cpu_gemm_tile), and of the most the kernel
+             * takes where that is more, else of 8 (or 4 where that is 8) */
+            const int nrt = bt_cpu_gemm_tile(ops), nrm = bt_cpu_gemm_nr(ops);
+            const int alt = nrt < nrm ? nrm : nrm > BT_CPU_GEMM_NR ? BT_CPU_GEMM_NR : 4;
+            gemm_variant vs[] = {{"pf", fn, nrt, 1}, {"pf", fn, alt, 1}, {"nopf", fn, nrt, 0}, {"pf2", fn, nrt, 2}};
             enum { NV = sizeof vs / sizeof vs[0], REPS = 25 };
             double samples[NV][REPS];
             int c = 0;
@@ -321,18 +323,19 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
                 for (int v = 0; v < NV; v++) {
                     const bt_cpu_packed *pc = &p[c++ % copies];
                     double t0 = now_s();
-                    for (int64_t r0 = 0; r0 < rows; r0 += 64) /* as the engine: 64-row chunks, each over all groups */
+                    for (int64_t r0 = 0; r0 < rows; r0 += 64) { /* as the engine: 64-row chunks, each over all groups */
+                        const int64_t len = rows - r0 < 64 ? rows - r0 : 64, nt = (len + vs[v].nr - 1) / vs[v].nr;
                         for (int64_t g = 0; g < n_out / 16; g++)
-                            for (int64_t r = r0; r < rows && r < r0 + 64; r += vs[v].nr) {
-                                int nr = vs[v].nr; /* the tile, cut at the end of the rows and of the chunk */
-                                if (rows - r < nr) nr = (int)(rows - r);
-                                if (r0 + 64 - r < nr) nr = (int)(r0 + 64 - r);
+                            for (int64_t ti = 0; ti < nt; ti++) { /* near-equal tiles, as the engine cuts them */
+                                const int64_t r = r0 + len * ti / nt;
+                                const int nr = (int)(r0 + len * (ti + 1) / nt - r);
                                 vs[v].fn(n_in, (const char *)pc->data + (size_t)g * pc->group_bytes,
                                          xq + (size_t)r * ab, ab, nr, out + r * n_out + g * 16, (size_t)n_out, 16,
-                                         r == r0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
+                                         ti == 0 && vs[v].ahead && g + vs[v].ahead < n_out / 16
                                              ? (const char *)pc->data + (size_t)(g + vs[v].ahead) * pc->group_bytes
                                              : NULL);
                             }
+                    }
                     samples[v][rep] = now_s() - t0;
                 }
             double macs = (double)n_in * (double)n_out * (double)rows;

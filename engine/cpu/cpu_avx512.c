@@ -1038,4 +1038,10 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
     },
     .gemm16_planes = 1u << BT_TYPE_Q5_K,
     .gemm_nr = 16,
+    /* AMD Zen 4: 16 chains and 16 float accumulators fill the 32 registers and the kernel spills (~100 stack
+     * references a block at 16 rows against ~20 at 8), which Zen 4 pays for and the Intel Xeon measured did not
+     * (see CHAINS in cpu_avx512_gemm.c). bench_cpu_kernels --gemm --isa avx512 --threads 1, Zen 4, % of the
+     * vpdpwssd rate, 16-bit: 16 rows as one tile against two of 8, Q4_1 576x1536 74 -> 80%, Q8_0 576x49152 71 ->
+     * 76%, Q4_K 1536x576 75 -> 77%; 12 rows in one tile run as fast as two of 6. */
+    .gemm_tile_amd = 12,
 };

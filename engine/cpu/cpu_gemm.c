@@ -262,6 +262,11 @@ int bt_cpu_gemm_nr(const bt_cpu_ops *ops)
     return ops->gemm_nr > 0 ? ops->gemm_nr : BT_CPU_GEMM_NR;
 }
 
+int bt_cpu_gemm_tile(const bt_cpu_ops *ops)
+{
+    return ops->gemm_tile_amd > 0 && bt_cpu_vendor_amd() ? ops->gemm_tile_amd : bt_cpu_gemm_nr(ops);
+}
+
 int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits)
 {
     if (act_bits != 0 && act_bits != 8 && act_bits != 16) return 0;

@@ -9,6 +9,7 @@
 #define BT_CPU_ARM64 1
 #endif
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -336,6 +337,21 @@ int bt_cpu_isa_supported(bt_cpu_isa isa)
 #endif
 }
 
+int bt_cpu_vendor_amd(void)
+{
+    static _Atomic int cached = -1; /* the matmul asks per task: CPUID is a VM exit under a hypervisor */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+#ifdef BT_CPU_X86
+    unsigned a, b, c, d;
+    /* the vendor string is EBX, EDX, ECX of leaf 0: "Auth" "enti" "cAMD" */
+    if (__get_cpuid(0, &a, &b, &c, &d)) v = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#endif
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+}
+
 bt_status bt_cpu_isa_env(int *want)
 {
     const char *names[BT_CPU_ISA_COUNT];
@@ -488,7 +504,7 @@ static void matmul_compute_packed(const bt_cpu_matmul *mm, int ith, int nth)
     int64_t lo = ng * ith / nth, hi = ng * (ith + 1) / nth;
     if (lo >= hi || mm->n_rows == 0) return;
     bt_cpu_gemm_fn gemm = p->act_bits == 8 ? mm->ops->gemm8[p->wtype] : mm->ops->gemm16[p->wtype];
-    const int64_t nr_max = bt_cpu_gemm_nr(mm->ops);
+    const int64_t nr_max = bt_cpu_gemm_tile(mm->ops);
     size_t os = (size_t)(mm->out_stride ? mm->out_stride : mm->n_out);
     size_t ab = bt_cpu_act_row_bytes(mm->wtype, mm->act_bits, mm->n_in);
     /* what the slice's last group prefetches: the same slice of the next run's weights, when streaming */

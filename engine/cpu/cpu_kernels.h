@@ -181,6 +181,9 @@ typedef struct bt_cpu_ops {
     /* most activation rows one gemm8 / gemm16 call takes: 0 for BT_CPU_GEMM_NR; AVX-512 16 (32 registers hold 16
      * chains); AVX2 16 in passes of 4 (the Q5 plane layouts' later passes read the operands the first unpacked) */
     int gemm_nr;
+    /* most rows a matmul hands one call on an AMD CPU, where that is fewer than gemm_nr (0: gemm_nr everywhere);
+     * bt_cpu_gemm_tile */
+    int gemm_tile_amd;
 } bt_cpu_ops;
 
 /* Name of isa ("scalar", "avx2", "avx2-vnni", "avx512", "neon", "neon-i8mm"). */
@@ -193,6 +196,9 @@ int bt_cpu_isa_built(bt_cpu_isa isa);
 /* True when this build has isa and this CPU (and OS) can run it: x86 __builtin_cpu_supports plus CPUID for F16C;
  * aarch64 the kernel's hwcaps (AT_HWCAP: ASIMD and ASIMDDP). */
 int bt_cpu_isa_supported(bt_cpu_isa isa);
+
+/* True on an x86 CPU whose CPUID vendor is AMD ("AuthenticAMD"); false elsewhere. Read once and cached. */
+int bt_cpu_vendor_amd(void);
 
 /* Multiply-accumulates per second one thread gets from the integer dot instruction the quantized matmuls of isa use
  * at act_bits (AVX-512: vpdpwssd, 32 per instruction, or vpdpbusd at 8 bits, 64; AVX2: vpmaddwd, 16, or at 8 bits
@@ -252,6 +258,11 @@ int bt_cpu_pack_supported(const bt_cpu_ops *ops, uint32_t t, int act_bits);
 /* Most activation rows one of ops' tiled kernels (either width) takes: BT_CPU_GEMM_NR, or gemm_nr. ops must not be
  * NULL. */
 int bt_cpu_gemm_nr(const bt_cpu_ops *ops);
+
+/* Most activation rows the matmul hands one tiled kernel call on this CPU (bt_cpu_matmul_compute cuts a group's
+ * rows into near-equal tiles of at most this many): bt_cpu_gemm_nr, or gemm_tile_amd on an AMD CPU where set. The
+ * bits never depend on it (each kernel gives every nr the same). */
+int bt_cpu_gemm_tile(const bt_cpu_ops *ops);
 
 /* Bytes bt_cpu_pack allocates for an n_out x n_in matrix of type t at act_bits for the kernels of ops (NULL: the
  * portable layouts, as without gemm16_planes); 0 when t has no packed layout. */

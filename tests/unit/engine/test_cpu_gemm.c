@@ -3,7 +3,9 @@
  * scalar dot products; and batch invariance (DESIGN 4.3) of every matmul path, packed where the ISA packs: a row's
  * outputs are bit-identical alone or among N - 1 other rows of any content, at any thread count. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/cpu/cpu_kernels.h"
 #include "test_cpu_util.h"
@@ -569,6 +571,33 @@ static void test_dot_rate(void)
     bt_pool_destroy(pool);
 }
 
+/* The CPU vendor as /proc/cpuinfo names it (the kernel's own CPUID read), and the engine's tile rows: between 1
+ * and what the kernels take, fewer only where the ISA asks for it on this vendor. */
+static void test_gemm_tile(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        int amd = -1;
+        while (amd < 0 && fgets(line, sizeof line, f))
+            if (!strncmp(line, "vendor_id", 9)) amd = strstr(line, "AuthenticAMD") != NULL;
+        fclose(f);
+        if (amd >= 0)
+            CHECK_MSG(bt_cpu_vendor_amd() == amd, "CPUID vendor AMD %d, /proc/cpuinfo %d", bt_cpu_vendor_amd(), amd);
+        else
+            CHECK(bt_cpu_vendor_amd() == 0); /* no vendor_id line: not x86 */
+    }
+    CHECK(bt_cpu_vendor_amd() == bt_cpu_vendor_amd()); /* the cached answer */
+    for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
+        const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
+        if (!ops) continue;
+        int tile = bt_cpu_gemm_tile(ops), nr = bt_cpu_gemm_nr(ops);
+        CHECK_MSG(tile >= 1 && tile <= nr && nr <= BT_CPU_GEMM_NR_MAX, "%s: tile %d, nr %d",
+                  bt_cpu_isa_name((bt_cpu_isa)isa), tile, nr);
+        CHECK(tile == (ops->gemm_tile_amd > 0 && bt_cpu_vendor_amd() ? ops->gemm_tile_amd : nr));
+    }
+}
+
 int main(void)
 {
     if (!test_isa_begin()) return test_summary();
@@ -580,6 +609,7 @@ int main(void)
     RUN(test_q8_0_extremes);
     RUN(test_gemm_batch_invariance);
     RUN(test_dot_rate);
+    RUN(test_gemm_tile);
     test_isa_report();
     return test_summary();
 }
