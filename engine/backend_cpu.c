@@ -608,7 +608,8 @@ typedef struct attn_plan {
 /* The largest head size whose prompt blocks go through attn_block_rows. At 256 (Gemma 3) the kernel alone was
  * 0.69-0.80x the time of attn_block per query (bench_cpu_kernels --attn), but a 2,048-token Gemma 3 prompt's
  * attention took as long as before in the engine (BATON_PROFILE, 2 alternated runs each, 213-224 against 230-239 ms
- * a step), so those blocks stay on attn_block; SmolLM2's 64 gained (see attn_block_rows in README). */
+ * a step), so those blocks stay on attn_block; SmolLM2's 64 gained (see attn_block_rows in README). On Zen 4 the
+ * AVX-512 kernel at 256 was 1.00-1.14x attn_block's time alone, so AVX-512 keeps the same limit. */
 #define ATTN_ROWS_HD 128
 
 _Static_assert(BT_KV_BLOCK == BT_CPU_ATTN_BLOCK, "attn_block takes one cache block at a time");

@@ -104,7 +104,7 @@ BT_CPU_GEMM_DECL(avx2_vnni, q6_k); BT_CPU_GEMM_DECL(avx2_vnni, q4_0_q16); BT_CPU
 BT_CPU_GEMM_DECL(avx2_vnni, q8_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q4_k_q16); BT_CPU_GEMM_DECL(avx2_vnni, q5_1_q16);
 BT_CPU_GEMM_DECL(avx2_vnni, q5_0_q16); BT_CPU_GEMM_DECL(avx2_vnni, q6_k_q16); BT_CPU_GEMM_DECL(avx2_vnni, q5_k_q16);
 
-/* attn_block_rows on AVX2 (the AVX-512 table uses it too) and NEON */
+/* attn_block_rows on AVX2 and NEON (AVX-512 has its own, in cpu_avx512.c) */
 void bt_cpu_avx2_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
                                  int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint);
 void bt_cpu_neon_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
