@@ -270,7 +270,7 @@ static void bench_gemm_kernels(bt_cpu_isa isa, const char *types, int n_rows, co
     }
     double peak[2] = {bt_cpu_dot_macs_rate(isa, 8), bt_cpu_dot_macs_rate(isa, 16)};
     printf("%s dot rate on one thread: %.1f G MAC/s with 16-bit activations, %.1f with 8-bit; the engine's tiles: up "
-           "to %d rows (the kernels take %d)\n",
+           "to %d rows (the kernels take %d); nr: the most rows of a tile, the rows cut into near-equal tiles\n",
            bt_cpu_isa_name(isa), peak[1] * 1e-9, peak[0] * 1e-9, bt_cpu_gemm_tile(ops), bt_cpu_gemm_nr(ops));
     static const struct { uint32_t t; int64_t n_in, n_out; int cold, rows; } cases[] = {
         {BT_TYPE_Q4_1, 576, 1536, 0, 16}, {BT_TYPE_Q4_1, 576, 1536, 1, 16}, {BT_TYPE_Q4_1, 1536, 576, 1, 16},

@@ -997,8 +997,8 @@ AI void rows16_v(const int64_t n, const int R, int r0, const float *v, int nk, c
 /* The 16 rows (nr of them real) against one block: the score pass, then the softmax step and V pass in the
  * reference's order, as the AVX2 kernel (rows_softmax_v): mn = max(s_j, mn) for j < nk, vmaxps with s_j first
  * giving the reference's bits (the second operand where equal or where s_j is NaN); c = exp(m - mn); w_j = exp(s_j
- * - mn); l = fma(l, c, tree16(w)), the tree vertical over the key vectors. Lanes past nr are computed from zeros and
- * never stored. */
+ * - mn); l = fma(l, c, tree16(w)), the tree vertical over the key vectors. Lanes past nr are computed from
+ * whatever qt holds there (m and l read as 0) and never stored. */
 AI void rows16_block(const int64_t n, int nr, const float *qt, float scale, const float *k, const float *v, int nk,
                      float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
 {
@@ -1043,9 +1043,14 @@ AI void rows16_block(const int64_t n, int nr, const float *qt, float scale, cons
         }
 }
 
-void bt_cpu_avx512_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k, const float *v,
-                                   int nk, float *m, float *l, float *acc, const bt_cpu_kv_rows *hint)
+static void bt_cpu_avx512_attn_block_rows(int64_t n, int nr, const float *qt, float scale, const float *k,
+                                          const float *v, int nk, float *m, float *l, float *acc,
+                                          const bt_cpu_kv_rows *hint)
 {
+    if (nr <= 8) { /* one 8-lane vector holds them: the AVX2 kernel, same bits, half the lanes (a task's last call) */
+        bt_cpu_avx2_attn_block_rows(n, nr, qt, scale, k, v, nk, m, l, acc, hint);
+        return;
+    }
     if (n % 16 || n < 16 || n > 256 || nk < 1 || nk > BT_CPU_ATTN_BLOCK || nr < 1 || nr > BT_CPU_ATTN_ROWS) {
         bt_cpu_pf_all(hint ? hint->pf_k : NULL, hint ? hint->pf_bytes : 0); /* the hints, in one go */
         bt_cpu_pf_all(hint ? hint->pf_v : NULL, hint ? hint->pf_bytes : 0);
@@ -1190,6 +1195,7 @@ const bt_cpu_ops bt_cpu_ops_avx512 = {
      * references a block at 16 rows against ~20 at 8), which Zen 4 pays for and the Intel Xeon measured did not
      * (see CHAINS in cpu_avx512_gemm.c). bench_cpu_kernels --gemm --isa avx512 --threads 1, Zen 4, % of the
      * vpdpwssd rate, 16-bit: 16 rows as one tile against two of 8, Q4_1 576x1536 74 -> 80%, Q8_0 576x49152 71 ->
-     * 76%, Q4_K 1536x576 75 -> 77%; 12 rows in one tile run as fast as two of 6. */
+     * 76%, Q4_K 1536x576 75 -> 77%; 12 rows in one tile run as fast as two of 6. Applied to every AMD CPU; only
+     * Zen 4 was measured (Zen 5's full-width units are not). */
     .gemm_tile_amd = 12,
 };

@@ -577,28 +577,28 @@ static void test_gemm_tile(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     FILE *f = fopen("/proc/cpuinfo", "r"); /* x86 only: under qemu-user an aarch64 build would read the host's */
+    int amd = -1;
     if (f) {
         char line[512];
-        int amd = -1;
         while (amd < 0 && fgets(line, sizeof line, f))
             if (!strncmp(line, "vendor_id", 9)) amd = strstr(line, "AuthenticAMD") != NULL;
         fclose(f);
-        if (amd >= 0)
-            CHECK_MSG(bt_cpu_vendor_amd() == amd, "CPUID vendor AMD %d, /proc/cpuinfo %d", bt_cpu_vendor_amd(), amd);
-        else
-            CHECK(bt_cpu_vendor_amd() == 0); /* no vendor_id line */
     }
+    if (amd >= 0)
+        CHECK_MSG(bt_cpu_vendor_amd() == amd, "CPUID vendor AMD %d, /proc/cpuinfo %d", bt_cpu_vendor_amd(), amd);
+    else
+        fprintf(stderr, "  test_gemm_tile: no vendor_id in /proc/cpuinfo, the vendor read not checked\n");
 #else
     CHECK(bt_cpu_vendor_amd() == 0);
 #endif
-    CHECK(bt_cpu_vendor_amd() == bt_cpu_vendor_amd()); /* the cached answer */
     for (int isa = 0; isa < BT_CPU_ISA_COUNT; isa++) {
         const bt_cpu_ops *ops = bt_cpu_ops_get((bt_cpu_isa)isa);
         if (!ops) continue;
-        int tile = bt_cpu_gemm_tile(ops), nr = bt_cpu_gemm_nr(ops);
-        CHECK_MSG(tile >= 1 && tile <= nr && nr <= BT_CPU_GEMM_NR_MAX, "%s: tile %d, nr %d",
-                  bt_cpu_isa_name((bt_cpu_isa)isa), tile, nr);
-        CHECK(tile == (ops->gemm_tile_amd > 0 && bt_cpu_vendor_amd() ? ops->gemm_tile_amd : nr));
+        int nr = bt_cpu_gemm_nr(ops), tile = bt_cpu_gemm_tile(ops);
+        /* on every vendor, so that a wrong AMD tile fails on Intel hosts too */
+        CHECK_MSG(ops->gemm_tile_amd >= 0 && ops->gemm_tile_amd <= nr && nr <= BT_CPU_GEMM_NR_MAX,
+                  "%s: AMD tile %d, nr %d", bt_cpu_isa_name((bt_cpu_isa)isa), ops->gemm_tile_amd, nr);
+        CHECK_MSG(tile >= 1 && tile <= nr, "%s: tile %d, nr %d", bt_cpu_isa_name((bt_cpu_isa)isa), tile, nr);
     }
 }
 
